@@ -1,0 +1,53 @@
+"""aiopipe: asyncio-native pipelined split learning between one server and many devices.
+
+The public API (DESIGN §6): `RunConfig`, `simulate`, `Server`, `Device`, `RunResult`,
+`EpochMetrics`, the clocks, and the error tree. Models are built by `aiopipe.models`,
+datasets opened by `aiopipe.data`.
+"""
+
+from __future__ import annotations
+
+from aiopipe.api import Device, Server, simulate
+from aiopipe.clock import Clock, SystemClock, VirtualClock
+from aiopipe.config import RunConfig
+from aiopipe.errors import (
+    AiopipeError,
+    AuthenticationError,
+    ConfigError,
+    FrameTooLargeError,
+    LinkBrokenError,
+    LinkClosedError,
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+    TrainingError,
+    TransportError,
+)
+from aiopipe.metrics.results import EpochMetrics, RunResult
+from aiopipe.scheduler.costs import CostTable
+
+__all__ = [
+    "AiopipeError",
+    "AuthenticationError",
+    "Clock",
+    "ConfigError",
+    "CostTable",
+    "Device",
+    "EpochMetrics",
+    "FrameTooLargeError",
+    "LinkBrokenError",
+    "LinkClosedError",
+    "LocalProtocolError",
+    "ProtocolError",
+    "RemoteProtocolError",
+    "RunConfig",
+    "RunResult",
+    "Server",
+    "SystemClock",
+    "TrainingError",
+    "TransportError",
+    "VirtualClock",
+    "simulate",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,84 @@
+"""``python -m aiopipe``: a server and K device processes on this machine, over real
+loopback websockets; prints a per-epoch table and writes the results directory.
+
+With no arguments it runs the `RunConfig` defaults: vgg5 on synthetic-cifar10 with PiPar
+(P=2, N=4) on 2 devices x 2000 samples for 3 epochs (under a minute on 2 cores).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from aiopipe.api import Server
+from aiopipe.cli import (
+    TABLE_HEADER,
+    ArgumentParser,
+    add_run_options,
+    config_from_args,
+    epoch_row,
+    run_command,
+)
+from aiopipe.errors import TrainingError
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """Entry point of ``python -m aiopipe`` (and the ``aiopipe`` script)."""
+    parser = ArgumentParser(
+        prog="python -m aiopipe",
+        description="Train with a server and K device processes on this machine over "
+                    "loopback websockets; print a per-epoch table; write a results "
+                    "directory (config.toml, metrics.jsonl, trace.json, model.safetensors).")
+    add_run_options(parser)
+    parser.add_argument("--port", type=int, default=0, help="server port (default: any free)")
+    args = parser.parse_args(argv)
+
+    async def run() -> int:
+        config = config_from_args(args)
+        if not config.out_dir:
+            config = config.replace(out_dir=os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")))
+        print(f"aiopipe: {config.mode} | {config.model} on {config.dataset} | "
+              f"{config.devices} devices x {config.samples_per_device} samples | "
+              f"{config.epochs} epochs | network {config.network}", flush=True)
+        token = secrets.token_urlsafe(24)
+        async with Server(config, host="127.0.0.1", port=args.port, token=token,
+                          join_timeout=120.0,
+                          progress=lambda m: print(epoch_row(m), flush=True)) as server:
+            env = {**os.environ, "AIOPIPE_TOKEN": token}
+            devices = [await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "aiopipe.device", "--server", server.url,
+                "--device-id", str(k), env=env) for k in range(config.devices)]
+            print(TABLE_HEADER, flush=True)
+            training = asyncio.ensure_future(server.run())
+            exits = {asyncio.ensure_future(p.wait()): k for k, p in enumerate(devices)}
+            try:
+                pending: set[asyncio.Future[Any]] = {training, *exits}
+                while not training.done():
+                    done, pending = await asyncio.wait(pending,
+                                                       return_when=asyncio.FIRST_COMPLETED)
+                    for fut in done:
+                        if fut in exits and fut.result() != 0 and not training.done():
+                            raise TrainingError(f"device process {exits[fut]} exited with "
+                                                f"code {fut.result()}")
+                result = training.result()
+                await asyncio.wait(list(exits), timeout=30)
+            finally:
+                training.cancel()
+                for p in devices:
+                    if p.returncode is None:
+                        p.kill()
+                        await p.wait()
+        print(f"aiopipe: done; test accuracy {result.final.accuracy:.3f}; "
+              f"results in {result.out_dir}", flush=True)
+        return 0
+
+    run_command("aiopipe", run)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""The public entry points: `simulate`, and `Server` / `Device` for embedding a node.
+
+- ``await simulate(config, clock=...)`` runs the server and every device in the current
+  event loop over memory links shaped like ``config.network`` (DESIGN §5);
+- ``async with Server(config, host=..., port=...) as server: await server.run()`` serves
+  devices over websockets (or mount it on your own aiohttp app with `Server.add_routes`);
+- ``async with Device(url, device_id) as device: await device.run()`` is one device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from types import TracebackType
+
+from aiohttp import web
+from torch import nn
+
+from aiopipe.clock import Clock, SystemClock, VirtualClock
+from aiopipe.config import RunConfig
+from aiopipe.errors import ConfigError
+from aiopipe.metrics.results import EpochMetrics, RunResult, write_results
+from aiopipe.runtime.device import DeviceSummary, run_device
+from aiopipe.runtime.http import add_routes
+from aiopipe.runtime.server import ServerNode
+from aiopipe.scheduler.costs import CostTable, measure_costs
+from aiopipe.transport import Link, network_spec, open_memory_link_pair, open_websocket_link
+
+__all__ = ["Device", "Server", "simulate"]
+
+Progress = Callable[[EpochMetrics], None]
+
+
+async def simulate(config: RunConfig, *, clock: Clock | None = None,
+                   cost_table: CostTable | None = None,
+                   progress: Progress | None = None) -> RunResult:
+    """Run server and devices in this event loop over memory links; the run's result.
+
+    With a `VirtualClock`, compute is charged from ``cost_table`` (measured once at
+    start for the plan's batch sizes when not given) and transfers from the network's
+    bandwidth and latency: timing is deterministic. Writes the results directory when
+    ``config.out_dir`` is set.
+
+    Raises:
+        ConfigError: the config cannot run.
+        TrainingError: training failed.
+    """
+    clock = clock or SystemClock()
+    node = ServerNode(config, clock=clock, progress=progress)
+    if isinstance(clock, VirtualClock) and cost_table is None:
+        sizes = sorted({p.micro_batch_size for p in node.plans} | {config.batch_size})
+        cost_table = await asyncio.to_thread(measure_costs, node.model, node.in_shape, sizes)
+    node.cost_table = cost_table
+    node.compute.charge_costs = cost_table is not None
+    network = network_spec(config.network)
+    custom = None if isinstance(config.model, str) else config.model
+    async with asyncio.TaskGroup() as tasks:
+        for k in range(config.devices):
+            device_end, server_end = open_memory_link_pair(
+                clock, a_to_b=network.up, b_to_a=network.down,
+                max_frame_bytes=node.max_frame_bytes)
+            tasks.create_task(node.serve_link(server_end))
+            tasks.create_task(_device(device_end, k, clock, cost_table, custom))
+        result = await node.train()
+    if isinstance(clock, VirtualClock):
+        await clock.aclose()
+    return _finish(result)
+
+
+async def _device(link: Link, k: int, clock: Clock, costs: CostTable | None,
+                  model: nn.Sequential | None) -> None:
+    try:
+        await run_device(link, k, clock=clock, cost_table=costs, clock_offset=0.0, model=model)
+    finally:
+        await link.aclose()
+
+
+def _finish(result: RunResult) -> RunResult:
+    if not result.config.out_dir:
+        return result
+    path = write_results(result, result.config.out_dir)
+    return RunResult(result.config, result.epochs, result.model, result.trace,
+                     result.trace_origin, path)
+
+
+class Server:
+    """An aiopipe server as an async context manager.
+
+    Args:
+        config: the run to coordinate.
+        host, port: where to listen; ``host=None`` listens nowhere (mount the routes on
+            your own app with `add_routes`). Port 0 picks a free port (see `url`).
+        token: devices must send ``Authorization: Bearer <token>``; None admits any.
+        clock: defaults to the system clock.
+        join_timeout: seconds to wait for every device.
+        progress: called with each finished epoch's metrics.
+    """
+
+    def __init__(self, config: RunConfig, *, host: str | None = "127.0.0.1", port: int = 0,
+                 token: str | None = None, clock: Clock | None = None,
+                 join_timeout: float = 300.0, progress: Progress | None = None) -> None:
+        self.config = config
+        self.node = ServerNode(config, clock=clock or SystemClock(), join_timeout=join_timeout,
+                               progress=progress)
+        self._host, self._port, self._token = host, port, token
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    def add_routes(self, app: web.Application, *, prefix: str = "") -> None:
+        """Mount ``{prefix}/ws``, ``{prefix}/status`` and ``{prefix}/metrics`` on ``app``."""
+        add_routes(app, self.node, token=self._token, prefix=prefix,
+                   downlink=network_spec(self.config.network).down)
+
+    async def __aenter__(self) -> Server:
+        if self._host is not None:
+            app = web.Application()
+            self.add_routes(app)
+            self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, self._host, self._port)
+            await site.start()
+            sockets = self._runner.addresses
+            port = sockets[0][1] if sockets else self._port
+            self.url = f"ws://{self._host}:{port}/ws"
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def run(self) -> RunResult:
+        """Wait for the devices, train every epoch, write results; the run's result.
+
+        Raises:
+            TrainingError: devices did not join in time, or one was lost.
+        """
+        return _finish(await self.node.train())
+
+
+class Device:
+    """One device as an async context manager that connects to a server's websocket.
+
+    Args:
+        server: the server's websocket URL (``ws://host:port/ws``).
+        device_id: this device's id, 0..K-1.
+        token: sent as ``Authorization: Bearer <token>``.
+        clock: defaults to the system clock.
+        model: the user's own model when the server runs a custom one.
+    """
+
+    def __init__(self, server: str, device_id: int, *, token: str | None = None,
+                 clock: Clock | None = None, model: nn.Sequential | None = None,
+                 max_frame_bytes: int = 1 << 30) -> None:
+        if not server.startswith(("ws://", "wss://")):
+            raise ConfigError(f"server URL must start with ws:// or wss://, got {server!r}")
+        self.server, self.device_id, self.token = server, device_id, token
+        self.clock = clock or SystemClock()
+        self.model = model
+        self.max_frame_bytes = max_frame_bytes
+        self._stack = contextlib.AsyncExitStack()
+        self._link: Link | None = None
+
+    async def __aenter__(self) -> Device:
+        self._link = await self._stack.enter_async_context(open_websocket_link(
+            self.server, clock=self.clock, token=self.token,
+            max_frame_bytes=self.max_frame_bytes))
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self._stack.aclose()
+
+    async def run(self) -> DeviceSummary:
+        """Train until the server says goodbye.
+
+        Raises:
+            TrainingError: the server refused this device or training broke down.
+            TransportError: the connection failed.
+        """
+        if self._link is None:
+            raise ConfigError("use `async with Device(...) as device:` before run()")
+        return await run_device(self._link, self.device_id, clock=self.clock, model=self.model,
+                                max_frame_bytes=self.max_frame_bytes, shape_uplink=True)
+
+

@@ -1,0 +1,147 @@
+"""What the three commands share: argument parsing into a `RunConfig`, one-line errors,
+the per-epoch table. The commands themselves (``aiopipe.__main__``, ``aiopipe.server``,
+``aiopipe.device``) stay thin: parse, configure, run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from aiopipe.config import MODES, RunConfig
+from aiopipe.errors import AiopipeError, ConfigError
+from aiopipe.metrics.results import EpochMetrics
+
+__all__ = ["ArgumentParser", "add_run_options", "config_from_args", "epoch_row", "run_command"]
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line errors and exit code 2 (no usage dump)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``prog: error: message`` and exit 2."""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _int_list(text: str) -> int | str | list[int]:
+    if text == "auto":
+        return text
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto, an integer or a comma list, got {text!r}"
+                                         ) from None
+    return values[0] if len(values) == 1 else values
+
+
+def _float_list(text: str) -> float | list[float]:
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or a comma list, got {text!r}"
+                                         ) from None
+    return values[0] if len(values) == 1 else values
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """Options that override the config file's keys."""
+    run = parser.add_argument_group("run options (override the config file)")
+    run.add_argument("--config", type=Path, help="TOML file with run keys (see README)")
+    run.add_argument("--mode", choices=MODES, help="training mode (default pipar)")
+    run.add_argument("--model", help="model name, e.g. vgg5 (default vgg5)")
+    run.add_argument("--dataset", help="dataset, e.g. synthetic-cifar10 or cifar10:DIR")
+    run.add_argument("--devices", type=int, help="number of devices K (default 2)")
+    run.add_argument("--samples-per-device", type=int, help="training samples per device")
+    run.add_argument("--batch-size", type=int, help="samples per optimizer step B")
+    run.add_argument("--epochs", type=int, help="epochs to train")
+    run.add_argument("--split-point", type=_int_list,
+                     help="units on the device P: an integer or a comma list per device")
+    run.add_argument("--parallel-batches", type=_int_list,
+                     help="micro-batches per iteration N: an integer or a comma list")
+    run.add_argument("--network", help="network preset: 4g, 4g+, wifi or lan")
+    run.add_argument("--device-slowdown", type=_float_list,
+                     help="compute slowdown factor(s) >= 1 to emulate slow devices")
+    run.add_argument("--aggregation-every", type=int,
+                     help="FedAvg every this many iterations (0 = every epoch)")
+    run.add_argument("--learning-rate", type=float, help="SGD learning rate")
+    run.add_argument("--seed", type=int, help="random seed")
+    run.add_argument("--out-dir", help="results directory")
+
+
+_OPTION_KEYS = ("mode", "model", "dataset", "devices", "samples_per_device", "batch_size",
+                "epochs", "split_point", "parallel_batches", "network", "device_slowdown",
+                "aggregation_every", "learning_rate", "seed", "out_dir")
+
+
+def config_from_args(args: argparse.Namespace, **defaults: Any) -> RunConfig:
+    """The config file (if any), then ``defaults`` for keys it lacks, then the options.
+
+    Raises:
+        ConfigError: the file or a value is invalid.
+    """
+    overrides = {k: getattr(args, k) for k in _OPTION_KEYS if getattr(args, k) is not None}
+    if args.config is not None:
+        base = RunConfig.from_toml(args.config).to_mapping()
+        if base.get("model") == "custom":
+            raise ConfigError("a config file cannot hold a custom model")
+        given = _toml_keys(args.config)
+        values = {**{k: v for k, v in defaults.items() if k not in given},
+                  **{k: base[k] for k in given}}
+    else:
+        values = dict(defaults)
+    values.update(overrides)
+    return RunConfig.from_mapping(values)
+
+
+def _toml_keys(path: Path) -> set[str]:
+    import tomllib
+
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    return set(data["run"] if isinstance(data.get("run"), dict) else data)
+
+
+TABLE_HEADER = (f"{'epoch':>5} {'time s':>8} {'loss':>7} {'test acc':>8} {'train acc':>9} "
+                f"{'dev busy':>8} {'srv busy':>8} {'up MB':>7} {'down MB':>7}")
+
+
+def epoch_row(m: EpochMetrics) -> str:
+    """One line of the per-epoch table."""
+    return (f"{m.epoch + 1:>5} {m.time_s:>8.2f} {m.loss:>7.4f} {m.accuracy:>8.3f} "
+            f"{m.train_accuracy:>9.3f} {m.busy_s['device']:>8.2f} {m.busy_s['server']:>8.2f} "
+            f"{m.bytes_up / 1e6:>7.1f} {m.bytes_down / 1e6:>7.1f}")
+
+
+def run_command(prog: str, main: Callable[[], Coroutine[Any, Any, int]]) -> NoReturn:
+    """Run ``main`` on uvloop when available; aiopipe errors become one line and exit 2.
+
+    Exit codes: 0 success, 1 training failed at run time, 2 bad arguments or config,
+    130 interrupted.
+    """
+    logging.basicConfig(level=logging.WARNING, format=f"{prog}: %(message)s")
+    try:
+        try:
+            import uvloop
+        except ImportError:
+            code = asyncio.run(main())
+        else:
+            code = uvloop.run(main())
+    except ConfigError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except AiopipeError as exc:
+        print(f"{prog}: failed: {exc}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code)
+
+
+def parse(parser: ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``argv`` (default ``sys.argv[1:]``)."""
+    return parser.parse_args(argv)

@@ -1,0 +1,260 @@
+"""`RunConfig`: everything a run needs, validated on construction, loadable from TOML.
+
+A config is plain data. `RunConfig.to_mapping` gives the TOML-able form that travels to
+devices inside `Plan.run` and is written to ``config.toml`` in the results directory;
+`RunConfig.from_mapping` and `RunConfig.from_toml` read it back. Every invalid value
+raises `ConfigError` with one line naming the key, the value and what is accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiopipe.errors import ConfigError
+
+__all__ = ["MODES", "PARTITIONS", "RunConfig"]
+
+MODES = ("fl", "sl", "sfl", "pipar")
+PARTITIONS = ("iid", "dirichlet")
+
+PerDevice = int | str | tuple[int, ...]
+
+
+def _fail(key: str, value: object, expected: str) -> ConfigError:
+    return ConfigError(f"config key {key!r}: got {value!r}, expected {expected}")
+
+
+def _positive_int(key: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise _fail(key, value, "an integer >= 1")
+    return value
+
+
+def _per_device(key: str, value: object, devices: int, *, allow_auto: bool) -> PerDevice:
+    if isinstance(value, str):
+        if allow_auto and value == "auto":
+            return value
+        raise _fail(key, value, '"auto", an integer or a list of integers' if allow_auto
+                    else "an integer or a list of integers")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _positive_int(key, value)
+    if isinstance(value, Sequence):
+        items = tuple(_positive_int(key, v) for v in value)
+        if len(items) != devices:
+            raise _fail(key, list(value), f"a list of {devices} integers (one per device)")
+        return items
+    raise _fail(key, value, "an integer or a list of integers")
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    """What to train, how, on how many devices; see DESIGN §6.
+
+    Attributes:
+        mode: "pipar" (pipelined split learning), "sfl" (split-federated, N=1), "sl"
+            (devices take turns on one server half) or "fl" (FedAvg, whole model on
+            devices).
+        model: a model name of `aiopipe.models.MODEL_NAMES`, or the user's own
+            ``torch.nn.Sequential`` (in-process runs only; it cannot go in TOML).
+        dataset: a dataset name (``synthetic-cifar10``...) or ``mnist:DIR`` style path.
+        devices: number of devices K.
+        samples_per_device: training samples each device holds.
+        batch_size: samples per optimizer step, B (PiPar splits it into N micro-batches
+            of floor(B/N)).
+        epochs: passes over each device's data.
+        split_point: units on the device, P (1..Q-1), per device as a list, or "auto".
+        parallel_batches: micro-batches per iteration, N, per device as a list, or
+            "auto".
+        network: a preset ("4g", "4g+", "wifi", "lan") or a table with ``up_mbps``,
+            ``down_mbps`` and optional ``latency_ms``.
+        device_slowdown: compute slowdown factor per device (>= 1), one value or a list.
+        aggregation_every: FedAvg every this many iterations; 0 means once per epoch.
+        learning_rate, momentum: plain SGD on every model half.
+        partition, dirichlet_alpha: how training data is spread over devices.
+        test_samples: size of the server's held-out evaluation set.
+        seed: everything random derives from it.
+        out_dir: where the results directory goes ("" = do not write one).
+        torch_threads: torch intra-op threads per node.
+    """
+
+    mode: str = "pipar"
+    model: Any = "vgg5"
+    dataset: str = "synthetic-cifar10"
+    devices: int = 2
+    samples_per_device: int = 2000
+    batch_size: int = 50
+    epochs: int = 3
+    split_point: PerDevice = 2
+    parallel_batches: PerDevice = 4
+    network: str | Mapping[str, float] = "lan"
+    device_slowdown: float | tuple[float, ...] = 1.0
+    aggregation_every: int = 0
+    learning_rate: float = 0.02
+    momentum: float = 0.9
+    partition: str = "iid"
+    dirichlet_alpha: float = 0.5
+    test_samples: int = 1000
+    seed: int = 0
+    out_dir: str = ""
+    torch_threads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise _fail("mode", self.mode, f"one of {', '.join(MODES)}")
+        if not isinstance(self.model, str):
+            import torch  # local: config stays importable without building models
+
+            if not isinstance(self.model, torch.nn.Sequential):
+                raise _fail("model", self.model, "a model name or a torch.nn.Sequential")
+        if not isinstance(self.dataset, str) or not self.dataset:
+            raise _fail("dataset", self.dataset, "a dataset name")
+        for key in ("devices", "samples_per_device", "batch_size", "epochs", "test_samples",
+                    "torch_threads"):
+            _positive_int(key, getattr(self, key))
+        set_ = object.__setattr__
+        set_(self, "split_point", _per_device("split_point", self.split_point, self.devices,
+                                              allow_auto=True))
+        set_(self, "parallel_batches", _per_device("parallel_batches", self.parallel_batches,
+                                                   self.devices, allow_auto=True))
+        if isinstance(self.parallel_batches, int) and self.parallel_batches > self.batch_size:
+            raise _fail("parallel_batches", self.parallel_batches,
+                        f"at most batch_size ({self.batch_size})")
+        if isinstance(self.network, str):
+            pass  # resolved against the presets when links are built
+        elif isinstance(self.network, Mapping):
+            set_(self, "network", dict(self.network))
+        else:
+            raise _fail("network", self.network, 'a preset name or {up_mbps=.., down_mbps=..}')
+        slowdown = self.device_slowdown
+        values = slowdown if isinstance(slowdown, Sequence) else (slowdown,)
+        if isinstance(slowdown, Sequence) and len(values) != self.devices:
+            raise _fail("device_slowdown", list(values), f"one number or {self.devices} numbers")
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 1.0:
+                raise _fail("device_slowdown", v, "a number >= 1")
+        if isinstance(slowdown, Sequence):
+            set_(self, "device_slowdown", tuple(float(v) for v in values))
+        else:
+            set_(self, "device_slowdown", float(slowdown))
+        if not isinstance(self.aggregation_every, int) or self.aggregation_every < 0:
+            raise _fail("aggregation_every", self.aggregation_every, "an integer >= 0")
+        for key in ("learning_rate", "momentum", "dirichlet_alpha"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not (
+                math.isfinite(value) and value >= 0
+            ):
+                raise _fail(key, value, "a finite number >= 0")
+            set_(self, key, float(value))
+        if self.learning_rate <= 0:
+            raise _fail("learning_rate", self.learning_rate, "a number > 0")
+        if self.partition not in PARTITIONS:
+            raise _fail("partition", self.partition, f"one of {', '.join(PARTITIONS)}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise _fail("seed", self.seed, "an integer")
+        if not isinstance(self.out_dir, str):
+            raise _fail("out_dir", self.out_dir, "a path string")
+
+    # -- per-device views ------------------------------------------------------------
+
+    def device_split_point(self, device_id: int) -> int | str:
+        """P for one device ("auto" until a planner resolves it)."""
+        return _pick(self.split_point, device_id)
+
+    def device_parallel_batches(self, device_id: int) -> int | str:
+        """N for one device ("auto" until a planner resolves it)."""
+        return _pick(self.parallel_batches, device_id)
+
+    def device_slowdown_of(self, device_id: int) -> float:
+        """Compute slowdown factor of one device."""
+        slowdown = self.device_slowdown
+        return float(slowdown[device_id] if isinstance(slowdown, tuple) else slowdown)
+
+    # -- conversions -----------------------------------------------------------------
+
+    def replace(self, **changes: Any) -> RunConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_mapping(self) -> dict[str, Any]:
+        """Plain TOML-able values of every field (a custom model becomes "custom")."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "model" and not isinstance(value, str):
+                value = "custom"
+            if isinstance(value, tuple):
+                value = list(value)
+            if isinstance(value, Mapping):
+                value = dict(value)
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
+        """Build from plain values, refusing unknown keys.
+
+        Raises:
+            ConfigError: an unknown key or an invalid value.
+        """
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown config key {unknown[0]!r}; known keys: {', '.join(sorted(known))}"
+            )
+        kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in values.items()}
+        return cls(**kwargs)
+
+    @classmethod
+    def from_toml(cls, path: str | Path, **overrides: Any) -> RunConfig:
+        """Load a TOML file (top-level keys, or a ``[run]`` table), then apply overrides.
+
+        Raises:
+            ConfigError: the file is missing, is not valid TOML, or holds invalid values.
+        """
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+        if "run" in data and isinstance(data["run"], dict):
+            data = data["run"]
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.from_mapping(data)
+
+    def to_toml(self) -> str:
+        """The config as a TOML document (what ``config.toml`` in a results dir holds)."""
+        lines = []
+        for key, value in self.to_mapping().items():
+            lines.append(f"{key} = {_toml_value(value)}")
+        return "\n".join(lines) + "\n"
+
+
+def _pick(value: PerDevice, device_id: int) -> int | str:
+    if isinstance(value, tuple):
+        return value[device_id]
+    return value
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    raise ConfigError(f"cannot write {value!r} to TOML")

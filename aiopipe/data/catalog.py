@@ -1,0 +1,65 @@
+"""`open_dataset`: one name for every dataset aiopipe can train on.
+
+Names are the synthetic datasets in `DATASET_NAMES` (generated, nothing to download) and
+``"mnist:DIR"``, ``"cifar10:DIR"``, ``"cifar100:DIR"`` for files in the standard formats
+(see `aiopipe.data.readers` for the files and how the splits are carved).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+from aiopipe.data.dataset import SPLITS, Dataset, check_seed, check_size, check_split
+from aiopipe.data.readers import FileDataset, open_cifar10, open_cifar100, open_mnist
+from aiopipe.data.synthetic import SYNTHETIC_SPECS, SyntheticDataset
+from aiopipe.errors import ConfigError
+
+__all__ = ["DATASET_NAMES", "FILE_FORMATS", "open_dataset"]
+
+DATASET_NAMES: Final = tuple(sorted(SYNTHETIC_SPECS))
+"""The synthetic datasets, sorted."""
+
+_READERS: Final[dict[str, Callable[..., FileDataset]]] = {
+    "cifar10": open_cifar10,
+    "cifar100": open_cifar100,
+    "mnist": open_mnist,
+}
+FILE_FORMATS: Final = tuple(sorted(_READERS))
+"""The prefixes of ``"FORMAT:DIR"`` dataset names."""
+
+
+def open_dataset(
+    name: str, *, split: str = "train", size: int | None = None, seed: int = 0
+) -> Dataset:
+    """Open one split of the dataset called ``name``.
+
+    For a synthetic dataset, ``size`` is the number of samples in the split (default: the
+    real dataset's split size, pipar.txt Table 4) and ``seed`` fixes every sample. For
+    ``"FORMAT:DIR"``, ``size`` keeps the first ``size`` samples of the split (None: all)
+    and ``seed`` is not used (the splits are carved without randomness).
+
+    Raises:
+        ConfigError: the name, split, size or seed is invalid, or the files are missing,
+            truncated or malformed.
+    """
+    split = check_split(split)
+    size = check_size(size)
+    seed = check_seed(seed)
+    if not isinstance(name, str):
+        raise ConfigError(f"dataset: expected a name, got {name!r}")
+    spec = SYNTHETIC_SPECS.get(name)
+    if spec is not None:
+        default = spec.split_sizes[SPLITS.index(split)]
+        return SyntheticDataset(
+            spec, split=split, size=default if size is None else size, seed=seed
+        )
+    kind, sep, directory = name.partition(":")
+    reader = _READERS.get(kind)
+    if not sep or reader is None or not directory:
+        raise ConfigError(
+            f"dataset: unknown {name!r}; expected one of {', '.join(DATASET_NAMES)} or "
+            f"{', '.join(f'{k}:DIR' for k in FILE_FORMATS)}"
+        )
+    return reader(name, Path(directory).expanduser(), split=split, size=size)

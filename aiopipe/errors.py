@@ -1,0 +1,79 @@
+"""The one exception tree of aiopipe.
+
+::
+
+    AiopipeError
+    ├── ConfigError            bad configuration or arguments (local misuse, before running)
+    ├── ProtocolError          a frame or message that breaks the wire contract
+    │   ├── LocalProtocolError     we were asked to send something invalid
+    │   └── RemoteProtocolError    the peer sent something invalid
+    │       └── FrameTooLargeError     ... larger than the plan allows
+    ├── TransportError         the link cannot carry bytes any more
+    │   ├── LinkClosedError        we closed it (trio's ClosedResourceError)
+    │   └── LinkBrokenError        the peer or the network broke it (BrokenResourceError)
+    ├── AuthenticationError    credentials missing or wrong at the handshake
+    └── TrainingError          the run cannot go on (no device left, a node failed)
+
+Foreign exceptions (aiohttp, OSError, msgpack) are translated once, at the transport or
+codec boundary, so callers only ever catch these.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AiopipeError",
+    "AuthenticationError",
+    "ConfigError",
+    "FrameTooLargeError",
+    "LinkBrokenError",
+    "LinkClosedError",
+    "LocalProtocolError",
+    "ProtocolError",
+    "RemoteProtocolError",
+    "TrainingError",
+    "TransportError",
+]
+
+
+class AiopipeError(Exception):
+    """Root of every error aiopipe raises on purpose."""
+
+
+class ConfigError(AiopipeError):
+    """A configuration value or argument is invalid; the message says which and why."""
+
+
+class ProtocolError(AiopipeError):
+    """A frame or message breaks the wire contract."""
+
+
+class LocalProtocolError(ProtocolError):
+    """We were asked to build or send a message that is not valid."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent a frame or message that is not valid."""
+
+
+class FrameTooLargeError(RemoteProtocolError):
+    """A frame is larger than the maximum the plan allows."""
+
+
+class TransportError(AiopipeError):
+    """The link cannot carry bytes any more."""
+
+
+class LinkClosedError(TransportError):
+    """The link was closed by this side; using it again is a local mistake."""
+
+
+class LinkBrokenError(TransportError):
+    """The peer closed the link, or the network broke it."""
+
+
+class AuthenticationError(AiopipeError):
+    """Credentials were missing or wrong at the handshake."""
+
+
+class TrainingError(AiopipeError):
+    """Training cannot continue (for example, every device was lost)."""

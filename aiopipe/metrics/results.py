@@ -1,0 +1,100 @@
+"""`RunResult` and the results directory (DESIGN §6).
+
+``out_dir/`` holds ``config.toml`` (resolved config), ``metrics.jsonl`` (one JSON object
+per epoch), ``trace.json`` (Chrome trace, one track per resource), ``model.safetensors``
+(the final global model) and ``timeline.png`` (drawn from the trace when matplotlib is
+installed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from torch import nn
+
+from aiopipe.config import RunConfig
+from aiopipe.metrics.trace import Slice, chrome_trace
+
+__all__ = ["EpochMetrics", "RunResult", "write_results"]
+
+
+@dataclass(frozen=True, slots=True)
+class EpochMetrics:
+    """Figures of one epoch. Device-side busy/idle figures are means over devices."""
+
+    epoch: int
+    time_s: float
+    busy_s: Mapping[str, float]
+    idle_s: Mapping[str, float]
+    loss: float
+    accuracy: float
+    train_accuracy: float
+    samples: int
+    bytes_up: int
+    bytes_down: int
+    plan: Sequence[Mapping[str, int]]
+
+    def to_mapping(self) -> dict[str, Any]:
+        """Plain JSON-able form (one line of ``metrics.jsonl``)."""
+        out = dataclasses.asdict(self)
+        out["plan"] = [dict(p) for p in self.plan]
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """Everything a run produced."""
+
+    config: RunConfig
+    epochs: Sequence[EpochMetrics]
+    model: nn.Sequential = field(repr=False)
+    trace: Sequence[Slice] = field(repr=False, default=())
+    trace_origin: float = 0.0
+    out_dir: Path | None = None
+
+    @property
+    def final(self) -> EpochMetrics:
+        """Metrics of the last epoch."""
+        return self.epochs[-1]
+
+
+def write_results(result: RunResult, out_dir: str | Path) -> Path:
+    """Write the results directory; returns its path.
+
+    Raises:
+        OSError: the directory cannot be written.
+    """
+    path = Path(out_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    _atomic_write(path / "config.toml", result.config.to_toml().encode())
+    lines = b"".join(orjson.dumps(e.to_mapping()) + b"\n" for e in result.epochs)
+    _atomic_write(path / "metrics.jsonl", lines)
+    trace = chrome_trace(result.trace, origin=result.trace_origin)
+    _atomic_write(path / "trace.json", json.dumps(trace).encode())
+    from safetensors.torch import save
+
+    state = {k: v.detach().contiguous().clone() for k, v in result.model.state_dict().items()}
+    _atomic_write(path / "model.safetensors", save(state))
+    try:
+        from aiopipe.metrics.timeline import draw_timeline
+    except ImportError:  # matplotlib is optional
+        pass
+    else:
+        draw_timeline(trace, path / "timeline.png")
+    return path
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,21 @@
+"""Models as sequences of split units: the PiPar zoo, and splitting any such model.
+
+A model is an ``nn.Sequential`` whose top-level children are the split units; `build`
+makes the zoo's models by name (`MODEL_NAMES`), `as_sequential` accepts a user's own, and
+`split` cuts one in a device half and a server half that share its modules.
+"""
+
+from __future__ import annotations
+
+from aiopipe.models.split import as_sequential, merge_states, split, unit_count
+from aiopipe.models.zoo import MIN_SIDE, MODEL_NAMES, build
+
+__all__ = [
+    "MIN_SIDE",
+    "MODEL_NAMES",
+    "as_sequential",
+    "build",
+    "merge_states",
+    "split",
+    "unit_count",
+]

@@ -1,0 +1,153 @@
+"""A model as a sequence of split units, and how it is cut in two.
+
+A model is an ``nn.Sequential`` whose top-level children are the *split units* (PiPar's
+"layers", pipar.txt Tables 2–3). Splitting at ``P`` puts units 1..P on the device and
+units P+1..Q on the server, where Q is the number of units; ``P == Q`` leaves everything
+on the device (that is how FL runs) and ``P == 0`` everything on the server (the split
+modes refuse it; that is their rule, not this module's).
+
+The two halves *share* the original unit modules (nothing is copied) and keep the
+original child names, so the halves' state-dict keys are exactly the whole model's keys
+partitioned between them, in the same order: ``merge_states(device.state_dict(),
+server.state_dict())`` is the whole model's state dict, and loading a state into the
+whole model updates both halves. This is what lets the server stack M^s_k ⊕ M^c_k,
+average, and split the result back by key.
+
+[Note: batch-norm state]
+Batch-norm running statistics (``running_mean``, ``running_var``) are buffers: they are in
+the state dict, travel with the device half at aggregation, and are averaged by FedAvg
+exactly like parameters (weighted by samples seen). ``num_batches_tracked`` is an int64
+counter: FedAvg takes its weighted mean and rounds it to the nearest integer, keeping
+the int64 dtype, so every entry of a state dict follows one rule (float entries averaged,
+integer entries averaged then rounded). It only matters for ``momentum=None`` (a
+cumulative average); every model in the zoo uses a fixed momentum. A unit never holds a
+batch-norm layer and the layer it normalizes on different nodes, because units are never
+split inside.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+
+from torch import Tensor, nn
+
+from aiopipe.errors import ConfigError
+
+__all__ = ["as_sequential", "merge_states", "split", "unit_count"]
+
+_ACCEPTED = (
+    "an nn.Sequential whose top-level children are the split units, or a list (or tuple, "
+    "or nn.ModuleList) of nn.Module units"
+)
+
+
+def as_sequential(model: nn.Module | Sequence[nn.Module]) -> nn.Sequential:
+    """Return ``model`` as an ``nn.Sequential`` of split units.
+
+    An ``nn.Sequential`` is returned as it is (the same object); a list, tuple or
+    ``nn.ModuleList`` of modules becomes a new ``nn.Sequential`` of those same modules.
+
+    Raises:
+        ConfigError: ``model`` is anything else (another kind of module, a non-module
+            element), or has no units.
+    """
+    if isinstance(model, nn.Sequential):
+        if len(model) == 0:
+            raise ConfigError("a model needs at least one unit; got an empty nn.Sequential")
+        return model
+    if isinstance(model, nn.ModuleList):
+        units: list[object] = list(model)
+    elif isinstance(model, nn.Module):
+        raise ConfigError(
+            f"a model must be {_ACCEPTED}; got a {type(model).__name__} "
+            "(wrap its layers in nn.Sequential so the split points are explicit)"
+        )
+    elif isinstance(model, Sequence) and not isinstance(model, str | bytes):
+        units = list(model)
+    else:
+        raise ConfigError(f"a model must be {_ACCEPTED}; got {type(model).__name__}")
+    if not units:
+        raise ConfigError(f"a model needs at least one unit; got an empty {type(model).__name__}")
+    for index, unit in enumerate(units):
+        if not isinstance(unit, nn.Module):
+            raise ConfigError(
+                f"a model must be {_ACCEPTED}; unit {index} is a {type(unit).__name__}"
+            )
+    return nn.Sequential(*(u for u in units if isinstance(u, nn.Module)))
+
+
+def unit_count(model: nn.Sequential) -> int:
+    """Number of split units (top-level children) of ``model``; 0 for an empty half.
+
+    Raises:
+        ConfigError: ``model`` is not an ``nn.Sequential`` (see `as_sequential`).
+    """
+    _require_sequential(model)
+    return len(model)
+
+
+def split(model: nn.Sequential, split_point: int) -> tuple[nn.Sequential, nn.Sequential]:
+    """Cut ``model`` after unit ``split_point``: return ``(device_half, server_half)``.
+
+    The device half holds units 1..split_point and the server half the rest; either may
+    be empty (an empty ``nn.Sequential`` returns its input). Both share the original unit
+    modules and keep their child names, so ``server_half(device_half(x))`` computes
+    exactly ``model(x)`` and the halves' state dicts partition the whole one.
+
+    Raises:
+        ConfigError: ``model`` is not an ``nn.Sequential``, or ``split_point`` is not an
+            integer in ``0..unit_count(model)``.
+    """
+    _require_sequential(model)
+    if isinstance(split_point, bool) or not isinstance(split_point, int):
+        raise ConfigError(f"split point must be an integer; got {split_point!r}")
+    units = _named_units(model)
+    if not 0 <= split_point <= len(units):
+        raise ConfigError(
+            f"split point {split_point} is out of range 0..{len(units)} "
+            f"for a model of {len(units)} units"
+        )
+    device = nn.Sequential(OrderedDict(units[:split_point]))
+    server = nn.Sequential(OrderedDict(units[split_point:]))
+    return device, server
+
+
+def merge_states(*states: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Merge state dicts with disjoint keys into one, in the order given.
+
+    ``merge_states(device.state_dict(), server.state_dict())`` rebuilds the whole model's
+    state dict from the two halves of `split`. The tensors are not copied.
+
+    Raises:
+        ConfigError: a key appears in more than one of ``states``.
+    """
+    merged: dict[str, Tensor] = {}
+    for index, state in enumerate(states):
+        for key, value in state.items():
+            if key in merged:
+                raise ConfigError(
+                    f"cannot merge states: key {key!r} of state {index} is already present "
+                    "(the states must come from disjoint halves of one model)"
+                )
+            merged[key] = value
+    return merged
+
+
+def _require_sequential(model: object) -> None:
+    if not isinstance(model, nn.Sequential):
+        raise ConfigError(
+            f"expected an nn.Sequential of split units; got {type(model).__name__} "
+            "(use aiopipe.models.as_sequential for a list of modules)"
+        )
+
+
+def _named_units(model: nn.Sequential) -> list[tuple[str, nn.Module]]:
+    # ``named_children`` drops a module that appears twice (a shared nn.ReLU, say), which
+    # would lose a unit; ``_modules`` keeps every entry with its name.
+    units: list[tuple[str, nn.Module]] = []
+    for name, unit in model._modules.items():
+        if unit is None:
+            raise ConfigError(f"unit {name!r} of the model is None")
+        units.append((name, unit))
+    return units

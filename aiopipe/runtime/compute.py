@@ -1,0 +1,105 @@
+"""A node's compute resource: one dedicated thread and one FIFO queue.
+
+Torch work runs in the node's single compute thread, so the event loop keeps moving
+bytes while a forward or backward pass runs. Work items run one at a time in the order
+they were submitted (asyncio.Lock is FIFO), which is the "one compute queue shared by all
+devices" of the server (DESIGN §4).
+
+Two ways time is charged (see [Note: compute time]):
+- real time (`SystemClock`): the work runs in the thread and takes what it takes; with a
+  slowdown factor s > 1 the resource then stays busy for (s-1) x that duration, waiting
+  on the clock without burning CPU, to emulate a slower device;
+- cost time (a cost is given, as in virtual-time simulation): the work runs inline (the
+  clock stands still meanwhile), then the resource is busy for cost x s on the clock.
+  Timing is then a pure function of the cost table: deterministic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from aiopipe.clock import Clock
+from aiopipe.metrics.trace import Recorder
+
+__all__ = ["Compute"]
+
+T = TypeVar("T")
+
+
+class Compute:
+    """Serial compute resource of one node, recording a slice per work item.
+
+    Args:
+        clock: the node's clock.
+        recorder: where slices go.
+        track: the trace track, e.g. ``"device0/compute"``.
+        slowdown: factor >= 1 applied to every work item's time.
+        charge_costs: run work inline and charge the given costs (virtual time) instead
+            of measuring real durations.
+    """
+
+    def __init__(self, clock: Clock, recorder: Recorder, track: str, *, slowdown: float = 1.0,
+                 charge_costs: bool = False) -> None:
+        self._clock = clock
+        self._recorder = recorder
+        self.track = track
+        self.slowdown = slowdown
+        self.charge_costs = charge_costs
+        self._lock = asyncio.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+
+    async def run(self, name: str, work: Callable[[], T], *, cost: float | None = None,
+                  epoch: int = -1, iteration: int = -1, micro_batch: int = -1) -> T:
+        """Run ``work`` on this resource when its turn comes; return its result.
+
+        ``cost`` (seconds before slowdown) is required when the resource charges costs.
+
+        Raises:
+            ValueError: costs are charged and no cost was given.
+            Exception: whatever ``work`` raises.
+        """
+        if self.charge_costs and cost is None:
+            raise ValueError(f"{self.track}: work {name!r} needs a cost in cost-time mode")
+        async with self._lock:
+            start = self._clock.now()
+            if self.charge_costs:
+                result = work()
+                assert cost is not None
+                await self._clock.sleep(cost * self.slowdown)
+            else:
+                with self._clock.hold():
+                    result = await asyncio.get_running_loop().run_in_executor(
+                        self._thread(), work
+                    )
+                if self.slowdown > 1.0:
+                    await self._clock.sleep((self.slowdown - 1.0) * (self._clock.now() - start))
+            self._recorder.add(self.track, name, start, self._clock.now(), epoch=epoch,
+                               iteration=iteration, micro_batch=micro_batch)
+        return result
+
+    async def call(self, work: Callable[[], T]) -> T:
+        """Run ``work`` in the compute thread without charging or recording it.
+
+        For bookkeeping (evaluation, loading weights) that is not part of the pipeline.
+        """
+        if self.charge_costs:
+            return work()
+        with self._clock.hold():
+            return await asyncio.get_running_loop().run_in_executor(self._thread(), work)
+
+    def close(self) -> None:
+        """Stop the compute thread (waits for the item in progress)."""
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            with contextlib.suppress(RuntimeError):
+                executor.shutdown(wait=True)
+
+    def _thread(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1,
+                                                thread_name_prefix=f"aiopipe-{self.track}")
+        return self._executor

@@ -1,0 +1,117 @@
+"""What each device runs: the resolved (P, N, B') per device, and the shared set-up.
+
+Both sides build the same model and data from the same `RunConfig`: the server builds
+the whole model (initialized from the seed) and the test set; a device builds the model's
+structure (its weights arrive in `RoundStart`) and its own shard of the training data.
+
+[Note: iterations per epoch] A device with S samples, batch size B and N micro-batches
+uses B' = floor(B/N) samples per micro-batch and runs floor(S / (B' N)) iterations per
+epoch (PiPar Algorithm 1, line 3); the remainder of its shuffled data is left out that
+epoch. FL and SL/SFL use N = 1, B' = B.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from aiopipe import data as datasets
+from aiopipe import models
+from aiopipe.config import RunConfig
+from aiopipe.errors import ConfigError
+
+__all__ = ["DevicePlan", "build_model", "device_indices", "device_plans", "train_dataset"]
+
+
+@dataclass(frozen=True, slots=True)
+class DevicePlan:
+    """The plan for one device: split point P, micro-batches N, micro-batch size B'."""
+
+    device_id: int
+    split_point: int
+    parallel_batches: int
+    micro_batch_size: int
+    iterations_per_epoch: int
+
+    @property
+    def samples_per_iteration(self) -> int:
+        """B' x N."""
+        return self.micro_batch_size * self.parallel_batches
+
+
+def build_model(config: RunConfig, *, num_classes: int, in_shape: tuple[int, int, int]
+                ) -> nn.Sequential:
+    """The whole model, initialized deterministically from ``config.seed``.
+
+    Raises:
+        ConfigError: unknown model name or shapes it cannot take.
+    """
+    torch.manual_seed(config.seed)
+    if isinstance(config.model, str):
+        return models.build(config.model, num_classes=num_classes, in_shape=in_shape)
+    return copy.deepcopy(models.as_sequential(config.model))
+
+
+def train_dataset(config: RunConfig) -> datasets.Dataset:
+    """The training set all device shards are cut from (lazily generated or memory-mapped).
+
+    Raises:
+        ConfigError: unknown dataset or unreadable files.
+    """
+    return datasets.open_dataset(config.dataset, split="train",
+                                 size=config.devices * config.samples_per_device,
+                                 seed=config.seed)
+
+
+def device_indices(config: RunConfig, dataset: datasets.Dataset, device_id: int) -> np.ndarray:
+    """Indices into ``dataset`` of the samples device ``device_id`` holds."""
+    shards = datasets.partition(dataset.labels(), config.devices, scheme=config.partition,
+                                alpha=config.dirichlet_alpha,
+                                samples_per_device=config.samples_per_device, seed=config.seed)
+    return shards[device_id]
+
+
+def device_plans(config: RunConfig, units: int, samples: list[int]) -> list[DevicePlan]:
+    """Resolve (P, N, B') and iterations per epoch for every device.
+
+    ``units`` is the model's number of split units Q, ``samples[k]`` device k's sample
+    count. "auto" values must have been resolved by the planner before this is called.
+
+    Raises:
+        ConfigError: a split point outside 1..Q-1, N > B, or a device with too few samples
+            for one iteration.
+    """
+    plans = []
+    for k in range(config.devices):
+        p_value = config.device_split_point(k)
+        n_value = config.device_parallel_batches(k)
+        if config.mode == "fl":
+            p, n = units, 1
+        else:
+            if not isinstance(p_value, int):
+                raise ConfigError('split_point "auto" must be resolved by the planner first')
+            if not 1 <= p_value < units:
+                raise ConfigError(f"config key 'split_point': got {p_value} for device {k}, "
+                                  f"expected 1..{units - 1} (the model has {units} units)")
+            p = p_value
+            if config.mode == "pipar":
+                if not isinstance(n_value, int):
+                    raise ConfigError('parallel_batches "auto" must be resolved by the '
+                                      "planner first")
+                n = n_value
+            else:
+                n = 1
+        if n > config.batch_size:
+            raise ConfigError(f"config key 'parallel_batches': got {n} for device {k}, "
+                              f"expected at most batch_size ({config.batch_size})")
+        micro = config.batch_size // n
+        iterations = samples[k] // (micro * n)
+        if iterations < 1:
+            raise ConfigError(f"device {k} holds {samples[k]} samples, fewer than one "
+                              f"iteration ({micro * n}); raise samples_per_device")
+        plans.append(DevicePlan(k, p, n, micro, iterations))
+    return plans

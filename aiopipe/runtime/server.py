@@ -1,0 +1,343 @@
+"""The server node: admits devices, runs rounds, aggregates, evaluates, records.
+
+The coordinator (`ServerNode.train`) drives rounds; each connected device has a
+`DeviceSession`. Per round (an epoch, or ``aggregation_every`` iterations):
+- fl: send the global model to every device; devices train it whole; FedAvg the results;
+- sfl / pipar: send every device its half of the global model; sessions serve
+  activations on the shared compute queue; when every device's result is in, rebuild
+  M_k = M^s_k (+) M^c_k per device, FedAvg weighted by samples (Eq. 3), split back (Eq. 4);
+- sl: devices take turns; each starts from the previous one's weights; one server half.
+After each epoch the global model is evaluated on the server's held-out test set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import math
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from aiopipe import data as datasets
+from aiopipe import models
+from aiopipe.clock import Clock, wait_for
+from aiopipe.config import RunConfig
+from aiopipe.errors import RemoteProtocolError, TrainingError
+from aiopipe.metrics.results import EpochMetrics, RunResult
+from aiopipe.metrics.trace import Recorder, Slice
+from aiopipe.protocol import (
+    HEADER_SLACK_BYTES,
+    PROTOCOL_VERSION,
+    ErrorMessage,
+    Hello,
+    Plan,
+    RoundResult,
+    RoundStart,
+    state_from_wire,
+    state_to_wire,
+)
+from aiopipe.runtime.aggregation import fedavg
+from aiopipe.runtime.compute import Compute
+from aiopipe.runtime.peer import Peer
+from aiopipe.runtime.plan import (
+    build_model,
+    device_indices,
+    device_plans,
+    train_dataset,
+)
+from aiopipe.runtime.session import DeviceSession
+from aiopipe.scheduler.costs import CostTable
+from aiopipe.transport import Link
+
+__all__ = ["ServerNode"]
+
+log = logging.getLogger("aiopipe.server")
+
+
+class ServerNode:
+    """Coordinator and server-side compute of one run.
+
+    Args:
+        config: the run (with "auto" values already resolved).
+        clock: the node's clock.
+        cost_table: charge compute from this table (virtual-time simulation).
+        join_timeout: seconds to wait for every device to say hello.
+        progress: called with one line per finished epoch.
+    """
+
+    def __init__(self, config: RunConfig, *, clock: Clock, cost_table: CostTable | None = None,
+                 join_timeout: float = 300.0,
+                 progress: Any = None) -> None:
+        self.config = config
+        self.clock = clock
+        self.cost_table = cost_table
+        self.join_timeout = join_timeout
+        self.progress = progress
+        train = train_dataset(config)
+        self.num_classes = train.num_classes
+        self.in_shape = train.in_shape
+        self.test_set = datasets.open_dataset(config.dataset, split="test",
+                                              size=config.test_samples, seed=config.seed)
+        self.model = build_model(config, num_classes=self.num_classes, in_shape=self.in_shape)
+        self.units = models.unit_count(self.model)
+        samples = [len(device_indices(config, train, k)) for k in range(config.devices)]
+        self.plans = device_plans(config, self.units, samples)
+        self.activation_shapes = _unit_output_shapes(self.model, self.in_shape)
+        self.max_frame_bytes = self._frame_limit()
+        self.recorder = Recorder()
+        self.compute = Compute(clock, self.recorder, "server/compute",
+                               charge_costs=cost_table is not None)
+        self.replicas: dict[int, tuple[nn.Sequential, torch.optim.Optimizer]] = {}
+        for plan in self.plans if config.mode != "fl" else ():
+            half = models.split(copy.deepcopy(self.model), plan.split_point)[1]
+            optimizer = torch.optim.SGD(half.parameters(), lr=config.learning_rate,
+                                        momentum=config.momentum)
+            self.replicas[plan.device_id] = (half, optimizer)
+        self.sessions: dict[int, DeviceSession] = {}
+        self._joined = asyncio.Event()
+        self.epoch = -1
+        self.rounds = 0
+        self.epochs: list[EpochMetrics] = []
+
+    # -- admission ----------------------------------------------------------------------
+
+    async def serve_link(self, link: Link) -> None:
+        """Run one device connection from hello to goodbye (the websocket handler's body).
+
+        Raises:
+            ProtocolError: the device broke the contract (it was told why).
+            TransportError: the connection failed.
+        """
+        peer = Peer(link, self.clock, self.recorder, "server/unknown",
+                    max_frame_bytes=self.max_frame_bytes)
+        try:
+            hello = await wait_for(self.clock, peer.receive(), 30.0)
+        except TimeoutError:
+            await link.aclose()
+            raise RemoteProtocolError("no hello within 30 s") from None
+        problem = self._check_hello(hello)
+        if problem:
+            log.warning("refused a device: %s", problem)
+            await peer.send(ErrorMessage("refused", problem))
+            await link.aclose()
+            raise RemoteProtocolError(problem)
+        assert isinstance(hello, Hello)
+        k = hello.device_id
+        plan = self.plans[k]
+        peer.track = f"device{k}/downlink"
+        session = DeviceSession(self, peer, plan, self.activation_shapes[plan.split_point - 1])
+        self.sessions[k] = session
+        await peer.send(Plan(k, self.config.mode, plan.split_point, plan.parallel_batches,
+                             plan.micro_batch_size, self.config.to_mapping(),
+                             server_time=self.clock.now()))
+        if len(self.sessions) == self.config.devices:
+            self._joined.set()
+        try:
+            await session.serve()
+        finally:
+            if session.result is not None and not session.result.done():
+                session.result.set_exception(TrainingError(f"device {k} was lost"))
+            if not session.closing:
+                log.warning("device %d disconnected", k)
+
+    def _check_hello(self, hello: object) -> str:
+        if not isinstance(hello, Hello):
+            return f"expected Hello, got {type(hello).__name__}"
+        if hello.version != PROTOCOL_VERSION:
+            return f"protocol version {hello.version} is not {PROTOCOL_VERSION}"
+        if not hello.device_id < self.config.devices:
+            return f"device id {hello.device_id} is not in 0..{self.config.devices - 1}"
+        if hello.device_id in self.sessions:
+            return f"device id {hello.device_id} is already connected"
+        return ""
+
+    def device_half_keys(self, device_id: int) -> set[str]:
+        """State-dict keys of device ``device_id``'s half."""
+        return set(models.split(self.model, self.plans[device_id].split_point)[0].state_dict())
+
+    # -- training ---------------------------------------------------------------------
+
+    async def train(self) -> RunResult:
+        """Wait for every device, run every epoch, say goodbye; the run's result.
+
+        Raises:
+            TrainingError: devices did not join in time, or one was lost.
+        """
+        try:
+            await wait_for(self.clock, self._joined.wait(), self.join_timeout)
+        except TimeoutError:
+            missing = sorted(set(range(self.config.devices)) - set(self.sessions))
+            raise TrainingError(f"devices {missing} did not join within "
+                                f"{self.join_timeout:g} s") from None
+        origin = self.clock.now()
+        try:
+            for epoch in range(self.config.epochs):
+                self.epochs.append(await self._epoch(epoch))
+                if self.progress is not None:
+                    self.progress(self.epochs[-1])
+        finally:
+            for session in self.sessions.values():
+                if not session.closing:
+                    session.say_bye("training finished")
+            self.compute.close()
+        return RunResult(self.config, list(self.epochs), self.model,
+                         list(self.recorder.slices), origin)
+
+    async def _epoch(self, epoch: int) -> EpochMetrics:
+        self.epoch = epoch
+        start = self.clock.now()
+        stats_before = self._link_bytes()
+        for session in self.sessions.values():
+            session.loss_sum, session.correct, session.samples = 0.0, 0, 0
+        iterations = [p.iterations_per_epoch for p in self.plans]
+        period = self.config.aggregation_every or max(iterations)
+        fl_totals = [0, 0.0, 0]
+        for r in range(math.ceil(max(iterations) / period)):
+            first = r * period
+            round_no = self.rounds
+            self.rounds += 1
+            work = {k: max(0, min(period, iterations[k] - first)) for k in range(len(iterations))}
+            if self.config.mode == "sl":
+                for k in range(self.config.devices):
+                    result = await self._round(k, round_no, epoch, first, work[k])
+                    await self.compute.run("agg", partial(self._adopt, k, result),
+                                           cost=0.0 if self.cost_table else None, epoch=epoch)
+                continue
+            results = await asyncio.gather(*(self._round(k, round_no, epoch, first, work[k])
+                                             for k in range(self.config.devices)))
+            for res in results:
+                fl_totals[0] += res.samples
+                fl_totals[1] += res.loss_sum
+                fl_totals[2] += res.correct
+            await self.compute.run("agg", partial(self._aggregate, results),
+                                   cost=0.0 if self.cost_table else None, epoch=epoch)
+        end = self.clock.now()
+        accuracy = await self.compute.call(self._evaluate)
+        up, down = (a - b for a, b in zip(self._link_bytes(), stats_before, strict=True))
+        if self.config.mode == "fl":
+            samples, loss_sum, correct = fl_totals
+        else:
+            samples = sum(s.samples for s in self.sessions.values())
+            loss_sum = sum(s.loss_sum for s in self.sessions.values())
+            correct = sum(s.correct for s in self.sessions.values())
+        return EpochMetrics(
+            epoch=epoch, time_s=end - start,
+            busy_s=self._busy(start, end),
+            idle_s={k: end - start - v for k, v in self._busy(start, end).items()},
+            loss=float(loss_sum) / max(1, int(samples)), accuracy=accuracy,
+            train_accuracy=float(correct) / max(1, int(samples)), samples=int(samples),
+            bytes_up=int(up), bytes_down=int(down),
+            plan=[{"device": p.device_id, "split_point": p.split_point,
+                   "parallel_batches": p.parallel_batches} for p in self.plans],
+        )
+
+    async def _round(self, k: int, round_no: int, epoch: int, first: int,
+                     iterations: int) -> RoundResult:
+        session = self.sessions[k]
+        half_state = await self.compute.call(lambda: self._device_half_state(k))
+        result = await session.start_round(
+            RoundStart(round_no, epoch, first, iterations, half_state))
+        self.recorder.extend(Slice.from_list(s) for s in result.report.get("slices", ()))
+        return result
+
+    def _device_half_state(self, k: int) -> dict[str, Any]:
+        half = models.split(self.model, self.plans[k].split_point)[0]
+        return state_to_wire({key: v.detach().clone() for key, v in half.state_dict().items()})
+
+    def _whole_state(self, k: int, result: RoundResult) -> dict[str, torch.Tensor]:
+        device_half = state_from_wire(result.tensors)
+        if self.config.mode == "fl":
+            return dict(device_half)
+        server_half = self.replicas[k][0].state_dict()
+        return models.merge_states(device_half, server_half)
+
+    def _aggregate(self, results: Sequence[RoundResult]) -> None:
+        states = [self._whole_state(k, res) for k, res in enumerate(results)]
+        weights = [float(res.samples) for res in results]
+        if sum(weights) == 0:
+            return
+        self._load_global(fedavg(states, weights))
+
+    def _adopt(self, k: int, result: RoundResult) -> None:
+        """SL: the next device starts from this device's weights."""
+        self._load_global(self._whole_state(k, result))
+
+    def _load_global(self, state: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state)
+        for half, _ in self.replicas.values():
+            own = half.state_dict()
+            half.load_state_dict({key: state[key] for key in own})
+
+    def _evaluate(self) -> float:
+        self.model.eval()
+        correct = 0
+        try:
+            with torch.no_grad():
+                for first in range(0, len(self.test_set), 500):
+                    x, y = self.test_set.batch(range(first, min(first + 500, len(self.test_set))))
+                    correct += int((self.model(x).argmax(1) == y).sum())
+        finally:
+            self.model.train()
+        return correct / max(1, len(self.test_set))
+
+    def _busy(self, start: float, end: float) -> dict[str, float]:
+        k = self.config.devices
+        rec = self.recorder
+
+        def mean(resource: str) -> float:
+            return sum(rec.busy(f"device{d}/{resource}", start, end) for d in range(k)) / k
+
+        return {"device": mean("compute"), "uplink": mean("uplink"),
+                "server": rec.busy("server/compute", start, end), "downlink": mean("downlink")}
+
+    def _link_bytes(self) -> tuple[int, int]:
+        up = down = 0
+        for session in self.sessions.values():
+            stats = session.peer.link.statistics()
+            up += stats.received.bytes
+            down += stats.sent.bytes
+        return up, down
+
+    def _frame_limit(self) -> int:
+        state_bytes = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
+        batch = self.config.batch_size
+        act = max(math.prod(s) for s in self.activation_shapes) * 4 * batch + 8 * batch
+        # a RoundResult also carries the device's trace of the round: a few slices per
+        # micro-batch, each well under 128 bytes as msgpack
+        slices = max((p.iterations_per_epoch * (3 * p.parallel_batches + 2) + 16)
+                     for p in self.plans)
+        return int(max(state_bytes, act) + HEADER_SLACK_BYTES + 256 * len(self.model.state_dict())
+                + 128 * slices)
+
+    def describe(self) -> dict[str, Any]:
+        """Live state for ``GET /status``."""
+        return {
+            "mode": self.config.mode, "devices": self.config.devices,
+            "connected": sorted(self.sessions), "epoch": self.epoch,
+            "epochs": self.config.epochs,
+            "plan": [{"device": p.device_id, "split_point": p.split_point,
+                      "parallel_batches": p.parallel_batches,
+                      "micro_batch_size": p.micro_batch_size} for p in self.plans],
+            "finished_epochs": [e.to_mapping() for e in self.epochs],
+        }
+
+
+def _unit_output_shapes(model: nn.Sequential, in_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Per-sample output shape of every unit (one dry forward pass of one sample)."""
+    shapes = []
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        x = torch.zeros(1, *in_shape)
+        for unit in model.children():
+            x = unit(x)
+            shapes.append(tuple(x.shape[1:]))
+    model.train(was_training)
+    return shapes
+
+

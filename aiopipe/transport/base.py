@@ -1,0 +1,81 @@
+"""The `Link` interface: how the runtime talks to one peer.
+
+A link carries whole frames (``bytes``) in both directions, in order. It knows nothing
+of messages; `aiopipe.protocol` turns messages into frames. Every implementation passes
+the shared conformance suite in ``tests/transport/conformance.py``.
+
+Closing: ``aclose(reason)`` is idempotent and never raises. Frames this side finished
+sending before it closed still reach the peer, which drains them and then gets
+`LinkBrokenError` naming the reason. A websocket waits (at most its ``close_timeout``)
+for the peer to read up to the close frame; a link whose peer is receiving closes at once.
+
+Cancellation: cancelling ``receive`` never loses a frame (the next ``receive`` returns
+it). A cancelled ``send`` may or may not have delivered its frame; the link stays usable.
+
+Busy time: ``sent.busy_s`` is the time this side's sending direction spent transmitting
+(for a shaped link, the time the bytes occupy the wire at its rate; for an unshaped one,
+the time spent inside ``send``). ``received.busy_s`` is the wire time of the frames this
+side received, where the implementation knows it (memory links), else 0.0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["DirectionStatistics", "Link", "LinkStatistics"]
+
+
+@dataclass(frozen=True, slots=True)
+class DirectionStatistics:
+    """Totals for one direction of a link since it was opened."""
+
+    frames: int = 0
+    bytes: int = 0
+    busy_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class LinkStatistics:
+    """Totals for both directions of a link, as seen from this side."""
+
+    sent: DirectionStatistics
+    received: DirectionStatistics
+
+
+class Link(Protocol):
+    """A reliable, ordered, frame-oriented connection to one peer."""
+
+    async def send(self, frame: bytes) -> None:
+        """Transmit one frame; returns when it has left this side (after any shaping).
+
+        Raises:
+            LinkClosedError: this side closed the link.
+            LinkBrokenError: the peer closed it or the network broke it.
+            LocalProtocolError: the frame is larger than the link's frame limit.
+        """
+        ...
+
+    async def receive(self) -> bytes:
+        """Wait for the next frame from the peer.
+
+        Raises:
+            LinkClosedError: this side closed the link.
+            LinkBrokenError: the peer closed it (after every frame it sent was received)
+                or the network broke it.
+            FrameTooLargeError: the peer sent a frame above the link's frame limit.
+        """
+        ...
+
+    async def aclose(self, reason: str = "") -> None:
+        """Close both directions; idempotent, never raises.
+
+        Every pending or later ``send``/``receive`` on this side raises `LinkClosedError`.
+        The peer receives what this side had already sent, then `LinkBrokenError` whose
+        message carries ``reason`` (a websocket truncates it to 123 bytes of UTF-8).
+        """
+        ...
+
+    def statistics(self) -> LinkStatistics:
+        """Frames, bytes and busy seconds per direction since the link opened."""
+        ...

@@ -1,0 +1,711 @@
+"""The frame codec: round trips, zero-copy decoding, the layout, and every rejection."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import struct
+import tracemalloc
+import typing
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+
+import aiopipe.protocol as protocol
+from aiopipe.errors import FrameTooLargeError, LocalProtocolError, RemoteProtocolError
+from aiopipe.protocol import (
+    DTYPE_SIZES,
+    FRAME_ALIGNMENT,
+    HEADER_SLACK_BYTES,
+    MAX_HEADER_BYTES,
+    PROTOCOL_VERSION,
+    TENSOR_SLACK_BYTES,
+    Activation,
+    Bye,
+    ErrorMessage,
+    Gradient,
+    Heartbeat,
+    Hello,
+    Message,
+    Plan,
+    RoundResult,
+    RoundStart,
+    TensorData,
+    codec,
+    decode,
+    encode,
+)
+
+U64 = 2**64 - 1
+
+
+def td(dtype: str, shape: tuple[int, ...], seed: int = 0) -> TensorData:
+    """A tensor of random (valid) bytes."""
+    n = math.prod(shape)
+    rng = random.Random(seed)
+    data = bytes(rng.getrandbits(1) for _ in range(n)) if dtype == "bool" else None
+    if data is None:
+        data = rng.randbytes(n * DTYPE_SIZES[dtype])
+    return TensorData(dtype, shape, data)
+
+
+RUN = {
+    "mode": "pipar",
+    "devices": 3,
+    "lr": 0.01,
+    "shuffle": True,
+    "split_point": [2, 3, "auto"],
+    "network": {"name": "4g", "up_mbit": 10.0, "down_mbit": 25.0, "nested": {"deep": [[1], {}]}},
+    "big": U64,
+    "small": -(2**63),
+    "empty": {},
+    "inf": math.inf,
+    "unicode": "μ-batch ✓",
+}
+
+SAMPLES: list[Message] = [
+    Hello(PROTOCOL_VERSION, 7),
+    Plan(3, "pipar", 2, 4, 25, RUN, 1234.5),
+    Plan(0, "fl", 0, 1, 1, {}),
+    RoundStart(
+        1,
+        0,
+        10,
+        5,
+        {
+            "0.weight": td("float32", (8, 3, 3, 3)),
+            "0.bias": td("float32", (8,), 1),
+            "1.num_batches_tracked": td("int64", ()),
+            "1.empty": td("float16", (0, 4)),
+            "2.bf": td("bfloat16", (3, 5), 2),
+        },
+    ),
+    RoundStart(0, 0, 0, 0, {}),
+    Activation(0, 1, 2, td("float32", (4, 2, 3, 3)), td("int64", (4,))),
+    Activation(1, 0, 0, td("bfloat16", (0, 7)), td("int64", (0,))),
+    Gradient(0, 1, 2, td("float32", (4, 2, 3, 3), 3)),
+    Gradient(U64, U64, U64, td("float64", (1,))),
+    RoundResult(
+        2, 100, 12.5, 80, {"w": td("int8", (5, 5)), "m": td("bool", (9,)), "u": td("uint8", (3,))}
+    ),
+    RoundResult(0, 0, 0.0, 0, {}),
+    RoundResult(
+        1,
+        2,
+        0.5,
+        1,
+        {"x": td("float32", (2,))},
+        {"busy_s": {"device": 1.5, "uplink": 0.25}, "slices": [["f", 0, 1.0, 2.0]] * 3},
+    ),
+    RoundResult(0, 1, 1.0, 0, {"a": td("int16", (2, 2)), "b": td("int32", (1, 1, 1))}),
+    Heartbeat(0),
+    Heartbeat(123456789),
+    Bye(""),
+    Bye("round limit reached"),
+    ErrorMessage("protocol", "activation.tensor: dtype unknown: 'complex64'"),
+]
+
+
+@pytest.mark.parametrize("message", SAMPLES, ids=lambda m: type(m).__name__)
+def test_round_trip(message: Message) -> None:
+    frame = encode(message)
+    assert isinstance(frame, bytes)
+    decoded = decode(frame)
+    assert type(decoded) is type(message)
+    assert decoded == message
+    assert encode(decoded) == frame  # the layout is canonical
+
+
+def test_samples_cover_every_kind() -> None:
+    assert {type(m) for m in SAMPLES} == set(typing.get_args(Message))
+
+
+def test_schema_matches_the_dataclasses() -> None:
+    for cls in typing.get_args(Message):
+        _, schema = codec._SCHEMAS[cls]
+        assert [name for name, _ in schema] == [f.name for f in dataclasses.fields(cls)]
+
+
+def _isort_key(name: str) -> tuple[int, str]:
+    """ruff's RUF022 order: CONSTANTS, then Classes, then functions."""
+    return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)
+
+
+def test_public_api_is_sorted_and_complete() -> None:
+    assert protocol.__all__ == sorted(protocol.__all__, key=_isort_key)
+    from aiopipe.protocol import messages, tensors
+
+    for module in (codec, messages, tensors):
+        assert set(module.__all__) <= set(protocol.__all__), module.__name__
+    for name in protocol.__all__:
+        assert hasattr(protocol, name)
+
+
+def test_accepts_bytearray_and_memoryview_frames() -> None:
+    message = SAMPLES[5]
+    frame = encode(message)
+    assert decode(bytearray(frame)) == message
+    assert decode(memoryview(frame)) == message
+    assert decode(memoryview(b"xx" + frame)[2:]) == message
+    assert decode(memoryview(frame).cast("B", (len(frame),))) == message
+
+
+def test_plan_run_tuples_travel_as_lists() -> None:
+    decoded = decode(encode(Plan(0, "sl", 1, 1, 1, {"a": (1, (2, 3))})))
+    assert isinstance(decoded, Plan)
+    assert decoded.run == {"a": [1, [2, 3]]}
+
+
+# --- zero copy ------------------------------------------------------------------------
+
+
+def address(buffer: Any) -> int:
+    return int(np.frombuffer(buffer, dtype=np.uint8).ctypes.data)
+
+
+def test_decode_does_not_copy_tensor_bytes() -> None:
+    message = Activation(0, 0, 0, td("float32", (16, 8, 4, 4)), td("int64", (16,)))
+    frame = encode(message)
+    decoded = decode(frame)
+    assert isinstance(decoded, Activation)
+    base = address(frame)
+    for tensor in (decoded.tensor, decoded.labels):
+        assert isinstance(tensor.data, memoryview)
+        assert tensor.data.obj is frame
+        start = address(tensor.data) - base
+        assert start > 0
+        assert start + tensor.nbytes <= len(frame)
+        assert frame[start : start + tensor.nbytes] == tensor.data
+    assert address(decoded.labels.data) - address(decoded.tensor.data) == _align(
+        decoded.tensor.nbytes
+    )
+
+
+def _align(n: int) -> int:
+    return -(-n // FRAME_ALIGNMENT) * FRAME_ALIGNMENT
+
+
+def test_tensors_start_aligned() -> None:
+    message = SAMPLES[3]
+    frame = encode(message)
+    header_len = struct.unpack_from("<I", frame, 4)[0]
+    data_start = _align(8 + header_len)
+    decoded = decode(frame)
+    assert isinstance(decoded, RoundStart)
+    for tensor in decoded.tensors.values():
+        assert (address(tensor.data) - address(frame) - data_start) % FRAME_ALIGNMENT == 0
+    assert frame[8 + header_len : data_start] == bytes(data_start - 8 - header_len)
+
+
+def test_encode_copies_tensor_bytes_once() -> None:
+    tensor = TensorData("float32", (1024, 1024), bytes(4 * 1024 * 1024))
+    message = Gradient(0, 0, 0, tensor)
+    encode(message)  # warm up
+    tracemalloc.start()
+    try:
+        frame = encode(message)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(frame) < tensor.nbytes + HEADER_SLACK_BYTES
+    assert peak < tensor.nbytes + 256 * 1024  # one frame-sized buffer, no second copy
+
+
+def test_encode_accepts_any_contiguous_buffer() -> None:
+    floats = np.arange(12, dtype=np.float32).reshape(3, 4)
+    message = Gradient(0, 0, 0, TensorData("float32", (3, 4), floats.data))
+    decoded = decode(encode(message))
+    assert isinstance(decoded, Gradient)
+    assert bytes(decoded.tensor.data) == floats.tobytes()
+
+
+# --- frame size limits ----------------------------------------------------------------
+
+
+def test_frame_too_large_is_checked_before_parsing() -> None:
+    frame = encode(SAMPLES[5])
+    assert decode(frame, max_frame_bytes=len(frame)) == SAMPLES[5]
+    with pytest.raises(FrameTooLargeError, match=f"frame of {len(frame)} bytes exceeds"):
+        decode(frame, max_frame_bytes=len(frame) - 1)
+    with pytest.raises(FrameTooLargeError):
+        decode(b"garbage" * 10, max_frame_bytes=8)
+
+
+def _non_tensor_bytes(message: Message) -> int:
+    tensors: list[TensorData] = []
+    for value in (getattr(message, f.name) for f in dataclasses.fields(message)):
+        if isinstance(value, TensorData):
+            tensors.append(value)
+        elif isinstance(value, dict):
+            tensors.extend(v for v in value.values() if isinstance(v, TensorData))
+    return len(encode(message)) - sum(t.nbytes for t in tensors)
+
+
+WIDE = (0, *([U64] * 14))  # 15 dimensions, zero elements, the longest shape encoding
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Hello(U64, U64),
+        Heartbeat(U64),
+        Bye("é" * 512),
+        ErrorMessage("x" * 24, "✓" * 333),
+        Activation(U64, U64, U64, TensorData("bfloat16", WIDE, b""), TensorData("bool", WIDE, b"")),
+        Activation(U64, U64, U64, td("bool", (1,) * 15), td("bool", (1,) * 15)),
+        Gradient(U64, U64, U64, TensorData("bfloat16", WIDE, b"")),
+        RoundStart(
+            U64, U64, U64, U64, {"n" * 63 + str(i): td("bool", (1,) * 15) for i in range(4)}
+        ),
+        RoundResult(
+            U64, U64, -1e300, U64, {"é" * 32 + str(i): td("int8", (1,) * 15) for i in range(4)}
+        ),
+    ],
+    ids=lambda m: type(m).__name__,
+)
+def test_header_slack_bounds_small_messages(message: Message) -> None:
+    assert _non_tensor_bytes(message) <= HEADER_SLACK_BYTES
+
+
+def test_tensor_slack_bounds_state_messages() -> None:
+    state = {f"layer{i}." + "x" * (i % 97): td("int8", (1,) * (i % 16)) for i in range(300)}
+    message = RoundStart(U64, U64, U64, U64, state)
+    bound = HEADER_SLACK_BYTES + sum(TENSOR_SLACK_BYTES + len(k.encode()) for k in state)
+    assert _non_tensor_bytes(message) <= bound
+
+
+def nested(depth: int) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+# --- encode rejects what cannot travel ------------------------------------------------
+
+
+def _resized_tensor() -> TensorData:
+    buffer = bytearray(8)
+    tensor = TensorData("float32", (2,), buffer)
+    buffer.extend(b"1234")
+    return tensor
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        (object(), "not a message"),
+        (Plan(0, "fl", 0, 1, 1, {"a": None}), "plan.run['a']: unsupported value of type NoneType"),
+        (Plan(0, "fl", 0, 1, 1, {1: 2}), "plan.run: map key 1 is not a str"),  # type: ignore[dict-item]
+        (
+            Plan(0, "fl", 0, 1, 1, {"a": [b"x"]}),
+            "plan.run['a'][0]: unsupported value of type bytes",
+        ),
+        (Plan(0, "fl", 0, 1, 1, {"a": 2**64}), "does not fit in 64 bits"),
+        (Plan(0, "fl", 0, 1, 1, {"a": -(2**63) - 1}), "does not fit in 64 bits"),
+        (Plan(0, "fl", 0, 1, 1, [1]), "plan.run: expected a mapping, got list"),  # type: ignore[arg-type]
+        (Plan(0, "fl", 0, 1, 1, {"a": {"b": nested(31)}}), "nested deeper than 32"),
+        (Plan(0, "fl", 0, 1, 1, {"s": "\ud800"}), "plan: header cannot be packed"),
+        (Hello(2**64, 0), "hello.version: 18446744073709551616 does not fit in 64 bits"),
+        (Bye(5), "bye.reason: expected str, got int"),  # type: ignore[arg-type]
+        (ErrorMessage("c", None), "error.message: expected str, got NoneType"),  # type: ignore[arg-type]
+        (RoundResult(0, 0, 0.0, 0, [1]), "expected a mapping of tensors, got list"),  # type: ignore[arg-type]
+        (RoundResult(0, 0, 0.0, 0, {"a": b"x"}), "round_result.tensors['a']: expected TensorData"),  # type: ignore[dict-item]
+        (RoundStart(0, 0, 0, 0, {3: td("int8", (1,))}), "tensor name 3 is not a str"),  # type: ignore[dict-item]
+        (Gradient(0, 0, 0, td("int8", (1,) * 33)), "33 dimensions, at most 32"),
+        (Gradient(0, 0, 0, _resized_tensor()), "the buffer now holds 12"),
+        (
+            Gradient(0, 0, 0, TensorData("int8", (4,), memoryview(bytes(8))[::2])),
+            "not C-contiguous",
+        ),
+        (Bye("x" * (MAX_HEADER_BYTES + 1)), "bye: header of 8388627 bytes exceeds 8388608 bytes"),
+    ],
+)
+def test_encode_rejects(message: Any, error: str) -> None:
+    with pytest.raises(LocalProtocolError, match=_literal(error)):
+        encode(message)
+
+
+def test_encode_rejects_cyclic_run() -> None:
+    run: dict[str, Any] = {}
+    run["self"] = run
+    with pytest.raises(LocalProtocolError, match="nested deeper"):
+        encode(Plan(0, "fl", 0, 1, 1, run))
+
+
+def _literal(text: str) -> str:
+    import re
+
+    return re.escape(text)
+
+
+# --- decode rejects malformed frames --------------------------------------------------
+
+
+def frame(
+    header: object,
+    data: bytes = b"",
+    *,
+    magic: bytes = b"APW",
+    version: int = 1,
+    header_len: int | None = None,
+    raw_header: bytes | None = None,
+) -> bytes:
+    """A hand-made frame: prefix, header (packed unless raw), zero padding to the data."""
+    packed = raw_header if raw_header is not None else msgpack.packb(header, use_bin_type=True)
+    length = len(packed) if header_len is None else header_len
+    head = struct.pack("<3sBI", magic, version, length) + packed
+    if not data:
+        return head
+    return head + bytes(_align(len(head)) - len(head)) + data
+
+
+def tensor_frame(kind: str, fields: dict[str, Any], data: bytes) -> bytes:
+    return frame([kind, fields], data)
+
+
+GRAD = {"epoch": 0, "iteration": 0, "micro_batch": 0}
+PLAN = {
+    "device_id": 0,
+    "mode": "sl",
+    "split_point": 0,
+    "parallel_batches": 1,
+    "micro_batch_size": 1,
+    "run": {},
+    "server_time": 0.0,
+}
+RESULT = {"round": 0, "samples": 0, "loss_sum": 0.0, "correct": 0, "tensors": {}, "report": {}}
+F32 = ["float32", [2], 0, 8]
+EIGHT = bytes(8)
+BYE_FRAME = frame(["bye", {"reason": "done"}])
+
+
+BAD_FRAMES: list[tuple[str, bytes, str]] = [
+    ("empty", b"", "truncated frame: 0 bytes"),
+    ("short prefix", b"APW\x01\x00", "truncated frame: 5 bytes"),
+    ("bad magic", frame(["heartbeat", {"seq": 1}], magic=b"XYZ"), "bad magic b'XYZ'"),
+    ("version", frame(["heartbeat", {"seq": 1}], version=2), "unsupported frame format version 2"),
+    ("huge header", frame(None, header_len=MAX_HEADER_BYTES + 1), "header length 8388609 exceeds"),
+    ("header past end", frame(["heartbeat", {"seq": 1}], header_len=100), "the header claims"),
+    ("not msgpack", frame(None, raw_header=b"\xc1"), "malformed msgpack header (FormatError"),
+    ("cut msgpack", frame(None, raw_header=b"\x92\x01"), "malformed msgpack header"),
+    ("extra msgpack", frame(None, raw_header=b"\x01\x02"), "malformed msgpack header (ExtraData"),
+    ("deep msgpack", frame(None, raw_header=b"\x91" * 5000 + b"\x00"), "(StackError"),
+    ("bad utf-8", frame(None, raw_header=b"\x92\xa2\xff\xfe\x80"), "(UnicodeDecodeError"),
+    ("int key", frame(["plan", {1: 2}]), "not allowed for map key"),
+    (
+        "int for server_time",
+        frame(["plan", {**PLAN, "server_time": 0}]),
+        "plan.server_time: wrong field type: expected float, got int",
+    ),
+    (
+        "report not map",
+        frame(["round_result", {**RESULT, "report": None}]),
+        "round_result.report: wrong field type: expected map, got NoneType",
+    ),
+    (
+        "report nil",
+        frame(["round_result", {**RESULT, "report": {"t": [[1.5, None]]}}]),
+        "round_result.report['t'][0][1]: unsupported value of type NoneType",
+    ),
+    ("ext value", frame(["bye", {"reason": msgpack.ExtType(1, b"x")}]), "exceeds max_ext_len"),
+    ("bin value", frame(["bye", {"reason": b"x"}]), "exceeds max_bin_len"),
+    ("header is map", frame({"kind": "bye"}), "header must be [kind, fields]"),
+    ("header of 3", frame(["bye", {}, 1]), "header must be [kind, fields]"),
+    ("unknown kind", frame(["nope", {}]), "unknown message kind 'nope'"),
+    ("kind not str", frame([5, {}]), "unknown message kind 5"),
+    ("fields not map", frame(["bye", ["done"]]), "bye: fields must be a map, got list"),
+    ("missing field", frame(["heartbeat", {}]), "heartbeat: missing field 'seq'"),
+    ("unknown field", frame(["heartbeat", {"seq": 1, "x": 2}]), "heartbeat: unknown field 'x'"),
+    (
+        "str for int",
+        frame(["heartbeat", {"seq": "1"}]),
+        "heartbeat.seq: wrong field type: expected int, got str",
+    ),
+    ("bool for int", frame(["heartbeat", {"seq": True}]), "expected int, got bool"),
+    (
+        "float for int",
+        frame(["hello", {"version": 1.0, "device_id": 0}]),
+        "hello.version: wrong field type",
+    ),
+    (
+        "negative int",
+        frame(["heartbeat", {"seq": -1}]),
+        "invalid heartbeat: seq must be a non-negative int",
+    ),
+    (
+        "int for float",
+        frame(["round_result", {**RESULT, "loss_sum": 1}]),
+        "round_result.loss_sum: wrong field type: expected float, got int",
+    ),
+    (
+        "nan loss",
+        frame(["round_result", {**RESULT, "loss_sum": math.nan}]),
+        "invalid round_result: loss_sum must be a finite float",
+    ),
+    (
+        "int for str",
+        frame(["bye", {"reason": 1}]),
+        "bye.reason: wrong field type: expected str, got int",
+    ),
+    (
+        "nil for str",
+        frame(["error", {"code": "x", "message": None}]),
+        "error.message: wrong field type: expected str, got NoneType",
+    ),
+    ("bad mode", frame(["plan", {**PLAN, "mode": "x"}]), "invalid plan: mode must be one of"),
+    (
+        "zero batches",
+        frame(["plan", {**PLAN, "parallel_batches": 0}]),
+        "invalid plan: parallel_batches must be >= 1",
+    ),
+    (
+        "run not map",
+        frame(["plan", {**PLAN, "run": [1]}]),
+        "plan.run: wrong field type: expected map, got list",
+    ),
+    (
+        "run nil",
+        frame(["plan", {**PLAN, "run": {"a": [None]}}]),
+        "plan.run['a'][0]: unsupported value of type NoneType",
+    ),
+    (
+        "run bin key",
+        frame(["plan", {**PLAN, "run": {b"": 1}}]),
+        "plan.run: map key b'' is not a str",
+    ),
+    (
+        "run empty bin",
+        frame(["plan", {**PLAN, "run": {"a": b""}}]),
+        "unsupported value of type bytes",
+    ),
+    (
+        "run empty ext",
+        frame(
+            None,
+            raw_header=msgpack.packb(["plan", {**PLAN, "run": {"a": "EXT!"}}]).replace(
+                b"\xa4EXT!", b"\xc7\x00\x05"
+            ),
+        ),
+        "unsupported value of type ExtType",
+    ),
+    (
+        "run too deep",
+        frame(["plan", {**PLAN, "run": {"a": nested(40)}}]),
+        "nested deeper than 32 levels",
+    ),
+    (
+        "descriptor not list",
+        tensor_frame("gradient", {**GRAD, "tensor": "x"}, EIGHT),
+        "gradient.tensor: tensor descriptor must be [dtype, shape, offset, nbytes]",
+    ),
+    (
+        "descriptor of 3",
+        tensor_frame("gradient", {**GRAD, "tensor": ["float32", [2], 0]}, EIGHT),
+        "tensor descriptor must be",
+    ),
+    (
+        "dtype unknown",
+        tensor_frame("gradient", {**GRAD, "tensor": ["complex64", [1], 0, 8]}, EIGHT),
+        "gradient.tensor: dtype unknown: 'complex64'",
+    ),
+    (
+        "dtype not str",
+        tensor_frame("gradient", {**GRAD, "tensor": [4, [2], 0, 8]}, EIGHT),
+        "dtype unknown: 4",
+    ),
+    (
+        "shape not list",
+        tensor_frame("gradient", {**GRAD, "tensor": ["float32", 2, 0, 8]}, EIGHT),
+        "shape must be a list",
+    ),
+    (
+        "shape negative",
+        tensor_frame("gradient", {**GRAD, "tensor": ["float32", [-2], 0, 8]}, EIGHT),
+        "shape must hold ints >= 0",
+    ),
+    (
+        "shape of str",
+        tensor_frame("gradient", {**GRAD, "tensor": ["float32", ["2"], 0, 8]}, EIGHT),
+        "shape must hold ints >= 0",
+    ),
+    (
+        "too many dims",
+        tensor_frame("gradient", {**GRAD, "tensor": ["int8", [1] * 33, 0, 1]}, b"\x00"),
+        "at most 32 ints",
+    ),
+    (
+        "offset str",
+        tensor_frame("gradient", {**GRAD, "tensor": ["float32", [2], "0", 8]}, EIGHT),
+        "tensor offset must be an int >= 0",
+    ),
+    (
+        "nbytes negative",
+        tensor_frame("gradient", {**GRAD, "tensor": ["float32", [2], 0, -8]}, EIGHT),
+        "tensor nbytes must be an int >= 0",
+    ),
+    (
+        "length mismatch",
+        tensor_frame("gradient", {**GRAD, "tensor": ["float32", [2], 0, 7]}, EIGHT),
+        "shape/byte-length mismatch: shape [2] of float32 needs 8 bytes, descriptor says 7",
+    ),
+    (
+        "huge shape",
+        tensor_frame("gradient", {**GRAD, "tensor": ["float64", [U64, U64], 0, 8]}, EIGHT),
+        "shape/byte-length mismatch",
+    ),
+    (
+        "offset moved",
+        tensor_frame("gradient", {**GRAD, "tensor": ["float32", [2], 64, 8]}, bytes(72)),
+        "tensor offset 64 is not the canonical 0",
+    ),
+    (
+        "out of range",
+        tensor_frame("gradient", {**GRAD, "tensor": ["float32", [4], 0, 16]}, EIGHT),
+        "tensor bytes out of range",
+    ),
+    ("no data region", frame(["gradient", {**GRAD, "tensor": F32}]), "tensor bytes out of range"),
+    (
+        "trailing bytes",
+        tensor_frame("gradient", {**GRAD, "tensor": F32}, bytes(9)),
+        "1 trailing bytes after the message",
+    ),
+    ("trailing after bye", BYE_FRAME + b"\x00", "1 trailing bytes after the message"),
+    (
+        "padding after empty state",
+        frame(
+            [
+                "round_start",
+                {"round": 0, "epoch": 0, "first_iteration": 0, "iterations": 0, "tensors": {}},
+            ]
+        )
+        + bytes(3),
+        "3 trailing bytes",
+    ),
+    (
+        "bool not 0/1",
+        tensor_frame("gradient", {**GRAD, "tensor": ["bool", [3], 0, 3]}, b"\x00\x01\x02"),
+        "gradient.tensor: bool tensor holds bytes other than 0 and 1",
+    ),
+    (
+        "batch mismatch",
+        tensor_frame(
+            "activation",
+            {**GRAD, "tensor": ["int8", [2], 0, 2], "labels": ["int8", [3], FRAME_ALIGNMENT, 3]},
+            bytes(FRAME_ALIGNMENT + 3),
+        ),
+        "invalid activation: activation batch 2 != labels batch 3",
+    ),
+    (
+        "no batch dim",
+        tensor_frame(
+            "activation",
+            {**GRAD, "tensor": ["int8", [], 0, 1], "labels": ["int8", [], FRAME_ALIGNMENT, 1]},
+            bytes(FRAME_ALIGNMENT + 1),
+        ),
+        "invalid activation: activation and labels need a batch dimension",
+    ),
+    (
+        "tensors not map",
+        frame(
+            [
+                "round_start",
+                {"round": 0, "epoch": 0, "first_iteration": 0, "iterations": 0, "tensors": [F32]},
+            ]
+        ),
+        "round_start.tensors: wrong field type: expected map of tensors, got list",
+    ),
+    (
+        "tensor name bin",
+        tensor_frame(
+            "round_start",
+            {"round": 0, "epoch": 0, "first_iteration": 0, "iterations": 0, "tensors": {b"": F32}},
+            EIGHT,
+        ),
+        "round_start.tensors: tensor name b'' is not a str",
+    ),
+    (
+        "named descriptor",
+        tensor_frame(
+            "round_start",
+            {
+                "round": 0,
+                "epoch": 0,
+                "first_iteration": 0,
+                "iterations": 0,
+                "tensors": {"w": ["float32", [2], 0, 9]},
+            },
+            EIGHT,
+        ),
+        "round_start.tensors['w']: shape/byte-length mismatch",
+    ),
+]
+
+
+def _with_byte(data: bytes, index: int, value: int) -> bytes:
+    return data[:index] + bytes([value]) + data[index + 1 :]
+
+
+def _padding_cases() -> list[tuple[str, bytes, str]]:
+    good = encode(Activation(0, 0, 0, td("int8", (3,)), td("int8", (3,))))
+    header_len = struct.unpack_from("<I", good, 4)[0]
+    first_pad = 8 + header_len  # first byte of padding after the header
+    data_start = _align(first_pad)
+    assert data_start > first_pad  # this sample does have padding there
+    return [
+        (
+            "nonzero header padding",
+            _with_byte(good, first_pad, 1),
+            "activation.tensor: nonzero padding",
+        ),
+        (
+            "nonzero tensor padding",
+            _with_byte(good, data_start + 3, 1),
+            "activation.labels: nonzero padding",
+        ),
+        ("truncated data", good[:-1], "tensor bytes out of range"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("frame_bytes", "error"),
+    [pytest.param(f, e, id=name) for name, f, e in BAD_FRAMES]
+    + [pytest.param(f, e, id=name) for name, f, e in _padding_cases()],
+)
+def test_decode_rejects(frame_bytes: bytes, error: str) -> None:
+    with pytest.raises(RemoteProtocolError, match=_literal(error)) as info:
+        decode(frame_bytes)
+    assert type(info.value) is RemoteProtocolError
+    assert "\n" not in str(info.value)
+
+
+def test_hand_made_frame_helper_builds_valid_frames() -> None:
+    """The table's frames differ from valid ones only in the named defect."""
+    assert decode(tensor_frame("gradient", {**GRAD, "tensor": F32}, EIGHT)) == Gradient(
+        0, 0, 0, TensorData("float32", (2,), EIGHT)
+    )
+    assert decode(BYE_FRAME) == Bye("done")
+
+
+def test_decode_rejects_non_buffers_locally() -> None:
+    with pytest.raises(LocalProtocolError, match="bytes-like frame, got str"):
+        decode("APW")  # type: ignore[arg-type]
+    with pytest.raises(LocalProtocolError, match="max_frame_bytes must be >= 0"):
+        decode(BYE_FRAME, max_frame_bytes=-1)
+
+
+def test_decode_rejects_strided_frames_locally() -> None:
+    with pytest.raises(LocalProtocolError, match="C-contiguous frame"):
+        decode(memoryview(BYE_FRAME * 2)[::2])
+
+
+def test_encode_accepts_empty_multidimensional_buffers() -> None:
+    empty = np.zeros((2, 0, 3), dtype=np.float32)
+    message = Gradient(0, 0, 0, TensorData("float32", (2, 0, 3), empty.data))
+    decoded = decode(encode(message))
+    assert isinstance(decoded, Gradient)
+    assert decoded.tensor.shape == (2, 0, 3)
+    assert decoded.tensor.nbytes == 0
