@@ -13,6 +13,7 @@ After each epoch the global model is evaluated on the server's held-out test set
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import math
@@ -27,7 +28,7 @@ from aiopipe import data as datasets
 from aiopipe import models
 from aiopipe.clock import Clock, wait_for
 from aiopipe.config import RunConfig
-from aiopipe.errors import RemoteProtocolError, TrainingError
+from aiopipe.errors import RemoteProtocolError, TrainingError, TransportError
 from aiopipe.metrics.results import EpochMetrics, RunResult
 from aiopipe.metrics.trace import Recorder, Slice
 from aiopipe.protocol import (
@@ -57,6 +58,9 @@ from aiopipe.transport import Link
 __all__ = ["ServerNode"]
 
 log = logging.getLogger("aiopipe.server")
+
+#: Seconds a new connection has to say hello before it is dropped.
+HELLO_TIMEOUT_S = 30.0
 
 
 class ServerNode:
@@ -99,7 +103,7 @@ class ServerNode:
                                         momentum=config.momentum)
             self.replicas[plan.device_id] = (half, optimizer)
         self.sessions: dict[int, DeviceSession] = {}
-        self._joined = asyncio.Event()
+        self.joined = asyncio.Event()  # set once every device has said hello
         self.epoch = -1
         self.rounds = 0
         self.epochs: list[EpochMetrics] = []
@@ -116,14 +120,19 @@ class ServerNode:
         peer = Peer(link, self.clock, self.recorder, "server/unknown",
                     max_frame_bytes=self.max_frame_bytes)
         try:
-            hello = await wait_for(self.clock, peer.receive(), 30.0)
+            hello: object = await wait_for(self.clock, peer.receive(), HELLO_TIMEOUT_S)
         except TimeoutError:
-            await link.aclose()
-            raise RemoteProtocolError("no hello within 30 s") from None
-        problem = self._check_hello(hello)
+            hello = None
+            problem = f"no hello within {HELLO_TIMEOUT_S:g} s"
+        except RemoteProtocolError as exc:
+            hello = None
+            problem = f"bad hello: {exc}"
+        else:
+            problem = self._check_hello(hello)
         if problem:
             log.warning("refused a device: %s", problem)
-            await peer.send(ErrorMessage("refused", problem))
+            with contextlib.suppress(TransportError):
+                await peer.send(ErrorMessage("refused", problem))
             await link.aclose()
             raise RemoteProtocolError(problem)
         assert isinstance(hello, Hello)
@@ -136,7 +145,7 @@ class ServerNode:
                              plan.micro_batch_size, self.config.to_mapping(),
                              server_time=self.clock.now()))
         if len(self.sessions) == self.config.devices:
-            self._joined.set()
+            self.joined.set()
         try:
             await session.serve()
         finally:
@@ -169,7 +178,7 @@ class ServerNode:
             TrainingError: devices did not join in time, or one was lost.
         """
         try:
-            await wait_for(self.clock, self._joined.wait(), self.join_timeout)
+            await wait_for(self.clock, self.joined.wait(), self.join_timeout)
         except TimeoutError:
             missing = sorted(set(range(self.config.devices)) - set(self.sessions))
             raise TrainingError(f"devices {missing} did not join within "

@@ -95,3 +95,26 @@ async def test_sl_passes_weights_from_device_to_device() -> None:
         nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
     _assert_same_weights(result.model, model)
+
+
+async def test_aggregation_every_iteration_averages_between_steps() -> None:
+    """aggregation_every=1: FedAvg after each iteration, so the devices' second steps
+    start from the average of their first ones (SFL, two devices, two iterations)."""
+    config = _config(mode="sfl", devices=2, samples_per_device=2 * BATCH, aggregation_every=1)
+    result = await simulate(config, clock=VirtualClock())
+    assert len(result.epochs) == 1
+    assert result.final.samples == 4 * BATCH
+    dataset = train_dataset(config)
+    model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
+    orders = [datasets.epoch_order(device_indices(config, dataset, k), epoch=0, seed=config.seed)
+              for k in range(2)]
+    for iteration in range(2):
+        states = []
+        for k in range(2):
+            local = copy.deepcopy(model)
+            x, y = dataset.batch(orders[k][iteration * BATCH:(iteration + 1) * BATCH])
+            nn.functional.cross_entropy(local(x), y).backward()
+            torch.optim.SGD(local.parameters(), lr=LR).step()
+            states.append(local.state_dict())
+        model.load_state_dict(fedavg(states, [BATCH, BATCH]))
+    _assert_same_weights(result.model, model)

@@ -84,3 +84,21 @@ async def test_iteration_takes_the_critical_path_and_uploads_overlap_forwards() 
         assert overlap > 0, f"u{n + 1} does not overlap f{n + 2}"
     # the server computes micro-batch n as soon as it arrives, before later uploads end
     assert one("server/compute", "s", 0).start < one("device0/uplink", "u", N - 1).end
+
+
+async def test_device_slowdown_scales_charged_compute() -> None:
+    config = RunConfig(mode="pipar", devices=2, samples_per_device=BATCH, batch_size=BATCH,
+                       epochs=1, split_point=P, parallel_batches=N, test_samples=20,
+                       device_slowdown=[1.0, 3.0], network="lan")
+    result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
+    f = COSTS.forward_time(0, P, MICRO)
+    for k, factor in ((0, 1.0), (1, 3.0)):
+        forwards = [sl for sl in result.trace
+                    if sl.track == f"device{k}/compute" and sl.name == "f"]
+        assert len(forwards) == N
+        for sl in forwards:
+            assert sl.duration == pytest.approx(f * factor, rel=1e-9)
+    # the slow device's idle server time shows up: the fast device finishes first
+    ends = [max(sl.end for sl in result.trace if sl.track == f"device{k}/compute")
+            for k in range(2)]
+    assert ends[0] < ends[1]
