@@ -1,7 +1,8 @@
 """The device node: trains the first P units on local data (PiPar Algorithm 1).
 
 One event loop, one compute thread. Three tasks run while training:
-- the train loop: per round, per iteration, forward N micro-batches back to back,
+- the train loop: per round, per iteration, it runs the iteration's schedule (data, see
+  `aiopipe.scheduler.schedule`); PiPar's is: forward N micro-batches back to back,
   posting each activation as soon as it exists; then, in micro-batch order, wait for
   that micro-batch's gradient and run its backward; then one optimizer step (Eq. 26);
 - the send loop (`Peer.send_loop`): moves posted activations and models over the
@@ -48,6 +49,7 @@ from aiopipe.runtime.compute import Compute
 from aiopipe.runtime.peer import Peer
 from aiopipe.runtime.plan import build_model, device_indices, train_dataset
 from aiopipe.scheduler.costs import CostTable
+from aiopipe.scheduler.schedule import pipar_order
 from aiopipe.transport import Link, WebSocketLink, network_spec
 
 __all__ = ["DeviceSummary", "run_device"]
@@ -154,6 +156,7 @@ class _DeviceNode:
         self.optimizer = torch.optim.SGD(self.half.parameters(), lr=config.learning_rate,
                                          momentum=config.momentum)
         self.compute.slowdown = config.device_slowdown_of(self.device_id)
+        self.schedule = pipar_order(plan.parallel_batches)
         if self.shape_uplink and isinstance(self.peer.link, WebSocketLink):
             self.peer.link.reshape(network_spec(config.network).up)
 
@@ -210,37 +213,41 @@ class _DeviceNode:
                            epoch=message.epoch)
 
     async def _split_iteration(self, order: np.ndarray, epoch: int, iteration: int) -> None:
-        micro, n_batches, p = (self.plan.micro_batch_size, self.plan.parallel_batches,
-                               self.plan.split_point)
-        base = iteration * micro * n_batches
+        """Run the plan's schedule for one iteration (see `aiopipe.scheduler.schedule`)."""
+        micro, p = self.plan.micro_batch_size, self.plan.split_point
+        base = iteration * micro * self.plan.parallel_batches
         loop = asyncio.get_running_loop()
-        outputs: list[torch.Tensor] = []
-        waiting: list[asyncio.Future[Gradient]] = []
-        f_cost = self.costs.forward_time(0, p, micro) if self.costs else None
-        b_cost = self.costs.backward_time(0, p, micro) if self.costs else None
-        for n in range(n_batches):
-            batch_indices = order[base + n * micro: base + (n + 1) * micro]
-            _x, y, out = await self.compute.run(
-                "f", partial(self._forward, batch_indices), cost=f_cost,
-                epoch=epoch, iteration=iteration, micro_batch=n)
-            outputs.append(out)
-            waiting.append(loop.create_future())
-            self.pending[(epoch, iteration, n)] = waiting[-1]
-            self.peer.post(Activation(epoch, iteration, n, to_tensor_data(out.detach()),
-                                      to_tensor_data(y)), "u",
-                           epoch=epoch, iteration=iteration, micro_batch=n)
-        for n in range(n_batches):
-            gradient = await waiting[n]
-            grad = to_torch(gradient.tensor)
-            out = outputs[n]
-            if grad.shape != out.shape or grad.dtype != out.dtype:
-                raise RemoteProtocolError(
-                    f"gradient of shape {tuple(grad.shape)} {grad.dtype} for an activation "
-                    f"of shape {tuple(out.shape)} {out.dtype}")
-            await self.compute.run("b", partial(_backward, out, grad),
-                                   cost=b_cost, epoch=epoch, iteration=iteration, micro_batch=n)
-        await self.compute.run("step", self._step, cost=self.costs.step_time(0, p)
-                               if self.costs else None, epoch=epoch, iteration=iteration)
+        outputs: dict[int, torch.Tensor] = {}
+        waiting: dict[int, asyncio.Future[Gradient]] = {}
+        costs = self.costs
+        for action in self.schedule:
+            n = action.micro_batch
+            if action.kind == "F":
+                batch_indices = order[base + n * micro: base + (n + 1) * micro]
+                _, y, out = await self.compute.run(
+                    "f", partial(self._forward, batch_indices),
+                    cost=costs.forward_time(0, p, micro) if costs else None,
+                    epoch=epoch, iteration=iteration, micro_batch=n)
+                outputs[n] = out
+                waiting[n] = self.pending[(epoch, iteration, n)] = loop.create_future()
+                self.peer.post(Activation(epoch, iteration, n, to_tensor_data(out.detach()),
+                                          to_tensor_data(y)), "u",
+                               epoch=epoch, iteration=iteration, micro_batch=n)
+            elif action.kind == "B":
+                grad = to_torch((await waiting.pop(n)).tensor)
+                out = outputs.pop(n)
+                if grad.shape != out.shape or grad.dtype != out.dtype:
+                    raise RemoteProtocolError(
+                        f"gradient of shape {tuple(grad.shape)} {grad.dtype} for an activation "
+                        f"of shape {tuple(out.shape)} {out.dtype}")
+                await self.compute.run(
+                    "b", partial(_backward, out, grad),
+                    cost=costs.backward_time(0, p, micro) if costs else None,
+                    epoch=epoch, iteration=iteration, micro_batch=n)
+            else:
+                await self.compute.run("step", self._step,
+                                       cost=costs.step_time(0, p) if costs else None,
+                                       epoch=epoch, iteration=iteration)
 
     def _forward(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         x, y = self.dataset.batch(indices)
