@@ -60,7 +60,7 @@ def _prometheus(node: ServerNode) -> str:
     lines = [
         "# HELP aiopipe_devices_connected Devices with an open session.",
         "# TYPE aiopipe_devices_connected gauge",
-        f"aiopipe_devices_connected {len(node.sessions)}",
+        f"aiopipe_devices_connected {len(node.connected)}",
         "# HELP aiopipe_epochs_finished Epochs finished so far.",
         "# TYPE aiopipe_epochs_finished counter",
         f"aiopipe_epochs_finished {len(node.epochs)}",

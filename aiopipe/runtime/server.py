@@ -102,7 +102,8 @@ class ServerNode:
             optimizer = torch.optim.SGD(half.parameters(), lr=config.learning_rate,
                                         momentum=config.momentum)
             self.replicas[plan.device_id] = (half, optimizer)
-        self.sessions: dict[int, DeviceSession] = {}
+        self.sessions: dict[int, DeviceSession] = {}  # every device that joined the run
+        self.connected: set[int] = set()  # devices whose connection is open now
         self.joined = asyncio.Event()  # set once every device has said hello
         self.epoch = -1
         self.rounds = 0
@@ -146,9 +147,11 @@ class ServerNode:
                              server_time=self.clock.now()))
         if len(self.sessions) == self.config.devices:
             self.joined.set()
+        self.connected.add(k)
         try:
             await session.serve()
         finally:
+            self.connected.discard(k)
             if session.result is not None and not session.result.done():
                 session.result.set_exception(TrainingError(f"device {k} was lost"))
             if not session.closing:
@@ -327,7 +330,8 @@ class ServerNode:
         """Live state for ``GET /status``."""
         return {
             "mode": self.config.mode, "devices": self.config.devices,
-            "connected": sorted(self.sessions), "epoch": self.epoch,
+            "joined": sorted(self.sessions), "connected": sorted(self.connected),
+            "epoch": self.epoch,
             "epochs": self.config.epochs,
             "plan": [{"device": p.device_id, "split_point": p.split_point,
                       "parallel_batches": p.parallel_batches,

@@ -96,3 +96,34 @@ async def test_strangers_are_refused_and_the_run_goes_on() -> None:
     assert "device id 7 is not in 0..1" in answers[2]
     assert "already connected" in answers[3]
     assert [e.samples for e in result.epochs] == [160, 160]
+
+
+async def test_status_and_metrics_routes_describe_the_run() -> None:
+    import aiohttp
+
+    async with Server(CONFIG, token=TOKEN, join_timeout=60) as server:
+        base = server.url.removesuffix("/ws")
+
+        async def device(k: int) -> None:
+            async with Device(server.url, k, token=TOKEN) as d:
+                await d.run()
+
+        async with asyncio.TaskGroup() as tasks:
+            for k in range(CONFIG.devices):
+                tasks.create_task(device(k))
+            await server.run()
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/status") as response:
+                status = await response.json()
+            async with http.get(f"{base}/metrics") as response:
+                metrics = await response.text()
+            async with http.get(f"{base}/ws") as response:  # not a websocket upgrade
+                plain_status = response.status
+    assert status["mode"] == "pipar"
+    assert status["joined"] == [0, 1]
+    assert status["connected"] == []  # the run is over: everyone said goodbye
+    assert [p["parallel_batches"] for p in status["plan"]] == [2, 2]
+    assert len(status["finished_epochs"]) == 2
+    assert "aiopipe_epochs_finished 2" in metrics
+    assert 'aiopipe_busy_seconds{resource="server"}' in metrics
+    assert plain_status == 401  # no token: refused before anything else
