@@ -81,6 +81,9 @@ class RunConfig:
         seed: everything random derives from it.
         out_dir: where the results directory goes ("" = do not write one).
         torch_threads: torch intra-op threads per node.
+
+    Raises:
+        ConfigError: a field has an invalid value (the message names the key).
     """
 
     mode: str = "pipar"
@@ -107,7 +110,10 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise _fail("mode", self.mode, f"one of {', '.join(MODES)}")
-        if not isinstance(self.model, str):
+        if isinstance(self.model, str):
+            if not self.model:
+                raise _fail("model", self.model, "a model name or a torch.nn.Sequential")
+        else:
             import torch  # local: config stays importable without building models
 
             if not isinstance(self.model, torch.nn.Sequential):
@@ -122,9 +128,10 @@ class RunConfig:
                                               allow_auto=True))
         set_(self, "parallel_batches", _per_device("parallel_batches", self.parallel_batches,
                                                    self.devices, allow_auto=True))
-        if isinstance(self.parallel_batches, int) and self.parallel_batches > self.batch_size:
-            raise _fail("parallel_batches", self.parallel_batches,
-                        f"at most batch_size ({self.batch_size})")
+        batches = self.parallel_batches
+        for n in batches if isinstance(batches, tuple) else (batches,):
+            if isinstance(n, int) and n > self.batch_size:
+                raise _fail("parallel_batches", n, f"at most batch_size ({self.batch_size})")
         if isinstance(self.network, str):
             pass  # resolved against the presets when links are built
         elif isinstance(self.network, Mapping):
@@ -136,13 +143,16 @@ class RunConfig:
         if isinstance(slowdown, Sequence) and len(values) != self.devices:
             raise _fail("device_slowdown", list(values), f"one number or {self.devices} numbers")
         for v in values:
-            if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 1.0:
-                raise _fail("device_slowdown", v, "a number >= 1")
+            if isinstance(v, bool) or not isinstance(v, int | float) or not (
+                math.isfinite(v) and v >= 1.0
+            ):
+                raise _fail("device_slowdown", v, "a finite number >= 1")
         if isinstance(slowdown, Sequence):
             set_(self, "device_slowdown", tuple(float(v) for v in values))
         else:
             set_(self, "device_slowdown", float(slowdown))
-        if not isinstance(self.aggregation_every, int) or self.aggregation_every < 0:
+        every = self.aggregation_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
             raise _fail("aggregation_every", self.aggregation_every, "an integer >= 0")
         for key in ("learning_rate", "momentum", "dirichlet_alpha"):
             value = getattr(self, key)
@@ -151,8 +161,9 @@ class RunConfig:
             ):
                 raise _fail(key, value, "a finite number >= 0")
             set_(self, key, float(value))
-        if self.learning_rate <= 0:
-            raise _fail("learning_rate", self.learning_rate, "a number > 0")
+        for key in ("learning_rate", "dirichlet_alpha"):
+            if getattr(self, key) <= 0:
+                raise _fail(key, getattr(self, key), "a finite number > 0")
         if self.partition not in PARTITIONS:
             raise _fail("partition", self.partition, f"one of {', '.join(PARTITIONS)}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
@@ -252,9 +263,30 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return _toml_string(value)
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}"
+                                for k, v in value.items()) + " }"
     raise ConfigError(f"cannot write {value!r} to TOML")
+
+
+def _toml_string(text: str) -> str:
+    # TOML basic strings allow no raw control characters (tab aside): escape them all.
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch < " " or ch == "\x7f":
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _toml_key(key: object) -> str:
+    text = str(key)
+    if text and all(ch.isascii() and (ch.isalnum() or ch in "_-") for ch in text):
+        return text
+    return _toml_string(text)

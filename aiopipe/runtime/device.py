@@ -27,7 +27,7 @@ from aiopipe import data as datasets
 from aiopipe import models
 from aiopipe.clock import Clock, SystemClock
 from aiopipe.config import RunConfig
-from aiopipe.errors import AiopipeError, RemoteProtocolError, TrainingError
+from aiopipe.errors import RemoteProtocolError, TrainingError
 from aiopipe.metrics.trace import Recorder
 from aiopipe.protocol import (
     PROTOCOL_VERSION,
@@ -48,6 +48,7 @@ from aiopipe.protocol import (
 from aiopipe.runtime.compute import Compute
 from aiopipe.runtime.peer import Peer
 from aiopipe.runtime.plan import build_model, device_indices, train_dataset
+from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.schedule import pipar_order
 from aiopipe.transport import Link, WebSocketLink, network_spec
@@ -135,7 +136,7 @@ class _DeviceNode:
                 self.peer.finish()
                 receiver.cancel()
         except BaseExceptionGroup as group:
-            raise _first_error(group) from None
+            raise first_error(group) from None
         return summary
 
     def _set_up(self, plan: Plan) -> None:
@@ -175,6 +176,12 @@ class _DeviceNode:
             elif isinstance(message, RoundStart | Bye):
                 self.control.put_nowait(message)
                 if isinstance(message, Bye):
+                    # the server may end the run mid-round (it failed): stop waiting
+                    for future in self.pending.values():
+                        if not future.done():
+                            future.set_exception(TrainingError(
+                                f"the server ended the run: {message.reason}"))
+                    self.pending.clear()
                     return
             elif isinstance(message, ErrorMessage):
                 raise TrainingError(f"server error {message.code}: {message.message}")
@@ -286,22 +293,3 @@ class _DeviceNode:
 
 def _backward(output: torch.Tensor, gradient: torch.Tensor) -> None:
     torch.autograd.backward(output, gradient)
-
-
-def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The most telling exception of a task group: an aiopipe error if there is one."""
-    leaves: list[BaseException] = []
-
-    def walk(exc: BaseException) -> None:
-        if isinstance(exc, BaseExceptionGroup):
-            for inner in exc.exceptions:
-                walk(inner)
-        else:
-            leaves.append(exc)
-
-    walk(group)
-    for exc in leaves:
-        if isinstance(exc, AiopipeError):
-            return exc
-    return leaves[0]
-

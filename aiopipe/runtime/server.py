@@ -52,6 +52,7 @@ from aiopipe.runtime.plan import (
     train_dataset,
 )
 from aiopipe.runtime.session import DeviceSession
+from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.transport import Link
 
@@ -187,15 +188,19 @@ class ServerNode:
             raise TrainingError(f"devices {missing} did not join within "
                                 f"{self.join_timeout:g} s") from None
         origin = self.clock.now()
+        reason = "training finished"
         try:
             for epoch in range(self.config.epochs):
                 self.epochs.append(await self._epoch(epoch))
                 if self.progress is not None:
                     self.progress(self.epochs[-1])
+        except BaseException as exc:
+            reason = f"training failed: {exc}"
+            raise
         finally:
             for session in self.sessions.values():
                 if not session.closing:
-                    session.say_bye("training finished")
+                    session.say_bye(reason)
             self.compute.close()
         return RunResult(self.config, list(self.epochs), self.model,
                          list(self.recorder.slices), origin)
@@ -220,8 +225,13 @@ class ServerNode:
                     await self.compute.run("agg", partial(self._adopt, k, result),
                                            cost=0.0 if self.cost_table else None, epoch=epoch)
                 continue
-            results = await asyncio.gather(*(self._round(k, round_no, epoch, first, work[k])
-                                             for k in range(self.config.devices)))
+            try:
+                async with asyncio.TaskGroup() as tasks:
+                    rounds = [tasks.create_task(self._round(k, round_no, epoch, first, work[k]))
+                              for k in range(self.config.devices)]
+            except BaseExceptionGroup as group:
+                raise first_error(group) from None
+            results = [r.result() for r in rounds]
             for res in results:
                 fl_totals[0] += res.samples
                 fl_totals[1] += res.loss_sum

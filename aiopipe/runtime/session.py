@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from aiopipe.errors import ProtocolError, RemoteProtocolError, TransportError
+from aiopipe.errors import ProtocolError, RemoteProtocolError, TrainingError, TransportError
 from aiopipe.protocol import (
     Activation,
     Bye,
@@ -126,7 +126,8 @@ class DeviceSession:
             await self.peer.send(ErrorMessage("protocol", str(problem)))
         await self.peer.link.aclose()
         if self.result is not None and not self.result.done():
-            self.result.set_exception(problem)
+            self.result.set_exception(
+                TrainingError(f"device {self.device_id} was lost: {problem}"))
 
     async def _receive_loop(self) -> None:
         while True:

@@ -1,0 +1,512 @@
+"""Estimating PiPar iterations and epochs from profiles (pipar.txt §3.3.2, DESIGN §4).
+
+Pure: no I/O, no clock, no torch. Functions of a `ModelProfile`, `DeviceProfile`\\ s and
+plans (P_k, N_k).
+
+Theory of operation
+-------------------
+One iteration of device k with plan (P, N) is N micro-batches of B' = floor(B/N) samples
+flowing through five stages: forward ``f`` of units 1..P on the device, upload ``u``,
+server pass ``s`` (forward, loss and backward of units P+1..Q on device k's replica),
+download ``d``, backward ``b`` on the device; then the device steps, and the server steps
+replica k after its N-th ``s``. Each resource is serial: each device's compute, uplink and
+downlink, and the server's compute, which every device shares. The dependencies are
+pipar.txt Table 1 (Eqs. 11-13)::
+
+    f_n   after f_{n-1}                          device compute, f_1..f_N back to back
+    u_n   after f_n and u_{n-1}                  uplink; arrives `latency` after it ends
+    s_n   after u_n has arrived and s_{n-1}      server, see [Note: server order]
+    d_n   after s_n and d_{n-1}                  downlink; arrives `latency` after it ends
+    b_1   after f_N and d_1 has arrived;  b_n after d_n has arrived and b_{n-1}
+    device step after b_N;  server step of replica k after s_N (on the server)
+
+Stage seconds: f, b and the device step are the `CostTable`'s (server-side) times at B'
+multiplied by the device's slowdown; s is forward + backward of units P+1..Q at B' and
+the server step is ``step_time(P, Q)``, both unscaled; u and d are a frame's wire time
+(bytes x 8 / bandwidth, 0 when unshaped), see `ModelProfile` for frame sizes.
+
+`estimate_iteration` is an event-driven list schedule of this DAG for the whole fleet,
+everyone starting at 0: per device the f/u chain is computed directly, the server is
+simulated with a heap of pending requests (O(KN log K) for K devices with N micro-batches),
+and the d/b chain follows. For one device it is exactly the longest path through the DAG
+(Eqs. 11-13); the virtual-time runtime takes exactly this time (tests/runtime/
+test_runtime_overlap.py), and for a fleet that starts together (unshaped links) it equals
+the runtime's device step ends too (tests/scheduler/test_scheduler_runtime.py).
+
+[Note: server order] The runtime's session for device k hands the server one request at
+a time: it asks for s_n once activation n has arrived *and* its own s_{n-1} is done, and
+asks for the replica's step right after s_N. The server's compute queue is FIFO, so
+requests are served in the order they were made: ties by device id, then micro-batch (the
+step counts as micro-batch N). A device's server work is therefore never faster than when
+it is alone, which makes `alone_iteration_end` a lower bound for its end in any fleet.
+Note that FIFO list scheduling is not monotone in the fleet: slowing one device's link can
+let another device's request go first and shorten the iteration (Graham's anomaly); for
+one device the estimate is monotone in every stage time.
+
+[Note: epoch approximation] `estimate_epoch` repeats synchronized iterations in phases.
+Device k runs iterations_k = floor(samples_k / (B' N_k)) iterations (the runtime's rule,
+[Note: iterations per epoch] in aiopipe/runtime/plan.py). Phase 1 lasts as many
+iterations as the device with the fewest has, and every device takes part; phase 2 lasts
+until the next fewest, without the devices that are done; and so on. In each phase a
+device's iteration takes its cycle: the later of its own step and its replica's step in
+that phase's synchronized iteration (its next iteration's server work cannot start before
+the replica has stepped). Device k's epoch is down_k + its phases + up_k, where down_k
+and up_k move the device half's parameters and buffers (``state_bytes`` of units 1..P
+plus one frame overhead) once each way at the epoch's aggregation; the fleet's epoch is
+the slowest device's. With equal iteration counts this is iterations x cycle. Not
+modelled: devices starting their first iteration at different times (each waits for its
+own model download) and iterations drifting out of phase (in the runtime a device starts
+its next iteration as soon as it has stepped, so the devices' server requests spread out
+and collide less than in a synchronized iteration); the server's aggregation and
+evaluation; the trace report riding on the uploaded model.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from aiopipe.errors import ConfigError
+from aiopipe.scheduler.costs import CostTable
+from aiopipe.transport.network import LinkSpec
+
+__all__ = [
+    "DeviceProfile",
+    "FleetEstimate",
+    "ModelProfile",
+    "alone_iteration_end",
+    "estimate_epoch",
+    "estimate_iteration",
+]
+
+#: Default bytes a frame adds beyond its tensors (header, descriptors, alignment); the
+#: codec's real figure for an Activation is about 112 and for a Gradient 80.
+DEFAULT_FRAME_OVERHEAD = 200
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceProfile:
+    """What the planner knows about one device.
+
+    ``slowdown``: the device's compute time over the server's for the same work.
+    ``uplink`` / ``downlink``: the device → server and server → device directions.
+    ``samples``: training samples the device holds.
+
+    Raises:
+        ConfigError: slowdown is not a positive finite number, a link is not a
+            `LinkSpec`, or samples is not an int >= 0.
+    """
+
+    slowdown: float
+    uplink: LinkSpec
+    downlink: LinkSpec
+    samples: int
+
+    def __post_init__(self) -> None:
+        s = self.slowdown
+        if isinstance(s, bool) or not isinstance(s, int | float) or not math.isfinite(s) or s <= 0:
+            raise ConfigError(f"device slowdown must be a positive number, got {s!r}")
+        for name in ("uplink", "downlink"):
+            if not isinstance(getattr(self, name), LinkSpec):
+                raise ConfigError(
+                    f"DeviceProfile.{name} must be a LinkSpec, got {getattr(self, name)!r}"
+                )
+        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 0:
+            raise ConfigError(f"device samples must be an int >= 0, got {self.samples!r}")
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """What the planner knows about the model (Q split units).
+
+    ``costs``: server-side compute seconds per unit (a device's are these x its slowdown).
+    ``activation_bytes[q]``: per-sample output bytes of unit q (0-based), float32.
+    ``label_bytes_per_sample``: labels riding with each activation (int64: 8).
+    ``frame_overhead``: bytes a frame adds beyond its tensors (pass the codec's figure).
+    ``state_bytes[q]``: parameter + buffer bytes of unit q (model transfer and memory).
+    ``activation_frame_overhead``: the same for activation frames, which carry a second
+    tensor (the labels); None means ``frame_overhead``.
+
+    Frame sizes for split point P at micro-batch size B'::
+
+        activation = B' x activation_bytes[P-1] + B' x label_bytes_per_sample
+                     + activation_frame_overhead
+        gradient   = B' x activation_bytes[P-1] + frame_overhead
+
+    Raises:
+        ConfigError: fewer than 2 units, lengths that differ from ``costs.units``, or
+            negative sizes.
+    """
+
+    costs: CostTable
+    activation_bytes: tuple[int, ...]
+    state_bytes: tuple[int, ...]
+    label_bytes_per_sample: int = 8
+    frame_overhead: int = DEFAULT_FRAME_OVERHEAD
+    activation_frame_overhead: int | None = None
+
+    def __post_init__(self) -> None:
+        q = self.costs.units
+        if q < 2:
+            raise ConfigError(f"a model needs at least 2 units to split, got {q}")
+        for name in ("activation_bytes", "state_bytes"):
+            values = getattr(self, name)
+            if len(values) != q:
+                raise ConfigError(
+                    f"ModelProfile.{name} has {len(values)} entries, the cost table has {q} units"
+                )
+            if any(not isinstance(v, int) or v < 0 for v in values):
+                raise ConfigError(f"ModelProfile.{name} must hold ints >= 0")
+        for name in ("label_bytes_per_sample", "frame_overhead"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"ModelProfile.{name} must be >= 0")
+        if self.activation_frame_overhead is not None and self.activation_frame_overhead < 0:
+            raise ConfigError("ModelProfile.activation_frame_overhead must be >= 0")
+
+    @property
+    def units(self) -> int:
+        """Q, the number of split units."""
+        return self.costs.units
+
+    def activation_frame_bytes(self, split_point: int, micro_batch: int) -> int:
+        """Bytes of one activation frame (activation + labels) at split point P."""
+        over = (
+            self.frame_overhead
+            if self.activation_frame_overhead is None
+            else self.activation_frame_overhead
+        )
+        return (
+            micro_batch * self.activation_bytes[split_point - 1]
+            + micro_batch * self.label_bytes_per_sample
+            + over
+        )
+
+    def gradient_frame_bytes(self, split_point: int, micro_batch: int) -> int:
+        """Bytes of one gradient frame at split point P."""
+        return micro_batch * self.activation_bytes[split_point - 1] + self.frame_overhead
+
+    def model_frame_bytes(self, split_point: int) -> int:
+        """Bytes of the device half's weights in one frame (sent down and up per epoch)."""
+        return sum(self.state_bytes[:split_point]) + self.frame_overhead
+
+
+@dataclass(frozen=True, slots=True)
+class FleetEstimate:
+    """One synchronized iteration of the fleet, every device starting at 0.
+
+    ``time_s``: until all work is done (the latest of every end below).
+    ``device_end_s[k]``: when device k's optimizer step ends (what the runtime's trace
+    shows as the end of its iteration). ``replica_end_s[k]``: when the server's step of
+    device k's replica ends (usually earlier; later when the server is contended).
+    Busy seconds per resource: each device's compute (``compute_busy_s[k]``), uplink and
+    downlink wire time (latency is not busy time), and the server's compute.
+    """
+
+    time_s: float
+    device_end_s: tuple[float, ...]
+    replica_end_s: tuple[float, ...]
+    compute_busy_s: tuple[float, ...]
+    uplink_busy_s: tuple[float, ...]
+    downlink_busy_s: tuple[float, ...]
+    server_busy_s: float
+
+    def busy_by_track(self) -> dict[str, float]:
+        """Busy seconds keyed by the runtime's trace tracks (``"device0/compute"``, ...)."""
+        busy = {"server/compute": self.server_busy_s}
+        for k, (c, u, d) in enumerate(
+            zip(self.compute_busy_s, self.uplink_busy_s, self.downlink_busy_s, strict=True)
+        ):
+            busy[f"device{k}/compute"] = c
+            busy[f"device{k}/uplink"] = u
+            busy[f"device{k}/downlink"] = d
+        return busy
+
+
+# -- stage times ------------------------------------------------------------------------
+
+
+class Stages(NamedTuple):
+    """Per-micro-batch stage seconds of one device's plan: all the schedule needs.
+
+    A named tuple rather than a frozen dataclass: a plan search builds one per candidate
+    (10^4 - 10^5 of them) and tuples are built several times faster.
+    """
+
+    n: int
+    f: float
+    b: float
+    device_step: float
+    u: float
+    up_latency: float
+    s: float
+    server_step: float
+    d: float
+    down_latency: float
+
+
+class UnitTimes:
+    """Per-split-point compute sums at one micro-batch size, computed once.
+
+    The sums are formed exactly as `CostTable.forward_time` & co. form them (same terms,
+    same order), so estimates built from them equal estimates built from the table.
+    """
+
+    __slots__ = ("device_b", "device_f", "device_step", "server_s", "server_step")
+
+    def __init__(self, costs: CostTable, batch: int) -> None:
+        q = costs.units
+        fwd = [costs.forward_time(u, u + 1, batch) for u in range(q)]
+        bwd = [costs.backward_time(u, u + 1, batch) for u in range(q)]
+        stp = [costs.step_time(u, u + 1) for u in range(q)]
+        self.device_f = [sum(fwd[:p]) for p in range(q + 1)]
+        self.device_b = [sum(bwd[:p]) for p in range(q + 1)]
+        self.device_step = [sum(stp[:p]) for p in range(q + 1)]
+        self.server_s = [sum(fwd[p:]) + sum(bwd[p:]) for p in range(q + 1)]
+        self.server_step = [sum(stp[p:]) for p in range(q + 1)]
+
+
+class StageCache:
+    """`UnitTimes` per micro-batch size for one model: what planning calls share."""
+
+    __slots__ = ("_model", "_times")
+
+    def __init__(self, model: ModelProfile) -> None:
+        self._model = model
+        self._times: dict[int, UnitTimes] = {}
+
+    def times(self, batch: int) -> UnitTimes:
+        """The sums at micro-batch size ``batch``."""
+        found = self._times.get(batch)
+        if found is None:
+            found = self._times[batch] = UnitTimes(self._model.costs, batch)
+        return found
+
+    def stages(
+        self, device: DeviceProfile, split_point: int, parallel: int, batch_size: int
+    ) -> Stages:
+        """Stage seconds of ``device`` with plan (P, N) at batch size B."""
+        model, p = self._model, split_point
+        micro = batch_size // parallel
+        t = self.times(micro)
+        slow = device.slowdown
+        return Stages(
+            n=parallel,
+            f=t.device_f[p] * slow,
+            b=t.device_b[p] * slow,
+            device_step=t.device_step[p] * slow,
+            u=device.uplink.wire_time(model.activation_frame_bytes(p, micro)),
+            up_latency=device.uplink.latency_s,
+            s=t.server_s[p],
+            server_step=t.server_step[p],
+            d=device.downlink.wire_time(model.gradient_frame_bytes(p, micro)),
+            down_latency=device.downlink.latency_s,
+        )
+
+
+# -- the schedule ----------------------------------------------------------------------
+
+
+def schedule_ends(fleet: Sequence[Stages]) -> tuple[list[float], list[float]]:
+    """Per device: when its own step ends, and when the server's step of its replica ends.
+
+    The event-driven list schedule of the module docs, with the shared FIFO server.
+    """
+    arrivals: list[list[float]] = []
+    forwards_end: list[float] = []
+    heap: list[tuple[float, int, int]] = []
+    for k, st in enumerate(fleet):
+        t = u_end = 0.0
+        arrive = [0.0] * st.n
+        for i in range(st.n):
+            t = t + st.f
+            u_end = (t if t > u_end else u_end) + st.u
+            arrive[i] = u_end + st.up_latency
+        arrivals.append(arrive)
+        forwards_end.append(t)
+        heap.append((arrive[0], k, 0))
+    heapq.heapify(heap)
+    s_end = [[0.0] * st.n for st in fleet]
+    replica_end = [0.0] * len(fleet)
+    free = 0.0
+    pop, push = heapq.heappop, heapq.heappush
+    while heap:
+        ready, k, i = pop(heap)
+        st = fleet[k]
+        start = ready if ready > free else free
+        if i < st.n:
+            free = start + st.s
+            s_end[k][i] = free
+            if i + 1 < st.n:
+                a = arrivals[k][i + 1]
+                push(heap, (a if a > free else free, k, i + 1))
+            else:
+                push(heap, (free, k, st.n))
+        else:
+            free = start + st.server_step
+            replica_end[k] = free
+    device_end = []
+    for k, st in enumerate(fleet):
+        d_end, b_end = 0.0, forwards_end[k]
+        for se in s_end[k]:
+            d_end = (se if se > d_end else d_end) + st.d
+            g = d_end + st.down_latency
+            b_end = (g if g > b_end else b_end) + st.b
+        device_end.append(b_end + st.device_step)
+    return device_end, replica_end
+
+
+def cycles(device_end: Sequence[float], replica_end: Sequence[float]) -> list[float]:
+    """Per device, when both halves have stepped: the iteration's length in an epoch."""
+    return [d if d > r else r for d, r in zip(device_end, replica_end, strict=True)]
+
+
+def alone_end(st: Stages) -> float:
+    """`cycles` of a device alone with the server, in closed form (O(1)).
+
+    [Note: one device in closed form] f, u, s, d form a flow line of identical jobs, whose
+    n-th job leaves the last stage at sum(times) + (n-1) x max(times) (latencies are pure
+    delays: they add to the sum, not the max). The backwards are one machine with
+    release times r_1 = max(arrival of d_1, N f) and r_n = arrival of d_n, so b_N ends
+    at max_m r_m + (N - m + 1) b, which is linear in m and peaks at an end point.
+    """
+    n = st.n
+    m3 = max(st.f, st.u, st.s)
+    s_first = st.f + st.u + st.up_latency + st.s
+    server_done = s_first + (n - 1) * m3 + st.server_step
+    m4 = max(m3, st.d)
+    g = s_first + st.d + st.down_latency
+    b_done = max(g + n * st.b, g + (n - 1) * m4 + st.b, n * st.f + n * st.b)
+    return max(b_done + st.device_step, server_done)
+
+
+# -- public estimates ------------------------------------------------------------------
+
+
+def _check_plans(
+    model: ModelProfile,
+    devices: Sequence[DeviceProfile],
+    plans: Sequence[tuple[int, int]],
+    batch_size: int,
+) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch size must be an int >= 1, got {batch_size!r}")
+    if not devices:
+        raise ConfigError("the fleet has no devices")
+    if len(plans) != len(devices):
+        raise ConfigError(f"{len(plans)} plans for {len(devices)} devices")
+    q = model.units
+    for k, (p, n) in enumerate(plans):
+        if not 1 <= p < q:
+            raise ConfigError(f"device {k}: split point {p} outside 1..{q - 1}")
+        if not 1 <= n <= batch_size:
+            raise ConfigError(
+                f"device {k}: {n} micro-batches outside 1..{batch_size} (the batch size)"
+            )
+
+
+def iterations_per_epoch(device: DeviceProfile, parallel: int, batch_size: int) -> int:
+    """floor(samples / (B' N)): the runtime's rule (plan.py [Note: iterations per epoch])."""
+    return device.samples // ((batch_size // parallel) * parallel)
+
+
+def estimate_iteration(
+    model: ModelProfile,
+    devices: Sequence[DeviceProfile],
+    plans: Sequence[tuple[int, int]],
+    batch_size: int,
+) -> FleetEstimate:
+    """Estimate one synchronized iteration of the fleet; ``plans[k] = (P_k, N_k)``.
+
+    Raises:
+        ConfigError: no devices, as many plans as devices not given, a split point outside
+            1..Q-1, N outside 1..batch_size, or a batch size < 1.
+    """
+    _check_plans(model, devices, plans, batch_size)
+    cache = StageCache(model)
+    fleet = [
+        cache.stages(dev, p, n, batch_size) for dev, (p, n) in zip(devices, plans, strict=True)
+    ]
+    device_end, replica_end = schedule_ends(fleet)
+    return FleetEstimate(
+        time_s=max(cycles(device_end, replica_end)),
+        device_end_s=tuple(device_end),
+        replica_end_s=tuple(replica_end),
+        compute_busy_s=tuple(st.n * (st.f + st.b) + st.device_step for st in fleet),
+        uplink_busy_s=tuple(st.n * st.u for st in fleet),
+        downlink_busy_s=tuple(st.n * st.d for st in fleet),
+        server_busy_s=sum(st.n * st.s + st.server_step for st in fleet),
+    )
+
+
+def alone_iteration_end(
+    model: ModelProfile, device: DeviceProfile, plan: tuple[int, int], batch_size: int
+) -> float:
+    """One device's iteration with an otherwise idle server (closed form, O(1)).
+
+    A lower bound for the device's end in any fleet ([Note: server order]).
+
+    Raises:
+        ConfigError: as `estimate_iteration`.
+    """
+    _check_plans(model, [device], [plan], batch_size)
+    return alone_end(StageCache(model).stages(device, plan[0], plan[1], batch_size))
+
+
+def transfer_times(
+    model: ModelProfile, device: DeviceProfile, split_point: int
+) -> tuple[float, float]:
+    """Seconds to send the device half down and back up once (with latency)."""
+    nbytes = model.model_frame_bytes(split_point)
+    return device.downlink.transfer_time(nbytes), device.uplink.transfer_time(nbytes)
+
+
+def device_epochs(
+    fleet: Sequence[Stages], iterations: Sequence[int], transfers: Sequence[tuple[float, float]]
+) -> tuple[list[float], int]:
+    """Each device's epoch by phases ([Note: epoch approximation]), and the number of
+    micro-batches the schedules simulated (what a search spends)."""
+    spent = [0.0] * len(fleet)
+    work = done = 0
+    for count in sorted(set(iterations)):
+        active = [k for k, i in enumerate(iterations) if i >= count]
+        phase = [fleet[k] for k in active]
+        for k, cycle in zip(active, cycles(*schedule_ends(phase)), strict=True):
+            spent[k] += (count - done) * cycle
+        work += sum(st.n for st in phase)
+        done = count
+    return [down + t + up for t, (down, up) in zip(spent, transfers, strict=True)], work
+
+
+def estimate_epoch(
+    model: ModelProfile,
+    devices: Sequence[DeviceProfile],
+    plans: Sequence[tuple[int, int]],
+    batch_size: int,
+) -> float:
+    """Estimate one epoch of the fleet in seconds ([Note: epoch approximation]).
+
+    Raises:
+        ConfigError: as `estimate_iteration`, or a device holds fewer samples than one
+            iteration of its plan (B' x N), which the runtime refuses too.
+    """
+    _check_plans(model, devices, plans, batch_size)
+    iterations = [
+        iterations_per_epoch(dev, n, batch_size) for dev, (_, n) in zip(devices, plans, strict=True)
+    ]
+    for k, i in enumerate(iterations):
+        if i < 1:
+            p, n = plans[k]
+            raise ConfigError(
+                f"device {k} holds {devices[k].samples} samples, fewer than "
+                f"one iteration of plan P={p}, N={n} "
+                f"({(batch_size // n) * n})"
+            )
+    cache = StageCache(model)
+    fleet = [
+        cache.stages(dev, p, n, batch_size) for dev, (p, n) in zip(devices, plans, strict=True)
+    ]
+    transfers = [transfer_times(model, dev, p) for dev, (p, _) in zip(devices, plans, strict=True)]
+    return max(device_epochs(fleet, iterations, transfers)[0])
