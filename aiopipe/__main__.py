@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
               f"results in {result.out_dir}", flush=True)
         return 0
 
-    run_command("aiopipe", run)
+    run_command(parser.prog, run)
 
 
 if __name__ == "__main__":

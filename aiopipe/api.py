@@ -23,6 +23,7 @@ from aiopipe.errors import ConfigError
 from aiopipe.metrics.results import EpochMetrics, RunResult, write_results
 from aiopipe.runtime.device import DeviceSummary, run_device
 from aiopipe.runtime.http import add_routes
+from aiopipe.runtime.plan import build_model, profile_batch_sizes, train_dataset
 from aiopipe.runtime.server import ServerNode
 from aiopipe.scheduler.costs import CostTable, measure_costs
 from aiopipe.transport import Link, network_spec, open_memory_link_pair, open_websocket_link
@@ -47,12 +48,10 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
         TrainingError: training failed.
     """
     clock = clock or SystemClock()
-    node = ServerNode(config, clock=clock, progress=progress)
     if isinstance(clock, VirtualClock) and cost_table is None:
-        sizes = sorted({p.micro_batch_size for p in node.plans} | {config.batch_size})
-        cost_table = await asyncio.to_thread(measure_costs, node.model, node.in_shape, sizes)
-    node.cost_table = cost_table
-    node.compute.charge_costs = cost_table is not None
+        cost_table = await asyncio.to_thread(_measure, config)
+    node = ServerNode(config, clock=clock, cost_table=cost_table, progress=progress)
+    config = node.config  # "auto" resolved
     network = network_spec(config.network)
     custom = None if isinstance(config.model, str) else config.model
     async with asyncio.TaskGroup() as tasks:
@@ -66,6 +65,14 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
     if isinstance(clock, VirtualClock):
         await clock.aclose()
     return _finish(result)
+
+
+def _measure(config: RunConfig) -> CostTable:
+    """A cost table for every batch size the run (or its planner) may use."""
+    dataset = train_dataset(config)
+    model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
+    sizes = sorted({*profile_batch_sizes(config), config.batch_size})
+    return measure_costs(model, dataset.in_shape, sizes)
 
 
 async def _device(link: Link, k: int, clock: Clock, costs: CostTable | None,
@@ -128,6 +135,7 @@ class Server:
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         if self._runner is not None:
+            await self.node.wait_disconnected(10.0)
             await self._runner.cleanup()
             self._runner = None
 

@@ -88,8 +88,8 @@ class VirtualClock:
             return
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        heapq.heappush(self._sleepers, (self._now + seconds, next(self._seq), future))
         self._ensure_driver(loop)
+        heapq.heappush(self._sleepers, (self._now + seconds, next(self._seq), future))
         await future
 
     @contextlib.contextmanager

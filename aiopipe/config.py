@@ -132,12 +132,19 @@ class RunConfig:
         for n in batches if isinstance(batches, tuple) else (batches,):
             if isinstance(n, int) and n > self.batch_size:
                 raise _fail("parallel_batches", n, f"at most batch_size ({self.batch_size})")
-        if isinstance(self.network, str):
-            pass  # resolved against the presets when links are built
-        elif isinstance(self.network, Mapping):
+        if isinstance(self.network, Mapping):
             set_(self, "network", dict(self.network))
-        else:
+            if any(v is None for v in self.network.values()):
+                raise _fail("network", self.network,
+                            'numbers for up_mbps and down_mbps (for no shaping use "lan")')
+        elif not isinstance(self.network, str):
             raise _fail("network", self.network, 'a preset name or {up_mbps=.., down_mbps=..}')
+        from aiopipe.transport.network import network_spec  # pure; local keeps layers apart
+
+        try:
+            network_spec(self.network)
+        except ConfigError as exc:
+            raise ConfigError(f"config key 'network': {exc}") from None
         slowdown = self.device_slowdown
         values = slowdown if isinstance(slowdown, Sequence) else (slowdown,)
         if isinstance(slowdown, Sequence) and len(values) != self.devices:
@@ -239,6 +246,9 @@ class RunConfig:
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
         if "run" in data and isinstance(data["run"], dict):
+            if len(data) > 1:
+                raise ConfigError(f"config file {str(path)!r}: put the run keys either at top "
+                                  f"level or under [run], not both")
             data = data["run"]
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_mapping(data)

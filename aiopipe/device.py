@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             await device.run()
         return 0
 
-    run_command(f"aiopipe.device[{args.device_id}]", run)
+    run_command(f"{parser.prog} [device {args.device_id}]", run)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         print(f"aiopipe.server: done; results in {result.out_dir}", flush=True)
         return 0
 
-    run_command("aiopipe.server", run)
+    run_command(parser.prog, run)
 
 
 def _is_loopback(host: str) -> bool:

@@ -17,7 +17,7 @@ tensors, else ``8 + H`` (and the frame ends there). ``kind`` is the message's ta
 (``"hello"``, ``"plan"``, ``"round_start"``, ``"activation"``, ``"gradient"``,
 ``"round_result"``, ``"heartbeat"``, ``"bye"``, ``"error"``); ``fields`` maps every
 dataclass field name to its value. Scalars travel as msgpack ints, floats and strings
-(a float field must hold a Python float); ``Plan.run`` and ``RoundResult.report`` as
+(a float field must hold a Python float); ``Plan.run`` and ``RoundReport.report`` as
 nested msgpack maps of plain values (str, int, float, bool, arrays, maps with str keys;
 arrays come back as lists, and there is no nil). A ``TensorData`` field travels as the
 descriptor ``[dtype, shape, offset, nbytes]`` (offset relative to the data region), a
@@ -44,11 +44,11 @@ Frame limits: a frame's non-tensor bytes are at most ::
                        + len(msgpack.packb(tree)) for each plain-value tree
 
 where ``name`` is a tensor's mapping key (empty for a plain tensor field) and the trees
-are ``Plan.run`` and ``RoundResult.report``, provided the message's strings total at most
+are ``Plan.run`` and ``RoundReport.report``, provided the message's strings total at most
 1 KiB of UTF-8 and each tensor has at most 15 dimensions. For Activation, Gradient, Hello,
 Heartbeat, Bye and ErrorMessage (and RoundStart / RoundResult with at most 4 tensors named
-in at most 64 bytes each and an empty report) ``HEADER_SLACK_BYTES`` alone suffices, so a
-plan's frame limit for them is tensor bytes + ``HEADER_SLACK_BYTES``.
+in at most 64 bytes each, and RoundReport with an empty report) ``HEADER_SLACK_BYTES``
+alone suffices, so a plan's frame limit for them is tensor bytes + ``HEADER_SLACK_BYTES``.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ from aiopipe.protocol.messages import (
     Hello,
     Message,
     Plan,
+    RoundReport,
     RoundResult,
     RoundStart,
     TensorData,
@@ -163,9 +164,9 @@ _SCHEMAS: Final[dict[type[Any], tuple[str, _Schema]]] = {
             ("loss_sum", "float"),
             ("correct", "int"),
             ("tensors", "tensors"),
-            ("report", "tree"),
         ),
     ),
+    RoundReport: ("round_report", (("round", "int"), ("report", "tree"))),
     Heartbeat: ("heartbeat", (("seq", "int"),)),
     Bye: ("bye", (("reason", "str"),)),
     ErrorMessage: ("error", (("code", "str"), ("message", "str"))),

@@ -14,7 +14,8 @@ Conversation (device ``k``, server ``S``)::
       split modes, per iteration, per micro-batch n:
         k → S  Activation(epoch, iteration, micro_batch, tensor, labels)
         S → k  Gradient(epoch, iteration, micro_batch, tensor)
-      k → S  RoundResult(round, samples, loss_sum, correct, tensors, report)
+      k → S  RoundResult(round, samples, loss_sum, correct, tensors)
+      k → S  RoundReport(round, report)
     S → k  Bye(reason)
     either way, any time: Heartbeat(seq); ErrorMessage(code, message) before closing.
 """
@@ -40,6 +41,7 @@ __all__ = [
     "Hello",
     "Message",
     "Plan",
+    "RoundReport",
     "RoundResult",
     "RoundStart",
     "TensorData",
@@ -193,18 +195,13 @@ class Gradient:
 
 @dataclass(frozen=True, slots=True)
 class RoundResult:
-    """A device's trained weights at the end of a round, with what it saw.
-
-    ``report`` holds plain values (like ``Plan.run``): the device's busy seconds per
-    resource and its trace slices for the round, for the server's results.
-    """
+    """A device's trained weights at the end of a round, with what it saw."""
 
     round: int
     samples: int
     loss_sum: float
     correct: int
     tensors: Mapping[str, TensorData]
-    report: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_index("round", self.round)
@@ -212,6 +209,22 @@ class RoundResult:
         _check_index("correct", self.correct)
         if not isinstance(self.loss_sum, float) or not math.isfinite(self.loss_sum):
             raise LocalProtocolError(f"loss_sum must be a finite float, got {self.loss_sum!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class RoundReport:
+    """What a device's resources did in a round, sent after its `RoundResult`.
+
+    ``report`` holds plain values (like ``Plan.run``): the device's trace slices of the
+    round, including the upload of the `RoundResult` itself (which is why this travels
+    separately, once that upload is over).
+    """
+
+    round: int
+    report: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        _check_index("round", self.round)
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,5 +253,14 @@ class ErrorMessage:
 
 
 Message = (
-    Hello | Plan | RoundStart | Activation | Gradient | RoundResult | Heartbeat | Bye | ErrorMessage
+    Hello
+    | Plan
+    | RoundStart
+    | Activation
+    | Gradient
+    | RoundResult
+    | RoundReport
+    | Heartbeat
+    | Bye
+    | ErrorMessage
 )

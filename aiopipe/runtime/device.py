@@ -38,6 +38,7 @@ from aiopipe.protocol import (
     Heartbeat,
     Hello,
     Plan,
+    RoundReport,
     RoundResult,
     RoundStart,
     state_from_wire,
@@ -211,13 +212,14 @@ class _DeviceNode:
             weights = await self.compute.call(
                 lambda: state_to_wire({k: v.detach().clone()
                                        for k, v in self.half.state_dict().items()}))
+            await self.peer.post(RoundResult(message.round, int(totals[0]), float(totals[1]),
+                                             int(totals[2]), weights), "m", epoch=message.epoch)
+            # the report follows the weights so that it can include their upload
             offset = self.clock_offset or 0.0
             report: dict[str, Any] = {
                 "slices": [s.shifted(offset).to_list() for s in self.recorder.take(mark)],
             }
-            self.peer.post(RoundResult(message.round, int(totals[0]), float(totals[1]),
-                                       int(totals[2]), weights, report), "m",
-                           epoch=message.epoch)
+            self.peer.post(RoundReport(message.round, report), "report", epoch=message.epoch)
 
     async def _split_iteration(self, order: np.ndarray, epoch: int, iteration: int) -> None:
         """Run the plan's schedule for one iteration (see `aiopipe.scheduler.schedule`)."""

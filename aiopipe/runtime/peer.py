@@ -26,6 +26,7 @@ class _Posted:
     epoch: int
     iteration: int
     micro_batch: int
+    sent: asyncio.Future[None]
 
 
 class Peer:
@@ -58,9 +59,15 @@ class Peer:
         await self.link.send(encode(message))
 
     def post(self, message: Message, name: str, *, epoch: int = -1, iteration: int = -1,
-             micro_batch: int = -1) -> None:
-        """Queue a message for the send loop; the slice ``name`` records its transfer."""
-        self._queue.put_nowait(_Posted(message, name, epoch, iteration, micro_batch))
+             micro_batch: int = -1) -> asyncio.Future[None]:
+        """Queue a message for the send loop; the slice ``name`` records its transfer.
+
+        Returns a future that resolves once the message has been sent (awaiting it is
+        optional; it is cancelled if the send loop stops first).
+        """
+        sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Posted(message, name, epoch, iteration, micro_batch, sent))
+        return sent
 
     def finish(self) -> None:
         """Let the send loop end after what is already queued."""
@@ -72,10 +79,17 @@ class Peer:
         Raises:
             TransportError: the link is closed or broken.
         """
-        while (item := await self._queue.get()) is not None:
-            frame = encode(item.message)
-            start = self._clock.now()
-            await self.link.send(frame)
-            self._recorder.add(self.track, item.name, start, self._clock.now(),
-                               epoch=item.epoch, iteration=item.iteration,
-                               micro_batch=item.micro_batch)
+        try:
+            while (item := await self._queue.get()) is not None:
+                frame = encode(item.message)
+                start = self._clock.now()
+                await self.link.send(frame)
+                self._recorder.add(self.track, item.name, start, self._clock.now(),
+                                   epoch=item.epoch, iteration=item.iteration,
+                                   micro_batch=item.micro_batch)
+                item.sent.set_result(None)
+        finally:
+            while not self._queue.empty():
+                left = self._queue.get_nowait()
+                if left is not None:
+                    left.sent.cancel()

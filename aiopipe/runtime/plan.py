@@ -13,6 +13,7 @@ epoch. FL and SL/SFL use N = 1, B' = B.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,8 +24,19 @@ from aiopipe import data as datasets
 from aiopipe import models
 from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
+from aiopipe.scheduler.costs import CostTable
 
-__all__ = ["DevicePlan", "build_model", "device_indices", "device_plans", "train_dataset"]
+__all__ = [
+    "DevicePlan",
+    "build_model",
+    "device_indices",
+    "device_plans",
+    "needs_planner",
+    "profile_batch_sizes",
+    "resolve_auto",
+    "train_dataset",
+    "unit_output_shapes",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,3 +127,80 @@ def device_plans(config: RunConfig, units: int, samples: list[int]) -> list[Devi
                               f"iteration ({micro * n}); raise samples_per_device")
         plans.append(DevicePlan(k, p, n, micro, iterations))
     return plans
+
+
+def unit_output_shapes(model: nn.Sequential, in_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Per-sample output shape of every unit (one dry forward pass of one sample)."""
+    shapes = []
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        x = torch.zeros(1, *in_shape)
+        for unit in model.children():
+            x = unit(x)
+            shapes.append(tuple(x.shape[1:]))
+    model.train(was_training)
+    return shapes
+
+
+def needs_planner(config: RunConfig) -> bool:
+    """Whether the config asks for "auto" P or N in a mode that uses them."""
+    if config.mode == "fl":
+        return False
+    return config.split_point == "auto" or (
+        config.mode == "pipar" and config.parallel_batches == "auto")
+
+
+def profile_batch_sizes(config: RunConfig) -> list[int]:
+    """Batch sizes to measure costs at: B' = B/N for every N the planner may pick."""
+    return sorted({config.batch_size // n for n in _candidate_parallel_batches(config)})
+
+
+def _candidate_parallel_batches(config: RunConfig) -> list[int]:
+    if config.mode != "pipar":
+        return [1]
+    if config.parallel_batches == "auto":
+        # divisors of B: every micro-batch has B/N samples and an epoch sees every sample
+        return [n for n in range(1, config.batch_size + 1) if config.batch_size % n == 0]
+    value = config.parallel_batches
+    return sorted(set(value)) if isinstance(value, tuple) else [int(value)]
+
+
+def resolve_auto(config: RunConfig, model: nn.Sequential, in_shape: tuple[int, int, int],
+                 samples: list[int], costs: CostTable) -> RunConfig:
+    """Replace "auto" split points / micro-batch counts with the planner's choice.
+
+    The planner (`aiopipe.scheduler.select_plans`) minimizes the fleet's estimated epoch
+    time from ``costs`` (server-side seconds per unit; a device's compute is modelled as
+    that times its ``device_slowdown``), the network preset's bandwidths and the model's
+    activation and state sizes. "auto" N is chosen among the divisors of B.
+
+    Raises:
+        ConfigError: no plan fits (e.g. a device with fewer samples than one iteration).
+    """
+    from aiopipe.protocol import Activation, Gradient, encode, to_tensor_data
+    from aiopipe.scheduler import DeviceProfile, ModelProfile, select_plans
+    from aiopipe.transport import network_spec
+
+    shapes = unit_output_shapes(model, in_shape)
+    activation_bytes = tuple(4 * math.prod(s) for s in shapes)
+    sample = torch.zeros(1, *shapes[0])
+    labels = torch.zeros(1, dtype=torch.int64)
+    act_overhead = len(encode(Activation(0, 0, 0, to_tensor_data(sample),
+                                         to_tensor_data(labels)))) - activation_bytes[0] - 8
+    grad_overhead = len(encode(Gradient(0, 0, 0, to_tensor_data(sample)))) - activation_bytes[0]
+    state_bytes = tuple(sum(t.numel() * t.element_size() for t in unit.state_dict().values())
+                        for unit in model.children())
+    profile = ModelProfile(costs, activation_bytes, state_bytes,
+                           frame_overhead=grad_overhead, activation_frame_overhead=act_overhead)
+    network = network_spec(config.network)
+    devices = [DeviceProfile(config.device_slowdown_of(k), network.up, network.down, samples[k])
+               for k in range(config.devices)]
+    units = len(shapes)
+    split_points = (list(range(1, units)) if config.split_point == "auto"
+                    else sorted({int(config.device_split_point(k)) for k in range(config.devices)}))
+    chosen = select_plans(profile, devices, config.batch_size, split_points=split_points,
+                          parallel_batches=_candidate_parallel_batches(config))
+    return config.replace(split_point=tuple(p for p, _ in chosen),
+                          parallel_batches=tuple(n for _, n in chosen)
+                          if config.mode == "pipar" else config.parallel_batches)

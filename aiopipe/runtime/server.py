@@ -30,7 +30,7 @@ from aiopipe.clock import Clock, wait_for
 from aiopipe.config import RunConfig
 from aiopipe.errors import RemoteProtocolError, TrainingError, TransportError
 from aiopipe.metrics.results import EpochMetrics, RunResult
-from aiopipe.metrics.trace import Recorder, Slice
+from aiopipe.metrics.trace import Recorder
 from aiopipe.protocol import (
     HEADER_SLACK_BYTES,
     PROTOCOL_VERSION,
@@ -49,11 +49,15 @@ from aiopipe.runtime.plan import (
     build_model,
     device_indices,
     device_plans,
+    needs_planner,
+    profile_batch_sizes,
+    resolve_auto,
     train_dataset,
+    unit_output_shapes,
 )
 from aiopipe.runtime.session import DeviceSession
 from aiopipe.runtime.tasks import first_error
-from aiopipe.scheduler.costs import CostTable
+from aiopipe.scheduler.costs import CostTable, measure_costs
 from aiopipe.transport import Link
 
 __all__ = ["ServerNode"]
@@ -68,9 +72,12 @@ class ServerNode:
     """Coordinator and server-side compute of one run.
 
     Args:
-        config: the run (with "auto" values already resolved).
+        config: the run; "auto" split points and micro-batch counts are resolved here by
+            the planner (`aiopipe.runtime.plan.resolve_auto`), and ``self.config`` is the
+            resolved config that devices receive.
         clock: the node's clock.
-        cost_table: charge compute from this table (virtual-time simulation).
+        cost_table: charge compute from this table (virtual-time simulation); also what
+            the planner plans with. Without it, "auto" measures one on this machine.
         join_timeout: seconds to wait for every device to say hello.
         progress: called with one line per finished epoch.
     """
@@ -91,8 +98,19 @@ class ServerNode:
         self.model = build_model(config, num_classes=self.num_classes, in_shape=self.in_shape)
         self.units = models.unit_count(self.model)
         samples = [len(device_indices(config, train, k)) for k in range(config.devices)]
+        if needs_planner(config):
+            if cost_table is None:
+                cost_table = measure_costs(self.model, self.in_shape, profile_batch_sizes(config))
+                charge = False  # measured only to plan: real runs keep real time
+            else:
+                charge = True
+            config = resolve_auto(config, self.model, self.in_shape, samples, cost_table)
+            self.config = config
+            if not charge:
+                cost_table = None
+            self.cost_table = cost_table
         self.plans = device_plans(config, self.units, samples)
-        self.activation_shapes = _unit_output_shapes(self.model, self.in_shape)
+        self.activation_shapes = unit_output_shapes(self.model, self.in_shape)
         self.max_frame_bytes = self._frame_limit()
         self.recorder = Recorder()
         self.compute = Compute(clock, self.recorder, "server/compute",
@@ -105,6 +123,7 @@ class ServerNode:
             self.replicas[plan.device_id] = (half, optimizer)
         self.sessions: dict[int, DeviceSession] = {}  # every device that joined the run
         self.connected: set[int] = set()  # devices whose connection is open now
+        self._left = asyncio.Event()  # set whenever a connection closes
         self.joined = asyncio.Event()  # set once every device has said hello
         self.epoch = -1
         self.rounds = 0
@@ -153,10 +172,29 @@ class ServerNode:
             await session.serve()
         finally:
             self.connected.discard(k)
+            self._left.set()
             if session.result is not None and not session.result.done():
                 session.result.set_exception(TrainingError(f"device {k} was lost"))
             if not session.closing:
                 log.warning("device %d disconnected", k)
+
+    async def wait_disconnected(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` until every device connection has closed (after Bye).
+
+        Returns whether they all did. Closing the listening site earlier would drop the
+        devices' close handshakes.
+        """
+
+        async def all_gone() -> None:
+            while self.connected:
+                self._left.clear()
+                await self._left.wait()
+
+        try:
+            await wait_for(self.clock, all_gone(), seconds)
+        except TimeoutError:
+            return False
+        return True
 
     def _check_hello(self, hello: object) -> str:
         if not isinstance(hello, Hello):
@@ -262,10 +300,8 @@ class ServerNode:
                      iterations: int) -> RoundResult:
         session = self.sessions[k]
         half_state = await self.compute.call(lambda: self._device_half_state(k))
-        result = await session.start_round(
+        return await session.start_round(
             RoundStart(round_no, epoch, first, iterations, half_state))
-        self.recorder.extend(Slice.from_list(s) for s in result.report.get("slices", ()))
-        return result
 
     def _device_half_state(self, k: int) -> dict[str, Any]:
         half = models.split(self.model, self.plans[k].split_point)[0]
@@ -348,19 +384,3 @@ class ServerNode:
                       "micro_batch_size": p.micro_batch_size} for p in self.plans],
             "finished_epochs": [e.to_mapping() for e in self.epochs],
         }
-
-
-def _unit_output_shapes(model: nn.Sequential, in_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """Per-sample output shape of every unit (one dry forward pass of one sample)."""
-    shapes = []
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        x = torch.zeros(1, *in_shape)
-        for unit in model.children():
-            x = unit(x)
-            shapes.append(tuple(x.shape[1:]))
-    model.train(was_training)
-    return shapes
-
-

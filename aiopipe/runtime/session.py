@@ -25,12 +25,14 @@ import torch
 from torch import nn
 
 from aiopipe.errors import ProtocolError, RemoteProtocolError, TrainingError, TransportError
+from aiopipe.metrics.trace import Slice
 from aiopipe.protocol import (
     Activation,
     Bye,
     ErrorMessage,
     Gradient,
     Heartbeat,
+    RoundReport,
     RoundResult,
     RoundStart,
     to_tensor_data,
@@ -72,6 +74,7 @@ class DeviceSession:
         self.done_per_iteration: Counter[tuple[int, int]] = Counter()
         self.work: asyncio.Queue[Activation | None] = asyncio.Queue()
         self.result: asyncio.Future[RoundResult] | None = None
+        self.round_result: RoundResult | None = None  # waiting for its RoundReport
         self.loss_sum = 0.0
         self.correct = 0
         self.samples = 0
@@ -142,8 +145,9 @@ class DeviceSession:
                 self.work.put_nowait(message)
             elif isinstance(message, RoundResult):
                 self._check_result(message)
-                assert self.result is not None
-                self.result.set_result(message)
+                self.round_result = message
+            elif isinstance(message, RoundReport):
+                self._complete_round(message)
             elif isinstance(message, Heartbeat):
                 continue
             elif isinstance(message, Bye):
@@ -183,9 +187,27 @@ class DeviceSession:
                 f"says int64 ({plan.micro_batch_size},)")
         self.seen.add(key)
 
+    def _complete_round(self, message: RoundReport) -> None:
+        result, self.round_result = self.round_result, None
+        if result is None or self.result is None or self.result.done():
+            raise RemoteProtocolError("round report without a round result")
+        if message.round != result.round:
+            raise RemoteProtocolError(f"report for round {message.round}, expected "
+                                      f"{result.round}")
+        try:
+            slices = [Slice.from_list(s) for s in message.report.get("slices", ())]
+        except (TypeError, ValueError) as exc:
+            raise RemoteProtocolError(f"round report holds a bad slice: {exc}") from None
+        mine = f"device{self.device_id}/"
+        if any(not s.track.startswith(mine) for s in slices):
+            raise RemoteProtocolError("round report names another device's resources")
+        self.node.recorder.extend(slices)
+        self.result.set_result(result)
+
     def _check_result(self, message: RoundResult) -> None:
         window = self.window
-        if window is None or self.result is None or self.result.done():
+        if (window is None or self.result is None or self.result.done()
+                or self.round_result is not None):
             raise RemoteProtocolError("round result outside a round")
         if message.round != window.round:
             raise RemoteProtocolError(f"result for round {message.round}, expected "

@@ -118,7 +118,7 @@ class DeviceProfile:
             raise ConfigError(f"device samples must be an int >= 0, got {self.samples!r}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ModelProfile:
     """What the planner knows about the model (Q split units).
 
@@ -399,6 +399,8 @@ def _check_plans(
         raise ConfigError(f"{len(plans)} plans for {len(devices)} devices")
     q = model.units
     for k, (p, n) in enumerate(plans):
+        if not (isinstance(p, int) and isinstance(n, int)):
+            raise ConfigError(f"device {k}: plan ({p!r}, {n!r}) must be two ints")
         if not 1 <= p < q:
             raise ConfigError(f"device {k}: split point {p} outside 1..{q - 1}")
         if not 1 <= n <= batch_size:

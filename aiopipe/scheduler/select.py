@@ -20,19 +20,25 @@ Search. `select_plans` minimizes `estimate_epoch` over one candidate per device:
 3. the better of the two (by the fleet estimate) seeds coordinate descent on the fleet
    estimate (`_descend`): devices in order of their estimated epoch, slowest first, try
    their candidates with the others fixed and take the best if it improves; rounds
-   repeat until one changes nothing, then the slowest device and one other may change
-   together (a pair move), and single rounds resume. Moves are compared in leximax order
-   of the per-device epochs (the slowest first, then the next), so a move that helps a
-   device off the critical path counts: the fleet epoch is a max with wide plateaus.
-   A candidate is skipped without running the schedule when its device's alone epoch
-   already reaches the best estimate (a device is never faster in the fleet than alone,
-   [Note: server order]). The rest are tried most promising first ([Note: move proxy]).
+   repeat until one changes nothing, then two devices may change together (a pair move,
+   the slowest pairs first, `PAIR_TRIES` candidates each), and single rounds resume.
+   Moves are compared in leximax order of the per-device epochs (the slowest first,
+   then the next), so a move that helps a device off the critical path counts: the
+   fleet epoch is a max with wide plateaus. A candidate is skipped without running the
+   schedule when its device's alone epoch already reaches the best estimate (a device
+   is never faster in the fleet than alone, [Note: server order]). The rest are tried
+   most promising first ([Note: move proxy]).
+4. iterated local search (`_perturbed`): give up to 3 random devices a random candidate
+   (a seeded generator: the same inputs give the same plans), descend again, keep the
+   result if it is better; stop after `KICKS` kicks in a row that find nothing. Some
+   optima need three devices to change at once, which no descent step does.
 
-The descent stops when the schedules it ran have simulated `WORK_BUDGET` micro-batches
-in total (about 0.5 us each). In small fleets this never binds and every viable candidate
-is tried; in large ones each device tries only its most promising few per round so that
-every device gets a turn: this is what keeps 100 devices x 35 units well under a second,
-at the price of a plan that more search would still improve (see bench/planner.py).
+Everything stops when the schedules run so far have simulated `WORK_BUDGET`
+micro-batches in total (about 0.5 us each). In small fleets this rarely binds and every
+viable candidate is tried; in large ones each device tries only its most promising few
+per round so that every device gets a turn, and the budget is usually spent before step
+4: this is what keeps 100 devices x 35 units well under a second, at the price of a plan
+that more search would still improve by a few per cent (see bench/planner.py).
 
 `exhaustive_plans` is the true argmin of the estimate over every combination (for tests
 and small fleets).

@@ -31,6 +31,7 @@ from aiopipe.protocol import (
     Hello,
     Message,
     Plan,
+    RoundReport,
     RoundResult,
     RoundStart,
     TensorData,
@@ -92,14 +93,9 @@ SAMPLES: list[Message] = [
         2, 100, 12.5, 80, {"w": td("int8", (5, 5)), "m": td("bool", (9,)), "u": td("uint8", (3,))}
     ),
     RoundResult(0, 0, 0.0, 0, {}),
-    RoundResult(
-        1,
-        2,
-        0.5,
-        1,
-        {"x": td("float32", (2,))},
-        {"busy_s": {"device": 1.5, "uplink": 0.25}, "slices": [["f", 0, 1.0, 2.0]] * 3},
-    ),
+    RoundResult(1, 2, 0.5, 1, {"x": td("float32", (2,))}),
+    RoundReport(1, {"busy_s": {"device": 1.5, "uplink": 0.25}, "slices": [["f", 0, 1.0, 2.0]] * 3}),
+    RoundReport(0, {}),
     RoundResult(0, 1, 1.0, 0, {"a": td("int16", (2, 2)), "b": td("int32", (1, 1, 1))}),
     Heartbeat(0),
     Heartbeat(123456789),
@@ -377,7 +373,8 @@ PLAN = {
     "run": {},
     "server_time": 0.0,
 }
-RESULT = {"round": 0, "samples": 0, "loss_sum": 0.0, "correct": 0, "tensors": {}, "report": {}}
+RESULT = {"round": 0, "samples": 0, "loss_sum": 0.0, "correct": 0, "tensors": {}}
+REPORT = {"round": 0, "report": {}}
 F32 = ["float32", [2], 0, 8]
 EIGHT = bytes(8)
 BYE_FRAME = frame(["bye", {"reason": "done"}])
@@ -403,13 +400,13 @@ BAD_FRAMES: list[tuple[str, bytes, str]] = [
     ),
     (
         "report not map",
-        frame(["round_result", {**RESULT, "report": None}]),
-        "round_result.report: wrong field type: expected map, got NoneType",
+        frame(["round_report", {**REPORT, "report": None}]),
+        "round_report.report: wrong field type: expected map, got NoneType",
     ),
     (
         "report nil",
-        frame(["round_result", {**RESULT, "report": {"t": [[1.5, None]]}}]),
-        "round_result.report['t'][0][1]: unsupported value of type NoneType",
+        frame(["round_report", {**REPORT, "report": {"t": [[1.5, None]]}}]),
+        "round_report.report['t'][0][1]: unsupported value of type NoneType",
     ),
     ("ext value", frame(["bye", {"reason": msgpack.ExtType(1, b"x")}]), "exceeds max_ext_len"),
     ("bin value", frame(["bye", {"reason": b"x"}]), "exceeds max_bin_len"),

@@ -102,3 +102,16 @@ async def test_device_slowdown_scales_charged_compute() -> None:
     ends = [max(sl.end for sl in result.trace if sl.track == f"device{k}/compute")
             for k in range(2)]
     assert ends[0] < ends[1]
+
+
+async def test_model_uploads_count_as_uplink_busy_time() -> None:
+    """FL sends only models: their upload is the uplink's whole busy time."""
+    config = RunConfig(mode="fl", devices=1, samples_per_device=BATCH, batch_size=BATCH,
+                       epochs=1, test_samples=20, network="4g")
+    result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
+    (upload,) = [sl for sl in result.trace if sl.track == "device0/uplink"]
+    assert upload.name == "m"
+    model_bytes = sum(t.numel() * 4 for t in result.model.state_dict().values())
+    assert upload.duration == pytest.approx(model_bytes * 8 / 10e6, rel=0.01)
+    assert result.final.busy_s["uplink"] == pytest.approx(upload.duration, rel=1e-9)
+    assert result.final.busy_s["downlink"] == pytest.approx(model_bytes * 8 / 25e6, rel=0.01)

@@ -1,0 +1,59 @@
+"""split_point="auto" / parallel_batches="auto": the planner picks (P, N) per device from
+a cost table, and in virtual time (charged from that same table) the chosen plan is at
+least as fast as any fixed plan we try."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from aiopipe import CostTable, RunConfig, VirtualClock, simulate
+from aiopipe.api import _measure
+
+BASE = RunConfig(mode="pipar", model="vgg5", devices=2, samples_per_device=500, batch_size=50,
+                 epochs=1, split_point="auto", parallel_batches="auto", network="4g",
+                 device_slowdown=4.0, test_samples=20, seed=1)
+
+
+@pytest.fixture(scope="module")
+def costs() -> CostTable:
+    return _measure(BASE)
+
+
+async def test_auto_plan_is_resolved_and_beats_fixed_plans(costs: CostTable) -> None:
+    auto = await simulate(BASE, clock=VirtualClock(), cost_table=costs)
+    chosen = auto.config
+    assert isinstance(chosen.split_point, tuple)
+    assert isinstance(chosen.parallel_batches, tuple)
+    assert all(50 % n == 0 for n in chosen.parallel_batches)  # N divides B
+    assert [p["split_point"] for p in auto.final.plan] == list(chosen.split_point)
+    fixed = []
+    for p in (1, 2, 3, 4):
+        for n in (1, 5):
+            run = await simulate(BASE.replace(split_point=p, parallel_batches=n),
+                                 clock=VirtualClock(), cost_table=costs)
+            fixed.append((run.final.time_s, p, n))
+    best_time = min(fixed)[0]
+    assert auto.final.time_s <= 1.05 * best_time, (chosen, auto.final.time_s, fixed)
+
+
+async def test_auto_split_for_sfl_keeps_one_micro_batch(costs: CostTable) -> None:
+    result = await simulate(BASE.replace(mode="sfl", parallel_batches=1), clock=VirtualClock(),
+                            cost_table=costs)
+    assert all(p["parallel_batches"] == 1 for p in result.final.plan)
+    assert isinstance(result.config.split_point, tuple)
+
+
+def test_auto_is_planned_before_a_real_run_too() -> None:
+    """Without a cost table the server measures one on this machine to plan with."""
+    from aiopipe.clock import SystemClock
+    from aiopipe.runtime.server import ServerNode
+
+    async def build() -> ServerNode:
+        return ServerNode(BASE, clock=SystemClock())
+
+    node = asyncio.run(build())
+    assert node.cost_table is None  # real time is not charged from the table
+    assert all(isinstance(p.split_point, int) for p in node.plans)
+    assert all(1 <= p.split_point < 5 for p in node.plans)

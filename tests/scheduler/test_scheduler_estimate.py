@@ -1,0 +1,374 @@
+"""The iteration and epoch estimator: hand-computed DAGs, the runtime's critical path,
+and properties of the list schedule."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aiopipe import RunConfig
+from aiopipe.errors import ConfigError
+from aiopipe.protocol import Activation, Gradient, TensorData, encode
+from aiopipe.runtime.plan import build_model
+from aiopipe.scheduler import (
+    CostTable,
+    DeviceProfile,
+    FleetEstimate,
+    ModelProfile,
+    alone_iteration_end,
+    estimate_epoch,
+    estimate_iteration,
+)
+from aiopipe.scheduler.estimate import StageCache
+from aiopipe.transport.network import LinkSpec
+
+
+def unit_model(
+    forward: Sequence[float],
+    backward: Sequence[float],
+    step: Sequence[float],
+    activation: Sequence[int],
+    state: Sequence[int] | None = None,
+) -> ModelProfile:
+    """Per-unit seconds at micro-batch size 1 (proportional to the size), no frame
+    overhead and no labels, so hand-computed wire times are exact."""
+    q = len(forward)
+    costs = CostTable(
+        {u: {1: forward[u]} for u in range(q)},
+        {u: {1: backward[u]} for u in range(q)},
+        {u: step[u] for u in range(q)},
+    )
+    return ModelProfile(
+        costs,
+        tuple(activation),
+        tuple(state or [0] * q),
+        label_bytes_per_sample=0,
+        frame_overhead=0,
+    )
+
+
+def device(
+    slowdown: float, up: float | None, down: float | None, *, latency: float = 0.0, samples: int = 1
+) -> DeviceProfile:
+    return DeviceProfile(slowdown, LinkSpec(up, latency), LinkSpec(down, latency), samples)
+
+
+# -- golden DAGs, computed by hand ---------------------------------------------------------
+
+
+def test_one_device_one_micro_batch() -> None:
+    # f = 1, u = 250 B * 8 / 1000 bps = 2, s = 1 + 2 = 3, d = 2000 bits / 2000 bps = 1,
+    # b = 2, device step 0.25, server step 0.5, latency 0.5 each way.
+    #   f 0-1 | u 1-3, arrives 3.5 | s 3.5-6.5 | replica step 6.5-7 | d 6.5-7.5, arrives 8
+    #   b 8-10 | device step 10-10.25
+    model = unit_model([1, 1], [2, 2], [0.25, 0.5], [250, 0], state=[125, 0])
+    dev = device(1.0, 1000, 2000, latency=0.5, samples=3)
+    est = estimate_iteration(model, [dev], [(1, 1)], 1)
+    assert est == FleetEstimate(
+        time_s=10.25,
+        device_end_s=(10.25,),
+        replica_end_s=(7.0,),
+        compute_busy_s=(3.25,),
+        uplink_busy_s=(2.0,),
+        downlink_busy_s=(1.0,),
+        server_busy_s=3.5,
+    )
+    assert est.busy_by_track() == {
+        "server/compute": 3.5,
+        "device0/compute": 3.25,
+        "device0/uplink": 2.0,
+        "device0/downlink": 1.0,
+    }
+    assert alone_iteration_end(model, dev, (1, 1), 1) == 10.25
+    # 3 iterations of 10.25; the device half (125 B = 1000 bits) goes down (1000/2000 + 0.5)
+    # and up (1000/1000 + 0.5): 1.0 + 30.75 + 1.5
+    assert estimate_epoch(model, [dev], [(1, 1)], 1) == 33.25
+
+
+def test_one_device_three_micro_batches_bound_by_the_uplink() -> None:
+    # B = 3, N = 3, B' = 1: f = 1, u = 3000 bits / 1000 bps = 3, s = 1, d = 3000 / 6000 =
+    # 0.5, b = 1, no latency, no steps.
+    #   f: 0-1, 1-2, 2-3        u: 1-4, 4-7, 7-10      s: 4-5, 7-8, 10-11
+    #   d: 5-5.5, 8-8.5, 11-11.5                     b: 5.5-6.5, 8.5-9.5, 11.5-12.5
+    model = unit_model([1, 0.5], [1, 0.5], [0, 0], [375, 0])
+    dev = device(1.0, 1000, 6000)
+    est = estimate_iteration(model, [dev], [(1, 3)], 3)
+    assert est.time_s == 12.5
+    assert est.device_end_s == (12.5,)
+    assert est.replica_end_s == (11.0,)
+    assert est.uplink_busy_s == (9.0,)
+    assert est.compute_busy_s == (6.0,)
+    # without pipelining (N = 1, B' = 3) every stage is 3x as long and nothing overlaps:
+    # 3 + 9 + 3 + 1.5 + 3
+    assert estimate_iteration(model, [dev], [(1, 1)], 3).time_s == 19.5
+
+
+def test_two_devices_contend_for_the_server_in_request_order() -> None:
+    # 3 units, each forward 1, backward 1, step 0.5; u = d = 1 for both; N = 1, B = 1.
+    # A: P = 1, f = b = 1, device step 0.5, s = 4, replica step 1.0
+    # B: P = 2, f = b = 2, device step 1.0, s = 2, replica step 0.5
+    #   A: f 0-1, u 1-2, s 2-6, asks for its replica step at 6
+    #   B: f 0-2, u 2-3, asks at 3, so goes before A's step: s 6-8
+    #   server: A step 8-9, B step 9-9.5
+    #   A: d 6-7, b 7-8, step 8-8.5 (replica done at 9: cycle 9)
+    #   B: d 8-9, b 9-11, step 11-12
+    model = unit_model([1, 1, 1], [1, 1, 1], [0.5, 0.5, 0.5], [125, 125, 0], state=[125, 125, 0])
+    a, b = device(1.0, 1000, 1000, samples=3), device(1.0, 1000, 1000, samples=1)
+    est = estimate_iteration(model, [a, b], [(1, 1), (2, 1)], 1)
+    assert est.device_end_s == (8.5, 12.0)
+    assert est.replica_end_s == (9.0, 9.5)
+    assert est.time_s == 12.0
+    assert est.server_busy_s == 7.5
+    # alone, neither waits: A 8.5 (replica 7), B: f 0-2 u 2-3 s 3-5 d 5-6 b 6-8 step 8-9
+    assert alone_iteration_end(model, a, (1, 1), 1) == 8.5
+    assert alone_iteration_end(model, b, (2, 1), 1) == 9.0
+    # epoch: A runs 3 iterations, B 1. Phase 1 (both): A 9, B 12; phase 2 (A alone, 2
+    # iterations): 8.5 each. Model halves: A 125 B = 1 s each way, B 250 B = 2 s each way.
+    # A: 1 + 9 + 17 + 1 = 28; B: 2 + 12 + 2 = 16.
+    assert estimate_epoch(model, [a, b], [(1, 1), (2, 1)], 1) == 28.0
+
+
+def test_a_slower_link_can_shorten_a_fleet_iteration() -> None:
+    # Graham's anomaly, which FIFO service has and the runtime has too. P = 1 for both,
+    # s = 1, no steps, no latency. A (slowdown 2): f = b = 0.5, d = 1. B (slowdown 4):
+    # f = b = 1, u = 0.25, d = 1000 bits / 250 bps = 4.
+    #   A's uplink at 2000 bps (u = 0.5): A arrives at 1.0, before B (1.25): A s 1-2,
+    #   B s 2-3, B d 3-7, b 7-8.
+    #   A's uplink at 1000 bps (u = 1): A arrives at 1.5, after B: B s 1.25-2.25,
+    #   d 2.25-6.25, b 6.25-7.25; A s 2.25-3.25, d 3.25-4.25, b 4.25-4.75.
+    model = unit_model([0.25, 0.5], [0.25, 0.5], [0, 0], [125, 0])
+    b = device(4.0, 4000, 250)
+    fast = estimate_iteration(model, [device(2.0, 2000, 1000), b], [(1, 1), (1, 1)], 1)
+    slow = estimate_iteration(model, [device(2.0, 1000, 1000), b], [(1, 1), (1, 1)], 1)
+    assert (fast.time_s, fast.device_end_s) == (8.0, (3.5, 8.0))
+    assert (slow.time_s, slow.device_end_s) == (7.25, (4.75, 7.25))
+
+
+# -- the runtime's critical path (tests/runtime/test_runtime_overlap.py) -------------------
+
+UP_MBPS, DOWN_MBPS, LATENCY_MS = 10.0, 25.0, 5.0
+N, BATCH, P = 4, 20, 2
+MICRO = BATCH // N
+COSTS = CostTable.uniform(5, forward=0.04, backward=0.03, step=0.001, batch=MICRO)
+
+
+def _critical_path(
+    f: float, u: float, s: float, d: float, b: float, step: float, latency: float
+) -> float:
+    """Verbatim from tests/runtime/test_runtime_overlap.py."""
+    f_end, u_end, s_end, d_end, b_end = [0.0] * N, [0.0] * N, [0.0] * N, [0.0] * N, [0.0] * N
+    for n in range(N):
+        f_end[n] = (f_end[n - 1] if n else 0.0) + f
+        u_end[n] = max(f_end[n], u_end[n - 1] if n else 0.0) + u
+        s_end[n] = max(u_end[n] + latency, s_end[n - 1] if n else 0.0) + s
+        d_end[n] = max(s_end[n], d_end[n - 1] if n else 0.0) + d
+    for n in range(N):
+        b_end[n] = max(d_end[n] + latency, b_end[n - 1] if n else f_end[-1]) + b
+    return b_end[-1] + step
+
+
+def test_matches_the_critical_path_the_runtime_takes_exactly() -> None:
+    config = RunConfig(
+        mode="pipar",
+        devices=1,
+        samples_per_device=BATCH,
+        batch_size=BATCH,
+        epochs=1,
+        split_point=P,
+        parallel_batches=N,
+        test_samples=20,
+        network={"up_mbps": UP_MBPS, "down_mbps": DOWN_MBPS, "latency_ms": LATENCY_MS},
+    )
+    model = build_model(config, num_classes=10, in_shape=(3, 32, 32))
+    x = torch.zeros(MICRO, 3, 32, 32)
+    for unit in list(model.children())[:P]:
+        x = unit(x)
+    shape = tuple(x.shape)
+    tensor = TensorData("float32", shape, bytes(x.numel() * 4))
+    labels = TensorData("int64", (MICRO,), bytes(MICRO * 8))
+    act_bytes = len(encode(Activation(0, 0, 0, tensor, labels)))
+    grad_bytes = len(encode(Gradient(0, 0, 0, tensor)))
+    f = COSTS.forward_time(0, P, MICRO)
+    s = COSTS.forward_time(P, 5, MICRO) + COSTS.backward_time(P, 5, MICRO)
+    b = COSTS.backward_time(0, P, MICRO)
+    u = act_bytes * 8 / (UP_MBPS * 1e6)
+    d = grad_bytes * 8 / (DOWN_MBPS * 1e6)
+    expected = _critical_path(f, u, s, d, b, COSTS.step_time(0, P), LATENCY_MS / 1000)
+
+    per_sample = x.numel() * 4 // MICRO
+    profile = ModelProfile(
+        COSTS,
+        (0, per_sample, 0, 0, 0),
+        (0,) * 5,
+        frame_overhead=grad_bytes - MICRO * per_sample,
+        activation_frame_overhead=act_bytes - MICRO * (per_sample + 8),
+    )
+    assert profile.activation_frame_bytes(P, MICRO) == act_bytes
+    assert profile.gradient_frame_bytes(P, MICRO) == grad_bytes
+    latency = LATENCY_MS / 1000
+    dev = DeviceProfile(
+        1.0, LinkSpec(UP_MBPS * 1e6, latency), LinkSpec(DOWN_MBPS * 1e6, latency), BATCH
+    )
+    est = estimate_iteration(profile, [dev], [(P, N)], BATCH)
+    assert est.device_end_s == (expected,)  # bit for bit: same terms, same order
+    assert est.time_s == expected
+    assert alone_iteration_end(profile, dev, (P, N), BATCH) == pytest.approx(expected, rel=1e-12)
+
+
+# -- validation ------------------------------------------------------------------------------
+
+
+def test_bad_inputs_are_config_errors() -> None:
+    model = unit_model([1, 1], [1, 1], [0, 0], [4, 4])
+    dev = device(1.0, None, None, samples=4)
+    with pytest.raises(ConfigError, match=r"split point 2 outside 1\.\.1"):
+        estimate_iteration(model, [dev], [(2, 1)], 4)
+    with pytest.raises(ConfigError, match=r"5 micro-batches outside 1\.\.4"):
+        estimate_iteration(model, [dev], [(1, 5)], 4)
+    with pytest.raises(ConfigError, match="must be two ints"):
+        estimate_iteration(model, [dev], [("auto", 1)], 4)  # type: ignore[list-item]
+    with pytest.raises(ConfigError, match="2 plans for 1 devices"):
+        estimate_iteration(model, [dev], [(1, 1), (1, 1)], 4)
+    with pytest.raises(ConfigError, match="no devices"):
+        estimate_iteration(model, [], [], 4)
+    with pytest.raises(ConfigError, match="batch size"):
+        estimate_iteration(model, [dev], [(1, 1)], 0)
+    with pytest.raises(ConfigError, match="device 0 holds 4 samples, fewer than one iteration"):
+        estimate_epoch(model, [dev], [(1, 1)], 8)
+    with pytest.raises(ConfigError, match="slowdown"):
+        device(0.0, None, None)
+    with pytest.raises(ConfigError, match="samples"):
+        device(1.0, None, None, samples=-1)
+    with pytest.raises(ConfigError, match="activation_bytes has 1 entries"):
+        ModelProfile(model.costs, (4,), (0, 0))
+    with pytest.raises(ConfigError, match="at least 2 units"):
+        ModelProfile(CostTable.uniform(1, forward=1, backward=1), (4,), (0,))
+
+
+# -- properties ------------------------------------------------------------------------------
+
+
+@st.composite
+def fleets(
+    draw: st.DrawFn, max_devices: int = 3
+) -> tuple[ModelProfile, list[DeviceProfile], list[tuple[int, int]], int]:
+    q = draw(st.integers(2, 5))
+    seconds = st.floats(0.0, 0.05, allow_nan=False)
+    costs = CostTable(
+        {u: {1: draw(seconds)} for u in range(q)},
+        {u: {1: draw(seconds)} for u in range(q)},
+        {u: draw(st.floats(0.0, 0.01)) for u in range(q)},
+    )
+    model = ModelProfile(
+        costs,
+        tuple(draw(st.lists(st.integers(0, 100_000), min_size=q, max_size=q))),
+        tuple(draw(st.lists(st.integers(0, 10**6), min_size=q, max_size=q))),
+        frame_overhead=draw(st.integers(0, 300)),
+    )
+    batch = draw(st.integers(1, 32))
+    link = st.builds(LinkSpec, st.one_of(st.none(), st.floats(1e4, 1e8)), st.floats(0.0, 0.05))
+    devices = draw(
+        st.lists(
+            st.builds(
+                DeviceProfile, st.floats(0.25, 8.0), link, link, st.integers(batch, 10 * batch)
+            ),
+            min_size=1,
+            max_size=max_devices,
+        )
+    )
+    plans = [(draw(st.integers(1, q - 1)), draw(st.integers(1, batch))) for _ in devices]
+    return model, devices, plans, batch
+
+
+def _sequential(
+    model: ModelProfile,
+    devices: Sequence[DeviceProfile],
+    plans: Sequence[tuple[int, int]],
+    batch: int,
+) -> float:
+    """Every stage of every device one after the other, latencies included."""
+    cache = StageCache(model)
+    total = 0.0
+    for dev, (p, n) in zip(devices, plans, strict=True):
+        s = cache.stages(dev, p, n, batch)
+        total += (
+            n * (s.f + s.u + s.up_latency + s.s + s.d + s.down_latency + s.b)
+            + s.device_step
+            + s.server_step
+        )
+    return total
+
+
+@settings(max_examples=150, deadline=None)
+@given(fleets())
+def test_estimate_lies_between_the_busiest_resource_and_the_sequential_sum(
+    fleet: tuple[ModelProfile, list[DeviceProfile], list[tuple[int, int]], int],
+) -> None:
+    model, devices, plans, batch = fleet
+    est = estimate_iteration(model, devices, plans, batch)
+    slack = 1e-9 * est.time_s + 1e-12
+    for busy in est.busy_by_track().values():
+        assert est.time_s >= busy - slack
+    assert est.time_s <= _sequential(model, devices, plans, batch) + slack
+    assert est.time_s == max(max(est.device_end_s), max(est.replica_end_s))
+
+
+@settings(max_examples=150, deadline=None)
+@given(fleets())
+def test_no_device_is_faster_in_the_fleet_than_alone(
+    fleet: tuple[ModelProfile, list[DeviceProfile], list[tuple[int, int]], int],
+) -> None:
+    # the lower bound select_plans prunes with; alone it is the closed form, exactly
+    model, devices, plans, batch = fleet
+    est = estimate_iteration(model, devices, plans, batch)
+    for k, (dev, plan) in enumerate(zip(devices, plans, strict=True)):
+        alone = alone_iteration_end(model, dev, plan, batch)
+        assert max(est.device_end_s[k], est.replica_end_s[k]) >= alone * (1 - 1e-9)
+        solo = estimate_iteration(model, [dev], [plan], batch).time_s
+        assert solo == pytest.approx(alone, rel=1e-9, abs=1e-15)
+
+
+@settings(max_examples=150, deadline=None)
+@given(fleets(max_devices=1), st.floats(0.01, 1.0), st.sampled_from(["up", "down", "unshaped"]))
+def test_one_device_is_never_faster_on_a_slower_link(
+    fleet: tuple[ModelProfile, list[DeviceProfile], list[tuple[int, int]], int],
+    factor: float,
+    which: str,
+) -> None:
+    model, (dev,), plans, batch = fleet
+    before = estimate_iteration(model, [dev], plans, batch).time_s
+
+    def slower(link: LinkSpec) -> LinkSpec:
+        bw = 1e5 if link.bandwidth_bps is None else link.bandwidth_bps * factor
+        return LinkSpec(bw, link.latency_s)
+
+    if which == "up":
+        dev = DeviceProfile(dev.slowdown, slower(dev.uplink), dev.downlink, dev.samples)
+    elif which == "down":
+        dev = DeviceProfile(dev.slowdown, dev.uplink, slower(dev.downlink), dev.samples)
+    else:
+        dev = DeviceProfile(dev.slowdown, slower(dev.uplink), slower(dev.downlink), dev.samples)
+    after = estimate_iteration(model, [dev], plans, batch).time_s
+    assert after >= before * (1 - 1e-12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(fleets())
+def test_epoch_is_at_least_every_device_alone(
+    fleet: tuple[ModelProfile, list[DeviceProfile], list[tuple[int, int]], int],
+) -> None:
+    model, devices, plans, batch = fleet
+    epoch = estimate_epoch(model, devices, plans, batch)
+    for dev, (p, n) in zip(devices, plans, strict=True):
+        iterations = dev.samples // ((batch // n) * n)
+        nbytes = model.model_frame_bytes(p)
+        alone = (
+            dev.downlink.transfer_time(nbytes)
+            + dev.uplink.transfer_time(nbytes)
+            + iterations * alone_iteration_end(model, dev, (p, n), batch)
+        )
+        assert epoch >= alone * (1 - 1e-9)

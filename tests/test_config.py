@@ -1,0 +1,375 @@
+"""`RunConfig`: validation naming the key, per-device views, TOML round trips."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aiopipe.config import MODES, PARTITIONS, RunConfig
+from aiopipe.errors import ConfigError
+
+
+def test_defaults_are_valid() -> None:
+    config = RunConfig()
+    assert config.mode == "pipar"
+    assert config.mode in MODES
+    assert config.partition in PARTITIONS
+    assert config.devices >= 1
+    assert RunConfig.from_mapping(config.to_mapping()) == config
+
+
+def test_is_frozen() -> None:
+    config = RunConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.devices = 3  # type: ignore[misc]
+
+
+BAD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
+    # (key, bad value, other fields it needs)
+    ("mode", "nope", {}),
+    ("mode", "PIPAR", {}),
+    ("mode", 1, {}),
+    ("model", 42, {}),
+    ("model", "", {}),
+    ("model", None, {}),
+    ("dataset", "", {}),
+    ("dataset", 3, {}),
+    ("devices", 0, {}),
+    ("devices", -1, {}),
+    ("devices", True, {}),
+    ("devices", 2.0, {}),
+    ("devices", "2", {}),
+    ("samples_per_device", 0, {}),
+    ("batch_size", 0, {}),
+    ("batch_size", False, {}),
+    ("epochs", 0, {}),
+    ("epochs", 1.5, {}),
+    ("test_samples", 0, {}),
+    ("torch_threads", 0, {}),
+    ("split_point", 0, {}),
+    ("split_point", "nope", {}),
+    ("split_point", True, {}),
+    ("split_point", 1.5, {}),
+    ("split_point", (2,), {"devices": 2}),
+    ("split_point", (2, 2, 2), {"devices": 2}),
+    ("split_point", (2, 0), {"devices": 2}),
+    ("split_point", (2, "auto"), {"devices": 2}),
+    ("split_point", {"a": 1}, {}),
+    ("parallel_batches", 0, {}),
+    ("parallel_batches", "many", {}),
+    ("parallel_batches", (4,), {"devices": 3}),
+    ("parallel_batches", 11, {"batch_size": 10}),
+    ("parallel_batches", (2, 11), {"batch_size": 10, "devices": 2}),
+    ("network", 42, {}),
+    ("network", None, {}),
+    ("network", ["4g"], {}),
+    ("device_slowdown", 0.5, {}),
+    ("device_slowdown", 0, {}),
+    ("device_slowdown", -2.0, {}),
+    ("device_slowdown", math.nan, {}),
+    ("device_slowdown", math.inf, {}),
+    ("device_slowdown", True, {}),
+    ("device_slowdown", "2", {}),
+    ("device_slowdown", (1.0,), {"devices": 2}),
+    ("device_slowdown", (1.0, 0.5), {"devices": 2}),
+    ("aggregation_every", -1, {}),
+    ("aggregation_every", 1.5, {}),
+    ("aggregation_every", True, {}),
+    ("learning_rate", -0.1, {}),
+    ("learning_rate", 0.0, {}),
+    ("learning_rate", math.nan, {}),
+    ("learning_rate", math.inf, {}),
+    ("learning_rate", True, {}),
+    ("learning_rate", "0.1", {}),
+    ("momentum", -0.5, {}),
+    ("momentum", math.nan, {}),
+    ("momentum", "high", {}),
+    ("dirichlet_alpha", -1.0, {}),
+    ("dirichlet_alpha", 0.0, {}),
+    ("dirichlet_alpha", math.inf, {}),
+    ("partition", "nope", {}),
+    ("partition", None, {}),
+    ("seed", "0", {}),
+    ("seed", 1.0, {}),
+    ("seed", True, {}),
+    ("out_dir", 3, {}),
+    ("out_dir", None, {}),
+]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "others"), BAD_VALUES, ids=[f"{k}={v!r}" for k, v, _ in BAD_VALUES]
+)
+def test_invalid_value_raises_config_error_naming_the_key(
+    key: str, value: Any, others: dict[str, Any]
+) -> None:
+    with pytest.raises(ConfigError, match=f"'{key}'"):
+        RunConfig(**others, **{key: value})
+    with pytest.raises(ConfigError, match=f"'{key}'"):
+        RunConfig.from_mapping({**others, key: list(value) if isinstance(value, tuple) else value})
+
+
+def test_every_field_is_covered_by_the_bad_values_table() -> None:
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    assert fields == {key for key, _, _ in BAD_VALUES}
+
+
+GOOD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
+    ("mode", "fl", {}),
+    ("mode", "sl", {}),
+    ("mode", "sfl", {}),
+    ("split_point", "auto", {}),
+    ("parallel_batches", "auto", {}),
+    ("parallel_batches", 10, {"batch_size": 10}),
+    ("network", "4g", {}),
+    ("network", {"up_mbps": 10, "down_mbps": 25, "latency_ms": 20}, {}),
+    ("device_slowdown", 1, {}),
+    ("aggregation_every", 0, {}),
+    ("momentum", 0, {}),
+    ("partition", "dirichlet", {}),
+    ("seed", -7, {}),
+    ("out_dir", "", {}),
+]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "others"), GOOD_VALUES, ids=[f"{k}={v!r}" for k, v, _ in GOOD_VALUES]
+)
+def test_valid_values_are_accepted(key: str, value: Any, others: dict[str, Any]) -> None:
+    config = RunConfig(**others, **{key: value})
+    assert getattr(config, key) == value
+
+
+def test_numbers_are_normalized() -> None:
+    # Lists (as TOML gives them) are accepted at run time and stored as tuples.
+    slowdown: Any = [1, 3]
+    config = RunConfig(devices=2, device_slowdown=slowdown, learning_rate=1, momentum=0)
+    assert config.device_slowdown == (1.0, 3.0)
+    assert isinstance(config.learning_rate, float)
+    assert isinstance(config.momentum, float)
+    assert RunConfig(device_slowdown=2).device_slowdown == 2.0
+    split: Any = [1, 3]
+    assert RunConfig(devices=2, split_point=split).split_point == (1, 3)
+
+
+def test_custom_model_is_accepted_and_written_as_custom() -> None:
+    from torch import nn
+
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 2))
+    config = RunConfig(model=model)
+    assert config.model is model
+    assert config.to_mapping()["model"] == "custom"
+
+
+# -- per-device views ------------------------------------------------------------------
+
+
+def test_per_device_accessors_with_one_value() -> None:
+    config = RunConfig(devices=3, split_point=2, parallel_batches=5, device_slowdown=1.5)
+    for k in range(3):
+        assert config.device_split_point(k) == 2
+        assert config.device_parallel_batches(k) == 5
+        assert config.device_slowdown_of(k) == 1.5
+
+
+def test_per_device_accessors_with_lists() -> None:
+    config = RunConfig(
+        devices=3,
+        split_point=(1, 2, 3),
+        parallel_batches=(4, 2, 1),
+        device_slowdown=(1.0, 2.0, 4.0),
+    )
+    assert [config.device_split_point(k) for k in range(3)] == [1, 2, 3]
+    assert [config.device_parallel_batches(k) for k in range(3)] == [4, 2, 1]
+    assert [config.device_slowdown_of(k) for k in range(3)] == [1.0, 2.0, 4.0]
+
+
+def test_per_device_accessors_with_auto() -> None:
+    config = RunConfig(split_point="auto", parallel_batches="auto")
+    assert config.device_split_point(1) == "auto"
+    assert config.device_parallel_batches(0) == "auto"
+
+
+def test_replace_validates_again() -> None:
+    config = RunConfig(devices=2, split_point=(1, 2))
+    assert config.replace(epochs=7).epochs == 7
+    with pytest.raises(ConfigError, match="'devices'"):
+        config.replace(devices=0)
+    with pytest.raises(ConfigError, match="'split_point'"):
+        config.replace(devices=3)  # the list no longer has one value per device
+
+
+# -- TOML ------------------------------------------------------------------------------
+
+
+def _everything_changed() -> RunConfig:
+    return RunConfig(
+        mode="sfl",
+        model="resnet18",
+        dataset='cifar10:C:\\data\\cifar "10"',
+        devices=3,
+        samples_per_device=123,
+        batch_size=40,
+        epochs=2,
+        split_point=(1, 2, 3),
+        parallel_batches=(4, 8, 1),
+        network={"up_mbps": 12.5, "down_mbps": 30, "latency_ms": 7.25},
+        device_slowdown=(1.0, 2.5, 1e3),
+        aggregation_every=5,
+        learning_rate=1e-05,
+        momentum=0.0,
+        partition="dirichlet",
+        dirichlet_alpha=0.1,
+        test_samples=77,
+        seed=-42,
+        out_dir="runs/odd name\twith\ttabs\nand a newline",
+        torch_threads=2,
+    )
+
+
+@pytest.mark.parametrize("config", [RunConfig(), _everything_changed()], ids=["default", "all"])
+def test_to_toml_from_toml_round_trip(tmp_path: Path, config: RunConfig) -> None:
+    mapping = config.to_mapping()
+    path = tmp_path / "config.toml"
+    path.write_text(config.to_toml(), encoding="utf-8")
+    assert tomllib.loads(path.read_text(encoding="utf-8")) == mapping
+    again = RunConfig.from_toml(path)
+    assert again == config
+    assert again.to_mapping() == mapping
+
+
+text_without_surrogates = st.text(st.characters(codec="utf-8"), max_size=20)
+positive = st.floats(min_value=1e-9, max_value=1e9, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> RunConfig:
+    devices = draw(st.integers(1, 4))
+    batch_size = draw(st.integers(1, 256))
+    per_device = st.integers(1, 8)
+    network = draw(
+        st.sampled_from(["4g", "4g+", "wifi", "lan"])
+        | st.fixed_dictionaries(
+            {"up_mbps": positive, "down_mbps": positive},
+            optional={"latency_ms": st.floats(0, 1e4, allow_nan=False)},
+        )
+    )
+    return RunConfig(
+        mode=draw(st.sampled_from(MODES)),
+        model=draw(text_without_surrogates.filter(bool)),
+        dataset=draw(text_without_surrogates.filter(bool)),
+        devices=devices,
+        samples_per_device=draw(st.integers(1, 10**6)),
+        batch_size=batch_size,
+        epochs=draw(st.integers(1, 100)),
+        split_point=draw(st.just("auto") | per_device | st.tuples(*[per_device] * devices)),
+        parallel_batches=draw(
+            st.just("auto")
+            | st.integers(1, batch_size)
+            | st.tuples(*[st.integers(1, batch_size)] * devices)
+        ),
+        network=network,
+        device_slowdown=draw(st.floats(1, 1e6) | st.tuples(*[st.floats(1, 1e6)] * devices)),
+        aggregation_every=draw(st.integers(0, 1000)),
+        learning_rate=draw(positive),
+        momentum=draw(st.floats(0, 1)),
+        partition=draw(st.sampled_from(PARTITIONS)),
+        dirichlet_alpha=draw(positive),
+        test_samples=draw(st.integers(1, 10**5)),
+        seed=draw(st.integers(-(2**63), 2**63 - 1)),
+        out_dir=draw(text_without_surrogates),
+        torch_threads=draw(st.integers(1, 64)),
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(configs())
+def test_any_valid_config_round_trips_through_toml(config: RunConfig) -> None:
+    mapping = config.to_mapping()
+    assert tomllib.loads(config.to_toml()) == mapping
+    assert RunConfig.from_mapping(tomllib.loads(config.to_toml())) == config
+
+
+def test_from_toml_reads_a_run_table(tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text('[run]\nmode = "sl"\ndevices = 3\nsplit_point = [1, 2, 3]\n')
+    config = RunConfig.from_toml(path)
+    assert config == RunConfig(mode="sl", devices=3, split_point=(1, 2, 3))
+
+
+def test_from_toml_reads_a_network_table(tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text("devices = 1\n[network]\nup_mbps = 10\ndown_mbps = 25\n")
+    assert RunConfig.from_toml(path).network == {"up_mbps": 10, "down_mbps": 25}
+
+
+def test_from_toml_applies_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text('mode = "fl"\nepochs = 9\n')
+    config = RunConfig.from_toml(path, epochs=2, devices=None, seed=5)
+    assert (config.mode, config.epochs, config.devices, config.seed) == ("fl", 2, 2, 5)
+    with pytest.raises(ConfigError, match="'epochs'"):
+        RunConfig.from_toml(path, epochs=0)
+    with pytest.raises(ConfigError, match="'bogus'"):
+        RunConfig.from_toml(path, bogus=1)
+
+
+@pytest.mark.parametrize("table", ["", "[run]\n"])
+def test_unknown_key_is_named(tmp_path: Path, table: str) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text(f'{table}mode = "pipar"\nsplit_pont = 2\n')
+    with pytest.raises(ConfigError, match="'split_pont'"):
+        RunConfig.from_toml(path)
+    with pytest.raises(ConfigError, match="'zzz'"):
+        RunConfig.from_mapping({"zzz": 1})
+
+
+def test_invalid_value_in_a_file_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text("devices = 0\n")
+    with pytest.raises(ConfigError, match="'devices'"):
+        RunConfig.from_toml(path)
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "absent.toml"
+    with pytest.raises(ConfigError, match=r"absent\.toml"):
+        RunConfig.from_toml(path)
+    with pytest.raises(ConfigError, match="cannot read"):
+        RunConfig.from_toml(tmp_path)  # a directory
+
+
+@pytest.mark.parametrize("text", ["mode = \n", "mode = 'pipar\n", "[run\n", "a = 1\na = 2\n"])
+def test_invalid_toml_is_named(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "broken.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"broken\.toml.*not valid TOML"):
+        RunConfig.from_toml(path)
+
+
+def test_errors_are_one_line() -> None:
+    for key, value, others in BAD_VALUES:
+        with pytest.raises(ConfigError) as info:
+            RunConfig(**others, **{key: value})
+        assert "\n" not in str(info.value), (key, value)
+
+
+@pytest.mark.parametrize("network", ["nope", {"up_mbps": None, "down_mbps": 10},
+                                     {"up_mbps": 10}, {"up_mbps": -1, "down_mbps": 10}])
+def test_bad_networks_are_refused_when_the_config_is_made(network: object) -> None:
+    with pytest.raises(ConfigError, match="'network'"):
+        RunConfig(network=network)  # type: ignore[arg-type]
+
+
+def test_a_file_cannot_mix_top_level_keys_and_a_run_table(tmp_path: Path) -> None:
+    path = tmp_path / "mixed.toml"
+    path.write_text('epochs = 9\n[run]\nmode = "sl"\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match="not both"):
+        RunConfig.from_toml(path)
