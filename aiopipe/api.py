@@ -117,7 +117,8 @@ class Server:
     def add_routes(self, app: web.Application, *, prefix: str = "") -> None:
         """Mount ``{prefix}/ws``, ``{prefix}/status`` and ``{prefix}/metrics`` on ``app``."""
         add_routes(app, self.node, token=self._token, prefix=prefix,
-                   downlink=network_spec(self.config.network).down)
+                   downlink=network_spec(self.node.config.network).down
+                   if self.node.config.shape_links else None)
 
     async def __aenter__(self) -> Server:
         if self._host is not None:

@@ -64,6 +64,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--parallel-batches", type=_int_list,
                      help="micro-batches per iteration N: an integer or a comma list")
     run.add_argument("--network", help="network preset: 4g, 4g+, wifi or lan")
+    run.add_argument("--no-shaping", dest="shape_links", action="store_false", default=None,
+                     help="do not pace websocket senders at the network's rates (use when "
+                          "the network is really shaped, e.g. by tc)")
     run.add_argument("--device-slowdown", type=_float_list,
                      help="compute slowdown factor(s) >= 1 to emulate slow devices")
     run.add_argument("--aggregation-every", type=int,
@@ -75,7 +78,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
 
 _OPTION_KEYS = ("mode", "model", "dataset", "devices", "samples_per_device", "batch_size",
                 "epochs", "split_point", "parallel_batches", "network", "device_slowdown",
-                "aggregation_every", "learning_rate", "seed", "out_dir")
+                "aggregation_every", "learning_rate", "seed", "out_dir", "shape_links")
 
 
 def config_from_args(args: argparse.Namespace, **defaults: Any) -> RunConfig:

@@ -81,6 +81,11 @@ class RunConfig:
         seed: everything random derives from it.
         out_dir: where the results directory goes ("" = do not write one).
         torch_threads: torch intra-op threads per node.
+        shape_links: over websockets, pace each sender at the ``network`` rates
+            (sender-side shaping, to emulate the network on one machine). Turn it off
+            when the network itself is shaped (tc) or real; the planner still uses
+            ``network`` as the bandwidth to plan with. Memory links always follow
+            ``network``.
 
     Raises:
         ConfigError: a field has an invalid value (the message names the key).
@@ -106,6 +111,7 @@ class RunConfig:
     seed: int = 0
     out_dir: str = ""
     torch_threads: int = 1
+    shape_links: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -175,6 +181,8 @@ class RunConfig:
             raise _fail("partition", self.partition, f"one of {', '.join(PARTITIONS)}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise _fail("seed", self.seed, "an integer")
+        if not isinstance(self.shape_links, bool):
+            raise _fail("shape_links", self.shape_links, "true or false")
         if not isinstance(self.out_dir, str):
             raise _fail("out_dir", self.out_dir, "a path string")
 

@@ -53,6 +53,8 @@ BAD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("epochs", 1.5, {}),
     ("test_samples", 0, {}),
     ("torch_threads", 0, {}),
+    ("shape_links", "yes", {}),
+    ("shape_links", 1, {}),
     ("split_point", 0, {}),
     ("split_point", "nope", {}),
     ("split_point", True, {}),

@@ -159,7 +159,8 @@ class _DeviceNode:
                                          momentum=config.momentum)
         self.compute.slowdown = config.device_slowdown_of(self.device_id)
         self.schedule = pipar_order(plan.parallel_batches)
-        if self.shape_uplink and isinstance(self.peer.link, WebSocketLink):
+        if (self.shape_uplink and config.shape_links
+                and isinstance(self.peer.link, WebSocketLink)):
             self.peer.link.reshape(network_spec(config.network).up)
 
     # -- loops ---------------------------------------------------------------------

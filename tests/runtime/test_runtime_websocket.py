@@ -27,16 +27,17 @@ CONFIG = RunConfig(mode="pipar", devices=2, samples_per_device=80, batch_size=20
                    split_point=2, parallel_batches=2, test_samples=40, seed=5)
 
 
-async def _run_over_websockets(config: RunConfig) -> RunResult:
-    async with Server(config, token=TOKEN, join_timeout=60) as server:
-        async def device(k: int) -> None:
-            async with Device(server.url, k, token=TOKEN) as d:
-                await d.run()
+async def _device(url: str, device_id: int) -> None:
+    async with Device(url, device_id, token=TOKEN) as device:
+        await device.run()
 
-        async with asyncio.TaskGroup() as tasks:
-            for k in range(config.devices):
-                tasks.create_task(device(k))
-            result = await server.run()
+
+async def _run_over_websockets(config: RunConfig) -> RunResult:
+    async with (Server(config, token=TOKEN, join_timeout=60) as server,
+                asyncio.TaskGroup() as tasks):
+        for k in range(config.devices):
+            tasks.create_task(_device(server.url, k))
+        result = await server.run()
     return result
 
 
@@ -80,13 +81,9 @@ async def test_strangers_are_refused_and_the_run_goes_on() -> None:
             await _stranger(server.url, encode(Hello(version=1, device_id=7))),
         ]
 
-        async def device(k: int) -> None:
-            async with Device(server.url, k, token=TOKEN) as d:
-                await d.run()
-
         async with asyncio.TaskGroup() as tasks:
             for k in range(CONFIG.devices):
-                tasks.create_task(device(k))
+                tasks.create_task(_device(server.url, k))
             training = tasks.create_task(server.run())
             await server.node.joined.wait()
             answers.append(await _stranger(server.url, encode(Hello(version=1, device_id=0))))
@@ -104,13 +101,9 @@ async def test_status_and_metrics_routes_describe_the_run() -> None:
     async with Server(CONFIG, token=TOKEN, join_timeout=60) as server:
         base = server.url.removesuffix("/ws")
 
-        async def device(k: int) -> None:
-            async with Device(server.url, k, token=TOKEN) as d:
-                await d.run()
-
         async with asyncio.TaskGroup() as tasks:
             for k in range(CONFIG.devices):
-                tasks.create_task(device(k))
+                tasks.create_task(_device(server.url, k))
             await server.run()
         async with aiohttp.ClientSession() as http:
             async with http.get(f"{base}/status") as response:
