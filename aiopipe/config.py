@@ -86,6 +86,10 @@ class RunConfig:
             when the network itself is shaped (tc) or real; the planner still uses
             ``network`` as the bandwidth to plan with. Memory links always follow
             ``network``.
+        heartbeat_interval: seconds between a device's heartbeats.
+        device_timeout: seconds of silence (no message at all, heartbeats included)
+            after which the server declares a device lost; it must exceed the time one
+            frame takes on the slowest link.
 
     Raises:
         ConfigError: a field has an invalid value (the message names the key).
@@ -112,6 +116,8 @@ class RunConfig:
     out_dir: str = ""
     torch_threads: int = 1
     shape_links: bool = True
+    heartbeat_interval: float = 5.0
+    device_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -181,6 +187,16 @@ class RunConfig:
             raise _fail("partition", self.partition, f"one of {', '.join(PARTITIONS)}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise _fail("seed", self.seed, "an integer")
+        for key in ("heartbeat_interval", "device_timeout"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not (
+                math.isfinite(value) and value > 0
+            ):
+                raise _fail(key, value, "a finite number of seconds > 0")
+            set_(self, key, float(value))
+        if self.device_timeout <= self.heartbeat_interval:
+            raise _fail("device_timeout", self.device_timeout,
+                        f"more than heartbeat_interval ({self.heartbeat_interval:g} s)")
         if not isinstance(self.shape_links, bool):
             raise _fail("shape_links", self.shape_links, "true or false")
         if not isinstance(self.out_dir, str):

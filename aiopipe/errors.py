@@ -13,6 +13,7 @@
     │   └── LinkBrokenError        the peer or the network broke it (BrokenResourceError)
     ├── AuthenticationError    credentials missing or wrong at the handshake
     └── TrainingError          the run cannot go on (no device left, a node failed)
+        └── DeviceLostError        one device dropped out (its round is excluded)
 
 Foreign exceptions (aiohttp, OSError, msgpack) are translated once, at the transport or
 codec boundary, so callers only ever catch these.
@@ -24,6 +25,7 @@ __all__ = [
     "AiopipeError",
     "AuthenticationError",
     "ConfigError",
+    "DeviceLostError",
     "FrameTooLargeError",
     "LinkBrokenError",
     "LinkClosedError",
@@ -77,3 +79,8 @@ class AuthenticationError(AiopipeError):
 
 class TrainingError(AiopipeError):
     """Training cannot continue (for example, every device was lost)."""
+
+
+class DeviceLostError(TrainingError):
+    """A device disconnected, broke the protocol or went silent; the run goes on without
+    it until it rejoins."""

@@ -27,7 +27,12 @@ __all__ = ["EpochMetrics", "RunResult", "write_results"]
 
 @dataclass(frozen=True, slots=True)
 class EpochMetrics:
-    """Figures of one epoch. Device-side busy/idle figures are means over devices."""
+    """Figures of one epoch. Device-side busy/idle figures are means over devices.
+
+    ``samples`` counts only rounds that completed: ``device_samples[k]`` is what device k
+    contributed; ``devices_lost`` lists devices that dropped out during the epoch (their
+    unfinished rounds were excluded from aggregation).
+    """
 
     epoch: int
     time_s: float
@@ -40,11 +45,15 @@ class EpochMetrics:
     bytes_up: int
     bytes_down: int
     plan: Sequence[Mapping[str, int]]
+    device_samples: Sequence[int] = ()
+    devices_lost: Sequence[int] = ()
 
     def to_mapping(self) -> dict[str, Any]:
         """Plain JSON-able form (one line of ``metrics.jsonl``)."""
         out = dataclasses.asdict(self)
         out["plan"] = [dict(p) for p in self.plan]
+        out["device_samples"] = list(self.device_samples)
+        out["devices_lost"] = list(self.devices_lost)
         return out
 
 

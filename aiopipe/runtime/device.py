@@ -1,6 +1,7 @@
 """The device node: trains the first P units on local data (PiPar Algorithm 1).
 
-One event loop, one compute thread. Three tasks run while training:
+One event loop, one compute thread. Four tasks run while training (a fourth, not listed,
+sends a heartbeat every ``heartbeat_interval``):
 - the train loop: per round, per iteration, it runs the iteration's schedule (data, see
   `aiopipe.scheduler.schedule`); PiPar's is: forward N micro-batches back to back,
   posting each activation as soon as it exists; then, in micro-batch order, wait for
@@ -133,9 +134,11 @@ class _DeviceNode:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self.peer.send_loop())
                 receiver = tasks.create_task(self._receive_loop())
+                heartbeat = tasks.create_task(self._heartbeat_loop())
                 summary = await self._train_loop()
                 self.peer.finish()
                 receiver.cancel()
+                heartbeat.cancel()
         except BaseExceptionGroup as group:
             raise first_error(group) from None
         return summary
@@ -189,6 +192,14 @@ class _DeviceNode:
                 raise TrainingError(f"server error {message.code}: {message.message}")
             elif not isinstance(message, Heartbeat):
                 raise RemoteProtocolError(f"a device does not accept {type(message).__name__}")
+
+    async def _heartbeat_loop(self) -> None:
+        """Tell the server we are alive, between (never inside) other frames."""
+        seq = 0
+        while True:
+            await self.clock.sleep(self.config.heartbeat_interval)
+            seq += 1
+            await self.peer.send(Heartbeat(seq))
 
     async def _train_loop(self) -> DeviceSummary:
         rounds = samples = 0

@@ -17,7 +17,7 @@ import contextlib
 import copy
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
@@ -28,7 +28,13 @@ from aiopipe import data as datasets
 from aiopipe import models
 from aiopipe.clock import Clock, wait_for
 from aiopipe.config import RunConfig
-from aiopipe.errors import RemoteProtocolError, TrainingError, TransportError
+from aiopipe.errors import (
+    AiopipeError,
+    DeviceLostError,
+    RemoteProtocolError,
+    TrainingError,
+    TransportError,
+)
 from aiopipe.metrics.results import EpochMetrics, RunResult
 from aiopipe.metrics.trace import Recorder
 from aiopipe.protocol import (
@@ -124,6 +130,7 @@ class ServerNode:
         self.sessions: dict[int, DeviceSession] = {}  # every device that joined the run
         self.connected: set[int] = set()  # devices whose connection is open now
         self._left = asyncio.Event()  # set whenever a connection closes
+        self._arrived = asyncio.Event()  # set whenever a device is admitted
         self.joined = asyncio.Event()  # set once every device has said hello
         self.epoch = -1
         self.rounds = 0
@@ -168,15 +175,21 @@ class ServerNode:
         if len(self.sessions) == self.config.devices:
             self.joined.set()
         self.connected.add(k)
+        self._arrived.set()
+        reason = "it disconnected"
         try:
             await session.serve()
+        except (AiopipeError, OSError) as exc:
+            reason = str(exc)
+            raise
         finally:
+            session.ended = True
             self.connected.discard(k)
             self._left.set()
             if session.result is not None and not session.result.done():
-                session.result.set_exception(TrainingError(f"device {k} was lost"))
+                session.result.set_exception(DeviceLostError(f"device {k} was lost: {reason}"))
             if not session.closing:
-                log.warning("device %d disconnected", k)
+                log.warning("device %d was lost: %s", k, reason)
 
     async def wait_disconnected(self, seconds: float) -> bool:
         """Wait up to ``seconds`` until every device connection has closed (after Bye).
@@ -203,7 +216,7 @@ class ServerNode:
             return f"protocol version {hello.version} is not {PROTOCOL_VERSION}"
         if not hello.device_id < self.config.devices:
             return f"device id {hello.device_id} is not in 0..{self.config.devices - 1}"
-        if hello.device_id in self.sessions:
+        if hello.device_id in self.connected:
             return f"device id {hello.device_id} is already connected"
         return ""
 
@@ -237,7 +250,7 @@ class ServerNode:
             raise
         finally:
             for session in self.sessions.values():
-                if not session.closing:
+                if not session.closing and not session.ended:
                     session.say_bye(reason)
             self.compute.close()
         return RunResult(self.config, list(self.epochs), self.model,
@@ -247,61 +260,94 @@ class ServerNode:
         self.epoch = epoch
         start = self.clock.now()
         stats_before = self._link_bytes()
-        for session in self.sessions.values():
-            session.loss_sum, session.correct, session.samples = 0.0, 0, 0
         iterations = [p.iterations_per_epoch for p in self.plans]
         period = self.config.aggregation_every or max(iterations)
-        fl_totals = [0, 0.0, 0]
+        device_samples = [0] * self.config.devices
+        loss_sum, correct = 0.0, 0
+        lost: set[int] = set()
         for r in range(math.ceil(max(iterations) / period)):
             first = r * period
             round_no = self.rounds
             self.rounds += 1
-            work = {k: max(0, min(period, iterations[k] - first)) for k in range(len(iterations))}
-            if self.config.mode == "sl":
-                for k in range(self.config.devices):
+            work = [max(0, min(period, n - first)) for n in iterations]
+            participants = await self._participants()
+            if self.config.mode == "sl":  # devices take turns on one chain of weights
+                done: dict[int, RoundResult] = {}
+                for k in participants:
                     result = await self._round(k, round_no, epoch, first, work[k])
-                    await self.compute.run("agg", partial(self._adopt, k, result),
+                    if result is not None:
+                        done[k] = result
+                        await self.compute.run("agg", partial(self._adopt, k, result),
+                                               cost=0.0 if self.cost_table else None,
+                                               epoch=epoch)
+            else:
+                try:
+                    async with asyncio.TaskGroup() as tasks:
+                        rounds = {k: tasks.create_task(
+                            self._round(k, round_no, epoch, first, work[k]))
+                            for k in participants}
+                except BaseExceptionGroup as group:
+                    raise first_error(group) from None
+                done = {k: res for k, t in rounds.items() if (res := t.result()) is not None}
+                if done:
+                    await self.compute.run("agg", partial(self._aggregate, done),
                                            cost=0.0 if self.cost_table else None, epoch=epoch)
-                continue
-            try:
-                async with asyncio.TaskGroup() as tasks:
-                    rounds = [tasks.create_task(self._round(k, round_no, epoch, first, work[k]))
-                              for k in range(self.config.devices)]
-            except BaseExceptionGroup as group:
-                raise first_error(group) from None
-            results = [r.result() for r in rounds]
-            for res in results:
-                fl_totals[0] += res.samples
-                fl_totals[1] += res.loss_sum
-                fl_totals[2] += res.correct
-            await self.compute.run("agg", partial(self._aggregate, results),
-                                   cost=0.0 if self.cost_table else None, epoch=epoch)
+            lost |= set(participants) - set(done)
+            for k, result in done.items():
+                device_samples[k] += result.samples
+                loss_sum += result.loss_sum
+                correct += result.correct
         end = self.clock.now()
         accuracy = await self.compute.call(self._evaluate)
         up, down = (a - b for a, b in zip(self._link_bytes(), stats_before, strict=True))
-        if self.config.mode == "fl":
-            samples, loss_sum, correct = fl_totals
-        else:
-            samples = sum(s.samples for s in self.sessions.values())
-            loss_sum = sum(s.loss_sum for s in self.sessions.values())
-            correct = sum(s.correct for s in self.sessions.values())
+        samples = sum(device_samples)
+        busy = self._busy(start, end)
         return EpochMetrics(
-            epoch=epoch, time_s=end - start,
-            busy_s=self._busy(start, end),
-            idle_s={k: end - start - v for k, v in self._busy(start, end).items()},
-            loss=float(loss_sum) / max(1, int(samples)), accuracy=accuracy,
-            train_accuracy=float(correct) / max(1, int(samples)), samples=int(samples),
+            epoch=epoch, time_s=end - start, busy_s=busy,
+            idle_s={k: end - start - v for k, v in busy.items()},
+            loss=loss_sum / max(1, samples), accuracy=accuracy,
+            train_accuracy=correct / max(1, samples), samples=samples,
             bytes_up=int(up), bytes_down=int(down),
             plan=[{"device": p.device_id, "split_point": p.split_point,
                    "parallel_batches": p.parallel_batches} for p in self.plans],
+            device_samples=tuple(device_samples), devices_lost=tuple(sorted(lost)),
         )
 
+    async def _participants(self) -> list[int]:
+        """Devices connected now; if none, wait (join_timeout) for one to come back.
+
+        Raises:
+            TrainingError: every device was lost and none returned in time.
+        """
+        if not self.connected:
+            log.warning("every device was lost; waiting up to %g s for one to rejoin",
+                        self.join_timeout)
+
+            async def someone() -> None:
+                while not self.connected:
+                    self._arrived.clear()
+                    await self._arrived.wait()
+
+            try:
+                await wait_for(self.clock, someone(), self.join_timeout)
+            except TimeoutError:
+                raise TrainingError(f"every device was lost and none rejoined within "
+                                    f"{self.join_timeout:g} s") from None
+        return sorted(self.connected)
+
     async def _round(self, k: int, round_no: int, epoch: int, first: int,
-                     iterations: int) -> RoundResult:
+                     iterations: int) -> RoundResult | None:
+        """Device k's part of a round; None when the device was lost meanwhile."""
         session = self.sessions[k]
+        if k in self.replicas:  # a lost round may have left gradients behind
+            self.replicas[k][1].zero_grad(set_to_none=True)
         half_state = await self.compute.call(lambda: self._device_half_state(k))
-        return await session.start_round(
-            RoundStart(round_no, epoch, first, iterations, half_state))
+        try:
+            return await session.start_round(
+                RoundStart(round_no, epoch, first, iterations, half_state))
+        except DeviceLostError as exc:
+            log.warning("round %d goes on without device %d: %s", round_no, k, exc)
+            return None
 
     def _device_half_state(self, k: int) -> dict[str, Any]:
         half = models.split(self.model, self.plans[k].split_point)[0]
@@ -314,9 +360,10 @@ class ServerNode:
         server_half = self.replicas[k][0].state_dict()
         return models.merge_states(device_half, server_half)
 
-    def _aggregate(self, results: Sequence[RoundResult]) -> None:
-        states = [self._whole_state(k, res) for k, res in enumerate(results)]
-        weights = [float(res.samples) for res in results]
+    def _aggregate(self, results: Mapping[int, RoundResult]) -> None:
+        """FedAvg over the devices whose round completed, weighted by their samples."""
+        states = [self._whole_state(k, res) for k, res in results.items()]
+        weights = [float(res.samples) for res in results.values()]
         if sum(weights) == 0:
             return
         self._load_global(fedavg(states, weights))

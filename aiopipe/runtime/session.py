@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections import Counter
 from dataclasses import dataclass
@@ -24,7 +25,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from aiopipe.errors import ProtocolError, RemoteProtocolError, TrainingError, TransportError
+from aiopipe.errors import (
+    DeviceLostError,
+    ProtocolError,
+    RemoteProtocolError,
+    TransportError,
+)
 from aiopipe.metrics.trace import Slice
 from aiopipe.protocol import (
     Activation,
@@ -75,17 +81,26 @@ class DeviceSession:
         self.work: asyncio.Queue[Activation | None] = asyncio.Queue()
         self.result: asyncio.Future[RoundResult] | None = None
         self.round_result: RoundResult | None = None  # waiting for its RoundReport
-        self.loss_sum = 0.0
-        self.correct = 0
-        self.samples = 0
-        self.closing = False
+        # server-side loss of the round in progress (split modes); it counts only when the
+        # round completes, so a lost device's partial round is not counted
+        self.round_loss_sum = 0.0
+        self.round_correct = 0
+        self.closing = False  # we said goodbye: the connection may end
+        self.ended = False  # the connection has ended
+        self.last_heard = node.clock.now()
 
     # -- driven by the coordinator -----------------------------------------------------
 
     def start_round(self, message: RoundStart) -> asyncio.Future[RoundResult]:
-        """Send the round's weights and work; the future resolves with the device's result."""
+        """Send the round's weights and work; the future resolves with the device's result
+        (with the server-side loss in split modes) or fails with `DeviceLostError`."""
+        if self.ended:
+            lost: asyncio.Future[RoundResult] = asyncio.get_running_loop().create_future()
+            lost.set_exception(DeviceLostError(f"device {self.device_id} is gone"))
+            return lost
         self.window = RoundWindow(message.round, message.epoch, message.first_iteration,
                                   message.iterations)
+        self.round_loss_sum, self.round_correct = 0.0, 0
         self.result = asyncio.get_running_loop().create_future()
         self.peer.post(message, "m", epoch=message.epoch)
         return self.result
@@ -109,9 +124,11 @@ class DeviceSession:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self.peer.send_loop())
                 worker = tasks.create_task(self._work_loop())
+                watchdog = tasks.create_task(self._watchdog())
                 try:
                     await self._receive_loop()
                 finally:
+                    watchdog.cancel()
                     self.work.put_nowait(None)
                     if not self.closing:
                         worker.cancel()
@@ -123,14 +140,26 @@ class DeviceSession:
         except* TransportError as group:
             if not self.closing:
                 raise group.exceptions[0] from None
+        except* DeviceLostError as silent:
+            lost = silent.exceptions[0]
+            await self.peer.link.aclose(str(lost))
+            raise lost from None
+
+    async def _watchdog(self) -> None:
+        """Declare the device lost when it has been silent for ``device_timeout``."""
+        config, clock = self.node.config, self.node.clock
+        while True:
+            silent = clock.now() - self.last_heard
+            # a relative tolerance: sleeping the float remainder could advance no time
+            if silent >= config.device_timeout * (1 - 1e-9):
+                raise DeviceLostError(f"device {self.device_id} was silent for "
+                                      f"{silent:.1f} s (device_timeout)")
+            await clock.sleep(config.device_timeout - silent)
 
     async def _refuse(self, problem: BaseException) -> None:
         with contextlib.suppress(TransportError):
             await self.peer.send(ErrorMessage("protocol", str(problem)))
         await self.peer.link.aclose()
-        if self.result is not None and not self.result.done():
-            self.result.set_exception(
-                TrainingError(f"device {self.device_id} was lost: {problem}"))
 
     async def _receive_loop(self) -> None:
         while True:
@@ -140,6 +169,7 @@ class DeviceSession:
                 if self.closing:
                     return
                 raise
+            self.last_heard = self.node.clock.now()
             if isinstance(message, Activation):
                 self._check_activation(message)
                 self.work.put_nowait(message)
@@ -202,6 +232,9 @@ class DeviceSession:
         if any(not s.track.startswith(mine) for s in slices):
             raise RemoteProtocolError("round report names another device's resources")
         self.node.recorder.extend(slices)
+        if self.node.config.mode != "fl":  # the server computed the loss, not the device
+            result = dataclasses.replace(result, loss_sum=self.round_loss_sum,
+                                         correct=self.round_correct)
         self.result.set_result(result)
 
     def _check_result(self, message: RoundResult) -> None:
@@ -234,9 +267,8 @@ class DeviceSession:
 
             grad, loss_sum, correct = await node.compute.run(
                 "s", server_pass, cost=s_cost, epoch=epoch, iteration=iteration, micro_batch=n)
-            self.loss_sum += loss_sum
-            self.correct += correct
-            self.samples += plan.micro_batch_size
+            self.round_loss_sum += loss_sum
+            self.round_correct += correct
             self.peer.post(Gradient(epoch, iteration, n, to_tensor_data(grad)), "d",
                            epoch=epoch, iteration=iteration, micro_batch=n)
             self.done_per_iteration[(epoch, iteration)] += 1

@@ -1,0 +1,134 @@
+"""Devices fail and come back (DESIGN §7), in virtual time: a lost device's unfinished
+round is excluded from aggregation, the others go on, and a device that returns with its
+id is given the latest global model and contributes again from the next round."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from aiopipe import CostTable, RunConfig, TrainingError, VirtualClock
+from aiopipe.errors import AiopipeError
+from aiopipe.protocol import Hello, Plan, decode, encode
+from aiopipe.runtime.device import run_device
+from aiopipe.runtime.server import ServerNode
+from aiopipe.transport import LinkSpec, MemoryLink, open_memory_link_pair
+
+COSTS = CostTable.uniform(5, forward=0.01, backward=0.02, step=0.001, batch=10)
+# 3 devices x 80 samples, B=20: 4 iterations per epoch, 2 rounds of 2 iterations
+CONFIG = RunConfig(mode="pipar", devices=3, samples_per_device=80, batch_size=20, epochs=3,
+                   split_point=2, parallel_batches=2, aggregation_every=2, test_samples=20,
+                   network={"up_mbps": 50, "down_mbps": 50, "latency_ms": 5},
+                   heartbeat_interval=1.0, device_timeout=10.0)
+WIRE = LinkSpec(50e6, 0.005)
+
+
+class Fleet:
+    """A server node and memory links to devices, all in one task group."""
+
+    def __init__(self, config: RunConfig, clock: VirtualClock, tasks: asyncio.TaskGroup) -> None:
+        self.node = ServerNode(config, clock=clock, cost_table=COSTS)
+        self.clock, self.tasks = clock, tasks
+        self.links: dict[int, MemoryLink] = {}
+        self.outcomes: dict[int, list[object]] = {}
+
+    def connect(self) -> tuple[MemoryLink, MemoryLink]:
+        device_end, server_end = open_memory_link_pair(self.clock, a_to_b=WIRE, b_to_a=WIRE)
+        self.tasks.create_task(self._serve(server_end))
+        return device_end, server_end
+
+    async def _serve(self, link: MemoryLink) -> None:
+        with contextlib.suppress(AiopipeError):
+            await self.node.serve_link(link)
+
+    def start_device(self, k: int) -> None:
+        device_end, _ = self.connect()
+        self.links[k] = device_end
+        self.tasks.create_task(self._device(k, device_end))
+
+    async def _device(self, k: int, link: MemoryLink) -> None:
+        try:
+            summary = await run_device(link, k, clock=self.clock, cost_table=COSTS,
+                                       clock_offset=0.0)
+        except AiopipeError as exc:
+            self.outcomes.setdefault(k, []).append(exc)
+        else:
+            self.outcomes.setdefault(k, []).append(summary)
+        finally:
+            await link.aclose()
+
+    async def until(self, condition: Callable[[], bool]) -> None:
+        while not condition():
+            await self.clock.sleep(0.001)
+
+
+def _activations_in(fleet: Fleet, k: int, round_no: int) -> int:
+    session = fleet.node.sessions.get(k)
+    window = session.window if session else None
+    return len(session.seen) if session and window and window.round == round_no else 0
+
+
+async def test_a_killed_device_is_excluded_and_a_restarted_one_rejoins() -> None:
+    clock = VirtualClock()
+    async with asyncio.TaskGroup() as tasks:
+        fleet = Fleet(CONFIG, clock, tasks)
+        for k in range(3):
+            fleet.start_device(k)
+        training = tasks.create_task(fleet.node.train())
+        # kill device 2 in the middle of round 3 (epoch 1's second round)
+        await fleet.until(lambda: fleet.node.rounds == 4 and _activations_in(fleet, 2, 3) > 0)
+        fleet.links[2].break_("device 2 was killed")
+        await fleet.until(lambda: 2 not in fleet.node.connected)
+        fleet.start_device(2)  # the device restarts at once and says hello again
+        result = await training
+    await clock.aclose()
+    epochs = result.epochs
+    assert [e.device_samples for e in epochs] == [(80, 80, 80), (80, 80, 40), (80, 80, 80)]
+    assert [e.devices_lost for e in epochs] == [(), (2,), ()]
+    assert [e.samples for e in epochs] == [240, 200, 240]
+    killed, rejoined = fleet.outcomes[2]
+    assert isinstance(killed, AiopipeError)
+    assert rejoined.rounds == 2  # type: ignore[attr-defined]
+    for value in result.model.state_dict().values():
+        assert torch.isfinite(value).all()
+
+
+async def test_a_silent_device_is_declared_lost_after_the_timeout() -> None:
+    config = CONFIG.replace(devices=2, epochs=1, aggregation_every=0)
+    clock = VirtualClock()
+    async with asyncio.TaskGroup() as tasks:
+        fleet = Fleet(config, clock, tasks)
+        fleet.start_device(0)
+        silent, _ = fleet.connect()
+        await silent.send(encode(Hello(1, 1)))
+        assert isinstance(decode(await silent.receive()), Plan)
+        start = clock.now()
+        result = await fleet.node.train()  # device 1 never says anything again
+    await clock.aclose()
+    assert result.final.devices_lost == (1,)
+    assert result.final.device_samples == (80, 0)
+    # it took the timeout to give up on device 1, not forever
+    assert config.device_timeout - 1 <= result.final.time_s <= config.device_timeout + 5
+    assert clock.now() - start < 60
+
+
+async def test_the_run_fails_when_every_device_is_gone_for_good() -> None:
+    config = CONFIG.replace(devices=1, epochs=2, aggregation_every=0)
+    clock = VirtualClock()
+    async with asyncio.TaskGroup() as tasks:
+        fleet = Fleet(config, clock, tasks)
+        fleet.node.join_timeout = 30.0
+        fleet.start_device(0)
+
+        async def kill() -> None:
+            await fleet.until(lambda: _activations_in(fleet, 0, 0) > 0)
+            fleet.links[0].break_("gone")
+
+        tasks.create_task(kill())
+        with pytest.raises(TrainingError, match="none rejoined within 30 s"):
+            await fleet.node.train()
+    await clock.aclose()
