@@ -1,0 +1,95 @@
+"""Faults between real processes over real websockets (DESIGN §7): a device process is
+SIGKILLed mid-epoch; the run completes without it, and once restarted it rejoins."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TOKEN = "fault-test-token"
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["AIOPIPE_TOKEN"] = TOKEN
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def _device(url: str, k: int, log: Path) -> subprocess.Popen[str]:
+    with open(log, "a") as stderr:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(
+            [sys.executable, "-m", "aiopipe.device", "--server", url, "--device-id", str(k)],
+            env=_env(), stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_killed_device_process_is_excluded_then_rejoins(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    logs = tmp_path / "stderr.log"
+    with open(logs, "a") as stderr:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "aiopipe.server", "--port", "0", "--devices", "3",
+             "--samples-per-device", "400", "--batch-size", "20", "--parallel-batches", "2",
+             "--epochs", "5", "--out-dir", str(out), "--join-timeout", "120"],
+            env=_env(), stdout=subprocess.PIPE, stderr=stderr, text=True)
+    devices: list[subprocess.Popen[str]] = []
+    lines: list[str] = []
+    try:
+        assert server.stdout is not None
+        for line in server.stdout:
+            lines.append(line)
+            if match := re.search(r"at (ws://\S+)", line):
+                url = match.group(1)
+                break
+        devices = [_device(url, k, logs) for k in range(3)]
+        # the first epoch row: epoch 2 has just started; kill device 2 in it
+        for line in server.stdout:
+            lines.append(line)
+            if re.match(r"\s+1\s", line):
+                break
+        devices[2].send_signal(signal.SIGKILL)
+        devices[2].wait(timeout=30)
+        time.sleep(0.5)
+        devices.append(_device(url, 2, logs))  # restarted with the same id
+        reader = threading.Thread(target=lambda: lines.extend(server.stdout or ()))
+        reader.start()
+        assert server.wait(timeout=240) == 0, logs.read_text()
+        reader.join(timeout=10)
+        for device in (devices[0], devices[1], devices[3]):
+            assert device.wait(timeout=60) == 0, logs.read_text()
+    finally:
+        for process in (server, *devices):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        if server.stdout is not None:
+            server.stdout.close()
+    assert devices[2].returncode == -signal.SIGKILL
+    epochs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(epochs) == 5
+    per_device = 400 // 20 * 20
+    assert epochs[0]["device_samples"] == [per_device] * 3
+    assert epochs[0]["devices_lost"] == []
+    assert epochs[1]["devices_lost"] == [2]  # killed mid-epoch: its round was excluded
+    assert epochs[1]["device_samples"][:2] == [per_device] * 2
+    assert epochs[1]["device_samples"][2] < per_device
+    assert any(e["device_samples"] == [per_device] * 3 for e in epochs[2:]), epochs
+    assert all(math.isfinite(e["loss"]) for e in epochs)
+    import torch
+    from safetensors.torch import load_file
+
+    for value in load_file(str(out / "model.safetensors")).values():
+        assert torch.isfinite(value).all()
