@@ -138,8 +138,11 @@ class ServerNode:
 
     # -- admission ----------------------------------------------------------------------
 
-    async def serve_link(self, link: Link) -> None:
+    async def serve_link(self, link: Link, *, device_id: int | None = None) -> None:
         """Run one device connection from hello to goodbye (the websocket handler's body).
+
+        ``device_id``: the id the connection authenticated as (from its token); a Hello
+        for any other id is refused.
 
         Raises:
             ProtocolError: the device broke the contract (it was told why).
@@ -156,7 +159,7 @@ class ServerNode:
             hello = None
             problem = f"bad hello: {exc}"
         else:
-            problem = self._check_hello(hello)
+            problem = self._check_hello(hello, device_id)
         if problem:
             log.warning("refused a device: %s", problem)
             with contextlib.suppress(TransportError):
@@ -209,9 +212,11 @@ class ServerNode:
             return False
         return True
 
-    def _check_hello(self, hello: object) -> str:
+    def _check_hello(self, hello: object, authenticated: int | None) -> str:
         if not isinstance(hello, Hello):
             return f"expected Hello, got {type(hello).__name__}"
+        if authenticated is not None and hello.device_id != authenticated:
+            return f"token is for device {authenticated}, not device {hello.device_id}"
         if hello.version != PROTOCOL_VERSION:
             return f"protocol version {hello.version} is not {PROTOCOL_VERSION}"
         if not hello.device_id < self.config.devices:
