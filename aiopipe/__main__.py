@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from aiopipe.api import Server
+from aiopipe.auth import generate_secret, mint_token
 from aiopipe.cli import (
     TABLE_HEADER,
     ArgumentParser,
@@ -45,14 +45,14 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         print(f"aiopipe: {config.mode} | {config.model} on {config.dataset} | "
               f"{config.devices} devices x {config.samples_per_device} samples | "
               f"{config.epochs} epochs | network {config.network}", flush=True)
-        token = secrets.token_urlsafe(24)
-        async with Server(config, host="127.0.0.1", port=args.port, token=token,
+        secret = generate_secret().encode()  # this run's; each device gets its own token
+        async with Server(config, host="127.0.0.1", port=args.port, token_secret=secret,
                           join_timeout=120.0,
                           progress=lambda m: print(epoch_row(m), flush=True)) as server:
-            env = {**os.environ, "AIOPIPE_TOKEN": token}
             devices = [await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "aiopipe.device", "--server", server.url,
-                "--device-id", str(k), env=env) for k in range(config.devices)]
+                "--device-id", str(k), env=_device_env(mint_token(secret, k)))
+                for k in range(config.devices)]
             print(TABLE_HEADER, flush=True)
             training = asyncio.ensure_future(server.run())
             exits = {asyncio.ensure_future(p.wait()): k for k, p in enumerate(devices)}
@@ -78,6 +78,13 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         return 0
 
     run_command(parser.prog, run)
+
+
+def _device_env(token: str) -> dict[str, str]:
+    """The device process's environment: ours, its own token, and not the server secret."""
+    env = {k: v for k, v in os.environ.items() if k != "AIOPIPE_TOKEN_SECRET"}
+    env["AIOPIPE_TOKEN"] = token
+    return env
 
 
 if __name__ == "__main__":

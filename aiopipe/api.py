@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+import ssl as ssl_module
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 
 from aiohttp import web
 from torch import nn
 
+from aiopipe.auth import check_secret
 from aiopipe.clock import Clock, SystemClock, VirtualClock
 from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
 from aiopipe.metrics.results import EpochMetrics, RunResult, write_results
-from aiopipe.runtime.device import DeviceSummary, run_device
+from aiopipe.runtime.device import Connector, DeviceSummary, run_device
 from aiopipe.runtime.http import add_routes
 from aiopipe.runtime.plan import build_model, profile_batch_sizes, train_dataset
 from aiopipe.runtime.server import ServerNode
@@ -98,25 +100,39 @@ class Server:
         config: the run to coordinate.
         host, port: where to listen; ``host=None`` listens nowhere (mount the routes on
             your own app with `add_routes`). Port 0 picks a free port (see `url`).
-        token: devices must send ``Authorization: Bearer <token>``; None admits any.
+        token_secret: device k must send ``Authorization: Bearer <token>`` with
+            ``aiopipe.auth.mint_token(token_secret, k)`` and may then speak only as device
+            k; None admits any connection (keep such a server on loopback).
+        ssl: serve ``wss://`` with this context (see `aiopipe.auth.server_ssl_context`);
+            only when this server listens itself (``host`` given).
         clock: defaults to the system clock.
         join_timeout: seconds to wait for every device.
         progress: called with each finished epoch's metrics.
+
+    Raises:
+        ConfigError: the config cannot run, the secret is shorter than 16 bytes, or
+            ``ssl`` is given without ``host``.
     """
 
     def __init__(self, config: RunConfig, *, host: str | None = "127.0.0.1", port: int = 0,
-                 token: str | None = None, clock: Clock | None = None,
-                 join_timeout: float = 300.0, progress: Progress | None = None) -> None:
+                 token_secret: bytes | None = None, ssl: ssl_module.SSLContext | None = None,
+                 clock: Clock | None = None, join_timeout: float = 300.0,
+                 progress: Progress | None = None) -> None:
+        secret = check_secret(token_secret) if token_secret is not None else None
+        if ssl is not None and not isinstance(ssl, ssl_module.SSLContext):
+            raise ConfigError(f"ssl must be an ssl.SSLContext, got {type(ssl).__name__}")
+        if ssl is not None and host is None:
+            raise ConfigError("ssl needs host: with host=None your own app's site does TLS")
         self.config = config
         self.node = ServerNode(config, clock=clock or SystemClock(), join_timeout=join_timeout,
                                progress=progress)
-        self._host, self._port, self._token = host, port, token
+        self._host, self._port, self._secret, self._ssl = host, port, secret, ssl
         self._runner: web.AppRunner | None = None
         self.url = ""
 
     def add_routes(self, app: web.Application, *, prefix: str = "") -> None:
         """Mount ``{prefix}/ws``, ``{prefix}/status`` and ``{prefix}/metrics`` on ``app``."""
-        add_routes(app, self.node, token=self._token, prefix=prefix,
+        add_routes(app, self.node, token_secret=self._secret, prefix=prefix,
                    downlink=network_spec(self.node.config.network).down
                    if self.node.config.shape_links else None)
 
@@ -126,11 +142,12 @@ class Server:
             self.add_routes(app)
             self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
             await self._runner.setup()
-            site = web.TCPSite(self._runner, self._host, self._port)
+            site = web.TCPSite(self._runner, self._host, self._port, ssl_context=self._ssl)
             await site.start()
             sockets = self._runner.addresses
             port = sockets[0][1] if sockets else self._port
-            self.url = f"ws://{self._host}:{port}/ws"
+            scheme = "ws" if self._ssl is None else "wss"
+            self.url = f"{scheme}://{self._host}:{port}/ws"
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
@@ -153,19 +170,29 @@ class Device:
     """One device as an async context manager that connects to a server's websocket.
 
     Args:
-        server: the server's websocket URL (``ws://host:port/ws``).
+        server: the server's websocket URL (``ws://host:port/ws`` or ``wss://...``).
         device_id: this device's id, 0..K-1.
-        token: sent as ``Authorization: Bearer <token>``.
+        token: this device's token (``python -m aiopipe.auth mint``), sent as
+            ``Authorization: Bearer <token>``.
+        ssl: for a ``wss://`` URL, the context that verifies the server (see
+            `aiopipe.auth.client_ssl_context`); None verifies it against the system's
+            certificate authorities.
         clock: defaults to the system clock.
         model: the user's own model when the server runs a custom one.
+
+    Raises:
+        ConfigError: the URL is not ws:// or wss://, or ``ssl`` is given for ws://.
     """
 
     def __init__(self, server: str, device_id: int, *, token: str | None = None,
-                 clock: Clock | None = None, model: nn.Sequential | None = None,
-                 max_frame_bytes: int = 1 << 30) -> None:
+                 ssl: ssl_module.SSLContext | None = None, clock: Clock | None = None,
+                 model: nn.Sequential | None = None, max_frame_bytes: int = 1 << 30) -> None:
         if not server.startswith(("ws://", "wss://")):
             raise ConfigError(f"server URL must start with ws:// or wss://, got {server!r}")
+        if ssl is not None and not server.startswith("wss://"):
+            raise ConfigError(f"a TLS context needs a wss:// server URL, got {server!r}")
         self.server, self.device_id, self.token = server, device_id, token
+        self.ssl = ssl
         self.clock = clock or SystemClock()
         self.model = model
         self.max_frame_bytes = max_frame_bytes
@@ -173,10 +200,27 @@ class Device:
         self._link: Link | None = None
 
     async def __aenter__(self) -> Device:
-        self._link = await self._stack.enter_async_context(open_websocket_link(
-            self.server, clock=self.clock, token=self.token,
-            max_frame_bytes=self.max_frame_bytes))
+        self._link = await self._stack.enter_async_context(self._open())
         return self
+
+    def _open(self) -> contextlib.AbstractAsyncContextManager[Link]:
+        return open_websocket_link(self.server, clock=self.clock, token=self.token,
+                                   max_frame_bytes=self.max_frame_bytes,
+                                   ssl=self.ssl if self.ssl is not None else True)
+
+    def _connector(self, first: Link) -> Connector:
+        """The link opened on entry first, then new connections (to reconnect)."""
+        unused: list[Link] = [first]
+
+        @contextlib.asynccontextmanager
+        async def connect() -> AsyncIterator[Link]:
+            if unused:
+                yield unused.pop()  # closed by this Device's exit stack
+            else:
+                async with self._open() as link:
+                    yield link
+
+        return connect
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
@@ -191,7 +235,8 @@ class Device:
         """
         if self._link is None:
             raise ConfigError("use `async with Device(...) as device:` before run()")
-        return await run_device(self._link, self.device_id, clock=self.clock, model=self.model,
-                                max_frame_bytes=self.max_frame_bytes, shape_uplink=True)
+        return await run_device(self._connector(self._link), self.device_id, clock=self.clock,
+                                model=self.model, max_frame_bytes=self.max_frame_bytes,
+                                shape_uplink=True)
 
 

@@ -64,6 +64,10 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--parallel-batches", type=_int_list,
                      help="micro-batches per iteration N: an integer or a comma list")
     run.add_argument("--network", help="network preset: 4g, 4g+, wifi or lan")
+    run.add_argument("--device-timeout", type=float,
+                     help="seconds of silence before a device connection is given up, and "
+                          "then seconds it has to reconnect before its round is dropped")
+    run.add_argument("--heartbeat-interval", type=float, help="seconds between heartbeats")
     run.add_argument("--no-shaping", dest="shape_links", action="store_false", default=None,
                      help="do not pace websocket senders at the network's rates (use when "
                           "the network is really shaped, e.g. by tc)")
@@ -78,7 +82,8 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
 
 _OPTION_KEYS = ("mode", "model", "dataset", "devices", "samples_per_device", "batch_size",
                 "epochs", "split_point", "parallel_batches", "network", "device_slowdown",
-                "aggregation_every", "learning_rate", "seed", "out_dir", "shape_links")
+                "aggregation_every", "learning_rate", "seed", "out_dir", "shape_links",
+                "device_timeout", "heartbeat_interval")
 
 
 def config_from_args(args: argparse.Namespace, **defaults: Any) -> RunConfig:

@@ -88,8 +88,10 @@ class RunConfig:
             ``network``.
         heartbeat_interval: seconds between a device's heartbeats.
         device_timeout: seconds of silence (no message at all, heartbeats included)
-            after which the server declares a device lost; it must exceed the time one
-            frame takes on the slowest link.
+            after which a connection is given up, and then seconds a device has to
+            reconnect before the server declares it lost and goes on without its round
+            (so a silent device is lost after 2 x device_timeout, a disconnected one
+            after 1 x). It must exceed the time one frame takes on the slowest link.
 
     Raises:
         ConfigError: a field has an invalid value (the message names the key).

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import os
 from collections.abc import Sequence
 from typing import NoReturn
 
 from aiopipe.api import Server
+from aiopipe.auth import load_secret, server_ssl_context
 from aiopipe.cli import (
     TABLE_HEADER,
     ArgumentParser,
@@ -23,27 +25,44 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Entry point of ``python -m aiopipe.server``."""
     parser = ArgumentParser(
         prog="python -m aiopipe.server",
-        description="Serve devices at ws://HOST:PORT/ws (plus /status and /metrics), "
-                    "train when all have joined, print a per-epoch table, write results.")
+        description="Serve devices at ws://HOST:PORT/ws (wss:// with --tls-cert; plus /status "
+                    "and /metrics), train when all have joined, print a per-epoch table, "
+                    "write results.")
     add_run_options(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8765, help="port (default 8765)")
-    parser.add_argument("--token", default=os.environ.get("AIOPIPE_TOKEN"),
-                        help="devices must present this bearer token (default: $AIOPIPE_TOKEN)")
-    parser.add_argument("--insecure", action="store_true",
-                        help="allow a non-loopback address without a token")
+    security = parser.add_argument_group("security (see README: Security)")
+    security.add_argument("--token-secret", default=os.environ.get("AIOPIPE_TOKEN_SECRET"),
+                          metavar="VALUE|file:PATH",
+                          help="device k must present the token minted for k under this secret "
+                               "(python -m aiopipe.auth mint); default: $AIOPIPE_TOKEN_SECRET")
+    security.add_argument("--tls-cert", metavar="FILE",
+                          help="serve wss:// with this PEM certificate chain (needs --tls-key)")
+    security.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert")
+    security.add_argument("--insecure", action="store_true",
+                          help="allow a non-loopback address without a token secret")
+    # the shared token this option used to take is gone; say so rather than let argparse
+    # read `--token X` as an abbreviation of --token-secret
+    parser.add_argument("--token", dest="shared_token", help=argparse.SUPPRESS)
     parser.add_argument("--join-timeout", type=float, default=300.0,
                         help="seconds to wait for every device (default 300)")
     args = parser.parse_args(argv)
+    if args.shared_token is not None:
+        parser.error("--token is gone: give the server --token-secret and each device its own "
+                     "token from python -m aiopipe.auth mint")
 
     async def run() -> int:
-        if not args.token and not args.insecure and not _is_loopback(args.host):
-            raise ConfigError(f"binding {args.host} without --token needs --insecure")
+        if not args.token_secret and not args.insecure and not _is_loopback(args.host):
+            raise ConfigError(f"binding {args.host} without --token-secret needs --insecure")
+        secret = load_secret(args.token_secret) if args.token_secret else None
+        if (args.tls_cert is None) != (args.tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key go together")
+        tls = server_ssl_context(args.tls_cert, args.tls_key) if args.tls_cert else None
         config = config_from_args(args)
         if not config.out_dir:
             config = config.replace(out_dir="runs/server")
-        async with Server(config, host=args.host, port=args.port, token=args.token,
-                          join_timeout=args.join_timeout,
+        async with Server(config, host=args.host, port=args.port, token_secret=secret,
+                          ssl=tls, join_timeout=args.join_timeout,
                           progress=lambda m: print(epoch_row(m), flush=True)) as server:
             print(f"aiopipe.server: waiting for {config.devices} devices at {server.url}",
                   flush=True)

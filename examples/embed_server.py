@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 from typing import Any
 
 import aiohttp
@@ -26,6 +25,7 @@ import torch
 from aiohttp import web
 
 import aiopipe
+from aiopipe.auth import generate_secret, mint_token
 from aiopipe.runtime.device import DeviceSummary
 
 DEVICES = 2
@@ -86,11 +86,13 @@ async def main() -> None:
         test_samples=500,
         seed=0,
     )
-    token = secrets.token_urlsafe(16)
+    secret = generate_secret().encode()  # each device gets its own token under it
 
     app = web.Application()
     app.router.add_get("/hello", hello)
-    async with aiopipe.Server(config, host=None, token=token, progress=print_epoch) as server:
+    async with aiopipe.Server(
+        config, host=None, token_secret=secret, progress=print_epoch
+    ) as server:
         server.add_routes(app, prefix="/aiopipe")  # before the app starts (it freezes)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
@@ -103,7 +105,7 @@ async def main() -> None:
             )
 
             async def device(k: int) -> DeviceSummary:
-                async with aiopipe.Device(ws_url, k, token=token) as node:
+                async with aiopipe.Device(ws_url, k, token=mint_token(secret, k)) as node:
                     return await node.run()
 
             async with aiohttp.ClientSession() as http, asyncio.TaskGroup() as tasks:

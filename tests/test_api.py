@@ -13,7 +13,8 @@ from types import ModuleType
 import aiopipe
 
 REPO = Path(__file__).resolve().parents[1]
-CLI_MODULES = ("aiopipe.__main__", "aiopipe.server", "aiopipe.device", "aiopipe.cli")
+CLI_MODULES = ("aiopipe.__main__", "aiopipe.server", "aiopipe.device", "aiopipe.cli",
+               "aiopipe.timeline", "aiopipe.auth.__main__")
 
 
 def _public_names() -> set[str]:

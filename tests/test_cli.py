@@ -22,6 +22,8 @@ import pytest
 from aiopipe.config import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
+_SECURITY_VARIABLES = ("AIOPIPE_TOKEN", "AIOPIPE_TOKEN_SECRET")
+SECRET = "cli-test-secret-of-32-characters"
 MAIN, SERVER, DEVICE = "aiopipe", "aiopipe.server", "aiopipe.device"
 
 
@@ -33,7 +35,7 @@ class Outcome:
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "AIOPIPE_TOKEN"}
+    env = {k: v for k, v in os.environ.items() if k not in _SECURITY_VARIABLES}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return env
 
@@ -54,9 +56,10 @@ HELP_CASES: Mapping[str, tuple[str, tuple[str, ...]]] = {
     "main": (MAIN, ("--config", "--mode", "--devices", "--epochs", "--out-dir", "--network")),
     "server": (
         SERVER,
-        ("--config", "--mode", "--devices", "--host", "--port", "--token", "--insecure"),
+        ("--config", "--mode", "--devices", "--host", "--port", "--token-secret", "--tls-cert",
+         "--tls-key", "--insecure"),
     ),
-    "device": (DEVICE, ("--server", "--device-id", "--token")),
+    "device": (DEVICE, ("--server", "--device-id", "--token", "--tls-ca")),
 }
 
 # case id -> (module, arguments, text the one error line must hold). Each runs as a real
@@ -74,7 +77,7 @@ ERROR_CASES: Mapping[str, tuple[str, tuple[str, ...], str]] = {
             ("invalid-toml", ("--config", "invalid.toml"), "invalid.toml"),
         )
     },
-    # Binding beyond loopback needs a token or --insecure. The run config is bad as well,
+    # Binding beyond loopback needs a token secret or --insecure. The run config is bad as well,
     # so a broken check could not start listening: it would fail on the config instead.
     "server-public-host-without-token": (
         SERVER,
@@ -112,10 +115,47 @@ IN_PROCESS_CASES: Mapping[str, tuple[str, tuple[str, ...], str]] = {
         ("--host", "0.0.0.0", "--insecure", "--devices", "0"),
         "'devices'",
     ),
-    "server-public-host-with-token": (
+    "server-public-host-with-secret": (
         SERVER,
-        ("--host", "0.0.0.0", "--token", "s3cret", "--devices", "0"),
+        ("--host", "0.0.0.0", "--token-secret", SECRET, "--devices", "0"),
         "'devices'",
+    ),
+    "server-public-host-with-secret-file": (
+        SERVER,
+        ("--host", "0.0.0.0", "--token-secret", "file:secret.txt", "--devices", "0"),
+        "'devices'",
+    ),
+    # security options are checked before the (bad) run config
+    "server-short-secret": (
+        SERVER,
+        ("--token-secret", "s3cret", "--devices", "0"),
+        "at least 16 are needed",
+    ),
+    "server-missing-secret-file": (
+        SERVER,
+        ("--token-secret", "file:missing.txt", "--devices", "0"),
+        "cannot read token secret file missing.txt",
+    ),
+    "server-shared-token-is-gone": (SERVER, ("--token", SECRET), "--token"),
+    "server-tls-cert-without-key": (
+        SERVER,
+        ("--tls-cert", "cert.pem", "--devices", "0"),
+        "--tls-cert and --tls-key go together",
+    ),
+    "server-tls-missing-files": (
+        SERVER,
+        ("--tls-cert", "missing.pem", "--tls-key", "missing.key", "--devices", "0"),
+        "no such file",
+    ),
+    "device-tls-ca-for-ws": (
+        DEVICE,
+        ("--server", "ws://x/ws", "--device-id", "0", "--tls-ca", "good.toml"),
+        "--tls-ca needs a wss://",
+    ),
+    "device-tls-ca-missing": (
+        DEVICE,
+        ("--server", "wss://x/ws", "--device-id", "0", "--tls-ca", "missing.pem"),
+        "cannot read TLS CA file missing.pem",
     ),
     "device-missing-server": (DEVICE, ("--device-id", "0"), "--server"),
     "device-negative-id": (DEVICE, ("--server", "ws://x/ws", "--device-id", "-1"), "--device-id"),
@@ -134,6 +174,7 @@ def _write_config_files(directory: Path) -> None:
     (directory / "invalid.toml").write_text('mode = "pipar\n')
     (directory / "bad_value.toml").write_text("epochs = 0\n")
     (directory / "good.toml").write_text('mode = "pipar"\n')
+    (directory / "secret.txt").write_text(SECRET + "\n")
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +226,8 @@ def test_bad_arguments_in_process(
     module_name, args, expected = IN_PROCESS_CASES[case]
     _write_config_files(tmp_path)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("AIOPIPE_TOKEN", raising=False)
+    for variable in _SECURITY_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
     module = importlib.import_module(
         f"{module_name}.__main__" if module_name == MAIN else module_name
     )
@@ -199,6 +241,18 @@ def test_bad_arguments_in_process(
     assert "error" in lines[0]
     assert expected in lines[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_server_reads_its_secret_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AIOPIPE_TOKEN_SECRET", "short")
+    server = importlib.import_module(SERVER)
+    with pytest.raises(SystemExit) as info:
+        server.main(["--devices", "0"])
+    assert info.value.code == 2
+    assert "at least 16 are needed" in capsys.readouterr().err
 
 
 # -- the end-to-end run ----------------------------------------------------------------

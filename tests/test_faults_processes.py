@@ -1,5 +1,6 @@
 """Faults between real processes over real websockets (DESIGN §7): a device process is
-SIGKILLed mid-epoch; the run completes without it, and once restarted it rejoins."""
+SIGKILLed mid-epoch; the run completes without it (its round is dropped once it has not
+come back within device_timeout), and once restarted it rejoins."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def test_a_killed_device_process_is_excluded_then_rejoins(tmp_path: Path) -> Non
         server = subprocess.Popen(
             [sys.executable, "-m", "aiopipe.server", "--port", "0", "--devices", "3",
              "--samples-per-device", "400", "--batch-size", "20", "--parallel-batches", "2",
-             "--epochs", "5", "--out-dir", str(out), "--join-timeout", "120"],
+             "--epochs", "5", "--out-dir", str(out), "--join-timeout", "120",
+             "--device-timeout", "3", "--heartbeat-interval", "0.5"],
             env=_env(), stdout=subprocess.PIPE, stderr=stderr, text=True)
     devices: list[subprocess.Popen[str]] = []
     lines: list[str] = []
@@ -62,7 +64,10 @@ def test_a_killed_device_process_is_excluded_then_rejoins(tmp_path: Path) -> Non
                 break
         devices[2].send_signal(signal.SIGKILL)
         devices[2].wait(timeout=30)
-        time.sleep(0.5)
+        deadline = time.monotonic() + 60
+        while "device 2 was lost" not in logs.read_text():  # the server gave up on it
+            assert time.monotonic() < deadline, logs.read_text()
+            time.sleep(0.1)
         devices.append(_device(url, 2, logs))  # restarted with the same id
         reader = threading.Thread(target=lambda: lines.extend(server.stdout or ()))
         reader.start()

@@ -16,9 +16,14 @@ The data never leaves the device: only activations, labels and model halves do.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TypeAlias, cast
 
 import numpy as np
 import torch
@@ -28,7 +33,7 @@ from aiopipe import data as datasets
 from aiopipe import models
 from aiopipe.clock import Clock, SystemClock
 from aiopipe.config import RunConfig
-from aiopipe.errors import RemoteProtocolError, TrainingError
+from aiopipe.errors import LinkBrokenError, RemoteProtocolError, TrainingError, TransportError
 from aiopipe.metrics.trace import Recorder
 from aiopipe.protocol import (
     PROTOCOL_VERSION,
@@ -55,7 +60,9 @@ from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.schedule import pipar_order
 from aiopipe.transport import Link, WebSocketLink, network_spec
 
-__all__ = ["DeviceSummary", "run_device"]
+__all__ = ["Connector", "DeviceSummary", "run_device"]
+
+log = logging.getLogger("aiopipe.device")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,15 +75,21 @@ class DeviceSummary:
     reason: str
 
 
-async def run_device(link: Link, device_id: int, *, clock: Clock | None = None,
+#: Opens a new link to the server (an async context manager that closes it).
+Connector: TypeAlias = Callable[[], AbstractAsyncContextManager[Link]]
+
+
+async def run_device(server: Link | Connector, device_id: int, *, clock: Clock | None = None,
                      cost_table: CostTable | None = None, clock_offset: float | None = None,
                      model: nn.Sequential | None = None,
                      max_frame_bytes: int | None = None,
                      shape_uplink: bool = False) -> DeviceSummary:
-    """Run device ``device_id`` over an open link until the server says Bye.
+    """Run device ``device_id`` until the server says Bye.
 
     Args:
-        link: connected to the server.
+        server: an open link to the server, or a connector (a callable returning an async
+            context manager that opens a new link) so that the device can reconnect
+            with backoff when a link breaks or goes silent ([Note: reconnection]).
         device_id: this device's id, 0..K-1.
         clock: defaults to the system clock.
         cost_table: charge compute from this table (virtual-time simulation).
@@ -88,10 +101,11 @@ async def run_device(link: Link, device_id: int, *, clock: Clock | None = None,
             shaping, to emulate a slow link on one machine).
 
     Raises:
-        TrainingError: the server refused us or the conversation broke down.
-        TransportError: the link failed.
+        TrainingError: the server refused us, the conversation broke down, or the device
+            could not reconnect.
+        TransportError: the link failed and there is no connector to reconnect with.
     """
-    node = _DeviceNode(link, device_id, clock or SystemClock(), cost_table, clock_offset, model,
+    node = _DeviceNode(server, device_id, clock or SystemClock(), cost_table, clock_offset, model,
                        max_frame_bytes)
     node.shape_uplink = shape_uplink
     try:
@@ -101,7 +115,8 @@ async def run_device(link: Link, device_id: int, *, clock: Clock | None = None,
 
 
 class _DeviceNode:
-    def __init__(self, link: Link, device_id: int, clock: Clock, cost_table: CostTable | None,
+    def __init__(self, server: Link | Connector, device_id: int, clock: Clock,
+                 cost_table: CostTable | None,
                  clock_offset: float | None, model: nn.Sequential | None,
                  max_frame_bytes: int | None) -> None:
         self.device_id = device_id
@@ -113,15 +128,52 @@ class _DeviceNode:
         self.recorder = Recorder()
         self.compute = Compute(clock, self.recorder, f"device{device_id}/compute",
                                charge_costs=cost_table is not None)
+        self.connector: Connector | None = None
+        if hasattr(server, "receive"):
+            link = cast(Link, server)
+        else:
+            self.connector, link = server, cast(Link, None)
         self.peer = Peer(link, clock, self.recorder, f"device{device_id}/uplink",
                          max_frame_bytes=max_frame_bytes)
         self.control: asyncio.Queue[RoundStart | Bye] = asyncio.Queue()
         self.pending: dict[tuple[int, int, int], asyncio.Future[Gradient]] = {}
+        self.sent_activations: dict[tuple[int, int, int], Activation] = {}
+        self.round = -1  # the round being worked on (or last finished)
+        self.last_round_received = -1
+        self.in_round = False
+        self.unacked: list[RoundResult | RoundReport] = []  # until the next RoundStart
+        self.result_sent = asyncio.Event()
+        self.last_heard = clock.now()
+        self.random = random.Random(device_id)
 
     async def run(self) -> DeviceSummary:
+        async with contextlib.AsyncExitStack() as links:
+            self.plan = await self._connect(links)
+            self.config = self._run_config(self.plan)  # cheap: heartbeats need it
+            self._shape_uplink()
+            try:
+                async with asyncio.TaskGroup() as tasks:
+                    training = tasks.create_task(self._train_loop())
+                    while True:
+                        try:
+                            await self._serve_link(training)
+                            break
+                        except TransportError as exc:
+                            if self.connector is None:
+                                raise
+                            await links.aclose()
+                            await self._reconnect(links, exc)
+            except BaseExceptionGroup as group:
+                raise first_error(group) from None
+            return training.result()
+
+    async def _handshake(self) -> Plan:
         start = self.clock.now()
         await self.peer.send(Hello(PROTOCOL_VERSION, self.device_id))
         plan = await self.peer.receive()
+        if isinstance(plan, ErrorMessage) and plan.code == "busy" and self.connector:
+            # our old connection is still open on the server side: try again shortly
+            raise LinkBrokenError(f"server busy: {plan.message}")
         if isinstance(plan, ErrorMessage):
             raise TrainingError(f"server refused device {self.device_id}: {plan.message}")
         if not isinstance(plan, Plan) or plan.device_id != self.device_id:
@@ -129,29 +181,97 @@ class _DeviceNode:
                                       f"got {type(plan).__name__}")
         if self.clock_offset is None:
             self.clock_offset = plan.server_time - (start + self.clock.now()) / 2
-        await self.compute.call(lambda: self._set_up(plan))
+        self.last_heard = self.clock.now()
+        return plan
+
+    async def _serve_link(self, training: asyncio.Task[DeviceSummary]) -> None:
+        """Move messages over the current link until training ends or the link fails."""
         try:
             async with asyncio.TaskGroup() as tasks:
-                tasks.create_task(self.peer.send_loop())
+                sender = tasks.create_task(self.peer.send_loop())
                 receiver = tasks.create_task(self._receive_loop())
-                heartbeat = tasks.create_task(self._heartbeat_loop())
-                summary = await self._train_loop()
-                self.peer.finish()
-                receiver.cancel()
-                heartbeat.cancel()
+                link_tasks = [receiver, tasks.create_task(self._heartbeat_loop()),
+                              tasks.create_task(self._watchdog())]
+                await asyncio.wait([training, *link_tasks],
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if receiver.done() and not receiver.cancelled() and not receiver.exception():
+                    await asyncio.wait([training])  # Bye arrived: training ends now
+                if training.done():
+                    self.peer.finish()  # the send loop ends after the last queued message
+                    for task in link_tasks:
+                        task.cancel()
+                else:
+                    sender.cancel()
         except BaseExceptionGroup as group:
             raise first_error(group) from None
-        return summary
 
-    def _set_up(self, plan: Plan) -> None:
+    async def _connect(self, links: contextlib.AsyncExitStack, *,
+                       patience: float = 60.0, first_delay: float = 0.0) -> Plan:
+        """Connect and say hello, retrying with exponential backoff and jitter while the
+        server is unreachable or still holds our previous connection.
+
+        Raises:
+            TrainingError: no connection within ``patience`` seconds, or refused.
+            TransportError: the link failed and there is no connector to retry with.
+        """
+        if self.connector is None:
+            return await self._handshake()
+        deadline = self.clock.now() + patience
+        delay = 0.2
+        await self.clock.sleep(first_delay)
+        while True:
+            try:
+                self.peer.link = await links.enter_async_context(self.connector())
+                return await self._handshake()
+            except TransportError as exc:
+                await links.aclose()
+                if self.clock.now() >= deadline:
+                    raise TrainingError(f"device {self.device_id} could not connect within "
+                                        f"{patience:g} s: {exc}") from None
+                log.info("device %d: %s; retrying", self.device_id, exc)
+            await self.clock.sleep(delay * (0.5 + self.random.random()))
+            delay = min(delay * 2, 5.0)
+
+    async def _reconnect(self, links: contextlib.AsyncExitStack, cause: Exception) -> None:
+        """Reconnect ([Note: reconnection]) and re-send what may have been lost.
+
+        Raises:
+            TrainingError: no connection within 5 x device_timeout, or refused.
+        """
+        log.warning("device %d: %s; reconnecting", self.device_id, cause)
+        await self._connect(links, patience=5 * self.config.device_timeout,
+                            first_delay=0.1 * self.random.random())
+        self._shape_uplink()
+        self.peer.clear()  # re-post in order what may not have arrived, once
+        for key, activation in self.sent_activations.items():
+            if key in self.pending:
+                self.peer.post(activation, "u", epoch=key[0], iteration=key[1],
+                               micro_batch=key[2])
+        for message in self.unacked:
+            self._post_round_message(message)
+
+    async def _watchdog(self) -> None:
+        """The server sends heartbeats: silence for device_timeout means a dead link."""
+        timeout = self.config.device_timeout
+        while True:
+            silent = self.clock.now() - self.last_heard
+            if silent >= timeout * (1 - 1e-9):
+                raise LinkBrokenError(f"the server was silent for {silent:.1f} s")
+            await self.clock.sleep(timeout - silent)
+
+    def _run_config(self, plan: Plan) -> RunConfig:
         run = dict(plan.run)
-        config = RunConfig.from_mapping(run) if run.get("model") != "custom" else (
-            RunConfig.from_mapping({**run, "model": "vgg5"}).replace(model=self.custom_model))
-        if config.model is None:
+        if run.get("model") != "custom":
+            return RunConfig.from_mapping(run)
+        if self.custom_model is None:
             raise TrainingError("the server runs a custom model; pass model= to the device")
+        return RunConfig.from_mapping({**run, "model": "vgg5"}).replace(model=self.custom_model)
+
+    def _set_up(self) -> None:
+        """Build the model half, the optimizer and the local data (in the compute thread,
+        while the link loops already answer heartbeats)."""
+        config, plan = self.config, self.plan
         torch.set_num_threads(config.torch_threads)
-        self.config = config
-        self.plan = plan
         self.dataset = train_dataset(config)
         self.indices = device_indices(config, self.dataset, self.device_id)
         whole = build_model(config, num_classes=self.dataset.num_classes,
@@ -162,36 +282,55 @@ class _DeviceNode:
                                          momentum=config.momentum)
         self.compute.slowdown = config.device_slowdown_of(self.device_id)
         self.schedule = pipar_order(plan.parallel_batches)
-        if (self.shape_uplink and config.shape_links
+
+    def _shape_uplink(self) -> None:
+        """Pace a websocket uplink at the network's rate (sender-side shaping)."""
+        if (self.shape_uplink and self.config.shape_links
                 and isinstance(self.peer.link, WebSocketLink)):
-            self.peer.link.reshape(network_spec(config.network).up)
+            self.peer.link.reshape(network_spec(self.config.network).up)
 
     # -- loops ---------------------------------------------------------------------
 
     async def _receive_loop(self) -> None:
         while True:
             message = await self.peer.receive()
+            self.last_heard = self.clock.now()
             if isinstance(message, Gradient):
                 key = (message.epoch, message.iteration, message.micro_batch)
                 future = self.pending.pop(key, None)
-                if future is None or future.done():
-                    raise RemoteProtocolError(f"unexpected gradient for epoch {key[0]}, "
-                                              f"iteration {key[1]}, micro-batch {key[2]}")
-                future.set_result(message)
-            elif isinstance(message, RoundStart | Bye):
+                if future is not None and not future.done():
+                    future.set_result(message)
+                # else: a gradient sent again after a reconnection; we have it already
+            elif isinstance(message, RoundStart):
+                if message.round <= self.last_round_received:
+                    continue  # sent again after a reconnection: we have it already
+                self.last_round_received = message.round
+                if self.in_round:  # the server gave up on our round: drop it
+                    self._abandon(_RoundAbandoned(f"round {self.round} was abandoned"))
                 self.control.put_nowait(message)
-                if isinstance(message, Bye):
-                    # the server may end the run mid-round (it failed): stop waiting
-                    for future in self.pending.values():
-                        if not future.done():
-                            future.set_exception(TrainingError(
-                                f"the server ended the run: {message.reason}"))
-                    self.pending.clear()
-                    return
+            elif isinstance(message, Bye):
+                self.control.put_nowait(message)
+                # the server may end the run mid-round (it failed): stop waiting
+                self._abandon(TrainingError(f"the server ended the run: {message.reason}"))
+                return
             elif isinstance(message, ErrorMessage):
                 raise TrainingError(f"server error {message.code}: {message.message}")
             elif not isinstance(message, Heartbeat):
                 raise RemoteProtocolError(f"a device does not accept {type(message).__name__}")
+
+    def _abandon(self, reason: Exception) -> None:
+        for future in self.pending.values():
+            if not future.done():
+                future.set_exception(reason)
+        self.pending.clear()
+        self.sent_activations.clear()
+
+    def _post_round_message(self, message: RoundResult | RoundReport) -> None:
+        if isinstance(message, RoundResult):
+            sent = self.peer.post(message, "m", epoch=self.epoch)
+            sent.add_done_callback(lambda _: self.result_sent.set())
+        else:
+            self.peer.post(message, "report", epoch=self.epoch)
 
     async def _heartbeat_loop(self) -> None:
         """Tell the server we are alive, between (never inside) other frames."""
@@ -202,36 +341,61 @@ class _DeviceNode:
             await self.peer.send(Heartbeat(seq))
 
     async def _train_loop(self) -> DeviceSummary:
+        await self.compute.call(self._set_up)
         rounds = samples = 0
         while True:
             message = await self.control.get()
+            self.unacked.clear()  # the next round (or goodbye) acknowledges the last
             if isinstance(message, Bye):
                 return DeviceSummary(self.device_id, rounds, samples, message.reason)
-            mark = len(self.recorder.slices)
-            state = state_from_wire(message.tensors)
-            await self.compute.call(partial(self.half.load_state_dict, state))
-            order = datasets.epoch_order(self.indices, epoch=message.epoch, seed=self.config.seed)
-            totals = np.zeros(3)  # samples, loss_sum, correct
-            for iteration in range(message.first_iteration,
-                                   message.first_iteration + message.iterations):
-                if self.config.mode == "fl":
-                    totals += await self._fl_iteration(order, message.epoch, iteration)
-                else:
-                    await self._split_iteration(order, message.epoch, iteration)
-                    totals[0] += self.plan.micro_batch_size * self.plan.parallel_batches
+            self.round, self.epoch, self.in_round = message.round, message.epoch, True
+            try:
+                done = await self._run_round(message)
+            except _RoundAbandoned:
+                log.warning("device %d: round %d was dropped by the server", self.device_id,
+                            message.round)
+                continue
+            finally:
+                self.in_round = False
             rounds += 1
-            samples += int(totals[0])
-            weights = await self.compute.call(
-                lambda: state_to_wire({k: v.detach().clone()
-                                       for k, v in self.half.state_dict().items()}))
-            await self.peer.post(RoundResult(message.round, int(totals[0]), float(totals[1]),
-                                             int(totals[2]), weights), "m", epoch=message.epoch)
-            # the report follows the weights so that it can include their upload
-            offset = self.clock_offset or 0.0
-            report: dict[str, Any] = {
-                "slices": [s.shifted(offset).to_list() for s in self.recorder.take(mark)],
-            }
-            self.peer.post(RoundReport(message.round, report), "report", epoch=message.epoch)
+            samples += done
+
+    async def _run_round(self, message: RoundStart) -> int:
+        """Train the round's iterations, upload the weights, then the report; samples."""
+        mark = len(self.recorder.slices)
+        state = state_from_wire(message.tensors)
+
+        def load() -> None:
+            self.half.load_state_dict(state)
+            self.optimizer.zero_grad(set_to_none=True)
+
+        await self.compute.call(load)
+        order = datasets.epoch_order(self.indices, epoch=message.epoch, seed=self.config.seed)
+        totals = np.zeros(3)  # samples, loss_sum, correct
+        for iteration in range(message.first_iteration,
+                               message.first_iteration + message.iterations):
+            if self.config.mode == "fl":
+                totals += await self._fl_iteration(order, message.epoch, iteration)
+            else:
+                await self._split_iteration(order, message.epoch, iteration)
+                totals[0] += self.plan.micro_batch_size * self.plan.parallel_batches
+        weights = await self.compute.call(
+            lambda: state_to_wire({k: v.detach().clone()
+                                   for k, v in self.half.state_dict().items()}))
+        result = RoundResult(message.round, int(totals[0]), float(totals[1]), int(totals[2]),
+                             weights)
+        self.unacked = [result]
+        self.result_sent.clear()
+        self._post_round_message(result)
+        await self.result_sent.wait()
+        # the report follows the weights so that it can include their upload
+        offset = self.clock_offset or 0.0
+        report = RoundReport(message.round, {
+            "slices": [s.shifted(offset).to_list() for s in self.recorder.take(mark)],
+        })
+        self.unacked.append(report)
+        self._post_round_message(report)
+        return int(totals[0])
 
     async def _split_iteration(self, order: np.ndarray, epoch: int, iteration: int) -> None:
         """Run the plan's schedule for one iteration (see `aiopipe.scheduler.schedule`)."""
@@ -251,9 +415,10 @@ class _DeviceNode:
                     epoch=epoch, iteration=iteration, micro_batch=n)
                 outputs[n] = out
                 waiting[n] = self.pending[(epoch, iteration, n)] = loop.create_future()
-                self.peer.post(Activation(epoch, iteration, n, to_tensor_data(out.detach()),
-                                          to_tensor_data(y)), "u",
-                               epoch=epoch, iteration=iteration, micro_batch=n)
+                activation = Activation(epoch, iteration, n, to_tensor_data(out.detach()),
+                                        to_tensor_data(y))
+                self.sent_activations[(epoch, iteration, n)] = activation
+                self.peer.post(activation, "u", epoch=epoch, iteration=iteration, micro_batch=n)
             elif action.kind == "B":
                 grad = to_torch((await waiting.pop(n)).tensor)
                 out = outputs.pop(n)
@@ -269,6 +434,7 @@ class _DeviceNode:
                 await self.compute.run("step", self._step,
                                        cost=costs.step_time(0, p) if costs else None,
                                        epoch=epoch, iteration=iteration)
+        self.sent_activations.clear()  # every gradient of the iteration has arrived
 
     def _forward(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         x, y = self.dataset.batch(indices)
@@ -303,6 +469,10 @@ class _DeviceNode:
             cost=costs.backward_time(0, q, batch) + costs.step_time(0, q) if costs else None,
             epoch=epoch, iteration=iteration)
         return np.array([len(batch_indices), loss_sum, correct], dtype=np.float64)
+
+
+class _RoundAbandoned(Exception):
+    """The server went on without this device's round (it came back too late)."""
 
 
 def _backward(output: torch.Tensor, gradient: torch.Tensor) -> None:

@@ -1,20 +1,24 @@
 """The server's aiohttp routes: the device websocket, ``/status`` and ``/metrics``.
 
-``GET {prefix}/ws`` admits a device (``Authorization: Bearer <token>`` when the server
-has a token), ``GET {prefix}/status`` answers JSON about the run, ``GET {prefix}/metrics``
-answers Prometheus text. `add_routes` mounts them on any aiohttp application, so an
-existing service can host an aiopipe server next to its own routes.
+``GET {prefix}/ws`` admits a device, ``GET {prefix}/status`` answers JSON about the run,
+``GET {prefix}/metrics`` answers Prometheus text. `add_routes` mounts them on any aiohttp
+application, so an existing service can host an aiopipe server next to its own routes.
+
+With a token secret, ``/ws`` wants ``Authorization: Bearer <token>`` minted for one device
+(`aiopipe.auth`); a missing or invalid token gets HTTP 401 with a one-line reason before
+any upgrade, and the connection it admits may only say hello as that token's device.
+Without a secret every connection is admitted (bind loopback only, or say --insecure).
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 
 import orjson
 from aiohttp import web
 
-from aiopipe.errors import AiopipeError, RemoteProtocolError
+from aiopipe.auth import authenticate_bearer, check_secret
+from aiopipe.errors import AiopipeError, AuthenticationError, RemoteProtocolError
 from aiopipe.runtime.server import ServerNode
 from aiopipe.transport import LinkSpec, accept_websocket
 
@@ -23,22 +27,34 @@ __all__ = ["add_routes"]
 log = logging.getLogger("aiopipe.server")
 
 
-def add_routes(app: web.Application, node: ServerNode, *, token: str | None = None,
+def add_routes(app: web.Application, node: ServerNode, *, token_secret: bytes | None = None,
                prefix: str = "", downlink: LinkSpec | None = None) -> None:
-    """Mount the device websocket and the status routes of ``node`` on ``app``."""
+    """Mount the device websocket and the status routes of ``node`` on ``app``.
+
+    ``token_secret``: devices must present a token minted under it (None: no
+    authentication).
+
+    Raises:
+        ConfigError: the secret is shorter than `aiopipe.auth.MIN_SECRET_BYTES`.
+    """
+    secret = check_secret(token_secret) if token_secret is not None else None
 
     async def websocket(request: web.Request) -> web.StreamResponse:
-        if token is not None:
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                raise web.HTTPUnauthorized(text="missing or wrong device token\n")
+        device_id: int | None = None
+        if secret is not None:
+            try:
+                device_id = authenticate_bearer(request.headers.get("Authorization"), secret)
+            except AuthenticationError as exc:
+                log.warning("refused a connection from %s: %s", request.remote, exc)
+                raise web.HTTPUnauthorized(text=f"{exc}\n",
+                                           headers={"WWW-Authenticate": "Bearer"}) from None
         try:
             link = await accept_websocket(request, clock=node.clock,
                                           max_frame_bytes=node.max_frame_bytes, shaping=downlink)
         except RemoteProtocolError as exc:
             raise web.HTTPBadRequest(text=f"{exc}\n") from None
         try:
-            await node.serve_link(link)
+            await node.serve_link(link, device_id=device_id)
         except AiopipeError as exc:
             log.warning("device connection from %s ended: %s", request.remote, exc)
         finally:

@@ -30,7 +30,13 @@ class _Posted:
 
 
 class Peer:
-    """Messages over one link; a send queue drained by `send_loop`."""
+    """Messages over a link; a send queue drained by `send_loop`.
+
+    The queue outlives a link: after a reconnection, set `link` to the new one and start
+    a new send loop; what was still queued goes out on it. The message being sent when a
+    link broke is lost; the protocol re-sends what matters (see the session's
+    [Note: reconnection]).
+    """
 
     def __init__(self, link: Link, clock: Clock, recorder: Recorder, track: str, *,
                  max_frame_bytes: int | None) -> None:
@@ -63,11 +69,16 @@ class Peer:
         """Queue a message for the send loop; the slice ``name`` records its transfer.
 
         Returns a future that resolves once the message has been sent (awaiting it is
-        optional; it is cancelled if the send loop stops first).
+        optional; it stays pending if the send failed).
         """
         sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(_Posted(message, name, epoch, iteration, micro_batch, sent))
         return sent
+
+    def clear(self) -> None:
+        """Drop everything still queued (before re-posting it after a reconnection)."""
+        while not self._queue.empty():
+            self._queue.get_nowait()
 
     def finish(self) -> None:
         """Let the send loop end after what is already queued."""
@@ -79,17 +90,12 @@ class Peer:
         Raises:
             TransportError: the link is closed or broken.
         """
-        try:
-            while (item := await self._queue.get()) is not None:
-                frame = encode(item.message)
-                start = self._clock.now()
-                await self.link.send(frame)
-                self._recorder.add(self.track, item.name, start, self._clock.now(),
-                                   epoch=item.epoch, iteration=item.iteration,
-                                   micro_batch=item.micro_batch)
+        while (item := await self._queue.get()) is not None:
+            frame = encode(item.message)
+            start = self._clock.now()
+            await self.link.send(frame)  # a failed send loses this item: see the class
+            self._recorder.add(self.track, item.name, start, self._clock.now(),
+                               epoch=item.epoch, iteration=item.iteration,
+                               micro_batch=item.micro_batch)
+            if not item.sent.done():
                 item.sent.set_result(None)
-        finally:
-            while not self._queue.empty():
-                left = self._queue.get_nowait()
-                if left is not None:
-                    left.sent.cancel()

@@ -162,37 +162,68 @@ class ServerNode:
             problem = self._check_hello(hello, device_id)
         if problem:
             log.warning("refused a device: %s", problem)
+            code = "busy" if problem.endswith("already connected") else "refused"
             with contextlib.suppress(TransportError):
-                await peer.send(ErrorMessage("refused", problem))
+                await peer.send(ErrorMessage(code, problem))
             await link.aclose()
             raise RemoteProtocolError(problem)
         assert isinstance(hello, Hello)
         k = hello.device_id
+        session = self.sessions.get(k)
+        resumed = session is not None and not session.ended
+        if session is not None and resumed:
+            await self._supersede(session)
+        else:
+            plan = self.plans[k]
+            session = DeviceSession(
+                self, Peer(link, self.clock, self.recorder, f"device{k}/downlink",
+                           max_frame_bytes=self.max_frame_bytes),
+                plan, self.activation_shapes[plan.split_point - 1])
+            self.sessions[k] = session
         plan = self.plans[k]
-        peer.track = f"device{k}/downlink"
-        session = DeviceSession(self, peer, plan, self.activation_shapes[plan.split_point - 1])
-        self.sessions[k] = session
         await peer.send(Plan(k, self.config.mode, plan.split_point, plan.parallel_batches,
                              plan.micro_batch_size, self.config.to_mapping(),
                              server_time=self.clock.now()))
+        session.attach(link, resumed=resumed)
         if len(self.sessions) == self.config.devices:
             self.joined.set()
         self.connected.add(k)
         self._arrived.set()
-        reason = "it disconnected"
         try:
             await session.serve()
-        except (AiopipeError, OSError) as exc:
-            reason = str(exc)
-            raise
-        finally:
-            session.ended = True
+        except TransportError as exc:
+            # [Note: reconnection] wait for the device to come back before giving up
             self.connected.discard(k)
             self._left.set()
-            if session.result is not None and not session.result.done():
-                session.result.set_exception(DeviceLostError(f"device {k} was lost: {reason}"))
-            if not session.closing:
-                log.warning("device %d was lost: %s", k, reason)
+            log.warning("device %d: %s; waiting %g s for it to reconnect", k, exc,
+                        self.config.device_timeout)
+            if await session.wait_reattached(self.config.device_timeout):
+                return  # the new connection's serve_link carries on
+            session.end(f"{exc}, and it did not reconnect within "
+                        f"{self.config.device_timeout:g} s")
+            log.warning("device %d was lost", k)
+            raise
+        except (AiopipeError, OSError) as exc:
+            session.end(str(exc))
+            log.warning("device %d was lost: %s", k, exc)
+            raise
+        else:
+            session.end("it said goodbye")
+        finally:
+            if self.sessions.get(k) is session and session.ended:
+                self.connected.discard(k)
+                self._left.set()
+
+    async def _supersede(self, session: DeviceSession) -> None:
+        """A device (authenticated as itself) said hello again: retire its old connection,
+        which may still look alive (a stalled link)."""
+        if not session.idle.is_set():
+            await session.peer.link.aclose("superseded by a new connection")
+            try:
+                await wait_for(self.clock, session.idle.wait(), 30.0)
+            except TimeoutError:
+                raise RemoteProtocolError(f"device {session.device_id}'s old connection "
+                                          "did not close") from None
 
     async def wait_disconnected(self, seconds: float) -> bool:
         """Wait up to ``seconds`` until every device connection has closed (after Bye).
@@ -217,12 +248,14 @@ class ServerNode:
             return f"expected Hello, got {type(hello).__name__}"
         if authenticated is not None and hello.device_id != authenticated:
             return f"token is for device {authenticated}, not device {hello.device_id}"
+        session = self.sessions.get(hello.device_id)
+        if authenticated is None and session is not None and not session.idle.is_set():
+            # only a connection authenticated as this device may take over a live one
+            return f"device id {hello.device_id} is already connected"
         if hello.version != PROTOCOL_VERSION:
             return f"protocol version {hello.version} is not {PROTOCOL_VERSION}"
         if not hello.device_id < self.config.devices:
             return f"device id {hello.device_id} is not in 0..{self.config.devices - 1}"
-        if hello.device_id in self.connected:
-            return f"device id {hello.device_id} is already connected"
         return ""
 
     def device_half_keys(self, device_id: int) -> set[str]:
@@ -319,17 +352,21 @@ class ServerNode:
         )
 
     async def _participants(self) -> list[int]:
-        """Devices connected now; if none, wait (join_timeout) for one to come back.
+        """Devices taking part (connected, or reconnecting within device_timeout); if none,
+        wait (join_timeout) for one to come back.
 
         Raises:
             TrainingError: every device was lost and none returned in time.
         """
-        if not self.connected:
+        def alive() -> list[int]:
+            return sorted(k for k, s in self.sessions.items() if not s.ended)
+
+        if not alive():
             log.warning("every device was lost; waiting up to %g s for one to rejoin",
                         self.join_timeout)
 
             async def someone() -> None:
-                while not self.connected:
+                while not alive():
                     self._arrived.clear()
                     await self._arrived.wait()
 
@@ -338,7 +375,7 @@ class ServerNode:
             except TimeoutError:
                 raise TrainingError(f"every device was lost and none rejoined within "
                                     f"{self.join_timeout:g} s") from None
-        return sorted(self.connected)
+        return alive()
 
     async def _round(self, k: int, round_no: int, epoch: int, first: int,
                      iterations: int) -> RoundResult | None:

@@ -383,6 +383,8 @@ async def open_websocket_link(
             raise LinkBrokenError(
                 f"cannot open a websocket to {url}: HTTP {exc.status} {exc.message}"
             ) from exc
+        except aiohttp.ClientSSLError as exc:  # before ValueError: a certificate error is one
+            raise LinkBrokenError(f"cannot connect to {url}: TLS failed: {exc}") from exc
         except (aiohttp.InvalidURL, aiohttp.NonHttpUrlClientError, ValueError) as exc:
             raise ConfigError(f"invalid websocket URL {url!r}: {exc}") from exc
         except TimeoutError as exc:

@@ -1,0 +1,337 @@
+"""Device tokens, secrets and TLS contexts (`aiopipe.auth`), and ``python -m aiopipe.auth``.
+
+Pure functions, no event loop; the websocket handshake is in
+tests/runtime/test_runtime_auth.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import ssl
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aiopipe.auth import (
+    MIN_SECRET_BYTES,
+    authenticate_bearer,
+    check_secret,
+    client_ssl_context,
+    generate_secret,
+    load_secret,
+    mint_token,
+    server_ssl_context,
+    verify_token,
+)
+from aiopipe.auth.__main__ import main as auth_main
+from aiopipe.errors import AuthenticationError, ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+SECRET = b"0123456789abcdef-test-secret"
+OTHER = b"fedcba9876543210-other-secret"
+TOKEN_SHAPE = re.compile(r"v1\.(0|[1-9][0-9]*)\.[A-Za-z0-9_-]{43}")
+
+
+# -- tokens ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device_id", [0, 1, 7, 12345, 9_999_999_999])
+def test_a_minted_token_verifies_as_its_device(device_id: int) -> None:
+    token = mint_token(SECRET, device_id)
+    assert TOKEN_SHAPE.fullmatch(token), token
+    assert token.split(".")[1] == str(device_id)
+    assert verify_token(SECRET, token) == device_id
+    assert mint_token(SECRET, device_id) == token  # deterministic: nothing to store
+
+
+def test_tokens_differ_per_device_and_per_secret() -> None:
+    tokens = {mint_token(s, k) for s in (SECRET, OTHER) for k in range(4)}
+    assert len(tokens) == 8
+
+
+def test_the_mac_is_hmac_sha256_of_the_domain_and_id() -> None:
+    import hashlib
+    import hmac
+
+    digest = hmac.new(SECRET, b"aiopipe-device:3", hashlib.sha256).digest()
+    mac = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+    assert mint_token(SECRET, 3) == f"v1.3.{mac}"
+
+
+def _flip(text: str, i: int) -> str:
+    return text[:i] + ("A" if text[i] != "A" else "B") + text[i + 1 :]
+
+
+def _refusal(secret: bytes, token: str) -> str:
+    with pytest.raises(AuthenticationError) as info:
+        verify_token(secret, token)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_another_secrets_token_is_refused_as_a_bad_mac() -> None:
+    assert "bad mac" in _refusal(SECRET, mint_token(OTHER, 1))
+
+
+def test_a_token_for_one_device_cannot_be_relabelled_for_another() -> None:
+    _, _, mac = mint_token(SECRET, 1).split(".")
+    message = _refusal(SECRET, f"v1.0.{mac}")
+    assert "token for device 0 has a bad mac" in message
+
+
+@pytest.mark.parametrize("position", [0, 21, 42])
+def test_an_altered_mac_is_refused(position: int) -> None:
+    version, device, mac = mint_token(SECRET, 2).split(".")
+    assert "bad mac" in _refusal(SECRET, f"{version}.{device}.{_flip(mac, position)}")
+
+
+@pytest.mark.parametrize(
+    ("token", "reason"),
+    [
+        ("", "malformed token"),
+        ("just-a-password", "malformed token"),
+        ("v1.0", "malformed token"),
+        ("v1.0.x.y", "malformed token"),
+        ("v2.0." + "A" * 43, "token version v2 is not v1"),
+        ("V1.0." + "A" * 43, "token version unknown is not v1"),
+        ("v1.-1." + "A" * 43, "not a plain decimal"),
+        ("v1.01." + "A" * 43, "not a plain decimal"),
+        ("v1.+1." + "A" * 43, "not a plain decimal"),
+        ("v1.\u0661." + "A" * 43, "not a plain decimal"),  # an Arabic-Indic digit one
+        ("v1.99999999999." + "A" * 43, "not a plain decimal"),
+        ("v1.0." + "A" * 42, "43 base64url characters"),
+        ("v1.0." + "A" * 43 + "=", "43 base64url characters"),
+        ("v1.0." + "+" * 43, "43 base64url characters"),
+        ("v1.0." + "\u00e9" * 43, "43 base64url characters"),
+    ],
+)
+def test_malformed_tokens_are_refused_with_the_reason(token: str, reason: str) -> None:
+    message = _refusal(SECRET, token)
+    assert reason in message
+    if len(token) > 10:
+        assert token not in message  # never echo what was presented
+
+
+def test_a_token_reason_never_quotes_the_token() -> None:
+    token = mint_token(OTHER, 4)
+    assert token not in _refusal(SECRET, token)
+
+
+@pytest.mark.parametrize("device_id", [-1, True, 1.0, "1", 10**10])
+def test_mint_refuses_a_bad_device_id(device_id: object) -> None:
+    with pytest.raises(ConfigError, match="device id"):
+        mint_token(SECRET, device_id)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("header", "reason"),
+    [
+        (None, "no device token"),
+        ("", "no device token"),
+        ("Basic dXNlcjpwYXNz", "not 'Bearer <token>'"),
+        ("Bearer", "not 'Bearer <token>'"),
+        ("Bearer   ", "not 'Bearer <token>'"),
+        ("Bearer nonsense", "malformed token"),
+    ],
+)
+def test_bearer_headers_are_checked(header: str | None, reason: str) -> None:
+    with pytest.raises(AuthenticationError, match=re.escape(reason)):
+        authenticate_bearer(header, SECRET)
+
+
+def test_a_bearer_header_names_its_device() -> None:
+    token = mint_token(SECRET, 5)
+    assert authenticate_bearer(f"Bearer {token}", SECRET) == 5
+    assert authenticate_bearer(f"bearer {token} ", SECRET) == 5  # the scheme is case-blind
+
+
+# -- secrets ----------------------------------------------------------------------------
+
+
+def test_generated_secrets_are_long_random_and_usable() -> None:
+    a, b = generate_secret(), generate_secret()
+    assert a != b
+    assert len(a) == 43
+    assert re.fullmatch(r"[A-Za-z0-9_-]+", a)
+    assert load_secret(a) == a.encode()
+    assert verify_token(load_secret(a), mint_token(load_secret(a), 0)) == 0
+
+
+@pytest.mark.parametrize("secret", [b"", b"x", b"x" * (MIN_SECRET_BYTES - 1)])
+def test_short_secrets_are_refused(secret: bytes) -> None:
+    with pytest.raises(ConfigError, match=f"at least {MIN_SECRET_BYTES}"):
+        check_secret(secret)
+    with pytest.raises(ConfigError, match=f"at least {MIN_SECRET_BYTES}"):
+        mint_token(secret, 0)
+    with pytest.raises(ConfigError, match=f"at least {MIN_SECRET_BYTES}"):
+        verify_token(secret, "v1.0." + "A" * 43)
+    with pytest.raises(ConfigError, match=f"at least {MIN_SECRET_BYTES}"):
+        load_secret(secret.decode())
+
+
+def test_a_str_secret_is_refused_where_bytes_are_needed() -> None:
+    with pytest.raises(ConfigError, match="must be bytes"):
+        check_secret("a string secret of enough length")  # type: ignore[arg-type]
+
+
+def test_load_secret_reads_files(tmp_path: Path) -> None:
+    path = tmp_path / "secret"
+    path.write_text("  " + SECRET.decode() + "\n")  # as `echo` writes it
+    assert load_secret(f"file:{path}") == SECRET
+    assert load_secret(str(path)) == SECRET
+    binary = tmp_path / "binary"
+    binary.write_bytes(bytes(range(1, 33)) + b"\x00\xff")
+    assert load_secret(f"file:{binary}") == bytes(range(1, 33)) + b"\x00\xff"
+
+
+def test_load_secret_takes_a_literal() -> None:
+    assert load_secret(SECRET.decode()) == SECRET
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (lambda d: f"file:{d / 'missing'}", "cannot read token secret file"),
+        (lambda d: f"file:{d}", "cannot read token secret file"),
+        (lambda d: str(d / "missing"), "looks like a path but names no file"),
+        (lambda d: f"file:{d / 'empty'}", "is empty"),
+        (lambda d: f"file:{d / 'short'}", f"at least {MIN_SECRET_BYTES}"),
+    ],
+)
+def test_load_secret_refusals_are_one_line(tmp_path: Path, make: object, reason: str) -> None:
+    (tmp_path / "empty").write_text("\n")
+    (tmp_path / "short").write_text("too-short\n")
+    with pytest.raises(ConfigError) as info:
+        load_secret(make(tmp_path))  # type: ignore[operator]
+    assert reason in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+# -- TLS contexts ------------------------------------------------------------------------
+
+
+def test_the_client_context_verifies_the_server_and_its_name() -> None:
+    context = client_ssl_context()
+    assert context.verify_mode is ssl.CERT_REQUIRED
+    assert context.check_hostname
+    assert context.minimum_version >= ssl.TLSVersion.TLSv1_2
+
+
+def test_tls_files_that_cannot_be_read_are_config_errors(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    with pytest.raises(ConfigError, match="no such file"):
+        client_ssl_context(tmp_path / "missing.pem")
+    with pytest.raises(ConfigError, match="cannot load TLS CA file"):
+        client_ssl_context(junk)
+    with pytest.raises(ConfigError, match="no such file"):
+        server_ssl_context(tmp_path / "missing.pem", tmp_path / "missing.key")
+    with pytest.raises(ConfigError, match="cannot load TLS certificate"):
+        server_ssl_context(junk, junk)
+
+
+# -- python -m aiopipe.auth ----------------------------------------------------------------
+
+
+def _auth(
+    argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, str, str]:
+    monkeypatch.delenv("AIOPIPE_TOKEN_SECRET", raising=False)
+    with pytest.raises(SystemExit) as info:
+        auth_main(argv)
+    out, err = capsys.readouterr()
+    assert isinstance(info.value.code, int)
+    return info.value.code, out, err
+
+
+def test_cli_secret_prints_a_new_secret(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, out, err = _auth(["secret"], capsys, monkeypatch)
+    assert (code, err) == (0, "")
+    assert re.fullmatch(r"[A-Za-z0-9_-]{43}\n", out)
+
+
+def test_cli_mint_prints_the_devices_token(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "secret").write_text(SECRET.decode() + "\n")
+    code, out, err = _auth(
+        ["mint", "--secret", f"file:{tmp_path / 'secret'}", "--device-id", "3"], capsys, monkeypatch
+    )
+    assert (code, err) == (0, "")
+    assert out == mint_token(SECRET, 3) + "\n"
+    code, out, _ = _auth(
+        ["mint", "--secret", SECRET.decode(), "--device-id", "0"], capsys, monkeypatch
+    )
+    assert out.strip() == mint_token(SECRET, 0)
+
+
+def test_cli_mint_reads_the_secret_from_the_environment(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIOPIPE_TOKEN_SECRET", SECRET.decode())
+    with pytest.raises(SystemExit) as info:
+        auth_main(["mint", "--device-id", "1"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == mint_token(SECRET, 1)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        ([], "required"),
+        (["bogus"], "bogus"),
+        (["mint", "--device-id", "0"], "--secret is required"),
+        (["mint", "--secret", SECRET.decode()], "--device-id"),
+        (["mint", "--secret", SECRET.decode(), "--device-id", "-1"], "--device-id must be >= 0"),
+        (["mint", "--secret", SECRET.decode(), "--device-id", "x"], "--device-id"),
+        (["mint", "--secret", "short", "--device-id", "0"], f"at least {MIN_SECRET_BYTES}"),
+        (["mint", "--secret", "file:/nonexistent/secret", "--device-id", "0"], "cannot read"),
+    ],
+)
+def test_cli_errors_are_one_line_with_exit_2(
+    argv: list[str],
+    expected: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    code, out, err = _auth(argv, capsys, monkeypatch)
+    assert code == 2
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert "error" in lines[0]
+    assert expected in lines[0]
+
+
+def test_python_m_aiopipe_auth_runs_cleanly(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "AIOPIPE_TOKEN_SECRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "error",
+            "-m",
+            "aiopipe.auth",
+            "mint",
+            "--secret",
+            SECRET.decode(),
+            "--device-id",
+            "2",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == mint_token(SECRET, 2) + "\n"
