@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import ssl as ssl_module
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from types import TracebackType
 
 from aiohttp import web
@@ -108,24 +109,27 @@ class Server:
         clock: defaults to the system clock.
         join_timeout: seconds to wait for every device.
         progress: called with each finished epoch's metrics.
+        resume: continue from the checkpoint in ``<config.out_dir>/checkpoint`` (written
+            after every round whenever ``config.out_dir`` is set).
 
     Raises:
-        ConfigError: the config cannot run, the secret is shorter than 16 bytes, or
-            ``ssl`` is given without ``host``.
+        ConfigError: the config cannot run, the secret is shorter than 16 bytes,
+            ``ssl`` is given without ``host``, or there is no checkpoint to resume from.
     """
 
     def __init__(self, config: RunConfig, *, host: str | None = "127.0.0.1", port: int = 0,
                  token_secret: bytes | None = None, ssl: ssl_module.SSLContext | None = None,
                  clock: Clock | None = None, join_timeout: float = 300.0,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, resume: bool = False) -> None:
         secret = check_secret(token_secret) if token_secret is not None else None
         if ssl is not None and not isinstance(ssl, ssl_module.SSLContext):
             raise ConfigError(f"ssl must be an ssl.SSLContext, got {type(ssl).__name__}")
         if ssl is not None and host is None:
             raise ConfigError("ssl needs host: with host=None your own app's site does TLS")
         self.config = config
+        checkpoints = Path(config.out_dir) / "checkpoint" if config.out_dir else None
         self.node = ServerNode(config, clock=clock or SystemClock(), join_timeout=join_timeout,
-                               progress=progress)
+                               progress=progress, checkpoint_dir=checkpoints, resume=resume)
         self._host, self._port, self._secret, self._ssl = host, port, secret, ssl
         self._runner: web.AppRunner | None = None
         self.url = ""

@@ -17,7 +17,14 @@ from aiopipe.config import MODES, RunConfig
 from aiopipe.errors import AiopipeError, ConfigError
 from aiopipe.metrics.results import EpochMetrics
 
-__all__ = ["ArgumentParser", "add_run_options", "config_from_args", "epoch_row", "run_command"]
+__all__ = [
+    "RUN_OPTION_KEYS",
+    "ArgumentParser",
+    "add_run_options",
+    "config_from_args",
+    "epoch_row",
+    "run_command",
+]
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -80,7 +87,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--out-dir", help="results directory")
 
 
-_OPTION_KEYS = ("mode", "model", "dataset", "devices", "samples_per_device", "batch_size",
+RUN_OPTION_KEYS = ("mode", "model", "dataset", "devices", "samples_per_device", "batch_size",
                 "epochs", "split_point", "parallel_batches", "network", "device_slowdown",
                 "aggregation_every", "learning_rate", "seed", "out_dir", "shape_links",
                 "device_timeout", "heartbeat_interval")
@@ -92,7 +99,7 @@ def config_from_args(args: argparse.Namespace, **defaults: Any) -> RunConfig:
     Raises:
         ConfigError: the file or a value is invalid.
     """
-    overrides = {k: getattr(args, k) for k in _OPTION_KEYS if getattr(args, k) is not None}
+    overrides = {k: getattr(args, k) for k in RUN_OPTION_KEYS if getattr(args, k) is not None}
     if args.config is not None:
         base = RunConfig.from_toml(args.config).to_mapping()
         if base.get("model") == "custom":

@@ -6,11 +6,13 @@ import argparse
 import ipaddress
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from aiopipe.api import Server
 from aiopipe.auth import load_secret, server_ssl_context
 from aiopipe.cli import (
+    RUN_OPTION_KEYS,
     TABLE_HEADER,
     ArgumentParser,
     add_run_options,
@@ -18,7 +20,9 @@ from aiopipe.cli import (
     epoch_row,
     run_command,
 )
+from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
+from aiopipe.runtime.checkpoint import load_checkpoint
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
@@ -46,6 +50,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser.add_argument("--token", dest="shared_token", help=argparse.SUPPRESS)
     parser.add_argument("--join-timeout", type=float, default=300.0,
                         help="seconds to wait for every device (default 300)")
+    parser.add_argument("--resume", metavar="DIR",
+                        help="continue the run whose results directory is DIR from its last "
+                             "checkpoint (DIR/checkpoint, written after every round); the run's "
+                             "options come from the checkpoint")
     args = parser.parse_args(argv)
     if args.shared_token is not None:
         parser.error("--token is gone: give the server --token-secret and each device its own "
@@ -58,11 +66,14 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         if (args.tls_cert is None) != (args.tls_key is None):
             raise ConfigError("--tls-cert and --tls-key go together")
         tls = server_ssl_context(args.tls_cert, args.tls_key) if args.tls_cert else None
-        config = config_from_args(args)
-        if not config.out_dir:
-            config = config.replace(out_dir="runs/server")
+        if args.resume:
+            config = resumed_config(args)
+        else:
+            config = config_from_args(args)
+            if not config.out_dir:
+                config = config.replace(out_dir="runs/server")
         async with Server(config, host=args.host, port=args.port, token_secret=secret,
-                          ssl=tls, join_timeout=args.join_timeout,
+                          ssl=tls, join_timeout=args.join_timeout, resume=bool(args.resume),
                           progress=lambda m: print(epoch_row(m), flush=True)) as server:
             print(f"aiopipe.server: waiting for {config.devices} devices at {server.url}",
                   flush=True)
@@ -72,6 +83,20 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         return 0
 
     run_command(parser.prog, run)
+
+
+def resumed_config(args: argparse.Namespace) -> RunConfig:
+    """The config saved with the checkpoint of the run in ``args.resume``.
+
+    Raises:
+        ConfigError: no checkpoint there, or run options were given as well.
+    """
+    given = [k for k in RUN_OPTION_KEYS if getattr(args, k, None) is not None]
+    if given or args.config is not None:
+        raise ConfigError("--resume takes the run's options from its checkpoint; drop "
+                          f"{', '.join('--' + k.replace('_', '-') for k in given) or '--config'}")
+    meta = load_checkpoint(Path(args.resume) / "checkpoint")[1]
+    return RunConfig.from_mapping({**meta["config"], "out_dir": str(args.resume)})
 
 
 def _is_loopback(host: str) -> bool:

@@ -130,6 +130,7 @@ _SCHEMAS: Final[dict[type[Any], tuple[str, _Schema]]] = {
             ("micro_batch_size", "int"),
             ("run", "tree"),
             ("server_time", "float"),
+            ("session", "int"),
         ),
     ),
     RoundStart: (

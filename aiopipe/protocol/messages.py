@@ -8,7 +8,7 @@ Conversation (device ``k``, server ``S``)::
 
     k → S  Hello(version, device_id)
     S → k  Plan(device_id, mode, split_point, parallel_batches, micro_batch_size, run,
-                server_time)
+                server_time, session)
     repeat per round (aggregation period):
       S → k  RoundStart(round, epoch, first_iteration, iterations, tensors)
       split modes, per iteration, per micro-batch n:
@@ -121,6 +121,9 @@ class Plan:
     ``run`` is the resolved run configuration (plain TOML-able values), so a device needs
     nothing but the server's address and its id. ``server_time`` is the server clock when
     the plan was sent, so a device can map its trace onto the server's time line.
+    ``session`` names the server-side state serving this device: a device that reconnects
+    and finds a different one (the server restarted, or gave up on it) drops its
+    unfinished round and starts afresh from the next `RoundStart`.
     """
 
     device_id: int
@@ -130,6 +133,7 @@ class Plan:
     micro_batch_size: int
     run: Mapping[str, Any]
     server_time: float = 0.0
+    session: int = 0
 
     def __post_init__(self) -> None:
         _check_index("device_id", self.device_id)
@@ -141,6 +145,7 @@ class Plan:
             _check_index(name, value)
             if value == 0:
                 raise LocalProtocolError(f"{name} must be >= 1")
+        _check_index("session", self.session)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from typing import TypeVar
 from aiopipe.clock import Clock
 from aiopipe.metrics.trace import Recorder
 
-__all__ = ["Compute"]
+__all__ = ["Compute", "warm_up_torch"]
 
 T = TypeVar("T")
 
@@ -103,3 +103,16 @@ class Compute:
             self._executor = ThreadPoolExecutor(max_workers=1,
                                                 thread_name_prefix=f"aiopipe-{self.track}")
         return self._executor
+
+
+def warm_up_torch() -> None:
+    """Do torch's lazy first-use imports now (about 800 modules, seconds under load).
+
+    The first optimizer call imports ``torch._dynamo``; imports hold the GIL, so doing
+    this mid-run, even in the compute thread, would freeze the event loop long enough to
+    miss heartbeats. Nodes call this before they connect or serve.
+    """
+    import torch
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    optimizer.zero_grad()

@@ -52,7 +52,7 @@ from aiopipe.protocol import (
     to_tensor_data,
     to_torch,
 )
-from aiopipe.runtime.compute import Compute
+from aiopipe.runtime.compute import Compute, warm_up_torch
 from aiopipe.runtime.peer import Peer
 from aiopipe.runtime.plan import build_model, device_indices, train_dataset
 from aiopipe.runtime.tasks import first_error
@@ -105,6 +105,7 @@ async def run_device(server: Link | Connector, device_id: int, *, clock: Clock |
             could not reconnect.
         TransportError: the link failed and there is no connector to reconnect with.
     """
+    warm_up_torch()
     node = _DeviceNode(server, device_id, clock or SystemClock(), cost_table, clock_offset, model,
                        max_frame_bytes)
     node.shape_uplink = shape_uplink
@@ -140,7 +141,9 @@ class _DeviceNode:
         self.sent_activations: dict[tuple[int, int, int], Activation] = {}
         self.round = -1  # the round being worked on (or last finished)
         self.last_round_received = -1
-        self.in_round = False
+        self.round_task: asyncio.Task[int] | None = None
+        self.round_dropped = False
+        self.server_session: int | None = None
         self.unacked: list[RoundResult | RoundReport] = []  # until the next RoundStart
         self.result_sent = asyncio.Event()
         self.last_heard = clock.now()
@@ -182,6 +185,15 @@ class _DeviceNode:
         if self.clock_offset is None:
             self.clock_offset = plan.server_time - (start + self.clock.now()) / 2
         self.last_heard = self.clock.now()
+        if self.server_session is not None and plan.session != self.server_session:
+            # the server restarted (or gave up on us): it knows nothing of our round
+            log.warning("device %d: the server has a new session for us; starting afresh",
+                        self.device_id)
+            self.last_round_received = -1
+            self.unacked.clear()
+            self.peer.clear()
+            self._drop_round()
+        self.server_session = plan.session
         return plan
 
     async def _serve_link(self, training: asyncio.Task[DeviceSummary]) -> None:
@@ -305,8 +317,7 @@ class _DeviceNode:
                 if message.round <= self.last_round_received:
                     continue  # sent again after a reconnection: we have it already
                 self.last_round_received = message.round
-                if self.in_round:  # the server gave up on our round: drop it
-                    self._abandon(_RoundAbandoned(f"round {self.round} was abandoned"))
+                self._drop_round()  # if still on an older one, the server gave up on it
                 self.control.put_nowait(message)
             elif isinstance(message, Bye):
                 self.control.put_nowait(message)
@@ -317,6 +328,15 @@ class _DeviceNode:
                 raise TrainingError(f"server error {message.code}: {message.message}")
             elif not isinstance(message, Heartbeat):
                 raise RemoteProtocolError(f"a device does not accept {type(message).__name__}")
+
+    def _drop_round(self) -> None:
+        """Stop working on the current round (the server no longer waits for it)."""
+        self.pending.clear()
+        self.sent_activations.clear()
+        if self.round_task is not None and not self.round_task.done():
+            log.warning("device %d: dropping round %d", self.device_id, self.round)
+            self.round_dropped = True
+            self.round_task.cancel()
 
     def _abandon(self, reason: Exception) -> None:
         for future in self.pending.values():
@@ -348,15 +368,15 @@ class _DeviceNode:
             self.unacked.clear()  # the next round (or goodbye) acknowledges the last
             if isinstance(message, Bye):
                 return DeviceSummary(self.device_id, rounds, samples, message.reason)
-            self.round, self.epoch, self.in_round = message.round, message.epoch, True
+            self.round, self.epoch = message.round, message.epoch
+            self.round_task = asyncio.create_task(self._run_round(message))
             try:
-                done = await self._run_round(message)
-            except _RoundAbandoned:
-                log.warning("device %d: round %d was dropped by the server", self.device_id,
-                            message.round)
+                done = await self.round_task
+            except asyncio.CancelledError:
+                if not self.round_dropped:
+                    raise
+                self.round_dropped = False
                 continue
-            finally:
-                self.in_round = False
             rounds += 1
             samples += done
 
@@ -469,10 +489,6 @@ class _DeviceNode:
             cost=costs.backward_time(0, q, batch) + costs.step_time(0, q) if costs else None,
             epoch=epoch, iteration=iteration)
         return np.array([len(batch_indices), loss_sum, correct], dtype=np.float64)
-
-
-class _RoundAbandoned(Exception):
-    """The server went on without this device's round (it came back too late)."""
 
 
 def _backward(output: torch.Tensor, gradient: torch.Tensor) -> None:

@@ -19,6 +19,7 @@ import logging
 import math
 from collections.abc import Mapping
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ from aiopipe.clock import Clock, wait_for
 from aiopipe.config import RunConfig
 from aiopipe.errors import (
     AiopipeError,
+    ConfigError,
     DeviceLostError,
     RemoteProtocolError,
     TrainingError,
@@ -49,7 +51,8 @@ from aiopipe.protocol import (
     state_to_wire,
 )
 from aiopipe.runtime.aggregation import fedavg
-from aiopipe.runtime.compute import Compute
+from aiopipe.runtime.checkpoint import load_checkpoint, save_checkpoint
+from aiopipe.runtime.compute import Compute, warm_up_torch
 from aiopipe.runtime.peer import Peer
 from aiopipe.runtime.plan import (
     build_model,
@@ -86,11 +89,16 @@ class ServerNode:
             the planner plans with. Without it, "auto" measures one on this machine.
         join_timeout: seconds to wait for every device to say hello.
         progress: called with one line per finished epoch.
+        checkpoint_dir: write a checkpoint there after every round (atomically).
+        resume: continue from the checkpoint in ``checkpoint_dir``; the config must be
+            the one it was written for.
     """
 
     def __init__(self, config: RunConfig, *, clock: Clock, cost_table: CostTable | None = None,
                  join_timeout: float = 300.0,
-                 progress: Any = None) -> None:
+                 progress: Any = None, checkpoint_dir: Path | None = None,
+                 resume: bool = False) -> None:
+        warm_up_torch()
         self.config = config
         self.clock = clock
         self.cost_table = cost_table
@@ -135,6 +143,12 @@ class ServerNode:
         self.epoch = -1
         self.rounds = 0
         self.epochs: list[EpochMetrics] = []
+        self._tally: dict[str, Any] = {}
+        self.checkpoint_dir = checkpoint_dir
+        if resume:
+            if checkpoint_dir is None:
+                raise ConfigError("resuming needs the checkpoint directory")
+            self._restore(checkpoint_dir)
 
     # -- admission ----------------------------------------------------------------------
 
@@ -183,7 +197,7 @@ class ServerNode:
         plan = self.plans[k]
         await peer.send(Plan(k, self.config.mode, plan.split_point, plan.parallel_batches,
                              plan.micro_batch_size, self.config.to_mapping(),
-                             server_time=self.clock.now()))
+                             server_time=self.clock.now(), session=session.nonce))
         session.attach(link, resumed=resumed)
         if len(self.sessions) == self.config.devices:
             self.joined.set()
@@ -279,10 +293,11 @@ class ServerNode:
         origin = self.clock.now()
         reason = "training finished"
         try:
-            for epoch in range(self.config.epochs):
+            for epoch in range(len(self.epochs), self.config.epochs):
                 self.epochs.append(await self._epoch(epoch))
                 if self.progress is not None:
                     self.progress(self.epochs[-1])
+                await self._save_checkpoint(epoch + 1, 0)
         except BaseException as exc:
             reason = f"training failed: {exc}"
             raise
@@ -300,10 +315,10 @@ class ServerNode:
         stats_before = self._link_bytes()
         iterations = [p.iterations_per_epoch for p in self.plans]
         period = self.config.aggregation_every or max(iterations)
-        device_samples = [0] * self.config.devices
-        loss_sum, correct = 0.0, 0
-        lost: set[int] = set()
-        for r in range(math.ceil(max(iterations) / period)):
+        tally = self._tally if self._tally.get("epoch") == epoch else _new_tally(
+            epoch, self.config.devices)
+        self._tally = tally
+        for r in range(int(tally["next_round"]), math.ceil(max(iterations) / period)):
             first = r * period
             round_no = self.rounds
             self.rounds += 1
@@ -330,26 +345,87 @@ class ServerNode:
                 if done:
                     await self.compute.run("agg", partial(self._aggregate, done),
                                            cost=0.0 if self.cost_table else None, epoch=epoch)
-            lost |= set(participants) - set(done)
+            tally["lost"] = sorted(set(tally["lost"]) | (set(participants) - set(done)))
             for k, result in done.items():
-                device_samples[k] += result.samples
-                loss_sum += result.loss_sum
-                correct += result.correct
+                tally["device_samples"][k] += result.samples
+                tally["loss_sum"] += result.loss_sum
+                tally["correct"] += result.correct
+            tally["next_round"] = r + 1
+            await self._save_checkpoint(epoch, r + 1, elapsed=self.clock.now() - start)
         end = self.clock.now()
         accuracy = await self.compute.call(self._evaluate)
         up, down = (a - b for a, b in zip(self._link_bytes(), stats_before, strict=True))
+        device_samples = tuple(int(n) for n in tally["device_samples"])
         samples = sum(device_samples)
         busy = self._busy(start, end)
+        elapsed = end - start + float(tally["elapsed_before"])  # time before a restart too
         return EpochMetrics(
-            epoch=epoch, time_s=end - start, busy_s=busy,
-            idle_s={k: end - start - v for k, v in busy.items()},
-            loss=loss_sum / max(1, samples), accuracy=accuracy,
-            train_accuracy=correct / max(1, samples), samples=samples,
+            epoch=epoch, time_s=elapsed, busy_s=busy,
+            idle_s={k: elapsed - v for k, v in busy.items()},
+            loss=float(tally["loss_sum"]) / max(1, samples), accuracy=accuracy,
+            train_accuracy=int(tally["correct"]) / max(1, samples), samples=samples,
             bytes_up=int(up), bytes_down=int(down),
             plan=[{"device": p.device_id, "split_point": p.split_point,
                    "parallel_batches": p.parallel_batches} for p in self.plans],
-            device_samples=tuple(device_samples), devices_lost=tuple(sorted(lost)),
+            device_samples=device_samples, devices_lost=tuple(tally["lost"]),
         )
+
+    # -- checkpoints (see aiopipe.runtime.checkpoint) --------------------------------------
+
+    async def _save_checkpoint(self, epoch: int, next_round: int, *,
+                               elapsed: float = 0.0) -> None:
+        """Checkpoint in the compute thread (fsync can take seconds; the loop must not
+        wait), where nothing else touches the replicas meanwhile."""
+        if self.checkpoint_dir is not None:
+            await self.compute.call(partial(self._write_checkpoint, epoch, next_round,
+                                            elapsed))
+
+    def _write_checkpoint(self, epoch: int, next_round: int, elapsed: float) -> None:
+        assert self.checkpoint_dir is not None
+        tensors = {f"model/{k}": v for k, v in self.model.state_dict().items()}
+        for k, (half, optimizer) in self.replicas.items():
+            tensors.update({f"replica/{k}/{name}": v for name, v in half.state_dict().items()})
+            for i, param in enumerate(half.parameters()):
+                buffer = optimizer.state.get(param, {}).get("momentum_buffer")
+                if buffer is not None:
+                    tensors[f"momentum/{k}/{i}"] = buffer
+        tally = dict(self._tally) if next_round else _new_tally(epoch, self.config.devices)
+        tally["elapsed_before"] = float(tally.get("elapsed_before", 0.0)) + elapsed
+        meta = {"config": self.config.to_mapping(), "epoch": epoch,
+                "rounds": self.rounds, "tally": {**tally, "epoch": epoch,
+                                                 "next_round": next_round},
+                "epochs": [e.to_mapping() for e in self.epochs]}
+        save_checkpoint(self.checkpoint_dir, tensors, meta)
+
+    def _restore(self, directory: Path) -> None:
+        tensors, meta = load_checkpoint(directory)
+        saved = dict(meta.get("config", {}))
+        current = self.config.to_mapping()
+        for key in ("out_dir",):
+            saved.pop(key, None)
+            current.pop(key, None)
+        if saved != current:
+            changed = sorted(k for k in set(saved) | set(current)
+                             if saved.get(k) != current.get(k))
+            raise ConfigError(f"the checkpoint in {str(directory)!r} is for another run "
+                              f"(different {', '.join(changed)})")
+        self.model.load_state_dict({k[6:]: v for k, v in tensors.items()
+                                    if k.startswith("model/")})
+        for k, (half, optimizer) in self.replicas.items():
+            prefix = f"replica/{k}/"
+            half.load_state_dict({n[len(prefix):]: v for n, v in tensors.items()
+                                  if n.startswith(prefix)})
+            for i, param in enumerate(half.parameters()):
+                buffer = tensors.get(f"momentum/{k}/{i}")
+                if buffer is not None:
+                    optimizer.state[param]["momentum_buffer"] = buffer.clone()
+        self.rounds = int(meta["rounds"])
+        self.epochs = [_epoch_from(e) for e in meta.get("epochs", [])]
+        tally = dict(meta["tally"])
+        tally["elapsed_before"] = float(tally.get("elapsed_before", 0.0))
+        self._tally = tally
+        log.warning("resuming at epoch %d, round %d of the epoch, from %s",
+                    int(meta["epoch"]) + 1, int(tally["next_round"]), directory)
 
     async def _participants(self) -> list[int]:
         """Devices taking part (connected, or reconnecting within device_timeout); if none,
@@ -381,9 +457,14 @@ class ServerNode:
                      iterations: int) -> RoundResult | None:
         """Device k's part of a round; None when the device was lost meanwhile."""
         session = self.sessions[k]
-        if k in self.replicas:  # a lost round may have left gradients behind
-            self.replicas[k][1].zero_grad(set_to_none=True)
-        half_state = await self.compute.call(lambda: self._device_half_state(k))
+        optimizer = self.replicas[k][1] if k in self.replicas else None
+
+        def prepare() -> dict[str, Any]:
+            if optimizer is not None:  # a lost round may have left gradients behind
+                optimizer.zero_grad(set_to_none=True)
+            return self._device_half_state(k)
+
+        half_state = await self.compute.call(prepare)
         try:
             return await session.start_round(
                 RoundStart(round_no, epoch, first, iterations, half_state))
@@ -473,3 +554,16 @@ class ServerNode:
                       "micro_batch_size": p.micro_batch_size} for p in self.plans],
             "finished_epochs": [e.to_mapping() for e in self.epochs],
         }
+
+
+def _new_tally(epoch: int, devices: int) -> dict[str, Any]:
+    """An epoch's running totals (what a checkpoint needs to finish the epoch exactly)."""
+    return {"epoch": epoch, "next_round": 0, "device_samples": [0] * devices,
+            "loss_sum": 0.0, "correct": 0, "lost": [], "elapsed_before": 0.0}
+
+
+def _epoch_from(values: Mapping[str, Any]) -> EpochMetrics:
+    fields = dict(values)
+    fields["device_samples"] = tuple(fields.get("device_samples", ()))
+    fields["devices_lost"] = tuple(fields.get("devices_lost", ()))
+    return EpochMetrics(**fields)

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import secrets
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -112,6 +113,7 @@ class DeviceSession:
         self.idle = asyncio.Event()  # set while no connection is attached
         self.idle.set()
         self.last_heard = node.clock.now()
+        self.nonce = secrets.randbits(62)  # `Plan.session`: who the device is talking to
 
     # -- driven by the coordinator -----------------------------------------------------
 

@@ -69,7 +69,7 @@ RUN = {
 
 SAMPLES: list[Message] = [
     Hello(PROTOCOL_VERSION, 7),
-    Plan(3, "pipar", 2, 4, 25, RUN, 1234.5),
+    Plan(3, "pipar", 2, 4, 25, RUN, 1234.5, 2**62),
     Plan(0, "fl", 0, 1, 1, {}),
     RoundStart(
         1,
@@ -372,6 +372,7 @@ PLAN = {
     "micro_batch_size": 1,
     "run": {},
     "server_time": 0.0,
+    "session": 0,
 }
 RESULT = {"round": 0, "samples": 0, "loss_sum": 0.0, "correct": 0, "tensors": {}}
 REPORT = {"round": 0, "report": {}}

@@ -92,6 +92,7 @@ messages: st.SearchStrategy[Message] = st.one_of(
         st.integers(1, U64),
         trees,
         st.floats(),
+        indices,
     ),
     st.builds(RoundStart, indices, indices, indices, indices, tensor_maps),
     batched_pair().map(lambda p: Activation(0, 1, 2, p[0], p[1])),
