@@ -141,6 +141,7 @@ class ServerNode:
         self._arrived = asyncio.Event()  # set whenever a device is admitted
         self.joined = asyncio.Event()  # set once every device has said hello
         self.epoch = -1
+        self._epoch_start = 0.0
         self.rounds = 0
         self.epochs: list[EpochMetrics] = []
         self._tally: dict[str, Any] = {}
@@ -311,7 +312,7 @@ class ServerNode:
 
     async def _epoch(self, epoch: int) -> EpochMetrics:
         self.epoch = epoch
-        start = self.clock.now()
+        start = self._epoch_start = self.clock.now()
         stats_before = self._link_bytes()
         iterations = [p.iterations_per_epoch for p in self.plans]
         period = self.config.aggregation_every or max(iterations)
@@ -543,12 +544,21 @@ class ServerNode:
                 + 128 * slices)
 
     def describe(self) -> dict[str, Any]:
-        """Live state for ``GET /status``."""
+        """Live state for ``GET /status``: devices, plan, progress, and the busy fraction of
+        each resource kind in the epoch so far (device figures are means over devices;
+        device-side work is known once a device reports its round)."""
+        now = self.clock.now()
+        live: dict[str, float] = {}
+        if self.epoch >= 0 and now > self._epoch_start:
+            elapsed = now - self._epoch_start
+            live = {kind: round(busy / elapsed, 4)
+                    for kind, busy in self._busy(self._epoch_start, now).items()}
         return {
             "mode": self.config.mode, "devices": self.config.devices,
             "joined": sorted(self.sessions), "connected": sorted(self.connected),
-            "epoch": self.epoch,
+            "epoch": self.epoch, "round": self.rounds,
             "epochs": self.config.epochs,
+            "busy_fraction": live,
             "plan": [{"device": p.device_id, "split_point": p.split_point,
                       "parallel_batches": p.parallel_batches,
                       "micro_batch_size": p.micro_batch_size} for p in self.plans],

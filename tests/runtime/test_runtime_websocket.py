@@ -121,6 +121,8 @@ async def test_status_and_metrics_routes_describe_the_run() -> None:
     assert status["connected"] == []  # the run is over: everyone said goodbye
     assert [p["parallel_batches"] for p in status["plan"]] == [2, 2]
     assert len(status["finished_epochs"]) == 2
+    assert set(status["busy_fraction"]) == {"device", "uplink", "server", "downlink"}
+    assert all(0.0 <= f <= 1.0 for f in status["busy_fraction"].values())
     assert "aiopipe_epochs_finished 2" in metrics
     assert 'aiopipe_busy_seconds{resource="server"}' in metrics
     assert plain_status == 401  # no token: refused before anything else
