@@ -91,6 +91,15 @@ class Recorder:
                 total += max(0.0, min(end, s.end) - max(start, s.start))
         return total
 
+    def busy_by_track(self, start: float, end: float) -> dict[str, float]:
+        """Seconds each track was busy within ``[start, end]`` (one pass over the slices)."""
+        totals: dict[str, float] = {}
+        for s in self.slices:
+            overlap = min(end, s.end) - max(start, s.start)
+            if overlap > 0:
+                totals[s.track] = totals.get(s.track, 0.0) + overlap
+        return totals
+
     def take(self, since: int = 0) -> list[Slice]:
         """Slices recorded from index ``since`` on."""
         return self.slices[since:]

@@ -81,10 +81,25 @@ def train_dataset(config: RunConfig) -> datasets.Dataset:
 
 def device_indices(config: RunConfig, dataset: datasets.Dataset, device_id: int) -> np.ndarray:
     """Indices into ``dataset`` of the samples device ``device_id`` holds."""
-    shards = datasets.partition(dataset.labels(), config.devices, scheme=config.partition,
-                                alpha=config.dirichlet_alpha,
-                                samples_per_device=config.samples_per_device, seed=config.seed)
+    key = (dataset.name, len(dataset), config.devices, config.partition,
+           config.dirichlet_alpha, config.samples_per_device, config.seed)
+    shards = _SHARDS.get(key)
+    if shards is None:
+        # cached: every node of an in-process simulation asks for the same partition, and
+        # computing it once per device would cost O(K^2) for K devices
+        parts = datasets.partition(dataset.labels(), config.devices, scheme=config.partition,
+                                   alpha=config.dirichlet_alpha,
+                                   samples_per_device=config.samples_per_device,
+                                   seed=config.seed)
+        for part in parts:
+            part.flags.writeable = False
+        if len(_SHARDS) >= 8:
+            _SHARDS.clear()
+        shards = _SHARDS[key] = tuple(parts)
     return shards[device_id]
+
+
+_SHARDS: dict[tuple[object, ...], tuple[np.ndarray, ...]] = {}
 
 
 def device_plans(config: RunConfig, units: int, samples: list[int]) -> list[DevicePlan]:

@@ -38,7 +38,7 @@ from aiopipe.errors import (
     TransportError,
 )
 from aiopipe.metrics.results import EpochMetrics, RunResult
-from aiopipe.metrics.trace import Recorder
+from aiopipe.metrics.trace import RESOURCE_KINDS, Recorder, resource_kind
 from aiopipe.protocol import (
     HEADER_SLACK_BYTES,
     PROTOCOL_VERSION,
@@ -515,14 +515,13 @@ class ServerNode:
         return correct / max(1, len(self.test_set))
 
     def _busy(self, start: float, end: float) -> dict[str, float]:
+        """Busy seconds per resource kind in [start, end]; device kinds are means."""
+        totals = dict.fromkeys(RESOURCE_KINDS, 0.0)
+        for track, busy in self.recorder.busy_by_track(start, end).items():
+            totals[resource_kind(track)] += busy
         k = self.config.devices
-        rec = self.recorder
-
-        def mean(resource: str) -> float:
-            return sum(rec.busy(f"device{d}/{resource}", start, end) for d in range(k)) / k
-
-        return {"device": mean("compute"), "uplink": mean("uplink"),
-                "server": rec.busy("server/compute", start, end), "downlink": mean("downlink")}
+        return {kind: value if kind == "server" else value / k
+                for kind, value in totals.items()}
 
     def _link_bytes(self) -> tuple[int, int]:
         up = down = 0

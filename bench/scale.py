@@ -1,0 +1,534 @@
+"""Scale of virtual-time simulation: wall time and peak memory for K = 10, 100, 1000 devices.
+
+Each K runs ``aiopipe.simulate(config, clock=VirtualClock(), cost_table=COSTS)`` in a
+fresh Python process (so peak RSS is per run): PiPar, vgg5 on synthetic-cifar10, small
+per-device data (40 samples, B = 20, N = 2, P = 2, 1 epoch, 100 test samples), network
+"4g". Every child charges the same cost table: uniform by default (1 ms forward, 2 ms
+backward, 0.1 ms step per unit at B' = 10: deterministic, so virtual times compare
+across runs and machines), measured once in this process (``--costs measured``; on a
+loaded machine the figures, and so the virtual times, vary from run to run), or read
+from a JSON file (``--costs FILE``; ``--save-costs FILE`` writes the one used).
+
+Per K, side by side in one table:
+
+- ``wall s``: wall time of ``asyncio.run(simulate(...))`` in the child (imports excluded),
+  ``user s`` / ``sys s``: its CPU time (sys is mostly page faults), ``ms/smp``: wall ms
+  per trained sample; ``proc s``: the child process from start to exit;
+- ``peak MiB``: the child's ``ru_maxrss``; ``base MiB``: its ``ru_maxrss`` just before
+  ``simulate`` (torch and aiopipe imported, nothing built); ``MiB/dev``: (peak - base) / K;
+  ``marg``: marginal MiB per device, (peak - previous row's peak) / (K - previous K),
+  which leaves out the fixed costs of a run (server model, test set, lazy imports);
+  ``flt/dev``: minor page faults during ``simulate`` per device;
+- ``est MiB``: the model's estimate of the peak (below); ``virt s``: the virtual epoch
+  time the run reports; ``samples``: samples trained (must be K x samples_per_device);
+- ``slices``: slices in ``result.trace`` (one per f/u/s/d/b/step/model transfer) and
+  ``slices/s`` per wall second; ``wakeups/s``: timed sleeps on the virtual clock per wall
+  second (each is a future the clock's driver resolves).
+
+The estimate: base + K x (server replica: parameters + momentum + gradients of the
+server half; device half: the same three; the autograd tensors a device keeps for its N
+forward passes until their gradients return, measured with ``saved_tensors_hooks``;
+frames: N activations and N gradients). Every term is measured from vgg5 here, not
+guessed. It leaves out malloc fragmentation and Python objects.
+
+The machine is shared, so memory is guarded: a K whose estimate (or the last run's
+MiB/dev, when larger) would leave less than ``--keep-free-gib`` of MemAvailable is
+skipped (``--force`` runs it anyway, still guarded), and a child is killed as soon as
+MemAvailable falls below it; ``--timeout`` bounds each child. The table then says so,
+and the figures are extrapolated from the largest K that ran.
+
+``--profile K`` runs one more child with cProfile around its ``simulate`` call and
+prints the top functions by cumulative time (all, then aiopipe's) and by own time.
+``--malloc-mmap-threshold BYTES`` sets glibc's ``MALLOC_MMAP_THRESHOLD_`` in the
+children (a fixed threshold stops glibc from serving freed multi-MB tensors out of the
+heap, where they stay resident).
+
+    .venv/bin/python bench/scale.py [--devices 10,100,1000] [--costs uniform|measured|FILE]
+        [--samples-per-device 40] [--batch-size 20] [--parallel-batches 2]
+        [--split-point 2] [--epochs 1] [--test-samples 100] [--network 4g]
+        [--timeout 900] [--keep-free-gib 2] [--force] [--profile K] [--top 15]
+        [--profile-out FILE] [--malloc-mmap-threshold BYTES] [--save-costs FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import math
+import os
+import pstats
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import aiopipe
+from aiopipe import models
+from aiopipe.clock import VirtualClock
+from aiopipe.scheduler.costs import CostTable, measure_costs
+
+MIB = 1 << 20
+MARK = "SCALE-RESULT "
+
+
+# -- the child: one simulation ---------------------------------------------------------
+
+
+class CountingClock(VirtualClock):
+    """A VirtualClock that counts its timed sleeps (each one a wake-up of the driver)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wakeups = 0
+
+    async def sleep(self, seconds: float) -> None:
+        """As `VirtualClock.sleep`, counted when it waits on the clock."""
+        if seconds > 0:
+            self.wakeups += 1
+        await super().sleep(seconds)
+
+
+def config_of(args: argparse.Namespace, devices: int) -> aiopipe.RunConfig:
+    """The run for ``devices`` devices."""
+    return aiopipe.RunConfig(
+        mode="pipar",
+        model="vgg5",
+        dataset="synthetic-cifar10",
+        devices=devices,
+        samples_per_device=args.samples_per_device,
+        batch_size=args.batch_size,
+        parallel_batches=args.parallel_batches,
+        split_point=args.split_point,
+        epochs=args.epochs,
+        test_samples=args.test_samples,
+        network=args.network,
+        seed=0,
+    )
+
+
+def run_child(args: argparse.Namespace) -> None:
+    """Run one simulation; print its figures as one JSON line after ``MARK``."""
+    torch.set_num_threads(1)
+    costs = CostTable.from_mapping(json.loads(Path(args.costs_file).read_text()))
+    config = config_of(args, args.child)
+    clock = CountingClock()
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    base_kib = before.ru_maxrss
+    profiler = cProfile.Profile() if args.child_profile else None
+    started = time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
+    result = asyncio.run(aiopipe.simulate(config, clock=clock, cost_table=costs))
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(args.child_profile)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    peak_kib = after.ru_maxrss
+    final = result.final
+    print(
+        MARK
+        + json.dumps(
+            {
+                "devices": config.devices,
+                "wall_s": wall,
+                "base_mib": base_kib / 1024,
+                "peak_mib": peak_kib / 1024,
+                "virtual_s": sum(e.time_s for e in result.epochs),
+                "samples": sum(e.samples for e in result.epochs),
+                "accuracy": final.accuracy,
+                "slices": len(result.trace),
+                "wakeups": clock.wakeups,
+                "user_s": after.ru_utime - before.ru_utime,
+                "sys_s": after.ru_stime - before.ru_stime,
+                "minor_faults": after.ru_minflt - before.ru_minflt,
+            }
+        ),
+        flush=True,
+    )
+
+
+# -- the parent: cost table, estimate, one child per K, the table ----------------------
+
+
+def cost_table(args: argparse.Namespace) -> CostTable:
+    """Uniform (1 ms forward, 2 ms backward per unit at B'), measured once on this machine
+    at B' and B, or read from a JSON file (`CostTable.to_mapping` form).
+
+    Raises:
+        ConfigError: the file does not hold a cost table.
+        OSError: the file cannot be read.
+    """
+    if args.costs not in ("uniform", "measured"):
+        return CostTable.from_mapping(json.loads(Path(args.costs).read_text()))
+    if args.costs == "uniform":
+        return CostTable.uniform(
+            5,
+            forward=0.001,
+            backward=0.002,
+            step=0.0001,
+            batch=args.batch_size // args.parallel_batches,
+        )
+    torch.manual_seed(0)
+    model = models.build("vgg5", num_classes=10, in_shape=(3, 32, 32))
+    micro = args.batch_size // args.parallel_batches
+    return measure_costs(model, (3, 32, 32), sorted({micro, args.batch_size}))
+
+
+def per_device_bytes(args: argparse.Namespace) -> dict[str, int]:
+    """The terms of the per-device memory estimate, in bytes, measured from vgg5."""
+    torch.manual_seed(0)
+    model = models.build("vgg5", num_classes=10, in_shape=(3, 32, 32))
+    device_half, server_half = models.split(model, args.split_point)
+    micro = args.batch_size // args.parallel_batches
+
+    def state_bytes(module: torch.nn.Module) -> int:
+        return sum(t.numel() * t.element_size() for t in module.state_dict().values())
+
+    storages: dict[int, int] = {}
+    weights = {p.untyped_storage().data_ptr() for p in device_half.parameters()}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in weights:  # weights are shared by the N graphs
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = device_half(torch.randn(micro, 3, 32, 32))
+    activation = out.numel() * out.element_size()
+    n = args.parallel_batches
+    return {
+        # parameters + momentum + gradients (gradients live from the first micro-batch's
+        # backward to the step; with K devices queued, most replicas hold them at once)
+        "server replica": 3 * state_bytes(server_half),
+        "device half": 3 * state_bytes(device_half),
+        # PiPar runs N forwards before the first backward: N graphs' saved tensors
+        "device autograd": n * sum(storages.values()),
+        # N activation frames up, N gradients cached + N gradient frames down
+        "frames": 3 * n * activation,
+    }
+
+
+def estimate_mib(base_mib: float, devices: int, terms: dict[str, int]) -> float:
+    """Estimated peak RSS in MiB for ``devices`` devices."""
+    return base_mib + devices * sum(terms.values()) / MIB
+
+
+def mem_available_mib() -> float:
+    """MemAvailable of /proc/meminfo (inf where there is none)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return math.inf
+
+
+def child_command(args: argparse.Namespace, devices: int, costs_file: Path) -> list[str]:
+    """The command line of the child that simulates ``devices`` devices."""
+    return [
+        sys.executable,
+        __file__,
+        "--child",
+        str(devices),
+        "--costs-file",
+        str(costs_file),
+        "--samples-per-device",
+        str(args.samples_per_device),
+        "--batch-size",
+        str(args.batch_size),
+        "--parallel-batches",
+        str(args.parallel_batches),
+        "--split-point",
+        str(args.split_point),
+        "--epochs",
+        str(args.epochs),
+        "--test-samples",
+        str(args.test_samples),
+        "--network",
+        args.network,
+    ]
+
+
+def child_env(args: argparse.Namespace) -> dict[str, str]:
+    """The children's environment (with glibc's mmap threshold when asked)."""
+    env = dict(os.environ)
+    if args.malloc_mmap_threshold:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(args.malloc_mmap_threshold)
+    return env
+
+
+def proc_status_mib(pid: int, key: str) -> float:
+    """A ``VmHWM``/``VmRSS``-style figure of process ``pid`` in MiB (0 when unreadable)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def run_one(args: argparse.Namespace, devices: int, costs_file: Path) -> dict[str, Any]:
+    """One child; its figures, or ``{"error": ...}`` when it failed or was stopped.
+
+    The child is killed when it runs past ``--timeout`` or when MemAvailable falls below
+    ``--keep-free-gib`` (the machine is shared: never push others into the OOM killer).
+    """
+    started = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as output:
+        process = subprocess.Popen(
+            child_command(args, devices, costs_file),
+            env=child_env(args),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        stopped = ""
+        while process.poll() is None:
+            elapsed = time.perf_counter() - started
+            available = mem_available_mib()
+            if elapsed > args.timeout:
+                stopped = f"killed after {elapsed:.0f} s (--timeout)"
+            elif available < args.keep_free_gib * 1024:
+                stopped = (
+                    f"killed after {elapsed:.0f} s: MemAvailable {available / 1024:.1f} GiB < "
+                    f"{args.keep_free_gib:g} GiB with the child at "
+                    f"{proc_status_mib(process.pid, 'VmRSS') / 1024:.1f} GiB RSS "
+                    f"(peak {proc_status_mib(process.pid, 'VmHWM') / 1024:.1f} GiB)"
+                )
+            if stopped:
+                process.kill()
+                process.wait()
+                break
+            time.sleep(0.25)
+        proc = time.perf_counter() - started
+        output.seek(0)
+        text = output.read()
+    if stopped:
+        return {"devices": devices, "error": stopped}
+    for line in text.splitlines():
+        if line.startswith(MARK):
+            return {**json.loads(line[len(MARK) :]), "proc_s": proc}
+    tail = " | ".join(text.strip().splitlines()[-3:])
+    return {"devices": devices, "error": f"exit code {process.returncode}: {tail}"}
+
+
+def table(rows: list[dict[str, Any]], terms: dict[str, int], base_mib: float) -> list[str]:
+    """The results table, one row per K."""
+    head = (
+        f"{'K':>5} {'wall s':>7} {'user s':>7} {'sys s':>6} {'ms/smp':>6} {'proc s':>7} "
+        f"{'base MiB':>8} {'peak MiB':>8} {'MiB/dev':>7} {'marg':>6} {'est MiB':>8} {'flt/dev':>7} "
+        f"{'virt s':>7} {'samples':>7} {'slices':>7} {'slices/s':>8} {'wakeups/s':>9}"
+    )
+    out = [head]
+    previous: dict[str, Any] | None = None
+    for row in rows:
+        k = row["devices"]
+        if "error" in row:
+            est = estimate_mib(base_mib, k, terms)
+            out.append(f"{k:>5} {'-':>7} ... est {est:.0f} MiB: {row['error']}")
+            continue
+        wall = row["wall_s"]
+        per_dev = (row["peak_mib"] - row["base_mib"]) / k
+        marginal = (
+            f"{(row['peak_mib'] - previous['peak_mib']) / (k - previous['devices']):>6.2f}"
+            if previous is not None and k != previous["devices"]
+            else f"{'-':>6}"
+        )
+        previous = row
+        est = estimate_mib(row["base_mib"], k, terms)
+        out.append(
+            f"{k:>5} {wall:>7.1f} {row['user_s']:>7.1f} {row['sys_s']:>6.1f} "
+            f"{1e3 * wall / max(1, row['samples']):>6.2f} {row['proc_s']:>7.1f} "
+            f"{row['base_mib']:>8.0f} {row['peak_mib']:>8.0f} {per_dev:>7.2f} {marginal} "
+            f"{est:>8.0f} {row['minor_faults'] / k:>7.0f} {row['virtual_s']:>7.3f} "
+            f"{row['samples']:>7} {row['slices']:>7} {row['slices'] / wall:>8.0f} "
+            f"{row['wakeups'] / wall:>9.0f}"
+        )
+    return out
+
+
+def per_device_slopes(done: list[dict[str, Any]]) -> tuple[dict[str, Any], float, float]:
+    """The largest run, and wall seconds and MiB per extra device: marginal between the
+    two largest runs when there are two, else that run's figures over its K (which then
+    include the run's fixed costs)."""
+    ordered = sorted(done, key=lambda r: r["devices"])
+    last = ordered[-1]
+    if len(ordered) >= 2:
+        first = ordered[-2]
+        dk = last["devices"] - first["devices"]
+        return (
+            last,
+            (last["wall_s"] - first["wall_s"]) / dk,
+            (last["peak_mib"] - first["peak_mib"]) / dk,
+        )
+    k0 = last["devices"]
+    return last, last["wall_s"] / k0, (last["peak_mib"] - last["base_mib"]) / k0
+
+
+def extrapolate(rows: list[dict[str, Any]], terms: dict[str, int]) -> list[str]:
+    """Linear extrapolation, from the largest K that ran, to the Ks that did not."""
+    done = [r for r in rows if "error" not in r]
+    failed = [r for r in rows if "error" in r]
+    if not done or not failed:
+        return []
+    last, wall_per_device, mib_per_device = per_device_slopes(done)
+    k0 = last["devices"]
+    lines = [
+        f"extrapolated linearly from K = {k0} ({wall_per_device:.3f} s and "
+        f"{mib_per_device:.2f} MiB per further device):"
+    ]
+    for row in failed:
+        k = row["devices"]
+        wall = last["wall_s"] + wall_per_device * (k - k0)
+        peak = last["peak_mib"] + mib_per_device * (k - k0)
+        lines.append(
+            f"  K = {k}: wall ~{wall:.0f} s, peak RSS ~{peak / 1024:.1f} GiB "
+            f"(estimate {estimate_mib(last['base_mib'], k, terms) / 1024:.1f} GiB)"
+        )
+    return lines
+
+
+def profile(args: argparse.Namespace, devices: int, costs_file: Path) -> None:
+    """Profile one child's ``simulate`` call (cProfile; imports before it excluded) and
+    print the top functions: by cumulative time, the same within aiopipe, by own time."""
+    with tempfile.TemporaryDirectory() as tmp:
+        stats = Path(args.profile_out or Path(tmp) / "scale.prof")
+        command = [*child_command(args, devices, costs_file), "--child-profile", str(stats)]
+        print(f"--- cProfile of simulate(), K = {devices}", flush=True)
+        subprocess.run(
+            command,
+            env=child_env(args),
+            check=True,
+            timeout=args.timeout,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        pstats.Stats(str(stats)).sort_stats("cumulative").print_stats(args.top)
+        pstats.Stats(str(stats)).sort_stats("cumulative").print_stats("aiopipe/", args.top)
+        pstats.Stats(str(stats)).sort_stats("tottime").print_stats(args.top)
+
+
+def parse_args() -> argparse.Namespace:
+    """Command-line options (``--child`` marks the internal child process)."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
+    parser.add_argument("--devices", default="10,100,1000", help="comma-separated Ks")
+    parser.add_argument(
+        "--costs", default="uniform", help='"uniform" (default), "measured" or FILE.json'
+    )
+    parser.add_argument("--save-costs", default="", metavar="FILE", help="write the table used")
+    parser.add_argument("--samples-per-device", type=int, default=40)
+    parser.add_argument("--batch-size", type=int, default=20)
+    parser.add_argument("--parallel-batches", type=int, default=2)
+    parser.add_argument("--split-point", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--test-samples", type=int, default=100)
+    parser.add_argument("--network", default="4g")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per child")
+    parser.add_argument(
+        "--keep-free-gib",
+        type=float,
+        default=2.0,
+        help="skip a K that would leave less MemAvailable; kill a child that does",
+    )
+    parser.add_argument("--force", action="store_true", help="run every K regardless")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also profile one run with K devices (cProfile)",
+    )
+    parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--profile-out", default="", help="keep the cProfile stats here")
+    parser.add_argument("--malloc-mmap-threshold", type=int, default=0, metavar="BYTES")
+    parser.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--costs-file", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--child-profile", default="", help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    if args.child:
+        run_child(args)
+        return
+    torch.set_num_threads(1)
+    ks = [int(k) for k in args.devices.split(",") if k.strip()]
+    costs = cost_table(args)
+    terms = per_device_bytes(args)
+    base_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # rough, until a run
+    micro, p = args.batch_size // args.parallel_batches, args.split_point
+    device_ms = 1e3 * (costs.forward_time(0, p, micro) + costs.backward_time(0, p, micro))
+    server_ms = 1e3 * (
+        costs.forward_time(p, costs.units, micro) + costs.backward_time(p, costs.units, micro)
+    )
+    print(
+        f"pipar vgg5 synthetic-cifar10, {args.samples_per_device} samples/device, "
+        f"B={args.batch_size} N={args.parallel_batches} P={p}, {args.epochs} epoch(s), "
+        f"network {args.network}, {args.costs} costs (at B'={micro}: device f+b "
+        f"{device_ms:.2f} ms, server f+b {server_ms:.2f} ms)"
+        + (
+            f", MALLOC_MMAP_THRESHOLD_={args.malloc_mmap_threshold}"
+            if args.malloc_mmap_threshold
+            else ""
+        )
+    )
+    print(
+        "per-device memory estimate: "
+        + ", ".join(f"{name} {b / MIB:.2f} MiB" for name, b in terms.items())
+        + f"; total {sum(terms.values()) / MIB:.2f} MiB/device"
+    )
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        costs_file = Path(tmp) / "costs.json"
+        costs_file.write_text(json.dumps(costs.to_mapping()))
+        if args.save_costs:
+            Path(args.save_costs).write_text(json.dumps(costs.to_mapping(), indent=1))
+        for k in ks:
+            available = mem_available_mib()
+            need = estimate_mib(base_mib, k, terms)
+            ran = [r for r in rows if "error" not in r]
+            if ran:  # what the runs so far measured per device, if more than the estimate
+                last, _, mib_per_device = per_device_slopes(ran)
+                base_mib = last["base_mib"]
+                need = max(
+                    estimate_mib(base_mib, k, terms),
+                    last["peak_mib"] + mib_per_device * (k - last["devices"]),
+                )
+            if not args.force and need > available - args.keep_free_gib * 1024:
+                rows.append(
+                    {
+                        "devices": k,
+                        "error": (
+                            f"skipped: needs ~{need / 1024:.1f} GiB > MemAvailable "
+                            f"{available / 1024:.1f} GiB - {args.keep_free_gib:g} GiB kept free "
+                            "(--force runs it)"
+                        ),
+                    }
+                )
+                print(f"--- K = {k}: {rows[-1]['error']}", flush=True)
+                continue
+            print(f"--- K = {k} (MemAvailable {available / 1024:.1f} GiB) ...", flush=True)
+            rows.append(run_one(args, k, costs_file))
+            print("    " + json.dumps(rows[-1]), flush=True)
+        print()
+        for line in table(rows, terms, base_mib) + extrapolate(rows, terms):
+            print(line)
+        if args.profile:
+            print()
+            profile(args, args.profile, costs_file)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""bench/scale.py: one tiny run end to end, the memory estimate, the extrapolation.
+
+The benchmark's figures are never asserted (speed and memory depend on the machine); these
+tests check that it runs, that its rows describe the run it made, and that its arithmetic
+is right.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "bench" / "scale.py"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_scale", SCRIPT)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _args(**overrides: object) -> argparse.Namespace:
+    values: dict[str, object] = {
+        "samples_per_device": 40,
+        "batch_size": 20,
+        "parallel_batches": 2,
+        "split_point": 2,
+    }
+    values.update(overrides)
+    return argparse.Namespace(**values)
+
+
+def test_two_devices_run_in_a_child_and_report_what_they_trained() -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    process = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--devices",
+            "2",
+            "--test-samples",
+            "10",
+            "--keep-free-gib",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+        env=env,
+    )
+    assert process.returncode == 0, process.stdout + process.stderr
+    rows = [json.loads(line) for line in process.stdout.splitlines() if line.startswith("    {")]
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["devices"] == 2
+    assert row["samples"] == 2 * 40
+    assert row["virtual_s"] > 0
+    assert row["slices"] > 2 * 2 * 2  # f, u, s, d, b per micro-batch, 2 iterations, 2 devices
+    assert row["peak_mib"] >= row["base_mib"] > 0
+    table = [line for line in process.stdout.splitlines() if line.split()[:1] == ["2"]]
+    assert len(table) == 1, process.stdout
+
+
+def test_memory_estimate_counts_replica_optimizer_and_n_autograd_graphs() -> None:
+    scale = _load()
+    one = scale.per_device_bytes(_args(parallel_batches=1))
+    two = scale.per_device_bytes(_args(parallel_batches=2))
+    # vgg5 split at 2: the server half holds units 3-5 (conv 64-64, FC 4096-128, FC 128-10)
+    server_params = 4 * (64 * 64 * 9 + 64 + 4096 * 128 + 128 + 128 * 10 + 10)
+    assert two["server replica"] == 3 * server_params
+    # N = 1 keeps one graph of B' = 20 samples, N = 2 two graphs of 10: the same bytes
+    assert two["device autograd"] == one["device autograd"]
+    four = scale.per_device_bytes(_args(batch_size=40, parallel_batches=4))
+    assert four["device autograd"] == 2 * two["device autograd"]
+    assert scale.estimate_mib(100.0, 10, {"a": 1 << 20}) == 110.0
+
+
+def test_rows_that_did_not_run_are_extrapolated_from_the_largest_that_did() -> None:
+    scale = _load()
+    rows = [
+        {"devices": 10, "wall_s": 1.0, "base_mib": 240.0, "peak_mib": 340.0},
+        {"devices": 100, "wall_s": 4.0, "base_mib": 240.0, "peak_mib": 1240.0},
+        {"devices": 1000, "error": "skipped: no memory"},
+    ]
+    lines = scale.extrapolate(rows, {"a": 10 << 20})
+    # marginal between K = 10 and 100: 1/30 s and 10 MiB per device
+    assert lines[0] == (
+        "extrapolated linearly from K = 100 (0.033 s and 10.00 MiB per further device):"
+    )
+    assert lines[1] == "  K = 1000: wall ~34 s, peak RSS ~10.0 GiB (estimate 10.0 GiB)"
+    one_run = scale.extrapolate([rows[1], rows[2]], {"a": 10 << 20})
+    assert one_run[1] == "  K = 1000: wall ~40 s, peak RSS ~10.0 GiB (estimate 10.0 GiB)"
+    assert scale.extrapolate(rows[:2], {"a": 1}) == []
