@@ -22,7 +22,7 @@ from torch import nn
 from aiopipe.config import RunConfig
 from aiopipe.metrics.trace import Slice, chrome_trace
 
-__all__ = ["EpochMetrics", "RunResult", "write_results"]
+__all__ = ["EpochMetrics", "RunResult", "write_atomic", "write_results"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,15 +82,15 @@ def write_results(result: RunResult, out_dir: str | Path) -> Path:
     """
     path = Path(out_dir)
     path.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path / "config.toml", result.config.to_toml().encode())
+    write_atomic(path / "config.toml", result.config.to_toml().encode())
     lines = b"".join(orjson.dumps(e.to_mapping()) + b"\n" for e in result.epochs)
-    _atomic_write(path / "metrics.jsonl", lines)
+    write_atomic(path / "metrics.jsonl", lines)
     trace = chrome_trace(result.trace, origin=result.trace_origin)
-    _atomic_write(path / "trace.json", json.dumps(trace).encode())
+    write_atomic(path / "trace.json", json.dumps(trace).encode())
     from safetensors.torch import save
 
     state = {k: v.detach().contiguous().clone() for k, v in result.model.state_dict().items()}
-    _atomic_write(path / "model.safetensors", save(state))
+    write_atomic(path / "model.safetensors", save(state))
     try:
         from aiopipe.metrics.timeline import draw_timeline
     except ImportError:  # matplotlib is optional
@@ -100,10 +100,21 @@ def write_results(result: RunResult, out_dir: str | Path) -> Path:
     return path
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a crash leaves the old file or the new one:
+    a temporary file, fsynced, renamed over the old, and the directory fsynced.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)

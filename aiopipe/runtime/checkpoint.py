@@ -13,7 +13,6 @@ seed), so no RNG state needs saving. Device-side optimizer state stays on the de
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import torch
 
 from aiopipe.errors import ConfigError
+from aiopipe.metrics.results import write_atomic
 
 __all__ = ["CHECKPOINT_FILE", "load_checkpoint", "save_checkpoint"]
 
@@ -41,9 +41,9 @@ def save_checkpoint(directory: str | Path, tensors: Mapping[str, torch.Tensor],
     previous = _read_meta(path)
     generation = int(previous.get("generation", -1)) + 1 if previous else 0
     state_name = f"state-{generation}.safetensors"
-    _write_atomic(path / state_name,
+    write_atomic(path / state_name,
                   save({k: v.detach().contiguous().clone() for k, v in tensors.items()}))
-    _write_atomic(path / CHECKPOINT_FILE, json.dumps(
+    write_atomic(path / CHECKPOINT_FILE, json.dumps(
         {**meta, "generation": generation, "state": state_name}).encode())
     for old in path.glob("state-*.safetensors"):
         if old.name != state_name:
@@ -84,17 +84,3 @@ def _read_meta(path: Path) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise ConfigError(f"{str(path / CHECKPOINT_FILE)!r} does not hold a checkpoint")
     return meta
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
