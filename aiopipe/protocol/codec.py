@@ -119,7 +119,7 @@ _Schema = tuple[tuple[str, _FieldType], ...]
 
 #: Wire tag and field types of every message kind, in dataclass field order.
 _SCHEMAS: Final[dict[type[Any], tuple[str, _Schema]]] = {
-    Hello: ("hello", (("version", "int"), ("device_id", "int"))),
+    Hello: ("hello", (("version", "int"), ("device_id", "int"), ("session", "int"))),
     Plan: (
         "plan",
         (

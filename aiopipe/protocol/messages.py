@@ -6,7 +6,7 @@ is pure: no I/O, no torch.
 
 Conversation (device ``k``, server ``S``)::
 
-    k → S  Hello(version, device_id)
+    k → S  Hello(version, device_id, session)
     S → k  Plan(device_id, mode, split_point, parallel_batches, micro_batch_size, run,
                 server_time, session)
     repeat per round (aggregation period):
@@ -104,14 +104,21 @@ class TensorData:
 
 @dataclass(frozen=True, slots=True)
 class Hello:
-    """First message of a device: who it is and which protocol it speaks."""
+    """First message of a device: who it is and which protocol it speaks.
+
+    ``session`` is the `Plan.session` of the server-side session the device was talking
+    to before it reconnected, or 0 for a device that starts afresh (a new process): only
+    a matching session is resumed.
+    """
 
     version: int
     device_id: int
+    session: int = 0
 
     def __post_init__(self) -> None:
         _check_index("version", self.version)
         _check_index("device_id", self.device_id)
+        _check_index("session", self.session)
 
 
 @dataclass(frozen=True, slots=True)

@@ -172,7 +172,7 @@ class _DeviceNode:
 
     async def _handshake(self) -> Plan:
         start = self.clock.now()
-        await self.peer.send(Hello(PROTOCOL_VERSION, self.device_id))
+        await self.peer.send(Hello(PROTOCOL_VERSION, self.device_id, self.server_session or 0))
         plan = await self.peer.receive()
         if isinstance(plan, ErrorMessage) and plan.code == "busy" and self.connector:
             # our old connection is still open on the server side: try again shortly

@@ -141,6 +141,8 @@ class ServerNode:
         self._arrived = asyncio.Event()  # set whenever a device is admitted
         self.joined = asyncio.Event()  # set once every device has said hello
         self.epoch = -1
+        self.finished = False  # train() has returned: no more admissions
+        self._half_specs: dict[int, dict[str, tuple[str, tuple[int, ...]]]] = {}
         self._epoch_start = 0.0
         self.rounds = 0
         self.epochs: list[EpochMetrics] = []
@@ -185,10 +187,13 @@ class ServerNode:
         assert isinstance(hello, Hello)
         k = hello.device_id
         session = self.sessions.get(k)
-        resumed = session is not None and not session.ended
-        if session is not None and resumed:
+        resumed = session is not None and not session.ended and hello.session == session.nonce
+        if session is not None and not session.ended:
             await self._supersede(session)
-        else:
+        if session is not None and not resumed:
+            # a device that starts afresh cannot continue its old round: drop that round
+            session.end("it restarted")
+        if session is None or not resumed:
             plan = self.plans[k]
             session = DeviceSession(
                 self, Peer(link, self.clock, self.recorder, f"device{k}/downlink",
@@ -261,6 +266,10 @@ class ServerNode:
     def _check_hello(self, hello: object, authenticated: int | None) -> str:
         if not isinstance(hello, Hello):
             return f"expected Hello, got {type(hello).__name__}"
+        if hello.version != PROTOCOL_VERSION:
+            return f"protocol version {hello.version} is not {PROTOCOL_VERSION}"
+        if self.finished:
+            return "the run is over"
         if authenticated is not None and hello.device_id != authenticated:
             return f"token is for device {authenticated}, not device {hello.device_id}"
         session = self.sessions.get(hello.device_id)
@@ -273,9 +282,15 @@ class ServerNode:
             return f"device id {hello.device_id} is not in 0..{self.config.devices - 1}"
         return ""
 
-    def device_half_keys(self, device_id: int) -> set[str]:
-        """State-dict keys of device ``device_id``'s half."""
-        return set(models.split(self.model, self.plans[device_id].split_point)[0].state_dict())
+    def device_half_specs(self, device_id: int) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Wire dtype and shape of every state-dict entry of device ``device_id``'s half."""
+        specs = self._half_specs.get(device_id)
+        if specs is None:
+            half = models.split(self.model, self.plans[device_id].split_point)[0]
+            specs = {name: (wire.dtype, wire.shape) for name, wire in
+                     state_to_wire({k: v.detach() for k, v in half.state_dict().items()}).items()}
+            self._half_specs[device_id] = specs
+        return specs
 
     # -- training ---------------------------------------------------------------------
 
@@ -303,6 +318,7 @@ class ServerNode:
             reason = f"training failed: {exc}"
             raise
         finally:
+            self.finished = True
             for session in self.sessions.values():
                 if not session.closing and not session.ended:
                     session.say_bye(reason)

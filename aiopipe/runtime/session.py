@@ -143,6 +143,7 @@ class DeviceSession:
     def end(self, reason: str) -> None:
         """The device is gone for good: fail its round."""
         self.ended = True
+        self.attached.set()  # a connection waiting to be re-attached stops waiting
         if self.result is not None and not self.result.done():
             self.result.set_exception(DeviceLostError(f"device {self.device_id} was lost: "
                                                       f"{reason}"))
@@ -305,9 +306,29 @@ class DeviceSession:
         if message.round != window.round:
             raise RemoteProtocolError(f"result for round {message.round}, expected "
                                       f"{window.round}")
-        expected = self.node.device_half_keys(self.device_id)
-        if set(message.tensors) != expected:
+        expected = self.node.device_half_specs(self.device_id)
+        if set(message.tensors) != set(expected):
             raise RemoteProtocolError("round result does not hold the device half's tensors")
+        for name, tensor in message.tensors.items():
+            if (tensor.dtype, tensor.shape) != expected[name]:
+                raise RemoteProtocolError(
+                    f"round result {name} is {tensor.dtype} {tensor.shape}, the model has "
+                    f"{expected[name][0]} {expected[name][1]}")
+            if tensor.dtype.startswith(("float", "bfloat")) and not bool(
+                    torch.isfinite(to_torch(tensor)).all()):
+                raise RemoteProtocolError(f"round result {name} holds NaN or Inf")
+        plan, work = self.plan, window.iterations
+        if self.node.config.mode == "fl":
+            samples = work * self.node.config.batch_size
+        else:  # exactly what the server computed with this device this round
+            samples = work * plan.micro_batch_size * plan.parallel_batches
+            if len(self.seen) * plan.micro_batch_size != samples:
+                raise RemoteProtocolError(
+                    f"round result before the round's work was done ({len(self.seen)} of "
+                    f"{work * plan.parallel_batches} micro-batches)")
+        if message.samples != samples:
+            raise RemoteProtocolError(f"round result claims {message.samples} samples, the "
+                                      f"round has {samples}")
         self.round_result = message
 
     def _complete_round(self, message: RoundReport) -> None:
@@ -321,7 +342,7 @@ class DeviceSession:
                                       f"{result.round}")
         try:
             slices = [Slice.from_list(s) for s in message.report.get("slices", ())]
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             raise RemoteProtocolError(f"round report holds a bad slice: {exc}") from None
         mine = f"device{self.device_id}/"
         if any(not s.track.startswith(mine) for s in slices):

@@ -426,7 +426,7 @@ BAD_FRAMES: list[tuple[str, bytes, str]] = [
     ("bool for int", frame(["heartbeat", {"seq": True}]), "expected int, got bool"),
     (
         "float for int",
-        frame(["hello", {"version": 1.0, "device_id": 0}]),
+        frame(["hello", {"version": 1.0, "device_id": 0, "session": 0}]),
         "hello.version: wrong field type",
     ),
     (

@@ -129,8 +129,10 @@ async def test_a_killed_device_is_excluded_and_a_restarted_one_rejoins() -> None
         assert torch.isfinite(value).all()
 
 
-async def test_a_device_that_comes_back_in_time_finishes_its_round() -> None:
-    """A link cut mid-round and a quick reconnection: nothing lost, nothing twice."""
+async def test_a_restarted_device_drops_its_round_and_rejoins_at_the_next() -> None:
+    """A device process killed mid-round and started again at once: the new process knows
+    nothing of the round (its Hello names no session), so that round goes on without it
+    and it takes part again from the next round; nothing is counted twice."""
     clock = VirtualClock()
     async with asyncio.TaskGroup() as tasks:
         fleet = Fleet(CONFIG, clock, tasks)
@@ -142,8 +144,9 @@ async def test_a_device_that_comes_back_in_time_finishes_its_round() -> None:
         fleet.start_device(2)  # a fresh process with the same id, within device_timeout
         result = await training
     await clock.aclose()
-    assert [e.device_samples for e in result.epochs] == [(80, 80, 80)] * 3
-    assert [e.devices_lost for e in result.epochs] == [(), (), ()]
+    assert [e.device_samples for e in result.epochs] == [(80, 80, 80), (80, 80, 40),
+                                                        (80, 80, 80)]
+    assert [e.devices_lost for e in result.epochs] == [(), (2,), ()]
 
 
 async def test_a_silent_device_is_declared_lost_after_the_timeout() -> None:
