@@ -131,7 +131,7 @@ class ServerNode:
                                charge_costs=cost_table is not None)
         self.replicas: dict[int, tuple[nn.Sequential, torch.optim.Optimizer]] = {}
         for plan in self.plans if config.mode != "fl" else ():
-            half = models.split(copy.deepcopy(self.model), plan.split_point)[1]
+            half = copy.deepcopy(models.split(self.model, plan.split_point)[1])  # only that half
             optimizer = torch.optim.SGD(half.parameters(), lr=config.learning_rate,
                                         momentum=config.momentum)
             self.replicas[plan.device_id] = (half, optimizer)
