@@ -72,8 +72,15 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                      help="micro-batches per iteration N: an integer or a comma list")
     run.add_argument("--network", help="network preset: 4g, 4g+, wifi or lan")
     run.add_argument("--device-timeout", type=float,
-                     help="seconds of silence before a device connection is given up, and "
-                          "then seconds it has to reconnect before its round is dropped")
+                     help="seconds of silence before a device connection is given up")
+    run.add_argument("--reconnect-grace", type=float,
+                     help="seconds a disconnected device has to reconnect before its round "
+                          "goes on without it (default 10)")
+    run.add_argument("--no-replan", dest="replan", action="store_false", default=None,
+                     help='with "auto" plans, keep the first plan (no re-planning from live '
+                          "measurements between rounds)")
+    run.add_argument("--device-memory-mb", type=_float_list,
+                     help='memory budget per device for "auto" plans, MB (0 = unlimited)')
     run.add_argument("--heartbeat-interval", type=float, help="seconds between heartbeats")
     run.add_argument("--no-shaping", dest="shape_links", action="store_false", default=None,
                      help="do not pace websocket senders at the network's rates (use when "
@@ -90,7 +97,8 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
 RUN_OPTION_KEYS = ("mode", "model", "dataset", "devices", "samples_per_device", "batch_size",
                 "epochs", "split_point", "parallel_batches", "network", "device_slowdown",
                 "aggregation_every", "learning_rate", "seed", "out_dir", "shape_links",
-                "device_timeout", "heartbeat_interval")
+                "device_timeout", "heartbeat_interval", "reconnect_grace", "replan",
+                "device_memory_mb")
 
 
 def config_from_args(args: argparse.Namespace, **defaults: Any) -> RunConfig:

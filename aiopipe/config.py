@@ -88,10 +88,21 @@ class RunConfig:
             ``network``.
         heartbeat_interval: seconds between a device's heartbeats.
         device_timeout: seconds of silence (no message at all, heartbeats included)
-            after which a connection is given up, and then seconds a device has to
-            reconnect before the server declares it lost and goes on without its round
-            (so a silent device is lost after 2 x device_timeout, a disconnected one
-            after 1 x). It must exceed the time one frame takes on the slowest link.
+            after which a connection is given up (so a silent device is lost after
+            device_timeout + reconnect_grace, a disconnected one after reconnect_grace).
+            It must exceed the time one frame takes on the slowest link.
+        reconnect_grace: seconds a device whose connection broke has to reconnect
+            before the server declares it lost and its round goes on without it (the
+            recovery time after a crash; a reconnect later than this rejoins at the next
+            round).
+        replan: with "auto" split points or micro-batch counts, re-estimate at every
+            round boundary from live measurements (each device's compute and link
+            speeds) and switch plans when the estimate improves enough.
+        replan_threshold: the relative improvement of the estimated remaining time a
+            new plan needs before the coordinator switches to it (0.1 = 10%).
+        device_memory_mb: memory budget per device for the planner (one value or one
+            per device; 0 = unlimited): the device half's weights, gradients, momentum
+            and the activations of N in-flight micro-batches must fit.
 
     Raises:
         ConfigError: a field has an invalid value (the message names the key).
@@ -120,6 +131,10 @@ class RunConfig:
     shape_links: bool = True
     heartbeat_interval: float = 5.0
     device_timeout: float = 60.0
+    reconnect_grace: float = 10.0
+    replan: bool = True
+    replan_threshold: float = 0.1
+    device_memory_mb: float | tuple[float, ...] = 0.0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -199,8 +214,33 @@ class RunConfig:
         if self.device_timeout <= self.heartbeat_interval:
             raise _fail("device_timeout", self.device_timeout,
                         f"more than heartbeat_interval ({self.heartbeat_interval:g} s)")
-        if not isinstance(self.shape_links, bool):
-            raise _fail("shape_links", self.shape_links, "true or false")
+        grace = self.reconnect_grace
+        if isinstance(grace, bool) or not isinstance(grace, int | float) or not (
+            math.isfinite(grace) and grace > 0
+        ):
+            raise _fail("reconnect_grace", grace, "a finite number of seconds > 0")
+        set_(self, "reconnect_grace", float(grace))
+        for key in ("shape_links", "replan"):
+            if not isinstance(getattr(self, key), bool):
+                raise _fail(key, getattr(self, key), "true or false")
+        threshold = self.replan_threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not (
+            math.isfinite(threshold) and 0 <= threshold < 1
+        ):
+            raise _fail("replan_threshold", threshold, "a number in [0, 1)")
+        set_(self, "replan_threshold", float(threshold))
+        budget = self.device_memory_mb
+        budgets = budget if isinstance(budget, Sequence) else (budget,)
+        if isinstance(budget, Sequence) and len(budgets) != self.devices:
+            raise _fail("device_memory_mb", list(budgets),
+                        f"one number or {self.devices} numbers")
+        for v in budgets:
+            if isinstance(v, bool) or not isinstance(v, int | float) or not (
+                math.isfinite(v) and v >= 0
+            ):
+                raise _fail("device_memory_mb", v, "a finite number of MB >= 0 (0 = unlimited)")
+        set_(self, "device_memory_mb", tuple(float(v) for v in budgets)
+             if isinstance(budget, Sequence) else float(budget))
         if not isinstance(self.out_dir, str):
             raise _fail("out_dir", self.out_dir, "a path string")
 
@@ -213,6 +253,12 @@ class RunConfig:
     def device_parallel_batches(self, device_id: int) -> int | str:
         """N for one device ("auto" until a planner resolves it)."""
         return _pick(self.parallel_batches, device_id)
+
+    def device_memory_bytes_of(self, device_id: int) -> int | None:
+        """One device's memory budget in bytes; None when unlimited."""
+        budget = self.device_memory_mb
+        mb = float(budget[device_id] if isinstance(budget, tuple) else budget)
+        return int(mb * 2**20) if mb > 0 else None
 
     def device_slowdown_of(self, device_id: int) -> float:
         """Compute slowdown factor of one device."""

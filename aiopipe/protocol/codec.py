@@ -141,6 +141,9 @@ _SCHEMAS: Final[dict[type[Any], tuple[str, _Schema]]] = {
             ("first_iteration", "int"),
             ("iterations", "int"),
             ("tensors", "tensors"),
+            ("split_point", "int"),
+            ("parallel_batches", "int"),
+            ("micro_batch_size", "int"),
         ),
     ),
     Activation: (

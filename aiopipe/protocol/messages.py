@@ -10,7 +10,8 @@ Conversation (device ``k``, server ``S``)::
     S → k  Plan(device_id, mode, split_point, parallel_batches, micro_batch_size, run,
                 server_time, session)
     repeat per round (aggregation period):
-      S → k  RoundStart(round, epoch, first_iteration, iterations, tensors)
+      S → k  RoundStart(round, epoch, first_iteration, iterations, tensors,
+                        split_point, parallel_batches, micro_batch_size)
       split modes, per iteration, per micro-batch n:
         k → S  Activation(epoch, iteration, micro_batch, tensor, labels)
         S → k  Gradient(epoch, iteration, micro_batch, tensor)
@@ -47,7 +48,7 @@ __all__ = [
     "TensorData",
 ]
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
 
 #: Training modes a plan can name.
 MODES: Final = ("fl", "sl", "sfl", "pipar")
@@ -157,16 +158,25 @@ class Plan:
 
 @dataclass(frozen=True, slots=True)
 class RoundStart:
-    """Weights to load and the work to do until the next aggregation."""
+    """Weights to load and the work to do until the next aggregation.
+
+    ``split_point``, ``parallel_batches`` and ``micro_batch_size`` are the device's plan
+    for this round; they differ from the `Plan`'s when the coordinator re-planned
+    (``tensors`` then holds the new device half). 0 means "as before" (fl rounds).
+    """
 
     round: int
     epoch: int
     first_iteration: int
     iterations: int
     tensors: Mapping[str, TensorData]
+    split_point: int = 0
+    parallel_batches: int = 0
+    micro_batch_size: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("round", "epoch", "first_iteration", "iterations"):
+        for name in ("round", "epoch", "first_iteration", "iterations", "split_point",
+                     "parallel_batches", "micro_batch_size"):
             _check_index(name, getattr(self, name))
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 from collections.abc import Callable
@@ -295,6 +296,40 @@ class _DeviceNode:
         self.compute.slowdown = config.device_slowdown_of(self.device_id)
         self.schedule = pipar_order(plan.parallel_batches)
 
+    def _replan(self, message: RoundStart) -> None:
+        """Switch to the round's plan (the coordinator re-planned): rebuild the device
+        half at the new split point, keeping the momentum of the parameters that stay
+        (see aiopipe.runtime.replan [Note: switching]).
+
+        Raises:
+            RemoteProtocolError: the plan cannot be this run's.
+        """
+        config = self.config
+        p, n, micro = message.split_point, message.parallel_batches, message.micro_batch_size
+        if config.mode not in ("sfl", "pipar") or not 1 <= p < self.units or n < 1 or (
+                micro != config.batch_size // n) or (config.mode == "sfl" and n != 1):
+            raise RemoteProtocolError(
+                f"round {message.round} asks for split point {p}, {n} micro-batches of "
+                f"{micro}: not a plan for this {config.mode} run of {self.units} units, "
+                f"batch size {config.batch_size}")
+        whole = build_model(config, num_classes=self.dataset.num_classes,
+                            in_shape=self.dataset.in_shape)
+        half = models.split(whole, p)[0]
+        optimizer = torch.optim.SGD(half.parameters(), lr=config.learning_rate,
+                                    momentum=config.momentum)
+        buffers = {name: self.optimizer.state.get(param, {}).get("momentum_buffer")
+                   for name, param in self.half.named_parameters()}
+        for name, param in half.named_parameters():
+            buffer = buffers.get(name)
+            if buffer is not None:
+                optimizer.state[param]["momentum_buffer"] = buffer.clone()
+        self.half, self.optimizer = half, optimizer
+        self.plan = dataclasses.replace(self.plan, split_point=p, parallel_batches=n,
+                                        micro_batch_size=micro)
+        self.schedule = pipar_order(n)
+        log.info("device %d: round %d switches to split point %d, %d micro-batches",
+                 self.device_id, message.round, p, n)
+
     def _shape_uplink(self) -> None:
         """Pace a websocket uplink at the network's rate (sender-side shaping)."""
         if (self.shape_uplink and self.config.shape_links
@@ -389,6 +424,10 @@ class _DeviceNode:
             self.half.load_state_dict(state)
             self.optimizer.zero_grad(set_to_none=True)
 
+        if message.split_point and (message.split_point, message.parallel_batches,
+                                    message.micro_batch_size) != (
+                self.plan.split_point, self.plan.parallel_batches, self.plan.micro_batch_size):
+            await self.compute.call(partial(self._replan, message))
         await self.compute.call(load)
         order = datasets.epoch_order(self.indices, epoch=message.epoch, seed=self.config.seed)
         totals = np.zeros(3)  # samples, loss_sum, correct

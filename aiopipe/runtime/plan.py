@@ -25,17 +25,22 @@ from aiopipe import models
 from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
 from aiopipe.scheduler.costs import CostTable
+from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
 
 __all__ = [
     "DevicePlan",
     "build_model",
+    "choose_plans",
+    "declared_devices",
     "device_indices",
     "device_plans",
+    "model_profile",
     "needs_planner",
     "profile_batch_sizes",
     "resolve_auto",
     "train_dataset",
     "unit_output_shapes",
+    "with_plans",
 ]
 
 
@@ -181,6 +186,64 @@ def _candidate_parallel_batches(config: RunConfig) -> list[int]:
     return sorted(set(value)) if isinstance(value, tuple) else [int(value)]
 
 
+def model_profile(model: nn.Sequential, in_shape: tuple[int, int, int],
+                  costs: CostTable) -> ModelProfile:
+    """What the planner knows about ``model``: ``costs`` plus the activation, frame and
+    state sizes of every split unit (frame overheads are the codec's own figures)."""
+    from aiopipe.protocol import Activation, Gradient, encode, to_tensor_data
+
+    shapes = unit_output_shapes(model, in_shape)
+    activation_bytes = tuple(4 * math.prod(s) for s in shapes)
+    sample = torch.zeros(1, *shapes[0])
+    labels = torch.zeros(1, dtype=torch.int64)
+    act_overhead = len(encode(Activation(0, 0, 0, to_tensor_data(sample),
+                                         to_tensor_data(labels)))) - activation_bytes[0] - 8
+    grad_overhead = len(encode(Gradient(0, 0, 0, to_tensor_data(sample)))) - activation_bytes[0]
+    state_bytes = tuple(sum(t.numel() * t.element_size() for t in unit.state_dict().values())
+                        for unit in model.children())
+    return ModelProfile(costs, activation_bytes, state_bytes,
+                        frame_overhead=grad_overhead, activation_frame_overhead=act_overhead)
+
+
+def declared_devices(config: RunConfig, samples: list[int]) -> list[DeviceProfile]:
+    """Device profiles from the config: ``device_slowdown`` and the ``network`` preset."""
+    from aiopipe.transport import network_spec
+
+    network = network_spec(config.network)
+    return [DeviceProfile(config.device_slowdown_of(k), network.up, network.down, samples[k])
+            for k in range(config.devices)]
+
+
+def choose_plans(config: RunConfig, profile: ModelProfile,
+                 devices: list[DeviceProfile]) -> list[tuple[int, int]]:
+    """The planner's (P_k, N_k) for an "auto" ``config`` (see `resolve_auto`).
+
+    Candidates: every split point 1..Q-1 for "auto" P, else the configured ones; for
+    "auto" N the divisors of B, else the configured ones (N = 1 outside pipar); each
+    device's ``device_memory_mb`` budget applies.
+
+    Raises:
+        ConfigError: no plan fits (e.g. a device with fewer samples than one iteration,
+            or a memory budget no plan meets).
+    """
+    from aiopipe.scheduler import select_plans
+
+    split_points = (list(range(1, profile.units)) if config.split_point == "auto"
+                    else sorted({int(config.device_split_point(k))
+                                 for k in range(config.devices)}))
+    return select_plans(profile, devices, config.batch_size, split_points=split_points,
+                        parallel_batches=_candidate_parallel_batches(config),
+                        memory_budget_bytes=[config.device_memory_bytes_of(k)
+                                             for k in range(config.devices)])
+
+
+def with_plans(config: RunConfig, chosen: list[tuple[int, int]]) -> RunConfig:
+    """``config`` with per-device split points (and, in pipar, micro-batch counts)."""
+    return config.replace(split_point=tuple(p for p, _ in chosen),
+                          parallel_batches=tuple(n for _, n in chosen)
+                          if config.mode == "pipar" else config.parallel_batches)
+
+
 def resolve_auto(config: RunConfig, model: nn.Sequential, in_shape: tuple[int, int, int],
                  samples: list[int], costs: CostTable) -> RunConfig:
     """Replace "auto" split points / micro-batch counts with the planner's choice.
@@ -193,29 +256,5 @@ def resolve_auto(config: RunConfig, model: nn.Sequential, in_shape: tuple[int, i
     Raises:
         ConfigError: no plan fits (e.g. a device with fewer samples than one iteration).
     """
-    from aiopipe.protocol import Activation, Gradient, encode, to_tensor_data
-    from aiopipe.scheduler import DeviceProfile, ModelProfile, select_plans
-    from aiopipe.transport import network_spec
-
-    shapes = unit_output_shapes(model, in_shape)
-    activation_bytes = tuple(4 * math.prod(s) for s in shapes)
-    sample = torch.zeros(1, *shapes[0])
-    labels = torch.zeros(1, dtype=torch.int64)
-    act_overhead = len(encode(Activation(0, 0, 0, to_tensor_data(sample),
-                                         to_tensor_data(labels)))) - activation_bytes[0] - 8
-    grad_overhead = len(encode(Gradient(0, 0, 0, to_tensor_data(sample)))) - activation_bytes[0]
-    state_bytes = tuple(sum(t.numel() * t.element_size() for t in unit.state_dict().values())
-                        for unit in model.children())
-    profile = ModelProfile(costs, activation_bytes, state_bytes,
-                           frame_overhead=grad_overhead, activation_frame_overhead=act_overhead)
-    network = network_spec(config.network)
-    devices = [DeviceProfile(config.device_slowdown_of(k), network.up, network.down, samples[k])
-               for k in range(config.devices)]
-    units = len(shapes)
-    split_points = (list(range(1, units)) if config.split_point == "auto"
-                    else sorted({int(config.device_split_point(k)) for k in range(config.devices)}))
-    chosen = select_plans(profile, devices, config.batch_size, split_points=split_points,
-                          parallel_batches=_candidate_parallel_batches(config))
-    return config.replace(split_point=tuple(p for p, _ in chosen),
-                          parallel_batches=tuple(n for _, n in chosen)
-                          if config.mode == "pipar" else config.parallel_batches)
+    profile = model_profile(model, in_shape, costs)
+    return with_plans(config, choose_plans(config, profile, declared_devices(config, samples)))

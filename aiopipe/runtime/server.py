@@ -55,18 +55,24 @@ from aiopipe.runtime.checkpoint import load_checkpoint, save_checkpoint
 from aiopipe.runtime.compute import Compute, warm_up_torch
 from aiopipe.runtime.peer import Peer
 from aiopipe.runtime.plan import (
+    DevicePlan,
     build_model,
+    choose_plans,
+    declared_devices,
     device_indices,
     device_plans,
+    model_profile,
     needs_planner,
     profile_batch_sizes,
-    resolve_auto,
     train_dataset,
     unit_output_shapes,
+    with_plans,
 )
+from aiopipe.runtime.replan import Replan, live_profiles
 from aiopipe.runtime.session import DeviceSession
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable, measure_costs
+from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile, estimate_epoch
 from aiopipe.transport import Link
 
 __all__ = ["ServerNode"]
@@ -112,17 +118,21 @@ class ServerNode:
         self.model = build_model(config, num_classes=self.num_classes, in_shape=self.in_shape)
         self.units = models.unit_count(self.model)
         samples = [len(device_indices(config, train, k)) for k in range(config.devices)]
+        self.samples = samples
+        # [Note: planning] with "auto", plan now from the cost table (measured here when
+        # not given: real runs keep real time) and, between rounds, from live measurements
+        self.auto_config: RunConfig | None = None
+        self.planning: ModelProfile | None = None
+        self.live: list[DeviceProfile] = []
+        self.replans: list[Replan] = []
         if needs_planner(config):
-            if cost_table is None:
-                cost_table = measure_costs(self.model, self.in_shape, profile_batch_sizes(config))
-                charge = False  # measured only to plan: real runs keep real time
-            else:
-                charge = True
-            config = resolve_auto(config, self.model, self.in_shape, samples, cost_table)
+            planning_costs = cost_table or measure_costs(self.model, self.in_shape,
+                                                         profile_batch_sizes(config))
+            self.auto_config = config
+            self.planning = model_profile(self.model, self.in_shape, planning_costs)
+            self.live = declared_devices(config, samples)
+            config = with_plans(config, choose_plans(config, self.planning, self.live))
             self.config = config
-            if not charge:
-                cost_table = None
-            self.cost_table = cost_table
         self.plans = device_plans(config, self.units, samples)
         self.activation_shapes = unit_output_shapes(self.model, self.in_shape)
         self.max_frame_bytes = self._frame_limit()
@@ -131,10 +141,7 @@ class ServerNode:
                                charge_costs=cost_table is not None)
         self.replicas: dict[int, tuple[nn.Sequential, torch.optim.Optimizer]] = {}
         for plan in self.plans if config.mode != "fl" else ():
-            half = copy.deepcopy(models.split(self.model, plan.split_point)[1])  # only that half
-            optimizer = torch.optim.SGD(half.parameters(), lr=config.learning_rate,
-                                        momentum=config.momentum)
-            self.replicas[plan.device_id] = (half, optimizer)
+            self.replicas[plan.device_id] = self._replica(plan.split_point)
         self.sessions: dict[int, DeviceSession] = {}  # every device that joined the run
         self.connected: set[int] = set()  # devices whose connection is open now
         self._left = asyncio.Event()  # set whenever a connection closes
@@ -215,12 +222,11 @@ class ServerNode:
             # [Note: reconnection] wait for the device to come back before giving up
             self.connected.discard(k)
             self._left.set()
-            log.warning("device %d: %s; waiting %g s for it to reconnect", k, exc,
-                        self.config.device_timeout)
-            if await session.wait_reattached(self.config.device_timeout):
+            grace = self.config.reconnect_grace
+            log.warning("device %d: %s; waiting %g s for it to reconnect", k, exc, grace)
+            if await session.wait_reattached(grace):
                 return  # the new connection's serve_link carries on
-            session.end(f"{exc}, and it did not reconnect within "
-                        f"{self.config.device_timeout:g} s")
+            session.end(f"{exc}, and it did not reconnect within {grace:g} s")
             log.warning("device %d was lost", k)
             raise
         except (AiopipeError, OSError) as exc:
@@ -282,6 +288,23 @@ class ServerNode:
             return f"device id {hello.device_id} is not in 0..{self.config.devices - 1}"
         return ""
 
+    def _replica(self, split_point: int,
+                 old: tuple[nn.Sequential, torch.optim.Optimizer] | None = None
+                 ) -> tuple[nn.Sequential, torch.optim.Optimizer]:
+        """A server-half replica at ``split_point`` from the global model, with its
+        optimizer; momentum is carried over from ``old`` for the parameters it shares."""
+        half = copy.deepcopy(models.split(self.model, split_point)[1])  # only that half
+        optimizer = torch.optim.SGD(half.parameters(), lr=self.config.learning_rate,
+                                    momentum=self.config.momentum)
+        if old is not None:
+            buffers = {name: old[1].state.get(param, {}).get("momentum_buffer")
+                       for name, param in old[0].named_parameters()}
+            for name, param in half.named_parameters():
+                buffer = buffers.get(name)
+                if buffer is not None:
+                    optimizer.state[param]["momentum_buffer"] = buffer.clone()
+        return half, optimizer
+
     def device_half_specs(self, device_id: int) -> dict[str, tuple[str, tuple[int, ...]]]:
         """Wire dtype and shape of every state-dict entry of device ``device_id``'s half."""
         specs = self._half_specs.get(device_id)
@@ -335,12 +358,14 @@ class ServerNode:
         tally = self._tally if self._tally.get("epoch") == epoch else _new_tally(
             epoch, self.config.devices)
         self._tally = tally
-        for r in range(int(tally["next_round"]), math.ceil(max(iterations) / period)):
+        round_count = math.ceil(max(iterations) / period)
+        for r in range(int(tally["next_round"]), round_count):
             first = r * period
             round_no = self.rounds
             self.rounds += 1
             work = [max(0, min(period, n - first)) for n in iterations]
             participants = await self._participants()
+            mark = len(self.recorder.slices)
             if self.config.mode == "sl":  # devices take turns on one chain of weights
                 done: dict[int, RoundResult] = {}
                 for k in participants:
@@ -368,6 +393,8 @@ class ServerNode:
                 tally["loss_sum"] += result.loss_sum
                 tally["correct"] += result.correct
             tally["next_round"] = r + 1
+            if r + 1 < round_count or epoch + 1 < self.config.epochs:
+                await self._reconsider(round_no, epoch, mark)
             await self._save_checkpoint(epoch, r + 1, elapsed=self.clock.now() - start)
         end = self.clock.now()
         accuracy = await self.compute.call(self._evaluate)
@@ -418,7 +445,8 @@ class ServerNode:
         tensors, meta = load_checkpoint(directory)
         saved = dict(meta.get("config", {}))
         current = self.config.to_mapping()
-        for key in ("out_dir",):
+        planned = ("split_point", "parallel_batches") if self.auto_config else ()
+        for key in ("out_dir", *planned):  # "auto" plans are the checkpoint's, see below
             saved.pop(key, None)
             current.pop(key, None)
         if saved != current:
@@ -428,6 +456,11 @@ class ServerNode:
                               f"(different {', '.join(changed)})")
         self.model.load_state_dict({k[6:]: v for k, v in tensors.items()
                                     if k.startswith("model/")})
+        if self.auto_config is not None:  # go on with the plans the run had (re-)chosen
+            resumed = self.config.replace(split_point=meta["config"]["split_point"],
+                                          parallel_batches=meta["config"]["parallel_batches"])
+            self._switch_plans([(p.split_point, p.parallel_batches)
+                                for p in device_plans(resumed, self.units, self.samples)])
         for k, (half, optimizer) in self.replicas.items():
             prefix = f"replica/{k}/"
             half.load_state_dict({n[len(prefix):]: v for n, v in tensors.items()
@@ -444,8 +477,60 @@ class ServerNode:
         log.warning("resuming at epoch %d, round %d of the epoch, from %s",
                     int(meta["epoch"]) + 1, int(tally["next_round"]), directory)
 
+    # -- re-planning (see aiopipe.runtime.replan) ---------------------------------------
+
+    async def _reconsider(self, round_no: int, epoch: int, mark: int) -> None:
+        """Between rounds: re-estimate from the round's trace and switch plans when a
+        fresh selection is estimated to be better by more than ``replan_threshold``."""
+        config = self.config
+        if (self.auto_config is None or self.planning is None or not config.replan
+                or config.mode not in ("sfl", "pipar")):
+            return
+        served = [self.sessions[k].served if k in self.sessions else 0
+                  for k in range(config.devices)]
+        profile, self.live = live_profiles(self.recorder.take(mark), self.plans, served,
+                                           self.planning, self.live)
+        current = [(p.split_point, p.parallel_batches) for p in self.plans]
+        batch = config.batch_size
+        try:
+            chosen = choose_plans(self.auto_config, profile, self.live)
+            before = estimate_epoch(profile, self.live, current, batch)
+            after = estimate_epoch(profile, self.live, chosen, batch)
+        except ConfigError as exc:
+            log.warning("re-planning after round %d failed, keeping the plans: %s",
+                        round_no, exc)
+            return
+        if chosen == current or after >= before * (1 - config.replan_threshold):
+            return
+        if any((batch // n) * n != plan.samples_per_iteration
+               for (_, n), plan in zip(chosen, self.plans, strict=True)):
+            return  # see [Note: switching]: iterations per epoch must stay the same
+        await self.compute.call(partial(self._switch_plans, chosen))
+        event = Replan(round_no, epoch, before, after, tuple(chosen))
+        self.replans.append(event)
+        log.warning("re-planned after round %d: estimated epoch %.3g s -> %.3g s with "
+                    "(P, N) = %s", round_no, before, after, chosen)
+
+    def _switch_plans(self, chosen: list[tuple[int, int]]) -> None:
+        """Adopt new (P_k, N_k): plans, replicas, sessions (between rounds; in the
+        compute thread, which owns the replicas)."""
+        batch = self.config.batch_size
+        for k, (p, n) in enumerate(chosen):
+            old = self.plans[k]
+            if (p, n) == (old.split_point, old.parallel_batches):
+                continue
+            plan = DevicePlan(k, p, n, batch // n, old.iterations_per_epoch)
+            self.plans[k] = plan
+            self._half_specs.pop(k, None)
+            if k in self.replicas:
+                self.replicas[k] = self._replica(p, self.replicas[k])
+            session = self.sessions.get(k)
+            if session is not None:
+                session.replan(plan, self.activation_shapes[p - 1])
+        self.config = with_plans(self.config, chosen)
+
     async def _participants(self) -> list[int]:
-        """Devices taking part (connected, or reconnecting within device_timeout); if none,
+        """Devices taking part (connected, or reconnecting within reconnect_grace); if none,
         wait (join_timeout) for one to come back.
 
         Raises:
@@ -483,8 +568,14 @@ class ServerNode:
 
         half_state = await self.compute.call(prepare)
         try:
-            return await session.start_round(
-                RoundStart(round_no, epoch, first, iterations, half_state))
+            plan = self.plans[k]
+            if self.config.mode == "fl":
+                start = RoundStart(round_no, epoch, first, iterations, half_state)
+            else:
+                start = RoundStart(round_no, epoch, first, iterations, half_state,
+                                   plan.split_point, plan.parallel_batches,
+                                   plan.micro_batch_size)
+            return await session.start_round(start)
         except DeviceLostError as exc:
             log.warning("round %d goes on without device %d: %s", round_no, k, exc)
             return None
@@ -553,7 +644,8 @@ class ServerNode:
         act = max(math.prod(s) for s in self.activation_shapes) * 4 * batch + 8 * batch
         # a RoundResult also carries the device's trace of the round: a few slices per
         # micro-batch, each well under 128 bytes as msgpack
-        slices = max((p.iterations_per_epoch * (3 * p.parallel_batches + 2) + 16)
+        most = self.config.batch_size if self.auto_config else 0  # N after re-planning
+        slices = max((p.iterations_per_epoch * (3 * max(p.parallel_batches, most) + 2) + 16)
                      for p in self.plans)
         return int(max(state_bytes, act) + HEADER_SLACK_BYTES + 256 * len(self.model.state_dict())
                 + 128 * slices)
@@ -577,6 +669,7 @@ class ServerNode:
             "plan": [{"device": p.device_id, "split_point": p.split_point,
                       "parallel_batches": p.parallel_batches,
                       "micro_batch_size": p.micro_batch_size} for p in self.plans],
+            "replans": [r.to_mapping() for r in self.replans],
             "finished_epochs": [e.to_mapping() for e in self.epochs],
         }
 

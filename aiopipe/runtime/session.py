@@ -13,7 +13,7 @@ under it. While a connection is attached, `DeviceSession.serve` runs five tasks:
   silent for ``device_timeout``.
 
 [Note: reconnection] When a connection breaks or goes silent, the session detaches and
-waits up to ``device_timeout`` for the device to connect again (the server's
+waits up to ``reconnect_grace`` for the device to connect again (the server's
 `ServerNode.serve_link` re-attaches it). Its queues, its replica and its round survive.
 What was in flight is sent again: the server re-posts the round's `RoundStart` (and a
 pending `Bye`); the device re-sends the activations whose gradients it lacks and an
@@ -107,6 +107,7 @@ class DeviceSession:
         # round completes, so a lost device's partial round is not counted
         self.round_loss_sum = 0.0
         self.round_correct = 0
+        self.served = 0  # micro-batches computed this round (for re-planning)
         self.closing = False  # we said goodbye: the connection may end
         self.ended = False  # the session is over (goodbye, or the device was lost)
         self.attached = asyncio.Event()  # set when a connection is attached
@@ -129,9 +130,15 @@ class DeviceSession:
         self.seen.clear()
         self.gradients.clear()
         self.round_loss_sum, self.round_correct = 0.0, 0
+        self.served = 0
         self.result = future
         self.peer.post(message, "m", epoch=message.epoch)
         return future
+
+    def replan(self, plan: DevicePlan, activation_shape: tuple[int, ...]) -> None:
+        """Validate the next rounds against a new plan (set between rounds)."""
+        self.plan = plan
+        self.activation_shape = activation_shape
 
     def say_bye(self, reason: str) -> None:
         """End the conversation after everything already queued."""
@@ -380,6 +387,7 @@ class DeviceSession:
             epoch=epoch, iteration=iteration, micro_batch=n)
         self.round_loss_sum += loss_sum
         self.round_correct += correct
+        self.served += 1
         gradient = Gradient(epoch, iteration, n, to_tensor_data(grad))
         # the device moves to iteration i+1 only with every gradient of i: older ones
         # will never be asked for again

@@ -381,6 +381,9 @@ EIGHT = bytes(8)
 BYE_FRAME = frame(["bye", {"reason": "done"}])
 
 
+#: RoundStart's plan fields (0: as before)
+ROUND_PLAN = {"split_point": 0, "parallel_batches": 0, "micro_batch_size": 0}
+
 BAD_FRAMES: list[tuple[str, bytes, str]] = [
     ("empty", b"", "truncated frame: 0 bytes"),
     ("short prefix", b"APW\x01\x00", "truncated frame: 5 bytes"),
@@ -577,7 +580,8 @@ BAD_FRAMES: list[tuple[str, bytes, str]] = [
         frame(
             [
                 "round_start",
-                {"round": 0, "epoch": 0, "first_iteration": 0, "iterations": 0, "tensors": {}},
+                {"round": 0, "epoch": 0, "first_iteration": 0, "iterations": 0, "tensors": {},
+                 **ROUND_PLAN},
             ]
         )
         + bytes(3),
@@ -611,7 +615,8 @@ BAD_FRAMES: list[tuple[str, bytes, str]] = [
         frame(
             [
                 "round_start",
-                {"round": 0, "epoch": 0, "first_iteration": 0, "iterations": 0, "tensors": [F32]},
+                {"round": 0, "epoch": 0, "first_iteration": 0, "iterations": 0, "tensors": [F32],
+                 **ROUND_PLAN},
             ]
         ),
         "round_start.tensors: wrong field type: expected map of tensors, got list",
@@ -620,7 +625,8 @@ BAD_FRAMES: list[tuple[str, bytes, str]] = [
         "tensor name bin",
         tensor_frame(
             "round_start",
-            {"round": 0, "epoch": 0, "first_iteration": 0, "iterations": 0, "tensors": {b"": F32}},
+            {"round": 0, "epoch": 0, "first_iteration": 0, "iterations": 0, "tensors": {b"": F32},
+             **ROUND_PLAN},
             EIGHT,
         ),
         "round_start.tensors: tensor name b'' is not a str",
@@ -635,6 +641,7 @@ BAD_FRAMES: list[tuple[str, bytes, str]] = [
                 "first_iteration": 0,
                 "iterations": 0,
                 "tensors": {"w": ["float32", [2], 0, 9]},
+                **ROUND_PLAN,
             },
             EIGHT,
         ),

@@ -14,7 +14,7 @@ import torch
 
 from aiopipe import CostTable, RunConfig, TrainingError, VirtualClock, simulate
 from aiopipe.errors import AiopipeError
-from aiopipe.protocol import Hello, Plan, decode, encode
+from aiopipe.protocol import PROTOCOL_VERSION, Hello, Plan, decode, encode
 from aiopipe.runtime.device import run_device
 from aiopipe.runtime.server import ServerNode
 from aiopipe.transport import Link, LinkSpec, MemoryLink, open_memory_link_pair
@@ -156,17 +156,17 @@ async def test_a_silent_device_is_declared_lost_after_the_timeout() -> None:
         fleet = Fleet(config, clock, tasks)
         fleet.start_device(0)
         silent, _ = fleet.connect()  # a device that never speaks after its hello
-        await silent.send(encode(Hello(1, 1)))
+        await silent.send(encode(Hello(PROTOCOL_VERSION, 1)))
         assert isinstance(decode(await silent.receive()), Plan)
         start = clock.now()
         result = await fleet.node.train()  # device 1 never says anything again
     await clock.aclose()
     assert result.final.devices_lost == (1,)
     assert result.final.device_samples == (80, 0)
-    # silence for device_timeout ends the connection, then device_timeout to reconnect
-    # passes: the server gave up on device 1 then, not later, and not forever
-    timeout = config.device_timeout
-    assert 2 * timeout - 1 <= result.final.time_s <= 2 * timeout + 5
+    # silence for device_timeout ends the connection, then reconnect_grace passes: the
+    # server gave up on device 1 then, not later, and not forever
+    limit = config.device_timeout + config.reconnect_grace
+    assert limit - 1 <= result.final.time_s <= limit + 5
     assert clock.now() - start < 60
 
 

@@ -14,6 +14,7 @@ import torch
 from aiopipe import CostTable, RunConfig, VirtualClock
 from aiopipe.errors import AiopipeError, LinkBrokenError
 from aiopipe.protocol import (
+    PROTOCOL_VERSION,
     Activation,
     ErrorMessage,
     Hello,
@@ -88,7 +89,7 @@ async def test_a_bad_activation_is_refused_with_its_reason(case: str) -> None:
         assert summary.reason == "training finished"
 
     async def misbehave() -> None:
-        await bad_device.send(encode(Hello(1, 1)))
+        await bad_device.send(encode(Hello(PROTOCOL_VERSION, 1)))
         assert isinstance(decode(await bad_device.receive()), Plan)
         assert isinstance(decode(await bad_device.receive()), RoundStart)
         await bad_device.send(encode(message))

@@ -21,7 +21,7 @@ from aiopipe import (
 )
 from aiopipe.auth import mint_token
 from aiopipe.clock import SystemClock
-from aiopipe.protocol import ErrorMessage, Hello, decode, encode
+from aiopipe.protocol import PROTOCOL_VERSION, ErrorMessage, Hello, decode, encode
 from aiopipe.transport import open_websocket_link
 
 SECRET = b"test-secret-of-32-bytes-at-least"
@@ -80,7 +80,8 @@ async def test_strangers_are_refused_and_the_run_goes_on() -> None:
         answers = [
             await _stranger(server.url, b"not a frame at all"),
             await _stranger(server.url, encode(Hello(version=99, device_id=0))),
-            await _stranger(server.url, encode(Hello(version=1, device_id=7)), token_for=7),
+            await _stranger(server.url, encode(Hello(PROTOCOL_VERSION, device_id=7)),
+                            token_for=7),
         ]
 
         async with asyncio.TaskGroup() as tasks:
@@ -89,7 +90,7 @@ async def test_strangers_are_refused_and_the_run_goes_on() -> None:
             training = tasks.create_task(server.run())
             await server.node.joined.wait()
             # a stranger holding device 1's token claims to be device 0, mid-run
-            answers.append(await _stranger(server.url, encode(Hello(version=1, device_id=0)),
+            answers.append(await _stranger(server.url, encode(Hello(PROTOCOL_VERSION, 0)),
                                            token_for=1))
             result = await training
     assert "bad hello" in answers[0]
