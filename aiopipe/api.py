@@ -167,7 +167,10 @@ class Server:
         Raises:
             TrainingError: devices did not join in time, or one was lost.
         """
-        return _finish(await self.node.train())
+        result = await self.node.train()
+        # in a thread: meanwhile the loop sends the devices their goodbye (and heartbeats)
+        with self.node.clock.hold():
+            return await asyncio.to_thread(_finish, result)
 
 
 class Device:

@@ -1,6 +1,7 @@
 """Faults between real processes over real websockets (DESIGN §7): a device process is
 SIGKILLed mid-epoch; the run completes without it (its round is dropped once it has not
-come back within device_timeout), and once restarted it rejoins."""
+come back within reconnect_grace), and once restarted it rejoins. The server process is
+SIGKILLed and resumed from its checkpoint. (A stalled link: test_stall_processes.py.)"""
 
 from __future__ import annotations
 
@@ -40,12 +41,14 @@ def _device(url: str, k: int, log: Path) -> subprocess.Popen[str]:
 def test_a_killed_device_process_is_excluded_then_rejoins(tmp_path: Path) -> None:
     out = tmp_path / "run"
     logs = tmp_path / "stderr.log"
+    config = tmp_path / "run.toml"  # (reconnect_grace has no command-line option)
+    config.write_text("reconnect_grace = 3.0\n")
     with open(logs, "a") as stderr:
         server = subprocess.Popen(
             [sys.executable, "-m", "aiopipe.server", "--port", "0", "--devices", "3",
              "--samples-per-device", "400", "--batch-size", "20", "--parallel-batches", "2",
              "--epochs", "10", "--out-dir", str(out), "--join-timeout", "120",
-             "--device-timeout", "8", "--heartbeat-interval", "0.5"],
+             "--device-timeout", "8", "--heartbeat-interval", "0.5", "--config", str(config)],
             env=_env(), stdout=subprocess.PIPE, stderr=stderr, text=True)
     devices: list[subprocess.Popen[str]] = []
     lines: list[str] = []
@@ -64,10 +67,14 @@ def test_a_killed_device_process_is_excluded_then_rejoins(tmp_path: Path) -> Non
                 break
         devices[2].send_signal(signal.SIGKILL)
         devices[2].wait(timeout=30)
-        deadline = time.monotonic() + 60
+        killed = time.monotonic()
+        deadline = killed + 60
         while "device 2 was lost" not in logs.read_text():  # the server gave up on it
             assert time.monotonic() < deadline, logs.read_text()
             time.sleep(0.1)
+        # a dead process's socket closes at once: what it costs is reconnect_grace, not
+        # device_timeout
+        assert 3.0 <= time.monotonic() - killed < 8.0, logs.read_text()
         devices.append(_device(url, 2, logs))  # restarted with the same id
         reader = threading.Thread(target=lambda: lines.extend(server.stdout or ()))
         reader.start()

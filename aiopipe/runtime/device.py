@@ -56,6 +56,7 @@ from aiopipe.protocol import (
 from aiopipe.runtime.compute import Compute, warm_up_torch
 from aiopipe.runtime.peer import Peer
 from aiopipe.runtime.plan import build_model, device_indices, train_dataset
+from aiopipe.runtime.replan import make_optimizer
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.schedule import pipar_order
@@ -291,8 +292,7 @@ class _DeviceNode:
                             in_shape=self.dataset.in_shape)
         self.units = models.unit_count(whole)
         self.half = models.split(whole, plan.split_point)[0]
-        self.optimizer = torch.optim.SGD(self.half.parameters(), lr=config.learning_rate,
-                                         momentum=config.momentum)
+        self.optimizer = make_optimizer(self.half, config)
         self.compute.slowdown = config.device_slowdown_of(self.device_id)
         self.schedule = pipar_order(plan.parallel_batches)
 
@@ -315,15 +315,8 @@ class _DeviceNode:
         whole = build_model(config, num_classes=self.dataset.num_classes,
                             in_shape=self.dataset.in_shape)
         half = models.split(whole, p)[0]
-        optimizer = torch.optim.SGD(half.parameters(), lr=config.learning_rate,
-                                    momentum=config.momentum)
-        buffers = {name: self.optimizer.state.get(param, {}).get("momentum_buffer")
-                   for name, param in self.half.named_parameters()}
-        for name, param in half.named_parameters():
-            buffer = buffers.get(name)
-            if buffer is not None:
-                optimizer.state[param]["momentum_buffer"] = buffer.clone()
-        self.half, self.optimizer = half, optimizer
+        self.optimizer = make_optimizer(half, config, previous=(self.half, self.optimizer))
+        self.half = half
         self.plan = dataclasses.replace(self.plan, split_point=p, parallel_batches=n,
                                         micro_batch_size=micro)
         self.schedule = pipar_order(n)

@@ -37,12 +37,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+from torch import nn
+
+from aiopipe.config import RunConfig
 from aiopipe.metrics.trace import Slice
 from aiopipe.runtime.plan import DevicePlan
 from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
 from aiopipe.transport.network import LinkSpec
 
-__all__ = ["Replan", "live_profiles"]
+__all__ = ["Replan", "live_profiles", "make_optimizer"]
 
 #: Seconds per frame below which a direction counts as unshaped.
 _UNSHAPED_S = 1e-6
@@ -65,6 +69,25 @@ class Replan:
                 "estimated_epoch_before_s": round(self.before_s, 6),
                 "estimated_epoch_after_s": round(self.after_s, 6),
                 "plans": [list(p) for p in self.plans]}
+
+
+def make_optimizer(half: nn.Module, config: RunConfig, *,
+                   previous: tuple[nn.Module, torch.optim.Optimizer] | None = None
+                   ) -> torch.optim.Optimizer:
+    """The run's SGD for one model half; with ``previous`` (an older half of the same
+    model and its optimizer), each parameter both halves hold by name keeps its momentum
+    ([Note: switching])."""
+    optimizer = torch.optim.SGD(half.parameters(), lr=config.learning_rate,
+                                momentum=config.momentum)
+    if previous is not None:
+        old_half, old_optimizer = previous
+        buffers = {name: old_optimizer.state.get(param, {}).get("momentum_buffer")
+                   for name, param in old_half.named_parameters()}
+        for name, param in half.named_parameters():
+            buffer = buffers.get(name)
+            if buffer is not None:
+                optimizer.state[param]["momentum_buffer"] = buffer.clone()
+    return optimizer
 
 
 def live_profiles(slices: Sequence[Slice], plans: Sequence[DevicePlan],

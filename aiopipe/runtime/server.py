@@ -68,7 +68,7 @@ from aiopipe.runtime.plan import (
     unit_output_shapes,
     with_plans,
 )
-from aiopipe.runtime.replan import Replan, live_profiles
+from aiopipe.runtime.replan import Replan, live_profiles, make_optimizer
 from aiopipe.runtime.session import DeviceSession
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable, measure_costs
@@ -195,6 +195,9 @@ class ServerNode:
         k = hello.device_id
         session = self.sessions.get(k)
         resumed = session is not None and not session.ended and hello.session == session.nonce
+        if session is not None:
+            log.warning("device %d reconnected (%s)", k, "resuming its session" if resumed
+                        else "afresh: it takes part from the next round")
         if session is not None and not session.ended:
             await self._supersede(session)
         if session is not None and not resumed:
@@ -202,10 +205,12 @@ class ServerNode:
             session.end("it restarted")
         if session is None or not resumed:
             plan = self.plans[k]
+            earlier = session.link_bytes() if session is not None else (0, 0)
             session = DeviceSession(
                 self, Peer(link, self.clock, self.recorder, f"device{k}/downlink",
                            max_frame_bytes=self.max_frame_bytes),
                 plan, self.activation_shapes[plan.split_point - 1])
+            session.earlier_bytes = earlier  # the epoch's byte counts span sessions
             self.sessions[k] = session
         plan = self.plans[k]
         await peer.send(Plan(k, self.config.mode, plan.split_point, plan.parallel_batches,
@@ -294,16 +299,7 @@ class ServerNode:
         """A server-half replica at ``split_point`` from the global model, with its
         optimizer; momentum is carried over from ``old`` for the parameters it shares."""
         half = copy.deepcopy(models.split(self.model, split_point)[1])  # only that half
-        optimizer = torch.optim.SGD(half.parameters(), lr=self.config.learning_rate,
-                                    momentum=self.config.momentum)
-        if old is not None:
-            buffers = {name: old[1].state.get(param, {}).get("momentum_buffer")
-                       for name, param in old[0].named_parameters()}
-            for name, param in half.named_parameters():
-                buffer = buffers.get(name)
-                if buffer is not None:
-                    optimizer.state[param]["momentum_buffer"] = buffer.clone()
-        return half, optimizer
+        return half, make_optimizer(half, self.config, previous=old)
 
     def device_half_specs(self, device_id: int) -> dict[str, tuple[str, tuple[int, ...]]]:
         """Wire dtype and shape of every state-dict entry of device ``device_id``'s half."""
@@ -567,6 +563,8 @@ class ServerNode:
             return self._device_half_state(k)
 
         half_state = await self.compute.call(prepare)
+        if session.window is None and round_no > 0:
+            log.warning("device %d takes part again from round %d", k, round_no)
         try:
             plan = self.plans[k]
             if self.config.mode == "fl":
@@ -633,9 +631,9 @@ class ServerNode:
     def _link_bytes(self) -> tuple[int, int]:
         up = down = 0
         for session in self.sessions.values():
-            stats = session.peer.link.statistics()
-            up += stats.received.bytes
-            down += stats.sent.bytes
+            received, sent = session.link_bytes()
+            up += received
+            down += sent
         return up, down
 
     def _frame_limit(self) -> int:

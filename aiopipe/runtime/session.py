@@ -114,6 +114,7 @@ class DeviceSession:
         self.idle = asyncio.Event()  # set while no connection is attached
         self.idle.set()
         self.last_heard = node.clock.now()
+        self.earlier_bytes = (0, 0)  # (up, down) over connections that have ended
         self.nonce = secrets.randbits(62)  # `Plan.session`: who the device is talking to
 
     # -- driven by the coordinator -----------------------------------------------------
@@ -134,6 +135,12 @@ class DeviceSession:
         self.result = future
         self.peer.post(message, "m", epoch=message.epoch)
         return future
+
+    def link_bytes(self) -> tuple[int, int]:
+        """Bytes received from and sent to the device over all its connections so far."""
+        stats = self.peer.link.statistics()
+        return (self.earlier_bytes[0] + stats.received.bytes,
+                self.earlier_bytes[1] + stats.sent.bytes)
 
     def replan(self, plan: DevicePlan, activation_shape: tuple[int, ...]) -> None:
         """Validate the next rounds against a new plan (set between rounds)."""
@@ -159,6 +166,10 @@ class DeviceSession:
 
     def attach(self, link: Link, *, resumed: bool) -> None:
         """Serve the device over ``link`` from now on; re-post what may have been lost."""
+        if link is not self.peer.link:  # count the bytes the old connection moved
+            stats = self.peer.link.statistics()
+            self.earlier_bytes = (self.earlier_bytes[0] + stats.received.bytes,
+                                  self.earlier_bytes[1] + stats.sent.bytes)
         self.peer.link = link
         self.seen_on_link.clear()
         self.last_heard = self.node.clock.now()

@@ -1,103 +1,34 @@
 """Devices fail and come back (DESIGN §7), in virtual time: a lost device's unfinished
 round is excluded from aggregation, the others go on, and a device that returns with its
-id is given the latest global model and contributes again from the next round."""
+id is given the latest global model and contributes again from the next round. A device
+whose link broke has ``reconnect_grace`` to come back and keep its round; a silent link is
+given up after ``device_timeout``."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 import torch
+from fleet import COSTS, NETWORK, Fleet
 
-from aiopipe import CostTable, RunConfig, TrainingError, VirtualClock, simulate
-from aiopipe.errors import AiopipeError
+from aiopipe import RunConfig, TrainingError, VirtualClock, simulate
 from aiopipe.protocol import PROTOCOL_VERSION, Hello, Plan, decode, encode
-from aiopipe.runtime.device import run_device
+from aiopipe.runtime.device import DeviceSummary
 from aiopipe.runtime.server import ServerNode
-from aiopipe.transport import Link, LinkSpec, MemoryLink, open_memory_link_pair
 
-COSTS = CostTable.uniform(5, forward=0.01, backward=0.02, step=0.001, batch=10)
 # 3 devices x 80 samples, B=20: 4 iterations per epoch, 2 rounds of 2 iterations
 CONFIG = RunConfig(mode="pipar", devices=3, samples_per_device=80, batch_size=20, epochs=3,
                    split_point=2, parallel_batches=2, aggregation_every=2, test_samples=20,
-                   network={"up_mbps": 50, "down_mbps": 50, "latency_ms": 5},
-                   heartbeat_interval=1.0, device_timeout=10.0)
-WIRE = LinkSpec(50e6, 0.005)
-
-
-class Fleet:
-    """A server node and devices that connect over fresh memory links, in one task group.
-
-    A device reconnects by itself when its link breaks (``cut``); ``kill`` ends the
-    device itself, as SIGKILL would, and ``start_device`` starts it again.
-    """
-
-    def __init__(self, config: RunConfig, clock: VirtualClock, tasks: asyncio.TaskGroup) -> None:
-        self.node = ServerNode(config, clock=clock, cost_table=COSTS)
-        self.clock, self.tasks = clock, tasks
-        self.links: dict[int, MemoryLink] = {}
-        self.devices: dict[int, asyncio.Task[None]] = {}
-        self.outcomes: dict[int, list[object]] = {}
-
-    def connect(self) -> tuple[MemoryLink, MemoryLink]:
-        device_end, server_end = open_memory_link_pair(self.clock, a_to_b=WIRE, b_to_a=WIRE)
-        self.tasks.create_task(self._serve(server_end))
-        return device_end, server_end
-
-    async def _serve(self, link: MemoryLink) -> None:
-        with contextlib.suppress(AiopipeError):
-            await self.node.serve_link(link)
-
-    def connector(self, k: int) -> Callable[[], contextlib.AbstractAsyncContextManager[Link]]:
-        @contextlib.asynccontextmanager
-        async def open_link() -> AsyncIterator[Link]:
-            device_end, _ = self.connect()
-            self.links[k] = device_end
-            try:
-                yield device_end
-            finally:
-                await device_end.aclose()
-
-        return open_link
-
-    def start_device(self, k: int) -> None:
-        self.devices[k] = self.tasks.create_task(self._device(k))
-
-    def cut(self, k: int) -> None:
-        self.links[k].break_(f"the link of device {k} was cut")
-
-    def kill(self, k: int) -> None:
-        self.devices[k].cancel()
-        self.links[k].break_(f"device {k} was killed")
-
-    async def _device(self, k: int) -> None:
-        try:
-            summary = await run_device(self.connector(k), k, clock=self.clock,
-                                       cost_table=COSTS, clock_offset=0.0)
-        except AiopipeError as exc:
-            self.outcomes.setdefault(k, []).append(exc)
-        except asyncio.CancelledError:
-            self.outcomes.setdefault(k, []).append("killed")
-        else:
-            self.outcomes.setdefault(k, []).append(summary)
-
-    async def until(self, condition: Callable[[], bool]) -> None:
-        while not condition():
-            await self.clock.sleep(0.001)
+                   network=NETWORK, heartbeat_interval=1.0, device_timeout=10.0,
+                   reconnect_grace=10.0)
 
 
 def start_of(fleet: Fleet) -> float:
     """When the current round's device-2 session lost its link (approximately)."""
     return fleet.node.sessions[2].last_heard
-
-
-def _activations_in(fleet: Fleet, k: int, round_no: int) -> int:
-    session = fleet.node.sessions.get(k)
-    window = session.window if session else None
-    return len(session.seen) if session and window and window.round == round_no else 0
 
 
 async def test_a_killed_device_is_excluded_and_a_restarted_one_rejoins() -> None:
@@ -108,11 +39,11 @@ async def test_a_killed_device_is_excluded_and_a_restarted_one_rejoins() -> None
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
         # kill device 2 in the middle of round 3 (epoch 1's second round)
-        await fleet.until(lambda: fleet.node.rounds == 4 and _activations_in(fleet, 2, 3) > 0)
+        await fleet.until(lambda: fleet.node.rounds == 4 and fleet.activations_in(2, 3) > 0)
         fleet.kill(2)
-        # it stays away longer than device_timeout: the server gives up on it
+        # it stays away longer than reconnect_grace: the server gives up on it
         await fleet.until(lambda: fleet.node.sessions[2].ended)
-        assert clock.now() - start_of(fleet) >= CONFIG.device_timeout
+        assert clock.now() - start_of(fleet) >= CONFIG.reconnect_grace
         fleet.start_device(2)  # restarted, it says hello again
         result = await training
     await clock.aclose()
@@ -124,7 +55,8 @@ async def test_a_killed_device_is_excluded_and_a_restarted_one_rejoins() -> None
     assert [e.samples for e in epochs] == [240, 200, 200]
     killed, rejoined = fleet.outcomes[2]
     assert killed == "killed"
-    assert rejoined.rounds == 1  # type: ignore[attr-defined]
+    assert isinstance(rejoined, DeviceSummary)
+    assert rejoined.rounds == 1
     for value in result.model.state_dict().values():
         assert torch.isfinite(value).all()
 
@@ -139,9 +71,9 @@ async def test_a_restarted_device_drops_its_round_and_rejoins_at_the_next() -> N
         for k in range(3):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
-        await fleet.until(lambda: fleet.node.rounds == 4 and _activations_in(fleet, 2, 3) > 0)
+        await fleet.until(lambda: fleet.node.rounds == 4 and fleet.activations_in(2, 3) > 0)
         fleet.kill(2)
-        fleet.start_device(2)  # a fresh process with the same id, within device_timeout
+        fleet.start_device(2)  # a fresh process with the same id, within reconnect_grace
         result = await training
     await clock.aclose()
     assert [e.device_samples for e in result.epochs] == [(80, 80, 80), (80, 80, 40),
@@ -149,8 +81,8 @@ async def test_a_restarted_device_drops_its_round_and_rejoins_at_the_next() -> N
     assert [e.devices_lost for e in result.epochs] == [(), (2,), ()]
 
 
-async def test_a_silent_device_is_declared_lost_after_the_timeout() -> None:
-    config = CONFIG.replace(devices=2, epochs=1, aggregation_every=0)
+async def test_a_silent_device_is_declared_lost_after_timeout_and_grace() -> None:
+    config = CONFIG.replace(devices=2, epochs=1, aggregation_every=0, reconnect_grace=4.0)
     clock = VirtualClock()
     async with asyncio.TaskGroup() as tasks:
         fleet = Fleet(config, clock, tasks)
@@ -165,9 +97,106 @@ async def test_a_silent_device_is_declared_lost_after_the_timeout() -> None:
     assert result.final.device_samples == (80, 0)
     # silence for device_timeout ends the connection, then reconnect_grace passes: the
     # server gave up on device 1 then, not later, and not forever
-    limit = config.device_timeout + config.reconnect_grace
-    assert limit - 1 <= result.final.time_s <= limit + 5
+    patience = config.device_timeout + config.reconnect_grace
+    assert patience - 1 <= result.final.time_s <= patience + 5
     assert clock.now() - start < 60
+
+
+async def test_a_device_that_does_not_come_back_is_left_out_after_the_grace() -> None:
+    """A broken link (noticed at once) costs reconnect_grace, not device_timeout: then the
+    round goes on without the device and completes with the others."""
+    config = CONFIG.replace(device_timeout=10.0, reconnect_grace=2.0)
+    clock = VirtualClock()
+    async with asyncio.TaskGroup() as tasks:
+        fleet = Fleet(config, clock, tasks)
+        for k in range(3):
+            fleet.start_device(k)
+        training = tasks.create_task(fleet.node.train())
+        await fleet.until(lambda: fleet.node.rounds == 4 and fleet.activations_in(2, 3) > 0)
+        fleet.kill(2)  # and it never comes back
+        killed_at = clock.now()
+        await fleet.until(lambda: fleet.node.sessions[2].ended)
+        lost_after = clock.now() - killed_at
+        # the others finish round 3 without it, shortly after
+        await fleet.until(lambda: fleet.node.rounds == 5)
+        round_over_after = clock.now() - killed_at
+        result = await training
+    await clock.aclose()
+    # (the grace starts once the server has finished the device's queued activations:
+    # a few tenths of a second of compute here)
+    assert config.reconnect_grace <= lost_after <= config.reconnect_grace + 0.5
+    assert round_over_after < config.reconnect_grace + 1.0 < config.device_timeout
+    assert [e.device_samples for e in result.epochs] == [(80, 80, 80), (80, 80, 40),
+                                                        (80, 80, 0)]
+    assert [e.devices_lost for e in result.epochs] == [(), (2,), ()]
+    assert fleet.outcomes[2] == ["killed"]
+
+
+async def test_a_device_back_within_the_grace_keeps_its_round() -> None:
+    """Device 1's link breaks mid-round and the server is unreachable for it for longer
+    than device_timeout but less than reconnect_grace: it reconnects with its session,
+    finishes its round, and nothing is lost or counted twice."""
+    config = CONFIG.replace(device_timeout=2.0, heartbeat_interval=0.5, reconnect_grace=8.0)
+    away = 3.0  # > device_timeout; with the backoff, back well within reconnect_grace
+    clock = VirtualClock()
+    async with asyncio.TaskGroup() as tasks:
+        fleet = Fleet(config, clock, tasks)
+        for k in range(3):
+            fleet.start_device(k)
+        training = tasks.create_task(fleet.node.train())
+        await fleet.until(lambda: fleet.node.rounds == 4 and fleet.activations_in(1, 3) > 1)
+        fleet.block(1, away)
+        fleet.cut(1)
+        cut_at, session = clock.now(), fleet.node.sessions[1]
+        await fleet.until(lambda: 1 not in fleet.node.connected)
+        await fleet.until(lambda: 1 in fleet.node.connected or session.ended)
+        back_after = clock.now() - cut_at
+        result = await training
+    await clock.aclose()
+    assert away <= back_after < config.reconnect_grace
+    assert fleet.node.sessions[1] is session  # the same session: its round went on
+    assert not session.ended or session.closing
+    assert [e.device_samples for e in result.epochs] == [(80, 80, 80)] * 3
+    assert [e.devices_lost for e in result.epochs] == [(), (), ()]
+    (summary,) = fleet.outcomes[1]
+    assert isinstance(summary, DeviceSummary)
+    assert summary.rounds == 6
+    undisturbed = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
+    got, want = result.model.state_dict(), undisturbed.model.state_dict()
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=1e-7)
+
+
+async def test_a_device_back_after_the_grace_rejoins_at_a_later_round() -> None:
+    """Back later than reconnect_grace, with its old session: the server had given up on
+    it, so the device starts afresh and contributes again from a later round."""
+    # epochs of 2.5 virtual seconds, rounds of 1.25
+    config = CONFIG.replace(epochs=4, device_timeout=4.0, heartbeat_interval=0.5,
+                            reconnect_grace=1.0)
+    clock = VirtualClock()
+    async with asyncio.TaskGroup() as tasks:
+        fleet = Fleet(config, clock, tasks)
+        for k in range(3):
+            fleet.start_device(k)
+        training = tasks.create_task(fleet.node.train())
+        await fleet.until(lambda: fleet.node.rounds == 4 and fleet.activations_in(1, 3) > 1)
+        fleet.block(1, 2.0)  # > reconnect_grace, well within the device's patience
+        fleet.cut(1)
+        cut_at, old = clock.now(), fleet.node.sessions[1]
+        await fleet.until(lambda: old.ended, within=10)
+        lost_after = clock.now() - cut_at
+        await fleet.until(lambda: fleet.node.sessions[1] is not old, within=10)
+        back_after = clock.now() - cut_at
+        result = await training
+    await clock.aclose()
+    assert lost_after < 2.0 <= back_after
+    assert [e.devices_lost for e in result.epochs] == [(), (1,), (), ()]
+    assert [e.device_samples[0] for e in result.epochs] == [80] * 4
+    assert result.epochs[1].device_samples[1] == 40  # round 3 was dropped
+    assert result.epochs[-1].device_samples[1] == 80  # it took part again
+    (summary,) = fleet.outcomes[1]  # one process throughout: it never failed
+    assert isinstance(summary, DeviceSummary)
+    assert summary.reason == "training finished"
 
 
 async def test_the_run_fails_when_every_device_is_gone_for_good() -> None:
@@ -179,7 +208,7 @@ async def test_the_run_fails_when_every_device_is_gone_for_good() -> None:
         fleet.start_device(0)
 
         async def kill() -> None:
-            await fleet.until(lambda: _activations_in(fleet, 0, 0) > 0)
+            await fleet.until(lambda: fleet.activations_in(0, 0) > 0)
             fleet.kill(0)
 
         tasks.create_task(kill())
@@ -198,15 +227,20 @@ async def test_a_cut_link_is_repaired_and_nothing_is_lost_or_counted_twice() -> 
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
         for round_no in (1, 3, 4):
-            await fleet.until(lambda r=round_no: _activations_in(fleet, 1, r) > 1)  # type: ignore[misc]
+            await fleet.until(lambda r=round_no: fleet.activations_in(1, r) > 1)  # type: ignore[misc]
             fleet.cut(1)
         result = await training
     await clock.aclose()
     assert [e.device_samples for e in result.epochs] == [(80, 80, 80)] * 3
     assert [e.devices_lost for e in result.epochs] == [(), (), ()]
     (summary,) = fleet.outcomes[1]
-    assert summary.rounds == 6  # type: ignore[attr-defined]
+    assert isinstance(summary, DeviceSummary)
+    assert summary.rounds == 6
     undisturbed = await simulate(CONFIG, clock=VirtualClock(), cost_table=COSTS)
+    for cut, clean in zip(result.epochs, undisturbed.epochs, strict=True):
+        # byte counts span the connections (what was re-sent comes on top)
+        assert clean.bytes_up <= cut.bytes_up < 2 * clean.bytes_up
+        assert clean.bytes_down <= cut.bytes_down < 2 * clean.bytes_down
     got, want = result.model.state_dict(), undisturbed.model.state_dict()
     for key in want:
         torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=1e-7)
@@ -225,10 +259,10 @@ async def test_a_restarted_server_resumes_from_its_checkpoint(tmp_path: Path) ->
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
         # the server dies in the middle of round 3 (epoch 1's second round)
-        await fleet.until(lambda: fleet.node.rounds == 4 and _activations_in(fleet, 2, 3) > 0)
+        await fleet.until(lambda: fleet.node.rounds == 4 and fleet.activations_in(2, 3) > 0)
         training.cancel()
         for k in range(3):
-            fleet.links[k].break_("the server process died")
+            fleet.device_links[k].break_("the server process died")
         with contextlib.suppress(asyncio.CancelledError):
             await training
         fleet.node = ServerNode(config, clock=clock, cost_table=COSTS, checkpoint_dir=tmp_path,

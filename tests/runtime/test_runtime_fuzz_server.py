@@ -287,7 +287,7 @@ class Mutated:
             elif op == "delete":
                 del data[at : at + 1 + value % 16]
             elif op == "oversize":
-                data += bytes(LIMIT + 1 - len(data))
+                data += bytes(max(0, LIMIT + 1 - len(data)))
         return bytes(data)
 
 

@@ -132,3 +132,36 @@ def test_live_profiles_read_speeds_from_the_trace() -> None:
     quiet, (same,) = live_profiles([], [plan], [0], profile, [before])
     assert quiet is profile
     assert same == before
+
+
+def test_parameters_that_stay_keep_their_momentum_and_moved_ones_start_afresh() -> None:
+    import torch
+
+    from aiopipe import models
+    from aiopipe.runtime.replan import make_optimizer
+
+    dataset = train_dataset(BASE)
+    whole = build_model(BASE, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
+    old = models.split(whole, 3)[0]
+    old_optimizer = make_optimizer(old, BASE)
+    x, y = dataset.batch(range(8))
+    torch.nn.functional.cross_entropy(models.split(whole, 3)[1](old(x)), y).backward()
+    old_optimizer.step()
+    new = models.split(build_model(BASE, num_classes=dataset.num_classes,
+                                   in_shape=dataset.in_shape), 2)[0]
+    optimizer = make_optimizer(new, BASE, previous=(old, old_optimizer))
+    old_params = dict(old.named_parameters())
+    kept = 0
+    for name, param in new.named_parameters():
+        expected = old_optimizer.state[old_params[name]]["momentum_buffer"]
+        buffer = optimizer.state[param]["momentum_buffer"]
+        assert torch.equal(buffer, expected)
+        assert buffer is not expected  # a copy
+        kept += 1
+    assert kept == len(list(new.parameters())) > 0
+    bigger = models.split(whole, 4)[0]
+    grown = make_optimizer(bigger, BASE, previous=(old, old_optimizer))
+    moved = [n for n, _ in bigger.named_parameters() if n not in old_params]
+    assert moved
+    assert all("momentum_buffer" not in grown.state[p]
+               for n, p in bigger.named_parameters() if n in moved)

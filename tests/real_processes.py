@@ -1,0 +1,310 @@
+"""Harness for faults between real processes (tests/test_stall_processes.py and
+bench/recovery.py): ``python -m aiopipe.server`` and ``python -m aiopipe.device`` as child
+processes whose output is read line by line, each line stamped with the
+``time.monotonic()`` at which it arrived, and a TCP proxy to put between a device and the
+server.
+
+The proxy forwards bytes both ways between each client connection and a target address.
+On request it *stalls*: it stops moving bytes in both directions on every connection, old
+and new, and keeps every socket open, so that to both ends the network looks silent
+rather than broken (no FIN, no RST; what the kernel buffers is held, and delivered once
+the proxy resumes). It can also *drop* its connections: reset both sockets of each, as a
+NAT box that forgot them would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["REPO", "Line", "Output", "Process", "ProcessFleet", "TcpProxy"]
+
+REPO = Path(__file__).resolve().parents[1]
+CHUNK = 1 << 16
+
+
+class TcpProxy:
+    """Forward ``127.0.0.1:port`` to ``target_host:target_port``; use as ``async with``.
+
+    ``connections`` counts the client connections accepted so far.
+    """
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.port = 0
+        self.connections = 0
+        self._flowing = asyncio.Event()
+        self._flowing.set()
+        self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter | None]] = set()
+
+    async def __aenter__(self) -> TcpProxy:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        assert self._server is not None
+        self._server.close()
+        self._flowing.set()
+        self.drop()
+        for task in list(self._handlers):
+            task.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        await self._server.wait_closed()
+
+    @property
+    def stalled(self) -> bool:
+        """Whether the proxy holds every byte now."""
+        return not self._flowing.is_set()
+
+    def stall(self) -> None:
+        """Stop moving bytes, in both directions, on every connection; keep them open."""
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        """Move bytes again (first those held during the stall)."""
+        self._flowing.set()
+
+    def drop(self) -> None:
+        """Reset every current connection, on both sides."""
+        for client, upstream in list(self._pairs):
+            client.transport.abort()
+            if upstream is not None:
+                upstream.transport.abort()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        self.connections += 1
+        pair: tuple[asyncio.StreamWriter, asyncio.StreamWriter | None] = (writer, None)
+        self._pairs.add(pair)
+        upstream: asyncio.StreamWriter | None = None
+        try:
+            await self._flowing.wait()  # a silent network does not connect either
+            try:
+                up_reader, upstream = await asyncio.open_connection(*self.target)
+            except OSError:
+                return
+            self._pairs.discard(pair)
+            pair = (writer, upstream)
+            self._pairs.add(pair)
+            pumps = [asyncio.create_task(self._pump(reader, upstream)),
+                     asyncio.create_task(self._pump(up_reader, writer))]
+            try:
+                # one side closed (or failed): the connection is over for both
+                await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for pump in pumps:
+                    pump.cancel()
+                await asyncio.gather(*pumps, return_exceptions=True)
+        finally:
+            self._pairs.discard(pair)
+            for end in (writer, upstream):
+                if end is not None:
+                    end.close()
+                    with contextlib.suppress(OSError):
+                        await end.wait_closed()
+            self._handlers.discard(task)
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                await self._flowing.wait()
+                data = await reader.read(CHUNK)
+                if not data:
+                    return
+                await self._flowing.wait()  # a stall that began meanwhile holds these too
+                writer.write(data)
+                await writer.drain()
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One line of a process's output and when it arrived (``time.monotonic()``)."""
+
+    at: float
+    text: str
+
+
+@dataclass
+class Output:
+    """A process's output (stdout and stderr together), line by line, as it arrives."""
+
+    lines: list[Line] = field(default_factory=list)
+    closed: bool = False
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def read(self, stream: asyncio.StreamReader) -> None:
+        """Collect ``stream`` until its end."""
+        try:
+            while line := await stream.readline():
+                self.lines.append(Line(time.monotonic(), line.decode(errors="replace").rstrip()))
+                self._changed.set()
+        finally:
+            self.closed = True
+            self._changed.set()
+
+    def find(self, pattern: str, *, since: float = 0.0) -> list[Line]:
+        """Lines that arrived at or after ``since`` and match ``pattern`` (`re.search`)."""
+        return [line for line in self.lines
+                if line.at >= since and re.search(pattern, line.text)]
+
+    async def wait_for(self, pattern: str, *, since: float = 0.0,
+                       within: float = 120.0) -> Line:
+        """The first line at or after ``since`` that matches ``pattern``; waits for it.
+
+        Raises:
+            TimeoutError: no such line within ``within`` seconds (or the output ended);
+                the message holds the output so far.
+        """
+        deadline = time.monotonic() + within
+        while not (found := self.find(pattern, since=since)):
+            left = deadline - time.monotonic()
+            if self.closed or left <= 0:
+                raise TimeoutError(f"no line matching {pattern!r} in:\n{self.text()}")
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left)
+        return found[0]
+
+    def text(self) -> str:
+        """Everything so far, one line per line."""
+        return "\n".join(line.text for line in self.lines)
+
+
+@dataclass
+class Process:
+    """A child process and its output."""
+
+    name: str
+    process: asyncio.subprocess.Process
+    output: Output
+    reader: asyncio.Task[None]
+
+    def send_signal(self, signal: int) -> None:
+        """Send ``signal`` (if the process still runs)."""
+        if self.process.returncode is None:
+            self.process.send_signal(signal)
+
+    async def wait(self, within: float) -> int:
+        """Its exit status (after its output has been read to the end).
+
+        Raises:
+            TimeoutError: it did not exit within ``within`` seconds.
+        """
+        async with asyncio.timeout(within):
+            code = await self.process.wait()
+            await self.reader
+        return code
+
+
+class ProcessFleet:
+    """Server and device processes of one run; ``async with`` kills what still runs.
+
+    Args:
+        directory: where the run's config file and results go.
+        config: run keys for the server's ``--config`` file (TOML: numbers, strings,
+            booleans).
+    """
+
+    def __init__(self, directory: Path, config: Mapping[str, object]) -> None:
+        self.directory = directory
+        self.config_file = directory / "run.toml"
+        self.config_file.write_text("".join(f"{k} = {_toml(v)}\n" for k, v in config.items()))
+        self.out_dir = directory / "run"
+        self.processes: list[Process] = []
+        self.url = ""
+
+    async def __aenter__(self) -> ProcessFleet:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        for p in self.processes:
+            if p.process.returncode is None:
+                p.process.kill()
+        for p in self.processes:
+            with contextlib.suppress(TimeoutError):
+                await p.wait(30)
+
+    async def start(self, name: str, args: Sequence[str]) -> Process:
+        """Start ``python -m ARGS`` with the repository importable."""
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        env["PYTHONUNBUFFERED"] = "1"
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", *args, env=env, cwd=self.directory,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT)
+        assert process.stdout is not None
+        output = Output()
+        started = Process(name, process, output,
+                          asyncio.create_task(output.read(process.stdout)))
+        self.processes.append(started)
+        return started
+
+    async def start_server(self, *options: str) -> Process:
+        """Start the server on a free port; returns once it listens (``self.url``)."""
+        server = await self.start("server", [
+            "aiopipe.server", "--config", str(self.config_file), "--port", "0",
+            "--out-dir", str(self.out_dir), *options])
+        line = await server.output.wait_for(r"waiting for \d+ devices at (ws://\S+)")
+        match = re.search(r"(ws://\S+)", line.text)
+        assert match is not None
+        self.url = match.group(1)
+        return server
+
+    async def start_device(self, k: int, *, url: str | None = None) -> Process:
+        """Start device k, connecting to ``url`` (default: the server's)."""
+        return await self.start(f"device{k}", [
+            "aiopipe.device", "--server", url or self.url, "--device-id", str(k)])
+
+    def metrics(self) -> list[dict[str, object]]:
+        """The finished run's ``metrics.jsonl``, one mapping per epoch."""
+        text = (self.out_dir / "metrics.jsonl").read_text()
+        return [json.loads(line) for line in text.splitlines()]
+
+    def port(self) -> int:
+        """The server's port."""
+        match = re.search(r":(\d+)/", self.url)
+        assert match is not None
+        return int(match.group(1))
+
+    @contextlib.asynccontextmanager
+    async def proxy(self) -> AsyncIterator[TcpProxy]:
+        """A `TcpProxy` to the server; devices reach the server through it at
+        `proxy_url`."""
+        async with TcpProxy("127.0.0.1", self.port()) as proxy:
+            yield proxy
+
+    def proxy_url(self, proxy: TcpProxy) -> str:
+        """The server's websocket URL through ``proxy``."""
+        return f"ws://127.0.0.1:{proxy.port}/ws"
+
+    def all_output(self) -> str:
+        """Every process's output, for failure messages."""
+        return "\n".join(f"--- {p.name} (exit {p.process.returncode})\n{p.output.text()}"
+                         for p in self.processes)
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    raise TypeError(f"no TOML for {value!r}")
