@@ -234,7 +234,8 @@ def choose_plans(config: RunConfig, profile: ModelProfile,
     return select_plans(profile, devices, config.batch_size, split_points=split_points,
                         parallel_batches=_candidate_parallel_batches(config),
                         memory_budget_bytes=[config.device_memory_bytes_of(k)
-                                             for k in range(config.devices)])
+                                             for k in range(config.devices)],
+                        aggregation_every=config.aggregation_every)
 
 
 def with_plans(config: RunConfig, chosen: list[tuple[int, int]]) -> RunConfig:

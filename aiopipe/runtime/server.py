@@ -490,8 +490,9 @@ class ServerNode:
         batch = config.batch_size
         try:
             chosen = choose_plans(self.auto_config, profile, self.live)
-            before = estimate_epoch(profile, self.live, current, batch)
-            after = estimate_epoch(profile, self.live, chosen, batch)
+            every = config.aggregation_every
+            before = estimate_epoch(profile, self.live, current, batch, aggregation_every=every)
+            after = estimate_epoch(profile, self.live, chosen, batch, aggregation_every=every)
         except ConfigError as exc:
             log.warning("re-planning after round %d failed, keeping the plans: %s",
                         round_no, exc)

@@ -52,13 +52,24 @@ device's iteration takes its cycle: the later of its own step and its replica's 
 that phase's synchronized iteration (its next iteration's server work cannot start before
 the replica has stepped). Device k's epoch is down_k + its phases + up_k, where down_k
 and up_k move the device half's parameters and buffers (``state_bytes`` of units 1..P
-plus one frame overhead) once each way at the epoch's aggregation; the fleet's epoch is
+plus one frame overhead) once each way per aggregation (once per epoch, or per
+``aggregation_every`` iterations: `aggregations_per_epoch`); the fleet's epoch is
 the slowest device's. With equal iteration counts this is iterations x cycle. Not
 modelled: devices starting their first iteration at different times (each waits for its
 own model download) and iterations drifting out of phase (in the runtime a device starts
 its next iteration as soon as it has stepped, so the devices' server requests spread out
 and collide less than in a synchronized iteration); the server's aggregation and
 evaluation; the trace report riding on the uploaded model.
+
+[Note: real clocks] The estimate is exact for the virtual-time runtime charged from the
+same table. On the system clock a run is slower than it by what the table cannot know
+(bench/planner_accuracy.py measures how much on this machine): nodes emulated on one
+machine share its cores, so every stage waits for a core now and then; a slowed
+device's compute is emulated as ``slowdown`` x the item's elapsed time
+(aiopipe/runtime/compute.py), which multiplies those waits too, and the emulation's
+sleep ends on an asyncio timer that is up to a millisecond late, once per item. Both
+grow with N (more, smaller items per iteration), so on a busy machine the estimate
+favours too many micro-batches.
 """
 
 from __future__ import annotations
@@ -457,12 +468,20 @@ def alone_iteration_end(
     return alone_end(StageCache(model).stages(device, plan[0], plan[1], batch_size))
 
 
+def aggregations_per_epoch(iterations: int, aggregation_every: int) -> int:
+    """Rounds a device with ``iterations`` per epoch takes part in: one per
+    ``aggregation_every`` iterations (0: one per epoch)."""
+    return math.ceil(iterations / aggregation_every) if aggregation_every > 0 else 1
+
+
 def transfer_times(
-    model: ModelProfile, device: DeviceProfile, split_point: int
+    model: ModelProfile, device: DeviceProfile, split_point: int, rounds: int = 1
 ) -> tuple[float, float]:
-    """Seconds to send the device half down and back up once (with latency)."""
+    """Seconds to send the device half down and back up, ``rounds`` times each (with
+    latency): once per aggregation."""
     nbytes = model.model_frame_bytes(split_point)
-    return device.downlink.transfer_time(nbytes), device.uplink.transfer_time(nbytes)
+    return (rounds * device.downlink.transfer_time(nbytes),
+            rounds * device.uplink.transfer_time(nbytes))
 
 
 def device_epochs(
@@ -487,8 +506,11 @@ def estimate_epoch(
     devices: Sequence[DeviceProfile],
     plans: Sequence[tuple[int, int]],
     batch_size: int,
+    *,
+    aggregation_every: int = 0,
 ) -> float:
-    """Estimate one epoch of the fleet in seconds ([Note: epoch approximation]).
+    """Estimate one epoch of the fleet in seconds ([Note: epoch approximation]);
+    ``aggregation_every`` > 0 moves the device halves once per that many iterations.
 
     Raises:
         ConfigError: as `estimate_iteration`, or a device holds fewer samples than one
@@ -510,5 +532,8 @@ def estimate_epoch(
     fleet = [
         cache.stages(dev, p, n, batch_size) for dev, (p, n) in zip(devices, plans, strict=True)
     ]
-    transfers = [transfer_times(model, dev, p) for dev, (p, _) in zip(devices, plans, strict=True)]
+    transfers = [
+        transfer_times(model, dev, p, aggregations_per_epoch(i, aggregation_every))
+        for dev, (p, _), i in zip(devices, plans, iterations, strict=True)
+    ]
     return max(device_epochs(fleet, iterations, transfers)[0])

@@ -59,6 +59,7 @@ from aiopipe.scheduler.estimate import (
     ModelProfile,
     StageCache,
     Stages,
+    aggregations_per_epoch,
     alone_end,
     device_epochs,
     iterations_per_epoch,
@@ -170,6 +171,7 @@ def _candidates(
     split_points: Sequence[int] | None,
     parallel_batches: Sequence[int] | None,
     memory_budget_bytes: Sequence[int | None] | None,
+    aggregation_every: int = 0,
 ) -> list[list[_Candidate]]:
     _check_inputs(model, devices, batch_size, split_points, parallel_batches, memory_budget_bytes)
     points = sorted(set(split_points)) if split_points is not None else list(range(1, model.units))
@@ -181,7 +183,7 @@ def _candidates(
         budget = memory_budget_bytes[k] if memory_budget_bytes is not None else None
         if device not in by_profile:
             by_profile[device] = _device_candidates(
-                model, device, batch_size, points, fixed_n, cache
+                model, device, batch_size, points, fixed_n, cache, aggregation_every
             )
         every = by_profile[device]
         if not every:
@@ -210,10 +212,10 @@ def _device_candidates(
     points: Sequence[int],
     fixed_n: Sequence[int] | None,
     cache: StageCache,
+    aggregation_every: int,
 ) -> list[_Candidate]:
     found = []
     for p in points:
-        transfer = transfer_times(model, device, p)
         shortlist = (
             fixed_n
             if fixed_n is not None
@@ -223,6 +225,9 @@ def _device_candidates(
             iterations = iterations_per_epoch(device, n, batch_size)
             if iterations < 1:
                 continue
+            transfer = transfer_times(
+                model, device, p, aggregations_per_epoch(iterations, aggregation_every)
+            )
             st = cache.stages(device, p, n, batch_size)
             found.append(
                 _Candidate(
@@ -444,12 +449,14 @@ def select_plans(
     split_points: Sequence[int] | None = None,
     parallel_batches: Sequence[int] | None = None,
     memory_budget_bytes: Sequence[int | None] | None = None,
+    aggregation_every: int = 0,
 ) -> list[tuple[int, int]]:
     """Choose (P_k, N_k) per device minimizing the estimated fleet epoch (see module docs).
 
     ``split_points`` / ``parallel_batches`` restrict the candidates (default: 1..Q-1 and
     the [Note: N shortlist]); ``memory_budget_bytes[k]`` (None = unlimited) drops the
-    candidates device k cannot hold ([Note: device memory]).
+    candidates device k cannot hold ([Note: device memory]); ``aggregation_every`` as in
+    `estimate_epoch`.
 
     Raises:
         ConfigError: an empty fleet, a batch size < 1, candidates outside 1..Q-1 or
@@ -458,7 +465,8 @@ def select_plans(
             its memory budget (the message names the device and the smallest need).
     """
     candidates = _candidates(
-        model, devices, batch_size, split_points, parallel_batches, memory_budget_bytes
+        model, devices, batch_size, split_points, parallel_batches, memory_budget_bytes,
+        aggregation_every,
     )
     objective = _Objective(candidates)
     alone = [_alone_best(cs) for cs in candidates]
@@ -480,6 +488,7 @@ def exhaustive_plans(
     split_points: Sequence[int] | None = None,
     parallel_batches: Sequence[int] | None = None,
     memory_budget_bytes: Sequence[int | None] | None = None,
+    aggregation_every: int = 0,
 ) -> list[tuple[int, int]]:
     """The exact argmin of the estimated epoch over every combination of candidates.
 
@@ -490,7 +499,8 @@ def exhaustive_plans(
         ConfigError: as `select_plans`, or more than `MAX_COMBINATIONS` combinations.
     """
     candidates = _candidates(
-        model, devices, batch_size, split_points, parallel_batches, memory_budget_bytes
+        model, devices, batch_size, split_points, parallel_batches, memory_budget_bytes,
+        aggregation_every,
     )
     combinations = math.prod(len(cs) for cs in candidates)
     if combinations > MAX_COMBINATIONS:

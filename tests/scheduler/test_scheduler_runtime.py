@@ -118,3 +118,20 @@ async def test_epoch_estimate_on_shaped_links_is_close_and_pessimistic(
     result, profile, devices, plans = await _run(config)
     ratio = estimate_epoch(profile, devices, plans, config.batch_size) / result.epochs[0].time_s
     assert low <= ratio <= high
+
+
+async def test_aggregating_every_few_iterations_moves_the_halves_each_time() -> None:
+    """With aggregation_every = 2 the device halves go down and up once per 2 iterations:
+    the estimate counts those transfers (5 rounds here) and stays as close as with one."""
+    config = RunConfig(mode="pipar", devices=2, samples_per_device=160, batch_size=16,
+                       epochs=1, split_point=(4, 3), parallel_batches=(2, 4), test_samples=20,
+                       network="4g", device_slowdown=4.0, aggregation_every=2)
+    result, profile, devices, plans = await _run(config)
+    once = estimate_epoch(profile, devices, plans, 16)
+    every = estimate_epoch(profile, devices, plans, 16, aggregation_every=2)
+    up = devices[0].uplink.transfer_time(profile.model_frame_bytes(4))
+    down = devices[0].downlink.transfer_time(profile.model_frame_bytes(4))
+    assert every - once == pytest.approx(4 * (up + down), rel=0.05)  # 5 rounds, not 1
+    measured = result.epochs[0].time_s
+    assert 0.97 <= every / measured <= 1.05, (every, once, measured)  # measured 0.9999
+    assert once / measured < 0.8  # counting one aggregation would be far off
