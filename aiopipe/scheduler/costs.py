@@ -7,14 +7,36 @@ data (`CostTable.from_mapping`, e.g. from a JSON file). Times at a batch size th
 measured are interpolated linearly between the nearest measured sizes (and extrapolated
 proportionally beyond them): time is not linear in batch size (Asteroid §3.3), so
 measuring the sizes a plan will use is better than scaling one.
+
+[Note: per-stage costs] The runtime runs each stage as one work item on its node's
+compute thread: a device's forward of units 1..P (after making the micro-batch), its
+backward, its step; the server's pass (forward, loss, backward of units P+1..Q) and its
+step. Besides the units' own passes an item pays fixed costs: the hand-over to the
+compute thread and back, making the micro-batch (device forwards), the loss (server
+passes), the optimizer's per-call overhead (steps). The table stays per unit and every
+stage sums its units, so each fixed cost is charged to a unit that every such stage
+holds (P is in 1..Q-1): unit 0 (the first) for the device's forward, backward and step;
+the last unit for the server's pass and step. Summed per stage this charges each item
+once, whatever P is, and the virtual-time runtime, which charges ``forward_time(0, P)``
+& co., charges the same as the estimator. (FL runs the whole model in two items and is
+charged two hand-overs and an optimizer overhead too many: well under a millisecond.)
+A slowed device's items, fixed costs included, take ``slowdown`` times as long, which is
+how the runtime emulates a slower device on real time (aiopipe/runtime/compute.py).
+
+A unit that cannot run at a batch size costs ``math.inf`` there ([Note: infeasible
+sizes]); `to_mapping` then holds ``inf``, which Python's json writes as ``Infinity``.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
+import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -115,63 +137,256 @@ def _at(row: Mapping[int, float], batch: int) -> float:
 
 
 def measure_costs(model: nn.Sequential, in_shape: Sequence[int], batch_sizes: Sequence[int], *,
-                  repeats: int = 3, learning_rate: float = 0.01) -> CostTable:
-    """Time each unit's forward and backward at each batch size (median of ``repeats``).
+                  repeats: int = 5, warmup: int = 2, learning_rate: float = 0.01,
+                  momentum: float = 0.9, threads: int | None = None,
+                  load_batch: Callable[[int], object] | None = None,
+                  stage_overheads: bool = True, clock: str = "auto") -> CostTable:
+    """Time each unit's forward and backward at each batch size, and each unit's step.
 
-    Runs on the calling thread with the current torch settings. The model's weights are
-    not changed (the step is timed on a copy of the gradients' effect and undone).
+    Every figure is the median of ``repeats`` timed runs after ``warmup`` untimed ones
+    (the first calls at a new shape are slow: allocator, kernel selection). The last
+    unit's forward and backward include the cross-entropy loss, as the server's pass
+    does. With ``stage_overheads`` the fixed costs of the runtime's work items are
+    charged too ([Note: per-stage costs]): handing each item to the compute thread,
+    the optimizer's own overhead per step, and ``load_batch(b)`` (a callable making
+    one micro-batch of ``b`` samples as a device does before its forward; when None,
+    loading is not charged). A unit that cannot run at a batch size (e.g. batch norm
+    over one value per channel at batch size 1) costs ``math.inf`` there, and so do
+    the units after it ([Note: infeasible sizes]).
+
+    ``clock`` ([Note: profiling clock]): "wall" times the work by elapsed time; "cpu" by
+    the calling thread's CPU time (its cost with a core to itself); "shared" by CPU time
+    divided by the share of a core the profiling thread got over all the timed work
+    (total CPU / total elapsed seconds); "auto" (the default) is "shared" when torch
+    runs on one thread, else "wall".
+
+    Runs on the calling thread, with ``threads`` torch intra-op threads when given (the
+    previous setting is restored) or the current setting. The model is left as it was:
+    weights, buffers (batch-norm statistics), gradients and training mode.
 
     Raises:
-        ConfigError: ``batch_sizes`` is empty or holds a size < 1.
+        ConfigError: ``batch_sizes`` is empty or holds a size < 1, ``repeats`` < 1,
+            ``warmup`` < 0, ``threads`` < 1 or an unknown ``clock``.
     """
     if not batch_sizes or min(batch_sizes) < 1:
         raise ConfigError(f"batch sizes to profile must be >= 1, got {list(batch_sizes)}")
+    if repeats < 1 or warmup < 0:
+        raise ConfigError(f"profiling needs repeats >= 1 and warmup >= 0, got {repeats} "
+                          f"and {warmup}")
+    if threads is not None and threads < 1:
+        raise ConfigError(f"torch threads to profile with must be >= 1, got {threads}")
+    if clock not in ("auto", "cpu", "shared", "wall"):
+        raise ConfigError(f'profiling clock must be "auto", "cpu", "shared" or "wall", '
+                          f"got {clock!r}")
     units = list(model.children())
+    saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    was_training, previous_threads = model.training, torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    model.train()
+    if clock == "auto":
+        clock = "shared" if torch.get_num_threads() == 1 else "wall"
+    timer = _Timer(warmup, repeats, cpu=clock != "wall")
+    try:
+        forward, backward = _unit_times(units, in_shape, sorted(set(batch_sizes)), timer)
+        step, step_overhead = _step_times(units, timer, learning_rate, momentum)
+        loads = {b: timer.median(partial(load_batch, b))
+                 if load_batch is not None and stage_overheads else 0.0 for b in forward[0]}
+        if clock == "shared":
+            share = timer.share()
+            forward, backward = _scaled(forward, 1 / share), _scaled(backward, 1 / share)
+            step = {u: t / share for u, t in step.items()}
+            step_overhead /= share
+            loads = {b: t / share for b, t in loads.items()}
+        if stage_overheads:
+            dispatch = _dispatch_time(timer)
+            last = len(units) - 1
+            for b in forward[0]:
+                forward[0][b] += dispatch + loads[b]
+                backward[0][b] += dispatch
+                if last > 0:
+                    backward[last][b] += dispatch
+            for u in {0, last}:  # unit 0: every device stage; the last: the server's
+                step[u] += dispatch + step_overhead
+    finally:
+        with torch.no_grad():
+            model.load_state_dict(saved)
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+        torch.set_num_threads(previous_threads)
+    return CostTable(forward, backward, step)
+
+
+class _Timer:
+    """Medians of timed calls after untimed warm-up calls; totals of both clocks.
+
+    [Note: profiling clock] On a machine shared with other work, elapsed time measures
+    the load as much as the work: a neighbour's burst can double one batch size's
+    figures and not the next one's, and the planner then picks by noise. With one torch
+    thread the work runs in the calling thread (autograd's CPU backward too), so that
+    thread's CPU time is the work's cost with a core to itself, and it hardly moves with
+    the load. The load still matters: a busy machine runs every stage slower. "shared"
+    keeps the CPU times' shape and scales them all by one figure, the share of a core
+    the profiler got over all of its timed work (hundreds of calls, so one burst moves
+    it little): the work as it would run under the load seen while profiling. With
+    several torch threads the work spreads over a pool whose CPU time the calling
+    thread does not see, so elapsed time it is. What no clock here sees: the run's own
+    threads competing with each other when nodes are emulated on one machine (a
+    server and devices in one process, or processes on the same cores), which slows
+    each of them further.
+    """
+
+    def __init__(self, warmup: int, repeats: int, *, cpu: bool) -> None:
+        self.warmup, self.repeats, self.cpu = warmup, repeats, cpu
+        self.wall_total = self.cpu_total = 0.0
+
+    @staticmethod
+    def mark() -> tuple[float, float]:
+        """Both clocks now."""
+        return time.perf_counter(), time.thread_time()
+
+    def since(self, mark: tuple[float, float]) -> float:
+        """Seconds since ``mark`` on this timer's clock (both clocks are totalled)."""
+        wall, cpu = time.perf_counter() - mark[0], time.thread_time() - mark[1]
+        self.wall_total += wall
+        self.cpu_total += cpu
+        return cpu if self.cpu else wall
+
+    def share(self) -> float:
+        """The share of a core the timed work got (1 when nothing was timed)."""
+        if self.cpu_total <= 0 or self.wall_total <= 0:
+            return 1.0
+        return min(1.0, self.cpu_total / self.wall_total)
+
+    def median(self, work: Callable[[], object], *, runs: int | None = None) -> float:
+        """Median seconds of ``work`` over ``runs`` (default: repeats) timed calls."""
+        for _ in range(self.warmup):
+            work()
+        times = []
+        for _ in range(runs or self.repeats):
+            mark = self.mark()
+            work()
+            times.append(self.since(mark))
+        return statistics.median(times)
+
+
+def _scaled(table: dict[int, dict[int, float]], factor: float) -> dict[int, dict[int, float]]:
+    return {u: {b: t * factor for b, t in row.items()} for u, row in table.items()}
+
+
+def _unit_times(units: Sequence[nn.Module], in_shape: Sequence[int], sizes: Sequence[int],
+                timer: _Timer) -> tuple[dict[int, dict[int, float]], dict[int, dict[int, float]]]:
+    """Forward and backward seconds per unit and batch size (the last unit with the loss).
+
+    [Note: infeasible sizes] Some models cannot train at some batch sizes: batch norm
+    needs more than one value per channel, so a unit whose map is 1x1 fails at batch
+    size 1. Such a unit costs ``math.inf`` at that size, as do the units after it (they
+    get no input). Every plan runs every unit on one side or the other, so every plan
+    at that micro-batch size is estimated to take forever and the planner avoids it.
+    """
     forward: dict[int, dict[int, float]] = {u: {} for u in range(len(units))}
     backward: dict[int, dict[int, float]] = {u: {} for u in range(len(units))}
-    step: dict[int, float] = {}
-    was_training = model.training
-    model.train()
-    try:
-        for batch in sorted(set(batch_sizes)):
-            x = torch.randn(batch, *in_shape)
-            for u, unit in enumerate(units):
-                f_times, b_times = [], []
-                for _ in range(max(1, repeats) + 1):  # first round warms up
-                    inp = x.detach().requires_grad_(u > 0)
-                    t0 = time.perf_counter()
-                    out = unit(inp)
-                    t1 = time.perf_counter()
-                    grad = torch.ones_like(out)
-                    t2 = time.perf_counter()
-                    if out.requires_grad:
-                        out.backward(grad)
-                    t3 = time.perf_counter()
-                    f_times.append(t1 - t0)
-                    b_times.append(t3 - t2)
-                unit.zero_grad(set_to_none=True)
-                forward[u][batch] = sorted(f_times[1:])[len(f_times[1:]) // 2]
-                backward[u][batch] = sorted(b_times[1:])[len(b_times[1:]) // 2]
-                x = out.detach()
+    last = len(units) - 1
+    for batch in sizes:
+        x = torch.randn(batch, *in_shape)
         for u, unit in enumerate(units):
-            params = [p for p in unit.parameters() if p.requires_grad]
-            if not params:
-                step[u] = 0.0
-                continue
-            saved = [p.detach().clone() for p in params]
-            for p in params:
+            try:
+                fwd, bwd, x = _pass_times(unit, x, timer, grad_input=u > 0, loss=u == last)
+            except (RuntimeError, ValueError):
+                for v in range(u, len(units)):
+                    forward[v][batch] = backward[v][batch] = math.inf
+                break
+            finally:
+                unit.zero_grad(set_to_none=True)
+            forward[u][batch], backward[u][batch] = fwd, bwd
+    return forward, backward
+
+
+def _pass_times(unit: nn.Module, x: torch.Tensor, timer: _Timer, *, grad_input: bool,
+                loss: bool) -> tuple[float, float, torch.Tensor]:
+    """Median forward and backward seconds of ``unit`` on ``x``, and its output.
+
+    Forward and backward alternate (a backward needs its forward's graph). With ``loss``
+    (the model's last unit) the forward includes cross-entropy on random labels and the
+    backward starts from the loss, as the server's pass does; otherwise the backward
+    starts from a gradient of ones, as a device's does.
+    """
+    f_times, b_times = [], []
+    out = x
+    for _ in range(timer.warmup):
+        out = _train_pass(unit, x, grad_input=grad_input, loss=loss)
+    for _ in range(timer.repeats):
+        inp = x.detach().requires_grad_(grad_input)
+        mark = timer.mark()
+        out = unit(inp)
+        root = out
+        if loss and out.dim() == 2:  # class scores: the server's loss
+            root = nn.functional.cross_entropy(out, torch.randint(out.shape[1], (len(out),)))
+        f_times.append(timer.since(mark))
+        grad = None if root is not out else torch.ones_like(out)
+        mark = timer.mark()
+        if root.requires_grad:
+            root.backward(grad)
+        b_times.append(timer.since(mark))
+    return statistics.median(f_times), statistics.median(b_times), out.detach()
+
+
+def _train_pass(unit: nn.Module, x: torch.Tensor, *, grad_input: bool,
+                loss: bool) -> torch.Tensor:
+    """One untimed forward and backward, as `_pass_times` times them."""
+    out: torch.Tensor = unit(x.detach().requires_grad_(grad_input))
+    root = out
+    if loss and out.dim() == 2:
+        root = nn.functional.cross_entropy(out, torch.randint(out.shape[1], (len(out),)))
+    if root.requires_grad:
+        torch.autograd.backward(root, None if root is not out else torch.ones_like(out))
+    return out
+
+
+def _step_times(units: Sequence[nn.Module], timer: _Timer, learning_rate: float,
+                momentum: float) -> tuple[dict[int, float], float]:
+    """Per unit, the optimizer step's seconds beyond its fixed overhead; and that overhead.
+
+    A step is ``step()`` then ``zero_grad(set_to_none=True)`` with SGD, as the runtime
+    does. One optimizer over a unit's parameters costs a fixed overhead (Python, per
+    call) plus time per parameter; a stage steps all its units in one call, so the
+    overhead is counted once per stage ([Note: per-stage costs]), not once per unit.
+    """
+
+    def median_step(params: list[nn.Parameter]) -> float:
+        opt = torch.optim.SGD(params, lr=learning_rate, momentum=momentum)
+        times = []
+        for r in range(timer.warmup + timer.repeats):
+            for p in params:  # fresh gradients, as a backward leaves them
                 p.grad = torch.zeros_like(p)
-            opt = torch.optim.SGD(params, lr=learning_rate)
-            times = []
-            for _ in range(max(1, repeats) + 1):
-                t0 = time.perf_counter()
-                opt.step()
-                times.append(time.perf_counter() - t0)
-            with torch.no_grad():
-                for p, s in zip(params, saved, strict=True):
-                    p.copy_(s)
-                    p.grad = None
-            step[u] = sorted(times[1:])[len(times[1:]) // 2]
-    finally:
-        model.train(was_training)
-    return CostTable(forward, backward, step)
+            mark = timer.mark()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            spent = timer.since(mark)
+            if r >= timer.warmup:
+                times.append(spent)
+        return statistics.median(times)
+
+    overhead = median_step([nn.Parameter(torch.zeros(1))])
+    step: dict[int, float] = {}
+    for u, unit in enumerate(units):
+        params = [p for p in unit.parameters() if p.requires_grad]
+        step[u] = max(0.0, median_step(params) - overhead) if params else 0.0
+    return step, overhead
+
+
+def _dispatch_time(timer: _Timer) -> float:
+    """Elapsed seconds to hand a no-op to a worker thread and get its result back: what
+    running a work item on a node's compute thread adds to the work itself."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiopipe-profile") as pool:
+        pool.submit(_nothing).result()  # starts the thread
+        times = []
+        for _ in range(max(20, timer.repeats)):
+            start = time.perf_counter()
+            pool.submit(_nothing).result()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+
+def _nothing() -> None:
+    return None

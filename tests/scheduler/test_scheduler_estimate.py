@@ -3,6 +3,8 @@ and properties of the list schedule."""
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -22,6 +24,8 @@ from aiopipe.scheduler import (
     alone_iteration_end,
     estimate_epoch,
     estimate_iteration,
+    measure_costs,
+    select_plans,
 )
 from aiopipe.scheduler.estimate import StageCache
 from aiopipe.transport.network import LinkSpec
@@ -372,3 +376,92 @@ def test_epoch_is_at_least_every_device_alone(
             + iterations * alone_iteration_end(model, dev, (p, n), batch)
         )
         assert epoch >= alone * (1 - 1e-9)
+
+
+# -- measuring a cost table ------------------------------------------------------------------
+
+
+def _bn_model() -> torch.nn.Sequential:
+    """Three units; the second pools to 1x1 and normalizes: it cannot train on 1 sample."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU()),
+        torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(1), torch.nn.BatchNorm2d(4),
+                            torch.nn.Flatten()),
+        torch.nn.Linear(4, 3),
+    )
+
+
+def test_measured_costs_cover_every_unit_and_size_and_leave_the_model_alone() -> None:
+    model = _bn_model()
+    model.eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    threads = torch.get_num_threads()
+    costs = measure_costs(model, (3, 8, 8), [2, 4], repeats=2, warmup=1, threads=1)
+    assert costs.units == 3
+    for table in (costs.forward, costs.backward):
+        for u in range(3):
+            assert set(table[u]) == {2, 4}
+            assert all(0 < t < 1 for t in table[u].values())
+    assert all(t >= 0 for t in costs.step.values())
+    assert costs.step[0] > 0  # the device's step item: hand-over and optimizer overhead
+    assert costs.step[2] > 0  # the server's
+    # weights, batch-norm statistics, gradients, mode and torch threads are as they were
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    assert not model.training
+    assert torch.get_num_threads() == threads
+
+
+def test_a_batch_size_a_unit_cannot_train_at_costs_forever_and_is_never_planned() -> None:
+    costs = measure_costs(_bn_model(), (3, 8, 8), [1, 2], repeats=1, warmup=0)
+    assert math.isfinite(costs.forward[0][1])  # the first unit trains on one sample
+    assert math.isinf(costs.forward[1][1])
+    assert math.isinf(costs.backward[2][1])
+    assert math.isfinite(costs.forward_time(0, 3, 2))
+    model = ModelProfile(costs, (4 * 64 * 4, 16, 12), (0, 0, 0))
+    dev = device(4.0, 1e7, 2.5e7, samples=8)
+    assert math.isinf(estimate_iteration(model, [dev], [(1, 2)], 2).time_s)  # B' = 1
+    assert math.isinf(estimate_epoch(model, [dev], [(1, 2)], 2))
+    for fleet in ([dev], [dev, dev]):
+        chosen = select_plans(model, fleet, 2, parallel_batches=[1, 2])
+        assert all(n == 1 for _, n in chosen)
+    assert CostTable.from_mapping(costs.to_mapping()) == costs
+
+
+def test_stage_overheads_are_charged_to_the_units_every_stage_holds() -> None:
+    # no parameters in the first two units: their steps cost only what a step item adds
+    model = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(12, 3))
+    bare = measure_costs(model, (12,), [2], repeats=1, warmup=0, stage_overheads=False)
+    assert bare.step[0] == bare.step[1] == 0.0
+    full = measure_costs(model, (12,), [2], repeats=1, warmup=0)
+    assert full.step[0] > 0
+    assert full.step[1] == 0.0
+    assert full.step[2] > 0
+    # loading a micro-batch is part of the device's forward, that is unit 0's
+    slept: list[int] = []
+
+    def load(batch: int) -> None:
+        slept.append(batch)
+        time.sleep(0.05)
+
+    loaded = measure_costs(model, (12,), [2], repeats=1, warmup=0, clock="wall",
+                           load_batch=load)
+    assert slept == [2]
+    assert loaded.forward[0][2] >= 0.05
+    assert loaded.forward[1][2] < 0.05
+
+
+def test_bad_profiling_arguments_are_config_errors() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    for kwargs, match in [
+        ({"batch_sizes": []}, "batch sizes"),
+        ({"batch_sizes": [0]}, "batch sizes"),
+        ({"repeats": 0}, "repeats >= 1"),
+        ({"warmup": -1}, "warmup >= 0"),
+        ({"threads": 0}, "threads"),
+        ({"clock": "sundial"}, "clock"),
+    ]:
+        args = {"batch_sizes": [1], **kwargs}
+        with pytest.raises(ConfigError, match=match):
+            measure_costs(model, (2,), **args)  # type: ignore[arg-type]
