@@ -69,15 +69,16 @@ from aiopipe import RunConfig, simulate
 from aiopipe.clock import SystemClock
 from aiopipe.metrics.results import RunResult
 from aiopipe.metrics.trace import Slice
-from aiopipe.protocol import Activation, Gradient, encode, to_tensor_data
 from aiopipe.runtime.compute import warm_up_torch
 from aiopipe.runtime.plan import (
     build_model,
+    choose_plans,
+    declared_devices,
     device_indices,
+    model_profile,
     profile_batch_sizes,
     resolve_auto,
     train_dataset,
-    unit_output_shapes,
 )
 from aiopipe.scheduler import (
     CostTable,
@@ -86,9 +87,7 @@ from aiopipe.scheduler import (
     estimate_epoch,
     estimate_iteration,
     measure_costs,
-    select_plans,
 )
-from aiopipe.transport import network_spec
 
 MODELS = ("vgg5", "resnet18", "mobilenetv3-small")
 NETWORKS = ("4g", "4g+", "wifi")
@@ -187,23 +186,6 @@ class Candidate:
 # -- planning ---------------------------------------------------------------------------
 
 
-def model_profile(model: torch.nn.Sequential, in_shape: tuple[int, int, int],
-                  costs: CostTable) -> ModelProfile:
-    """The `ModelProfile` `resolve_auto` builds (sizes from a dry pass, frame overheads
-    from the codec)."""
-    shapes = unit_output_shapes(model, in_shape)
-    activation = tuple(4 * math.prod(s) for s in shapes)
-    sample = torch.zeros(1, *shapes[0])
-    labels = torch.zeros(1, dtype=torch.int64)
-    act_overhead = len(encode(Activation(0, 0, 0, to_tensor_data(sample),
-                                         to_tensor_data(labels)))) - activation[0] - 8
-    grad_overhead = len(encode(Gradient(0, 0, 0, to_tensor_data(sample)))) - activation[0]
-    state = tuple(sum(t.numel() * t.element_size() for t in unit.state_dict().values())
-                  for unit in model.children())
-    return ModelProfile(costs, activation, state, frame_overhead=grad_overhead,
-                        activation_frame_overhead=act_overhead)
-
-
 def divisors(n: int) -> list[int]:
     """The N candidates for "auto" (plan.py: every micro-batch has B/N samples)."""
     return [d for d in range(1, n + 1) if n % d == 0]
@@ -231,17 +213,12 @@ def plan_case(config: RunConfig, settings: Settings) -> Planned:
     resolved = resolve_auto(config, model, dataset.in_shape, samples, costs)
     selected = time.perf_counter()
     profile = model_profile(model, dataset.in_shape, costs)
-    spec = network_spec(config.network)
-    devices = tuple(DeviceProfile(config.device_slowdown_of(k), spec.up, spec.down, samples[k])
-                    for k in range(config.devices))
+    devices = tuple(declared_devices(config, samples))
     plan = tuple((int(resolved.device_split_point(k)), int(resolved.device_parallel_batches(k)))
                  for k in range(config.devices))
     # the same profile must give the same choice, or the estimates below are not the
     # planner's
-    again = select_plans(profile, devices, config.batch_size,
-                         parallel_batches=divisors(config.batch_size),
-                         memory_budget_bytes=[config.device_memory_bytes_of(k)
-                                              for k in range(config.devices)])
+    again = choose_plans(config, profile, list(devices))
     if tuple(again) != plan:
         raise RuntimeError(f"bench profile selects {again}, resolve_auto chose {plan}")
     return Planned(resolved, costs, profile, devices, plan, profiled - started,
