@@ -26,9 +26,9 @@ from aiopipe.errors import ConfigError
 from aiopipe.metrics.results import EpochMetrics, RunResult, write_results
 from aiopipe.runtime.device import Connector, DeviceSummary, run_device
 from aiopipe.runtime.http import add_routes
-from aiopipe.runtime.plan import build_model, profile_batch_sizes, train_dataset
+from aiopipe.runtime.plan import build_model, measure_planning_costs, train_dataset
 from aiopipe.runtime.server import ServerNode
-from aiopipe.scheduler.costs import CostTable, measure_costs
+from aiopipe.scheduler.costs import CostTable
 from aiopipe.transport import Link, network_spec, open_memory_link_pair, open_websocket_link
 
 __all__ = ["Device", "Server", "simulate"]
@@ -74,8 +74,7 @@ def _measure(config: RunConfig) -> CostTable:
     """A cost table for every batch size the run (or its planner) may use."""
     dataset = train_dataset(config)
     model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
-    sizes = sorted({*profile_batch_sizes(config), config.batch_size})
-    return measure_costs(model, dataset.in_shape, sizes)
+    return measure_planning_costs(config, model, dataset)
 
 
 async def _device(link: Link, k: int, clock: Clock, costs: CostTable | None,

@@ -2,8 +2,8 @@
 
 Each mode runs as its own ``python -m aiopipe --mode M ...`` (a server and K device
 processes talking over loopback websockets; the devices pace their uplink and the server
-its downlinks at the network preset's rates; ``--device-slowdown`` keeps each device's
-compute resource busy s x as long as the real compute took), one after the other, with
+its downlinks at the network preset's rates; ``--device-slowdown`` makes each device's
+compute items take s x their CPU time), one after the other, with
 the same model, data, seed and batch size. The figures come from each run's
 ``metrics.jsonl``:
 

@@ -8,8 +8,9 @@ flwr is never a dependency of aiopipe), with the repository on PYTHONPATH.
 Both sides read one aiopipe ``config.toml`` and use aiopipe's own pieces, so the model's
 initial weights (`build_model`, seeded), each device's shard (`device_indices`), the
 per-epoch shuffle (`epoch_order`), SGD with the same learning rate and momentum, the batch
-size, the test set and the device slowdown emulation (busy ``(s-1) x`` the measured compute
-after each step, as aiopipe's compute resource does) are the same as in aiopipe's FL mode.
+size, the test set and the device slowdown emulation (each step takes ``s x`` its CPU
+time, the rest a sleep, as aiopipe's compute resource does) are the same as in aiopipe's
+FL mode.
 
 A round is one epoch: every client trains one pass over its shard, then FedAvg weighted by
 samples. The round time is taken on the server from the moment all clients are sampled
@@ -178,7 +179,7 @@ def client(server: str, config: RunConfig, device_id: int) -> None:
             order = epoch_order(indices, epoch=int(cfg["epoch"]), seed=config.seed)
             samples, loss_sum, correct = 0, 0.0, 0
             for it in range(len(order) // batch):
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.thread_time()
                 x, y = train.batch(order[it * batch : (it + 1) * batch])
                 logits = model(x)
                 loss = nn.functional.cross_entropy(logits, y)
@@ -189,7 +190,8 @@ def client(server: str, config: RunConfig, device_id: int) -> None:
                 loss_sum += float(loss.detach()) * len(y)
                 correct += int((logits.argmax(1) == y).sum())
                 if slowdown > 1.0:  # the same emulation as aiopipe's compute resource
-                    time.sleep((slowdown - 1.0) * (time.perf_counter() - start))
+                    due = slowdown * (time.thread_time() - start_cpu)
+                    time.sleep(max(0.0, due - (time.perf_counter() - start)))
             return _arrays(model), samples, {"loss_sum": loss_sum, "correct": correct}
 
     start_client(

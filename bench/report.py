@@ -409,8 +409,9 @@ def write_report(out: Path) -> Path:
         f"- device slowdown: homogeneous fleet {s['device_slowdown']:g}× on every device; "
         f"half-slow fleet (PiPar §5.6.1) {s['device_slowdown']:g}× on the first half of the "
         f"devices and {2 * s['device_slowdown']:g}× on the second half. A device with "
-        "slowdown s keeps its compute busy (s−1)× as long as each real compute took (a "
-        "wait, not extra CPU). The server is not slowed.",
+        "slowdown s takes s× the CPU time of each compute item (the rest a wait, not "
+        "extra CPU: contention for shared cores is not multiplied). The server is not "
+        "slowed.",
         f"- modes: FL (FedAvg, whole model on the devices); SFL at split points "
         f"{s['sfl_splits']} (the best is reported, all are listed); PiPar with "
         "`--split-point auto --parallel-batches auto` (the planner's choice); PiPar with a "

@@ -57,6 +57,11 @@ def test_a_tiny_case_plans_sweeps_and_reports(bench: ModuleType) -> None:
     assert len(selected["plan"]) == 2
     assert len(selected["reruns"]) == 1  # repeats
     assert selected["epoch_s"] == selected["reruns"][0]["epoch_s"]
+    # the re-runs run two epochs: the first one's trace gives the live estimate
+    live = selected["live_estimate_iteration_s"]
+    assert live == selected["reruns"][0]["live_estimate_iteration_s"]
+    assert 0 < live < math.inf
+    assert all(c["sweep"]["live_estimate_iteration_s"] is None for c in swept)  # one epoch
     assert optimum["reruns"]  # the optimum is a finalist, measured again
     assert record["score"] == pytest.approx(optimum["epoch_s"] / selected["epoch_s"])
     assert 0 < record["search_s"] == pytest.approx(record["profile_s"] + record["select_s"])
@@ -68,6 +73,7 @@ def test_a_tiny_case_plans_sweeps_and_reports(bench: ModuleType) -> None:
         "load_after": 0.5, "cpus": 2, "settings": bench.asdict(settings), "machine": "m"})
     assert "| vgg5 | wifi |" in report
     assert "Median |error|" in report
+    assert "From live measurements (after one round): median |error| iteration **" in report
     figures = bench.summary([record])
     assert figures["score_min"] == record["score"]
     assert figures["sweep_runs"] == 8

@@ -5,10 +5,11 @@ bytes while a forward or backward pass runs. Work items run one at a time in the
 they were submitted (asyncio.Lock is FIFO), which is the "one compute queue shared by all
 devices" of the server (DESIGN §4).
 
-Two ways time is charged (see [Note: compute time]):
+Two ways time is charged:
 - real time (`SystemClock`): the work runs in the thread and takes what it takes; with a
-  slowdown factor s > 1 the resource then stays busy for (s-1) x that duration, waiting
-  on the clock without burning CPU, to emulate a slower device;
+  slowdown factor s > 1 each item instead takes s x its CPU time, waiting on the clock
+  for the rest without burning CPU, to emulate a slower device (see
+  [Note: emulated slow devices]);
 - cost time (a cost is given, as in virtual-time simulation): the work runs inline (the
   clock stands still meanwhile), then the resource is busy for cost x s on the clock.
   Timing is then a pure function of the cost table: deterministic.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -51,6 +53,7 @@ class Compute:
         self.charge_costs = charge_costs
         self._lock = asyncio.Lock()
         self._executor: ThreadPoolExecutor | None = None
+        self._free_at = float("-inf")  # when the emulated slow device finished its last item
 
     async def run(self, name: str, work: Callable[[], T], *, cost: float | None = None,
                   epoch: int = -1, iteration: int = -1, micro_batch: int = -1) -> T:
@@ -64,19 +67,26 @@ class Compute:
         """
         if self.charge_costs and cost is None:
             raise ValueError(f"{self.track}: work {name!r} needs a cost in cost-time mode")
+        submitted = self._clock.now()
         async with self._lock:
             start = self._clock.now()
             if self.charge_costs:
                 result = work()
                 assert cost is not None
                 await self._clock.sleep(cost * self.slowdown)
+            elif self.slowdown > 1.0:
+                with self._clock.hold():
+                    result, cpu = await asyncio.get_running_loop().run_in_executor(
+                        self._thread(), _timed, work
+                    )
+                # [Note: emulated slow devices]
+                self._free_at = max(submitted, self._free_at) + self.slowdown * cpu
+                await self._clock.sleep(self._free_at - self._clock.now())
             else:
                 with self._clock.hold():
                     result = await asyncio.get_running_loop().run_in_executor(
                         self._thread(), work
                     )
-                if self.slowdown > 1.0:
-                    await self._clock.sleep((self.slowdown - 1.0) * (self._clock.now() - start))
             self._recorder.add(self.track, name, start, self._clock.now(), epoch=epoch,
                                iteration=iteration, micro_batch=micro_batch)
         return result
@@ -103,6 +113,33 @@ class Compute:
             self._executor = ThreadPoolExecutor(max_workers=1,
                                                 thread_name_prefix=f"aiopipe-{self.track}")
         return self._executor
+
+
+def _timed(work: Callable[[], T]) -> tuple[T, float]:
+    """Run ``work`` on this thread; its result and the thread's CPU seconds for it."""
+    started = _thread_seconds()
+    result = work()
+    return result, _thread_seconds() - started
+
+
+#: CPU seconds of the calling thread (a module attribute so tests can stand in for it).
+_thread_seconds = time.thread_time
+
+
+# [Note: emulated slow devices]
+# A device with slowdown s must take s times as long as this machine needs for the same
+# work. Multiplying the item's elapsed time would multiply more than the work: on a
+# machine whose cores are shared (a simulation of many nodes, a bench of many processes)
+# the elapsed time includes waiting for a core, and s x that wait is a contention the
+# emulated device would not have. So an item is charged s x the CPU time its thread spent
+# on it (torch runs on that thread with one intra-op thread, the default torch_threads),
+# as if the device had a core of its own.
+#
+# The charge is kept on the device's own timeline: an item starts, in emulation, when it
+# was submitted or when the previous item ended, whichever is later, and ends s x CPU
+# seconds after that. The sleep to that end is rounded up by the event loop's timer
+# (about 1 ms); an item that was already queued starts from the previous item's emulated
+# end, not from the late wake-up, so that error does not add up over back-to-back items.
 
 
 def warm_up_torch() -> None:

@@ -24,7 +24,7 @@ from aiopipe import data as datasets
 from aiopipe import models
 from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
-from aiopipe.scheduler.costs import CostTable
+from aiopipe.scheduler.costs import CostTable, measure_costs
 from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "declared_devices",
     "device_indices",
     "device_plans",
+    "measure_planning_costs",
     "model_profile",
     "needs_planner",
     "profile_batch_sizes",
@@ -169,6 +170,25 @@ def needs_planner(config: RunConfig) -> bool:
         return False
     return config.split_point == "auto" or (
         config.mode == "pipar" and config.parallel_batches == "auto")
+
+
+def measure_planning_costs(config: RunConfig, model: nn.Sequential, dataset: datasets.Dataset,
+                           *, repeats: int = 5, warmup: int = 2) -> CostTable:
+    """A cost table at every batch size the run (or its planner) may use, measured here.
+
+    Measured as the nodes run: with ``config.torch_threads`` torch threads, the run's
+    learning rate and momentum, and the fixed cost of loading one of device 0's
+    micro-batches charged to each device forward. The model is left as it was.
+    """
+    mine = device_indices(config, dataset, 0)
+
+    def load_batch(size: int) -> torch.Tensor:
+        return dataset.batch(mine[:size])[0]
+
+    sizes = sorted({*profile_batch_sizes(config), config.batch_size})
+    return measure_costs(model, dataset.in_shape, sizes, repeats=repeats, warmup=warmup,
+                         learning_rate=config.learning_rate, momentum=config.momentum,
+                         threads=config.torch_threads, load_batch=load_batch)
 
 
 def profile_batch_sizes(config: RunConfig) -> list[int]:

@@ -61,9 +61,9 @@ from aiopipe.runtime.plan import (
     declared_devices,
     device_indices,
     device_plans,
+    measure_planning_costs,
     model_profile,
     needs_planner,
-    profile_batch_sizes,
     train_dataset,
     unit_output_shapes,
     with_plans,
@@ -71,7 +71,7 @@ from aiopipe.runtime.plan import (
 from aiopipe.runtime.replan import Replan, live_profiles, make_optimizer
 from aiopipe.runtime.session import DeviceSession
 from aiopipe.runtime.tasks import first_error
-from aiopipe.scheduler.costs import CostTable, measure_costs
+from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile, estimate_epoch
 from aiopipe.transport import Link
 
@@ -126,8 +126,7 @@ class ServerNode:
         self.live: list[DeviceProfile] = []
         self.replans: list[Replan] = []
         if needs_planner(config):
-            planning_costs = cost_table or measure_costs(self.model, self.in_shape,
-                                                         profile_batch_sizes(config))
+            planning_costs = cost_table or measure_planning_costs(config, self.model, train)
             self.auto_config = config
             self.planning = model_profile(self.model, self.in_shape, planning_costs)
             self.live = declared_devices(config, samples)
@@ -484,15 +483,23 @@ class ServerNode:
             return
         served = [self.sessions[k].served if k in self.sessions else 0
                   for k in range(config.devices)]
-        profile, self.live = live_profiles(self.recorder.take(mark), self.plans, served,
-                                           self.planning, self.live)
-        current = [(p.split_point, p.parallel_batches) for p in self.plans]
-        batch = config.batch_size
+        slices, planning, auto = self.recorder.take(mark), self.planning, self.auto_config
+        plans, current = list(self.plans), [(p.split_point, p.parallel_batches)
+                                            for p in self.plans]
+        batch, every = config.batch_size, config.aggregation_every
+
+        def decide() -> tuple[list[DeviceProfile], list[tuple[int, int]], float, float]:
+            profile, live = live_profiles(slices, plans, served, planning, self.live)
+            chosen = choose_plans(auto, profile, live)
+            before = estimate_epoch(profile, live, current, batch, aggregation_every=every)
+            after = estimate_epoch(profile, live, chosen, batch, aggregation_every=every)
+            return live, chosen, before, after
+
         try:
-            chosen = choose_plans(self.auto_config, profile, self.live)
-            every = config.aggregation_every
-            before = estimate_epoch(profile, self.live, current, batch, aggregation_every=every)
-            after = estimate_epoch(profile, self.live, chosen, batch, aggregation_every=every)
+            # off the event loop (selection over many devices takes a while), time held
+            # still meanwhile in virtual time
+            with self.clock.hold():
+                self.live, chosen, before, after = await asyncio.to_thread(decide)
         except ConfigError as exc:
             log.warning("re-planning after round %d failed, keeping the plans: %s",
                         round_no, exc)

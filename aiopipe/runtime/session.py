@@ -429,8 +429,17 @@ def _server_pass(replica: nn.Sequential, message: Activation, parallel_batches: 
         raise RemoteProtocolError("activation holds NaN or Inf")
     logits = replica(activation)
     loss = nn.functional.cross_entropy(logits, labels)
+    # finite values can still be too large for the model: refuse them before they reach
+    # the replica's weights (and, through FedAvg, every device's)
+    if not torch.isfinite(loss):
+        raise RemoteProtocolError("activation gives a NaN or Inf loss: its values are out "
+                                  "of range")
     torch.autograd.backward(loss / parallel_batches)
     assert activation.grad is not None
+    if not torch.isfinite(activation.grad).all():
+        replica.zero_grad(set_to_none=True)
+        raise RemoteProtocolError("activation gives NaN or Inf gradients: its values are "
+                                  "out of range")
     correct = int((logits.detach().argmax(1) == labels).sum())
     return activation.grad, float(loss.detach()) * labels.numel(), correct
 

@@ -139,7 +139,7 @@ def _at(row: Mapping[int, float], batch: int) -> float:
 def measure_costs(model: nn.Sequential, in_shape: Sequence[int], batch_sizes: Sequence[int], *,
                   repeats: int = 5, warmup: int = 2, learning_rate: float = 0.01,
                   momentum: float = 0.9, threads: int | None = None,
-                  load_batch: Callable[[int], object] | None = None,
+                  load_batch: Callable[[int], torch.Tensor] | None = None,
                   stage_overheads: bool = True, clock: str = "auto") -> CostTable:
     """Time each unit's forward and backward at each batch size, and each unit's step.
 
@@ -149,8 +149,10 @@ def measure_costs(model: nn.Sequential, in_shape: Sequence[int], batch_sizes: Se
     does. With ``stage_overheads`` the fixed costs of the runtime's work items are
     charged too ([Note: per-stage costs]): handing each item to the compute thread,
     the optimizer's own overhead per step, and ``load_batch(b)`` (a callable making
-    one micro-batch of ``b`` samples as a device does before its forward; when None,
-    loading is not charged). A unit that cannot run at a batch size (e.g. batch norm
+    one micro-batch of ``b`` samples, as a device does before its forward, and returning
+    its input tensor; unit 0's forward is then timed on freshly loaded batches, loading
+    included, as a device's forward runs; when None, loading is not charged). A unit
+    that cannot run at a batch size (e.g. batch norm
     over one value per channel at batch size 1) costs ``math.inf`` there, and so do
     the units after it ([Note: infeasible sizes]).
 
@@ -188,21 +190,19 @@ def measure_costs(model: nn.Sequential, in_shape: Sequence[int], batch_sizes: Se
         clock = "shared" if torch.get_num_threads() == 1 else "wall"
     timer = _Timer(warmup, repeats, cpu=clock != "wall")
     try:
-        forward, backward = _unit_times(units, in_shape, sorted(set(batch_sizes)), timer)
+        forward, backward = _unit_times(units, in_shape, sorted(set(batch_sizes)), timer,
+                                        load_batch if stage_overheads else None)
         step, step_overhead = _step_times(units, timer, learning_rate, momentum)
-        loads = {b: timer.median(partial(load_batch, b))
-                 if load_batch is not None and stage_overheads else 0.0 for b in forward[0]}
         if clock == "shared":
             share = timer.share()
             forward, backward = _scaled(forward, 1 / share), _scaled(backward, 1 / share)
             step = {u: t / share for u, t in step.items()}
             step_overhead /= share
-            loads = {b: t / share for b, t in loads.items()}
         if stage_overheads:
             dispatch = _dispatch_time(timer)
             last = len(units) - 1
             for b in forward[0]:
-                forward[0][b] += dispatch + loads[b]
+                forward[0][b] += dispatch
                 backward[0][b] += dispatch
                 if last > 0:
                     backward[last][b] += dispatch
@@ -275,8 +275,13 @@ def _scaled(table: dict[int, dict[int, float]], factor: float) -> dict[int, dict
 
 
 def _unit_times(units: Sequence[nn.Module], in_shape: Sequence[int], sizes: Sequence[int],
-                timer: _Timer) -> tuple[dict[int, dict[int, float]], dict[int, dict[int, float]]]:
+                timer: _Timer, load_batch: Callable[[int], torch.Tensor] | None,
+                ) -> tuple[dict[int, dict[int, float]], dict[int, dict[int, float]]]:
     """Forward and backward seconds per unit and batch size (the last unit with the loss).
+
+    With ``load_batch``, unit 0's forward is timed on a freshly loaded batch each time,
+    loading included: a device's forward makes its micro-batch and runs on new memory,
+    which costs more than loading and a forward on a cache-warm tensor timed apart.
 
     [Note: infeasible sizes] Some models cannot train at some batch sizes: batch norm
     needs more than one value per channel, so a unit whose map is 1x1 fails at batch
@@ -291,7 +296,9 @@ def _unit_times(units: Sequence[nn.Module], in_shape: Sequence[int], sizes: Sequ
         x = torch.randn(batch, *in_shape)
         for u, unit in enumerate(units):
             try:
-                fwd, bwd, x = _pass_times(unit, x, timer, grad_input=u > 0, loss=u == last)
+                load = partial(load_batch, batch) if load_batch is not None and u == 0 else None
+                fwd, bwd, x = _pass_times(unit, x, timer, grad_input=u > 0, loss=u == last,
+                                          load=load)
             except (RuntimeError, ValueError):
                 for v in range(u, len(units)):
                     forward[v][batch] = backward[v][batch] = math.inf
@@ -303,8 +310,12 @@ def _unit_times(units: Sequence[nn.Module], in_shape: Sequence[int], sizes: Sequ
 
 
 def _pass_times(unit: nn.Module, x: torch.Tensor, timer: _Timer, *, grad_input: bool,
-                loss: bool) -> tuple[float, float, torch.Tensor]:
+                loss: bool, load: Callable[[], torch.Tensor] | None = None,
+                ) -> tuple[float, float, torch.Tensor]:
     """Median forward and backward seconds of ``unit`` on ``x``, and its output.
+
+    With ``load``, each timed forward runs on ``load()`` instead of ``x``, its call timed
+    as part of the forward.
 
     Forward and backward alternate (a backward needs its forward's graph). With ``loss``
     (the model's last unit) the forward includes cross-entropy on random labels and the
@@ -316,8 +327,8 @@ def _pass_times(unit: nn.Module, x: torch.Tensor, timer: _Timer, *, grad_input: 
     for _ in range(timer.warmup):
         out = _train_pass(unit, x, grad_input=grad_input, loss=loss)
     for _ in range(timer.repeats):
-        inp = x.detach().requires_grad_(grad_input)
         mark = timer.mark()
+        inp = (x if load is None else load()).detach().requires_grad_(grad_input)
         out = unit(inp)
         root = out
         if loss and out.dim() == 2:  # class scores: the server's loss

@@ -444,8 +444,12 @@ class InRound:
         values = to_torch(message.labels)
         if int(values.min()) < 0 or int(values.max()) >= 10:
             return True
-        if not bool(torch.isfinite(to_torch(message.tensor)).all()):
+        values = to_torch(message.tensor)
+        if not bool(torch.isfinite(values).all()):
             return True
+        if float(values.abs().max()) > 1e30:
+            # finite, but the server's loss or gradients may overflow: refused then
+            return None
         self.accepted.add(key)
         return False
 
@@ -1029,6 +1033,8 @@ SLICE = ["device1/compute", "f", 0.0, 1.0, 0, 0, 0]
     [
         ([refused_by_the_worker(math.nan, "ok")], False, [], random.Random(0)),
         ([refused_by_the_worker(0.0, "high")], False, [], random.Random(1)),
+        # finite but too large: the loss overflows; once, the model went NaN
+        ([refused_by_the_worker(3e38, "ok")], False, [], random.Random(4)),
     ]
 )
 @example(

@@ -113,3 +113,22 @@ async def test_a_bad_activation_is_refused_with_its_reason(case: str) -> None:
     assert answer.code == "protocol"
     assert reason in answer.message
     await clock.aclose()
+
+
+def test_finite_activations_too_large_for_the_model_are_refused_before_they_train() -> None:
+    from aiopipe.errors import RemoteProtocolError
+    from aiopipe.protocol import Activation
+    from aiopipe.runtime.plan import build_model
+    from aiopipe.runtime.session import _server_pass, to_tensor_data
+
+    config = RunConfig(mode="pipar", devices=2, samples_per_device=40, batch_size=20,
+                       split_point=2, parallel_batches=2)
+    replica = build_model(config, num_classes=10, in_shape=(3, 32, 32))[2:]
+    labels = to_tensor_data(torch.arange(10) % 10)
+    huge = Activation(0, 0, 0, to_tensor_data(torch.full((10, 64, 8, 8), 3e38)), labels)
+    with pytest.raises(RemoteProtocolError, match="NaN or Inf loss: its values are out of range"):
+        _server_pass(replica, huge, 2, 10)
+    assert all(p.grad is None for p in replica.parameters())  # nothing reached the weights
+    large = Activation(0, 0, 0, to_tensor_data(torch.full((10, 64, 8, 8), 1e10)), labels)
+    gradient, _, _ = _server_pass(replica, large, 2, 10)  # large but computable: accepted
+    assert torch.isfinite(gradient).all()

@@ -441,13 +441,14 @@ def test_stage_overheads_are_charged_to_the_units_every_stage_holds() -> None:
     # loading a micro-batch is part of the device's forward, that is unit 0's
     slept: list[int] = []
 
-    def load(batch: int) -> None:
+    def load(batch: int) -> torch.Tensor:
         slept.append(batch)
         time.sleep(0.05)
+        return torch.randn(batch, 12)
 
     loaded = measure_costs(model, (12,), [2], repeats=1, warmup=0, clock="wall",
                            load_batch=load)
-    assert slept == [2]
+    assert slept == [2]  # once: the one timed forward of unit 0 (repeats=1, warmup=0)
     assert loaded.forward[0][2] >= 0.05
     assert loaded.forward[1][2] < 0.05
 
