@@ -265,10 +265,11 @@ class _DeviceNode:
             self._post_round_message(message)
 
     async def _watchdog(self) -> None:
-        """The server sends heartbeats: silence for device_timeout means a dead link."""
+        """The server sends heartbeats: silence for device_timeout means a dead link (a
+        large frame still arriving is not silence)."""
         timeout = self.config.device_timeout
         while True:
-            silent = self.clock.now() - self.last_heard
+            silent = self.clock.now() - max(self.last_heard, self.peer.link.last_received())
             if silent >= timeout * (1 - 1e-9):
                 raise LinkBrokenError(f"the server was silent for {silent:.1f} s")
             await self.clock.sleep(timeout - silent)

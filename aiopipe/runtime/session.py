@@ -231,10 +231,11 @@ class DeviceSession:
             self.idle.set()
 
     async def _watchdog(self) -> None:
-        """Give up on a connection that has been silent for ``device_timeout``."""
+        """Give up on a connection that has been silent for ``device_timeout`` (a large
+        frame still arriving is not silence)."""
         config, clock = self.node.config, self.node.clock
         while True:
-            silent = clock.now() - self.last_heard
+            silent = clock.now() - max(self.last_heard, self.peer.link.last_received())
             # a relative tolerance: sleeping the float remainder could advance no time
             if silent >= config.device_timeout * (1 - 1e-9):
                 await self.peer.link.aclose("silent for too long")

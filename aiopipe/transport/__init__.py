@@ -6,9 +6,15 @@ See `aiopipe.transport.base` for the contract every link keeps.
 from aiopipe.transport.base import DirectionStatistics, Link, LinkStatistics
 from aiopipe.transport.memory import MemoryLink, open_memory_link_pair
 from aiopipe.transport.network import NETWORK_PRESETS, LinkSpec, NetworkSpec, network_spec
-from aiopipe.transport.websocket import WebSocketLink, accept_websocket, open_websocket_link
+from aiopipe.transport.websocket import (
+    CHUNK_BYTES,
+    WebSocketLink,
+    accept_websocket,
+    open_websocket_link,
+)
 
 __all__ = [
+    "CHUNK_BYTES",
     "NETWORK_PRESETS",
     "DirectionStatistics",
     "Link",

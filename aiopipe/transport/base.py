@@ -79,3 +79,9 @@ class Link(Protocol):
     def statistics(self) -> LinkStatistics:
         """Frames, bytes and busy seconds per direction since the link opened."""
         ...
+
+    def last_received(self) -> float:
+        """Clock time the last bytes from the peer arrived, a part of a frame included
+        (``-inf`` before any): a watchdog's sign of life while a large frame is still
+        arriving."""
+        ...

@@ -49,6 +49,7 @@ class _Direction:
         self.spec = spec
         self.frames: deque[_InFlight] = deque()
         self.wire_free_at = float("-inf")
+        self.on_wire: tuple[float, float] | None = None  # (start, end) of the frame on it
         self.send_lock = asyncio.Lock()
         self.receive_lock = asyncio.Lock()
         self.sender_closed = False
@@ -105,6 +106,7 @@ class MemoryLink:
         self._closed = False
         self._sent = DirectionStatistics()
         self._received = DirectionStatistics()
+        self._last_received = float("-inf")
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "broken" if self._out.broken else "open"
@@ -143,11 +145,14 @@ class MemoryLink:
             now = clock.now()
             end = max(now, out.wire_free_at) + wire_s
             out.wire_free_at = end
+            out.on_wire = (end - wire_s, end)
             try:
                 stopped = await sleep_unless_set(clock, end - now, out.stop_sending)
             except asyncio.CancelledError:
                 out.wire_free_at = min(end, clock.now())
                 raise
+            finally:
+                out.on_wire = None
             if stopped:
                 self._check_sendable()
             out.frames.append(_InFlight(end + out.spec.latency_s, frame, wire_s))
@@ -174,6 +179,7 @@ class MemoryLink:
                     now = clock.now()
                     if head.deliver_at <= now:
                         incoming.frames.popleft()
+                        self._last_received = head.deliver_at
                         self._received = _count(self._received, len(head.data), head.wire_s)
                         return head.data
                     await sleep_unless_set(clock, head.deliver_at - now, incoming.stop_receiving)
@@ -182,6 +188,20 @@ class MemoryLink:
                 else:
                     incoming.changed.clear()
                     await incoming.changed.wait()
+
+    def last_received(self) -> float:
+        """Clock time the last bytes from the peer arrived: now while a frame's bytes are
+        arriving (from its wire slot's start plus latency until its delivery), else when
+        the last frame arrived."""
+        incoming, now = self._in, self._clock.now()
+        latency = incoming.spec.latency_s
+        starts = [incoming.frames[0].deliver_at - incoming.frames[0].wire_s] if (
+            incoming.frames) else []
+        if incoming.on_wire is not None:
+            starts.append(incoming.on_wire[0] + latency)
+        if any(start <= now for start in starts):
+            return now
+        return self._last_received
 
     async def aclose(self, reason: str = "") -> None:
         """Close both directions of this end; idempotent, never raises.

@@ -1,6 +1,7 @@
 """Links over aiohttp websockets: `accept_websocket` (server) and `open_websocket_link`.
 
-Every frame is one binary websocket message. This module is the boundary where aiohttp,
+A frame is one binary websocket message, or several for a frame above `CHUNK_BYTES`
+([Note: chunked frames]). This module is the boundary where aiohttp,
 OSError and asyncio exceptions become `aiopipe.errors` classes; nothing foreign leaks.
 
 Frame limit: aiohttp's default ``max_msg_size`` (4 MiB) is replaced by the link's own
@@ -51,7 +52,25 @@ from aiopipe.transport._waiting import sleep_unless_set
 from aiopipe.transport.base import DirectionStatistics, LinkStatistics
 from aiopipe.transport.network import LinkSpec
 
-__all__ = ["WebSocketLink", "accept_websocket", "open_websocket_link"]
+__all__ = ["CHUNK_BYTES", "WebSocketLink", "accept_websocket", "open_websocket_link"]
+
+#: Frames above this many bytes travel as several websocket messages of at most this
+#: many bytes of the frame each ([Note: chunked frames]).
+CHUNK_BYTES = 1 << 20
+_FIRST_CHUNK = b"APC\x01"  # + the frame's size (u64, little-endian) + its first part
+_NEXT_CHUNK = b"APC\x02"  # + the next part
+_CHUNK_HEADER = len(_FIRST_CHUNK) + 8
+
+# [Note: chunked frames] aiohttp hands over a websocket message only when all of it has
+# arrived, and a model upload can take minutes on a slow uplink (vgg16's 134 MB at
+# 10 Mbit/s: 107 s), during which the receiver hears nothing: its watchdog would take a
+# busy link for a dead one, and the resend after the reconnection would be cut off the
+# same way, for ever. So a large frame goes as a first message holding its size and
+# first CHUNK_BYTES, then one message per further CHUNK_BYTES; the receiver reassembles
+# them (refusing a size above max_frame_bytes before buffering anything) and
+# `last_received` moves with every part. Codec frames start with b"APW", never with
+# the chunk markers; a frame never interleaves with another one's parts (sends hold
+# the send lock for the whole frame).
 
 DEFAULT_CLOSE_TIMEOUT_S = 5.0
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
@@ -99,6 +118,10 @@ class WebSocketLink:
         self._failure_code = WSCloseCode.OK
         self._sent = DirectionStatistics()
         self._received = DirectionStatistics()
+        self._last_received = float("-inf")
+        self._parts: list[bytes] = []  # a chunked frame being reassembled
+        self._parts_size = 0  # its size, from its first part
+        self._parts_bytes = 0  # bytes of it received so far
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "broken" if self._failure else "open"
@@ -161,7 +184,15 @@ class WebSocketLink:
                     self._check_usable()
             started = clock.now()
             try:
-                await self._ws.send_bytes(frame)
+                if size <= CHUNK_BYTES:
+                    await self._ws.send_bytes(frame)
+                else:
+                    view = memoryview(frame).cast("B")
+                    await self._ws.send_bytes(
+                        _FIRST_CHUNK + size.to_bytes(8, "little") + view[:CHUNK_BYTES])
+                    for start in range(CHUNK_BYTES, size, CHUNK_BYTES):
+                        await self._ws.send_bytes(
+                            _NEXT_CHUNK + view[start:start + CHUNK_BYTES])
             except _FOREIGN_ERRORS as exc:
                 raise self._translate(exc, "send failed") from exc
             if self._shaping is None:
@@ -189,9 +220,12 @@ class WebSocketLink:
                     raise self._translate(exc, "receive failed") from exc
                 kind = msg.type
                 if kind is WSMsgType.BINARY:
-                    data: bytes = msg.data
-                    self._received = _count(self._received, len(data), 0.0)
-                    return data
+                    self._last_received = self._clock.now()
+                    frame = self._reassemble(msg.data)
+                    if frame is None:
+                        continue
+                    self._received = _count(self._received, len(frame), 0.0)
+                    return frame
                 if kind is WSMsgType.TEXT:
                     raise self._fail(
                         RemoteProtocolError(f"{self._peer} sent a text frame; links are binary"),
@@ -231,6 +265,57 @@ class WebSocketLink:
     def statistics(self) -> LinkStatistics:
         """Frames and bytes sent and received; ``sent.busy_s`` per the `Link` docstring."""
         return LinkStatistics(sent=self._sent, received=self._received)
+
+    def last_received(self) -> float:
+        """Clock time the last bytes from the peer arrived (a part of a large frame
+        counts); ``-inf`` before any."""
+        return self._last_received
+
+    def _reassemble(self, data: bytes) -> bytes | None:
+        """The frame ``data`` completes (None while parts are missing).
+
+        Raises:
+            FrameTooLargeError: a frame above ``max_frame_bytes``.
+            RemoteProtocolError: parts out of order or of the wrong size.
+        """
+        marker = data[:len(_FIRST_CHUNK)]
+        limit = self._max_frame_bytes
+        if marker == _FIRST_CHUNK and not self._parts:
+            size = int.from_bytes(data[len(_FIRST_CHUNK):_CHUNK_HEADER], "little")
+            if limit is not None and size > limit:
+                raise self._fail(FrameTooLargeError(
+                    f"{self._peer} sent a frame of {size} bytes, above the limit of {limit} "
+                    "bytes"), WSCloseCode.MESSAGE_TOO_BIG)
+            if size <= CHUNK_BYTES or len(data) != _CHUNK_HEADER + CHUNK_BYTES:
+                raise self._fail(RemoteProtocolError(
+                    f"{self._peer} sent a malformed first part of a frame"),
+                    WSCloseCode.PROTOCOL_ERROR)
+            self._parts, self._parts_size = [data[_CHUNK_HEADER:]], size
+            self._parts_bytes = CHUNK_BYTES
+            return None
+        if marker == _NEXT_CHUNK and self._parts:
+            part = data[len(_NEXT_CHUNK):]
+            self._parts.append(part)
+            self._parts_bytes += len(part)
+            left = self._parts_size - self._parts_bytes
+            if left > 0 and len(part) == CHUNK_BYTES:
+                return None
+            if left == 0:
+                frame = b"".join(self._parts)
+                self._parts, self._parts_size, self._parts_bytes = [], 0, 0
+                return frame
+            raise self._fail(RemoteProtocolError(
+                f"{self._peer} sent a part of a frame of the wrong size"),
+                WSCloseCode.PROTOCOL_ERROR)
+        if self._parts or marker in (_FIRST_CHUNK, _NEXT_CHUNK):
+            raise self._fail(RemoteProtocolError(
+                f"{self._peer} sent the parts of a frame out of order"),
+                WSCloseCode.PROTOCOL_ERROR)
+        if limit is not None and len(data) > limit:
+            raise self._fail(FrameTooLargeError(
+                f"{self._peer} sent a frame above the limit of {limit} bytes"),
+                WSCloseCode.MESSAGE_TOO_BIG)
+        return data
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -408,8 +493,14 @@ async def open_websocket_link(
 
 
 def _aiohttp_max_msg_size(max_frame_bytes: int | None) -> int:
-    # aiohttp refuses a message whose size is >= max_msg_size; 0 means no limit.
-    return 0 if max_frame_bytes is None else max_frame_bytes + 1
+    # aiohttp refuses a message whose size is >= max_msg_size; 0 means no limit. A frame
+    # above CHUNK_BYTES arrives in parts of CHUNK_BYTES + a header ([Note: chunked frames]);
+    # the link checks the frame's own limit.
+    if max_frame_bytes is None:
+        return 0
+    if max_frame_bytes <= CHUNK_BYTES:
+        return max_frame_bytes + 1
+    return CHUNK_BYTES + _CHUNK_HEADER + 1
 
 
 def _check_options(

@@ -278,3 +278,20 @@ async def test_a_restarted_server_resumes_from_its_checkpoint(tmp_path: Path) ->
     got, want = result.model.state_dict(), undisturbed.model.state_dict()
     for key in want:
         torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=1e-7)
+
+
+async def test_an_upload_longer_than_the_timeout_is_not_taken_for_silence() -> None:
+    # FL: each device uploads vgg5 (2.3 MB) at 0.5 Mbit/s, about 37 s in one frame,
+    # during which no heartbeat can pass; device_timeout is 10 s. The server hears the
+    # frame arriving (Link.last_received) and waits for it; before, it closed the link
+    # as silent, and the resent upload was cut off the same way, for ever.
+    config = RunConfig(mode="fl", devices=2, samples_per_device=20, batch_size=10, epochs=1,
+                       network={"up_mbps": 0.5, "down_mbps": 50, "latency_ms": 5},
+                       heartbeat_interval=2.0, device_timeout=10.0, reconnect_grace=5.0,
+                       test_samples=20, seed=1)
+    async with asyncio.timeout(120):  # real seconds: the bug was a livelock
+        result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
+    epoch = result.final
+    assert not epoch.devices_lost
+    assert list(epoch.device_samples) == [20, 20]
+    assert epoch.time_s > 37.0

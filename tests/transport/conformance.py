@@ -212,10 +212,13 @@ async def test_both_directions_at_once(link_pair: LinkPair) -> None:
 async def test_large_frame_passes_intact(link_pair: LinkPair) -> None:
     a, b = link_pair.a, link_pair.b
     big = random.Random(3).randbytes(20_000_000)
+    assert b.last_received() == float("-inf")
+    sent_at = link_pair.clock.now()
     async with asyncio.TaskGroup() as tg:
         tg.create_task(a.send(big))
         received = tg.create_task(b.receive())
     assert received.result() == big
+    assert sent_at <= b.last_received() <= link_pair.clock.now()
     await b.send(big[:1000])
     assert await a.receive() == big[:1000]
 

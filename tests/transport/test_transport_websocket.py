@@ -20,7 +20,7 @@ from aiopipe.errors import (
     LinkClosedError,
     RemoteProtocolError,
 )
-from aiopipe.transport import LinkSpec, accept_websocket, open_websocket_link
+from aiopipe.transport import CHUNK_BYTES, LinkSpec, accept_websocket, open_websocket_link
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -293,3 +293,66 @@ async def test_aclose_cuts_a_shaping_wait_short() -> None:
             with pytest.raises(LinkClosedError):
                 await client.send(bytes(1_000_000))
         assert clock.now() - start < 4.0
+
+
+def _first_part(size: int) -> bytes:
+    return b"APC\x01" + size.to_bytes(8, "little") + bytes(CHUNK_BYTES)
+
+
+async def test_a_large_frame_arrives_in_parts_and_each_part_is_a_sign_of_life() -> None:
+    clock = SystemClock()
+    rest_sent = asyncio.Event()
+    go_on = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.send_bytes(_first_part(CHUNK_BYTES + 5))
+        await go_on.wait()  # a slow uplink: the frame's end is still on its way
+        await ws.send_bytes(b"APC\x02" + b"12345")
+        rest_sent.set()
+        await ws.receive()
+        return ws
+
+    async with (
+        serve(app_with(handler)) as base,
+        open_websocket_link(ws_url(base), clock=clock, max_frame_bytes=4 << 20) as link,
+    ):
+        receiving = asyncio.create_task(link.receive())
+        async with asyncio.timeout(10):
+            while link.last_received() == float("-inf"):  # noqa: ASYNC110 (no event to wait on)
+                await asyncio.sleep(0.01)
+        assert not receiving.done()  # part of the frame arrived, and the watchdog sees it
+        go_on.set()
+        assert await receiving == bytes(CHUNK_BYTES) + b"12345"
+        assert rest_sent.is_set()
+        assert link.statistics().received.frames == 1
+
+
+@pytest.mark.parametrize(("parts", "error", "match"), [
+    ([_first_part(3 << 20)], FrameTooLargeError, str(3 << 20)),  # refused before buffering
+    ([b"APC\x02" + bytes(10)], RemoteProtocolError, "out of order"),
+    ([_first_part(CHUNK_BYTES + 5), b"plain frame"], RemoteProtocolError, "out of order"),
+    ([_first_part(CHUNK_BYTES + 5), b"APC\x02" + bytes(6)], RemoteProtocolError, "wrong size"),
+    ([b"APC\x01" + (10).to_bytes(8, "little") + bytes(10)], RemoteProtocolError, "malformed"),
+])
+async def test_bad_frame_parts_are_refused(parts: list[bytes], error: type[Exception],
+                                           match: str) -> None:
+    clock = SystemClock()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(max_msg_size=0)
+        await ws.prepare(request)
+        for part in parts:
+            await ws.send_bytes(part)
+        await ws.receive()
+        return ws
+
+    async with (
+        serve(app_with(handler)) as base,
+        open_websocket_link(ws_url(base), clock=clock, max_frame_bytes=2 << 20) as link,
+    ):
+        with pytest.raises(error, match=match):
+            await link.receive()
+        with pytest.raises(LinkBrokenError):
+            await link.receive()
