@@ -76,9 +76,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--reconnect-grace", type=float,
                      help="seconds a disconnected device has to reconnect before its round "
                           "goes on without it (default 10)")
-    run.add_argument("--no-replan", dest="replan", action="store_false", default=None,
-                     help='with "auto" plans, keep the first plan (no re-planning from live '
-                          "measurements between rounds)")
+    run.add_argument("--replan", dest="replan", action="store_true", default=None,
+                     help='with "auto" plans, re-plan between rounds from live measurements '
+                          "(experimental: off by default)")
     run.add_argument("--device-memory-mb", type=_float_list,
                      help='memory budget per device for "auto" plans, MB (0 = unlimited)')
     run.add_argument("--heartbeat-interval", type=float, help="seconds between heartbeats")

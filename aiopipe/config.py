@@ -97,7 +97,9 @@ class RunConfig:
             round).
         replan: with "auto" split points or micro-batch counts, re-estimate at every
             round boundary from live measurements (each device's compute and link
-            speeds) and switch plans when the estimate improves enough.
+            speeds) and switch plans when the estimate improves enough. Off by default:
+            on really shaped links between processes (bench/shaped.py, vgg5) every
+            switch was estimated to help and made the epochs longer; see the README.
         replan_threshold: the relative improvement of the estimated remaining time a
             new plan needs before the coordinator switches to it (0.1 = 10%).
         device_memory_mb: memory budget per device for the planner (one value or one
@@ -132,7 +134,7 @@ class RunConfig:
     heartbeat_interval: float = 5.0
     device_timeout: float = 60.0
     reconnect_grace: float = 10.0
-    replan: bool = True
+    replan: bool = False
     replan_threshold: float = 0.1
     device_memory_mb: float | tuple[float, ...] = 0.0
 

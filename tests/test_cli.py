@@ -342,3 +342,14 @@ def test_main_trains_and_writes_the_results_directory(tmp_path: Path) -> None:
     assert all(math.isfinite(float(t.float().abs().sum())) for t in state.values())
 
     assert (out / "timeline.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_replanning_is_off_unless_asked_for() -> None:
+    import argparse
+
+    from aiopipe.cli import add_run_options, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_run_options(parser)
+    assert config_from_args(parser.parse_args([])).replan is False
+    assert config_from_args(parser.parse_args(["--replan"])).replan is True

@@ -22,7 +22,8 @@ from aiopipe.transport.network import LinkSpec
 
 BASE = RunConfig(mode="pipar", model="vgg5", devices=2, samples_per_device=500, batch_size=50,
                  epochs=2, split_point="auto", parallel_batches="auto", network="4g",
-                 device_slowdown=4.0, aggregation_every=2, test_samples=20, seed=1)
+                 device_slowdown=4.0, aggregation_every=2, test_samples=20, seed=1,
+                 replan=True)
 
 # a fixed table shaped like vgg5's measured one (per-sample seconds shrink along the
 # units), so that the plans below do not depend on this machine: on 4g the planner
