@@ -208,8 +208,8 @@ class ServerNode:
             session = DeviceSession(
                 self, Peer(link, self.clock, self.recorder, f"device{k}/downlink",
                            max_frame_bytes=self.max_frame_bytes),
-                plan, self.activation_shapes[plan.split_point - 1])
-            session.earlier_bytes = earlier  # the epoch's byte counts span sessions
+                plan, self.activation_shapes[plan.split_point - 1],
+                earlier_bytes=earlier)  # the epoch's byte counts span sessions
             self.sessions[k] = session
         plan = self.plans[k]
         await peer.send(Plan(k, self.config.mode, plan.split_point, plan.parallel_batches,

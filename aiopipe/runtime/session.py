@@ -88,7 +88,8 @@ class DeviceSession:
     """Server side of device ``plan.device_id``, across its connections."""
 
     def __init__(self, node: ServerNode, peer: Peer, plan: DevicePlan,
-                 activation_shape: tuple[int, ...]) -> None:
+                 activation_shape: tuple[int, ...], *,
+                 earlier_bytes: tuple[int, int] = (0, 0)) -> None:
         self.node = node
         self.peer = peer
         self.plan = plan
@@ -114,7 +115,7 @@ class DeviceSession:
         self.idle = asyncio.Event()  # set while no connection is attached
         self.idle.set()
         self.last_heard = node.clock.now()
-        self.earlier_bytes = (0, 0)  # (up, down) over connections that have ended
+        self.earlier_bytes = earlier_bytes  # (up, down) over connections that have ended
         self.nonce = secrets.randbits(62)  # `Plan.session`: who the device is talking to
 
     # -- driven by the coordinator -----------------------------------------------------
@@ -167,9 +168,7 @@ class DeviceSession:
     def attach(self, link: Link, *, resumed: bool) -> None:
         """Serve the device over ``link`` from now on; re-post what may have been lost."""
         if link is not self.peer.link:  # count the bytes the old connection moved
-            stats = self.peer.link.statistics()
-            self.earlier_bytes = (self.earlier_bytes[0] + stats.received.bytes,
-                                  self.earlier_bytes[1] + stats.sent.bytes)
+            self.earlier_bytes = self.link_bytes()
         self.peer.link = link
         self.seen_on_link.clear()
         self.last_heard = self.node.clock.now()

@@ -49,7 +49,7 @@ class _Direction:
         self.spec = spec
         self.frames: deque[_InFlight] = deque()
         self.wire_free_at = float("-inf")
-        self.on_wire: tuple[float, float] | None = None  # (start, end) of the frame on it
+        self.on_wire_since: float | None = None  # wire slot start of the frame on it
         self.send_lock = asyncio.Lock()
         self.receive_lock = asyncio.Lock()
         self.sender_closed = False
@@ -145,14 +145,14 @@ class MemoryLink:
             now = clock.now()
             end = max(now, out.wire_free_at) + wire_s
             out.wire_free_at = end
-            out.on_wire = (end - wire_s, end)
+            out.on_wire_since = end - wire_s
             try:
                 stopped = await sleep_unless_set(clock, end - now, out.stop_sending)
             except asyncio.CancelledError:
                 out.wire_free_at = min(end, clock.now())
                 raise
             finally:
-                out.on_wire = None
+                out.on_wire_since = None
             if stopped:
                 self._check_sendable()
             out.frames.append(_InFlight(end + out.spec.latency_s, frame, wire_s))
@@ -197,8 +197,8 @@ class MemoryLink:
         latency = incoming.spec.latency_s
         starts = [incoming.frames[0].deliver_at - incoming.frames[0].wire_s] if (
             incoming.frames) else []
-        if incoming.on_wire is not None:
-            starts.append(incoming.on_wire[0] + latency)
+        if incoming.on_wire_since is not None:
+            starts.append(incoming.on_wire_since + latency)
         if any(start <= now for start in starts):
             return now
         return self._last_received
