@@ -24,6 +24,7 @@ from aiopipe import data as datasets
 from aiopipe import models
 from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
+from aiopipe.runtime.aggregation import fedavg
 from aiopipe.scheduler.costs import CostTable, measure_costs
 from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
 
@@ -178,17 +179,26 @@ def measure_planning_costs(config: RunConfig, model: nn.Sequential, dataset: dat
 
     Measured as the nodes run: with ``config.torch_threads`` torch threads, the run's
     learning rate and momentum, and the fixed cost of loading one of device 0's
-    micro-batches charged to each device forward. The model is left as it was.
+    micro-batches charged to each device forward, and the server's aggregation of a
+    round (FedAvg over the devices' whole models, then loading the result into the
+    global model and, approximately, each device's replica). The model is left as it was.
     """
     mine = device_indices(config, dataset, 0)
+    whole = {key: v.detach().clone() for key, v in model.state_dict().items()}
 
     def load_batch(size: int) -> torch.Tensor:
         return dataset.batch(mine[:size])[0]
 
+    def aggregate(devices: int) -> None:
+        state = fedavg([whole] * devices, [1.0] * devices)
+        for _ in range(devices + 1):
+            model.load_state_dict(state)
+
     sizes = sorted({*profile_batch_sizes(config), config.batch_size})
     return measure_costs(model, dataset.in_shape, sizes, repeats=repeats, warmup=warmup,
                          learning_rate=config.learning_rate, momentum=config.momentum,
-                         threads=config.torch_threads, load_batch=load_batch)
+                         threads=config.torch_threads, load_batch=load_batch,
+                         aggregate=aggregate)
 
 
 def profile_batch_sizes(config: RunConfig) -> list[int]:

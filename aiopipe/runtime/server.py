@@ -380,8 +380,9 @@ class ServerNode:
                     raise first_error(group) from None
                 done = {k: res for k, t in rounds.items() if (res := t.result()) is not None}
                 if done:
-                    await self.compute.run("agg", partial(self._aggregate, done),
-                                           cost=0.0 if self.cost_table else None, epoch=epoch)
+                    cost = self.cost_table.aggregate_time(len(done)) if self.cost_table else None
+                    await self.compute.run("agg", partial(self._aggregate, done), cost=cost,
+                                           epoch=epoch)
             tally["lost"] = sorted(set(tally["lost"]) | (set(participants) - set(done)))
             for k, result in done.items():
                 tally["device_samples"][k] += result.samples

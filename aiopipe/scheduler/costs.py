@@ -53,11 +53,14 @@ class CostTable:
 
     ``forward[u][b]`` and ``backward[u][b]``: unit ``u`` (0-based) at batch size ``b``.
     ``step[u]``: optimizer step of unit ``u``'s parameters (batch independent).
+    ``aggregate``: the server's seconds to aggregate a round, fixed and per device
+    (`aggregate_time`); (0, 0) when not measured.
     """
 
     forward: Mapping[int, Mapping[int, float]]
     backward: Mapping[int, Mapping[int, float]]
     step: Mapping[int, float]
+    aggregate: tuple[float, float] = (0.0, 0.0)
 
     @property
     def units(self) -> int:
@@ -76,12 +79,19 @@ class CostTable:
         """Optimizer-step seconds of units ``first..stop-1``."""
         return sum(self.step[u] for u in range(first, stop))
 
+    def aggregate_time(self, devices: int) -> float:
+        """Server seconds to aggregate one round of ``devices`` devices' models (FedAvg
+        and loading the result): fixed + per device x ``devices``."""
+        fixed, per_device = self.aggregate
+        return fixed + per_device * devices
+
     def scaled(self, factor: float) -> CostTable:
         """Every time multiplied by ``factor`` (a faster or slower machine)."""
         return CostTable(
             {u: {b: t * factor for b, t in row.items()} for u, row in self.forward.items()},
             {u: {b: t * factor for b, t in row.items()} for u, row in self.backward.items()},
             {u: t * factor for u, t in self.step.items()},
+            (self.aggregate[0] * factor, self.aggregate[1] * factor),
         )
 
     def to_mapping(self) -> dict[str, Any]:
@@ -91,6 +101,7 @@ class CostTable:
             "backward": {str(u): {str(b): t for b, t in r.items()}
                          for u, r in self.backward.items()},
             "step": {str(u): t for u, t in self.step.items()},
+            "aggregate": {"fixed": self.aggregate[0], "per_device": self.aggregate[1]},
         }
 
     @classmethod
@@ -106,12 +117,17 @@ class CostTable:
             backward = {int(u): {int(b): float(t) for b, t in r.items()}
                         for u, r in data["backward"].items()}
             step = {int(u): float(t) for u, t in data["step"].items()}
+            agg = data.get("aggregate", {})  # optional: tables saved before it existed
+            aggregate = (float(agg.get("fixed", 0.0)), float(agg.get("per_device", 0.0)))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ConfigError(f"invalid cost table: {exc!r}") from None
         if set(forward) != set(backward) or set(forward) != set(step) or not forward:
             raise ConfigError("invalid cost table: forward, backward and step must cover "
                               "the same units")
-        return cls(forward, backward, step)
+        if not all(math.isfinite(t) and t >= 0 for t in aggregate):
+            raise ConfigError(f"invalid cost table: aggregate times must be finite and >= 0, "
+                              f"got {aggregate}")
+        return cls(forward, backward, step, aggregate)
 
     @classmethod
     def uniform(cls, units: int, *, forward: float, backward: float, step: float = 0.0,
@@ -140,6 +156,7 @@ def measure_costs(model: nn.Sequential, in_shape: Sequence[int], batch_sizes: Se
                   repeats: int = 5, warmup: int = 2, learning_rate: float = 0.01,
                   momentum: float = 0.9, threads: int | None = None,
                   load_batch: Callable[[int], torch.Tensor] | None = None,
+                  aggregate: Callable[[int], object] | None = None,
                   stage_overheads: bool = True, clock: str = "auto") -> CostTable:
     """Time each unit's forward and backward at each batch size, and each unit's step.
 
@@ -152,6 +169,9 @@ def measure_costs(model: nn.Sequential, in_shape: Sequence[int], batch_sizes: Se
     one micro-batch of ``b`` samples, as a device does before its forward, and returning
     its input tensor; unit 0's forward is then timed on freshly loaded batches, loading
     included, as a device's forward runs; when None, loading is not charged). A unit
+    ``aggregate(k)``, when given, does what the server does to aggregate a round of
+    ``k`` devices' models; it is timed at k = 1 and 2 (`CostTable.aggregate`, fixed and
+    per device seconds; not measured: zero). A unit
     that cannot run at a batch size (e.g. batch norm
     over one value per channel at batch size 1) costs ``math.inf`` there, and so do
     the units after it ([Note: infeasible sizes]).
@@ -193,11 +213,13 @@ def measure_costs(model: nn.Sequential, in_shape: Sequence[int], batch_sizes: Se
         forward, backward = _unit_times(units, in_shape, sorted(set(batch_sizes)), timer,
                                         load_batch if stage_overheads else None)
         step, step_overhead = _step_times(units, timer, learning_rate, momentum)
+        rounds = _aggregate_times(aggregate, timer) if aggregate is not None else (0.0, 0.0)
         if clock == "shared":
             share = timer.share()
             forward, backward = _scaled(forward, 1 / share), _scaled(backward, 1 / share)
             step = {u: t / share for u, t in step.items()}
             step_overhead /= share
+            rounds = (rounds[0] / share, rounds[1] / share)
         if stage_overheads:
             dispatch = _dispatch_time(timer)
             last = len(units) - 1
@@ -214,7 +236,7 @@ def measure_costs(model: nn.Sequential, in_shape: Sequence[int], batch_sizes: Se
         model.zero_grad(set_to_none=True)
         model.train(was_training)
         torch.set_num_threads(previous_threads)
-    return CostTable(forward, backward, step)
+    return CostTable(forward, backward, step, rounds)
 
 
 class _Timer:
@@ -384,6 +406,19 @@ def _step_times(units: Sequence[nn.Module], timer: _Timer, learning_rate: float,
         params = [p for p in unit.parameters() if p.requires_grad]
         step[u] = max(0.0, median_step(params) - overhead) if params else 0.0
     return step, overhead
+
+
+def _aggregate_times(aggregate: Callable[[int], object], timer: _Timer) -> tuple[float, float]:
+    """Fixed and per-device seconds of ``aggregate(k)``, from its medians at k = 1 and 2
+    (three timed calls each after one untimed, whatever the unit timings use: on a large
+    model one call takes a fraction of a second)."""
+    quick = _Timer(1, 3, cpu=timer.cpu)
+    one = quick.median(partial(aggregate, 1))
+    two = quick.median(partial(aggregate, 2))
+    timer.wall_total += quick.wall_total
+    timer.cpu_total += quick.cpu_total
+    per_device = max(0.0, two - one)
+    return max(0.0, one - per_device), per_device
 
 
 def _dispatch_time(timer: _Timer) -> float:

@@ -25,8 +25,9 @@ Search. `select_plans` minimizes `estimate_epoch` over one candidate per device:
    Moves are compared in leximax order of the per-device epochs (the slowest first,
    then the next), so a move that helps a device off the critical path counts: the
    fleet epoch is a max with wide plateaus. A candidate is skipped without running the
-   schedule when its device's alone epoch already reaches the best estimate (a device
-   is never faster in the fleet than alone, [Note: server order]). The rest are tried
+   schedule when its device's floor epoch already reaches the best estimate (its
+   iterations x `alone_floor`, its own chain with an idle server, plus its transfers: no
+   fleet estimate of it is lower, [Note: chained iterations]). The rest are tried
    most promising first ([Note: move proxy]).
 4. iterated local search (`_perturbed`): give up to 3 random devices a random candidate
    (a seeded generator: the same inputs give the same plans), descend again, keep the
@@ -61,6 +62,7 @@ from aiopipe.scheduler.estimate import (
     Stages,
     aggregations_per_epoch,
     alone_end,
+    alone_floor,
     device_epochs,
     iterations_per_epoch,
     transfer_times,
@@ -86,6 +88,7 @@ class _Candidate(NamedTuple):  # a tuple: built once per candidate, 10^4 - 10^5 
     iterations: int
     transfer: tuple[float, float]
     alone_epoch: float
+    floor_epoch: float  # no fleet estimate of the device's epoch is lower
     server_load: float  # server seconds per epoch
 
 
@@ -236,6 +239,7 @@ def _device_candidates(
                     iterations=iterations,
                     transfer=transfer,
                     alone_epoch=transfer[0] + iterations * alone_end(st) + transfer[1],
+                    floor_epoch=transfer[0] + iterations * alone_floor(st) + transfer[1],
                     server_load=iterations * (n * st.s + st.server_step),
                 )
             )
@@ -254,11 +258,11 @@ class _Objective:
 
     def __call__(self, choice: Sequence[int]) -> tuple[float, list[float]]:
         chosen = [cs[i] for cs, i in zip(self.candidates, choice, strict=True)]
-        per_device, work = device_epochs(
+        per_device, work, server = device_epochs(
             [c.stages for c in chosen], [c.iterations for c in chosen], [c.transfer for c in chosen]
         )
         self.work += work
-        return max(per_device), per_device
+        return max(*per_device, server), per_device
 
 
 def _alone_best(cs: Sequence[_Candidate]) -> int:
@@ -357,7 +361,7 @@ class _Search:
                 worst = max(worst, epoch + min(iterations, c.iterations) * change)
             return worst, c.alone_epoch
 
-        viable = [i for i in range(len(cs)) if i != self.current[k] and cs[i].alone_epoch < limit]
+        viable = [i for i in range(len(cs)) if i != self.current[k] and cs[i].floor_epoch < limit]
         viable.sort(key=guess)
         return viable
 

@@ -40,3 +40,12 @@ def test_bad_input_is_refused(states: list[dict[str, torch.Tensor]], weights: li
                               match: str) -> None:
     with pytest.raises(TrainingError, match=match):
         fedavg(states, weights)
+
+
+def test_inputs_are_left_alone_even_in_float64() -> None:
+    a = {"w": torch.ones(3, dtype=torch.float64)}
+    b = {"w": torch.full((3,), 3.0, dtype=torch.float64)}
+    got = fedavg([a, b], [1, 1])
+    assert torch.equal(got["w"], torch.full((3,), 2.0, dtype=torch.float64))
+    assert torch.equal(a["w"], torch.ones(3, dtype=torch.float64))
+    assert torch.equal(b["w"], torch.full((3,), 3.0, dtype=torch.float64))

@@ -3,6 +3,7 @@ and properties of the list schedule."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ from aiopipe.scheduler import (
     measure_costs,
     select_plans,
 )
-from aiopipe.scheduler.estimate import StageCache
+from aiopipe.scheduler.estimate import StageCache, alone_floor
 from aiopipe.transport.network import LinkSpec
 
 
@@ -91,6 +92,10 @@ def test_one_device_one_micro_batch() -> None:
     # 3 iterations of 10.25; the device half (125 B = 1000 bits) goes down (1000/2000 + 0.5)
     # and up (1000/1000 + 0.5): 1.0 + 30.75 + 1.5
     assert estimate_epoch(model, [dev], [(1, 1)], 1) == 33.25
+    # the server's aggregation closes the round: 0.5 s fixed + 0.25 s for the one device
+    slow_round = dataclasses.replace(model, costs=dataclasses.replace(model.costs,
+                                                                         aggregate=(0.5, 0.25)))
+    assert estimate_epoch(slow_round, [dev], [(1, 1)], 1) == 34.0
 
 
 def test_one_device_three_micro_batches_bound_by_the_uplink() -> None:
@@ -362,20 +367,25 @@ def test_one_device_is_never_faster_on_a_slower_link(
 
 @settings(max_examples=100, deadline=None)
 @given(fleets())
-def test_epoch_is_at_least_every_device_alone(
+def test_epoch_is_at_least_every_device_alone_and_the_servers_work(
     fleet: tuple[ModelProfile, list[DeviceProfile], list[tuple[int, int]], int],
 ) -> None:
     model, devices, plans, batch = fleet
     epoch = estimate_epoch(model, devices, plans, batch)
+    cache = StageCache(model)
+    server = 0.0
     for dev, (p, n) in zip(devices, plans, strict=True):
         iterations = dev.samples // ((batch // n) * n)
         nbytes = model.model_frame_bytes(p)
+        st = cache.stages(dev, p, n, batch)
         alone = (
             dev.downlink.transfer_time(nbytes)
             + dev.uplink.transfer_time(nbytes)
-            + iterations * alone_iteration_end(model, dev, (p, n), batch)
+            + iterations * alone_floor(st)
         )
         assert epoch >= alone * (1 - 1e-9)
+        server += iterations * (n * st.s + st.server_step)
+    assert epoch >= server * (1 - 1e-9)
 
 
 # -- measuring a cost table ------------------------------------------------------------------
@@ -466,3 +476,36 @@ def test_bad_profiling_arguments_are_config_errors() -> None:
         args = {"batch_sizes": [1], **kwargs}
         with pytest.raises(ConfigError, match=match):
             measure_costs(model, (2,), **args)  # type: ignore[arg-type]
+
+
+def test_a_cost_table_keeps_its_aggregation_cost() -> None:
+    costs = CostTable.uniform(2, forward=1.0, backward=2.0, step=0.5)
+    assert costs.aggregate_time(4) == 0.0  # not measured
+    costs = dataclasses.replace(costs, aggregate=(0.1, 0.02))
+    assert costs.aggregate_time(4) == pytest.approx(0.18)
+    assert costs.scaled(2.0).aggregate_time(4) == pytest.approx(0.36)
+    assert CostTable.from_mapping(costs.to_mapping()) == costs
+    older = {k: v for k, v in costs.to_mapping().items() if k != "aggregate"}
+    assert CostTable.from_mapping(older).aggregate == (0.0, 0.0)  # tables saved before it
+    with pytest.raises(ConfigError, match="aggregate times must be finite and >= 0"):
+        CostTable.from_mapping({**older, "aggregate": {"fixed": -1.0, "per_device": 0.0}})
+
+
+def test_the_aggregation_is_timed_fixed_and_per_device() -> None:
+    """Work that costs ~1 unit plus ~20 units per device: both parts come out positive and
+    in that order (CPU time of a busy loop, so a loaded machine hardly moves it)."""
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
+    calls: list[int] = []
+
+    def aggregate(devices: int) -> None:
+        calls.append(devices)
+        x = torch.ones(200_000)
+        for _ in range(1 + 20 * devices):
+            x = x * 1.0001 + 1.0
+
+    costs = measure_costs(model, (12,), [2], repeats=1, warmup=0, aggregate=aggregate,
+                          clock="cpu")
+    fixed, per_device = costs.aggregate
+    assert set(calls) == {1, 2}
+    assert 0 < fixed < per_device
+    assert measure_costs(model, (12,), [2], repeats=1, warmup=0).aggregate == (0.0, 0.0)

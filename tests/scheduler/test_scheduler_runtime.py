@@ -8,6 +8,8 @@ links with several iterations the epoch estimate is an approximation
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -23,7 +25,12 @@ from aiopipe.scheduler import (
 )
 from aiopipe.transport.network import network_spec
 
-COSTS = CostTable.uniform(5, forward=0.002, backward=0.004, step=0.001, batch=1)
+# the server's aggregation of a round costs 3 ms + 2 ms per device, in the estimate and in
+# the virtual-time runtime alike
+COSTS = dataclasses.replace(
+    CostTable.uniform(5, forward=0.002, backward=0.004, step=0.001, batch=1),
+    aggregate=(0.003, 0.002),
+)
 # the codec's frame overheads for these shapes (tests/scheduler/test_scheduler_estimate.py
 # checks the same figures against encode())
 GRADIENT_OVERHEAD, ACTIVATION_OVERHEAD = 80, 112
@@ -96,24 +103,31 @@ async def test_a_fleet_starting_together_matches_the_runtime_step_for_step() -> 
     )
 
 
-@pytest.mark.parametrize(("network", "low", "high"), [("4g", 1.0, 1.1), ("wifi", 1.0, 1.15)])
-async def test_epoch_estimate_on_shaped_links_is_close_and_pessimistic(
-    network: str, low: float, high: float
+@pytest.mark.parametrize(("network", "same", "low", "high"), [
+    ("4g", False, 0.9, 1.1), ("wifi", False, 0.95, 1.1),
+    ("4g", True, 0.95, 1.05), ("wifi", True, 0.95, 1.05),
+])
+async def test_epoch_estimate_on_shaped_links_is_close(
+    network: str, same: bool, low: float, high: float
 ) -> None:
-    # measured: 4g 1.039, wifi 1.110 (estimate / runtime); devices start their first
-    # iteration at different times and drift out of phase, which spreads their server
-    # requests, so a synchronized iteration overestimates contention
+    """Ten iterations of four devices; the estimate chains six and extrapolates.
+
+    Measured (estimate / runtime): mixed devices and plans 4g 0.948, wifi 1.037; four
+    identical devices with one plan 4g 0.990, wifi 1.000. Estimating one synchronized
+    iteration instead gave 1.039, 1.110, 1.185 and 1.158: devices that start together
+    collide on the server in their first iteration only, then drift out of phase.
+    """
     config = RunConfig(
         mode="pipar",
         devices=4,
         samples_per_device=160,
         batch_size=16,
         epochs=1,
-        split_point=(1, 2, 3, 4),
-        parallel_batches=(3, 7, 1, 6),
+        split_point=2 if same else (1, 2, 3, 4),
+        parallel_batches=4 if same else (3, 7, 1, 6),
         test_samples=20,
         network=network,
-        device_slowdown=(4.0, 1.0, 1.5, 2.0),
+        device_slowdown=4.0 if same else (4.0, 1.0, 1.5, 2.0),
     )
     result, profile, devices, plans = await _run(config)
     ratio = estimate_epoch(profile, devices, plans, config.batch_size) / result.epochs[0].time_s
