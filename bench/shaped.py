@@ -10,7 +10,8 @@ Then, for each workload and fleet, it runs as separate processes:
     ip netns exec <dev k> python -m aiopipe.device --server ws://10.213.0.1:P/ws --device-id k
 
 in the modes fl; sfl at every split point (the best one is reported); pipar with
-``--split-point auto --parallel-batches auto``; pipar with a fixed plan (``--pipar-fixed``,
+``--split-point auto --parallel-batches auto`` (``--replan``: re-planning between rounds
+too); pipar with a fixed plan (``--pipar-fixed``,
 default P=2 N=4: a readable timeline and a check on the planner); and the Flower peer
 (bench/flower_peer.py, in its own virtual environment bench/.flower-venv that this script
 creates) with the same model, data partition, settings and network. Fleets:
@@ -448,7 +449,8 @@ class Bench:
             for p in splits:
                 run(f"sfl P={p}", "sfl", ["--split-point", str(p)])
         if "pipar" in self.args.modes:
-            run("pipar", "pipar", ["--split-point", "auto", "--parallel-batches", "auto"])
+            auto = ["--split-point", "auto", "--parallel-batches", "auto"]
+            run("pipar", "pipar", [*auto, "--replan"] if self.args.replan else auto)
             if self.args.pipar_fixed:  # a hand-picked plan beside the planner's choice
                 p, n = self.args.pipar_fixed
                 if 0 < p < units:
@@ -576,6 +578,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         default=(2, 4),
         metavar="P,N",
         help='also run PiPar with this fixed plan (default 2,4; "none" to skip)',
+    )
+    parser.add_argument(
+        "--replan", action="store_true", help="PiPar auto re-plans between rounds (--replan)"
     )
     parser.add_argument("--devices", type=int, default=4)
     parser.add_argument("--samples-per-device", type=int, default=500)

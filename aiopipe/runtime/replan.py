@@ -18,7 +18,14 @@ reports):
 - device k's uplink (downlink) bandwidth = bytes of its activation (gradient) frames
   over the seconds its ``u`` (``d``) slices took. A direction whose frames took no
   measurable time is unshaped. Latency is not observable from one side: the
-  configured one is kept.
+  configured one is kept. This holds only where a send lasts the frame's wire time
+  (`Link.paces_sends`: memory links, websockets shaped by aiopipe). On a plain
+  websocket a send returns once the OS has buffered the frame: between processes on
+  4g-shaped veth pairs, vgg5's 13-82 kB frames took 0.1 ms to "send" (a gigabit, seen
+  from the sender) and a 164 kB frame 23 ms against 141 ms on the wire, so the
+  re-planner moved devices to split points with large activations and every switch
+  lengthened the epoch (bench/results/2026-11-21-vgg5). There the bandwidths are
+  kept as before (declared by the ``network`` preset).
 A device without slices in the round (lost, or fl) keeps its previous profile.
 
 [Note: switching] Only plans that keep every device's samples per iteration (B' x N)
@@ -92,12 +99,16 @@ def make_optimizer(half: nn.Module, config: RunConfig, *,
 
 def live_profiles(slices: Sequence[Slice], plans: Sequence[DevicePlan],
                   served: Sequence[int], profile: ModelProfile,
-                  previous: Sequence[DeviceProfile]) -> tuple[ModelProfile, list[DeviceProfile]]:
+                  previous: Sequence[DeviceProfile], *,
+                  paced: Sequence[bool] | None = None,
+                  ) -> tuple[ModelProfile, list[DeviceProfile]]:
     """The model and device profiles a round's trace shows ([Note: live profile]).
 
     ``slices``: the round's slices (server and device tracks); ``served[k]``: how many
     of device k's micro-batches the server computed in the round; ``profile``: the
-    planning profile (its cost table unscaled); ``previous``: the profiles so far.
+    planning profile (its cost table unscaled); ``previous``: the profiles so far;
+    ``paced[k]``: whether device k's link times its sends by the wire (`Link.paces_sends`;
+    default: every link does); when not, its bandwidths stay as in ``previous``.
     """
     costs = profile.costs
     q = costs.units
@@ -119,10 +130,12 @@ def live_profiles(slices: Sequence[Slice], plans: Sequence[DevicePlan],
                          + len(backwards) * costs.backward_time(0, p, micro))
         slowdown = (sum(forwards) + sum(backwards)) / table if table > 0 and (
             forwards or backwards) else before.slowdown
-        uplink = _bandwidth(busy.get((f"device{k}/uplink", "u"), []),
-                            profile.activation_frame_bytes(p, micro), before.uplink)
-        downlink = _bandwidth(busy.get((f"device{k}/downlink", "d"), []),
-                              profile.gradient_frame_bytes(p, micro), before.downlink)
+        uplink, downlink = before.uplink, before.downlink
+        if paced is None or paced[k]:
+            uplink = _bandwidth(busy.get((f"device{k}/uplink", "u"), []),
+                                profile.activation_frame_bytes(p, micro), before.uplink)
+            downlink = _bandwidth(busy.get((f"device{k}/downlink", "d"), []),
+                                  profile.gradient_frame_bytes(p, micro), before.downlink)
         devices.append(DeviceProfile(max(slowdown, 1e-6), uplink, downlink, before.samples))
     return live, devices
 

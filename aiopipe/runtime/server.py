@@ -484,13 +484,16 @@ class ServerNode:
             return
         served = [self.sessions[k].served if k in self.sessions else 0
                   for k in range(config.devices)]
+        paced = [k not in self.sessions or self.sessions[k].peer.link.paces_sends()
+                 for k in range(config.devices)]
         slices, planning, auto = self.recorder.take(mark), self.planning, self.auto_config
         plans, current = list(self.plans), [(p.split_point, p.parallel_batches)
                                             for p in self.plans]
         batch, every = config.batch_size, config.aggregation_every
 
         def decide() -> tuple[list[DeviceProfile], list[tuple[int, int]], float, float]:
-            profile, live = live_profiles(slices, plans, served, planning, self.live)
+            profile, live = live_profiles(slices, plans, served, planning, self.live,
+                                          paced=paced)
             chosen = choose_plans(auto, profile, live)
             before = estimate_epoch(profile, live, current, batch, aggregation_every=every)
             after = estimate_epoch(profile, live, chosen, batch, aggregation_every=every)

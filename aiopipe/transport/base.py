@@ -85,3 +85,10 @@ class Link(Protocol):
         (``-inf`` before any): a watchdog's sign of life while a large frame is still
         arriving."""
         ...
+
+    def paces_sends(self) -> bool:
+        """Whether ``send`` returns only once the frame's wire time has passed, so the
+        time spent in it measures the link (memory links; websockets shaped on this
+        side). An unshaped websocket's ``send`` returns once the OS has buffered the
+        frame, which can hide hundreds of kilobytes of a slow link."""
+        ...

@@ -189,6 +189,11 @@ class MemoryLink:
                     incoming.changed.clear()
                     await incoming.changed.wait()
 
+    def paces_sends(self) -> bool:
+        """Always: a frame's send ends when its wire slot does (immediately when
+        unshaped)."""
+        return True
+
     def last_received(self) -> float:
         """Clock time the last bytes from the peer arrived: now while a frame's bytes are
         arriving (from its wire slot's start plus latency until its delivery), else when

@@ -271,6 +271,11 @@ class WebSocketLink:
         counts); ``-inf`` before any."""
         return self._last_received
 
+    def paces_sends(self) -> bool:
+        """Only with sender-side shaping (see the module docs): otherwise ``send``
+        returns once the OS has buffered the frame."""
+        return self._shaping is not None
+
     def _reassemble(self, data: bytes) -> bytes | None:
         """The frame ``data`` completes (None while parts are missing).
 

@@ -133,6 +133,11 @@ def test_live_profiles_read_speeds_from_the_trace() -> None:
     quiet, (same,) = live_profiles([], [plan], [0], profile, [before])
     assert quiet is profile
     assert same == before
+    # a link whose sends end when the OS has buffered the frame: its bandwidths stay
+    _, (buffered,) = live_profiles(slices, [plan], [2], profile, [before], paced=[False])
+    assert buffered.uplink == before.uplink
+    assert buffered.downlink == before.downlink
+    assert buffered.slowdown == pytest.approx(1.5)  # compute is still measured
 
 
 def test_parameters_that_stay_keep_their_momentum_and_moved_ones_start_afresh() -> None:

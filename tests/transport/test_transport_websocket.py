@@ -56,6 +56,11 @@ async def test_shaping_paces_frames_at_the_link_rate() -> None:
         await server.send(b"ack")
         assert await client.receive() == b"ack"
         assert 0.0 <= server.statistics().sent.busy_s < 5.0
+        # only the shaped end's send time measures its link (the re-planner relies on it)
+        assert client.paces_sends()
+        assert not server.paces_sends()
+        client.reshape(LinkSpec(None))
+        assert not client.paces_sends()
 
 
 async def test_bearer_token_reaches_the_server() -> None:
