@@ -499,12 +499,12 @@ def write_report(out: Path) -> Path:
         "## How to read these figures",
         "",
         "- Every process (server, 4 devices) computes for real on the same "
-        f"{m['cores']} cores, one torch thread each. When devices compute at the same "
-        "time they slow each other down, and the slowdown factor multiplies that measured "
-        "time: device compute is dearer here than the planner's cost table (measured "
-        "alone on the server) predicts, most of all in FL, where devices compute the "
-        "whole model. The server is one process with one thread for every device's "
-        "replica, as in aiopipe's design.",
+        f"{m['cores']} cores, one torch thread each. A slowed device takes its slowdown "
+        "times the CPU time of each compute item, so waiting for a core is not multiplied; "
+        "but processes that compute at the same time still wait for the cores, the server "
+        "most of all, so stages take longer here than the planner's cost table (measured "
+        "alone on the server) predicts. The server is one process with one thread for "
+        "every device's replica, as in aiopipe's design.",
         "- Link figures: aiopipe times a transfer at the sender (queued → socket took the "
         "last byte). Under tc the kernel holds what the wire has not carried yet, so the "
         "sender-side busy time of a small message is near zero even when the wire is busy "

@@ -47,26 +47,29 @@ one device the estimate is monotone in every stage time.
 Device k runs iterations_k = floor(samples_k / (B' N_k)) iterations (the runtime's rule,
 [Note: iterations per epoch] in aiopipe/runtime/plan.py). Phase 1 lasts as many
 iterations as the device with the fewest has, and every device takes part; phase 2 lasts
-until the next fewest, without the devices that are done; and so on. A phase starts with
-every active device at 0 and chains up to `CHAINED_ITERATIONS` iterations back to back
-as the runtime runs them ([Note: chained iterations]): devices that collide on the
-server in the first iteration drift out of phase in the next ones. A device's phase
-lasts until both its halves have stepped in the last chained iteration, plus, for each
-iteration beyond those, the mean spacing of its steps over the later half of the chained
-ones (the start's transient has settled by then). Device k's epoch is down_k + its
-phases + up_k, where down_k and up_k move the device half's parameters and buffers
-(``state_bytes`` of units 1..P plus one frame overhead) once each way per aggregation
-(once per epoch, or per ``aggregation_every`` iterations: `aggregations_per_epoch`).
-The fleet's epoch is the slowest device's, at least the server's busy seconds over the
-epoch (the phases do not carry the server's backlog from one to the next), plus the
-server's aggregation of each round (`CostTable.aggregate_time` of the fleet's size: it
-starts when the last device's model has arrived, and the next round's downloads wait
-for it). Measured against the virtual-time runtime (tests/scheduler/
-test_scheduler_runtime.py) this is within 5% for four identical devices with one plan
-(one synchronized iteration repeated overestimated them by 16-19%) and within 6% for a
-mixed fleet. Not modelled: devices starting their first iteration at different times
-(each waits for its own model download); the trace report riding on the uploaded
-model. The server's evaluation after an epoch is not part of the epoch's time.
+until the next fewest, without the devices that are done; and so on. In phase 1 each
+device starts when its first download of the device half has arrived (a larger half
+starts later: its server requests land later), in the later phases at 0; each phase
+chains up to `CHAINED_ITERATIONS` iterations back to back as the runtime runs them
+([Note: chained iterations]): devices that collide on the server in the first iteration
+drift out of phase in the next ones. A device's phase lasts until both its halves have
+stepped in the last chained iteration, plus, for each iteration beyond those, the mean
+spacing of its steps over the later half of the chained ones (the start's transient has
+settled by then). Device k's epoch is its phases + down_k + up_k, where down_k and up_k
+move the device half's parameters and buffers (``state_bytes`` of units 1..P plus one
+frame overhead) once each way per aggregation (once per epoch, or per
+``aggregation_every`` iterations: `aggregations_per_epoch`; the first download is
+already in phase 1). The fleet's epoch is the slowest device's, at least the server's
+busy seconds over the epoch (the phases do not carry the server's backlog from one to
+the next), plus the server's aggregation of each round (`CostTable.aggregate_time` of
+the fleet's size: it starts when the last device's model has arrived, and the next
+round's downloads wait for it). Measured against the virtual-time runtime
+(tests/scheduler/test_scheduler_runtime.py) this is within 5% for four identical
+devices with one plan (one synchronized iteration repeated overestimated them by
+16-19%) and within 6% for a mixed fleet; for resnet18 on wifi (4 devices, 2 iterations
+each) starting every device at 0 underestimated mixed split points by 9-12%. Not
+modelled: the trace report riding on the uploaded model. The server's evaluation after
+an epoch is not part of the epoch's time.
 
 [Note: real clocks] The estimate is exact for the virtual-time runtime charged from the
 same table. On the system clock a run is slower than it by what the table cannot know
@@ -342,10 +345,12 @@ def schedule_ends(fleet: Sequence[Stages]) -> tuple[list[float], list[float]]:
     return [d[0] for d in device_ends], [r[0] for r in replica_ends]
 
 
-def chained_schedule(fleet: Sequence[Stages],
-                     rounds: int) -> tuple[list[list[float]], list[list[float]]]:
-    """``rounds`` iterations back to back, every device starting its first at 0: per device
-    and iteration, when its own step ends and when its replica's step ends.
+def chained_schedule(fleet: Sequence[Stages], rounds: int,
+                     starts: Sequence[float] | None = None,
+                     ) -> tuple[list[list[float]], list[list[float]]]:
+    """``rounds`` iterations back to back, device k starting its first at ``starts[k]``
+    (default 0): per device and iteration, when its own step ends and when its replica's
+    step ends.
 
     [Note: chained iterations] As the runtime runs them: a device starts the forwards of
     its next iteration as soon as it has stepped, and its next server pass is asked for
@@ -383,7 +388,7 @@ def chained_schedule(fleet: Sequence[Stages],
         return arrive[0]
 
     for k in range(count):
-        heap.append((forwards(k, 0.0), k, 0))
+        heap.append((forwards(k, starts[k] if starts is not None else 0.0), k, 0))
     heapq.heapify(heap)
     free = 0.0
     pop, push = heapq.heappop, heapq.heappush
@@ -544,12 +549,17 @@ def transfer_times(
 
 
 def device_epochs(
-    fleet: Sequence[Stages], iterations: Sequence[int], transfers: Sequence[tuple[float, float]]
+    fleet: Sequence[Stages], iterations: Sequence[int], transfers: Sequence[tuple[float, float]],
+    starts: Sequence[float],
 ) -> tuple[list[float], int, float]:
     """Each device's epoch by phases ([Note: epoch approximation]), the number of
     micro-batches the schedules simulated (what a search spends), and the server's busy
     seconds over the epoch (a floor for the fleet's epoch: the phases do not carry the
-    server's backlog from one to the next)."""
+    server's backlog from one to the next).
+
+    ``transfers[k]``: device k's download and upload seconds over the epoch;
+    ``starts[k]``: when it starts its first iteration (its first download, part of
+    ``transfers[k][0]``)."""
     spent = [0.0] * len(fleet)
     work = done = 0
     server = sum(i * (st.n * st.s + st.server_step) for st, i in zip(fleet, iterations,
@@ -559,7 +569,8 @@ def device_epochs(
         phase = [fleet[k] for k in active]
         length = count - done
         rounds = min(length, CHAINED_ITERATIONS)
-        device_ends, replica_ends = chained_schedule(phase, rounds)
+        device_ends, replica_ends = chained_schedule(
+            phase, rounds, [starts[k] for k in active] if done == 0 else None)
         for k, dev, rep in zip(active, device_ends, replica_ends, strict=True):
             last = dev[-1] if dev[-1] > rep[-1] else rep[-1]
             if math.isinf(last):  # a plan that cannot run (inf - inf is no period)
@@ -570,7 +581,8 @@ def device_epochs(
             spent[k] += last + (length - rounds) * period
         work += rounds * sum(st.n for st in phase)
         done = count
-    return [down + t + up for t, (down, up) in zip(spent, transfers, strict=True)], work, server
+    return [t + down - start + up for t, (down, up), start in zip(spent, transfers, starts,
+                                                                  strict=True)], work, server
 
 
 def estimate_epoch(
@@ -608,7 +620,8 @@ def estimate_epoch(
         transfer_times(model, dev, p, aggregations_per_epoch(i, aggregation_every))
         for dev, (p, _), i in zip(devices, plans, iterations, strict=True)
     ]
+    starts = [transfer_times(model, dev, p)[0] for dev, (p, _) in zip(devices, plans, strict=True)]
     rounds = aggregations_per_epoch(max(iterations), aggregation_every)
     aggregation = rounds * model.costs.aggregate_time(len(devices))
-    per_device, _, server = device_epochs(fleet, iterations, transfers)
+    per_device, _, server = device_epochs(fleet, iterations, transfers, starts)
     return max(*per_device, server) + aggregation

@@ -92,6 +92,7 @@ class _Candidate(NamedTuple):  # a tuple: built once per candidate, 10^4 - 10^5 
     stages: Stages
     iterations: int
     transfer: tuple[float, float]
+    start: float  # the first download: when its first iteration starts
     alone_epoch: float
     floor_epoch: float  # no fleet estimate of the device's epoch is lower
     server_load: float  # server seconds per epoch
@@ -243,6 +244,7 @@ def _device_candidates(
                     stages=st,
                     iterations=iterations,
                     transfer=transfer,
+                    start=transfer_times(model, device, p)[0],
                     alone_epoch=transfer[0] + iterations * alone_end(st) + transfer[1],
                     floor_epoch=transfer[0] + iterations * alone_floor(st) + transfer[1],
                     server_load=iterations * (n * st.s + st.server_step),
@@ -264,7 +266,8 @@ class _Objective:
     def __call__(self, choice: Sequence[int]) -> tuple[float, list[float]]:
         chosen = [cs[i] for cs, i in zip(self.candidates, choice, strict=True)]
         per_device, work, server = device_epochs(
-            [c.stages for c in chosen], [c.iterations for c in chosen], [c.transfer for c in chosen]
+            [c.stages for c in chosen], [c.iterations for c in chosen],
+            [c.transfer for c in chosen], [c.start for c in chosen],
         )
         self.work += work
         return max(*per_device, server), per_device

@@ -492,16 +492,17 @@ def test_a_cost_table_keeps_its_aggregation_cost() -> None:
 
 
 def test_the_aggregation_is_timed_fixed_and_per_device() -> None:
-    """Work that costs ~1 unit plus ~20 units per device: both parts come out positive and
-    in that order (CPU time of a busy loop, so a loaded machine hardly moves it)."""
+    """Work that costs ~20 units plus ~60 units per device: both parts come out positive and
+    in that order (CPU time of in-place arithmetic, no allocation: a loaded machine
+    hardly moves it)."""
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
     calls: list[int] = []
+    x = torch.ones(200_000)
 
     def aggregate(devices: int) -> None:
         calls.append(devices)
-        x = torch.ones(200_000)
-        for _ in range(1 + 20 * devices):
-            x = x * 1.0001 + 1.0
+        for _ in range(20 + 60 * devices):
+            x.mul_(0.5).add_(1.0)
 
     costs = measure_costs(model, (12,), [2], repeats=1, warmup=0, aggregate=aggregate,
                           clock="cpu")
