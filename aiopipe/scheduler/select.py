@@ -230,6 +230,7 @@ def _device_candidates(
             if fixed_n is not None
             else parallel_shortlist(model, device, p, batch_size, cache)
         )
+        start = transfer_times(model, device, p)[0]  # one download of this half
         for n in shortlist:
             iterations = iterations_per_epoch(device, n, batch_size)
             if iterations < 1:
@@ -244,7 +245,7 @@ def _device_candidates(
                     stages=st,
                     iterations=iterations,
                     transfer=transfer,
-                    start=transfer_times(model, device, p)[0],
+                    start=start,
                     alone_epoch=transfer[0] + iterations * alone_end(st) + transfer[1],
                     floor_epoch=transfer[0] + iterations * alone_floor(st) + transfer[1],
                     server_load=iterations * (n * st.s + st.server_step),
