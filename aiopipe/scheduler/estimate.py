@@ -585,6 +585,29 @@ def device_epochs(
                                                                   strict=True)], work, server
 
 
+class FleetEpoch(NamedTuple):
+    """`fleet_epoch`'s answer: the fleet's epoch, each device's, and the micro-batches
+    the schedules simulated."""
+
+    time_s: float
+    per_device: list[float]
+    work: int
+
+
+def fleet_epoch(
+    model: ModelProfile, fleet: Sequence[Stages], iterations: Sequence[int],
+    transfers: Sequence[tuple[float, float]], starts: Sequence[float], aggregation_every: int,
+) -> FleetEpoch:
+    """The fleet's epoch ([Note: epoch approximation]): the slowest device's epoch
+    (`device_epochs`, same arguments), at least the server's busy seconds over the epoch,
+    plus the server's aggregation of each round. The one place both `estimate_epoch` and
+    the plan search form it."""
+    per_device, work, server = device_epochs(fleet, iterations, transfers, starts)
+    rounds = aggregations_per_epoch(max(iterations), aggregation_every)
+    aggregation = rounds * model.costs.aggregate_time(len(fleet))
+    return FleetEpoch(max(*per_device, server) + aggregation, per_device, work)
+
+
 def estimate_epoch(
     model: ModelProfile,
     devices: Sequence[DeviceProfile],
@@ -621,7 +644,4 @@ def estimate_epoch(
         for dev, (p, _), i in zip(devices, plans, iterations, strict=True)
     ]
     starts = [transfer_times(model, dev, p)[0] for dev, (p, _) in zip(devices, plans, strict=True)]
-    rounds = aggregations_per_epoch(max(iterations), aggregation_every)
-    aggregation = rounds * model.costs.aggregate_time(len(devices))
-    per_device, _, server = device_epochs(fleet, iterations, transfers, starts)
-    return max(*per_device, server) + aggregation
+    return fleet_epoch(model, fleet, iterations, transfers, starts, aggregation_every).time_s

@@ -65,7 +65,7 @@ from aiopipe.scheduler.estimate import (
     aggregations_per_epoch,
     alone_end,
     alone_floor,
-    device_epochs,
+    fleet_epoch,
     iterations_per_epoch,
     transfer_times,
 )
@@ -258,20 +258,24 @@ def _device_candidates(
 
 
 class _Objective:
-    """The fleet epoch of a choice of candidates, counting the work spent."""
+    """The fleet epoch of a choice of candidates (`fleet_epoch`, as `estimate_epoch`
+    gives it), counting the work spent."""
 
-    def __init__(self, candidates: list[list[_Candidate]]) -> None:
+    def __init__(self, model: ModelProfile, candidates: list[list[_Candidate]],
+                 aggregation_every: int) -> None:
+        self.model = model
         self.candidates = candidates
+        self.aggregation_every = aggregation_every
         self.work = 0
 
     def __call__(self, choice: Sequence[int]) -> tuple[float, list[float]]:
         chosen = [cs[i] for cs, i in zip(self.candidates, choice, strict=True)]
-        per_device, work, server = device_epochs(
-            [c.stages for c in chosen], [c.iterations for c in chosen],
-            [c.transfer for c in chosen], [c.start for c in chosen],
+        value, per_device, work = fleet_epoch(
+            self.model, [c.stages for c in chosen], [c.iterations for c in chosen],
+            [c.transfer for c in chosen], [c.start for c in chosen], self.aggregation_every,
         )
         self.work += work
-        return max(*per_device, server), per_device
+        return value, per_device
 
 
 def _alone_best(cs: Sequence[_Candidate]) -> int:
@@ -481,7 +485,7 @@ def select_plans(
         model, devices, batch_size, split_points, parallel_batches, memory_budget_bytes,
         aggregation_every,
     )
-    objective = _Objective(candidates)
+    objective = _Objective(model, candidates, aggregation_every)
     alone = [_alone_best(cs) for cs in candidates]
     if len(devices) == 1:
         return [candidates[0][alone[0]].plan]  # exact: alone is the fleet
@@ -559,7 +563,7 @@ def exhaustive_plans(
             f"{combinations} plan combinations, more than the "
             f"{MAX_COMBINATIONS} an exhaustive search accepts"
         )
-    objective = _Objective(candidates)
+    objective = _Objective(model, candidates, aggregation_every)
     best_value, best_choice = math.inf, [0] * len(candidates)
     for choice in itertools.product(*(range(len(cs)) for cs in candidates)):
         value = objective(choice)[0]
