@@ -2,6 +2,7 @@
 ``raw.json`` in a results directory.
 
     .venv/bin/python bench/report.py bench/results/<YYYY-MM-DD>   # (re)write the report
+    .venv/bin/python bench/report.py --summary bench/results/*/   # one table over runs
 
 Figures per run are means over the epochs after the first (the first carries process
 warm-up and the first model transfer), or the only epoch when a run has one. Busy/idle
@@ -530,11 +531,131 @@ def write_report(out: Path) -> Path:
     return path
 
 
+# -- the summary over several results directories ---------------------------------------
+
+SUMMARY_MODES = ("fl", "flower", "sfl", "pipar")
+WORKLOAD_ORDER = ("vgg5", "resnet18", "mobilenetv3-small", "vgg16")
+NETWORK_ORDER = ("4g", "4g+", "wifi")
+
+
+def summary_cells(raws: Sequence[tuple[str, dict[str, Any]]]) -> dict[tuple[str, ...], Any]:
+    """Per (workload, network, fleet, mode): the run of the newest directory that has a
+    finished one, as (directory, label, run). Directories run with ``--replan`` are left
+    out: the summary is of the defaults."""
+    cells: dict[tuple[str, ...], Any] = {}
+    for name, raw in sorted(raws, key=lambda item: item[1]["started"]):
+        if raw["settings"].get("replan"):
+            continue
+        for c in raw["configurations"]:
+            for mode, (label, run) in mode_runs(c).items():
+                if mode in SUMMARY_MODES and ok(run):
+                    cells[(c["workload"], c["network"], c["fleet"], mode)] = (name, label, run)
+    return cells
+
+
+def _order(key: tuple[str, ...]) -> tuple[int, int, str]:
+    workload, network, fleet = key
+    w = WORKLOAD_ORDER.index(workload) if workload in WORKLOAD_ORDER else len(WORKLOAD_ORDER)
+    n = NETWORK_ORDER.index(network) if network in NETWORK_ORDER else len(NETWORK_ORDER)
+    return w, n, fleet
+
+
+def write_summary(dirs: Sequence[Path], path: Path) -> Path:
+    """Write one markdown table of the headline figures of several results directories
+    (the newest finished run per cell, [`summary_cells`]) to ``path``; its path.
+
+    Raises:
+        OSError: a raw.json cannot be read or the summary cannot be written.
+    """
+    raws = [(d.name, json.loads((d / "raw.json").read_text())) for d in dirs]
+    cells = summary_cells(raws)
+    rows = [
+        "| workload | network | fleet | FL | Flower FL | SFL best | PiPar auto (plan) | "
+        "FL÷PiPar | SFL÷PiPar | Flower÷FL | server idle s FL / SFL / PiPar | sources |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    used: dict[str, int] = {}
+    for key in sorted({k[:3] for k in cells}, key=_order):
+        found = {m: cells[(*key, m)] for m in SUMMARY_MODES if (*key, m) in cells}
+        t = {m: mean(run, "time_s") for m, (_, _, run) in found.items()}
+        idle = [
+            _fmt(mean(found[m][2], "idle_s", "server")) if m in found else "–"
+            for m in ("fl", "sfl", "pipar")
+        ]
+        sfl = f"{_fmt(t.get('sfl'))} ({found['sfl'][1].split()[-1]})" if "sfl" in found else "–"
+        pipar = (
+            f"{_fmt(t.get('pipar'))} ({_plan(found['pipar'][2])})" if "pipar" in found else "–"
+        )
+        sources = sorted({used.setdefault(name, len(used) + 1) for name, _, _ in found.values()})
+        rows.append(
+            f"| {' | '.join(key)} | {_fmt(t.get('fl'))} | {_fmt(t.get('flower'))} | {sfl} | "
+            f"{pipar} | {_ratio(t.get('fl'), t.get('pipar'))} | "
+            f"{_ratio(t.get('sfl'), t.get('pipar'))} | {_ratio(t.get('flower'), t.get('fl'))} | "
+            f"{' / '.join(idle)} | {', '.join(f'[{i}]' for i in sources)} |"
+        )
+    by_name = dict(raws)
+    notes = [
+        f"[{i}] `{name}/`: `{by_name[name]['command']}` ({by_name[name]['started']}, git "
+        f"{by_name[name]['machine']['git']})"
+        for name, i in sorted(used.items(), key=lambda item: item[1])
+    ]
+    lines = [
+        "# aiopipe over really shaped links — summary",
+        "",
+        "Epoch seconds, means over the epochs after the first (see each directory's "
+        "report.md for the settings, idle times, accuracy and plots). Each cell is the "
+        "newest finished run of that workload, network, fleet and mode among the "
+        "directories below, left out: runs with `--replan`. A row may mix runs from "
+        "different directories (its sources); runs are single and the machine is shared, "
+        "so differences of a few per cent are noise.",
+        "",
+        *rows,
+        "",
+        "Sources:",
+        "",
+        *(f"- {note}" for note in notes),
+        "",
+        f"Written by `python bench/report.py --summary {' '.join(str(d) for d in dirs)}`.",
+        "",
+    ]
+    path.write_text("\n".join(lines))
+    return path
+
+
+USAGE = (
+    "usage: python bench/report.py RESULTS_DIR\n"
+    "       python bench/report.py --summary RESULTS_DIR... [--out FILE]"
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python bench/report.py RESULTS_DIR``: rewrite the report from raw.json."""
+    """``python bench/report.py RESULTS_DIR``: rewrite the report from raw.json;
+    ``--summary DIR... [--out FILE]``: one table over several directories (default
+    bench/results/SUMMARY.md)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--summary"]:
+        out = Path(__file__).parent / "results" / "SUMMARY.md"
+        if "--out" in args:
+            at = args.index("--out")
+            if at + 1 >= len(args):
+                print(USAGE, file=sys.stderr)
+                return 2
+            out = Path(args[at + 1])
+            del args[at:at + 2]
+        dirs = []
+        for arg in args[1:]:
+            if (Path(arg) / "raw.json").is_file():
+                dirs.append(Path(arg))
+            else:
+                print(f"skipped {arg}: no raw.json (not a bench/shaped.py results directory)",
+                      file=sys.stderr)
+        if not dirs:
+            print(USAGE, file=sys.stderr)
+            return 2
+        print(write_summary(dirs, out))
+        return 0
     if len(args) != 1:
-        print("usage: python bench/report.py RESULTS_DIR", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     print(write_report(Path(args[0])))
     return 0

@@ -1,0 +1,99 @@
+"""bench/report.py --summary: one table over several results directories of bench/shaped.py.
+
+Built from small hand-made raw.json files: the newest finished run of each cell wins, runs
+with --replan are left out, and the ratios are the cells' own.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "bench" / "report.py"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_report", SCRIPT)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(*times: float, idle: float = 1.0, plan: tuple[int, int] = (2, 4)) -> dict[str, Any]:
+    return {"wall_s": 1.0, "epochs": [
+        {"epoch": e, "time_s": t, "idle_s": {"server": idle},
+         "plan": [{"device": 0, "split_point": plan[0], "parallel_batches": plan[1]}]}
+        for e, t in enumerate(times)
+    ]}
+
+
+def _write(root: Path, name: str, started: str, runs: dict[str, Any], *,
+           replan: bool = False, network: str = "4g") -> Path:
+    out = root / name
+    out.mkdir()
+    raw = {
+        "command": f"bench/shaped.py --out {name}", "started": started,
+        "machine": {"git": "abc1234"}, "settings": {"replan": replan},
+        "configurations": [
+            {"workload": "vgg5", "network": network, "fleet": "homogeneous", "runs": runs}
+        ],
+    }
+    (out / "raw.json").write_text(json.dumps(raw))
+    return out
+
+
+def test_summary_takes_the_newest_finished_run_of_each_cell(tmp_path: Path) -> None:
+    report = _load()
+    old = _write(tmp_path, "old", "2026-01-01 10:00:00 +0000", {
+        "fl": _run(9.0, 8.0), "flower": _run(9.0, 10.0),
+        "sfl P=1": _run(9.0, 6.0), "sfl P=2": _run(9.0, 5.0), "pipar": _run(9.0, 7.0),
+    })
+    new = _write(tmp_path, "new", "2026-01-02 10:00:00 +0000", {
+        "pipar": _run(9.0, 4.0, idle=0.5), "fl": {"error": "timed out"},
+    })
+    replan = _write(tmp_path, "replan", "2026-01-03 10:00:00 +0000",
+                    {"pipar": _run(9.0, 1.0)}, replan=True)
+    path = report.write_summary([old, new, replan], tmp_path / "SUMMARY.md")
+    text = path.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| vgg5 "))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # FL 8 (the newer FL failed), Flower 10, SFL best P=2 at 5, PiPar 4 from the newer run
+    assert cells[3:7] == ["8.00", "10.00", "5.00 (P=2)", "4.00 (P=2 N=4)"]
+    assert cells[7:10] == ["2.00×", "1.25×", "1.25×"]
+    assert cells[10] == "1.00 / 1.00 / 0.50"
+    assert cells[11] == "[1], [2]"
+    sources = [line for line in text.splitlines() if line.startswith("- [")]
+    assert len(sources) == 2
+    assert "`old/`" in sources[0]
+    assert "`new/`" in sources[1]
+
+
+def test_summary_rows_follow_workload_and_network_order(tmp_path: Path) -> None:
+    report = _load()
+    wifi = _write(tmp_path, "a", "2026-01-01 10:00:00 +0000", {"fl": _run(1.0)}, network="wifi")
+    slow = _write(tmp_path, "b", "2026-01-01 11:00:00 +0000", {"fl": _run(2.0)}, network="4g+")
+    text = report.write_summary([wifi, slow], tmp_path / "s.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| vgg5 ")]
+    assert [r.split("|")[2].strip() for r in rows] == ["4g+", "wifi"]
+
+
+def test_summary_command_skips_directories_without_results(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = _load()
+    good = _write(tmp_path, "good", "2026-01-01 10:00:00 +0000", {"fl": _run(1.0)})
+    (tmp_path / "other").mkdir()
+    out = tmp_path / "S.md"
+    assert report.main(["--summary", str(good), str(tmp_path / "other"), "--out", str(out)]) == 0
+    assert "skipped" in capsys.readouterr().err
+    assert out.is_file()
+    assert report.main(["--summary", str(tmp_path / "other")]) == 2
+    assert report.main([]) == 2
