@@ -1,10 +1,13 @@
 """Atomic server checkpoints at round boundaries, for ``--resume`` (DESIGN §7).
 
-A checkpoint directory holds ``state-<n>.safetensors`` (tensors: the global model, every
-server-half replica and its SGD momentum) and ``checkpoint.json`` (the run config, where
-training stands, the finished epochs' metrics and the current epoch's tallies). Each file
-is written to a temporary name, fsynced and renamed; ``checkpoint.json`` is written last
-and names its state file, so a crash at any moment leaves the previous checkpoint whole.
+A checkpoint directory holds ``state-<n>.safetensors`` (tensors: the global model, the
+weights of each server-half replica where they differ from the global model's, and each
+replica's SGD momentum) and ``checkpoint.json`` (the run config, where training stands,
+the finished epochs' metrics and the current epoch's tallies). Each file is written to a
+temporary name, fsynced and renamed; ``checkpoint.json`` is written last and names its
+state file, so a crash at any moment leaves the previous checkpoint whole. The server
+writes it while training goes on ([Note: background checkpoints] in
+aiopipe/runtime/server.py).
 
 Training itself draws no random numbers (data order and initialization derive from the
 seed), so no RNG state needs saving. Device-side optimizer state stays on the devices.
@@ -31,6 +34,9 @@ def save_checkpoint(directory: str | Path, tensors: Mapping[str, torch.Tensor],
                     meta: Mapping[str, Any]) -> Path:
     """Write a checkpoint atomically; returns the path of ``checkpoint.json``.
 
+    ``tensors`` must not change until it returns (pass a copy to write one while
+    training goes on).
+
     Raises:
         OSError: the directory cannot be written.
     """
@@ -42,7 +48,7 @@ def save_checkpoint(directory: str | Path, tensors: Mapping[str, torch.Tensor],
     generation = int(previous.get("generation", -1)) + 1 if previous else 0
     state_name = f"state-{generation}.safetensors"
     write_atomic(path / state_name,
-                  save({k: v.detach().contiguous().clone() for k, v in tensors.items()}))
+                  save({k: v.detach().contiguous() for k, v in tensors.items()}))
     write_atomic(path / CHECKPOINT_FILE, json.dumps(
         {**meta, "generation": generation, "state": state_name}).encode())
     for old in path.glob("state-*.safetensors"):

@@ -154,6 +154,7 @@ class ServerNode:
         self.epochs: list[EpochMetrics] = []
         self._tally: dict[str, Any] = {}
         self.checkpoint_dir = checkpoint_dir
+        self._checkpoint_writer: asyncio.Future[None] | None = None
         if resume:
             if checkpoint_dir is None:
                 raise ConfigError("resuming needs the checkpoint directory")
@@ -332,6 +333,7 @@ class ServerNode:
                 if self.progress is not None:
                     self.progress(self.epochs[-1])
                 await self._save_checkpoint(epoch + 1, 0)
+            await self._checkpoint_written()
         except BaseException as exc:
             reason = f"training failed: {exc}"
             raise
@@ -341,6 +343,11 @@ class ServerNode:
                 if not session.closing and not session.ended:
                     session.say_bye(reason)
             self.compute.close()
+            if self._checkpoint_writer is not None:  # training failed: let the write end
+                try:
+                    await self._checkpoint_written()
+                except Exception as exc:  # the failure being raised wins
+                    log.error("the last checkpoint could not be written: %s", exc)
         return RunResult(self.config, list(self.epochs), self.model,
                          list(self.recorder.slices), origin)
 
@@ -414,28 +421,69 @@ class ServerNode:
 
     async def _save_checkpoint(self, epoch: int, next_round: int, *,
                                elapsed: float = 0.0) -> None:
-        """Checkpoint in the compute thread (fsync can take seconds; the loop must not
-        wait), where nothing else touches the replicas meanwhile."""
-        if self.checkpoint_dir is not None:
-            await self.compute.call(partial(self._write_checkpoint, epoch, next_round,
-                                            elapsed))
+        """Checkpoint the run; training goes on while the files are written.
+
+        [Note: background checkpoints] Writing a checkpoint (hundreds of MB for a deep
+        model's replicas and their momentum, fsynced) takes seconds, and for a whole
+        round's length the server would stand idle. So the state is copied in the compute
+        thread, where nothing else touches the replicas meanwhile (a memory copy), and
+        the copy is written by another thread while the next round runs. One write is in
+        flight at a time: the next checkpoint, and the end of training, wait for it, and
+        a failed write raises there. The files are renamed into place only when whole,
+        so a crash during a write leaves the previous checkpoint to resume from. When
+        costs are charged (virtual time) the write happens in place, as a deterministic
+        simulation wants.
+        """
+        if self.checkpoint_dir is None:
+            return
+        await self._checkpoint_written()
+        tensors, meta = await self.compute.call(
+            partial(self._checkpoint_state, epoch, next_round, elapsed))
+        if self.compute.charge_costs:
+            save_checkpoint(self.checkpoint_dir, tensors, meta)
+        else:
+            self._checkpoint_writer = asyncio.ensure_future(self._write_behind(tensors, meta))
+
+    async def _write_behind(self, tensors: dict[str, torch.Tensor],
+                            meta: dict[str, Any]) -> None:
+        assert self.checkpoint_dir is not None
+        with self.clock.hold():
+            await asyncio.to_thread(save_checkpoint, self.checkpoint_dir, tensors, meta)
+
+    async def _checkpoint_written(self) -> None:
+        """Wait for the checkpoint being written, if any; raise what its write raised."""
+        writer, self._checkpoint_writer = self._checkpoint_writer, None
+        if writer is not None:
+            await writer
 
     def _write_checkpoint(self, epoch: int, next_round: int, elapsed: float) -> None:
+        """Write a checkpoint now, on the calling thread."""
         assert self.checkpoint_dir is not None
-        tensors = {f"model/{k}": v for k, v in self.model.state_dict().items()}
+        save_checkpoint(self.checkpoint_dir, *self._checkpoint_state(epoch, next_round, elapsed))
+
+    def _checkpoint_state(self, epoch: int, next_round: int,
+                          elapsed: float) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """A copy of what a checkpoint holds: tensors and metadata.
+
+        A replica's weights are left out where they equal the global model's (after an
+        aggregation they all do); `_restore` takes those from the global model."""
+        whole = self.model.state_dict()
+        tensors = {f"model/{k}": v.detach().clone() for k, v in whole.items()}
         for k, (half, optimizer) in self.replicas.items():
-            tensors.update({f"replica/{k}/{name}": v for name, v in half.state_dict().items()})
+            for name, v in half.state_dict().items():
+                if not torch.equal(v, whole[name]):
+                    tensors[f"replica/{k}/{name}"] = v.detach().clone()
             for i, param in enumerate(half.parameters()):
                 buffer = optimizer.state.get(param, {}).get("momentum_buffer")
                 if buffer is not None:
-                    tensors[f"momentum/{k}/{i}"] = buffer
+                    tensors[f"momentum/{k}/{i}"] = buffer.detach().clone()
         tally = dict(self._tally) if next_round else _new_tally(epoch, self.config.devices)
         tally["elapsed_before"] = float(tally.get("elapsed_before", 0.0)) + elapsed
         meta = {"config": self.config.to_mapping(), "epoch": epoch,
                 "rounds": self.rounds, "tally": {**tally, "epoch": epoch,
                                                  "next_round": next_round},
                 "epochs": [e.to_mapping() for e in self.epochs]}
-        save_checkpoint(self.checkpoint_dir, tensors, meta)
+        return tensors, meta
 
     def _restore(self, directory: Path) -> None:
         tensors, meta = load_checkpoint(directory)
@@ -457,10 +505,11 @@ class ServerNode:
                                           parallel_batches=meta["config"]["parallel_batches"])
             self._switch_plans([(p.split_point, p.parallel_batches)
                                 for p in device_plans(resumed, self.units, self.samples)])
+        whole = self.model.state_dict()
         for k, (half, optimizer) in self.replicas.items():
             prefix = f"replica/{k}/"
-            half.load_state_dict({n[len(prefix):]: v for n, v in tensors.items()
-                                  if n.startswith(prefix)})
+            half.load_state_dict({name: tensors.get(prefix + name, whole[name])
+                                  for name in half.state_dict()})
             for i, param in enumerate(half.parameters()):
                 buffer = tensors.get(f"momentum/{k}/{i}")
                 if buffer is not None:

@@ -16,7 +16,8 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-from aiopipe import CostTable, RunConfig, VirtualClock
+from aiopipe import CostTable, RunConfig
+from aiopipe.clock import Clock
 from aiopipe.errors import AiopipeError, LinkBrokenError
 from aiopipe.runtime.device import run_device
 from aiopipe.runtime.server import ServerNode
@@ -32,7 +33,8 @@ WIRE = LinkSpec(50e6, 0.005)
 
 
 class Fleet:
-    """A server node and its devices over memory links, in virtual time (module docstring).
+    """A server node and its devices over memory links, in virtual time (module docstring;
+    the system clock and real compute work too: ``cost_table=None``).
 
     Attributes:
         node: the server; a test may replace it (a restarted server).
@@ -44,8 +46,8 @@ class Fleet:
         crashes: exceptions other than aiopipe errors from the server or a device.
     """
 
-    def __init__(self, config: RunConfig, clock: VirtualClock, tasks: asyncio.TaskGroup, *,
-                 cost_table: CostTable = COSTS, wire: LinkSpec = WIRE) -> None:
+    def __init__(self, config: RunConfig, clock: Clock, tasks: asyncio.TaskGroup, *,
+                 cost_table: CostTable | None = COSTS, wire: LinkSpec = WIRE) -> None:
         self.node = ServerNode(config, clock=clock, cost_table=cost_table)
         self.clock, self.tasks = clock, tasks
         self.cost_table, self.wire = cost_table, wire

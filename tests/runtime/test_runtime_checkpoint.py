@@ -1,0 +1,119 @@
+"""Server checkpoints on the system clock ([Note: background checkpoints]): the state is
+copied at the round boundary and written while training goes on; one write in flight; a
+failed write raises; the last checkpoint is whole when training returns; replica weights
+equal to the global model's are not stored twice."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from fleet import Fleet
+
+from aiopipe import RunConfig, SystemClock
+from aiopipe.runtime import server as server_module
+from aiopipe.runtime.checkpoint import load_checkpoint, save_checkpoint
+from aiopipe.runtime.server import ServerNode
+
+CONFIG = RunConfig(mode="pipar", devices=2, samples_per_device=40, batch_size=20, epochs=2,
+                   split_point=2, parallel_batches=2, aggregation_every=1, test_samples=20,
+                   network={"up_mbps": 1000, "down_mbps": 1000, "latency_ms": 0})
+
+
+def real_node(tmp_path: Path, config: RunConfig = CONFIG) -> ServerNode:
+    """A server on the system clock with real compute (no cost table)."""
+    return ServerNode(config, clock=SystemClock(), checkpoint_dir=tmp_path)
+
+
+async def test_the_round_does_not_wait_for_the_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release, started = threading.Event(), threading.Event()
+
+    def slow_save(directory: Path, tensors: dict[str, torch.Tensor],
+                  meta: dict[str, Any]) -> Path:
+        started.set()
+        assert release.wait(30), "the test never released the write"
+        return save_checkpoint(directory, tensors, meta)
+
+    monkeypatch.setattr(server_module, "save_checkpoint", slow_save)
+    node = real_node(tmp_path)
+    # the weights change after the copy was taken: the checkpoint holds the copy
+    before = {k: v.clone() for k, v in node.model.state_dict().items()}
+    await node._save_checkpoint(0, 1)  # returns while the write is blocked
+    assert await asyncio.to_thread(started.wait, 30)
+    with torch.no_grad():
+        for p in node.model.parameters():
+            p.add_(1.0)
+    release.set()
+    await node._checkpoint_written()
+    tensors, meta = load_checkpoint(tmp_path)
+    assert meta["tally"]["next_round"] == 1
+    for k, v in before.items():
+        torch.testing.assert_close(tensors[f"model/{k}"], v, rtol=0, atol=0)
+
+
+async def test_one_write_in_flight_and_a_failed_write_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    running = threading.Lock()
+
+    def failing_save(directory: Path, tensors: dict[str, torch.Tensor],
+                     meta: dict[str, Any]) -> Path:
+        assert running.acquire(blocking=False), "two writes at once"
+        try:
+            calls.append(meta["tally"]["next_round"])
+            raise OSError("disk full")
+        finally:
+            running.release()
+
+    monkeypatch.setattr(server_module, "save_checkpoint", failing_save)
+    node = real_node(tmp_path)
+    await node._save_checkpoint(0, 1)
+    with pytest.raises(OSError, match="disk full"):
+        await node._save_checkpoint(0, 2)  # waits for the first write, which failed
+    assert calls == [1]
+
+
+async def test_training_returns_with_its_last_checkpoint_written(tmp_path: Path) -> None:
+    async with asyncio.TaskGroup() as tasks:
+        fleet = Fleet(CONFIG, SystemClock(), tasks, cost_table=None)
+        fleet.node = real_node(tmp_path)
+        for k in range(2):
+            fleet.start_device(k)
+        result = await fleet.node.train()
+    tensors, meta = load_checkpoint(tmp_path)
+    assert meta["epoch"] == CONFIG.epochs
+    assert meta["rounds"] == 4
+    assert len(meta["epochs"]) == len(result.epochs)
+    # after each aggregation every replica equals the global model: stored once
+    assert not [name for name in tensors if name.startswith("replica/")]
+    assert [name for name in tensors if name.startswith("momentum/")]
+    resumed = ServerNode(CONFIG, clock=SystemClock(), checkpoint_dir=tmp_path, resume=True)
+    assert resumed.rounds == 4
+    whole = result.model.state_dict()
+    for half, _ in resumed.replicas.values():
+        for name, value in half.state_dict().items():
+            torch.testing.assert_close(value, whole[name], rtol=0, atol=0)
+
+
+def test_a_replica_that_differs_from_the_global_model_is_restored(tmp_path: Path) -> None:
+    node = real_node(tmp_path)
+    half = node.replicas[1][0]
+    with torch.no_grad():
+        for p in half.parameters():
+            p.mul_(2.0)
+    node._write_checkpoint(0, 1, 0.0)
+    tensors, _ = load_checkpoint(tmp_path)
+    assert any(name.startswith("replica/1/") for name in tensors)
+    assert not any(name.startswith("replica/0/") for name in tensors)
+    resumed = ServerNode(CONFIG, clock=SystemClock(), checkpoint_dir=tmp_path, resume=True)
+    for k in (0, 1):
+        want = node.replicas[k][0].state_dict()
+        for name, value in resumed.replicas[k][0].state_dict().items():
+            torch.testing.assert_close(value, want[name], rtol=0, atol=0)
