@@ -8,33 +8,24 @@ bench's docs say.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
+from bench_scripts import load_bench
 
 from aiopipe.metrics.trace import Slice
-
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "planner_accuracy.py"
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_planner_accuracy", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("planner_accuracy")
 
 
 def _tiny(bench: ModuleType) -> object:
+    # prune=0: no sweep run is stopped for being slow, which on a busy machine one may be
     return bench.Settings(batch_size=2, samples_per_device=6, repeats=1, finalists=1,
-                          profile_repeats=1, profile_warmup=0)
+                          profile_repeats=1, profile_warmup=0, prune=0.0)
 
 
 def test_a_tiny_case_plans_sweeps_and_reports(bench: ModuleType) -> None:

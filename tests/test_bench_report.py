@@ -6,25 +6,17 @@ with --replan are left out, and the ratios are the cells' own.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "bench" / "report.py"
+from bench_scripts import load_bench
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_report", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("report")
 
 
 def _run(*times: float, idle: float = 1.0, plan: tuple[int, int] = (2, 4)) -> dict[str, Any]:

@@ -8,7 +8,6 @@ is right.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,17 +15,14 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from bench_scripts import load_bench
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "bench" / "scale.py"
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_scale", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("scale")
 
 
 def _args(**overrides: object) -> argparse.Namespace:
