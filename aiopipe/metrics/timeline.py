@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 __all__ = ["draw_timeline"]
 
 COLORS = {"f": "#4C72B0", "u": "#55A868", "s": "#C44E52", "d": "#8172B2", "b": "#CCB974",
-          "step": "#64B5CD", "m": "#999999", "agg": "#333333"}
+          "step": "#64B5CD", "m": "#999999", "agg": "#333333", "ckpt": "#333333"}
 
 
 def draw_timeline(trace: Mapping[str, Any], path: str | Path, *, max_events: int = 5000,
@@ -45,7 +45,7 @@ def draw_timeline(trace: Mapping[str, Any], path: str | Path, *, max_events: int
         start, width = e["ts"] / 1e3, e["dur"] / 1e3
         ax.barh(row, width, left=start, height=0.7, color=COLORS.get(e.get("cat", ""), "#777"),
                 edgecolor="white", linewidth=0.3)
-        if len(slices) <= 400 and e["name"] not in ("step", "m", "agg"):
+        if len(slices) <= 400 and e["name"] not in ("step", "m", "agg", "ckpt"):
             ax.text(start + width / 2, row, e["name"], ha="center", va="center", fontsize=6,
                     color="white", clip_on=True)
     ax.set_yticks(range(len(tids)), [names[t] for t in tids])

@@ -398,7 +398,8 @@ class ServerNode:
             tally["next_round"] = r + 1
             if r + 1 < round_count or epoch + 1 < self.config.epochs:
                 await self._reconsider(round_no, epoch, mark)
-            await self._save_checkpoint(epoch, r + 1, elapsed=self.clock.now() - start)
+            if r + 1 < round_count:  # after the last one, `train` checkpoints the epoch
+                await self._save_checkpoint(epoch, r + 1, elapsed=self.clock.now() - start)
         end = self.clock.now()
         accuracy = await self.compute.call(self._evaluate)
         up, down = (a - b for a, b in zip(self._link_bytes(), stats_before, strict=True))
@@ -426,8 +427,10 @@ class ServerNode:
         [Note: background checkpoints] Writing a checkpoint (hundreds of MB for a deep
         model's replicas and their momentum, fsynced) takes seconds, and for a whole
         round's length the server would stand idle. So the state is copied in the compute
-        thread, where nothing else touches the replicas meanwhile (a memory copy), and
-        the copy is written by another thread while the next round runs. One write is in
+        thread, where nothing else touches the replicas meanwhile (a memory copy, traced
+        as a "ckpt" slice), and the copy is written by another thread while the next
+        round runs. The last round of an epoch is not checkpointed by itself: the
+        checkpoint after the epoch (with its metrics) follows its evaluation. One write is in
         flight at a time: the next checkpoint, and the end of training, wait for it, and
         a failed write raises there. The files are renamed into place only when whole,
         so a crash during a write leaves the previous checkpoint to resume from. When
@@ -437,12 +440,15 @@ class ServerNode:
         if self.checkpoint_dir is None:
             return
         await self._checkpoint_written()
-        tensors, meta = await self.compute.call(
-            partial(self._checkpoint_state, epoch, next_round, elapsed))
+        copy_state = partial(self._checkpoint_state, epoch, next_round, elapsed)
         if self.compute.charge_costs:
-            save_checkpoint(self.checkpoint_dir, tensors, meta)
-        else:
-            self._checkpoint_writer = asyncio.ensure_future(self._write_behind(tensors, meta))
+            save_checkpoint(self.checkpoint_dir, *await self.compute.call(copy_state))
+            return
+        # the copy is server work: a "ckpt" slice on the server's track, in the epoch
+        # whose work it saves
+        tensors, meta = await self.compute.run("ckpt", copy_state,
+                                               epoch=epoch if next_round else epoch - 1)
+        self._checkpoint_writer = asyncio.ensure_future(self._write_behind(tensors, meta))
 
     async def _write_behind(self, tensors: dict[str, torch.Tensor],
                             meta: dict[str, Any]) -> None:

@@ -1,7 +1,7 @@
 """Server checkpoints on the system clock ([Note: background checkpoints]): the state is
-copied at the round boundary and written while training goes on; one write in flight; a
-failed write raises; the last checkpoint is whole when training returns; replica weights
-equal to the global model's are not stored twice."""
+copied at the round boundary (a traced "ckpt" slice) and written while training goes on;
+one write in flight; a failed write raises; the last checkpoint is whole when training
+returns; replica weights equal to the global model's are not stored twice."""
 
 from __future__ import annotations
 
@@ -90,6 +90,11 @@ async def test_training_returns_with_its_last_checkpoint_written(tmp_path: Path)
     tensors, meta = load_checkpoint(tmp_path)
     assert meta["epoch"] == CONFIG.epochs
     assert meta["rounds"] == 4
+    # 2 rounds per epoch: after the first, and after each epoch (not its last round too);
+    # each copy is traced on the server's compute track
+    copies = [s for s in result.trace if s.name == "ckpt"]
+    assert [s.epoch for s in copies] == [0, 0, 1, 1]
+    assert {s.track for s in copies} == {"server/compute"}
     assert len(meta["epochs"]) == len(result.epochs)
     # after each aggregation every replica equals the global model: stored once
     assert not [name for name in tensors if name.startswith("replica/")]
