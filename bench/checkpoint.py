@@ -1,8 +1,11 @@
-"""Checkpoint cost: time to write one server checkpoint (global model, every replica and
-its momentum; fsynced, renamed) for a model and fleet size, next to one iteration's
-compute, so the overhead per iteration can be read off.
+"""Checkpoint cost: the copy of the server's state taken at a round's end (on the
+round's path) and the write of that copy (global model, replicas' weights where they
+differ from it, every replica's momentum; fsynced, renamed), which runs while training
+goes on ([Note: background checkpoints] in aiopipe/runtime/server.py); next to one
+iteration's compute, so the overhead per round can be read off.
 
-    .venv/bin/python bench/checkpoint.py [--model vgg5] [--devices 3] [--repeat 10]
+    .venv/bin/python bench/checkpoint.py [--model vgg5] [--devices 3] [--split-point 1]
+        [--repeat 10]
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 
 from aiopipe import RunConfig
 from aiopipe.clock import SystemClock
+from aiopipe.runtime.checkpoint import save_checkpoint
 from aiopipe.runtime.server import ServerNode
 
 
@@ -26,19 +30,27 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=50)
+    parser.add_argument("--split-point", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(1)
     config = RunConfig(model=args.model, devices=args.devices, samples_per_device=100,
-                       batch_size=args.batch_size, momentum=0.9, test_samples=10)
+                       batch_size=args.batch_size, momentum=0.9, test_samples=10,
+                       split_point=args.split_point, parallel_batches=1)
     with tempfile.TemporaryDirectory() as tmp:
         node = ServerNode(config, clock=SystemClock(), checkpoint_dir=Path(tmp))
         node._tally = {"epoch": 0, "next_round": 0, "device_samples": [0] * args.devices,
                        "loss_sum": 0.0, "correct": 0, "lost": [], "elapsed_before": 0.0}
-        times = []
+        for half, optimizer in node.replicas.values():  # as after a round: momentum held
+            for param in half.parameters():
+                optimizer.state[param]["momentum_buffer"] = torch.randn_like(param)
+        copies, writes = [], []
         for _ in range(args.repeat):
             start = time.perf_counter()
-            node._write_checkpoint(0, 1, 0.0)
-            times.append(time.perf_counter() - start)
+            tensors, meta = node._checkpoint_state(0, 1, 0.0)
+            copied = time.perf_counter()
+            save_checkpoint(tmp, tensors, meta)
+            copies.append(copied - start)
+            writes.append(time.perf_counter() - copied)
         size = sum(p.stat().st_size for p in Path(tmp).iterdir())
     model = node.model
     x = torch.randn(args.batch_size, *node.in_shape)
@@ -47,17 +59,21 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(args.repeat):
         start = time.perf_counter()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        torch.autograd.backward(torch.nn.functional.cross_entropy(model(x), y))
         optimizer.step()
         optimizer.zero_grad()
         steps.append(time.perf_counter() - start)
-    write, step = statistics.median(times), statistics.median(steps)
-    print(f"model {args.model}, {args.devices} devices, checkpoint {size / 1e6:.1f} MB")
-    print(f"checkpoint write (median of {args.repeat}): {write * 1e3:.1f} ms")
+    copy, write = statistics.median(copies), statistics.median(writes)
+    step = statistics.median(steps)
+    print(f"model {args.model}, {args.devices} devices, split point {args.split_point}, "
+          f"checkpoint {size / 1e6:.1f} MB")
+    print(f"copy at the round's end (median of {args.repeat}): {copy * 1e3:.1f} ms; "
+          f"write, while training goes on: {write * 1e3:.1f} ms")
     print(f"one training step of the whole model at batch {args.batch_size}: "
           f"{step * 1e3:.1f} ms")
-    print(f"checkpoint / step: {write / step:.2f} (one checkpoint per round; a round is "
-          f"aggregation_every iterations, or an epoch)")
+    print(f"copy / step: {copy / step:.2f}, write / step: {write / step:.2f} (one checkpoint "
+          f"per round; a round is aggregation_every iterations, or an epoch; a write longer "
+          f"than a round makes the next checkpoint wait for it)")
 
 
 if __name__ == "__main__":

@@ -536,6 +536,7 @@ def write_report(out: Path) -> Path:
 SUMMARY_MODES = ("fl", "flower", "sfl", "pipar")
 WORKLOAD_ORDER = ("vgg5", "resnet18", "mobilenetv3-small", "vgg16")
 NETWORK_ORDER = ("4g", "4g+", "wifi")
+FLEET_ORDER = ("homogeneous", "half-slow")
 
 
 def summary_cells(raws: Sequence[tuple[str, dict[str, Any]]]) -> dict[tuple[str, ...], Any]:
@@ -553,11 +554,11 @@ def summary_cells(raws: Sequence[tuple[str, dict[str, Any]]]) -> dict[tuple[str,
     return cells
 
 
-def _order(key: tuple[str, ...]) -> tuple[int, int, str]:
+def _order(key: tuple[str, ...]) -> tuple[int, int, int, str]:
     workload, network, fleet = key
     w = WORKLOAD_ORDER.index(workload) if workload in WORKLOAD_ORDER else len(WORKLOAD_ORDER)
     n = NETWORK_ORDER.index(network) if network in NETWORK_ORDER else len(NETWORK_ORDER)
-    return w, n, fleet
+    return w, n, FLEET_ORDER.index(fleet) if fleet in FLEET_ORDER else len(FLEET_ORDER), fleet
 
 
 def write_summary(dirs: Sequence[Path], path: Path) -> Path:

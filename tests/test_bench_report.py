@@ -68,13 +68,18 @@ def test_summary_takes_the_newest_finished_run_of_each_cell(tmp_path: Path) -> N
     assert "`new/`" in sources[1]
 
 
-def test_summary_rows_follow_workload_and_network_order(tmp_path: Path) -> None:
+def test_summary_rows_follow_workload_network_and_fleet_order(tmp_path: Path) -> None:
     report = _load()
     wifi = _write(tmp_path, "a", "2026-01-01 10:00:00 +0000", {"fl": _run(1.0)}, network="wifi")
     slow = _write(tmp_path, "b", "2026-01-01 11:00:00 +0000", {"fl": _run(2.0)}, network="4g+")
-    text = report.write_summary([wifi, slow], tmp_path / "s.md").read_text()
+    half = _write(tmp_path, "c", "2026-01-01 12:00:00 +0000", {"fl": _run(3.0)}, network="4g+")
+    raw = json.loads((half / "raw.json").read_text())
+    raw["configurations"][0]["fleet"] = "half-slow"
+    (half / "raw.json").write_text(json.dumps(raw))
+    text = report.write_summary([wifi, half, slow], tmp_path / "s.md").read_text()
     rows = [line for line in text.splitlines() if line.startswith("| vgg5 ")]
-    assert [r.split("|")[2].strip() for r in rows] == ["4g+", "wifi"]
+    assert [tuple(c.strip() for c in r.split("|")[2:4]) for r in rows] == [
+        ("4g+", "homogeneous"), ("4g+", "half-slow"), ("wifi", "homogeneous")]
 
 
 def test_summary_command_skips_directories_without_results(
