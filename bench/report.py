@@ -161,19 +161,27 @@ def _epoch_table(configs: list[dict[str, Any]]) -> list[str]:
     for c in configs:
         m = mode_runs(c)
         t = {k: mean(r, "time_s") if ok(r) else None for k, (_, r) in m.items()}
-        sfl = f"{_fmt(t.get('sfl'))} ({m['sfl'][0].split()[-1]})" if "sfl" in m else "–"
-        pipar = f"{_fmt(t.get('pipar'))} ({_plan(m['pipar'][1])})" if "pipar" in m else "–"
         fixed = (
             f"{_fmt(t.get('fixed'))} ({m['fixed'][0].removeprefix('pipar ')})"
             if "fixed" in m
             else "–"
         )
-        rows.append(
-            f"| {c['network']} | {c['fleet']} | {_fmt(t.get('fl'))} | {_fmt(t.get('flower'))} "
-            f"| {sfl} | {pipar} | {fixed} | {_ratio(t.get('fl'), t.get('pipar'))} | "
-            f"{_ratio(t.get('sfl'), t.get('pipar'))} | {_ratio(t.get('flower'), t.get('fl'))} |"
-        )
+        times, ratios = _headline(m, t)
+        rows.append(f"| {c['network']} | {c['fleet']} | {times} | {fixed} | {ratios} |")
     return rows
+
+
+def _headline(runs: dict[str, tuple[str, Run]],
+              t: dict[str, float | None]) -> tuple[str, str]:
+    """Table cells from a mode's (label, run) and epoch time: "FL | Flower | SFL best (P)
+    | PiPar auto (plan)" and "FL÷PiPar | SFL÷PiPar | Flower÷FL"."""
+    sfl = f"{_fmt(t.get('sfl'))} ({runs['sfl'][0].split()[-1]})" if "sfl" in runs else "–"
+    pipar = f"{_fmt(t.get('pipar'))} ({_plan(runs['pipar'][1])})" if "pipar" in runs else "–"
+    return (
+        f"{_fmt(t.get('fl'))} | {_fmt(t.get('flower'))} | {sfl} | {pipar}",
+        f"{_ratio(t.get('fl'), t.get('pipar'))} | {_ratio(t.get('sfl'), t.get('pipar'))} | "
+        f"{_ratio(t.get('flower'), t.get('fl'))}",
+    )
 
 
 def _accuracy_table(configs: list[dict[str, Any]]) -> list[str]:
@@ -578,21 +586,17 @@ def write_summary(dirs: Sequence[Path], path: Path) -> Path:
     used: dict[str, int] = {}
     for key in sorted({k[:3] for k in cells}, key=_order):
         found = {m: cells[(*key, m)] for m in SUMMARY_MODES if (*key, m) in cells}
-        t = {m: mean(run, "time_s") for m, (_, _, run) in found.items()}
+        runs = {m: (label, run) for m, (_, label, run) in found.items()}
+        t = {m: mean(run, "time_s") for m, (_, run) in runs.items()}
         idle = [
-            _fmt(mean(found[m][2], "idle_s", "server")) if m in found else "–"
+            _fmt(mean(runs[m][1], "idle_s", "server")) if m in runs else "–"
             for m in ("fl", "sfl", "pipar")
         ]
-        sfl = f"{_fmt(t.get('sfl'))} ({found['sfl'][1].split()[-1]})" if "sfl" in found else "–"
-        pipar = (
-            f"{_fmt(t.get('pipar'))} ({_plan(found['pipar'][2])})" if "pipar" in found else "–"
-        )
         sources = sorted({used.setdefault(name, len(used) + 1) for name, _, _ in found.values()})
+        times, ratios = _headline(runs, t)
         rows.append(
-            f"| {' | '.join(key)} | {_fmt(t.get('fl'))} | {_fmt(t.get('flower'))} | {sfl} | "
-            f"{pipar} | {_ratio(t.get('fl'), t.get('pipar'))} | "
-            f"{_ratio(t.get('sfl'), t.get('pipar'))} | {_ratio(t.get('flower'), t.get('fl'))} | "
-            f"{' / '.join(idle)} | {', '.join(f'[{i}]' for i in sources)} |"
+            f"| {' | '.join(key)} | {times} | {ratios} | {' / '.join(idle)} | "
+            f"{', '.join(f'[{i}]' for i in sources)} |"
         )
     by_name = dict(raws)
     notes = [
