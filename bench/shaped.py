@@ -529,7 +529,8 @@ def machine() -> dict[str, Any]:
         timeout=10,
     ).stdout.strip()
     dirty = subprocess.run(
-        ["git", "-C", str(REPO), "status", "--porcelain"],
+        # tracked files only: the bench's own results are untracked until committed
+        ["git", "-C", str(REPO), "status", "--porcelain", "-uno"],
         capture_output=True,
         text=True,
         timeout=10,

@@ -1,12 +1,14 @@
 """Server checkpoints on the system clock ([Note: background checkpoints]): the state is
-copied at the round boundary (a traced "ckpt" slice) and written while training goes on;
-one write in flight; a failed write raises; the last checkpoint is whole when training
-returns; replica weights equal to the global model's are not stored twice."""
+copied when the next round has started (a traced "ckpt" slice, while the devices work)
+and written while training goes on; one write in flight; a failed write raises; the last
+checkpoint is whole when training returns; replica weights equal to the global model's
+are not stored twice."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,8 @@ import torch
 from fleet import Fleet
 
 from aiopipe import RunConfig, SystemClock
+from aiopipe.errors import TrainingError
+from aiopipe.metrics.results import RunResult
 from aiopipe.runtime import server as server_module
 from aiopipe.runtime.checkpoint import load_checkpoint, save_checkpoint
 from aiopipe.runtime.server import ServerNode
@@ -27,6 +31,16 @@ CONFIG = RunConfig(mode="pipar", devices=2, samples_per_device=40, batch_size=20
 def real_node(tmp_path: Path, config: RunConfig = CONFIG) -> ServerNode:
     """A server on the system clock with real compute (no cost table)."""
     return ServerNode(config, clock=SystemClock(), checkpoint_dir=tmp_path)
+
+
+async def train(tmp_path: Path) -> RunResult:
+    """Train CONFIG with 2 devices over memory links, checkpointing to ``tmp_path``."""
+    async with asyncio.TaskGroup() as tasks:
+        fleet = Fleet(CONFIG, SystemClock(), tasks, cost_table=None)
+        fleet.node = real_node(tmp_path)
+        for k in range(2):
+            fleet.start_device(k)
+        return await fleet.node.train()
 
 
 async def test_the_round_does_not_wait_for_the_write(
@@ -44,7 +58,8 @@ async def test_the_round_does_not_wait_for_the_write(
     node = real_node(tmp_path)
     # the weights change after the copy was taken: the checkpoint holds the copy
     before = {k: v.clone() for k, v in node.model.state_dict().items()}
-    await node._save_checkpoint(0, 1)  # returns while the write is blocked
+    await node._save_checkpoint(0, 1)
+    node._copy_checkpoint()  # as when the next round starts; the write is blocked
     assert await asyncio.to_thread(started.wait, 30)
     with torch.no_grad():
         for p in node.model.parameters():
@@ -81,12 +96,7 @@ async def test_one_write_in_flight_and_a_failed_write_raises(
 
 
 async def test_training_returns_with_its_last_checkpoint_written(tmp_path: Path) -> None:
-    async with asyncio.TaskGroup() as tasks:
-        fleet = Fleet(CONFIG, SystemClock(), tasks, cost_table=None)
-        fleet.node = real_node(tmp_path)
-        for k in range(2):
-            fleet.start_device(k)
-        result = await fleet.node.train()
+    result = await train(tmp_path)
     tensors, meta = load_checkpoint(tmp_path)
     assert meta["epoch"] == CONFIG.epochs
     assert meta["rounds"] == 4
@@ -105,6 +115,45 @@ async def test_training_returns_with_its_last_checkpoint_written(tmp_path: Path)
     for half, _ in resumed.replicas.values():
         for name, value in half.state_dict().items():
             torch.testing.assert_close(value, whole[name], rtol=0, atol=0)
+
+
+async def test_the_copy_runs_while_the_devices_start_the_next_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copy = ServerNode._checkpoint_tensors
+
+    def slow_copy(node: ServerNode) -> dict[str, torch.Tensor]:
+        time.sleep(0.3)  # a deep model's replicas and momentum
+        return copy(node)
+
+    monkeypatch.setattr(ServerNode, "_checkpoint_tensors", slow_copy)
+    result = await train(tmp_path)
+    copies = sorted((s for s in result.trace if s.name == "ckpt"), key=lambda s: s.start)
+    assert len(copies) == 4
+    for ckpt in copies[:-1]:  # the last one is made when training ends
+        later = [s for s in result.trace if s.start >= ckpt.start]
+        # the devices had their RoundStart: their forward passes ran during the copy ...
+        assert [s for s in later if s.track.startswith("device") and s.name == "f"
+                and s.start < ckpt.end]
+        # ... and the server's work of the round came after it (it saves the old state)
+        assert all(s.start >= ckpt.end for s in later
+                   if s.track == "server/compute" and s is not ckpt)
+    tensors, meta = load_checkpoint(tmp_path)
+    assert meta["epoch"] == CONFIG.epochs
+    whole = result.model.state_dict()
+    for k, v in whole.items():
+        torch.testing.assert_close(tensors[f"model/{k}"], v, rtol=0, atol=0)
+
+
+async def test_a_pending_copy_is_saved_when_no_round_can_start(tmp_path: Path) -> None:
+    node = ServerNode(CONFIG, clock=SystemClock(), checkpoint_dir=tmp_path,
+                      join_timeout=0.05)
+    await node._save_checkpoint(1, 0)
+    with pytest.raises(TrainingError, match="every device was lost"):
+        await node._participants()  # nobody there: waits, but not with the copy
+    await node._checkpoint_written()
+    _, meta = load_checkpoint(tmp_path)
+    assert meta["epoch"] == 1
 
 
 def test_a_replica_that_differs_from_the_global_model_is_restored(tmp_path: Path) -> None:
