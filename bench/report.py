@@ -549,17 +549,43 @@ FLEET_ORDER = ("homogeneous", "half-slow")
 
 def summary_cells(raws: Sequence[tuple[str, dict[str, Any]]]) -> dict[tuple[str, ...], Any]:
     """Per (workload, network, fleet, mode): the run of the newest directory that has a
-    finished one, as (directory, label, run). Directories run with ``--replan`` are left
-    out: the summary is of the defaults."""
-    cells: dict[tuple[str, ...], Any] = {}
+    finished one, as (directory, label, run); for sfl, the quickest of the split points,
+    each split point's newest run (directories may try different split points).
+    Directories run with ``--replan`` are left out: the summary is of the defaults."""
+    latest: dict[tuple[str, ...], Any] = {}
     for name, raw in sorted(raws, key=lambda item: item[1]["started"]):
         if raw["settings"].get("replan"):
             continue
         for c in raw["configurations"]:
-            for mode, (label, run) in mode_runs(c).items():
-                if mode in SUMMARY_MODES and ok(run):
-                    cells[(c["workload"], c["network"], c["fleet"], mode)] = (name, label, run)
+            for label, run in c["runs"].items():
+                if ok(run) and (label in SUMMARY_MODES or label.startswith("sfl")):
+                    latest[(c["workload"], c["network"], c["fleet"], label)] = (name, label, run)
+    cells: dict[tuple[str, ...], Any] = {}
+    for (*key, label), cell in latest.items():
+        mode = "sfl" if label.startswith("sfl") else label
+        best = cells.get((*key, mode))
+        if best is None or _epoch(cell[2]) < _epoch(best[2]):
+            cells[(*key, mode)] = cell
     return cells
+
+
+def sfl_splits(raws: Sequence[tuple[str, dict[str, Any]]]) -> dict[tuple[str, ...], list[int]]:
+    """Per (workload, network, fleet): the SFL split points with a finished run."""
+    tried: dict[tuple[str, ...], set[int]] = {}
+    for _, raw in raws:
+        if raw["settings"].get("replan"):
+            continue
+        for c in raw["configurations"]:
+            key = (c["workload"], c["network"], c["fleet"])
+            for label, run in c["runs"].items():
+                if label.startswith("sfl P=") and ok(run):
+                    tried.setdefault(key, set()).add(int(label.removeprefix("sfl P=")))
+    return {key: sorted(points) for key, points in tried.items()}
+
+
+def _epoch(run: Run) -> float:
+    t = mean(run, "time_s")
+    return float("inf") if t is None else t
 
 
 def _order(key: tuple[str, ...]) -> tuple[int, int, int, str]:
@@ -577,11 +603,12 @@ def write_summary(dirs: Sequence[Path], path: Path) -> Path:
         OSError: a raw.json cannot be read or the summary cannot be written.
     """
     raws = [(d.name, json.loads((d / "raw.json").read_text())) for d in dirs]
-    cells = summary_cells(raws)
+    cells, tried = summary_cells(raws), sfl_splits(raws)
     rows = [
         "| workload | network | fleet | FL | Flower FL | SFL best | PiPar auto (plan) | "
-        "FL÷PiPar | SFL÷PiPar | Flower÷FL | server idle s FL / SFL / PiPar | sources |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "FL÷PiPar | SFL÷PiPar | Flower÷FL | server idle s FL / SFL / PiPar | SFL P tried | "
+        "sources |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     used: dict[str, int] = {}
     for key in sorted({k[:3] for k in cells}, key=_order):
@@ -596,6 +623,7 @@ def write_summary(dirs: Sequence[Path], path: Path) -> Path:
         times, ratios = _headline(runs, t)
         rows.append(
             f"| {' | '.join(key)} | {times} | {ratios} | {' / '.join(idle)} | "
+            f"{','.join(map(str, tried.get(key, []))) or '–'} | "
             f"{', '.join(f'[{i}]' for i in sources)} |"
         )
     by_name = dict(raws)
@@ -610,7 +638,9 @@ def write_summary(dirs: Sequence[Path], path: Path) -> Path:
         "Epoch seconds, means over the epochs after the first (see each directory's "
         "report.md for the settings, idle times, accuracy and plots). Each cell is the "
         "newest finished run of that workload, network, fleet and mode among the "
-        "directories below, left out: runs with `--replan`. A row may mix runs from "
+        "directories below, left out: runs with `--replan`; SFL best is the quickest "
+        "split point (the newest run of each) of those listed under SFL P tried. A row "
+        "may mix runs from "
         "different directories (its sources); runs are single and the machine is shared, "
         "so differences of a few per cent are noise.",
         "",

@@ -61,11 +61,32 @@ def test_summary_takes_the_newest_finished_run_of_each_cell(tmp_path: Path) -> N
     assert cells[3:7] == ["8.00", "10.00", "5.00 (P=2)", "4.00 (P=2 N=4)"]
     assert cells[7:10] == ["2.00×", "1.25×", "1.25×"]
     assert cells[10] == "1.00 / 1.00 / 0.50"
-    assert cells[11] == "[1], [2]"
+    assert cells[11] == "1,2"  # SFL split points tried
+    assert cells[12] == "[1], [2]"
     sources = [line for line in text.splitlines() if line.startswith("- [")]
     assert len(sources) == 2
     assert "`old/`" in sources[0]
     assert "`new/`" in sources[1]
+
+
+def test_sfl_best_is_over_the_split_points_of_every_directory(tmp_path: Path) -> None:
+    report = _load()
+    old = _write(tmp_path, "old", "2026-01-01 10:00:00 +0000", {
+        "fl": _run(9.0, 8.0), "sfl P=1": _run(9.0, 3.5), "sfl P=3": _run(9.0, 3.0),
+        "pipar": _run(9.0, 2.0),
+    })
+    # a later directory tries other split points, and P=3 again (slower this time)
+    new = _write(tmp_path, "new", "2026-01-02 10:00:00 +0000", {
+        "sfl P=3": _run(9.0, 5.0), "sfl P=4": _run(9.0, 4.0), "sfl P=5": {"error": "x"},
+    })
+    text = report.write_summary([old, new], tmp_path / "SUMMARY.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| vgg5 "))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # the newest run of each split point (P=3: 5.0, not 3.0), the quickest of them
+    assert cells[5] == "3.50 (P=1)"
+    assert cells[8] == "1.75×"
+    assert cells[11] == "1,3,4"
+    assert cells[12] == "[1]"
 
 
 def test_summary_rows_follow_workload_network_and_fleet_order(tmp_path: Path) -> None:
