@@ -1,5 +1,6 @@
-"""Checkpoint cost: the copy of the server's state taken at a round's end (on the
-round's path) and the write of that copy (global model, replicas' weights where they
+"""Checkpoint cost: the copy of the server's state (on the server's compute thread as
+the next round starts, while the devices run their first forward passes) and the
+write of that copy (global model, replicas' weights where they
 differ from it, every replica's momentum; fsynced, renamed), which runs while training
 goes on ([Note: background checkpoints] in aiopipe/runtime/server.py); next to one
 iteration's compute, so the overhead per round can be read off.
