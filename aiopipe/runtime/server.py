@@ -513,7 +513,9 @@ class ServerNode:
     def _checkpoint_meta(self, epoch: int, next_round: int,
                          elapsed: float) -> dict[str, Any]:
         """What a checkpoint holds besides tensors: config, position, tally, epochs."""
-        tally = dict(self._tally) if next_round else _new_tally(epoch, self.config.devices)
+        # a deep copy: the next round adds to the tally's lists while the file is written
+        tally = (copy.deepcopy(self._tally) if next_round
+                 else _new_tally(epoch, self.config.devices))
         tally["elapsed_before"] = float(tally.get("elapsed_before", 0.0)) + elapsed
         return {"config": self.config.to_mapping(), "epoch": epoch,
                 "rounds": self.rounds, "tally": {**tally, "epoch": epoch,

@@ -72,6 +72,31 @@ async def test_the_round_does_not_wait_for_the_write(
         torch.testing.assert_close(tensors[f"model/{k}"], v, rtol=0, atol=0)
 
 
+async def test_the_tally_is_saved_as_it_was_at_the_round_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = threading.Event()
+
+    def slow_save(directory: Path, tensors: dict[str, torch.Tensor],
+                  meta: dict[str, Any]) -> Path:
+        assert release.wait(30), "the test never released the write"
+        return save_checkpoint(directory, tensors, meta)
+
+    monkeypatch.setattr(server_module, "save_checkpoint", slow_save)
+    node = real_node(tmp_path)
+    node._tally = {"epoch": 0, "next_round": 1, "device_samples": [20, 20], "loss_sum": 1.0,
+                   "correct": 3, "lost": [], "elapsed_before": 0.0}
+    await node._save_checkpoint(0, 1)
+    node._copy_checkpoint()
+    node._tally["device_samples"][0] += 20  # the next round ends while the file is written
+    node._tally["lost"].append(1)
+    release.set()
+    await node._checkpoint_written()
+    _, meta = load_checkpoint(tmp_path)
+    assert meta["tally"]["device_samples"] == [20, 20]
+    assert meta["tally"]["lost"] == []
+
+
 async def test_one_write_in_flight_and_a_failed_write_raises(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
