@@ -47,7 +47,7 @@ def main() -> None:
         copies, writes = [], []
         for _ in range(args.repeat):
             start = time.perf_counter()
-            tensors, meta = node._checkpoint_state(0, 1, 0.0)
+            tensors, meta = node._checkpoint_tensors(), node._checkpoint_meta(0, 1, 0.0)
             copied = time.perf_counter()
             save_checkpoint(tmp, tensors, meta)
             copies.append(copied - start)
@@ -68,7 +68,7 @@ def main() -> None:
     step = statistics.median(steps)
     print(f"model {args.model}, {args.devices} devices, split point {args.split_point}, "
           f"checkpoint {size / 1e6:.1f} MB")
-    print(f"copy at the round's end (median of {args.repeat}): {copy * 1e3:.1f} ms; "
+    print(f"copy, as the next round starts (median of {args.repeat}): {copy * 1e3:.1f} ms; "
           f"write, while training goes on: {write * 1e3:.1f} ms")
     print(f"one training step of the whole model at batch {args.batch_size}: "
           f"{step * 1e3:.1f} ms")

@@ -77,7 +77,7 @@ def mode_runs(config: dict[str, Any]) -> dict[str, tuple[str, Run]]:
     out = {m: (m, runs[m]) for m in ("fl", "flower", "pipar") if m in runs}
     sfl = [(label, r) for label, r in runs.items() if label.startswith("sfl") and ok(r)]
     if sfl:
-        out["sfl"] = min(sfl, key=lambda item: mean(item[1], "time_s") or float("inf"))
+        out["sfl"] = min(sfl, key=lambda item: _epoch(item[1]))
     fixed = [label for label in runs if label.startswith("pipar P=")]
     if fixed:
         out["fixed"] = (fixed[0], runs[fixed[0]])
@@ -552,16 +552,8 @@ def summary_cells(raws: Sequence[tuple[str, dict[str, Any]]]) -> dict[tuple[str,
     finished one, as (directory, label, run); for sfl, the quickest of the split points,
     each split point's newest run (directories may try different split points).
     Directories run with ``--replan`` are left out: the summary is of the defaults."""
-    latest: dict[tuple[str, ...], Any] = {}
-    for name, raw in sorted(raws, key=lambda item: item[1]["started"]):
-        if raw["settings"].get("replan"):
-            continue
-        for c in raw["configurations"]:
-            for label, run in c["runs"].items():
-                if ok(run) and (label in SUMMARY_MODES or label.startswith("sfl")):
-                    latest[(c["workload"], c["network"], c["fleet"], label)] = (name, label, run)
     cells: dict[tuple[str, ...], Any] = {}
-    for (*key, label), cell in latest.items():
+    for (*key, label), cell in _latest_runs(raws).items():
         mode = "sfl" if label.startswith("sfl") else label
         best = cells.get((*key, mode))
         if best is None or _epoch(cell[2]) < _epoch(best[2]):
@@ -571,19 +563,29 @@ def summary_cells(raws: Sequence[tuple[str, dict[str, Any]]]) -> dict[tuple[str,
 
 def sfl_splits(raws: Sequence[tuple[str, dict[str, Any]]]) -> dict[tuple[str, ...], list[int]]:
     """Per (workload, network, fleet): the SFL split points with a finished run."""
-    tried: dict[tuple[str, ...], set[int]] = {}
-    for _, raw in raws:
-        if raw["settings"].get("replan"):
-            continue
-        for c in raw["configurations"]:
-            key = (c["workload"], c["network"], c["fleet"])
-            for label, run in c["runs"].items():
-                if label.startswith("sfl P=") and ok(run):
-                    tried.setdefault(key, set()).add(int(label.removeprefix("sfl P=")))
+    tried: dict[tuple[str, ...], list[int]] = {}
+    for *key, label in sorted(_latest_runs(raws)):
+        if label.startswith("sfl P="):
+            tried.setdefault(tuple(key), []).append(int(label.removeprefix("sfl P=")))
     return {key: sorted(points) for key, points in tried.items()}
 
 
+def _latest_runs(raws: Sequence[tuple[str, dict[str, Any]]]) -> dict[tuple[str, ...], Any]:
+    """Per (workload, network, fleet, run label) of a summary mode or an SFL split: the
+    newest finished run, as (directory, label, run); ``--replan`` directories left out."""
+    latest: dict[tuple[str, ...], Any] = {}
+    for name, raw in sorted(raws, key=lambda item: item[1]["started"]):
+        if raw["settings"].get("replan"):
+            continue
+        for c in raw["configurations"]:
+            for label, run in c["runs"].items():
+                if ok(run) and (label in SUMMARY_MODES or label.startswith("sfl")):
+                    latest[(c["workload"], c["network"], c["fleet"], label)] = (name, label, run)
+    return latest
+
+
 def _epoch(run: Run) -> float:
+    """The run's mean epoch seconds; infinite without figures (it never wins)."""
     t = mean(run, "time_s")
     return float("inf") if t is None else t
 

@@ -344,11 +344,10 @@ class ServerNode:
             for session in self.sessions.values():
                 if not session.closing and not session.ended:
                     session.say_bye(reason)
-            if self._checkpoint_writer is not None or self._pending_checkpoint is not None:
-                try:  # training failed: let the checkpoint in flight end
-                    await self._checkpoint_written()
-                except Exception as exc:  # the failure being raised wins
-                    log.error("the last checkpoint could not be written: %s", exc)
+            try:  # training failed: let the checkpoint in flight (or pending) end
+                await self._checkpoint_written()
+            except Exception as exc:  # the failure being raised wins
+                log.error("the last checkpoint could not be written: %s", exc)
             self.compute.close()
         return RunResult(self.config, list(self.epochs), self.model,
                          list(self.recorder.slices), origin)
