@@ -13,6 +13,7 @@ from aiopipe.scheduler.estimate import (
     alone_iteration_end,
     estimate_epoch,
     estimate_iteration,
+    estimate_steady_iteration,
 )
 from aiopipe.scheduler.select import exhaustive_plans, select_plans
 
@@ -24,6 +25,7 @@ __all__ = [
     "alone_iteration_end",
     "estimate_epoch",
     "estimate_iteration",
+    "estimate_steady_iteration",
     "exhaustive_plans",
     "measure_costs",
     "select_plans",

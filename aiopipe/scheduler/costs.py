@@ -168,7 +168,9 @@ def measure_costs(model: nn.Sequential, in_shape: Sequence[int], batch_sizes: Se
     the optimizer's own overhead per step, and ``load_batch(b)`` (a callable making
     one micro-batch of ``b`` samples, as a device does before its forward, and returning
     its input tensor; unit 0's forward is then timed on freshly loaded batches, loading
-    included, as a device's forward runs; when None, loading is not charged). A unit
+    included, as a device's forward runs; when None, loading is not charged), and the
+    units' times are scaled to the whole model's passes and step timed in sequence
+    ([Note: units in sequence]). A unit
     ``aggregate(k)``, when given, does what the server does to aggregate a round of
     ``k`` devices' models; it is timed at k = 1 and 2 (`CostTable.aggregate`, fixed and
     per device seconds; not measured: zero). A unit
@@ -213,6 +215,9 @@ def measure_costs(model: nn.Sequential, in_shape: Sequence[int], batch_sizes: Se
         forward, backward = _unit_times(units, in_shape, sorted(set(batch_sizes)), timer,
                                         load_batch if stage_overheads else None)
         step, step_overhead = _step_times(units, timer, learning_rate, momentum)
+        if stage_overheads:
+            _in_sequence(units, in_shape, timer, load_batch, forward, backward, step,
+                         step_overhead, learning_rate, momentum)
         rounds = _aggregate_times(aggregate, timer) if aggregate is not None else (0.0, 0.0)
         if clock == "shared":
             share = timer.share()
@@ -329,6 +334,72 @@ def _unit_times(units: Sequence[nn.Module], in_shape: Sequence[int], sizes: Sequ
                 unit.zero_grad(set_to_none=True)
             forward[u][batch], backward[u][batch] = fwd, bwd
     return forward, backward
+
+
+def _in_sequence(units: Sequence[nn.Module], in_shape: Sequence[int], timer: _Timer,
+                 load_batch: Callable[[int], torch.Tensor] | None,
+                 forward: dict[int, dict[int, float]], backward: dict[int, dict[int, float]],
+                 step: dict[int, float], step_overhead: float, learning_rate: float,
+                 momentum: float) -> None:
+    """Scale the unit times, in place, to the whole model's passes and step run in
+    sequence.
+
+    [Note: units in sequence] A unit timed alone, over and over, runs on warm caches: its
+    weights, input and gradients were touched a moment ago. In a run a stage passes
+    through its units one after another, and a step updates every parameter right after
+    a backward has written the gradients, so each touches memory the others have pushed
+    out. The difference is not small on this class of machine: the step of a whole
+    model took 1.3-2x the sum of its units' steps (mobilenetv3-small, vgg5, resnet18),
+    and resnet18's backward 0.7-0.8x the sum of its units' (each unit's own autograd
+    call). So the whole model's forward (with loading and the loss), backward and step
+    are timed as the runtime runs them, at every batch size, and each batch size's
+    forward and backward units, and the step's units, are scaled by one factor each to
+    sum to them. How the time divides among the units still comes from the units
+    alone. (The device and server halves of a split model are the two ends of the
+    same sequence: each is a prefix or suffix of it.)
+    """
+    model = nn.Sequential(*units)  # the same modules, run one after another
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=learning_rate, momentum=momentum) if params else None
+    steps: list[float] = []
+    for batch in sorted(forward[0]):
+        if not all(math.isfinite(forward[u][batch]) for u in forward):
+            continue
+        f_times, b_times = [], []
+        for r in range(timer.warmup + timer.repeats):
+            mark = timer.mark()
+            x = (load_batch(batch) if load_batch is not None
+                 else torch.randn(batch, *in_shape))
+            out = model(x)
+            root = out
+            if out.dim() == 2:  # class scores: the server's loss
+                root = nn.functional.cross_entropy(out, torch.randint(out.shape[1],
+                                                                      (len(out),)))
+            f = timer.since(mark)
+            mark = timer.mark()
+            if root.requires_grad:
+                root.backward(None if root is not out else torch.ones_like(out))
+            b = timer.since(mark)
+            mark = timer.mark()
+            if opt is not None:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            s = timer.since(mark)
+            if r >= timer.warmup:
+                f_times.append(f)
+                b_times.append(b)
+                steps.append(s)
+        for table, times in ((forward, f_times), (backward, b_times)):
+            alone = sum(table[u][batch] for u in table)
+            if alone > 0:
+                factor = statistics.median(times) / alone
+                for u in table:
+                    table[u][batch] *= factor
+    alone = sum(step.values())
+    if steps and alone > 0:
+        factor = max(0.0, statistics.median(steps) - step_overhead) / alone
+        for u in step:
+            step[u] *= factor
 
 
 def _pass_times(unit: nn.Module, x: torch.Tensor, timer: _Timer, *, grad_input: bool,

@@ -101,6 +101,7 @@ __all__ = [
     "alone_iteration_end",
     "estimate_epoch",
     "estimate_iteration",
+    "estimate_steady_iteration",
 ]
 
 #: Default bytes a frame adds beyond its tensors (header, descriptors, alignment); the
@@ -548,6 +549,41 @@ def transfer_times(
             rounds * device.uplink.transfer_time(nbytes))
 
 
+def steady_spacing(ends: Sequence[float]) -> float:
+    """Mean spacing of a device's step ends over the later half of its chained iterations
+    (the start's transient has settled by then); 0 for a single iteration."""
+    rounds = len(ends)
+    half = rounds // 2
+    return (ends[-1] - ends[half - 1]) / (rounds - half) if rounds > 1 else 0.0
+
+
+def estimate_steady_iteration(
+    model: ModelProfile,
+    devices: Sequence[DeviceProfile],
+    plans: Sequence[tuple[int, int]],
+    batch_size: int,
+) -> float:
+    """The fleet's iteration once its iterations run back to back: per device the mean
+    spacing of its steps over `CHAINED_ITERATIONS` chained iterations, after the start's
+    transient ([Note: chained iterations]); the slowest device's.
+
+    This is what a run's iterations after its first take (one device step to the
+    next), and what `estimate_epoch` charges per iteration beyond the chained ones.
+    `estimate_iteration` is a different figure: one iteration that every device starts
+    at 0, so that they all collide on the server at once.
+
+    Raises:
+        ConfigError: as `estimate_iteration`.
+    """
+    _check_plans(model, devices, plans, batch_size)
+    cache = StageCache(model)
+    fleet = [
+        cache.stages(dev, p, n, batch_size) for dev, (p, n) in zip(devices, plans, strict=True)
+    ]
+    device_ends, _ = chained_schedule(fleet, CHAINED_ITERATIONS)
+    return max(steady_spacing(ends) for ends in device_ends)
+
+
 def device_epochs(
     fleet: Sequence[Stages], iterations: Sequence[int], transfers: Sequence[tuple[float, float]],
     starts: Sequence[float],
@@ -576,9 +612,7 @@ def device_epochs(
             if math.isinf(last):  # a plan that cannot run (inf - inf is no period)
                 spent[k] = math.inf
                 continue
-            half = rounds // 2  # the later half: the start's transient has settled
-            period = (dev[-1] - dev[half - 1]) / (rounds - half) if rounds > 1 else 0.0
-            spent[k] += last + (length - rounds) * period
+            spent[k] += last + (length - rounds) * steady_spacing(dev)
         work += rounds * sum(st.n for st in phase)
         done = count
     return [t + down - start + up for t, (down, up), start in zip(spent, transfers, starts,
