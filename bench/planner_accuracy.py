@@ -502,7 +502,8 @@ def markdown(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
         "## Estimator accuracy (the planner's choice)",
         "",
         "Iteration: steady-state iteration time from the trace (iterations after the "
-        "first); epoch: the epoch time. error = (estimate - measured) / measured; "
+        "first), estimated by `estimate_steady_iteration` (iterations back to back); "
+        "epoch: the epoch time. error = (estimate - measured) / measured; "
         "measured = median over the re-runs' second epochs.",
         "",
         "Live: the iteration estimated from each re-run's first epoch, with the device "

@@ -395,11 +395,19 @@ def _in_sequence(units: Sequence[nn.Module], in_shape: Sequence[int], timer: _Ti
                 factor = statistics.median(times) / alone
                 for u in table:
                     table[u][batch] *= factor
+    if not steps:
+        return
+    whole = max(0.0, statistics.median(steps) - step_overhead)
     alone = sum(step.values())
-    if steps and alone > 0:
-        factor = max(0.0, statistics.median(steps) - step_overhead) / alone
+    # units too small to time apart (each step at or below the optimizer's overhead)
+    # share the whole step by their parameter counts
+    weights = step if alone > 0 else {
+        u: float(sum(p.numel() for p in unit.parameters() if p.requires_grad))
+        for u, unit in enumerate(units)}
+    total = sum(weights.values())
+    if total > 0:
         for u in step:
-            step[u] *= factor
+            step[u] = whole * weights[u] / total
 
 
 def _pass_times(unit: nn.Module, x: torch.Tensor, timer: _Timer, *, grad_input: bool,

@@ -73,13 +73,18 @@ an epoch is not part of the epoch's time.
 
 [Note: real clocks] The estimate is exact for the virtual-time runtime charged from the
 same table. On the system clock a run is slower than it by what the table cannot know
-(bench/planner_accuracy.py measures how much on this machine): nodes emulated on one
-machine share its cores, so every stage waits for a core now and then, and each work
-item pays a hand-over between the event loop and a compute thread whose cost grows
-when the loop is busy. Both grow with N (more, smaller items per iteration), so on a
-busy machine the estimate favours too many micro-batches. (A slowed device's item is
-emulated as ``slowdown`` x the CPU time its thread spent, aiopipe/runtime/compute.py,
-so waiting for a core is not multiplied.)
+(bench/planner_accuracy.py measures how much on this machine). Where the time goes was
+measured in session 7 (mobilenetv3-small, wifi, P = 3, N = 1, two devices with
+slowdown 4 in one process on 2 cores), timing each work item inside its thread: the
+hand-over to a compute thread and back is about 0.15 ms even with three other threads
+busy; the work itself is what grows. Its CPU time was 5% above the profile for the
+server's passes and 20-23% for the devices' forwards and backwards: nodes emulated on
+one machine share its caches and memory bandwidth, which a profile taken alone does
+not see. (Steps took about 2x the sum of their units alone; the profiler now times
+the whole model's step and passes in sequence for that, costs.py [Note: units in
+sequence].) A slowed device's item is emulated as ``slowdown`` x the CPU time its thread
+spent (aiopipe/runtime/compute.py), so a device's 20% becomes 20% of its emulated
+time too, and estimates of emulated fleets come out low by about that much.
 """
 
 from __future__ import annotations

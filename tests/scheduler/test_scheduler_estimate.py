@@ -12,6 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from aiopipe import RunConfig
 from aiopipe.errors import ConfigError
@@ -25,6 +26,7 @@ from aiopipe.scheduler import (
     alone_iteration_end,
     estimate_epoch,
     estimate_iteration,
+    estimate_steady_iteration,
     measure_costs,
     select_plans,
 )
@@ -139,6 +141,22 @@ def test_two_devices_contend_for_the_server_in_request_order() -> None:
     # iterations): 8.5 each. Model halves: A 125 B = 1 s each way, B 250 B = 2 s each way.
     # A: 1 + 9 + 17 + 1 = 28; B: 2 + 12 + 2 = 16.
     assert estimate_epoch(model, [a, b], [(1, 1), (2, 1)], 1) == 28.0
+
+
+def test_a_steady_iteration_is_shorter_than_the_first_when_devices_collide_only_once() -> None:
+    # 2 units: device f = b = 1 (unit 0), server s = 0.5 + 0.5 = 1 (unit 1), no steps,
+    # unshaped links (u = d = 0), N = 1, B = 1. Both devices start at 0:
+    #   A: f 0-1, s 1-2, b 2-3 (step ends 3);  B: f 0-1, s waits for A: 2-3, b 3-4 (4)
+    # back to back: A: f 3-4, s 4-5, b 5-6;  B: f 4-5, s 5-6, b 6-7: they are out of
+    # phase, neither waits again, and each iteration takes f + s + b = 3.
+    model = unit_model([1, 0.5], [1, 0.5], [0, 0], [0, 0])
+    fleet = [device(1.0, None, None), device(1.0, None, None)]
+    plans = [(1, 1), (1, 1)]
+    assert estimate_iteration(model, fleet, plans, 1).time_s == 4.0
+    assert estimate_steady_iteration(model, fleet, plans, 1) == 3.0
+    # one device never collides: every iteration is its first
+    alone = estimate_iteration(model, fleet[:1], plans[:1], 1).time_s
+    assert estimate_steady_iteration(model, fleet[:1], plans[:1], 1) == alone == 3.0
 
 
 def test_a_slower_link_can_shorten_a_fleet_iteration() -> None:
@@ -388,6 +406,21 @@ def test_epoch_is_at_least_every_device_alone_and_the_servers_work(
     assert epoch >= server * (1 - 1e-9)
 
 
+@settings(max_examples=150, deadline=None)
+@given(fleets())
+def test_a_steady_iteration_is_no_faster_than_any_device_alone(
+    fleet: tuple[ModelProfile, list[DeviceProfile], list[tuple[int, int]], int],
+) -> None:
+    # each iteration starts when the device has stepped and lasts at least its alone floor
+    model, devices, plans, batch = fleet
+    steady = estimate_steady_iteration(model, devices, plans, batch)
+    cache = StageCache(model)
+    for dev, (p, n) in zip(devices, plans, strict=True):
+        floor = alone_floor(cache.stages(dev, p, n, batch))
+        if math.isfinite(floor):
+            assert steady >= floor * (1 - 1e-9) - 1e-12
+
+
 # -- measuring a cost table ------------------------------------------------------------------
 
 
@@ -463,6 +496,53 @@ def test_stage_overheads_are_charged_to_the_units_every_stage_holds() -> None:
     assert slept == [2, 2]
     assert loaded.forward[0][2] >= 0.045  # scaled to the whole pass, loading included
     assert loaded.forward[1][2] < 0.05
+
+
+class _AfterTheLinear(torch.nn.Module):
+    """Stands in for memory effects: slow (30 ms) on the first call after the layer
+    before it ran, fast (1 ms) when called again on its own; one parameter."""
+
+    def __init__(self, before: torch.nn.Linear) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(1))
+        self.before = [before]  # a list: not a submodule
+        self.seen = -1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        calls = int(self.before[0].calls)  # type: ignore[call-overload]
+        time.sleep(0.03 if calls != self.seen else 0.001)
+        self.seen = calls
+        return x * self.scale
+
+
+def test_units_are_scaled_to_the_whole_model_run_in_sequence() -> None:
+    """[Note: units in sequence]: a unit timed alone runs warm; the run's stages run the
+    units one after another. Without the whole model's timing the forward would sum to
+    about 1 ms here, and the step to what one unit's optimizer costs."""
+    first = torch.nn.Linear(4, 3)
+    first.calls = 0  # type: ignore[assignment]
+    first.register_forward_hook(lambda m, i, o: setattr(m, "calls", m.calls + 1))
+    second = _AfterTheLinear(first)
+    model = torch.nn.Sequential(first, second)
+
+    def slow_when_whole(opt: torch.optim.Optimizer, args: object, kwargs: object) -> None:
+        held = {id(p) for group in opt.param_groups for p in group["params"]}
+        if id(first.weight) in held and id(second.scale) in held:
+            time.sleep(0.03)  # a step over every unit's parameters at once
+
+    handle = register_optimizer_step_pre_hook(slow_when_whole)
+    try:
+        costs = measure_costs(model, (4,), [2], repeats=3, warmup=1, clock="wall")
+        bare = measure_costs(model, (4,), [2], repeats=3, warmup=1, clock="wall",
+                             stage_overheads=False)
+    finally:
+        handle.remove()
+    assert costs.forward_time(0, 2, 2) >= 0.025
+    assert costs.step_time(0, 2) >= 0.025
+    # how the time divides among units still comes from the units alone
+    assert costs.forward[1][2] > costs.forward[0][2]
+    assert bare.forward_time(0, 2, 2) < 0.02
+    assert bare.step_time(0, 2) < 0.02
 
 
 def test_bad_profiling_arguments_are_config_errors() -> None:
