@@ -371,14 +371,10 @@ def _in_sequence(units: Sequence[nn.Module], in_shape: Sequence[int], timer: _Ti
             x = (load_batch(batch) if load_batch is not None
                  else torch.randn(batch, *in_shape))
             out = model(x)
-            root = out
-            if out.dim() == 2:  # class scores: the server's loss
-                root = nn.functional.cross_entropy(out, torch.randint(out.shape[1],
-                                                                      (len(out),)))
+            root = _root(out, loss=True)
             f = timer.since(mark)
             mark = timer.mark()
-            if root.requires_grad:
-                root.backward(None if root is not out else torch.ones_like(out))
+            _backward(root, out)
             b = timer.since(mark)
             mark = timer.mark()
             if opt is not None:
@@ -431,14 +427,10 @@ def _pass_times(unit: nn.Module, x: torch.Tensor, timer: _Timer, *, grad_input: 
         mark = timer.mark()
         inp = (x if load is None else load()).detach().requires_grad_(grad_input)
         out = unit(inp)
-        root = out
-        if loss and out.dim() == 2:  # class scores: the server's loss
-            root = nn.functional.cross_entropy(out, torch.randint(out.shape[1], (len(out),)))
+        root = _root(out, loss=loss)
         f_times.append(timer.since(mark))
-        grad = None if root is not out else torch.ones_like(out)
         mark = timer.mark()
-        if root.requires_grad:
-            root.backward(grad)
+        _backward(root, out)
         b_times.append(timer.since(mark))
     return statistics.median(f_times), statistics.median(b_times), out.detach()
 
@@ -447,12 +439,23 @@ def _train_pass(unit: nn.Module, x: torch.Tensor, *, grad_input: bool,
                 loss: bool) -> torch.Tensor:
     """One untimed forward and backward, as `_pass_times` times them."""
     out: torch.Tensor = unit(x.detach().requires_grad_(grad_input))
-    root = out
+    _backward(_root(out, loss=loss), out)
+    return out
+
+
+def _root(out: torch.Tensor, *, loss: bool) -> torch.Tensor:
+    """Where a timed backward starts: with ``loss`` and class scores, cross-entropy on
+    random labels, as the server's pass does; otherwise ``out`` itself."""
     if loss and out.dim() == 2:
-        root = nn.functional.cross_entropy(out, torch.randint(out.shape[1], (len(out),)))
+        return nn.functional.cross_entropy(out, torch.randint(out.shape[1], (len(out),)))
+    return out
+
+
+def _backward(root: torch.Tensor, out: torch.Tensor) -> None:
+    """Backward from ``root``: from the loss, or from a gradient of ones on ``out``, as a
+    device's backward starts from the server's gradient."""
     if root.requires_grad:
         torch.autograd.backward(root, None if root is not out else torch.ones_like(out))
-    return out
 
 
 def _step_times(units: Sequence[nn.Module], timer: _Timer, learning_rate: float,

@@ -333,6 +333,14 @@ class StageCache:
         )
 
 
+def fleet_stages(model: ModelProfile, devices: Sequence[DeviceProfile],
+                 plans: Sequence[tuple[int, int]], batch_size: int) -> list[Stages]:
+    """Stage seconds of every device's plan (plans already checked)."""
+    cache = StageCache(model)
+    return [cache.stages(dev, p, n, batch_size)
+            for dev, (p, n) in zip(devices, plans, strict=True)]
+
+
 # -- the schedule ----------------------------------------------------------------------
 
 #: Iterations an epoch estimate simulates back to back per phase; the rest of the phase
@@ -508,10 +516,7 @@ def estimate_iteration(
             1..Q-1, N outside 1..batch_size, or a batch size < 1.
     """
     _check_plans(model, devices, plans, batch_size)
-    cache = StageCache(model)
-    fleet = [
-        cache.stages(dev, p, n, batch_size) for dev, (p, n) in zip(devices, plans, strict=True)
-    ]
+    fleet = fleet_stages(model, devices, plans, batch_size)
     device_end, replica_end = schedule_ends(fleet)
     return FleetEstimate(
         time_s=max(cycles(device_end, replica_end)),
@@ -581,10 +586,7 @@ def estimate_steady_iteration(
         ConfigError: as `estimate_iteration`.
     """
     _check_plans(model, devices, plans, batch_size)
-    cache = StageCache(model)
-    fleet = [
-        cache.stages(dev, p, n, batch_size) for dev, (p, n) in zip(devices, plans, strict=True)
-    ]
+    fleet = fleet_stages(model, devices, plans, batch_size)
     device_ends, _ = chained_schedule(fleet, CHAINED_ITERATIONS)
     return max(steady_spacing(ends) for ends in device_ends)
 
@@ -674,10 +676,7 @@ def estimate_epoch(
                 f"one iteration of plan P={p}, N={n} "
                 f"({(batch_size // n) * n})"
             )
-    cache = StageCache(model)
-    fleet = [
-        cache.stages(dev, p, n, batch_size) for dev, (p, n) in zip(devices, plans, strict=True)
-    ]
+    fleet = fleet_stages(model, devices, plans, batch_size)
     transfers = [
         transfer_times(model, dev, p, aggregations_per_epoch(i, aggregation_every))
         for dev, (p, _), i in zip(devices, plans, iterations, strict=True)
