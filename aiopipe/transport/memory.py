@@ -3,12 +3,13 @@
 Theory of operation: a pair of `MemoryLink` ends shares two `_Direction` objects, one
 per direction. A direction is a serial resource, like the uplink or downlink of DESIGN
 §4: ``send`` takes the direction's FIFO lock, occupies the wire from
-``max(now, wire_free_at)`` for ``len(frame) * 8 / bandwidth`` seconds (sleeping on the
-clock until the slot ends), then queues the frame with a delivery time ``latency_s``
-after the slot. ``receive`` waits on the clock until the head frame's delivery time, so
-latency overlaps with the next frame's transmission and no task is spawned to carry
-frames. With a `VirtualClock` every timing is exact: a 1.25 MB frame at 10 Mbit/s with
-20 ms latency, sent at t=0, is received at t=1.02.
+``max(called, wire_free_at)`` (``called``: when ``send`` was called) for
+``len(frame) * 8 / bandwidth`` seconds (sleeping on the clock until the slot ends), then
+queues the frame with a delivery time ``latency_s`` after the slot. ``receive`` waits
+on the clock until the head frame's delivery time, so latency overlaps with the next
+frame's transmission and no task is spawned to carry frames. With a `VirtualClock`
+every timing is exact: a 1.25 MB frame at 10 Mbit/s with 20 ms latency, sent at t=0, is
+received at t=1.02.
 
 Closing is graceful, as with TCP: frames whose ``send`` returned before the sender
 closed are still delivered on time; the receiver then gets `LinkBrokenError`. Frames
@@ -16,6 +17,17 @@ queued towards the side that closes are dropped. `MemoryLink.break_` simulates a
 network: both ends fail at once and frames in flight are lost. A closure or break wakes
 every sender and receiver waiting on the affected directions (no hangs until the end of
 a long wire slot). The peer learns of a close immediately (not after ``latency_s``).
+
+[Note: wire slots do not drift] A frame's slot starts when the wire frees or when its
+``send`` was called, whichever is later, not when the send got the direction's lock.
+On the real clock a sleep wakes late (the event loop rounds timers up to the
+millisecond: about 1 ms here), so the previous send releases the lock about 1 ms after
+its slot ended. Starting the next slot from that late wake-up added the delay to every
+frame of a busy link: vgg5's 66 kB activations on wifi (10.5 ms on the wire) took 11.4 ms
+each, a link about 9% slower than its bandwidth. Counting from the previous slot's end
+keeps a busy link at its bandwidth; each send still returns at most one late wake-up
+after its slot ends, without adding up. Under a `VirtualClock`, sleeps are exact and
+nothing changes.
 """
 
 from __future__ import annotations
@@ -138,12 +150,14 @@ class MemoryLink:
             )
         out = self._out
         self._check_sendable()
+        called = self._clock.now()
         async with out.send_lock:
             self._check_sendable()
             clock = self._clock
             wire_s = out.spec.wire_time(size)
             now = clock.now()
-            end = max(now, out.wire_free_at) + wire_s
+            # [Note: wire slots do not drift]
+            end = max(called, out.wire_free_at) + wire_s
             out.wire_free_at = end
             out.on_wire_since = end - wire_s
             try:

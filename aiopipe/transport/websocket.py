@@ -171,6 +171,7 @@ class WebSocketLink:
                 f"frame of {size} bytes exceeds the link's limit of {self._max_frame_bytes} bytes"
             )
         self._check_usable()
+        called = self._clock.now()
         async with self._send_lock:
             self._check_usable()
             clock = self._clock
@@ -178,7 +179,9 @@ class WebSocketLink:
             if self._shaping is not None:
                 wire_s = self._shaping.wire_time(size)
                 now = clock.now()
-                end = max(now, self._wire_free_at) + wire_s
+                # from the call, not the lock (aiopipe/transport/memory.py,
+                # [Note: wire slots do not drift])
+                end = max(called, self._wire_free_at) + wire_s
                 self._wire_free_at = end
                 if await sleep_unless_set(clock, end - now, self._closing):
                     self._check_usable()

@@ -48,6 +48,50 @@ class LinkPair:
     clock: Clock
 
 
+class LateClock:
+    """A clock whose sleeps wake ``late`` seconds after their deadline, as the event
+    loop's timers do on the real clock (they round up to the millisecond).
+
+    Time moves only by sleeping, one sleeper at a time: enough for sends that queue on
+    one direction's lock, which sleep one after another. Sleeps longer than ``forever``
+    seconds (a connection's timeouts) never end, so that real I/O is never timed out.
+    """
+
+    def __init__(self, late: float, forever: float = 1.0) -> None:
+        self.late = late
+        self.forever = forever
+        self._now = 0.0
+
+    def now(self) -> float:
+        """Seconds slept so far, late wake-ups included."""
+        return self._now
+
+    async def sleep(self, seconds: float) -> None:
+        """Advance by ``seconds`` plus the late wake-up (nothing for ``<= 0``); yield."""
+        if seconds > self.forever:
+            await asyncio.Event().wait()
+        if seconds > 0:
+            self._now += seconds + self.late
+        await asyncio.sleep(0)
+
+    def hold(self) -> contextlib.AbstractContextManager[None]:
+        """Nothing to hold: time moves only by sleeping."""
+        return contextlib.nullcontext()
+
+
+async def queued_send_returns(link: Link, clock: LateClock, frames: int,
+                              frame_bytes: int) -> list[float]:
+    """Start ``frames`` sends of ``frame_bytes`` at once on ``link``; when each returned."""
+    returned: list[float] = []
+
+    async def send() -> None:
+        await link.send(bytes(frame_bytes))
+        returned.append(clock.now())
+
+    await asyncio.gather(*(send() for _ in range(frames)))
+    return returned
+
+
 @contextlib.asynccontextmanager
 async def serve(app: web.Application) -> AsyncIterator[str]:
     """Run ``app`` on 127.0.0.1 (a free port); yield its base URL."""

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from conformance import LateClock, queued_send_returns
 
 from aiopipe.clock import SystemClock, VirtualClock, wait_for
 from aiopipe.errors import ConfigError, LinkBrokenError, LinkClosedError, LocalProtocolError
@@ -69,6 +70,15 @@ async def test_concurrent_sends_share_the_wire_in_call_order(clock: VirtualClock
     # Latency overlaps the next frame's transmission: 1.02, 2.02, 3.02 (not 2.04, ...).
     assert received.result() == [(b"x", 1.02), (b"y", 2.02), (b"z", 3.02)]
     assert a.statistics().sent.busy_s == 3.0
+
+
+async def test_late_wake_ups_do_not_slow_a_busy_link() -> None:
+    # [Note: wire slots do not drift]: each frame's slot starts when the previous one
+    # ended, not when its sender woke (late) to release the wire
+    clock = LateClock(late=0.01)
+    a, _ = open_memory_link_pair(clock, a_to_b=LinkSpec(1e6), b_to_a=LinkSpec(1e6))
+    returned = await queued_send_returns(a, clock, frames=4, frame_bytes=12_500)  # 0.1 s
+    assert returned == pytest.approx([0.11, 0.21, 0.31, 0.41])
 
 
 async def test_back_to_back_sends_from_one_task_pipeline_latency(clock: VirtualClock) -> None:

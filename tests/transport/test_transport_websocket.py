@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import pytest
 from aiohttp import WSCloseCode, web
-from conformance import open_websocket_pair, serve
+from conformance import LateClock, open_websocket_pair, queued_send_returns, serve
 
 from aiopipe.clock import SystemClock
 from aiopipe.errors import (
@@ -61,6 +61,16 @@ async def test_shaping_paces_frames_at_the_link_rate() -> None:
         assert not server.paces_sends()
         client.reshape(LinkSpec(None))
         assert not client.paces_sends()
+
+
+async def test_late_wake_ups_do_not_slow_a_shaped_websocket() -> None:
+    # as for memory links ([Note: wire slots do not drift])
+    clock = LateClock(late=0.01)
+    async with open_websocket_pair(clock, client_shaping=LinkSpec(1e6)) as (client, server):
+        returned = await queued_send_returns(client, clock, frames=4, frame_bytes=12_500)
+        assert returned == pytest.approx([0.11, 0.21, 0.31, 0.41])
+        for _ in range(4):
+            assert len(await server.receive()) == 12_500
 
 
 async def test_bearer_token_reaches_the_server() -> None:
