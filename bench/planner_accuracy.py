@@ -15,10 +15,15 @@ bench does what the runtime's "auto" does, then checks it against real runs:
    + 2 s is stopped: it cannot be the optimum (its epoch would be slower than that
    run's by far). The sweep goes in the order of the estimated epoch so that the bound
    is tight early; the order is all the estimate decides.
-3. finalists: the planner's choice and the sweep's best ``--finalists`` candidates run
-   ``--repeats`` more times each, round-robin (so a change of machine load hits them
-   alike), two epochs each; T of each is the median of these runs' second epochs.
-   T_opt is the least of them.
+3. re-planning: from the trace of the planner's choice's sweep run, the plans a
+   ``replan=True`` run would switch to after its first round, decided as the server
+   decides (device speeds, link bandwidths and server speed measured from the round,
+   a fresh selection taken when it is estimated better by more than
+   ``replan_threshold``; aiopipe/runtime/replan.py).
+4. finalists: the planner's choice, the re-planned plans and the sweep's best
+   ``--finalists`` candidates run ``--repeats`` more times each, round-robin (so a
+   change of machine load hits them alike), two epochs each; T of each is the median of
+   these runs' second epochs. T_opt is the least of them.
 
 Every run is `aiopipe.simulate` on the real `SystemClock` over memory links shaped like the
 network preset: real compute (a device's compute stays busy ``slowdown`` times as long as
@@ -43,10 +48,11 @@ Definitions (the figures in the tables):
   whenever the devices' server passes collide.)
 - error: (estimate - measured) / measured. The headline is the median of |error| of the
   iteration time over the cases; the sweep adds the same figures for every candidate.
-- score (PiPar Eq. 28): T_opt / T_selected.
+- score (PiPar Eq. 28): T_opt / T_selected; the re-planned score is T_opt / T of the
+  re-planned plans (what a ``replan=True`` run trains with from its second round on).
 
 The bench shares 2 cores with whatever else runs; the load average before and after is
-written next to the figures. The default (9 cases) takes about an hour on 2 cores.
+written next to the figures. The default (9 cases) takes about 40 minutes on 2 cores.
 
 Run: ``.venv/bin/python bench/planner_accuracy.py [--quick] [--out DIR]``
 """
@@ -113,8 +119,8 @@ class Settings:
     batch_size: int = 32
     samples_per_device: int = 128
     dataset: str = "synthetic-cifar10"
-    repeats: int = 3
-    finalists: int = 4
+    repeats: int = 5
+    finalists: int = 5
     profile_repeats: int = 5
     profile_warmup: int = 2
     prune: float = 3.0
@@ -165,6 +171,9 @@ class Run:
     #: the iteration estimated from the first epoch's trace (as the re-planner measures
     #: devices, links and the server: aiopipe/runtime/replan.py); None for one epoch
     live_estimate_iteration_s: float | None = None
+    #: the plans ``replan=True`` would run from the second round on, decided from the
+    #: first epoch's trace as the server decides (None when not asked for)
+    replanned: Plan | None = None
 
 
 @dataclass(slots=True)
@@ -282,7 +291,8 @@ def run_plan(config: RunConfig, plan: Plan, *, epochs: int = 1,
              limit_s: float | None = None, planned: Planned | None = None) -> Run:
     """One real run of ``plan`` on the system clock: the figures of its last epoch.
 
-    With ``planned`` and two or more epochs, the run also estimates its iteration from
+    With ``planned``, the run also says what the re-planner would switch to after the
+    first round (`replanned`) and, with two or more epochs, estimates its iteration from
     the first epoch's trace (`live_estimate`).
 
     Raises:
@@ -301,22 +311,41 @@ def run_plan(config: RunConfig, plan: Plan, *, epochs: int = 1,
         raise Pruned(time.perf_counter() - started) from None
     wall = time.perf_counter() - started
     epoch = result.final
-    live = (live_estimate(planned, fixed, plan, result.trace)
-            if planned is not None and epochs > 1 else None)
+    live, replanned = None, None
+    if planned is not None:
+        model, devices = first_round_profiles(planned, fixed, result.trace)
+        replanned = replan_choice(planned, model, devices, plan)
+        if epochs > 1:
+            live = estimate_steady_iteration(model, devices, plan, fixed.batch_size)
     return Run(epoch.time_s, steady_iteration_s(result.trace, fixed.devices, epoch.epoch), wall,
-               live)
+               live, replanned)
 
 
-def live_estimate(planned: Planned, fixed: RunConfig, plan: Plan,
-                  trace: Sequence[Slice]) -> float:
-    """The iteration time estimated from epoch 0's trace, as the re-planner sees a round
-    (aggregation every epoch: one round per epoch)."""
+def first_round_profiles(planned: Planned, fixed: RunConfig, trace: Sequence[Slice]
+                         ) -> tuple[ModelProfile, list[DeviceProfile]]:
+    """The profiles the re-planner measures from epoch 0's trace (aggregation every
+    epoch: one round per epoch)."""
     samples = [d.samples for d in planned.devices]
     plans = device_plans(fixed, planned.model.costs.units, samples)
     served = [p.iterations_per_epoch * p.parallel_batches for p in plans]
-    model, devices = live_profiles([s for s in trace if s.epoch == 0], plans, served,
-                                   planned.model, list(planned.devices))
-    return estimate_steady_iteration(model, devices, plan, fixed.batch_size)
+    return live_profiles([s for s in trace if s.epoch == 0], plans, served, planned.model,
+                         list(planned.devices))
+
+
+def replan_choice(planned: Planned, model: ModelProfile, devices: Sequence[DeviceProfile],
+                  current: Plan) -> Plan:
+    """The plans a ``replan=True`` run switches to after its first round, given the
+    profiles that round showed: a fresh selection when its estimated epoch beats the
+    current plans' by more than ``replan_threshold`` (as `Server._reconsider`), else
+    ``current``."""
+    config = planned.config.replace(split_point="auto", parallel_batches="auto")
+    chosen = tuple(choose_plans(config, model, list(devices)))
+    b = config.batch_size
+    before = estimate_epoch(model, list(devices), current, b)
+    after = estimate_epoch(model, list(devices), chosen, b)
+    if chosen == current or after >= before * (1 - config.replan_threshold):
+        return current
+    return chosen
 
 
 def evaluate_case(model: str, network: str, settings: Settings, *, exhaustive: bool = True,
@@ -337,7 +366,9 @@ def evaluate_case(model: str, network: str, settings: Settings, *, exhaustive: b
         limit = (settings.prune * quickest + PRUNE_SLACK_S
                  if settings.prune and math.isfinite(quickest) else None)
         try:
-            cand.sweep = run_plan(planned.config, cand.plan, limit_s=limit)
+            # the planner's choice also shows what the re-planner does after its first round
+            cand.sweep = run_plan(planned.config, cand.plan, limit_s=limit,
+                                  planned=planned if cand.plan == planned.plan else None)
         except Pruned as stop:
             cand.pruned_s = stop.limit_s
         except Exception as exc:  # one broken candidate must not end the sweep
@@ -351,9 +382,15 @@ def evaluate_case(model: str, network: str, settings: Settings, *, exhaustive: b
     sweep_s = time.perf_counter() - sweep_started
     selected = pool.get(planned.plan) or Candidate(planned.plan, *planned.estimate(planned.plan))
     pool[planned.plan] = selected
+    replanned = None
+    if selected.sweep and selected.sweep.replanned:
+        target = selected.sweep.replanned
+        replanned = pool.get(target) or Candidate(target, *planned.estimate(target))
+        pool[target] = replanned
     ranked = sorted((c for c in pool.values() if c.sweep), key=lambda c: c.sweep.epoch_s
                     if c.sweep else math.inf)
-    finalists = _unique([selected, *ranked[:settings.finalists]])
+    finalists = _unique([selected, *([replanned] if replanned else []),
+                         *ranked[:settings.finalists]])
     for _ in range(settings.repeats):
         for cand in finalists:
             cand.reruns.append(run_plan(planned.config, cand.plan, epochs=2, planned=planned))
@@ -368,13 +405,18 @@ def evaluate_case(model: str, network: str, settings: Settings, *, exhaustive: b
         "exhaustive_s": sum(c.sweep.wall_s if c.sweep else c.pruned_s for c in pool.values()),
         "sweep_wall_s": sweep_s,
         "score": best.epoch_s / selected.epoch_s,
+        # what replan=True runs from the second round on, and its score
+        "replanned": _candidate_record(replanned) if replanned else None,
+        "score_replanned": best.epoch_s / replanned.epoch_s if replanned else None,
         "candidates": [_candidate_record(c) for c in sorted(pool.values(), key=lambda c: c.plan)],
         "costs": planned.costs.to_mapping(),
     }
     say(f"  selected {format_plan(selected.plan)}: T {selected.epoch_s:.3f} s "
         f"(est {selected.estimate_epoch_s:.3f}), iteration {selected.iteration_s:.3f} s "
         f"(est {selected.estimate_iteration_s:.3f}); best {format_plan(best.plan)} "
-        f"T {best.epoch_s:.3f} s; score {record['score']:.3f}")
+        f"T {best.epoch_s:.3f} s; score {record['score']:.3f}"
+        + (f"; re-planned after round 1 to {format_plan(replanned.plan)}: score "
+           f"{record['score_replanned']:.3f}" if replanned else ""))
     return record
 
 
@@ -394,6 +436,8 @@ def _candidate_record(c: Candidate) -> dict[str, Any]:
         "epoch_s": c.epoch_s if (c.sweep or c.reruns) else None,
         "iteration_s": c.iteration_s if (c.sweep or c.reruns) else None,
         "live_estimate_iteration_s": c.live_estimate_iteration_s,
+        "epoch_range_s": ([min(r.epoch_s for r in c.reruns), max(r.epoch_s for r in c.reruns)]
+                          if c.reruns else None),
         "sweep": asdict(c.sweep) if c.sweep else None,
         "failed": c.failed,
         "pruned_s": c.pruned_s,
@@ -427,6 +471,7 @@ def summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     sweep_epoch = [error(c["estimate_epoch_s"], c["sweep"]["epoch_s"])
                    for r in records for c in r["candidates"] if c["sweep"]]
     scores = [r["score"] for r in records]
+    replanned = [r["score_replanned"] for r in records if r.get("score_replanned") is not None]
     live = [error(r["selected"]["live_estimate_iteration_s"], r["selected"]["iteration_s"])
             for r in records if r["selected"].get("live_estimate_iteration_s") is not None]
 
@@ -448,6 +493,8 @@ def summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "sweep_median_abs_error_epoch": med_abs(sweep_epoch),
         "score_mean": statistics.mean(scores),
         "score_min": min(scores),
+        "score_replanned_mean": statistics.mean(replanned) if replanned else None,
+        "score_replanned_min": min(replanned) if replanned else None,
     }
 
 
@@ -481,23 +528,34 @@ def markdown(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
         "wall time for the exhaustive search (stopped runs count until they were "
         "stopped). S/T: search time over one epoch of the selected plan.",
         "",
-        "| model | network | P | N | T (s) | S (s) | S/T | P_opt | N_opt | T_opt (s) "
-        "| S_opt (s) | score |",
-        "| --- | --- | --- | --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |",
+        "T runs: the fastest and slowest of the re-runs' epochs. Re-planned: the plan a "
+        "`replan=True` run switches to after its first round (decided, as the server "
+        "does, from the planner's choice's sweep run), and its score.",
+        "",
+        "| model | network | P | N | T (s) | T runs (s) | S (s) | S/T | P_opt | N_opt "
+        "| T_opt (s) | T_opt runs (s) | S_opt (s) | score | re-planned | score |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: "
+        "| ---: | ---: | --- | ---: |",
     ]
     for r in records:
-        sel, opt = r["selected"], r["optimum"]
+        sel, opt, again = r["selected"], r["optimum"], r.get("replanned")
         p, n = _columns(sel["plan"])
         po, no = _columns(opt["plan"])
         lines.append(
             f"| {r['model']} | {r['network']} | {p} | {n} | {sel['epoch_s']:.2f} | "
-            f"{r['search_s']:.1f} | {r['search_s'] / sel['epoch_s']:.2f} | {po} | {no} | "
-            f"{opt['epoch_s']:.2f} | {r['exhaustive_s']:.0f} | {r['score']:.3f} |"
+            f"{_range(sel)} | {r['search_s']:.1f} | {r['search_s'] / sel['epoch_s']:.2f} | "
+            f"{po} | {no} | {opt['epoch_s']:.2f} | {_range(opt)} | "
+            f"{r['exhaustive_s']:.0f} | {r['score']:.3f} | "
+            + (f"{'kept' if again['plan'] == sel['plan'] else format_plan(again['plan'])} | "
+               f"{r['score_replanned']:.3f} |" if again else "n/a | n/a |")
         )
     lines += [
         "",
         f"Score: mean **{s['score_mean']:.3f}**, min **{s['score_min']:.3f}** "
-        "(target: mean >= 0.98, min >= 0.95).",
+        "(target: mean >= 0.98, min >= 0.95)."
+        + (f" After re-planning from the first round: mean "
+           f"**{s['score_replanned_mean']:.3f}**, min **{s['score_replanned_min']:.3f}**."
+           if s["score_replanned_mean"] is not None else ""),
         "",
         "## Estimator accuracy (the planner's choice)",
         "",
@@ -550,6 +608,11 @@ def markdown(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
         ]
     lines += ["", "## Machine", "", meta["machine"], ""]
     return "\n".join(lines)
+
+
+def _range(candidate: dict[str, Any]) -> str:
+    runs = candidate.get("epoch_range_s")
+    return f"{runs[0]:.2f}-{runs[1]:.2f}" if runs else "n/a"
 
 
 def _live_cells(selected: dict[str, Any]) -> str:

@@ -54,6 +54,16 @@ def test_a_tiny_case_plans_sweeps_and_reports(bench: ModuleType) -> None:
     assert 0 < live < math.inf
     assert all(c["sweep"]["live_estimate_iteration_s"] is None for c in swept)  # one epoch
     assert optimum["reruns"]  # the optimum is a finalist, measured again
+    # the re-planner's choice after the planner's plan's first round: measured too
+    replanned = record["replanned"]
+    assert replanned is not None
+    assert replanned["reruns"]
+    assert record["score_replanned"] == pytest.approx(optimum["epoch_s"]
+                                                      / replanned["epoch_s"])
+    sweep_of_selected = next(c for c in swept if c["plan"] == selected["plan"])
+    assert [list(p) for p in sweep_of_selected["sweep"]["replanned"]] == replanned["plan"]
+    lo, hi = selected["epoch_range_s"]
+    assert lo <= selected["epoch_s"] <= hi
     assert record["score"] == pytest.approx(optimum["epoch_s"] / selected["epoch_s"])
     assert 0 < record["search_s"] == pytest.approx(record["profile_s"] + record["select_s"])
     assert record["exhaustive_s"] == pytest.approx(sum(c["sweep"]["wall_s"] for c in swept))
@@ -67,6 +77,8 @@ def test_a_tiny_case_plans_sweeps_and_reports(bench: ModuleType) -> None:
     assert "From live measurements (after one round): median |error| iteration **" in report
     figures = bench.summary([record])
     assert figures["score_min"] == record["score"]
+    assert figures["score_replanned_min"] == record["score_replanned"]
+    assert "After re-planning from the first round: mean **" in report
     assert figures["sweep_runs"] == 8
 
 
