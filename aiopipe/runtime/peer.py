@@ -27,6 +27,7 @@ class _Posted:
     iteration: int
     micro_batch: int
     sent: asyncio.Future[None]
+    posted_at: float  # clock time: the frame is ready from then on
 
 
 class Peer:
@@ -72,7 +73,8 @@ class Peer:
         optional; it stays pending if the send failed).
         """
         sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Posted(message, name, epoch, iteration, micro_batch, sent))
+        self._queue.put_nowait(_Posted(message, name, epoch, iteration, micro_batch, sent,
+                                       self._clock.now()))
         return sent
 
     def clear(self) -> None:
@@ -93,7 +95,10 @@ class Peer:
         while (item := await self._queue.get()) is not None:
             frame = encode(item.message)
             start = self._clock.now()
-            await self.link.send(frame)  # a failed send loses this item: see the class
+            # a shaped link's wire slot may start when the frame was posted, not after
+            # the previous send's late wake-up (memory.py, [Note: wire slots do not drift])
+            await self.link.send(frame, ready_at=item.posted_at)  # a failed send loses
+            # this item: see the class
             self._recorder.add(self.track, item.name, start, self._clock.now(),
                                epoch=item.epoch, iteration=item.iteration,
                                micro_batch=item.micro_batch)

@@ -46,8 +46,14 @@ class LinkStatistics:
 class Link(Protocol):
     """A reliable, ordered, frame-oriented connection to one peer."""
 
-    async def send(self, frame: bytes) -> None:
+    async def send(self, frame: bytes, *, ready_at: float | None = None) -> None:
         """Transmit one frame; returns when it has left this side (after any shaping).
+
+        ``ready_at``: the clock time the frame was ready to go, when that was before this
+        call (a queue of frames sent one after another). A link that shapes its sends
+        starts the frame's wire slot at the later of that time and the previous slot's
+        end, not at this call (memory.py, [Note: wire slots do not drift]); other links
+        ignore it.
 
         Raises:
             LinkClosedError: this side closed the link.

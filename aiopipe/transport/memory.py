@@ -18,16 +18,17 @@ network: both ends fail at once and frames in flight are lost. A closure or brea
 every sender and receiver waiting on the affected directions (no hangs until the end of
 a long wire slot). The peer learns of a close immediately (not after ``latency_s``).
 
-[Note: wire slots do not drift] A frame's slot starts when the wire frees or when its
-``send`` was called, whichever is later, not when the send got the direction's lock.
-On the real clock a sleep wakes late (the event loop rounds timers up to the
-millisecond: about 1 ms here), so the previous send releases the lock about 1 ms after
-its slot ended. Starting the next slot from that late wake-up added the delay to every
-frame of a busy link: vgg5's 66 kB activations on wifi (10.5 ms on the wire) took 11.4 ms
-each, a link about 9% slower than its bandwidth. Counting from the previous slot's end
-keeps a busy link at its bandwidth; each send still returns at most one late wake-up
-after its slot ends, without adding up. Under a `VirtualClock`, sleeps are exact and
-nothing changes.
+[Note: wire slots do not drift] A frame's slot starts when the wire frees or when the
+frame was ready (its ``send`` was called, or the ``ready_at`` its sender gives),
+whichever is later, not when the send got going after the previous one. On the real
+clock a sleep wakes late (the event loop rounds timers up to the millisecond: 0.6 ms
+on average here), so the previous send returns, and the next send of a queue gets
+going, that much after the previous slot ended. Starting the next slot from there
+added the delay to every frame of a busy link: vgg5's 66 kB activations on wifi
+(10.5 ms on the wire) took 11.4 ms each, a link about 9% slower than its bandwidth.
+The runtime's send loop (`aiopipe.runtime.peer`) passes each frame's posting time as
+``ready_at``. Each send still returns up to one late wake-up after its slot ends,
+without adding up. Under a `VirtualClock`, sleeps are exact and nothing changes.
 """
 
 from __future__ import annotations
@@ -129,10 +130,11 @@ class MemoryLink:
         """The largest frame this link carries (None: no limit)."""
         return self._max_frame_bytes
 
-    async def send(self, frame: bytes) -> None:
+    async def send(self, frame: bytes, *, ready_at: float | None = None) -> None:
         """Put ``frame`` on the wire; returns when its wire slot has ended.
 
         Sends in one direction are served one at a time, in the order they were made.
+        ``ready_at``: see `Link.send`.
         If the link closes or breaks while this send waits or transmits, it fails at once.
         Cancelling it drops the frame.
 
@@ -150,7 +152,7 @@ class MemoryLink:
             )
         out = self._out
         self._check_sendable()
-        called = self._clock.now()
+        called = self._clock.now() if ready_at is None else min(ready_at, self._clock.now())
         async with out.send_lock:
             self._check_sendable()
             clock = self._clock

@@ -155,10 +155,11 @@ class WebSocketLink:
             raise ConfigError(f"reshape needs a LinkSpec, got {type(spec).__name__}")
         self._shaping = spec if spec.shaped else None
 
-    async def send(self, frame: bytes) -> None:
+    async def send(self, frame: bytes, *, ready_at: float | None = None) -> None:
         """Send ``frame`` as one binary message; returns once the socket has taken it.
 
         With shaping, first waits (on the clock) until the frame's wire slot ends.
+        ``ready_at``: see `Link.send`.
 
         Raises:
             LinkClosedError: this side closed the link.
@@ -171,7 +172,7 @@ class WebSocketLink:
                 f"frame of {size} bytes exceeds the link's limit of {self._max_frame_bytes} bytes"
             )
         self._check_usable()
-        called = self._clock.now()
+        called = self._clock.now() if ready_at is None else min(ready_at, self._clock.now())
         async with self._send_lock:
             self._check_usable()
             clock = self._clock

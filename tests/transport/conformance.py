@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import pytest
 from aiohttp import web
+from late_clock import LateClock
 
 from aiopipe.clock import Clock, SystemClock, VirtualClock, wait_for
 from aiopipe.errors import LinkBrokenError, LinkClosedError, LocalProtocolError
@@ -48,47 +49,23 @@ class LinkPair:
     clock: Clock
 
 
-class LateClock:
-    """A clock whose sleeps wake ``late`` seconds after their deadline, as the event
-    loop's timers do on the real clock (they round up to the millisecond).
-
-    Time moves only by sleeping, one sleeper at a time: enough for sends that queue on
-    one direction's lock, which sleep one after another. Sleeps longer than ``forever``
-    seconds (a connection's timeouts) never end, so that real I/O is never timed out.
-    """
-
-    def __init__(self, late: float, forever: float = 1.0) -> None:
-        self.late = late
-        self.forever = forever
-        self._now = 0.0
-
-    def now(self) -> float:
-        """Seconds slept so far, late wake-ups included."""
-        return self._now
-
-    async def sleep(self, seconds: float) -> None:
-        """Advance by ``seconds`` plus the late wake-up (nothing for ``<= 0``); yield."""
-        if seconds > self.forever:
-            await asyncio.Event().wait()
-        if seconds > 0:
-            self._now += seconds + self.late
-        await asyncio.sleep(0)
-
-    def hold(self) -> contextlib.AbstractContextManager[None]:
-        """Nothing to hold: time moves only by sleeping."""
-        return contextlib.nullcontext()
-
-
 async def queued_send_returns(link: Link, clock: LateClock, frames: int,
-                              frame_bytes: int) -> list[float]:
-    """Start ``frames`` sends of ``frame_bytes`` at once on ``link``; when each returned."""
+                              frame_bytes: int, *, one_by_one: bool = False) -> list[float]:
+    """``frames`` frames of ``frame_bytes``, all ready at once, sent on ``link``: when
+    each send returned. Sent by that many tasks at once, or ``one_by_one`` by one task
+    telling the link when they were ready (as the runtime's send loop does)."""
     returned: list[float] = []
+    ready = clock.now()
 
     async def send() -> None:
-        await link.send(bytes(frame_bytes))
+        await link.send(bytes(frame_bytes), ready_at=ready if one_by_one else None)
         returned.append(clock.now())
 
-    await asyncio.gather(*(send() for _ in range(frames)))
+    if one_by_one:
+        for _ in range(frames):
+            await send()
+    else:
+        await asyncio.gather(*(send() for _ in range(frames)))
     return returned
 
 

@@ -9,7 +9,8 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import pytest
 from aiohttp import WSCloseCode, web
-from conformance import LateClock, open_websocket_pair, queued_send_returns, serve
+from conformance import open_websocket_pair, queued_send_returns, serve
+from late_clock import LateClock
 
 from aiopipe.clock import SystemClock
 from aiopipe.errors import (
@@ -69,7 +70,10 @@ async def test_late_wake_ups_do_not_slow_a_shaped_websocket() -> None:
     async with open_websocket_pair(clock, client_shaping=LinkSpec(1e6)) as (client, server):
         returned = await queued_send_returns(client, clock, frames=4, frame_bytes=12_500)
         assert returned == pytest.approx([0.11, 0.21, 0.31, 0.41])
-        for _ in range(4):
+        returned = await queued_send_returns(client, clock, frames=4, frame_bytes=12_500,
+                                             one_by_one=True)
+        assert returned == pytest.approx([0.52, 0.62, 0.72, 0.82])  # ready at 0.41
+        for _ in range(8):
             assert len(await server.receive()) == 12_500
 
 
