@@ -54,12 +54,25 @@ class Compute:
         self._lock = asyncio.Lock()
         self._executor: ThreadPoolExecutor | None = None
         self._free_at = float("-inf")  # when the emulated slow device finished its last item
+        self._last_end = float("-inf")
+
+    @property
+    def last_end(self) -> float:
+        """Clock time the last item ended (-inf before the first): for an emulated slow
+        device, when it ended in the emulation, which its wake-up may have followed
+        late ([Note: emulated slow devices])."""
+        return self._last_end
 
     async def run(self, name: str, work: Callable[[], T], *, cost: float | None = None,
-                  epoch: int = -1, iteration: int = -1, micro_batch: int = -1) -> T:
+                  epoch: int = -1, iteration: int = -1, micro_batch: int = -1,
+                  ready_at: float | None = None) -> T:
         """Run ``work`` on this resource when its turn comes; return its result.
 
         ``cost`` (seconds before slowdown) is required when the resource charges costs.
+        ``ready_at``: the clock time the work was ready, when that was before this call
+        (typically `last_end`: the caller submits it right after the previous item);
+        an emulated slow device starts it from then, not from the late wake-up that
+        let the caller submit it.
 
         Raises:
             ValueError: costs are charged and no cost was given.
@@ -68,6 +81,8 @@ class Compute:
         if self.charge_costs and cost is None:
             raise ValueError(f"{self.track}: work {name!r} needs a cost in cost-time mode")
         submitted = self._clock.now()
+        if ready_at is not None:
+            submitted = min(submitted, ready_at)
         async with self._lock:
             start = self._clock.now()
             if self.charge_costs:
@@ -87,6 +102,8 @@ class Compute:
                     result = await asyncio.get_running_loop().run_in_executor(
                         self._thread(), work
                     )
+            self._last_end = (self._free_at if self.slowdown > 1.0 and not self.charge_costs
+                              else self._clock.now())
             self._recorder.add(self.track, name, start, self._clock.now(), epoch=epoch,
                                iteration=iteration, micro_batch=micro_batch)
         return result
@@ -136,10 +153,13 @@ _thread_seconds = time.thread_time
 # as if the device had a core of its own.
 #
 # The charge is kept on the device's own timeline: an item starts, in emulation, when it
-# was submitted or when the previous item ended, whichever is later, and ends s x CPU
-# seconds after that. The sleep to that end is rounded up by the event loop's timer
-# (about 1 ms); an item that was already queued starts from the previous item's emulated
-# end, not from the late wake-up, so that error does not add up over back-to-back items.
+# was submitted (or ready, ``ready_at``) or when the previous item ended, whichever is
+# later, and ends s x CPU seconds after that. The sleep to that end wakes late (the event
+# loop rounds timers up to the millisecond, and under load it is busier still: 0.3-0.6
+# ms per item in runs of vgg5); an item that was already queued, or that its caller says
+# was ready at the previous item's end (a device's back-to-back forwards), starts from
+# that emulated end, not from the late wake-up, so the error does not add up over
+# back-to-back items.
 
 
 def warm_up_torch() -> None:

@@ -458,20 +458,26 @@ class _DeviceNode:
         outputs: dict[int, torch.Tensor] = {}
         waiting: dict[int, asyncio.Future[Gradient]] = {}
         costs = self.costs
-        for action in self.schedule:
+        compute = self.compute
+        for i, action in enumerate(self.schedule):
             n = action.micro_batch
+            # an action whose input is at hand was ready when the previous one ended
+            # ([Note: emulated slow devices]); a backward waits for its gradient
+            ready = compute.last_end if i > 0 and (
+                action.kind != "B" or waiting[n].done()) else None
             if action.kind == "F":
                 batch_indices = order[base + n * micro: base + (n + 1) * micro]
-                _, y, out = await self.compute.run(
+                _, y, out = await compute.run(
                     "f", partial(self._forward, batch_indices),
                     cost=costs.forward_time(0, p, micro) if costs else None,
-                    epoch=epoch, iteration=iteration, micro_batch=n)
+                    epoch=epoch, iteration=iteration, micro_batch=n, ready_at=ready)
                 outputs[n] = out
                 waiting[n] = self.pending[(epoch, iteration, n)] = loop.create_future()
                 activation = Activation(epoch, iteration, n, to_tensor_data(out.detach()),
                                         to_tensor_data(y))
                 self.sent_activations[(epoch, iteration, n)] = activation
-                self.peer.post(activation, "u", epoch=epoch, iteration=iteration, micro_batch=n)
+                self.peer.post(activation, "u", epoch=epoch, iteration=iteration, micro_batch=n,
+                               ready_at=compute.last_end)
             elif action.kind == "B":
                 grad = to_torch((await waiting.pop(n)).tensor)
                 out = outputs.pop(n)
@@ -479,14 +485,14 @@ class _DeviceNode:
                     raise RemoteProtocolError(
                         f"gradient of shape {tuple(grad.shape)} {grad.dtype} for an activation "
                         f"of shape {tuple(out.shape)} {out.dtype}")
-                await self.compute.run(
+                await compute.run(
                     "b", partial(_backward, out, grad),
                     cost=costs.backward_time(0, p, micro) if costs else None,
-                    epoch=epoch, iteration=iteration, micro_batch=n)
+                    epoch=epoch, iteration=iteration, micro_batch=n, ready_at=ready)
             else:
-                await self.compute.run("step", self._step,
-                                       cost=costs.step_time(0, p) if costs else None,
-                                       epoch=epoch, iteration=iteration)
+                await compute.run("step", self._step,
+                                  cost=costs.step_time(0, p) if costs else None,
+                                  epoch=epoch, iteration=iteration, ready_at=ready)
         self.sent_activations.clear()  # every gradient of the iteration has arrived
 
     def _forward(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -520,7 +526,7 @@ class _DeviceNode:
         await self.compute.run(
             "b", backward,
             cost=costs.backward_time(0, q, batch) + costs.step_time(0, q) if costs else None,
-            epoch=epoch, iteration=iteration)
+            epoch=epoch, iteration=iteration, ready_at=self.compute.last_end)
         return np.array([len(batch_indices), loss_sum, correct], dtype=np.float64)
 
 

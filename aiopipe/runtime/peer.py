@@ -66,15 +66,20 @@ class Peer:
         await self.link.send(encode(message))
 
     def post(self, message: Message, name: str, *, epoch: int = -1, iteration: int = -1,
-             micro_batch: int = -1) -> asyncio.Future[None]:
+             micro_batch: int = -1, ready_at: float | None = None) -> asyncio.Future[None]:
         """Queue a message for the send loop; the slice ``name`` records its transfer.
+
+        ``ready_at``: the clock time the message was ready, when before now (an emulated
+        slow device's item ended then and woke its caller late); by default, now. A
+        shaped link starts its wire slot no earlier (see `Link.send`).
 
         Returns a future that resolves once the message has been sent (awaiting it is
         optional; it stays pending if the send failed).
         """
         sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        now = self._clock.now()
         self._queue.put_nowait(_Posted(message, name, epoch, iteration, micro_batch, sent,
-                                       self._clock.now()))
+                                       now if ready_at is None else min(now, ready_at)))
         return sent
 
     def clear(self) -> None:

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from late_clock import LateClock
 
 from aiopipe.clock import SystemClock, VirtualClock
 from aiopipe.metrics.trace import Recorder
@@ -48,6 +49,29 @@ async def test_queued_items_follow_one_another_on_the_emulated_timeline(
         resource.close()
     assert slices(recorder) == [("f0", 0.0, 0.4), ("f1", 0.4, 0.8), ("f2", 0.8, 1.2),
                                 ("b", 5.0, 6.0)]
+
+
+async def test_items_ready_at_the_previous_end_do_not_inherit_its_late_wake_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a caller submitting one item after another is woken late each time; with
+    # ready_at=last_end the emulated timeline stays 0.4 s per item
+    cpu = FakeCpu()
+    monkeypatch.setattr(compute_module, "_thread_seconds", cpu.read)
+    ends = {}
+    for chained in (False, True):
+        clock, recorder = LateClock(late=0.01), Recorder()
+        resource = Compute(clock, recorder, "device0/compute", slowdown=4.0)
+        try:
+            for i in range(3):
+                await resource.run(f"f{i}", lambda: cpu.spend(0.1),
+                                   ready_at=resource.last_end if chained and i else None)
+        finally:
+            resource.close()
+        ends[chained] = [end for _, _, end in slices(recorder)]
+        if chained:
+            assert resource.last_end == pytest.approx(1.2)
+    assert ends[False] == pytest.approx([0.41, 0.82, 1.23])
+    assert ends[True] == pytest.approx([0.41, 0.81, 1.21])
 
 
 async def test_waiting_inside_an_item_is_not_multiplied_by_the_slowdown() -> None:
