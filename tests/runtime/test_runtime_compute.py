@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import threading
 import time
 
 import pytest
 from late_clock import LateClock
 
+from aiopipe import RunConfig, simulate
 from aiopipe.clock import SystemClock, VirtualClock
 from aiopipe.metrics.trace import Recorder
 from aiopipe.runtime import compute as compute_module
@@ -72,6 +75,47 @@ async def test_items_ready_at_the_previous_end_do_not_inherit_its_late_wake_up(
             assert resource.last_end == pytest.approx(1.2)
     assert ends[False] == pytest.approx([0.41, 0.82, 1.23])
     assert ends[True] == pytest.approx([0.41, 0.81, 1.21])
+
+
+class LateVirtualClock:
+    """A `VirtualClock` whose sleeps wake ``late`` seconds after their deadline."""
+
+    def __init__(self, late: float) -> None:
+        self.virtual, self.late = VirtualClock(), late
+
+    def now(self) -> float:
+        return self.virtual.now()
+
+    async def sleep(self, seconds: float) -> None:
+        await self.virtual.sleep(seconds + self.late if seconds > 0 else seconds)
+
+    def hold(self) -> contextlib.AbstractContextManager[None]:
+        return self.virtual.hold()
+
+
+async def test_a_slow_devices_forwards_in_a_run_follow_each_other_despite_late_wake_ups(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the device's schedule loop passes ready_at=last_end: each forward of an iteration
+    # starts when the previous one ended in emulation, not when its caller woke up
+    local = threading.local()
+
+    def cpu() -> float:  # each thread's CPU clock moves 5 ms per reading: 5 ms per item
+        local.seconds = getattr(local, "seconds", 0.0) + 0.005
+        return float(local.seconds)
+
+    monkeypatch.setattr(compute_module, "_thread_seconds", cpu)
+    config = RunConfig(mode="pipar", devices=1, samples_per_device=8, batch_size=8,
+                       epochs=1, split_point=2, parallel_batches=4, test_samples=20,
+                       device_slowdown=4.0, network="lan")
+    clock = LateVirtualClock(late=0.001)
+    try:
+        result = await simulate(config, clock=clock)
+    finally:
+        await clock.virtual.aclose()
+    ends = [s.end for s in result.trace if s.track == "device0/compute" and s.name == "f"]
+    assert len(ends) == 4
+    # 4 x 5 ms apart; without the chaining each gap also held one late wake-up (21 ms)
+    assert [b - a for a, b in itertools.pairwise(ends)] == pytest.approx([0.02] * 3)
 
 
 async def test_waiting_inside_an_item_is_not_multiplied_by_the_slowdown() -> None:
