@@ -25,7 +25,7 @@ from typing import Protocol, TypeVar
 
 from aiopipe.errors import ConfigError
 
-__all__ = ["Clock", "SystemClock", "VirtualClock", "wait_for"]
+__all__ = ["Clock", "SystemClock", "VirtualClock", "ready_time", "wait_for"]
 
 T = TypeVar("T")
 
@@ -143,6 +143,14 @@ class VirtualClock:
                 _, _, future = heapq.heappop(self._sleepers)
                 if not future.done():
                     future.set_result(None)
+
+
+def ready_time(clock: Clock, ready_at: float | None) -> float:
+    """When something a caller says was ready at ``ready_at`` counts as ready: now when
+    None, and never later than now (callers pass it to undo a late wake-up: see
+    aiopipe/transport/memory.py, [Note: wire slots do not drift])."""
+    now = clock.now()
+    return now if ready_at is None else min(now, ready_at)
 
 
 async def wait_for(clock: Clock, awaitable: Awaitable[T], seconds: float | None) -> T:

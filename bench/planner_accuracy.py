@@ -92,7 +92,7 @@ from aiopipe.runtime.plan import (
     resolve_auto,
     train_dataset,
 )
-from aiopipe.runtime.replan import live_profiles
+from aiopipe.runtime.replan import live_profiles, reselect
 from aiopipe.scheduler import (
     CostTable,
     DeviceProfile,
@@ -336,16 +336,11 @@ def replan_choice(planned: Planned, model: ModelProfile, devices: Sequence[Devic
                   current: Plan) -> Plan:
     """The plans a ``replan=True`` run switches to after its first round, given the
     profiles that round showed: a fresh selection when its estimated epoch beats the
-    current plans' by more than ``replan_threshold`` (as `Server._reconsider`), else
-    ``current``."""
-    config = planned.config.replace(split_point="auto", parallel_batches="auto")
-    chosen = tuple(choose_plans(config, model, list(devices)))
-    b = config.batch_size
-    before = estimate_epoch(model, list(devices), current, b)
-    after = estimate_epoch(model, list(devices), chosen, b)
-    if chosen == current or after >= before * (1 - config.replan_threshold):
-        return current
-    return chosen
+    current plans' by more than ``replan_threshold`` (`reselect`, as the server
+    decides), else ``current``."""
+    auto = planned.config.replace(split_point="auto", parallel_batches="auto")
+    chosen, _, _ = reselect(auto, model, devices, current)
+    return tuple(chosen)
 
 
 def evaluate_case(model: str, network: str, settings: Settings, *, exhaustive: bool = True,

@@ -1,11 +1,13 @@
-"""A test clock whose sleeps wake late, as the event loop's timers do on the real clock."""
+"""Test clocks whose sleeps wake late, as the event loop's timers do on the real clock."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 
-__all__ = ["LateClock"]
+from aiopipe.clock import VirtualClock
+
+__all__ = ["LateClock", "LateVirtualClock"]
 
 
 class LateClock:
@@ -37,3 +39,19 @@ class LateClock:
     def hold(self) -> contextlib.AbstractContextManager[None]:
         """Nothing to hold: time moves only by sleeping."""
         return contextlib.nullcontext()
+
+
+class LateVirtualClock:
+    """A `VirtualClock` whose sleeps wake ``late`` seconds after their deadline."""
+
+    def __init__(self, late: float) -> None:
+        self.virtual, self.late = VirtualClock(), late
+
+    def now(self) -> float:
+        return self.virtual.now()
+
+    async def sleep(self, seconds: float) -> None:
+        await self.virtual.sleep(seconds + self.late if seconds > 0 else seconds)
+
+    def hold(self) -> contextlib.AbstractContextManager[None]:
+        return self.virtual.hold()

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from aiopipe.clock import Clock
+from aiopipe.clock import Clock, ready_time
 from aiopipe.metrics.trace import Recorder
 
 __all__ = ["Compute", "warm_up_torch"]
@@ -80,9 +80,7 @@ class Compute:
         """
         if self.charge_costs and cost is None:
             raise ValueError(f"{self.track}: work {name!r} needs a cost in cost-time mode")
-        submitted = self._clock.now()
-        if ready_at is not None:
-            submitted = min(submitted, ready_at)
+        submitted = ready_time(self._clock, ready_at)
         async with self._lock:
             start = self._clock.now()
             if self.charge_costs:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from aiopipe.clock import Clock
+from aiopipe.clock import Clock, ready_time
 from aiopipe.metrics.trace import Recorder
 from aiopipe.protocol import Message, decode, encode
 from aiopipe.transport import Link
@@ -77,9 +77,8 @@ class Peer:
         optional; it stays pending if the send failed).
         """
         sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        now = self._clock.now()
         self._queue.put_nowait(_Posted(message, name, epoch, iteration, micro_batch, sent,
-                                       now if ready_at is None else min(now, ready_at)))
+                                       ready_time(self._clock, ready_at)))
         return sent
 
     def clear(self) -> None:
@@ -101,9 +100,9 @@ class Peer:
             frame = encode(item.message)
             start = self._clock.now()
             # a shaped link's wire slot may start when the frame was posted, not after
-            # the previous send's late wake-up (memory.py, [Note: wire slots do not drift])
-            await self.link.send(frame, ready_at=item.posted_at)  # a failed send loses
-            # this item: see the class
+            # the previous send's late wake-up (memory.py, [Note: wire slots do not
+            # drift]); a failed send loses this item: see the class
+            await self.link.send(frame, ready_at=item.posted_at)
             self._recorder.add(self.track, item.name, start, self._clock.now(),
                                epoch=item.epoch, iteration=item.iteration,
                                micro_batch=item.micro_batch)

@@ -49,11 +49,11 @@ from torch import nn
 
 from aiopipe.config import RunConfig
 from aiopipe.metrics.trace import Slice
-from aiopipe.runtime.plan import DevicePlan
-from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
+from aiopipe.runtime.plan import DevicePlan, choose_plans
+from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile, estimate_epoch
 from aiopipe.transport.network import LinkSpec
 
-__all__ = ["Replan", "live_profiles", "make_optimizer"]
+__all__ = ["Replan", "live_profiles", "make_optimizer", "reselect"]
 
 #: Seconds per frame below which a direction counts as unshaped.
 _UNSHAPED_S = 1e-6
@@ -138,6 +138,25 @@ def live_profiles(slices: Sequence[Slice], plans: Sequence[DevicePlan],
                                   profile.gradient_frame_bytes(p, micro), before.downlink)
         devices.append(DeviceProfile(max(slowdown, 1e-6), uplink, downlink, before.samples))
     return live, devices
+
+
+def reselect(auto: RunConfig, profile: ModelProfile, devices: Sequence[DeviceProfile],
+             current: Sequence[tuple[int, int]],
+             ) -> tuple[list[tuple[int, int]], float, float]:
+    """The plans to run next, given the profiles a round showed ([Note: switching]).
+
+    ``auto``: the run's config with its "auto" fields; ``current``: the (P_k, N_k) run
+    so far. Returns (plans, estimated epoch under ``current``, under a fresh selection):
+    the fresh selection when it is estimated better by more than
+    ``auto.replan_threshold``, else ``current``.
+    """
+    chosen = choose_plans(auto, profile, list(devices))
+    b, every = auto.batch_size, auto.aggregation_every
+    before = estimate_epoch(profile, list(devices), current, b, aggregation_every=every)
+    after = estimate_epoch(profile, list(devices), chosen, b, aggregation_every=every)
+    if chosen != list(current) and after < before * (1 - auto.replan_threshold):
+        return chosen, before, after
+    return list(current), before, after
 
 
 def _bandwidth(durations: Sequence[float], frame_bytes: int, before: LinkSpec) -> LinkSpec:

@@ -68,11 +68,11 @@ from aiopipe.runtime.plan import (
     unit_output_shapes,
     with_plans,
 )
-from aiopipe.runtime.replan import Replan, live_profiles, make_optimizer
+from aiopipe.runtime.replan import Replan, live_profiles, make_optimizer, reselect
 from aiopipe.runtime.session import DeviceSession
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable
-from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile, estimate_epoch
+from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
 from aiopipe.transport import Link
 
 __all__ = ["ServerNode"]
@@ -574,15 +574,12 @@ class ServerNode:
         slices, planning, auto = self.recorder.take(mark), self.planning, self.auto_config
         plans, current = list(self.plans), [(p.split_point, p.parallel_batches)
                                             for p in self.plans]
-        batch, every = config.batch_size, config.aggregation_every
+        batch = config.batch_size
 
         def decide() -> tuple[list[DeviceProfile], list[tuple[int, int]], float, float]:
             profile, live = live_profiles(slices, plans, served, planning, self.live,
                                           paced=paced)
-            chosen = choose_plans(auto, profile, live)
-            before = estimate_epoch(profile, live, current, batch, aggregation_every=every)
-            after = estimate_epoch(profile, live, chosen, batch, aggregation_every=every)
-            return live, chosen, before, after
+            return live, *reselect(auto, profile, live, current)
 
         try:
             # off the event loop (selection over many devices takes a while), time held
@@ -593,7 +590,7 @@ class ServerNode:
             log.warning("re-planning after round %d failed, keeping the plans: %s",
                         round_no, exc)
             return
-        if chosen == current or after >= before * (1 - config.replan_threshold):
+        if chosen == current:
             return
         if any((batch // n) * n != plan.samples_per_iteration
                for (_, n), plan in zip(chosen, self.plans, strict=True)):

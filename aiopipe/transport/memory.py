@@ -3,7 +3,8 @@
 Theory of operation: a pair of `MemoryLink` ends shares two `_Direction` objects, one
 per direction. A direction is a serial resource, like the uplink or downlink of DESIGN
 §4: ``send`` takes the direction's FIFO lock, occupies the wire from
-``max(called, wire_free_at)`` (``called``: when ``send`` was called) for
+``max(called, wire_free_at)`` (``called``: when ``send`` was called, or its
+``ready_at``) for
 ``len(frame) * 8 / bandwidth`` seconds (sleeping on the clock until the slot ends), then
 queues the frame with a delivery time ``latency_s`` after the slot. ``receive`` waits
 on the clock until the head frame's delivery time, so latency overlaps with the next
@@ -37,7 +38,7 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass
 
-from aiopipe.clock import Clock
+from aiopipe.clock import Clock, ready_time
 from aiopipe.errors import ConfigError, LinkBrokenError, LinkClosedError, LocalProtocolError
 from aiopipe.transport._waiting import sleep_unless_set
 from aiopipe.transport.base import DirectionStatistics, LinkStatistics
@@ -152,7 +153,7 @@ class MemoryLink:
             )
         out = self._out
         self._check_sendable()
-        called = self._clock.now() if ready_at is None else min(ready_at, self._clock.now())
+        called = ready_time(self._clock, ready_at)
         async with out.send_lock:
             self._check_sendable()
             clock = self._clock

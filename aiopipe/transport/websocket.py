@@ -38,7 +38,7 @@ from typing import Any
 import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from aiopipe.clock import Clock, wait_for
+from aiopipe.clock import Clock, ready_time, wait_for
 from aiopipe.errors import (
     AuthenticationError,
     ConfigError,
@@ -172,7 +172,7 @@ class WebSocketLink:
                 f"frame of {size} bytes exceeds the link's limit of {self._max_frame_bytes} bytes"
             )
         self._check_usable()
-        called = self._clock.now() if ready_at is None else min(ready_at, self._clock.now())
+        called = ready_time(self._clock, ready_at)
         async with self._send_lock:
             self._check_usable()
             clock = self._clock

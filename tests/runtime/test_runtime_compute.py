@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import threading
 import time
 
 import pytest
-from late_clock import LateClock
+from late_clock import LateClock, LateVirtualClock
 
 from aiopipe import RunConfig, simulate
 from aiopipe.clock import SystemClock, VirtualClock
@@ -75,22 +74,6 @@ async def test_items_ready_at_the_previous_end_do_not_inherit_its_late_wake_up(
             assert resource.last_end == pytest.approx(1.2)
     assert ends[False] == pytest.approx([0.41, 0.82, 1.23])
     assert ends[True] == pytest.approx([0.41, 0.81, 1.21])
-
-
-class LateVirtualClock:
-    """A `VirtualClock` whose sleeps wake ``late`` seconds after their deadline."""
-
-    def __init__(self, late: float) -> None:
-        self.virtual, self.late = VirtualClock(), late
-
-    def now(self) -> float:
-        return self.virtual.now()
-
-    async def sleep(self, seconds: float) -> None:
-        await self.virtual.sleep(seconds + self.late if seconds > 0 else seconds)
-
-    def hold(self) -> contextlib.AbstractContextManager[None]:
-        return self.virtual.hold()
 
 
 async def test_a_slow_devices_forwards_in_a_run_follow_each_other_despite_late_wake_ups(
