@@ -50,6 +50,13 @@ Definitions (the figures in the tables):
   iteration time over the cases; the sweep adds the same figures for every candidate.
 - score (PiPar Eq. 28): T_opt / T_selected; the re-planned score is T_opt / T of the
   re-planned plans (what a ``replan=True`` run trains with from its second round on).
+- search cost ([search cost]): S / T, the planner's search time S (profiling and
+  selection) over the selected plan's epoch T. This bench's epochs are short (by default
+  128 samples per device, 4 iterations), so S/T says little about a real run; PiPar's 27%
+  (Table 7) is over an epoch of CIFAR-10's 50,000 training samples. "S/T ref" divides S
+  by ``reference_samples`` / devices / B iterations of the selected plan's measured
+  steady iteration: a lower bound of such an epoch (it leaves out the model's download,
+  upload and aggregation), so the fraction is an upper bound.
 
 The bench shares 2 cores with whatever else runs; the load average before and after is
 written next to the figures. The default (9 cases) takes about 40 minutes on 2 cores.
@@ -125,6 +132,13 @@ class Settings:
     profile_warmup: int = 2
     prune: float = 3.0
     seed: int = 0
+    #: samples in a reference epoch (CIFAR-10's training set, the epoch PiPar's Table 7
+    #: divides its search time by), shared evenly by the devices
+    reference_samples: int = 50_000
+
+    def reference_iterations(self) -> int:
+        """Iterations per device in an epoch of ``reference_samples``."""
+        return math.ceil(self.reference_samples / self.devices / self.batch_size)
 
     def config(self, model: str, network: str) -> RunConfig:
         """The case's run config, "auto" plan."""
@@ -400,6 +414,10 @@ def evaluate_case(model: str, network: str, settings: Settings, *, exhaustive: b
         "exhaustive_s": sum(c.sweep.wall_s if c.sweep else c.pruned_s for c in pool.values()),
         "sweep_wall_s": sweep_s,
         "score": best.epoch_s / selected.epoch_s,
+        # [search cost]: over this bench's short epoch, and over a reference epoch
+        "search_fraction": planned.search_s / selected.epoch_s,
+        "search_fraction_reference": planned.search_s / (
+            settings.reference_iterations() * selected.iteration_s),
         # what replan=True runs from the second round on, and its score
         "replanned": _candidate_record(replanned) if replanned else None,
         "score_replanned": best.epoch_s / replanned.epoch_s if replanned else None,
@@ -490,6 +508,10 @@ def summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "score_min": min(scores),
         "score_replanned_mean": statistics.mean(replanned) if replanned else None,
         "score_replanned_min": min(replanned) if replanned else None,
+        "search_fraction_mean": statistics.mean(r["search_fraction"] for r in records),
+        "search_fraction_reference_mean": statistics.mean(
+            r["search_fraction_reference"] for r in records),
+        "search_fraction_reference_max": max(r["search_fraction_reference"] for r in records),
     }
 
 
@@ -521,16 +543,20 @@ def markdown(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
         "",
         "S = search time: profiling + selection for the planner; the sweep's summed run "
         "wall time for the exhaustive search (stopped runs count until they were "
-        "stopped). S/T: search time over one epoch of the selected plan.",
+        "stopped). S/T: search time over one epoch of the selected plan. S/T ref: over "
+        f"an epoch of {meta['settings']['reference_samples']:,} samples shared by the "
+        "devices (CIFAR-10's training set, the epoch of PiPar's Table 7), taken as that "
+        "many iterations of the selected plan's measured steady iteration (an epoch's "
+        "lower bound, so the fraction is an upper bound).",
         "",
         "T runs: the fastest and slowest of the re-runs' epochs. Re-planned: the plan a "
         "`replan=True` run switches to after its first round (decided, as the server "
         "does, from the planner's choice's sweep run), and its score.",
         "",
-        "| model | network | P | N | T (s) | T runs (s) | S (s) | S/T | P_opt | N_opt "
-        "| T_opt (s) | T_opt runs (s) | S_opt (s) | score | re-planned | score |",
-        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: "
-        "| ---: | ---: | --- | ---: |",
+        "| model | network | P | N | T (s) | T runs (s) | S (s) | S/T | S/T ref | P_opt "
+        "| N_opt | T_opt (s) | T_opt runs (s) | S_opt (s) | score | re-planned | score |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: "
+        "| ---: | ---: | ---: | --- | ---: |",
     ]
     for r in records:
         sel, opt, again = r["selected"], r["optimum"], r.get("replanned")
@@ -538,7 +564,8 @@ def markdown(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
         po, no = _columns(opt["plan"])
         lines.append(
             f"| {r['model']} | {r['network']} | {p} | {n} | {sel['epoch_s']:.2f} | "
-            f"{_range(sel)} | {r['search_s']:.1f} | {r['search_s'] / sel['epoch_s']:.2f} | "
+            f"{_range(sel)} | {r['search_s']:.1f} | {r['search_fraction']:.2f} | "
+            f"{r['search_fraction_reference']:.4f} | "
             f"{po} | {no} | {opt['epoch_s']:.2f} | {_range(opt)} | "
             f"{r['exhaustive_s']:.0f} | {r['score']:.3f} | "
             + (f"{'kept' if again['plan'] == sel['plan'] else format_plan(again['plan'])} | "
@@ -551,6 +578,10 @@ def markdown(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
         + (f" After re-planning from the first round: mean "
            f"**{s['score_replanned_mean']:.3f}**, min **{s['score_replanned_min']:.3f}**."
            if s["score_replanned_mean"] is not None else ""),
+        "",
+        f"Search cost: S/T mean {s['search_fraction_mean']:.2f} over this bench's epochs; "
+        f"over a reference epoch mean **{s['search_fraction_reference_mean']:.4f}**, max "
+        f"{s['search_fraction_reference_max']:.4f} (PiPar Table 7: mean 0.27).",
         "",
         "## Estimator accuracy (the planner's choice)",
         "",
@@ -664,6 +695,8 @@ def main() -> None:
                         help="best sweep candidates re-run next to the planner's choice")
     parser.add_argument("--prune", type=float, default=defaults.prune,
                         help="stop sweep runs slower than this x the quickest (0: never)")
+    parser.add_argument("--reference-samples", type=int, default=defaults.reference_samples,
+                        help="samples of the reference epoch that S/T ref divides by")
     parser.add_argument("--no-exhaustive", action="store_true",
                         help="estimator accuracy only: run the planner's choice, no sweep")
     parser.add_argument("--out", type=Path, default=RESULTS,
@@ -675,7 +708,8 @@ def main() -> None:
         models, networks, repeats, finalists = ["vgg5"], ["wifi"], 2, 2
     settings = Settings(devices=args.devices, slowdown=args.slowdown,
                         batch_size=args.batch_size, samples_per_device=args.samples_per_device,
-                        repeats=repeats, finalists=finalists, prune=args.prune)
+                        repeats=repeats, finalists=finalists, prune=args.prune,
+                        reference_samples=args.reference_samples)
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     records = []

@@ -66,6 +66,11 @@ def test_a_tiny_case_plans_sweeps_and_reports(bench: ModuleType) -> None:
     assert lo <= selected["epoch_s"] <= hi
     assert record["score"] == pytest.approx(optimum["epoch_s"] / selected["epoch_s"])
     assert 0 < record["search_s"] == pytest.approx(record["profile_s"] + record["select_s"])
+    assert record["search_fraction"] == pytest.approx(record["search_s"] / selected["epoch_s"])
+    # the reference epoch: 50,000 samples over 2 devices at B = 2 is 12,500 iterations
+    assert settings.reference_iterations() == 12_500
+    assert record["search_fraction_reference"] == pytest.approx(
+        record["search_s"] / (12_500 * selected["iteration_s"]))
     assert record["exhaustive_s"] == pytest.approx(sum(c["sweep"]["wall_s"] for c in swept))
     assert any("selected" in line for line in lines)
 
@@ -79,6 +84,8 @@ def test_a_tiny_case_plans_sweeps_and_reports(bench: ModuleType) -> None:
     assert figures["score_min"] == record["score"]
     assert figures["score_replanned_min"] == record["score_replanned"]
     assert "After re-planning from the first round: mean **" in report
+    assert figures["search_fraction_reference_max"] == record["search_fraction_reference"]
+    assert "over a reference epoch mean **" in report
     assert figures["sweep_runs"] == 8
 
 
