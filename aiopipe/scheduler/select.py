@@ -509,9 +509,16 @@ def _symmetric(objective: _Objective, choice: list[int]) -> list[int]:
     (bench/planner_accuracy.py, mobilenetv3-small, two identical devices): the mixed
     plans the search chose ran 0.97 / 0.83 / 0.79 / 0.88 s epochs where the best
     uniform plan ran 0.85 / 0.72 / 0.65 / 0.83 s, while their estimates were 3% or less
-    apart. So for each group of identical devices with mixed plans, every member takes
-    each of the group's plans in turn (and the group's alone-best), and the best such
-    uniform choice is kept if its estimate is within the margin.
+    apart. So for each group of identical devices with mixed plans, the best uniform
+    choice (every member on the same candidate, the other devices as chosen) is kept if
+    its estimate is within the margin. Every candidate of the group is a uniform choice
+    to try, not only the plans the mix holds: the mix (P=5 N=1, P=3 N=2) of
+    mobilenetv3-small on 4g held neither half of the best uniform plan, P=3 N=1
+    (estimated 0.729 s), and taking P=5 N=1 for both (0.754 s) ran 0.874 s epochs
+    against 0.805 s (bench/results/2026-11-22-s9a-planner). The trials go in the order
+    of a lower bound of their estimate, the larger of a member's floor epoch and the
+    group's server seconds per epoch, and stop where that bound reaches the best trial
+    (no later one can beat it) or after `WORK_BUDGET` micro-batches of schedules.
     """
     candidates = objective.candidates
     groups: dict[int, list[int]] = {}
@@ -519,19 +526,24 @@ def _symmetric(objective: _Objective, choice: list[int]) -> list[int]:
         groups.setdefault(id(cs), []).append(k)
     best_value = objective(choice)[0]
     for members in groups.values():
-        plans = {choice[k] for k in members}
-        if len(members) < 2 or len(plans) < 2:
+        if len(members) < 2 or len({choice[k] for k in members}) < 2:
             continue
-        plans.add(_alone_best(candidates[members[0]]))
-        trials = []
-        for i in sorted(plans):
+        cs = candidates[members[0]]
+        bound = {i: max(cs[i].floor_epoch, len(members) * cs[i].server_load)
+                 for i in range(len(cs))}
+        budget = objective.work + WORK_BUDGET
+        found: tuple[float, list[int]] | None = None
+        for i in sorted(bound, key=lambda i: (bound[i], cs[i].plan)):
+            if found is not None and (bound[i] >= found[0] or objective.work >= budget):
+                break
             trial = choice.copy()
             for k in members:
                 trial[k] = i
-            trials.append((objective(trial)[0], i, trial))
-        value, _, trial = min(trials)
-        if value <= best_value * (1 + SYMMETRY_MARGIN):
-            choice, best_value = trial, min(value, best_value)
+            value = objective(trial)[0]
+            if found is None or value < found[0]:
+                found = (value, trial)
+        if found is not None and found[0] <= best_value * (1 + SYMMETRY_MARGIN):
+            choice, best_value = found[1], min(found[0], best_value)
     return choice
 
 

@@ -211,3 +211,21 @@ def test_identical_devices_share_a_plan_unless_mixing_is_clearly_better(
     dev = DeviceProfile(slowdown, LinkSpec(None, 0.0), LinkSpec(None, 0.0), 1)
     assert exhaustive_plans(model, [dev, dev], 1) == [(1, 1), (2, 1)]  # the estimate's argmin
     assert select_plans(model, [dev, dev], 1) == want
+
+
+def test_identical_devices_get_the_best_uniform_plan_not_only_one_the_mix_holds() -> None:
+    """Two identical devices (slowdown 2, two samples each, free links), five units of
+    2, 2, 1, 5 and 5 s forward (no backward). Uniform P=1..4 take 56, 52, 50 and 55 s.
+    The search ends on the mix (P=4, P=2): 50 s, 20 and 8 s device forwards interleave
+    with 5 and 11 s server passes. Trying only the mix's own plans for both devices
+    gave P=2 (52 s, within the margin); P=3, held by neither, is as good as the mix
+    ([Note: identical devices])."""
+    costs = CostTable({u: {1: t} for u, t in enumerate([2.0, 2.0, 1.0, 5.0, 5.0])},
+                      {u: {1: 0.0} for u in range(5)}, {u: 0.0 for u in range(5)})
+    model = ModelProfile(costs, (0,) * 5, (0,) * 5, label_bytes_per_sample=0,
+                         frame_overhead=0)
+    dev = DeviceProfile(2.0, LinkSpec(None, 0.0), LinkSpec(None, 0.0), 2)
+    assert [estimate_epoch(model, [dev, dev], [(p, 1)] * 2, 1) for p in range(1, 5)] == [
+        56.0, 52.0, 50.0, 55.0]
+    assert estimate_epoch(model, [dev, dev], [(4, 1), (2, 1)], 1) == 50.0
+    assert select_plans(model, [dev, dev], 1) == [(3, 1), (3, 1)]
