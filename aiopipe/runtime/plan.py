@@ -25,6 +25,7 @@ from aiopipe import models
 from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
 from aiopipe.runtime.aggregation import fedavg
+from aiopipe.runtime.overheads import measure_runtime_overheads
 from aiopipe.scheduler.costs import CostTable, measure_costs
 from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
 
@@ -181,7 +182,10 @@ def measure_planning_costs(config: RunConfig, model: nn.Sequential, dataset: dat
     learning rate and momentum, and the fixed cost of loading one of device 0's
     micro-batches charged to each device forward, and the server's aggregation of a
     round (FedAvg over the devices' whole models, then loading the result into the
-    global model and, approximately, each device's replica). The model is left as it was.
+    global model and, approximately, each device's replica), and the runtime's own
+    hand-over per work item and messages per micro-batch
+    (`measure_runtime_overheads`, with activations of the first unit's output shape).
+    The model is left as it was.
     """
     mine = device_indices(config, dataset, 0)
     whole = {key: v.detach().clone() for key, v in model.state_dict().items()}
@@ -195,10 +199,12 @@ def measure_planning_costs(config: RunConfig, model: nn.Sequential, dataset: dat
             model.load_state_dict(state)
 
     sizes = sorted({*profile_batch_sizes(config), config.batch_size})
+    overheads = measure_runtime_overheads((1, *unit_output_shapes(model, dataset.in_shape)[0]))
     return measure_costs(model, dataset.in_shape, sizes, repeats=repeats, warmup=warmup,
                          learning_rate=config.learning_rate, momentum=config.momentum,
                          threads=config.torch_threads, load_batch=load_batch,
-                         aggregate=aggregate)
+                         aggregate=aggregate, handover=overheads.handover,
+                         message=overheads.message)
 
 
 def profile_batch_sizes(config: RunConfig) -> list[int]:

@@ -13,15 +13,29 @@ compute thread: a device's forward of units 1..P (after making the micro-batch),
 backward, its step; the server's pass (forward, loss, backward of units P+1..Q) and its
 step. Besides the units' own passes an item pays fixed costs: the hand-over to the
 compute thread and back, making the micro-batch (device forwards), the loss (server
-passes), the optimizer's per-call overhead (steps). The table stays per unit and every
-stage sums its units, so each fixed cost is charged to a unit that every such stage
-holds (P is in 1..Q-1): unit 0 (the first) for the device's forward, backward and step;
-the last unit for the server's pass and step. Summed per stage this charges each item
-once, whatever P is, and the virtual-time runtime, which charges ``forward_time(0, P)``
-& co., charges the same as the estimator. (FL runs the whole model in two items and is
-charged two hand-overs and an optimizer overhead too many: well under a millisecond.)
-A slowed device's items, fixed costs included, take ``slowdown`` times as long, which is
-how the runtime emulates a slower device on real time (aiopipe/runtime/compute.py).
+passes), the optimizer's per-call overhead (steps). Each micro-batch also costs the nodes'
+event loops its messages: the device encodes and posts its activation, the server
+receives and decodes it, and the gradient goes back the same way. The table stays per
+unit and every stage sums its units, so each fixed cost is charged to a unit that every
+such stage holds (P is in 1..Q-1): unit 0 (the first) for the device's forward, backward
+and step; the last unit for the server's pass and step. A micro-batch's messages are
+charged a quarter to the device's forward, a quarter to its backward and half to the
+server's pass. Summed per stage this charges each item once, whatever P is, and the
+virtual-time runtime, which charges ``forward_time(0, P)`` & co., charges the same as the
+estimator. (FL runs the whole model in two items and is charged two hand-overs, an
+optimizer overhead and one micro-batch's messages too many: well under a millisecond.)
+A slowed device's items, fixed costs included, take ``slowdown`` times as long, as on a
+real slower machine; this is also how the runtime emulates a slower device on real time
+(aiopipe/runtime/compute.py), though there the emulated device's hand-overs and loop are
+not slowed: they share one interpreter lock with every node's compute in the process
+instead, which costs about as much (bench/planner_accuracy.py measures what is left).
+
+The hand-over and the messages are the runtime's, so the runtime measures them, through
+its own parts (`aiopipe.runtime.overheads`: about 0.16 ms and 0.15 ms on this project's
+2-core machine) and `measure_costs` charges what it is given. They are what makes many
+small micro-batches cost more than their compute: charging a bare thread pool round
+trip (0.012 ms) instead, the estimate put vgg5 on 4g+ at N = 32 and N = 16 within 1-2%
+of each other, where N = 32 ran 4-6% slower (bench/results/2026-11-22-s8-planner).
 
 A unit that cannot run at a batch size costs ``math.inf`` there ([Note: infeasible
 sizes]); `to_mapping` then holds ``inf``, which Python's json writes as ``Infinity``.
@@ -34,7 +48,6 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -157,6 +170,7 @@ def measure_costs(model: nn.Sequential, in_shape: Sequence[int], batch_sizes: Se
                   momentum: float = 0.9, threads: int | None = None,
                   load_batch: Callable[[int], torch.Tensor] | None = None,
                   aggregate: Callable[[int], object] | None = None,
+                  handover: float = 0.0, message: float = 0.0,
                   stage_overheads: bool = True, clock: str = "auto") -> CostTable:
     """Time each unit's forward and backward at each batch size, and each unit's step.
 
@@ -171,6 +185,7 @@ def measure_costs(model: nn.Sequential, in_shape: Sequence[int], batch_sizes: Se
     included, as a device's forward runs; when None, loading is not charged), and the
     units' times are scaled to the whole model's passes and step timed in sequence
     ([Note: units in sequence]). A unit
+    A unit
     ``aggregate(k)``, when given, does what the server does to aggregate a round of
     ``k`` devices' models; it is timed at k = 1 and 2 (`CostTable.aggregate`, fixed and
     per device seconds; not measured: zero). A unit
@@ -190,7 +205,8 @@ def measure_costs(model: nn.Sequential, in_shape: Sequence[int], batch_sizes: Se
 
     Raises:
         ConfigError: ``batch_sizes`` is empty or holds a size < 1, ``repeats`` < 1,
-            ``warmup`` < 0, ``threads`` < 1 or an unknown ``clock``.
+            ``warmup`` < 0, ``threads`` < 1, ``handover`` or ``message`` < 0 or an
+            unknown ``clock``.
     """
     if not batch_sizes or min(batch_sizes) < 1:
         raise ConfigError(f"batch sizes to profile must be >= 1, got {list(batch_sizes)}")
@@ -199,6 +215,9 @@ def measure_costs(model: nn.Sequential, in_shape: Sequence[int], batch_sizes: Se
                           f"and {warmup}")
     if threads is not None and threads < 1:
         raise ConfigError(f"torch threads to profile with must be >= 1, got {threads}")
+    if not (handover >= 0 and message >= 0):
+        raise ConfigError(f"hand-over and message seconds must be >= 0, got {handover!r} "
+                          f"and {message!r}")
     if clock not in ("auto", "cpu", "shared", "wall"):
         raise ConfigError(f'profiling clock must be "auto", "cpu", "shared" or "wall", '
                           f"got {clock!r}")
@@ -226,15 +245,16 @@ def measure_costs(model: nn.Sequential, in_shape: Sequence[int], batch_sizes: Se
             step_overhead /= share
             rounds = (rounds[0] / share, rounds[1] / share)
         if stage_overheads:
-            dispatch = _dispatch_time(timer)
             last = len(units) - 1
+            # a device's forward posts the activation, its backward takes the gradient
+            # (half the messages' cost between them); the server's pass does both
             for b in forward[0]:
-                forward[0][b] += dispatch
-                backward[0][b] += dispatch
+                forward[0][b] += handover + message / 4
+                backward[0][b] += handover + message / 4
                 if last > 0:
-                    backward[last][b] += dispatch
+                    backward[last][b] += handover + message / 2
             for u in {0, last}:  # unit 0: every device stage; the last: the server's
-                step[u] += dispatch + step_overhead
+                step[u] += handover + step_overhead
     finally:
         with torch.no_grad():
             model.load_state_dict(saved)
@@ -501,20 +521,3 @@ def _aggregate_times(aggregate: Callable[[int], object], timer: _Timer) -> tuple
     timer.cpu_total += quick.cpu_total
     per_device = max(0.0, two - one)
     return max(0.0, one - per_device), per_device
-
-
-def _dispatch_time(timer: _Timer) -> float:
-    """Elapsed seconds to hand a no-op to a worker thread and get its result back: what
-    running a work item on a node's compute thread adds to the work itself."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiopipe-profile") as pool:
-        pool.submit(_nothing).result()  # starts the thread
-        times = []
-        for _ in range(max(20, timer.repeats)):
-            start = time.perf_counter()
-            pool.submit(_nothing).result()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
-
-
-def _nothing() -> None:
-    return None

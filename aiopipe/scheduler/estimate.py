@@ -77,14 +77,19 @@ same table. On the system clock a run is slower than it by what the table cannot
 measured in session 7 (mobilenetv3-small, wifi, P = 3, N = 1, two devices with
 slowdown 4 in one process on 2 cores), timing each work item inside its thread: the
 hand-over to a compute thread and back is about 0.15 ms even with three other threads
-busy; the work itself is what grows. Its CPU time was 5% above the profile for the
-server's passes and 20-23% for the devices' forwards and backwards: nodes emulated on
-one machine share its caches and memory bandwidth, which a profile taken alone does
-not see. (Steps took about 2x the sum of their units alone; the profiler now times
-the whole model's step and passes in sequence for that, costs.py [Note: units in
-sequence].) A slowed device's item is emulated as ``slowdown`` x the CPU time its thread
-spent (aiopipe/runtime/compute.py), so a device's 20% becomes 20% of its emulated
-time too, and estimates of emulated fleets come out low by about that much.
+busy (the table now charges the runtime's measured hand-over and messages, costs.py
+[Note: per-stage costs]); the work itself is what grows. Its CPU time was 5% above the
+profile for the server's passes and 20-23% for the devices' forwards and backwards:
+nodes emulated on one machine share its caches and memory bandwidth, which a profile
+taken alone does not see. (Steps took about 2x the sum of their units alone; the
+profiler now times the whole model's step and passes in sequence for that, costs.py
+[Note: units in sequence].) A slowed device's item is emulated as ``slowdown`` x the
+CPU time its thread spent (aiopipe/runtime/compute.py), so a device's 20% becomes 20%
+of its emulated time too, and estimates of emulated fleets come out low by about that
+much. This is what still decides vgg5 on 4g+ at P = 2: at N = 32 (one sample per
+micro-batch) the devices' compute is the critical path and is estimated 10-15% low, at
+N = 16 the uplink is, so the estimate has the two within a few per cent, either way
+round depending on the profile's noise at one sample, where N = 32 runs 4-10% slower.
 """
 
 from __future__ import annotations

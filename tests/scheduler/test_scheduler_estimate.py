@@ -498,6 +498,29 @@ def test_stage_overheads_are_charged_to_the_units_every_stage_holds() -> None:
     assert loaded.forward[1][2] < 0.05
 
 
+def test_runtime_overheads_are_charged_per_item_and_per_micro_batch() -> None:
+    """[Note: per-stage costs]: a hand-over to every stage's item; a micro-batch's
+    messages a quarter to the device's forward and backward, half to the server's pass."""
+    model = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(12, 3))
+    kwargs = {"repeats": 1, "warmup": 0, "clock": "wall"}
+    costs = measure_costs(model, (12,), [2], handover=0.2, message=0.8, **kwargs)
+    assert 0.4 <= costs.forward[0][2] < 0.45  # 0.2 + 0.8 / 4
+    assert 0.4 <= costs.backward[0][2] < 0.45
+    assert 0.6 <= costs.backward[2][2] < 0.65  # 0.2 + 0.8 / 2
+    assert costs.forward[1][2] < 0.05
+    assert costs.forward[2][2] < 0.05
+    assert costs.backward[1][2] < 0.05
+    assert 0.2 <= costs.step[0] < 0.25
+    assert 0.2 <= costs.step[2] < 0.25
+    assert costs.step[1] == 0.0
+    bare = measure_costs(model, (12,), [2], handover=0.2, message=0.8,
+                         stage_overheads=False, **kwargs)
+    assert bare.forward_time(0, 3, 2) < 0.05
+    assert bare.step_time(0, 3) < 0.05
+    with pytest.raises(ConfigError, match="hand-over and message seconds must be >= 0"):
+        measure_costs(model, (12,), [2], message=-1.0, **kwargs)
+
+
 class _AfterTheLinear(torch.nn.Module):
     """Stands in for memory effects: slow (30 ms) on the first call after the layer
     before it ran, fast (1 ms) when called again on its own; one parameter."""
