@@ -377,16 +377,24 @@ def _in_sequence(units: Sequence[nn.Module], in_shape: Sequence[int], timer: _Ti
     sum to them. How the time divides among the units still comes from the units
     alone. (The device and server halves of a split model are the two ends of the
     same sequence: each is a prefix or suffix of it.)
+
+    The batch sizes take turns, one pass of each per round, rather than each running its
+    passes in a block: a neighbour's burst of load then lands on every size alike (or,
+    when short, on one pass of each, which the median drops) instead of on one size,
+    whose plans it would make look slower than the others' (resnet18's passes at 16
+    and 32 samples came out 28-36% slow in one profile, 4-8 samples not, and the
+    planner took N = 4 over N = 2: bench/results/2026-11-22-s10-planner).
     """
     model = nn.Sequential(*units)  # the same modules, run one after another
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=learning_rate, momentum=momentum) if params else None
     steps: list[float] = []
-    for batch in sorted(forward[0]):
-        if not all(math.isfinite(forward[u][batch]) for u in forward):
-            continue
-        f_times, b_times = [], []
-        for r in range(timer.warmup + timer.repeats):
+    sizes = [b for b in sorted(forward[0])
+             if all(math.isfinite(forward[u][b]) for u in forward)]
+    f_times: dict[int, list[float]] = {b: [] for b in sizes}
+    b_times: dict[int, list[float]] = {b: [] for b in sizes}
+    for r in range(timer.warmup + timer.repeats):
+        for batch in sizes:
             mark = timer.mark()
             x = (load_batch(batch) if load_batch is not None
                  else torch.randn(batch, *in_shape))
@@ -402,10 +410,11 @@ def _in_sequence(units: Sequence[nn.Module], in_shape: Sequence[int], timer: _Ti
                 opt.zero_grad(set_to_none=True)
             s = timer.since(mark)
             if r >= timer.warmup:
-                f_times.append(f)
-                b_times.append(b)
+                f_times[batch].append(f)
+                b_times[batch].append(b)
                 steps.append(s)
-        for table, times in ((forward, f_times), (backward, b_times)):
+    for batch in sizes:
+        for table, times in ((forward, f_times[batch]), (backward, b_times[batch])):
             alone = sum(table[u][batch] for u in table)
             if alone > 0:
                 factor = statistics.median(times) / alone

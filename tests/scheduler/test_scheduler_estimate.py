@@ -538,6 +538,42 @@ class _AfterTheLinear(torch.nn.Module):
         return x * self.scale
 
 
+class _BurstInSequence(torch.nn.Module):
+    """Stands in for a neighbour's burst of load: 40 ms slower on the whole model's
+    passes number ``burst`` (1-based; a pass in sequence gets the first unit's own
+    output, a pass alone a copy of it)."""
+
+    def __init__(self, before: torch.nn.Module, burst: set[int]) -> None:
+        super().__init__()
+        self.burst = burst
+        self.in_sequence = 0
+        self.first_output: list[torch.Tensor] = []
+        before.register_forward_hook(self._seen)
+
+    def _seen(self, module: torch.nn.Module, args: object, output: torch.Tensor) -> None:
+        self.first_output[:] = [output]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first_output and x is self.first_output[0]:
+            self.in_sequence += 1
+            if self.in_sequence in self.burst:
+                time.sleep(0.04)
+        return x * 1.0
+
+
+def test_a_short_burst_of_load_does_not_land_on_one_batch_size() -> None:
+    """[Note: units in sequence]: the sizes take turns. One warm-up and three timed
+    passes per size: run in blocks, passes 6 and 7 would be two of size 4's three timed
+    passes (its median 40 ms slow); in turns they are one timed pass of each size."""
+    first = torch.nn.Linear(4, 3)
+    burst = _BurstInSequence(first, {6, 7})
+    model = torch.nn.Sequential(first, burst)
+    costs = measure_costs(model, (4,), [2, 4], repeats=3, warmup=1, clock="wall")
+    assert burst.in_sequence == 8
+    assert costs.forward_time(0, 2, 2) < 0.02
+    assert costs.forward_time(0, 2, 4) < 0.02
+
+
 def test_units_are_scaled_to_the_whole_model_run_in_sequence() -> None:
     """[Note: units in sequence]: a unit timed alone runs warm; the run's stages run the
     units one after another. Without the whole model's timing the forward would sum to
