@@ -378,12 +378,16 @@ def _in_sequence(units: Sequence[nn.Module], in_shape: Sequence[int], timer: _Ti
     alone. (The device and server halves of a split model are the two ends of the
     same sequence: each is a prefix or suffix of it.)
 
-    The batch sizes take turns, one pass of each per round, rather than each running its
-    passes in a block: a neighbour's burst of load then lands on every size alike (or,
-    when short, on one pass of each, which the median drops) instead of on one size,
-    whose plans it would make look slower than the others' (resnet18's passes at 16
-    and 32 samples came out 28-36% slow in one profile, 4-8 samples not, and the
-    planner took N = 4 over N = 2: bench/results/2026-11-22-s10-planner).
+    The batch sizes take turns, one timed pass of each per round, rather than each
+    running its passes in a block: a neighbour's burst of load then lands on every size
+    alike (or, when short, on one pass of each, which the median drops) instead of on
+    one size, whose plans it would make look slower than the others' (resnet18's passes
+    at 16 and 32 samples came out 28-36% slow in one profile, 4-8 samples not, and the
+    planner took N = 4 over N = 2: bench/results/2026-11-22-s10-planner). Each timed
+    pass follows ``warmup`` untimed ones at its size, as a run's passes follow passes of
+    the same shape: right after a pass at another size, vgg5's whole pass at one sample
+    took 4.3 ms of CPU against 3.1 ms in a block, at two samples 5.1 against 4.3 ms; one
+    pass in between left 3.6 ms, two left none of the difference.
     """
     model = nn.Sequential(*units)  # the same modules, run one after another
     params = [p for p in model.parameters() if p.requires_grad]
@@ -393,26 +397,30 @@ def _in_sequence(units: Sequence[nn.Module], in_shape: Sequence[int], timer: _Ti
              if all(math.isfinite(forward[u][b]) for u in forward)]
     f_times: dict[int, list[float]] = {b: [] for b in sizes}
     b_times: dict[int, list[float]] = {b: [] for b in sizes}
-    for r in range(timer.warmup + timer.repeats):
+
+    def one_pass(batch: int) -> tuple[float, float, float]:
+        mark = timer.mark()
+        x = load_batch(batch) if load_batch is not None else torch.randn(batch, *in_shape)
+        out = model(x)
+        root = _root(out, loss=True)
+        f = timer.since(mark)
+        mark = timer.mark()
+        _backward(root, out)
+        b = timer.since(mark)
+        mark = timer.mark()
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return f, b, timer.since(mark)
+
+    for _ in range(timer.repeats):
         for batch in sizes:
-            mark = timer.mark()
-            x = (load_batch(batch) if load_batch is not None
-                 else torch.randn(batch, *in_shape))
-            out = model(x)
-            root = _root(out, loss=True)
-            f = timer.since(mark)
-            mark = timer.mark()
-            _backward(root, out)
-            b = timer.since(mark)
-            mark = timer.mark()
-            if opt is not None:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            s = timer.since(mark)
-            if r >= timer.warmup:
-                f_times[batch].append(f)
-                b_times[batch].append(b)
-                steps.append(s)
+            for _ in range(timer.warmup):
+                one_pass(batch)
+            f, b, s = one_pass(batch)
+            f_times[batch].append(f)
+            b_times[batch].append(b)
+            steps.append(s)
     for batch in sizes:
         for table, times in ((forward, f_times[batch]), (backward, b_times[batch])):
             alone = sum(table[u][batch] for u in table)

@@ -562,14 +562,38 @@ class _BurstInSequence(torch.nn.Module):
 
 
 def test_a_short_burst_of_load_does_not_land_on_one_batch_size() -> None:
-    """[Note: units in sequence]: the sizes take turns. One warm-up and three timed
-    passes per size: run in blocks, passes 6 and 7 would be two of size 4's three timed
-    passes (its median 40 ms slow); in turns they are one timed pass of each size."""
+    """[Note: units in sequence]: the sizes take turns. One warm-up pass before each of
+    three timed passes per size: run in blocks (a warm-up, then three timed), passes 6
+    and 7 would be two of size 4's three timed passes (its median 40 ms slow); in turns
+    they are one timed pass of size 2 and a warm-up of size 4."""
     first = torch.nn.Linear(4, 3)
     burst = _BurstInSequence(first, {6, 7})
     model = torch.nn.Sequential(first, burst)
     costs = measure_costs(model, (4,), [2, 4], repeats=3, warmup=1, clock="wall")
-    assert burst.in_sequence == 8
+    assert burst.in_sequence == 12
+    assert costs.forward_time(0, 2, 2) < 0.02
+    assert costs.forward_time(0, 2, 4) < 0.02
+
+
+class _SlowAfterAnotherSize(torch.nn.Module):
+    """Stands in for what a change of shape costs: 30 ms on a call whose batch size
+    differs from the previous call's, 1 ms otherwise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.previous = -1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.03 if len(x) != self.previous else 0.001)
+        self.previous = len(x)
+        return x * 1.0
+
+
+def test_each_timed_pass_follows_a_pass_of_its_own_size() -> None:
+    """A run's passes follow passes of the same shape; taking turns must not time each
+    pass right after another size's."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), _SlowAfterAnotherSize())
+    costs = measure_costs(model, (4,), [2, 4], repeats=3, warmup=1, clock="wall")
     assert costs.forward_time(0, 2, 2) < 0.02
     assert costs.forward_time(0, 2, 4) < 0.02
 
