@@ -36,8 +36,9 @@ its own parts (`aiopipe.runtime.overheads`: about 0.12 ms and 0.13 ms on this pr
 many small micro-batches cost more than their compute: charging a bare thread pool round
 trip (0.012 ms) instead, the estimate put vgg5 on 4g+ at N = 32 and N = 16 within 1-2%
 of each other, either way round, where N = 32 ran 4-6% slower
-(bench/results/2026-11-22-s8-planner); 1 of 10 profiles chose N = 16. With them, 7 of 8
-did (the planner bench's own profiling, one after another in one process).
+(bench/results/2026-11-22-s8-planner); 1 of 10 profiles chose N = 16. With them, 3 of
+14 did, and 7 of 8 once the profiler also timed its batch sizes in turns ([Note: units
+in sequence]) (the planner bench's own profiling, one after another in one process).
 
 A unit that cannot run at a batch size costs ``math.inf`` there ([Note: infeasible
 sizes]); `to_mapping` then holds ``inf``, which Python's json writes as ``Infinity``.
