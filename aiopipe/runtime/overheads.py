@@ -23,8 +23,8 @@ import asyncio
 import statistics
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import NamedTuple, TypeVar
+from collections.abc import Coroutine, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
@@ -59,21 +59,22 @@ def measure_runtime_overheads(activation_shape: Sequence[int], *, repeats: int =
     event loop; it blocks the caller meanwhile (about 0.1 s with the defaults).
     """
     shape = tuple(activation_shape)
-    return RuntimeOverheads(_in_own_loop(lambda: _handovers(repeats, warmup)),
-                            _in_own_loop(lambda: _round_trips(shape, repeats, warmup)))
+
+    async def measure() -> RuntimeOverheads:
+        return RuntimeOverheads(await _handovers(repeats, warmup),
+                                await _round_trips(shape, repeats, warmup))
+
+    return _in_own_loop(measure())
 
 
-def _in_own_loop(main: Callable[[], Awaitable[T]]) -> T:
-    """``main()`` run to completion on a new event loop in a new thread."""
+def _in_own_loop(main: Coroutine[Any, Any, T]) -> T:
+    """``main`` run to completion on a new event loop in a new thread."""
     result: list[T] = []
     failure: list[BaseException] = []
 
-    async def run() -> T:
-        return await main()
-
     def thread_main() -> None:
         try:
-            result.append(asyncio.run(run()))
+            result.append(asyncio.run(main))
         except BaseException as exc:  # handed to the caller's thread
             failure.append(exc)
 

@@ -181,20 +181,20 @@ def measure_costs(model: nn.Sequential, in_shape: Sequence[int], batch_sizes: Se
     (the first calls at a new shape are slow: allocator, kernel selection). The last
     unit's forward and backward include the cross-entropy loss, as the server's pass
     does. With ``stage_overheads`` the fixed costs of the runtime's work items are
-    charged too ([Note: per-stage costs]): handing each item to the compute thread,
-    the optimizer's own overhead per step, and ``load_batch(b)`` (a callable making
-    one micro-batch of ``b`` samples, as a device does before its forward, and returning
+    charged too ([Note: per-stage costs]): ``handover`` seconds per work item and
+    ``message`` seconds per micro-batch, as given (what the runtime measures,
+    `aiopipe.runtime.overheads.measure_runtime_overheads`; 0 charges nothing), the
+    optimizer's own overhead per step, and ``load_batch(b)`` (a callable making one
+    micro-batch of ``b`` samples, as a device does before its forward, and returning
     its input tensor; unit 0's forward is then timed on freshly loaded batches, loading
     included, as a device's forward runs; when None, loading is not charged), and the
     units' times are scaled to the whole model's passes and step timed in sequence
-    ([Note: units in sequence]). A unit
-    A unit
-    ``aggregate(k)``, when given, does what the server does to aggregate a round of
-    ``k`` devices' models; it is timed at k = 1 and 2 (`CostTable.aggregate`, fixed and
-    per device seconds; not measured: zero). A unit
-    that cannot run at a batch size (e.g. batch norm
-    over one value per channel at batch size 1) costs ``math.inf`` there, and so do
-    the units after it ([Note: infeasible sizes]).
+    ([Note: units in sequence]). ``aggregate(k)``, when given, does what the server
+    does to aggregate a round of ``k`` devices' models; it is timed at k = 1 and 2
+    (`CostTable.aggregate`, fixed and per device seconds; not measured: zero). A unit
+    that cannot run at a batch size (e.g. batch norm over one value per channel at
+    batch size 1) costs ``math.inf`` there, and so do the units after it
+    ([Note: infeasible sizes]).
 
     ``clock`` ([Note: profiling clock]): "wall" times the work by elapsed time; "cpu" by
     the calling thread's CPU time (its cost with a core to itself); "shared" by CPU time
