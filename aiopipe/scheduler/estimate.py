@@ -79,9 +79,13 @@ slowdown 4 in one process on 2 cores), timing each work item inside its thread: 
 hand-over to a compute thread and back is about 0.15 ms even with three other threads
 busy (the table now charges the runtime's measured hand-over and messages, costs.py
 [Note: per-stage costs]); the work itself is what grows. Its CPU time was 5% above the
-profile for the server's passes and 20-23% for the devices' forwards and backwards:
-nodes emulated on one machine share its caches and memory bandwidth, which a profile
-taken alone does not see. (Steps took about 2x the sum of their units alone; the
+profile for the server's passes and 20-23% for the devices' forwards and backwards.
+What inflates it is mostly the interpreter lock that the emulated nodes share, not
+caches (session 11, mobilenetv3-small's device half at P = 5, B = 32, one torch thread,
+CPU time of its forward and backward: 7.5-7.9 ms alone, 8.1-8.4 ms after sweeping 32 MB
+of memory or while another thread ran the server half, 8.7 ms beside a busy process, but
+15.3 ms beside a thread busy in Python, 12.4 ms with a 0.5 ms switch interval), which
+a profile taken alone does not see. (Steps took about 2x the sum of their units alone; the
 profiler now times the whole model's step and passes in sequence for that, costs.py
 [Note: units in sequence].) A slowed device's item is emulated as ``slowdown`` x the
 CPU time its thread spent (aiopipe/runtime/compute.py), so a device's 20% becomes 20%

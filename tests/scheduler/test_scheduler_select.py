@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -128,7 +129,7 @@ def test_exhaustive_refuses_a_huge_space() -> None:
 def test_one_device_selection_is_the_exact_optimum(seed: int) -> None:
     rng = random.Random(seed)
     model, devices = random_model(rng, rng.choice([3, 5, 8])), random_fleet(rng, 1, 32)
-    chosen = select_plans(model, devices, 32)
+    chosen = select_plans(model, devices, 32, shallow_margin=0)
     best = exhaustive_plans(model, devices, 32)
     assert estimate_epoch(model, devices, chosen, 32) == pytest.approx(
         estimate_epoch(model, devices, best, 32), rel=1e-12
@@ -145,7 +146,7 @@ def test_selection_matches_the_exhaustive_search_on_small_fleets() -> None:
         units, devices, batch = rng.choice([3, 4, 5]), rng.choice([2, 3]), rng.choice([8, 16, 32])
         model, fleet = random_model(rng, units), random_fleet(rng, devices, batch)
         only = None if devices == 2 else [1, 2, 4, 8]
-        chosen = select_plans(model, fleet, batch, parallel_batches=only)
+        chosen = select_plans(model, fleet, batch, parallel_batches=only, shallow_margin=0)
         best = exhaustive_plans(model, fleet, batch, parallel_batches=only)
         ratios.append(
             estimate_epoch(model, fleet, chosen, batch) / estimate_epoch(model, fleet, best, batch)
@@ -229,3 +230,51 @@ def test_identical_devices_get_the_best_uniform_plan_not_only_one_the_mix_holds(
         56.0, 52.0, 50.0, 55.0]
     assert estimate_epoch(model, [dev, dev], [(4, 1), (2, 1)], 1) == 50.0
     assert select_plans(model, [dev, dev], 1) == [(3, 1), (3, 1)]
+
+
+# -- shallow splits ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("slowdown", "margin", "want"), [
+    (0.98, 0.02, (1, 1)),  # P=1 2.98 s, P=2 2.96 s: 0.7% behind, within 2%: shallower
+    (0.98, 0.0, (2, 1)),  # no margin: the estimate's optimum
+    (0.98, 0.005, (2, 1)),  # 0.7% is more than 0.5%
+    (0.9, 0.02, (2, 1)),  # P=1 2.9 s, P=2 2.8 s: 3.6% behind
+])
+def test_a_plan_with_fewer_device_layers_wins_within_the_margin(
+    slowdown: float, margin: float, want: tuple[int, int]
+) -> None:
+    """One device a little faster than the server, one sample, free links; three units
+    of 1 s forward each (no backward): P=1 takes s + 2 s, P=2 takes 2s + 1 s
+    ([Note: shallow splits])."""
+    costs = CostTable({u: {1: 1.0} for u in range(3)}, {u: {1: 0.0} for u in range(3)},
+                      {u: 0.0 for u in range(3)})
+    model = ModelProfile(costs, (0, 0, 0), (0, 0, 0), label_bytes_per_sample=0,
+                         frame_overhead=0)
+    dev = DeviceProfile(slowdown, LinkSpec(None, 0.0), LinkSpec(None, 0.0), 1)
+    assert estimate_epoch(model, [dev], [(1, 1)], 1) == pytest.approx(slowdown + 2)
+    assert estimate_epoch(model, [dev], [(2, 1)], 1) == pytest.approx(2 * slowdown + 1)
+    assert select_plans(model, [dev], 1, shallow_margin=margin) == [want]
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_shallow_splits_cost_at_most_the_margin_and_never_deepen(seed: int) -> None:
+    rng = random.Random(seed)
+    units, devices, batch = rng.choice([3, 5, 8]), rng.choice([1, 2, 3, 6]), rng.choice([8, 32])
+    model, fleet = random_model(rng, units), random_fleet(rng, devices, batch)
+    if rng.random() < 0.5:
+        fleet = fleet[:1] * devices  # identical devices move together
+    exact = select_plans(model, fleet, batch, shallow_margin=0)
+    shallow = select_plans(model, fleet, batch, shallow_margin=0.02)
+    assert estimate_epoch(model, fleet, shallow, batch) <= 1.02 * estimate_epoch(
+        model, fleet, exact, batch) * (1 + 1e-12)
+    assert all(p <= q for (p, _), (q, _) in zip(shallow, exact, strict=True))
+    assert select_plans(model, fleet, batch) == shallow  # 2% is the default
+
+
+def test_a_bad_shallow_margin_is_a_config_error() -> None:
+    rng = random.Random(3)
+    model, devices = random_model(rng, 4), random_fleet(rng, 2, 8)
+    for bad in (-0.01, math.inf, math.nan):
+        with pytest.raises(ConfigError, match="shallow margin"):
+            select_plans(model, devices, 8, shallow_margin=bad)
