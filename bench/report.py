@@ -631,7 +631,7 @@ def write_summary(dirs: Sequence[Path], path: Path) -> Path:
     by_name = dict(raws)
     notes = [
         f"[{i}] `{name}/`: `{by_name[name]['command']}` ({by_name[name]['started']}, git "
-        f"{by_name[name]['machine']['git']})"
+        f"{by_name[name]['machine']['git']}, {by_name[name]['machine'].get('cpu', 'CPU ?')})"
         for name, i in sorted(used.items(), key=lambda item: item[1])
     ]
     lines = [
@@ -643,8 +643,10 @@ def write_summary(dirs: Sequence[Path], path: Path) -> Path:
         "directories below, left out: runs with `--replan`; SFL best is the quickest "
         "split point (the newest run of each) of those listed under SFL P tried. A row "
         "may mix runs from "
-        "different directories (its sources); runs are single and the machine is shared, "
-        "so differences of a few per cent are noise.",
+        "different directories (its sources), even from different hosts (their CPUs are "
+        "listed with the sources: the same plan ran up to a third faster on one than on "
+        "another); runs are single and the machine is shared, so differences of a few "
+        "per cent are noise.",
         "",
         *rows,
         "",
