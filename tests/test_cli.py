@@ -108,6 +108,10 @@ IN_PROCESS_CASES: Mapping[str, tuple[str, tuple[str, ...], str]] = {
             ("split-point-not-int", ("--split-point", "x"), "--split-point"),
             ("slowdown-below-1", ("--device-slowdown", "0.5"), "'device_slowdown'"),
             ("config-is-a-directory", ("--config", "."), "cannot read"),
+            ("untrainable-micro-batch",
+             ("--model", "mobilenetv3-small", "--batch-size", "8", "--parallel-batches", "8",
+              "--split-point", "3", "--samples-per-device", "16"),
+             "cannot train on 1 sample per micro-batch"),
         )
     },
     "server-public-host-insecure": (

@@ -32,6 +32,7 @@ from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
 __all__ = [
     "DevicePlan",
     "build_model",
+    "check_trainable",
     "choose_plans",
     "declared_devices",
     "device_indices",
@@ -150,6 +151,36 @@ def device_plans(config: RunConfig, units: int, samples: list[int]) -> list[Devi
                               f"iteration ({micro * n}); raise samples_per_device")
         plans.append(DevicePlan(k, p, n, micro, iterations))
     return plans
+
+
+def check_trainable(model: nn.Sequential, in_shape: tuple[int, ...], plans: list[DevicePlan],
+                    name: str) -> None:
+    """Refuse plans whose micro-batches ``model`` cannot train on.
+
+    One training pass (forward and backward, in training mode) of a copy of ``model`` on
+    the smallest micro-batch any plan uses: batch norm needs more than one value per
+    channel, so a model whose maps shrink to 1x1 cannot train on one sample, and a run
+    would fail in its first pass. A model that trains on the smallest micro-batch trains
+    on larger ones. The model, its batch-norm statistics and torch's random state are
+    left as they were. ``name`` names the model in the error.
+
+    Raises:
+        ConfigError: the pass fails; the message says at which size and what to change.
+    """
+    smallest = min(plans, key=lambda p: p.micro_batch_size)
+    size = smallest.micro_batch_size
+    with torch.random.fork_rng(devices=[]):
+        probe = copy.deepcopy(model).train()
+        try:
+            probe(torch.zeros(size, *in_shape)).sum().backward()
+        except (RuntimeError, ValueError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ConfigError(
+                f"{name} cannot train on {size} sample{'s' if size != 1 else ''} per "
+                f"micro-batch (device {smallest.device_id}: batch_size "
+                f"{smallest.micro_batch_size * smallest.parallel_batches} / parallel_batches "
+                f"{smallest.parallel_batches}): {reason}; use fewer parallel_batches or a "
+                "larger batch_size") from None
 
 
 def unit_output_shapes(model: nn.Sequential, in_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
