@@ -28,6 +28,7 @@ from aiopipe.runtime.device import Connector, DeviceSummary, run_device
 from aiopipe.runtime.http import add_routes
 from aiopipe.runtime.plan import build_model, measure_planning_costs, train_dataset
 from aiopipe.runtime.server import ServerNode
+from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.transport import Link, network_spec, open_memory_link_pair, open_websocket_link
 
@@ -57,14 +58,17 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
     config = node.config  # "auto" resolved
     network = network_spec(config.network)
     custom = None if isinstance(config.model, str) else config.model
-    async with asyncio.TaskGroup() as tasks:
-        for k in range(config.devices):
-            device_end, server_end = open_memory_link_pair(
-                clock, a_to_b=network.up, b_to_a=network.down,
-                max_frame_bytes=node.max_frame_bytes)
-            tasks.create_task(node.serve_link(server_end))
-            tasks.create_task(_device(device_end, k, clock, cost_table, custom))
-        result = await node.train()
+    try:
+        async with asyncio.TaskGroup() as tasks:
+            for k in range(config.devices):
+                device_end, server_end = open_memory_link_pair(
+                    clock, a_to_b=network.up, b_to_a=network.down,
+                    max_frame_bytes=node.max_frame_bytes)
+                tasks.create_task(node.serve_link(server_end))
+                tasks.create_task(_device(device_end, k, clock, cost_table, custom))
+            result = await node.train()
+    except BaseExceptionGroup as group:
+        raise first_error(group) from None
     if isinstance(clock, VirtualClock):
         await clock.aclose()
     return _finish(result)

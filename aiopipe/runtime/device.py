@@ -150,6 +150,8 @@ class _DeviceNode:
         self.result_sent = asyncio.Event()
         self.last_heard = clock.now()
         self.random = random.Random(device_id)
+        #: set when the server said Bye: the run is over, mid-round or not
+        self.ended: TrainingError | None = None
 
     async def run(self) -> DeviceSummary:
         async with contextlib.AsyncExitStack() as links:
@@ -350,8 +352,10 @@ class _DeviceNode:
                 self.control.put_nowait(message)
             elif isinstance(message, Bye):
                 self.control.put_nowait(message)
-                # the server may end the run mid-round (it failed): stop waiting
-                self._abandon(TrainingError(f"the server ended the run: {message.reason}"))
+                # the server may end the run mid-round (it failed): stop waiting, now and
+                # for any micro-batch the round would still send
+                self.ended = TrainingError(f"the server ended the run: {message.reason}")
+                self._abandon(self.ended)
                 return
             elif isinstance(message, ErrorMessage):
                 raise TrainingError(f"server error {message.code}: {message.message}")
@@ -472,6 +476,8 @@ class _DeviceNode:
                     cost=costs.forward_time(0, p, micro) if costs else None,
                     epoch=epoch, iteration=iteration, micro_batch=n, ready_at=ready)
                 outputs[n] = out
+                if self.ended is not None:  # no gradient will come
+                    raise self.ended
                 waiting[n] = self.pending[(epoch, iteration, n)] = loop.create_future()
                 activation = Activation(epoch, iteration, n, to_tensor_data(out.detach()),
                                         to_tensor_data(y))

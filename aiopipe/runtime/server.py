@@ -17,10 +17,10 @@ import contextlib
 import copy
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -42,6 +42,7 @@ from aiopipe.metrics.trace import RESOURCE_KINDS, Recorder, resource_kind
 from aiopipe.protocol import (
     HEADER_SLACK_BYTES,
     PROTOCOL_VERSION,
+    Bye,
     ErrorMessage,
     Hello,
     Plan,
@@ -79,6 +80,8 @@ from aiopipe.transport import Link
 __all__ = ["ServerNode"]
 
 log = logging.getLogger("aiopipe.server")
+
+T = TypeVar("T")
 
 #: Seconds a new connection has to say hello before it is dropped.
 HELLO_TIMEOUT_S = 30.0
@@ -147,6 +150,9 @@ class ServerNode:
         self.connected: set[int] = set()  # devices whose connection is open now
         self._left = asyncio.Event()  # set whenever a connection closes
         self._arrived = asyncio.Event()  # set whenever a device is admitted
+        #: why the server's own work failed ([Note: server faults]); train() raises it
+        self.failure: TrainingError | None = None
+        self._failed = asyncio.Event()
         self.joined = asyncio.Event()  # set once every device has said hello
         self.epoch = -1
         self.finished = False  # train() has returned: no more admissions
@@ -242,6 +248,18 @@ class ServerNode:
             session.end(str(exc))
             log.warning("device %d was lost: %s", k, exc)
             raise
+        except Exception as exc:
+            # [Note: server faults]
+            cause = first_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
+            failure = TrainingError(f"the server's work for device {k} failed: "
+                                    f"{type(cause).__name__}: {cause}")
+            session.end(str(failure))
+            log.error("%s", failure, exc_info=cause)
+            if self.failure is None:
+                self.failure = failure
+                self._failed.set()
+            with contextlib.suppress(TransportError):  # tell the device why, if it listens
+                await session.peer.send(Bye(f"training failed: {failure}"))
         else:
             session.end("it said goodbye")
         finally:
@@ -333,7 +351,7 @@ class ServerNode:
         reason = "training finished"
         try:
             for epoch in range(len(self.epochs), self.config.epochs):
-                self.epochs.append(await self._epoch(epoch))
+                self.epochs.append(await self._unless_failed(self._epoch(epoch)))
                 if self.progress is not None:
                     self.progress(self.epochs[-1])
                 await self._save_checkpoint(epoch + 1, 0)
@@ -353,6 +371,33 @@ class ServerNode:
             self.compute.close()
         return RunResult(self.config, list(self.epochs), self.model,
                          list(self.recorder.slices), origin)
+
+    async def _unless_failed(self, work: Coroutine[Any, Any, T]) -> T:
+        """``work``'s result, unless the server's own work fails first: then ``work`` is
+        cancelled and the failure raised.
+
+        [Note: server faults] An exception from the server's own work for a device (a
+        pass that runs out of memory, a bug) is not the device's doing, and it would
+        happen again: the device would reconnect, resend, and fail the same pass, for
+        ever. So `serve_link` ends that device's session, logs the error with its
+        traceback once, and the run stops with a `TrainingError` naming it.
+
+        Raises:
+            TrainingError: the server's work failed.
+        """
+        task = asyncio.ensure_future(work)
+        failed = asyncio.ensure_future(self._failed.wait())
+        try:
+            await asyncio.wait({task, failed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            failed.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self.failure is not None:
+            raise self.failure
+        return task.result()
 
     async def _epoch(self, epoch: int) -> EpochMetrics:
         self.epoch = epoch
