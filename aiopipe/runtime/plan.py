@@ -154,7 +154,7 @@ def device_plans(config: RunConfig, units: int, samples: list[int]) -> list[Devi
 
 
 def check_trainable(model: nn.Sequential, in_shape: tuple[int, ...], plans: list[DevicePlan],
-                    name: str) -> None:
+                    config: RunConfig) -> None:
     """Refuse plans whose micro-batches ``model`` cannot train on.
 
     One training pass (forward and backward, in training mode) of a copy of ``model`` on
@@ -162,7 +162,7 @@ def check_trainable(model: nn.Sequential, in_shape: tuple[int, ...], plans: list
     channel, so a model whose maps shrink to 1x1 cannot train on one sample, and a run
     would fail in its first pass. A model that trains on the smallest micro-batch trains
     on larger ones. The model, its batch-norm statistics and torch's random state are
-    left as they were. ``name`` names the model in the error.
+    left as they were. ``config`` gives the model's name and the batch size for the error.
 
     Raises:
         ConfigError: the pass fails; the message says at which size and what to change.
@@ -175,12 +175,12 @@ def check_trainable(model: nn.Sequential, in_shape: tuple[int, ...], plans: list
             probe(torch.zeros(size, *in_shape)).sum().backward()
         except (RuntimeError, ValueError) as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            name = config.model if isinstance(config.model, str) else "the custom model"
             raise ConfigError(
                 f"{name} cannot train on {size} sample{'s' if size != 1 else ''} per "
-                f"micro-batch (device {smallest.device_id}: batch_size "
-                f"{smallest.micro_batch_size * smallest.parallel_batches} / parallel_batches "
-                f"{smallest.parallel_batches}): {reason}; use fewer parallel_batches or a "
-                "larger batch_size") from None
+                f"micro-batch (device {smallest.device_id}: batch_size {config.batch_size} / "
+                f"parallel_batches {smallest.parallel_batches}): {reason}; use fewer "
+                "parallel_batches or a larger batch_size") from None
 
 
 def unit_output_shapes(model: nn.Sequential, in_shape: tuple[int, ...]) -> list[tuple[int, ...]]:

@@ -137,7 +137,7 @@ class ServerNode:
             config = with_plans(config, choose_plans(config, self.planning, self.live))
             self.config = config
         self.plans = device_plans(config, self.units, samples)
-        check_trainable(self.model, self.in_shape, self.plans, config.model)
+        check_trainable(self.model, self.in_shape, self.plans, config)
         self.activation_shapes = unit_output_shapes(self.model, self.in_shape)
         self.max_frame_bytes = self._frame_limit()
         self.recorder = Recorder()

@@ -33,7 +33,7 @@ def test_the_smallest_micro_batch_of_any_device_is_checked(config: RunConfig) ->
     model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
     plans = device_plans(config, 15, [config.samples_per_device] * config.devices)
     with pytest.raises(ConfigError, match="cannot train on 1 sample per micro-batch"):
-        check_trainable(model, dataset.in_shape, plans, config.model)
+        check_trainable(model, dataset.in_shape, plans, config)
 
 
 def test_a_trainable_plan_passes_and_leaves_the_model_and_random_state_alone() -> None:
@@ -43,7 +43,7 @@ def test_a_trainable_plan_passes_and_leaves_the_model_and_random_state_alone() -
     model.eval()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.random.get_rng_state()
-    check_trainable(model, dataset.in_shape, device_plans(config, 15, [16, 16]), config.model)
+    check_trainable(model, dataset.in_shape, device_plans(config, 15, [16, 16]), config)
     assert not model.training
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())
