@@ -49,9 +49,11 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         async with Server(config, host="127.0.0.1", port=args.port, token_secret=secret,
                           join_timeout=120.0,
                           progress=lambda m: print(epoch_row(m), flush=True)) as server:
+            # a pipeline's devices link to each other: each listens on a free port
+            listen = ["--listen", "127.0.0.1:0"] if config.mode == "pipeline" else []
             devices = [await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "aiopipe.device", "--server", server.url,
-                "--device-id", str(k), env=_device_env(mint_token(secret, k)))
+                "--device-id", str(k), *listen, env=_device_env(mint_token(secret, k)))
                 for k in range(config.devices)]
             print(TABLE_HEADER, flush=True)
             training = asyncio.ensure_future(server.run())

@@ -24,13 +24,14 @@ from aiopipe.clock import Clock, SystemClock, VirtualClock
 from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
 from aiopipe.metrics.results import EpochMetrics, RunResult, write_results
+from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.device import Connector, DeviceSummary, run_device
 from aiopipe.runtime.http import add_routes
 from aiopipe.runtime.plan import build_model, measure_planning_costs, train_dataset
-from aiopipe.runtime.server import ServerNode
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.transport import Link, network_spec, open_memory_link_pair, open_websocket_link
+from aiopipe.transport.fabric import Endpoint, MemoryFabric, open_websocket_endpoint
 
 __all__ = ["Device", "Server", "simulate"]
 
@@ -44,8 +45,9 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
 
     With a `VirtualClock`, compute is charged from ``cost_table`` (measured once at
     start for the plan's batch sizes when not given) and transfers from the network's
-    bandwidth and latency: timing is deterministic. Writes the results directory when
-    ``config.out_dir`` is set.
+    bandwidth and latency: timing is deterministic. Devices that link to each other (a
+    pipeline) do so over a memory fabric whose every directed link is shaped like the
+    network's uplink. Writes the results directory when ``config.out_dir`` is set.
 
     Raises:
         ConfigError: the config cannot run.
@@ -54,18 +56,20 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
     clock = clock or SystemClock()
     if isinstance(clock, VirtualClock) and cost_table is None:
         cost_table = await asyncio.to_thread(_measure, config)
-    node = ServerNode(config, clock=clock, cost_table=cost_table, progress=progress)
+    node = Coordinator(config, clock=clock, cost_table=cost_table, progress=progress)
     config = node.config  # "auto" resolved
     network = network_spec(config.network)
     custom = None if isinstance(config.model, str) else config.model
+    fabric = MemoryFabric(clock, default=network.up) if config.mode == "pipeline" else None
     try:
         async with asyncio.TaskGroup() as tasks:
             for k in range(config.devices):
                 device_end, server_end = open_memory_link_pair(
                     clock, a_to_b=network.up, b_to_a=network.down,
                     max_frame_bytes=node.max_frame_bytes)
+                endpoint = fabric.endpoint(f"device{k}") if fabric is not None else None
                 tasks.create_task(node.serve_link(server_end))
-                tasks.create_task(_device(device_end, k, clock, cost_table, custom))
+                tasks.create_task(_device(device_end, k, clock, cost_table, custom, endpoint))
             result = await node.train()
     except BaseExceptionGroup as group:
         raise first_error(group) from None
@@ -82,11 +86,14 @@ def _measure(config: RunConfig) -> CostTable:
 
 
 async def _device(link: Link, k: int, clock: Clock, costs: CostTable | None,
-                  model: nn.Sequential | None) -> None:
+                  model: nn.Sequential | None, endpoint: Endpoint | None) -> None:
     try:
-        await run_device(link, k, clock=clock, cost_table=costs, clock_offset=0.0, model=model)
+        await run_device(link, k, clock=clock, cost_table=costs, clock_offset=0.0, model=model,
+                         endpoint=endpoint)
     finally:
         await link.aclose()
+        if endpoint is not None:
+            await endpoint.aclose()
 
 
 def _finish(result: RunResult) -> RunResult:
@@ -131,8 +138,9 @@ class Server:
             raise ConfigError("ssl needs host: with host=None your own app's site does TLS")
         self.config = config
         checkpoints = Path(config.out_dir) / "checkpoint" if config.out_dir else None
-        self.node = ServerNode(config, clock=clock or SystemClock(), join_timeout=join_timeout,
-                               progress=progress, checkpoint_dir=checkpoints, resume=resume)
+        self.node = Coordinator(config, clock=clock or SystemClock(),
+                                join_timeout=join_timeout, progress=progress,
+                                checkpoint_dir=checkpoints, resume=resume)
         self._host, self._port, self._secret, self._ssl = host, port, secret, ssl
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -189,6 +197,11 @@ class Device:
             certificate authorities.
         clock: defaults to the system clock.
         model: the user's own model when the server runs a custom one.
+        listen: ``(host, port)`` where this device accepts its peer devices' links (runs
+            that link devices directly: ``mode = "pipeline"``); port 0 picks a free one.
+            None: it takes no peer links.
+        advertise: the address peers dial (default: the endpoint's own,
+            ``ws://host:port/peer``; give one when ``host`` is 0.0.0.0 or behind NAT).
 
     Raises:
         ConfigError: the URL is not ws:// or wss://, or ``ssl`` is given for ws://.
@@ -196,20 +209,30 @@ class Device:
 
     def __init__(self, server: str, device_id: int, *, token: str | None = None,
                  ssl: ssl_module.SSLContext | None = None, clock: Clock | None = None,
-                 model: nn.Sequential | None = None, max_frame_bytes: int = 1 << 30) -> None:
+                 model: nn.Sequential | None = None, max_frame_bytes: int = 1 << 30,
+                 listen: tuple[str, int] | None = None, advertise: str | None = None) -> None:
         if not server.startswith(("ws://", "wss://")):
             raise ConfigError(f"server URL must start with ws:// or wss://, got {server!r}")
         if ssl is not None and not server.startswith("wss://"):
             raise ConfigError(f"a TLS context needs a wss:// server URL, got {server!r}")
+        if advertise is not None and listen is None:
+            raise ConfigError("advertise needs listen: only a listening device has peers")
         self.server, self.device_id, self.token = server, device_id, token
         self.ssl = ssl
         self.clock = clock or SystemClock()
         self.model = model
         self.max_frame_bytes = max_frame_bytes
+        self.listen, self.advertise = listen, advertise
+        self.endpoint: Endpoint | None = None
         self._stack = contextlib.AsyncExitStack()
         self._link: Link | None = None
 
     async def __aenter__(self) -> Device:
+        if self.listen is not None:
+            host, port = self.listen
+            self.endpoint = await self._stack.enter_async_context(open_websocket_endpoint(
+                host, port, clock=self.clock, max_frame_bytes=self.max_frame_bytes,
+                advertise=self.advertise))
         self._link = await self._stack.enter_async_context(self._open())
         return self
 
@@ -247,6 +270,6 @@ class Device:
             raise ConfigError("use `async with Device(...) as device:` before run()")
         return await run_device(self._connector(self._link), self.device_id, clock=self.clock,
                                 model=self.model, max_frame_bytes=self.max_frame_bytes,
-                                shape_uplink=True)
+                                shape_uplink=True, endpoint=self.endpoint)
 
 

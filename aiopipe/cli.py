@@ -13,7 +13,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from aiopipe.config import MODES, RunConfig
+from aiopipe.config import MODES, SCHEDULES, RunConfig
 from aiopipe.errors import AiopipeError, ConfigError
 from aiopipe.metrics.results import EpochMetrics
 
@@ -70,6 +70,10 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                      help="units on the device P: an integer or a comma list per device")
     run.add_argument("--parallel-batches", type=_int_list,
                      help="micro-batches per iteration N: an integer or a comma list")
+    run.add_argument("--partition", type=_int_list,
+                     help="mode pipeline: the S-1 cut points (comma list) or auto (balanced)")
+    run.add_argument("--schedule", choices=SCHEDULES,
+                     help="mode pipeline: 1f1b (default) or gpipe")
     run.add_argument("--network", help="network preset: 4g, 4g+, wifi or lan")
     run.add_argument("--device-timeout", type=float,
                      help="seconds of silence before a device connection is given up")
@@ -98,7 +102,7 @@ RUN_OPTION_KEYS = ("mode", "model", "dataset", "devices", "samples_per_device", 
                 "epochs", "split_point", "parallel_batches", "network", "device_slowdown",
                 "aggregation_every", "learning_rate", "seed", "out_dir", "shape_links",
                 "device_timeout", "heartbeat_interval", "reconnect_grace", "replan",
-                "device_memory_mb")
+                "device_memory_mb", "partition", "schedule")
 
 
 def config_from_args(args: argparse.Namespace, **defaults: Any) -> RunConfig:

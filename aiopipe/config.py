@@ -9,6 +9,7 @@ raises `ConfigError` with one line naming the key, the value and what is accepte
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -18,10 +19,11 @@ from typing import Any
 
 from aiopipe.errors import ConfigError
 
-__all__ = ["MODES", "PARTITIONS", "RunConfig"]
+__all__ = ["DATA_PARTITIONS", "MODES", "SCHEDULES", "RunConfig"]
 
-MODES = ("fl", "sl", "sfl", "pipar")
-PARTITIONS = ("iid", "dirichlet")
+MODES = ("fl", "sl", "sfl", "pipar", "pipeline")
+DATA_PARTITIONS = ("iid", "dirichlet")
+SCHEDULES = ("1f1b", "gpipe")
 
 PerDevice = int | str | tuple[int, ...]
 
@@ -58,25 +60,33 @@ class RunConfig:
 
     Attributes:
         mode: "pipar" (pipelined split learning), "sfl" (split-federated, N=1), "sl"
-            (devices take turns on one server half) or "fl" (FedAvg, whole model on
-            devices).
+            (devices take turns on one server half), "fl" (FedAvg, whole model on
+            devices) or "pipeline" (a synchronous pipeline across the devices: device p
+            runs stage p, device 0 holds the data, the last computes the loss; no
+            server stage).
         model: a model name of `aiopipe.models.MODEL_NAMES`, or the user's own
             ``torch.nn.Sequential`` (in-process runs only; it cannot go in TOML).
         dataset: a dataset name (``synthetic-cifar10``...) or ``mnist:DIR`` style path.
         devices: number of devices K.
-        samples_per_device: training samples each device holds.
+        samples_per_device: training samples each device holds (in a pipeline: device
+            0, which holds the data).
         batch_size: samples per optimizer step, B (PiPar splits it into N micro-batches
             of floor(B/N)).
         epochs: passes over each device's data.
         split_point: units on the device, P (1..Q-1), per device as a list, or "auto".
         parallel_batches: micro-batches per iteration, N, per device as a list, or
-            "auto".
+            "auto" (a pipeline: one integer).
+        partition: a pipeline's S - 1 cut points (stage p holds units cut[p-1]+1..cut[p];
+            increasing, in 1..Q-1), or "auto": stages of balanced compute.
+        schedule: a pipeline's schedule, "1f1b" (K_p = 2(S - p) - 1 forwards on stage p
+            before one forward, one backward) or "gpipe" (all forwards, then all
+            backwards).
         network: a preset ("4g", "4g+", "wifi", "lan") or a table with ``up_mbps``,
             ``down_mbps`` and optional ``latency_ms``.
         device_slowdown: compute slowdown factor per device (>= 1), one value or a list.
         aggregation_every: FedAvg every this many iterations; 0 means once per epoch.
         learning_rate, momentum: plain SGD on every model half.
-        partition, dirichlet_alpha: how training data is spread over devices.
+        data_partition, dirichlet_alpha: how training data is spread over devices.
         test_samples: size of the server's held-out evaluation set.
         seed: everything random derives from it.
         out_dir: where the results directory goes ("" = do not write one).
@@ -124,7 +134,9 @@ class RunConfig:
     aggregation_every: int = 0
     learning_rate: float = 0.02
     momentum: float = 0.9
-    partition: str = "iid"
+    partition: str | tuple[int, ...] = "auto"
+    schedule: str = "1f1b"
+    data_partition: str = "iid"
     dirichlet_alpha: float = 0.5
     test_samples: int = 1000
     seed: int = 0
@@ -202,8 +214,10 @@ class RunConfig:
         for key in ("learning_rate", "dirichlet_alpha"):
             if getattr(self, key) <= 0:
                 raise _fail(key, getattr(self, key), "a finite number > 0")
-        if self.partition not in PARTITIONS:
-            raise _fail("partition", self.partition, f"one of {', '.join(PARTITIONS)}")
+        if self.data_partition not in DATA_PARTITIONS:
+            raise _fail("data_partition", self.data_partition,
+                        f"one of {', '.join(DATA_PARTITIONS)}")
+        self._check_pipeline()
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise _fail("seed", self.seed, "an integer")
         for key in ("heartbeat_interval", "device_timeout"):
@@ -245,6 +259,38 @@ class RunConfig:
              if isinstance(budget, Sequence) else float(budget))
         if not isinstance(self.out_dir, str):
             raise _fail("out_dir", self.out_dir, "a path string")
+
+    def _check_pipeline(self) -> None:
+        """The pipeline's keys: valid, and given only where they mean something."""
+        partition = self.partition
+        if partition in DATA_PARTITIONS:
+            raise _fail("partition", partition, '"auto" or a list of cut points (the data '
+                        "partition is now data_partition)")
+        if isinstance(partition, int) and not isinstance(partition, bool):
+            partition = (partition,)  # one cut point: two stages
+        if isinstance(partition, Sequence) and not isinstance(partition, str):
+            cuts = tuple(_positive_int("partition", v) for v in partition)
+            if any(b <= a for a, b in itertools.pairwise(cuts)):
+                raise _fail("partition", list(cuts), "increasing cut points")
+            if self.mode == "pipeline" and len(cuts) != self.devices - 1:
+                raise _fail("partition", list(cuts),
+                            f"{self.devices - 1} cut points (one fewer than the devices)")
+            object.__setattr__(self, "partition", cuts)
+        elif partition != "auto":
+            raise _fail("partition", partition, '"auto" or a list of cut points')
+        if self.schedule not in SCHEDULES:
+            raise _fail("schedule", self.schedule, f"one of {', '.join(SCHEDULES)}")
+        if self.mode != "pipeline":
+            for key, default in (("partition", "auto"), ("schedule", "1f1b")):
+                if getattr(self, key) != default:
+                    raise _fail(key, getattr(self, key), f'its default: {key} is for mode '
+                                f'"pipeline" ({self.mode} splits at split_point)')
+            return
+        if self.devices < 2:
+            raise _fail("devices", self.devices, "at least 2 for a pipeline (one per stage)")
+        if not isinstance(self.parallel_batches, int):
+            raise _fail("parallel_batches", self.parallel_batches,
+                        "one integer for a pipeline (micro-batches per iteration)")
 
     # -- per-device views ------------------------------------------------------------
 

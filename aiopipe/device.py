@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Sequence
 from typing import NoReturn
@@ -27,9 +28,18 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser.add_argument("--tls-ca", metavar="FILE",
                         help="verify a wss:// server against these PEM CA certificates "
                              "(default for wss://: the system's)")
+    peers = parser.add_argument_group("peer links (runs that link devices directly: "
+                                      "mode pipeline)")
+    peers.add_argument("--listen", metavar="HOST:PORT", type=_host_port,
+                       help="accept peer devices' links here (port 0: any free port)")
+    peers.add_argument("--advertise", metavar="URL",
+                       help="the address peers dial (default ws://HOST:PORT/peer of "
+                            "--listen; give one when HOST is 0.0.0.0 or behind NAT)")
     args = parser.parse_args(argv)
     if args.device_id < 0:
         parser.error("--device-id must be >= 0")
+    if args.advertise is not None and args.listen is None:
+        parser.error("--advertise needs --listen")
 
     async def run() -> int:
         tls = None
@@ -38,11 +48,18 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
                 raise ConfigError(f"--tls-ca needs a wss:// server URL, got {args.server!r}")
             tls = client_ssl_context(args.tls_ca)
         async with Device(args.server, args.device_id, token=args.token or None,
-                          ssl=tls) as device:
+                          ssl=tls, listen=args.listen, advertise=args.advertise) as device:
             await device.run()
         return 0
 
     run_command(f"{parser.prog} [device {args.device_id}]", run)
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import torch
 from aiopipe import RunConfig
 from aiopipe.clock import SystemClock
 from aiopipe.runtime.checkpoint import save_checkpoint
-from aiopipe.runtime.server import ServerNode
+from aiopipe.runtime.coordinator import Coordinator
 
 
 def main() -> None:
@@ -38,24 +38,24 @@ def main() -> None:
                        batch_size=args.batch_size, momentum=0.9, test_samples=10,
                        split_point=args.split_point, parallel_batches=1)
     with tempfile.TemporaryDirectory() as tmp:
-        node = ServerNode(config, clock=SystemClock(), checkpoint_dir=Path(tmp))
+        node = Coordinator(config, clock=SystemClock(), checkpoint_dir=Path(tmp))
         node._tally = {"epoch": 0, "next_round": 0, "device_samples": [0] * args.devices,
                        "loss_sum": 0.0, "correct": 0, "lost": [], "elapsed_before": 0.0}
-        for half, optimizer in node.replicas.values():  # as after a round: momentum held
+        for half, optimizer in node.system.replicas.values():  # as after a round: momentum held
             for param in half.parameters():
                 optimizer.state[param]["momentum_buffer"] = torch.randn_like(param)
         copies, writes = [], []
         for _ in range(args.repeat):
             start = time.perf_counter()
-            tensors, meta = node._checkpoint_tensors(), node._checkpoint_meta(0, 1, 0.0)
+            tensors, meta = node.system.checkpoint_tensors(), node._checkpoint_meta(0, 1, 0.0)
             copied = time.perf_counter()
             save_checkpoint(tmp, tensors, meta)
             copies.append(copied - start)
             writes.append(time.perf_counter() - copied)
         size = sum(p.stat().st_size for p in Path(tmp).iterdir())
     model = node.model
-    x = torch.randn(args.batch_size, *node.in_shape)
-    y = torch.randint(0, node.num_classes, (args.batch_size,))
+    x = torch.randn(args.batch_size, *node.test_set.in_shape)
+    y = torch.randint(0, node.test_set.num_classes, (args.batch_size,))
     steps = []
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(args.repeat):

@@ -36,7 +36,8 @@ def main() -> None:
 
     activation = torch.randn(100, 32, 32, 32)
     labels = torch.randint(0, 10, (100,))
-    message = Activation(3, 7, 1, to_tensor_data(activation), to_tensor_data(labels))
+    message = Activation(0, 0, 3, 7, 1, 0, "device0", "server", to_tensor_data(activation),
+                         to_tensor_data(labels))
     raw = activation.numpy().data.cast("B")
     array = activation.numpy()
     frame = encode(message)
@@ -50,7 +51,8 @@ def main() -> None:
         return decode(encode(message))
 
     def full_path() -> object:
-        wire = Activation(3, 7, 1, to_tensor_data(activation), to_tensor_data(labels))
+        wire = Activation(0, 0, 3, 7, 1, 0, "device0", "server", to_tensor_data(activation),
+                          to_tensor_data(labels))
         received = decode(encode(wire))
         if not isinstance(received, Activation):
             raise SystemExit("round trip failed")

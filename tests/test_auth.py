@@ -1,4 +1,5 @@
-"""Device tokens, secrets and TLS contexts (`aiopipe.auth`), and ``python -m aiopipe.auth``.
+"""Device tokens, peer pair keys and proofs, secrets and TLS contexts (`aiopipe.auth`), and
+``python -m aiopipe.auth``.
 
 Pure functions, no event loop; the websocket handshake is in
 tests/runtime/test_runtime_auth.py.
@@ -7,6 +8,8 @@ tests/runtime/test_runtime_auth.py.
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import os
 import re
 import ssl
@@ -19,11 +22,16 @@ import pytest
 from aiopipe.auth import (
     MIN_SECRET_BYTES,
     authenticate_bearer,
+    check_node_name,
+    check_peer_proof,
     check_secret,
     client_ssl_context,
     generate_secret,
     load_secret,
     mint_token,
+    new_run_secret,
+    pair_key,
+    peer_proof,
     server_ssl_context,
     verify_token,
 )
@@ -148,6 +156,125 @@ def test_a_bearer_header_names_its_device() -> None:
     token = mint_token(SECRET, 5)
     assert authenticate_bearer(f"Bearer {token}", SECRET) == 5
     assert authenticate_bearer(f"bearer {token} ", SECRET) == 5  # the scheme is case-blind
+
+
+# -- peer pair keys and proofs ------------------------------------------------------------
+
+RUN = bytes(range(32))
+NONCE_D, NONCE_L = b"d" * 32, b"l" * 32
+
+
+def test_run_secrets_are_32_random_bytes() -> None:
+    first, second = new_run_secret(), new_run_secret()
+    assert isinstance(first, bytes)
+    assert len(first) == 32
+    assert first != second
+
+
+def test_a_pair_key_is_hmac_sha256_of_the_sorted_names() -> None:
+    expected = hmac.new(RUN, b"aiopipe-pair:dev-1\0dev-2", hashlib.sha256).digest()
+    assert pair_key(RUN, "dev-1", "dev-2") == expected
+    assert pair_key(RUN, "dev-2", "dev-1") == expected  # both sides compute the same key
+
+
+def test_pair_keys_differ_across_runs_and_pairs() -> None:
+    other_run = new_run_secret()
+    keys = {pair_key(run, a, b) for run in (RUN, other_run)
+            for a, b in (("a", "b"), ("a", "c"), ("b", "c"), ("server", "a"))}
+    assert len(keys) == 8
+    # the separator keeps names apart: "a" + "bc" is not "ab" + "c"
+    assert pair_key(RUN, "a", "bc") != pair_key(RUN, "ab", "c")
+
+
+@pytest.mark.parametrize(
+    ("secret", "a", "b", "reason"),
+    [
+        (RUN, "a", "a", "two different nodes"),
+        (RUN, "", "b", "node name"),
+        (RUN, "a", "x" * 65, "node name"),
+        (RUN, "a b", "c", "node name"),
+        (RUN, "a", "b\x00", "node name"),
+        (RUN, "ä", "b", "node name"),
+        (RUN[:MIN_SECRET_BYTES - 1], "a", "b", f"at least {MIN_SECRET_BYTES} bytes"),
+        ("a str secret of enough length", "a", "b", f"at least {MIN_SECRET_BYTES} bytes"),
+    ],
+)
+def test_pair_key_refuses_bad_arguments(secret: bytes, a: str, b: str, reason: str) -> None:
+    with pytest.raises(ConfigError, match=reason) as info:
+        pair_key(secret, a, b)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["a", "dev-0", "stage_1", "host.example:8080", "x" * 64])
+def test_node_names_are_printable_ascii(name: str) -> None:
+    assert check_node_name(name) == name
+
+
+def test_a_long_node_name_is_not_echoed() -> None:
+    with pytest.raises(ConfigError) as info:
+        check_node_name("y" * 1000)
+    assert "y" * 65 not in str(info.value)
+    assert "1000 characters" in str(info.value)
+
+
+def _proof(**changes: object) -> bytes:
+    arguments: dict[str, object] = {
+        "key": pair_key(RUN, "a", "b"), "role": "dialer", "dialer": "a", "listener": "b",
+        "dialer_nonce": NONCE_D, "listener_nonce": NONCE_L, **changes}
+    return peer_proof(**arguments)  # type: ignore[arg-type]
+
+
+def test_a_peer_proof_binds_every_input() -> None:
+    proof = _proof()
+    assert len(proof) == 32
+    assert _proof() == proof  # deterministic
+    variants = [
+        _proof(key=pair_key(new_run_secret(), "a", "b")),
+        _proof(role="listener"),  # a listener's proof is no dialer's: no reflection
+        _proof(dialer="b", listener="a"),  # nor one for the other direction
+        _proof(dialer="c"),
+        _proof(listener="c"),
+        _proof(dialer_nonce=b"x" * 32),
+        _proof(listener_nonce=b"x" * 32),
+        _proof(dialer_nonce=NONCE_L, listener_nonce=NONCE_D),
+    ]
+    assert len({proof, *variants}) == len(variants) + 1
+
+
+def test_check_peer_proof_accepts_the_right_proof_only() -> None:
+    key = pair_key(RUN, "a", "b")
+    check_peer_proof(key, "dialer", "a", "b", NONCE_D, NONCE_L, _proof())
+    wrong = [_proof(role="listener"), _proof(listener_nonce=b"x" * 32), _proof()[:-1],
+             b"", bytes(32)]
+    for proof in wrong:
+        with pytest.raises(AuthenticationError) as info:
+            check_peer_proof(key, "dialer", "a", "b", NONCE_D, NONCE_L, proof)
+        message = str(info.value)
+        assert message == ("the dialer a of the link a -> b sent a wrong proof "
+                           "(it holds another key for the pair, or is not a)")
+        for secret in (key, proof, _proof(), NONCE_D, NONCE_L):  # never shown, in any spelling
+            if secret:
+                assert secret.hex() not in message
+                assert repr(secret)[2:-1] not in message
+                assert base64.b64encode(secret).decode().rstrip("=") not in message
+    with pytest.raises(AuthenticationError, match="the listener b of the link a -> b"):
+        check_peer_proof(key, "listener", "a", "b", NONCE_D, NONCE_L, _proof())
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"key": b"short"}, f"at least {MIN_SECRET_BYTES} bytes"),
+        ({"role": "server"}, "'dialer' or 'listener'"),
+        ({"listener": "a"}, "two different nodes"),
+        ({"dialer": "a\n"}, "node name"),
+        ({"dialer_nonce": b"d" * 31}, "dialer's nonce must be 32 bytes"),
+        ({"listener_nonce": "l" * 32}, "listener's nonce must be 32 bytes"),
+    ],
+)
+def test_peer_proof_refuses_bad_arguments(changes: dict[str, object], reason: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(reason)):
+        _proof(**changes)
 
 
 # -- secrets ----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiopipe.config import MODES, PARTITIONS, RunConfig
+from aiopipe.config import DATA_PARTITIONS, MODES, SCHEDULES, RunConfig
 from aiopipe.errors import ConfigError
 
 
@@ -20,7 +20,7 @@ def test_defaults_are_valid() -> None:
     config = RunConfig()
     assert config.mode == "pipar"
     assert config.mode in MODES
-    assert config.partition in PARTITIONS
+    assert config.data_partition in DATA_PARTITIONS
     assert config.devices >= 1
     assert RunConfig.from_mapping(config.to_mapping()) == config
 
@@ -108,8 +108,16 @@ BAD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("dirichlet_alpha", -1.0, {}),
     ("dirichlet_alpha", 0.0, {}),
     ("dirichlet_alpha", math.inf, {}),
+    ("data_partition", "nope", {}),
+    ("data_partition", None, {}),
+    ("partition", "dirichlet", {}),  # the data partition's old key: the error says so
     ("partition", "nope", {}),
-    ("partition", None, {}),
+    ("partition", [3, 2], {"mode": "pipeline", "devices": 3}),
+    ("partition", [2, 3], {"mode": "pipeline", "devices": 2}),  # one cut per two stages
+    ("partition", [0], {"mode": "pipeline", "devices": 2}),
+    ("partition", [2], {}),  # pipar splits at split_point
+    ("schedule", "2f2b", {"mode": "pipeline", "devices": 2}),
+    ("schedule", "gpipe", {}),
     ("seed", "0", {}),
     ("seed", 1.0, {}),
     ("seed", True, {}),
@@ -147,7 +155,11 @@ GOOD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("device_slowdown", 1, {}),
     ("aggregation_every", 0, {}),
     ("momentum", 0, {}),
-    ("partition", "dirichlet", {}),
+    ("data_partition", "dirichlet", {}),
+    ("mode", "pipeline", {"devices": 3}),
+    ("partition", (2,), {"mode": "pipeline", "devices": 2}),
+    ("partition", (1, 3, 4), {"mode": "pipeline", "devices": 4}),
+    *[("schedule", name, {"mode": "pipeline", "devices": 2}) for name in SCHEDULES],
     ("seed", -7, {}),
     ("out_dir", "", {}),
 ]
@@ -159,6 +171,17 @@ GOOD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
 def test_valid_values_are_accepted(key: str, value: Any, others: dict[str, Any]) -> None:
     config = RunConfig(**others, **{key: value})
     assert getattr(config, key) == value
+
+
+def test_a_pipeline_takes_one_cut_point_as_an_int_and_names_the_data_partition_rename(
+) -> None:
+    assert RunConfig(mode="pipeline", devices=2, partition=3).partition == (3,)
+    with pytest.raises(ConfigError, match="now data_partition"):
+        RunConfig(partition="iid")
+    with pytest.raises(ConfigError, match="one integer for a pipeline"):
+        RunConfig(mode="pipeline", devices=2, parallel_batches=(2, 2))
+    with pytest.raises(ConfigError, match="at least 2"):
+        RunConfig(mode="pipeline", devices=1)
 
 
 def test_numbers_are_normalized() -> None:
@@ -239,7 +262,7 @@ def _everything_changed() -> RunConfig:
         aggregation_every=5,
         learning_rate=1e-05,
         momentum=0.0,
-        partition="dirichlet",
+        data_partition="dirichlet",
         dirichlet_alpha=0.1,
         test_samples=77,
         seed=-42,
@@ -276,7 +299,7 @@ def configs(draw: st.DrawFn) -> RunConfig:
         )
     )
     return RunConfig(
-        mode=draw(st.sampled_from(MODES)),
+        mode=draw(st.sampled_from([m for m in MODES if m != "pipeline"])),
         model=draw(text_without_surrogates.filter(bool)),
         dataset=draw(text_without_surrogates.filter(bool)),
         devices=devices,
@@ -294,7 +317,7 @@ def configs(draw: st.DrawFn) -> RunConfig:
         aggregation_every=draw(st.integers(0, 1000)),
         learning_rate=draw(positive),
         momentum=draw(st.floats(0, 1)),
-        partition=draw(st.sampled_from(PARTITIONS)),
+        data_partition=draw(st.sampled_from(DATA_PARTITIONS)),
         dirichlet_alpha=draw(positive),
         test_samples=draw(st.integers(1, 10**5)),
         seed=draw(st.integers(-(2**63), 2**63 - 1)),

@@ -31,7 +31,11 @@ class EpochMetrics:
 
     ``samples`` counts only rounds that completed: ``device_samples[k]`` is what device k
     contributed; ``devices_lost`` lists devices that dropped out during the epoch (their
-    unfinished rounds were excluded from aggregation).
+    unfinished rounds were excluded from aggregation). In a multi-device pipeline,
+    ``stages`` has one entry per stage (its device, units, compute busy and idle seconds,
+    and ``peak_live``: the most micro-batches whose activations it held at once) and
+    ``links`` the busy and idle seconds of each directed device-to-device link
+    (``"device0->device1"``).
     """
 
     epoch: int
@@ -47,6 +51,8 @@ class EpochMetrics:
     plan: Sequence[Mapping[str, int]]
     device_samples: Sequence[int] = ()
     devices_lost: Sequence[int] = ()
+    stages: Sequence[Mapping[str, Any]] = ()
+    links: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     def to_mapping(self) -> dict[str, Any]:
         """Plain JSON-able form (one line of ``metrics.jsonl``)."""
@@ -54,6 +60,8 @@ class EpochMetrics:
         out["plan"] = [dict(p) for p in self.plan]
         out["device_samples"] = list(self.device_samples)
         out["devices_lost"] = list(self.devices_lost)
+        out["stages"] = [dict(s) for s in self.stages]
+        out["links"] = {k: dict(v) for k, v in self.links.items()}
         return out
 
 

@@ -1,10 +1,12 @@
 """Where time went: slices per resource track, busy-time sums and Chrome trace export.
 
 A *track* is one resource: ``device{k}/compute``, ``device{k}/uplink``,
-``server/compute``, ``device{k}/downlink``. A *slice* is one stage of one micro-batch on
-one track (PiPar's f, u, s, d, b; plus ``step`` and model transfers), in seconds on the
-recording node's clock. ``trace.json`` is the Chrome trace event format (opens in
-Perfetto): one thread per track, one complete ("X") event per slice.
+``server/compute``, ``device{k}/downlink``, and a directed device-to-device link
+``device{i}->device{j}`` (what device i sends to device j, in a pipeline). A *slice* is
+one stage of one micro-batch on one track (PiPar's f, u, s, d, b; plus ``step`` and model
+transfers), in seconds on the recording node's clock. ``trace.json`` is the Chrome trace
+event format (opens in Perfetto): one thread per track, one complete ("X") event per
+slice.
 """
 
 from __future__ import annotations
@@ -61,7 +63,10 @@ class Slice:
 
 
 def resource_kind(track: str) -> str:
-    """The `RESOURCE_KINDS` entry a track belongs to ("device3/uplink" -> "uplink")."""
+    """The `RESOURCE_KINDS` entry a track belongs to ("device3/uplink" -> "uplink"), or
+    "link" for a device-to-device link (not one of them)."""
+    if "->" in track:
+        return "link"
     node, _, resource = track.partition("/")
     if resource == "compute":
         return "server" if node == "server" else "device"
@@ -128,10 +133,21 @@ def chrome_trace(slices: Iterable[Slice], *, origin: float = 0.0) -> dict[str, A
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def _track_order(track: str) -> tuple[int, int, int]:
+def _track_order(track: str) -> tuple[int, int, int, int]:
+    """Devices first (compute, uplink, then their links to other devices, by peer), the
+    server, then the downlinks."""
+    if "->" in track:  # a device-to-device link: with its sender
+        node, _, peer = track.partition("->")
+        return (0, _device_number(node), 2, _device_number(peer))
     node, _, resource = track.partition("/")
-    order = {"compute": 0, "uplink": 1, "downlink": 3}
     if node == "server":
-        return (1, 0, 2)
-    k = int(node.removeprefix("device")) if node.removeprefix("device").isdigit() else 0
-    return (0, k, order.get(resource, 4)) if resource != "downlink" else (2, k, 3)
+        return (1, 0, 0, 0)
+    k = _device_number(node)
+    if resource == "downlink":
+        return (2, k, 0, 0)
+    return (0, k, {"compute": 0, "uplink": 1}.get(resource, 3), 0)
+
+
+def _device_number(node: str) -> int:
+    number = node.removeprefix("device")
+    return int(number) if number.isdigit() else 0

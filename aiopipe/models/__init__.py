@@ -2,12 +2,20 @@
 
 A model is an ``nn.Sequential`` whose top-level children are the split units; `build`
 makes the zoo's models by name (`MODEL_NAMES`), `as_sequential` accepts a user's own, and
-`split` cuts one in a device half and a server half that share its modules.
+`split` cuts one in a device half and a server half that share its modules, `partition`
+in any number of consecutive stages.
 """
 
 from __future__ import annotations
 
-from aiopipe.models.split import as_sequential, merge_states, split, unit_count
+from aiopipe.models.split import (
+    as_sequential,
+    merge_states,
+    partition,
+    split,
+    unit_count,
+    units_of,
+)
 from aiopipe.models.zoo import MIN_SIDE, MODEL_NAMES, build
 
 __all__ = [
@@ -16,6 +24,8 @@ __all__ = [
     "as_sequential",
     "build",
     "merge_states",
+    "partition",
     "split",
     "unit_count",
+    "units_of",
 ]

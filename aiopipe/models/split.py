@@ -1,7 +1,8 @@
 """A model as a sequence of split units, and how it is cut in two.
 
 A model is an ``nn.Sequential`` whose top-level children are the *split units* (PiPar's
-"layers", pipar.txt Tables 2–3). Splitting at ``P`` puts units 1..P on the device and
+"layers", pipar.txt Tables 2–3). `partition` cuts it into consecutive stages at any cut
+points (a multi-device pipeline); splitting at ``P`` puts units 1..P on the device and
 units P+1..Q on the server, where Q is the number of units; ``P == Q`` leaves everything
 on the device (that is how FL runs) and ``P == 0`` everything on the server (the split
 modes refuse it; that is their rule, not this module's).
@@ -27,6 +28,7 @@ split inside.
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
@@ -34,7 +36,7 @@ from torch import Tensor, nn
 
 from aiopipe.errors import ConfigError
 
-__all__ = ["as_sequential", "merge_states", "split", "unit_count"]
+__all__ = ["as_sequential", "merge_states", "partition", "split", "unit_count", "units_of"]
 
 _ACCEPTED = (
     "an nn.Sequential whose top-level children are the split units, or a list (or tuple, "
@@ -87,6 +89,35 @@ def unit_count(model: nn.Sequential) -> int:
     return len(model)
 
 
+def partition(model: nn.Sequential, cut_points: Sequence[int]) -> list[nn.Sequential]:
+    """Cut ``model`` after each of ``cut_points``: ``len(cut_points) + 1`` stages in order.
+
+    Stage s holds units ``cut_points[s-1]+1 .. cut_points[s]`` (1-based; the first from
+    unit 1, the last to unit Q); a stage may be empty (an empty ``nn.Sequential`` returns
+    its input). The stages share the original unit modules and keep their child names,
+    so chaining them computes exactly ``model(x)`` and their state dicts partition the
+    whole one. ``partition(model, [P])`` is ``split(model, P)``.
+
+    Raises:
+        ConfigError: ``model`` is not an ``nn.Sequential``, or the cut points are not
+            integers in ``0..unit_count(model)`` in non-decreasing order.
+    """
+    _require_sequential(model)
+    units = _named_units(model)
+    previous = 0
+    for point in cut_points:
+        if isinstance(point, bool) or not isinstance(point, int):
+            raise ConfigError(f"cut point must be an integer; got {point!r}")
+        if not previous <= point <= len(units):
+            raise ConfigError(
+                f"cut points {list(cut_points)} must be non-decreasing in 0..{len(units)} "
+                f"for a model of {len(units)} units"
+            )
+        previous = point
+    bounds = [0, *cut_points, len(units)]
+    return [nn.Sequential(OrderedDict(units[a:b])) for a, b in itertools.pairwise(bounds)]
+
+
 def split(model: nn.Sequential, split_point: int) -> tuple[nn.Sequential, nn.Sequential]:
     """Cut ``model`` after unit ``split_point``: return ``(device_half, server_half)``.
 
@@ -102,15 +133,23 @@ def split(model: nn.Sequential, split_point: int) -> tuple[nn.Sequential, nn.Seq
     _require_sequential(model)
     if isinstance(split_point, bool) or not isinstance(split_point, int):
         raise ConfigError(f"split point must be an integer; got {split_point!r}")
-    units = _named_units(model)
-    if not 0 <= split_point <= len(units):
+    units = len(_named_units(model))
+    if not 0 <= split_point <= units:
         raise ConfigError(
-            f"split point {split_point} is out of range 0..{len(units)} "
-            f"for a model of {len(units)} units"
+            f"split point {split_point} is out of range 0..{units} "
+            f"for a model of {units} units"
         )
-    device = nn.Sequential(OrderedDict(units[:split_point]))
-    server = nn.Sequential(OrderedDict(units[split_point:]))
+    device, server = partition(model, [split_point])
     return device, server
+
+
+def units_of(model: nn.Sequential, first: int, stop: int) -> nn.Sequential:
+    """Units ``first .. stop - 1`` (0-based) of ``model`` as one stage (shared modules).
+
+    Raises:
+        ConfigError: as `partition`.
+    """
+    return partition(model, [first, stop])[1]
 
 
 def merge_states(*states: Mapping[str, Tensor]) -> dict[str, Tensor]:

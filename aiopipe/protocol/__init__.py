@@ -20,6 +20,9 @@ from aiopipe.protocol.codec import (
 )
 from aiopipe.protocol.messages import (
     DTYPE_SIZES,
+    MAX_ACTIONS_CHARS,
+    MAX_ADDRESS_CHARS,
+    MAX_NODE_NAME_BYTES,
     MODES,
     PROTOCOL_VERSION,
     Activation,
@@ -34,6 +37,7 @@ from aiopipe.protocol.messages import (
     RoundResult,
     RoundStart,
     TensorData,
+    check_node_name,
 )
 from aiopipe.protocol.tensors import (
     TORCH_DTYPES,
@@ -49,7 +53,10 @@ __all__ = [
     "FRAME_FORMAT_VERSION",
     "FRAME_MAGIC",
     "HEADER_SLACK_BYTES",
+    "MAX_ACTIONS_CHARS",
+    "MAX_ADDRESS_CHARS",
     "MAX_HEADER_BYTES",
+    "MAX_NODE_NAME_BYTES",
     "MAX_TENSOR_NDIM",
     "MAX_TREE_DEPTH",
     "MODES",
@@ -68,6 +75,7 @@ __all__ = [
     "RoundResult",
     "RoundStart",
     "TensorData",
+    "check_node_name",
     "decode",
     "encode",
     "state_from_wire",

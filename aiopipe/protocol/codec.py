@@ -17,7 +17,8 @@ tensors, else ``8 + H`` (and the frame ends there). ``kind`` is the message's ta
 (``"hello"``, ``"plan"``, ``"round_start"``, ``"activation"``, ``"gradient"``,
 ``"round_result"``, ``"heartbeat"``, ``"bye"``, ``"error"``); ``fields`` maps every
 dataclass field name to its value. Scalars travel as msgpack ints, floats and strings
-(a float field must hold a Python float); ``Plan.run`` and ``RoundReport.report`` as
+(a float field must hold a Python float); ``Plan.run``, ``Plan.peer_keys``,
+``RoundStart.peers`` and ``RoundReport.report`` as
 nested msgpack maps of plain values (str, int, float, bool, arrays, maps with str keys;
 arrays come back as lists, and there is no nil). A ``TensorData`` field travels as the
 descriptor ``[dtype, shape, offset, nbytes]`` (offset relative to the data region), a
@@ -44,10 +45,12 @@ Frame limits: a frame's non-tensor bytes are at most ::
                        + len(msgpack.packb(tree)) for each plain-value tree
 
 where ``name`` is a tensor's mapping key (empty for a plain tensor field) and the trees
-are ``Plan.run`` and ``RoundReport.report``, provided the message's strings total at most
-1 KiB of UTF-8 and each tensor has at most 15 dimensions. For Activation, Gradient, Hello,
-Heartbeat, Bye and ErrorMessage (and RoundStart / RoundResult with at most 4 tensors named
-in at most 64 bytes each, and RoundReport with an empty report) ``HEADER_SLACK_BYTES``
+are ``Plan.run``, ``Plan.peer_keys``, ``RoundStart.peers`` and ``RoundReport.report``
+(each key adds ~80 bytes), provided the message's
+strings total at most 1 KiB of UTF-8 (``RoundStart.actions`` aside: add its length) and
+each tensor has at most 15 dimensions. For Activation, Gradient, Hello, Heartbeat, Bye
+and ErrorMessage (and RoundStart / RoundResult with at most 4 tensors named in at most
+64 bytes each, and RoundReport with an empty report) ``HEADER_SLACK_BYTES``
 alone suffices, so a plan's frame limit for them is tensor bytes + ``HEADER_SLACK_BYTES``.
 """
 
@@ -119,18 +122,18 @@ _Schema = tuple[tuple[str, _FieldType], ...]
 
 #: Wire tag and field types of every message kind, in dataclass field order.
 _SCHEMAS: Final[dict[type[Any], tuple[str, _Schema]]] = {
-    Hello: ("hello", (("version", "int"), ("device_id", "int"), ("session", "int"))),
+    Hello: ("hello", (("version", "int"), ("device_id", "int"), ("session", "int"),
+                      ("address", "str"))),
     Plan: (
         "plan",
         (
             ("device_id", "int"),
             ("mode", "str"),
-            ("split_point", "int"),
-            ("parallel_batches", "int"),
-            ("micro_batch_size", "int"),
             ("run", "tree"),
+            ("run_id", "int"),
             ("server_time", "float"),
             ("session", "int"),
+            ("peer_keys", "tree"),
         ),
     ),
     RoundStart: (
@@ -141,24 +144,45 @@ _SCHEMAS: Final[dict[type[Any], tuple[str, _Schema]]] = {
             ("first_iteration", "int"),
             ("iterations", "int"),
             ("tensors", "tensors"),
-            ("split_point", "int"),
+            ("stage", "int"),
+            ("stages", "int"),
+            ("first_unit", "int"),
+            ("stop_unit", "int"),
             ("parallel_batches", "int"),
             ("micro_batch_size", "int"),
+            ("version", "int"),
+            ("actions", "str"),
+            ("peers", "tree"),
         ),
     ),
     Activation: (
         "activation",
         (
+            ("run_id", "int"),
+            ("stage", "int"),
             ("epoch", "int"),
             ("iteration", "int"),
             ("micro_batch", "int"),
+            ("version", "int"),
+            ("source", "str"),
+            ("destination", "str"),
             ("tensor", "tensor"),
             ("labels", "tensor"),
         ),
     ),
     Gradient: (
         "gradient",
-        (("epoch", "int"), ("iteration", "int"), ("micro_batch", "int"), ("tensor", "tensor")),
+        (
+            ("run_id", "int"),
+            ("stage", "int"),
+            ("epoch", "int"),
+            ("iteration", "int"),
+            ("micro_batch", "int"),
+            ("version", "int"),
+            ("source", "str"),
+            ("destination", "str"),
+            ("tensor", "tensor"),
+        ),
     ),
     RoundResult: (
         "round_result",

@@ -4,26 +4,33 @@ A tensor travels as `TensorData` (dtype name, shape, raw C-contiguous little-end
 bytes); `aiopipe.protocol.tensors` converts to and from torch without copies. This module
 is pure: no I/O, no torch.
 
-Conversation (device ``k``, server ``S``)::
+Conversation of a device ``k`` with the coordinator ``C`` (the server)::
 
-    k → S  Hello(version, device_id, session)
-    S → k  Plan(device_id, mode, split_point, parallel_batches, micro_batch_size, run,
-                server_time, session)
-    repeat per round (aggregation period):
-      S → k  RoundStart(round, epoch, first_iteration, iterations, tensors,
-                        split_point, parallel_batches, micro_batch_size)
-      split modes, per iteration, per micro-batch n:
-        k → S  Activation(epoch, iteration, micro_batch, tensor, labels)
-        S → k  Gradient(epoch, iteration, micro_batch, tensor)
-      k → S  RoundResult(round, samples, loss_sum, correct, tensors)
-      k → S  RoundReport(round, report)
-    S → k  Bye(reason)
+    k → C  Hello(version, device_id, session, address)
+    C → k  Plan(device_id, mode, run, run_id, server_time, session, peer_keys)
+    repeat per round (aggregation period, or epoch):
+      C → k  RoundStart(round, epoch, first_iteration, iterations, tensors, stage, stages,
+                        first_unit, stop_unit, parallel_batches, micro_batch_size,
+                        version, actions, peers)
+      per iteration, as the round's actions say, between neighbouring stages (the
+      coordinator's own stage in the split modes, another device in a pipeline):
+        p → p+1  Activation(run_id, stage, epoch, iteration, micro_batch, version,
+                            source, destination, tensor, labels)
+        p+1 → p  Gradient(run_id, stage, epoch, iteration, micro_batch, version,
+                          source, destination, tensor)
+      k → C  RoundResult(round, samples, loss_sum, correct, tensors)
+      k → C  RoundReport(round, report)
+    C → k  Bye(reason)
     either way, any time: Heartbeat(seq); ErrorMessage(code, message) before closing.
+
+Links between devices are authenticated by the fabric (`aiopipe.transport.fabric`)
+before any of these messages travel on them.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -32,6 +39,9 @@ from aiopipe.errors import LocalProtocolError
 
 __all__ = [
     "DTYPE_SIZES",
+    "MAX_ACTIONS_CHARS",
+    "MAX_ADDRESS_CHARS",
+    "MAX_NODE_NAME_BYTES",
     "MODES",
     "PROTOCOL_VERSION",
     "Activation",
@@ -46,12 +56,13 @@ __all__ = [
     "RoundResult",
     "RoundStart",
     "TensorData",
+    "check_node_name",
 ]
 
-PROTOCOL_VERSION: Final = 2
+PROTOCOL_VERSION: Final = 3
 
 #: Training modes a plan can name.
-MODES: Final = ("fl", "sl", "sfl", "pipar")
+MODES: Final = ("fl", "sl", "sfl", "pipar", "pipeline")
 
 #: Element size in bytes of every dtype that may travel.
 DTYPE_SIZES: Final[Mapping[str, int]] = {
@@ -66,6 +77,36 @@ DTYPE_SIZES: Final[Mapping[str, int]] = {
     "uint8": 1,
     "bool": 1,
 }
+
+
+#: Longest node name (``"server"``, ``"device12"``...), in bytes.
+MAX_NODE_NAME_BYTES: Final = 64
+#: Longest endpoint address a node may announce.
+MAX_ADDRESS_CHARS: Final = 256
+#: Longest action list a `RoundStart` may carry.
+MAX_ACTIONS_CHARS: Final = 1 << 16
+
+_NODE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+_HEX_KEY = re.compile(r"[0-9a-f]{64}")
+
+
+def check_node_name(name: object) -> str:
+    """``name`` once it is a valid node name: 1..64 ASCII letters, digits or ``_.:-``.
+
+    Raises:
+        LocalProtocolError: it is not.
+    """
+    if not isinstance(name, str) or not _NODE_NAME.fullmatch(name):
+        raise LocalProtocolError(f"a node name is 1..{MAX_NODE_NAME_BYTES} ASCII letters, "
+                                 f"digits or _.:-, got {name!r:.80}")
+    return name
+
+
+def _check_address(what: str, address: object) -> None:
+    if not isinstance(address, str) or len(address) > MAX_ADDRESS_CHARS or (
+            address and not address.isprintable()):
+        raise LocalProtocolError(f"{what} must be a printable str of at most "
+                                 f"{MAX_ADDRESS_CHARS} characters")
 
 
 def _check_index(name: str, value: int) -> None:
@@ -109,60 +150,75 @@ class Hello:
 
     ``session`` is the `Plan.session` of the server-side session the device was talking
     to before it reconnected, or 0 for a device that starts afresh (a new process): only
-    a matching session is resumed.
+    a matching session is resumed. ``address`` is where other nodes can dial this device
+    for device-to-device links (an endpoint address, e.g. ``ws://10.0.0.7:8766/peer``),
+    or "" when it does not listen.
     """
 
     version: int
     device_id: int
     session: int = 0
+    address: str = ""
 
     def __post_init__(self) -> None:
         _check_index("version", self.version)
         _check_index("device_id", self.device_id)
         _check_index("session", self.session)
+        _check_address("address", self.address)
 
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """The server's answer to Hello: what this device runs.
+    """The server's answer to Hello: the run this device takes part in.
 
     ``run`` is the resolved run configuration (plain TOML-able values), so a device needs
-    nothing but the server's address and its id. ``server_time`` is the server clock when
+    nothing but the server's address and its id; what it computes (its stage, units,
+    micro-batches and actions) arrives with each `RoundStart`. ``run_id`` names the run:
+    every stage-addressed message carries it. ``server_time`` is the server clock when
     the plan was sent, so a device can map its trace onto the server's time line.
     ``session`` names the server-side state serving this device: a device that reconnects
     and finds a different one (the server restarted, or gave up on it) drops its
-    unfinished round and starts afresh from the next `RoundStart`.
+    unfinished round and starts afresh from the next `RoundStart`. ``peer_keys`` maps
+    every other device this one may link to directly (a pipeline's) to the key of their
+    pair (`aiopipe.auth.pair_key`, 64 hex digits): what the two prove to each other when
+    they connect (`aiopipe.transport.fabric`); empty when the run has no such links.
     """
 
     device_id: int
     mode: str
-    split_point: int
-    parallel_batches: int
-    micro_batch_size: int
     run: Mapping[str, Any]
+    run_id: int
     server_time: float = 0.0
     session: int = 0
+    peer_keys: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_index("device_id", self.device_id)
         if self.mode not in MODES:
             raise LocalProtocolError(f"mode must be one of {MODES}, got {self.mode!r}")
-        _check_index("split_point", self.split_point)
-        for name in ("parallel_batches", "micro_batch_size"):
-            value = getattr(self, name)
-            _check_index(name, value)
-            if value == 0:
-                raise LocalProtocolError(f"{name} must be >= 1")
+        _check_index("run_id", self.run_id)
         _check_index("session", self.session)
+        if not isinstance(self.peer_keys, Mapping):
+            raise LocalProtocolError("peer_keys must be a mapping")
+        for name, key in self.peer_keys.items():
+            check_node_name(name)
+            if not isinstance(key, str) or not _HEX_KEY.fullmatch(key):
+                raise LocalProtocolError(f"the key of peer {name!r} must be 64 hex digits")
 
 
 @dataclass(frozen=True, slots=True)
 class RoundStart:
-    """Weights to load and the work to do until the next aggregation.
+    """Weights to load and the work to do until the next aggregation (or evaluation).
 
-    ``split_point``, ``parallel_batches`` and ``micro_batch_size`` are the device's plan
-    for this round; they differ from the `Plan`'s when the coordinator re-planned
-    (``tensors`` then holds the new device half). 0 means "as before" (fl rounds).
+    The device runs stage ``stage`` of a pipeline of ``stages``: units
+    ``first_unit``..``stop_unit - 1`` of the model, whose weights (at ``version``, the
+    number of optimizer steps they have taken in the run) are ``tensors``; each iteration
+    it runs ``actions`` (one iteration's action list, space-separated as
+    `aiopipe.scheduler.Action` prints them, e.g. ``"0F0 0SEND_F0 0RECV_B0 0B0 0STEP"``)
+    on ``parallel_batches`` micro-batches of ``micro_batch_size`` samples. ``peers`` maps
+    the name of every device the actions send to or receive from to ``{"stage": int,
+    "address": str}``: which stage it runs and where to dial it (the stage next to
+    this one is on the coordinator itself when no peer runs it: the split modes).
     """
 
     round: int
@@ -170,29 +226,68 @@ class RoundStart:
     first_iteration: int
     iterations: int
     tensors: Mapping[str, TensorData]
-    split_point: int = 0
-    parallel_batches: int = 0
-    micro_batch_size: int = 0
+    stage: int
+    stages: int
+    first_unit: int
+    stop_unit: int
+    parallel_batches: int
+    micro_batch_size: int
+    version: int
+    actions: str
+    peers: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("round", "epoch", "first_iteration", "iterations", "split_point",
-                     "parallel_batches", "micro_batch_size"):
+        for name in ("round", "epoch", "first_iteration", "iterations", "stage", "stages",
+                     "first_unit", "stop_unit", "parallel_batches", "micro_batch_size",
+                     "version"):
             _check_index(name, getattr(self, name))
+        if not self.stage < self.stages:
+            raise LocalProtocolError(f"stage {self.stage} is not below stages {self.stages}")
+        if not self.first_unit < self.stop_unit:
+            raise LocalProtocolError(f"units {self.first_unit}..{self.stop_unit - 1} are empty")
+        for name in ("parallel_batches", "micro_batch_size"):
+            if getattr(self, name) == 0:
+                raise LocalProtocolError(f"{name} must be >= 1")
+        if not isinstance(self.actions, str) or len(self.actions) > MAX_ACTIONS_CHARS:
+            raise LocalProtocolError(f"actions must be a str of at most {MAX_ACTIONS_CHARS} "
+                                     "characters")
+        if not isinstance(self.peers, Mapping):
+            raise LocalProtocolError("peers must be a mapping")
+        for name, peer in self.peers.items():
+            check_node_name(name)
+            if not isinstance(peer, Mapping) or set(peer) != {"stage", "address"}:
+                raise LocalProtocolError(f"peer {name!r} must map stage and address")
+            _check_index(f"peer {name!r} stage", peer["stage"])
+            _check_address(f"peer {name!r} address", peer["address"])
 
 
 @dataclass(frozen=True, slots=True)
 class Activation:
-    """Output of the device half for one micro-batch, with its labels."""
+    """Output of stage ``stage`` for one micro-batch, with its labels, sent to the next
+    stage.
 
+    Stage-addressed: ``run_id`` (the `Plan`'s), the sending ``stage``, the micro-batch's
+    ids, the ``version`` of the weights that computed it (optimizer steps they had taken),
+    and the sending and receiving node (``source``, ``destination``). The receiver checks
+    every field against its plan.
+    """
+
+    run_id: int
+    stage: int
     epoch: int
     iteration: int
     micro_batch: int
+    version: int
+    source: str
+    destination: str
     tensor: TensorData
     labels: TensorData
 
     def __post_init__(self) -> None:
-        for name in ("epoch", "iteration", "micro_batch"):
+        for name in ("run_id", "stage", "epoch", "iteration", "micro_batch", "version"):
             _check_index(name, getattr(self, name))
+        check_node_name(self.source)
+        check_node_name(self.destination)
         if not self.tensor.shape or not self.labels.shape:
             raise LocalProtocolError("activation and labels need a batch dimension")
         if self.tensor.shape[0] != self.labels.shape[0]:
@@ -203,16 +298,24 @@ class Activation:
 
 @dataclass(frozen=True, slots=True)
 class Gradient:
-    """Gradient of the loss with respect to one micro-batch's activation."""
+    """Gradient of the loss with respect to one micro-batch's input of stage ``stage``,
+    sent back to the previous stage; addressed like `Activation`."""
 
+    run_id: int
+    stage: int
     epoch: int
     iteration: int
     micro_batch: int
+    version: int
+    source: str
+    destination: str
     tensor: TensorData
 
     def __post_init__(self) -> None:
-        for name in ("epoch", "iteration", "micro_batch"):
+        for name in ("run_id", "stage", "epoch", "iteration", "micro_batch", "version"):
             _check_index(name, getattr(self, name))
+        check_node_name(self.source)
+        check_node_name(self.destination)
 
 
 @dataclass(frozen=True, slots=True)

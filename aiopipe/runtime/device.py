@@ -1,23 +1,25 @@
-"""The device node: trains the first P units on local data (PiPar Algorithm 1).
+"""The device node: runs the stage the coordinator assigns it, on local data.
 
-One event loop, one compute thread. Four tasks run while training (a fourth, not listed,
-sends a heartbeat every ``heartbeat_interval``):
-- the train loop: per round, per iteration, it runs the iteration's schedule (data, see
-  `aiopipe.scheduler.schedule`); PiPar's is: forward N micro-batches back to back,
-  posting each activation as soon as it exists; then, in micro-batch order, wait for
-  that micro-batch's gradient and run its backward; then one optimizer step (Eq. 26);
-- the send loop (`Peer.send_loop`): moves posted activations and models over the
-  uplink, one at a time;
-- the receive loop: routes gradients to the micro-batch waiting for them and control
-  messages (`RoundStart`, `Bye`) to the train loop.
-The data never leaves the device: only activations, labels and model halves do.
+One event loop, one compute thread. While training, these tasks run:
+- the train loop: per round, it takes the round's assignment (`RoundStart`: stage,
+  units, micro-batches, one iteration's actions, peers), builds that stage, loads its
+  weights, and runs the actions iteration after iteration with a `StageExecutor`
+  (PiPar's device: forward N micro-batches back to back, posting each activation as soon
+  as it exists; then, in micro-batch order, wait for each gradient and run its backward;
+  then one optimizer step, Eq. 26); then it uploads the weights and a report;
+- the link to the coordinator: a send loop (`Peer.send_loop`), a receive loop that
+  checks each message against the round (a gradient from the coordinator's own stage in
+  the split modes; `RoundStart`, `Bye`), heartbeats and a silence watchdog (`Liveness`);
+  when that link breaks the device reconnects with backoff ([Note: reconnection] in
+  aiopipe/runtime/session.py) and re-sends what may have been lost;
+- links to peer devices, when the run has them (a pipeline): `PeerLinks`.
+The data never leaves the device: only activations, labels and the stage's weights do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import random
 from collections.abc import Callable
@@ -28,13 +30,17 @@ from typing import TypeAlias, cast
 
 import numpy as np
 import torch
-from torch import nn
 
 from aiopipe import data as datasets
 from aiopipe import models
 from aiopipe.clock import Clock, SystemClock
 from aiopipe.config import RunConfig
-from aiopipe.errors import LinkBrokenError, RemoteProtocolError, TrainingError, TransportError
+from aiopipe.errors import (
+    LinkBrokenError,
+    RemoteProtocolError,
+    TrainingError,
+    TransportError,
+)
 from aiopipe.metrics.trace import Recorder
 from aiopipe.protocol import (
     PROTOCOL_VERSION,
@@ -50,21 +56,27 @@ from aiopipe.protocol import (
     RoundStart,
     state_from_wire,
     state_to_wire,
-    to_tensor_data,
-    to_torch,
 )
+from aiopipe.runtime.assignment import Assignment, check_data_message
 from aiopipe.runtime.compute import Compute, warm_up_torch
+from aiopipe.runtime.executor import Identity, Inbox, Route, StageExecutor
+from aiopipe.runtime.liveness import Liveness
 from aiopipe.runtime.peer import Peer
-from aiopipe.runtime.plan import build_model, device_indices, train_dataset
+from aiopipe.runtime.peering import PeerLinks
+from aiopipe.runtime.plan import build_model, device_indices, train_dataset, unit_output_shapes
 from aiopipe.runtime.replan import make_optimizer
+from aiopipe.runtime.stage import StageWork
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable
-from aiopipe.scheduler.schedule import pipar_order
 from aiopipe.transport import Link, WebSocketLink, network_spec
+from aiopipe.transport.fabric import Endpoint
 
-__all__ = ["Connector", "DeviceSummary", "run_device"]
+__all__ = ["COORDINATOR", "Connector", "DeviceSummary", "run_device"]
 
 log = logging.getLogger("aiopipe.device")
+
+#: The coordinator's node name (the destination of what a device sends to its stage).
+COORDINATOR = "server"
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,9 +95,10 @@ Connector: TypeAlias = Callable[[], AbstractAsyncContextManager[Link]]
 
 async def run_device(server: Link | Connector, device_id: int, *, clock: Clock | None = None,
                      cost_table: CostTable | None = None, clock_offset: float | None = None,
-                     model: nn.Sequential | None = None,
+                     model: torch.nn.Sequential | None = None,
                      max_frame_bytes: int | None = None,
-                     shape_uplink: bool = False) -> DeviceSummary:
+                     shape_uplink: bool = False,
+                     endpoint: Endpoint | None = None) -> DeviceSummary:
     """Run device ``device_id`` until the server says Bye.
 
     Args:
@@ -101,15 +114,17 @@ async def run_device(server: Link | Connector, device_id: int, *, clock: Clock |
         max_frame_bytes: refuse larger frames from the server.
         shape_uplink: pace a websocket uplink at the plan's network rate (sender-side
             shaping, to emulate a slow link on one machine).
+        endpoint: where this device listens for peer devices, for runs that link devices
+            directly (a pipeline); its address goes to the server in the Hello.
 
     Raises:
-        TrainingError: the server refused us, the conversation broke down, or the device
-            could not reconnect.
+        TrainingError: the server refused us, the conversation broke down, a peer link
+            failed, or the device could not reconnect.
         TransportError: the link failed and there is no connector to reconnect with.
     """
     warm_up_torch()
     node = _DeviceNode(server, device_id, clock or SystemClock(), cost_table, clock_offset, model,
-                       max_frame_bytes)
+                       max_frame_bytes, endpoint)
     node.shape_uplink = shape_uplink
     try:
         return await node.run()
@@ -117,30 +132,51 @@ async def run_device(server: Link | Connector, device_id: int, *, clock: Clock |
         node.compute.close()
 
 
+class _ServerRoute:
+    """The coordinator's stage as a neighbour: posts on the coordinator link, keeping each
+    activation until its gradient arrives, to re-send it after a reconnection."""
+
+    node = COORDINATOR
+
+    def __init__(self, owner: _DeviceNode) -> None:
+        self.owner = owner
+
+    def send(self, message: Activation | Gradient, name: str, *,
+             ready_at: float | None) -> None:
+        if isinstance(message, Activation):
+            self.owner.sent_activations[_key(message)] = message
+        self.owner.peer.post(message, name, epoch=message.epoch, iteration=message.iteration,
+                             micro_batch=message.micro_batch, ready_at=ready_at)
+
+
 class _DeviceNode:
     def __init__(self, server: Link | Connector, device_id: int, clock: Clock,
                  cost_table: CostTable | None,
-                 clock_offset: float | None, model: nn.Sequential | None,
-                 max_frame_bytes: int | None) -> None:
+                 clock_offset: float | None, model: torch.nn.Sequential | None,
+                 max_frame_bytes: int | None, endpoint: Endpoint | None) -> None:
         self.device_id = device_id
+        self.name = f"device{device_id}"
         self.clock = clock
         self.costs = cost_table
         self.clock_offset = clock_offset
         self.custom_model = model
+        self.endpoint = endpoint
         self.shape_uplink = False
         self.recorder = Recorder()
-        self.compute = Compute(clock, self.recorder, f"device{device_id}/compute",
+        self.compute = Compute(clock, self.recorder, f"{self.name}/compute",
                                charge_costs=cost_table is not None)
         self.connector: Connector | None = None
         if hasattr(server, "receive"):
             link = cast(Link, server)
         else:
             self.connector, link = server, cast(Link, None)
-        self.peer = Peer(link, clock, self.recorder, f"device{device_id}/uplink",
+        self.peer = Peer(link, clock, self.recorder, f"{self.name}/uplink",
                          max_frame_bytes=max_frame_bytes)
         self.control: asyncio.Queue[RoundStart | Bye] = asyncio.Queue()
-        self.pending: dict[tuple[int, int, int], asyncio.Future[Gradient]] = {}
+        self.inbox = Inbox()
         self.sent_activations: dict[tuple[int, int, int], Activation] = {}
+        self.assignment: Assignment | None = None  # the round being worked on
+        self.work: StageWork | None = None
         self.round = -1  # the round being worked on (or last finished)
         self.last_round_received = -1
         self.round_task: asyncio.Task[int] | None = None
@@ -148,8 +184,9 @@ class _DeviceNode:
         self.server_session: int | None = None
         self.unacked: list[RoundResult | RoundReport] = []  # until the next RoundStart
         self.result_sent = asyncio.Event()
-        self.last_heard = clock.now()
+        self.liveness: Liveness | None = None
         self.random = random.Random(device_id)
+        self.peers: PeerLinks | None = None
         #: set when the server said Bye: the run is over, mid-round or not
         self.ended: TrainingError | None = None
 
@@ -157,26 +194,36 @@ class _DeviceNode:
         async with contextlib.AsyncExitStack() as links:
             self.plan = await self._connect(links)
             self.config = self._run_config(self.plan)  # cheap: heartbeats need it
+            self.liveness = Liveness(self.clock, interval=self.config.heartbeat_interval,
+                                     timeout=self.config.device_timeout)
             self._shape_uplink()
             try:
-                async with asyncio.TaskGroup() as tasks:
-                    training = tasks.create_task(self._train_loop())
-                    while True:
-                        try:
-                            await self._serve_link(training)
-                            break
-                        except TransportError as exc:
-                            if self.connector is None:
-                                raise
-                            await links.aclose()
-                            await self._reconnect(links, exc)
+                async with contextlib.AsyncExitStack() as stack:
+                    if self.endpoint is not None:
+                        self.peers = await stack.enter_async_context(PeerLinks.open(
+                            self.endpoint, me=self.name, keys=self.plan.peer_keys,
+                            clock=self.clock, recorder=self.recorder, config=self.config,
+                            deliver=self._deliver_from_peer, failed=self._peer_failed))
+                    async with asyncio.TaskGroup() as tasks:
+                        training = tasks.create_task(self._train_loop())
+                        while True:
+                            try:
+                                await self._serve_link(training)
+                                break
+                            except TransportError as exc:
+                                if self.connector is None:
+                                    raise
+                                await links.aclose()
+                                await self._reconnect(links, exc)
             except BaseExceptionGroup as group:
                 raise first_error(group) from None
             return training.result()
 
     async def _handshake(self) -> Plan:
         start = self.clock.now()
-        await self.peer.send(Hello(PROTOCOL_VERSION, self.device_id, self.server_session or 0))
+        address = self.endpoint.address if self.endpoint is not None else ""
+        await self.peer.send(Hello(PROTOCOL_VERSION, self.device_id, self.server_session or 0,
+                                   address))
         plan = await self.peer.receive()
         if isinstance(plan, ErrorMessage) and plan.code == "busy" and self.connector:
             # our old connection is still open on the server side: try again shortly
@@ -188,7 +235,8 @@ class _DeviceNode:
                                       f"got {type(plan).__name__}")
         if self.clock_offset is None:
             self.clock_offset = plan.server_time - (start + self.clock.now()) / 2
-        self.last_heard = self.clock.now()
+        if self.liveness is not None:
+            self.liveness.heard()
         if self.server_session is not None and plan.session != self.server_session:
             # the server restarted (or gave up on us): it knows nothing of our round
             log.warning("device %d: the server has a new session for us; starting afresh",
@@ -197,17 +245,21 @@ class _DeviceNode:
             self.unacked.clear()
             self.peer.clear()
             self._drop_round()
+            if self.peers is not None:
+                self.peers.rekey(plan.peer_keys)
         self.server_session = plan.session
+        self.run_id = plan.run_id
         return plan
 
     async def _serve_link(self, training: asyncio.Task[DeviceSummary]) -> None:
         """Move messages over the current link until training ends or the link fails."""
+        assert self.liveness is not None
         try:
             async with asyncio.TaskGroup() as tasks:
                 sender = tasks.create_task(self.peer.send_loop())
                 receiver = tasks.create_task(self._receive_loop())
-                link_tasks = [receiver, tasks.create_task(self._heartbeat_loop()),
-                              tasks.create_task(self._watchdog())]
+                link_tasks = [receiver, tasks.create_task(self.liveness.beat(self.peer)),
+                              tasks.create_task(self.liveness.watch(self.peer, "the server"))]
                 await asyncio.wait([training, *link_tasks],
                                    return_when=asyncio.FIRST_COMPLETED)
                 if receiver.done() and not receiver.cancelled() and not receiver.exception():
@@ -219,7 +271,7 @@ class _DeviceNode:
                 else:
                     sender.cancel()
         except BaseExceptionGroup as group:
-            raise first_error(group) from None
+            raise self.liveness.gave_up or first_error(group) from None
 
     async def _connect(self, links: contextlib.AsyncExitStack, *,
                        patience: float = 60.0, first_delay: float = 0.0) -> Plan:
@@ -260,21 +312,10 @@ class _DeviceNode:
         self._shape_uplink()
         self.peer.clear()  # re-post in order what may not have arrived, once
         for key, activation in self.sent_activations.items():
-            if key in self.pending:
-                self.peer.post(activation, "u", epoch=key[0], iteration=key[1],
-                               micro_batch=key[2])
+            self.peer.post(activation, "u", epoch=key[0], iteration=key[1],
+                           micro_batch=key[2])
         for message in self.unacked:
             self._post_round_message(message)
-
-    async def _watchdog(self) -> None:
-        """The server sends heartbeats: silence for device_timeout means a dead link (a
-        large frame still arriving is not silence)."""
-        timeout = self.config.device_timeout
-        while True:
-            silent = self.clock.now() - max(self.last_heard, self.peer.link.last_received())
-            if silent >= timeout * (1 - 1e-9):
-                raise LinkBrokenError(f"the server was silent for {silent:.1f} s")
-            await self.clock.sleep(timeout - silent)
 
     def _run_config(self, plan: Plan) -> RunConfig:
         run = dict(plan.run)
@@ -285,46 +326,48 @@ class _DeviceNode:
         return RunConfig.from_mapping({**run, "model": "vgg5"}).replace(model=self.custom_model)
 
     def _set_up(self) -> None:
-        """Build the model half, the optimizer and the local data (in the compute thread,
-        while the link loops already answer heartbeats)."""
-        config, plan = self.config, self.plan
+        """Build the model's structure and the local data (in the compute thread, while
+        the link loops already answer heartbeats)."""
+        config = self.config
         torch.set_num_threads(config.torch_threads)
         self.dataset = train_dataset(config)
         self.indices = device_indices(config, self.dataset, self.device_id)
-        whole = build_model(config, num_classes=self.dataset.num_classes,
-                            in_shape=self.dataset.in_shape)
-        self.units = models.unit_count(whole)
-        self.half = models.split(whole, plan.split_point)[0]
-        self.optimizer = make_optimizer(self.half, config)
+        self.whole = build_model(config, num_classes=self.dataset.num_classes,
+                                 in_shape=self.dataset.in_shape)
+        self.units = models.unit_count(self.whole)
+        self.activation_shapes = _output_shapes(self.whole, self.dataset.in_shape)
         self.compute.slowdown = config.device_slowdown_of(self.device_id)
-        self.schedule = pipar_order(plan.parallel_batches)
 
-    def _replan(self, message: RoundStart) -> None:
-        """Switch to the round's plan (the coordinator re-planned): rebuild the device
-        half at the new split point, keeping the momentum of the parameters that stay
-        (see aiopipe.runtime.replan [Note: switching]).
+    def _assign(self, message: RoundStart) -> None:
+        """Take the round's assignment: build the stage when it changed (momentum of the
+        parameters it keeps carries over, see aiopipe.runtime.replan [Note: switching]),
+        then load the round's weights (compute thread).
 
         Raises:
-            RemoteProtocolError: the plan cannot be this run's.
+            RemoteProtocolError: the assignment cannot be this run's.
         """
-        config = self.config
-        p, n, micro = message.split_point, message.parallel_batches, message.micro_batch_size
-        if config.mode not in ("sfl", "pipar") or not 1 <= p < self.units or n < 1 or (
-                micro != config.batch_size // n) or (config.mode == "sfl" and n != 1):
-            raise RemoteProtocolError(
-                f"round {message.round} asks for split point {p}, {n} micro-batches of "
-                f"{micro}: not a plan for this {config.mode} run of {self.units} units, "
-                f"batch size {config.batch_size}")
-        whole = build_model(config, num_classes=self.dataset.num_classes,
-                            in_shape=self.dataset.in_shape)
-        half = models.split(whole, p)[0]
-        self.optimizer = make_optimizer(half, config, previous=(self.half, self.optimizer))
-        self.half = half
-        self.plan = dataclasses.replace(self.plan, split_point=p, parallel_batches=n,
-                                        micro_batch_size=micro)
-        self.schedule = pipar_order(n)
-        log.info("device %d: round %d switches to split point %d, %d micro-batches",
-                 self.device_id, message.round, p, n)
+        assignment = Assignment.from_round_start(
+            message, units=self.units, batch_size=self.config.batch_size,
+            activation_shapes=self.activation_shapes, me=self.name)
+        work = self.work
+        if self.assignment is None or work is None or not assignment.same_stage(
+                self.assignment):
+            module = models.units_of(self.whole, assignment.first_unit, assignment.stop_unit)
+            previous = (work.module, work.optimizer) if work is not None else None
+            optimizer = make_optimizer(module, self.config, previous=previous)
+            if self.assignment is not None:
+                log.info("device %d: round %d switches to units %d..%d of stage %d, %d "
+                         "micro-batches", self.device_id, message.round,
+                         assignment.first_unit, assignment.stop_unit - 1, assignment.stage,
+                         assignment.parallel_batches)
+            work = self.work = StageWork(
+                module, optimizer, first=assignment.stage == 0, last=assignment.last,
+                parallel_batches=assignment.parallel_batches,
+                num_classes=self.dataset.num_classes)
+        self.assignment = assignment
+        work.module.load_state_dict(state_from_wire(message.tensors))
+        work.clear()
+        work.reset_totals()
 
     def _shape_uplink(self) -> None:
         """Pace a websocket uplink at the network's rate (sender-side shaping)."""
@@ -335,15 +378,12 @@ class _DeviceNode:
     # -- loops ---------------------------------------------------------------------
 
     async def _receive_loop(self) -> None:
+        assert self.liveness is not None
         while True:
             message = await self.peer.receive()
-            self.last_heard = self.clock.now()
-            if isinstance(message, Gradient):
-                key = (message.epoch, message.iteration, message.micro_batch)
-                future = self.pending.pop(key, None)
-                if future is not None and not future.done():
-                    future.set_result(message)
-                # else: a gradient sent again after a reconnection; we have it already
+            self.liveness.heard()
+            if isinstance(message, Activation | Gradient):
+                self._deliver(COORDINATOR, message)
             elif isinstance(message, RoundStart):
                 if message.round <= self.last_round_received:
                     continue  # sent again after a reconnection: we have it already
@@ -355,28 +395,48 @@ class _DeviceNode:
                 # the server may end the run mid-round (it failed): stop waiting, now and
                 # for any micro-batch the round would still send
                 self.ended = TrainingError(f"the server ended the run: {message.reason}")
-                self._abandon(self.ended)
+                self.inbox.close(self.ended)
+                self.sent_activations.clear()
                 return
             elif isinstance(message, ErrorMessage):
                 raise TrainingError(f"server error {message.code}: {message.message}")
             elif not isinstance(message, Heartbeat):
                 raise RemoteProtocolError(f"a device does not accept {type(message).__name__}")
 
+    def _deliver(self, sender: str, message: Activation | Gradient) -> None:
+        """Check a data message from ``sender`` against the round and hand it to the stage.
+
+        Raises:
+            RemoteProtocolError: it breaks the plan.
+        """
+        assignment = self.assignment
+        if isinstance(message, Gradient) and sender == COORDINATOR:
+            if _key(message) not in self.sent_activations:
+                return  # a gradient sent again after a reconnection; we have it already
+            del self.sent_activations[_key(message)]
+        if assignment is None or self.round_task is None or self.round_task.done():
+            if isinstance(message, Gradient):
+                return  # late: its round is over (or was dropped)
+            raise RemoteProtocolError(f"{sender} sent an activation outside a round")
+        check_data_message(message, assignment, sender=sender, run_id=self.run_id)
+        kind = "F" if isinstance(message, Activation) else "B"
+        self.inbox.put((kind, *_key(message)), message)
+
+    def _deliver_from_peer(self, sender: str, message: Activation | Gradient) -> None:
+        self._deliver(sender, message)
+
+    def _peer_failed(self, name: str, error: Exception) -> None:
+        """A peer link broke: the round in progress cannot finish."""
+        if self.ended is None and self.round_task is not None and not self.round_task.done():
+            self.inbox.close(TrainingError(f"the link to {name} failed: {error}"))
+
     def _drop_round(self) -> None:
         """Stop working on the current round (the server no longer waits for it)."""
-        self.pending.clear()
         self.sent_activations.clear()
         if self.round_task is not None and not self.round_task.done():
             log.warning("device %d: dropping round %d", self.device_id, self.round)
             self.round_dropped = True
             self.round_task.cancel()
-
-    def _abandon(self, reason: Exception) -> None:
-        for future in self.pending.values():
-            if not future.done():
-                future.set_exception(reason)
-        self.pending.clear()
-        self.sent_activations.clear()
 
     def _post_round_message(self, message: RoundResult | RoundReport) -> None:
         if isinstance(message, RoundResult):
@@ -384,14 +444,6 @@ class _DeviceNode:
             sent.add_done_callback(lambda _: self.result_sent.set())
         else:
             self.peer.post(message, "report", epoch=self.epoch)
-
-    async def _heartbeat_loop(self) -> None:
-        """Tell the server we are alive, between (never inside) other frames."""
-        seq = 0
-        while True:
-            await self.clock.sleep(self.config.heartbeat_interval)
-            seq += 1
-            await self.peer.send(Heartbeat(seq))
 
     async def _train_loop(self) -> DeviceSummary:
         await self.compute.call(self._set_up)
@@ -416,30 +468,32 @@ class _DeviceNode:
     async def _run_round(self, message: RoundStart) -> int:
         """Train the round's iterations, upload the weights, then the report; samples."""
         mark = len(self.recorder.slices)
-        state = state_from_wire(message.tensors)
-
-        def load() -> None:
-            self.half.load_state_dict(state)
-            self.optimizer.zero_grad(set_to_none=True)
-
-        if message.split_point and (message.split_point, message.parallel_batches,
-                                    message.micro_batch_size) != (
-                self.plan.split_point, self.plan.parallel_batches, self.plan.micro_batch_size):
-            await self.compute.call(partial(self._replan, message))
-        await self.compute.call(load)
+        self.inbox.reopen()
+        await self.compute.call(partial(self._assign, message))
+        assignment, work = self.assignment, self.work
+        assert assignment is not None
+        assert work is not None
+        routes = await self._routes(assignment)
         order = datasets.epoch_order(self.indices, epoch=message.epoch, seed=self.config.seed)
-        totals = np.zeros(3)  # samples, loss_sum, correct
+        micro, n = assignment.micro_batch_size, assignment.parallel_batches
+        work.batch = partial(_micro_batch, self.dataset, order, micro, n)
+        executor = StageExecutor(
+            work, self.compute, stage=assignment.stage, actions=assignment.actions,
+            identity=Identity(self.run_id, self.name), inbox=self.inbox,
+            previous=routes.get(assignment.stage - 1), next=routes.get(assignment.stage + 1),
+            costs=assignment.charges(self.costs))
         for iteration in range(message.first_iteration,
                                message.first_iteration + message.iterations):
-            if self.config.mode == "fl":
-                totals += await self._fl_iteration(order, message.epoch, iteration)
-            else:
-                await self._split_iteration(order, message.epoch, iteration)
-                totals[0] += self.plan.micro_batch_size * self.plan.parallel_batches
+            if self.ended is not None:  # no gradient will come
+                raise self.ended
+            await executor.run(message.epoch, iteration,
+                               assignment.version_of(iteration))
+            self.sent_activations.clear()  # every gradient of the iteration has arrived
+        samples = message.iterations * micro * n
         weights = await self.compute.call(
             lambda: state_to_wire({k: v.detach().clone()
-                                   for k, v in self.half.state_dict().items()}))
-        result = RoundResult(message.round, int(totals[0]), float(totals[1]), int(totals[2]),
+                                   for k, v in work.module.state_dict().items()}))
+        result = RoundResult(message.round, samples, float(work.loss_sum), int(work.correct),
                              weights)
         self.unacked = [result]
         self.result_sent.clear()
@@ -449,92 +503,49 @@ class _DeviceNode:
         offset = self.clock_offset or 0.0
         report = RoundReport(message.round, {
             "slices": [s.shifted(offset).to_list() for s in self.recorder.take(mark)],
+            "peak_live": work.peak_live,
         })
         self.unacked.append(report)
         self._post_round_message(report)
-        return int(totals[0])
+        return samples
 
-    async def _split_iteration(self, order: np.ndarray, epoch: int, iteration: int) -> None:
-        """Run the plan's schedule for one iteration (see `aiopipe.scheduler.schedule`)."""
-        micro, p = self.plan.micro_batch_size, self.plan.split_point
-        base = iteration * micro * self.plan.parallel_batches
-        loop = asyncio.get_running_loop()
-        outputs: dict[int, torch.Tensor] = {}
-        waiting: dict[int, asyncio.Future[Gradient]] = {}
-        costs = self.costs
-        compute = self.compute
-        for i, action in enumerate(self.schedule):
-            n = action.micro_batch
-            # an action whose input is at hand was ready when the previous one ended
-            # ([Note: emulated slow devices]); a backward waits for its gradient
-            ready = compute.last_end if i > 0 and (
-                action.kind != "B" or waiting[n].done()) else None
-            if action.kind == "F":
-                batch_indices = order[base + n * micro: base + (n + 1) * micro]
-                _, y, out = await compute.run(
-                    "f", partial(self._forward, batch_indices),
-                    cost=costs.forward_time(0, p, micro) if costs else None,
-                    epoch=epoch, iteration=iteration, micro_batch=n, ready_at=ready)
-                outputs[n] = out
-                if self.ended is not None:  # no gradient will come
-                    raise self.ended
-                waiting[n] = self.pending[(epoch, iteration, n)] = loop.create_future()
-                activation = Activation(epoch, iteration, n, to_tensor_data(out.detach()),
-                                        to_tensor_data(y))
-                self.sent_activations[(epoch, iteration, n)] = activation
-                self.peer.post(activation, "u", epoch=epoch, iteration=iteration, micro_batch=n,
-                               ready_at=compute.last_end)
-            elif action.kind == "B":
-                grad = to_torch((await waiting.pop(n)).tensor)
-                out = outputs.pop(n)
-                if grad.shape != out.shape or grad.dtype != out.dtype:
-                    raise RemoteProtocolError(
-                        f"gradient of shape {tuple(grad.shape)} {grad.dtype} for an activation "
-                        f"of shape {tuple(out.shape)} {out.dtype}")
-                await compute.run(
-                    "b", partial(_backward, out, grad),
-                    cost=costs.backward_time(0, p, micro) if costs else None,
-                    epoch=epoch, iteration=iteration, micro_batch=n, ready_at=ready)
-            else:
-                await compute.run("step", self._step,
-                                  cost=costs.step_time(0, p) if costs else None,
-                                  epoch=epoch, iteration=iteration, ready_at=ready)
-        self.sent_activations.clear()  # every gradient of the iteration has arrived
+    async def _routes(self, assignment: Assignment) -> dict[int, Route]:
+        """The neighbouring stages: peers (linked now if need be) or the coordinator.
 
-    def _forward(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        x, y = self.dataset.batch(indices)
-        return x, y, self.half(x)
-
-    def _step(self) -> None:
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-    async def _fl_iteration(self, order: np.ndarray, epoch: int, iteration: int) -> np.ndarray:
-        batch = self.config.batch_size
-        batch_indices = order[iteration * batch:(iteration + 1) * batch]
-        q = self.units
-        costs = self.costs
-
-        def forward() -> tuple[torch.Tensor, float, int]:
-            x, y = self.dataset.batch(batch_indices)
-            logits = self.half(x)
-            loss = nn.functional.cross_entropy(logits, y)
-            return loss, float(loss.detach()) * len(y), int((logits.argmax(1) == y).sum())
-
-        loss, loss_sum, correct = await self.compute.run(
-            "f", forward, cost=costs.forward_time(0, q, batch) if costs else None,
-            epoch=epoch, iteration=iteration)
-
-        def backward() -> None:
-            torch.autograd.backward(loss)
-            self._step()
-
-        await self.compute.run(
-            "b", backward,
-            cost=costs.backward_time(0, q, batch) + costs.step_time(0, q) if costs else None,
-            epoch=epoch, iteration=iteration, ready_at=self.compute.last_end)
-        return np.array([len(batch_indices), loss_sum, correct], dtype=np.float64)
+        Raises:
+            TrainingError: a peer cannot be linked to, or the run needs peer links and
+                this device has no endpoint.
+        """
+        routes: dict[int, Route] = {}
+        for stage in (assignment.stage - 1, assignment.stage + 1):
+            if not 0 <= stage < assignment.stages:
+                continue
+            name = assignment.peer_at(stage)
+            if name is None:
+                routes[stage] = _ServerRoute(self)
+                continue
+            if self.peers is None:
+                raise TrainingError(f"device {self.device_id} runs stage {assignment.stage} "
+                                    f"next to {name} but listens for no peers (start it "
+                                    "with an endpoint: python -m aiopipe.device --listen)")
+            routes[stage] = await self.peers.route(name, assignment.peers[name]["address"],
+                                                   dial=stage > assignment.stage)
+        return routes
 
 
-def _backward(output: torch.Tensor, gradient: torch.Tensor) -> None:
-    torch.autograd.backward(output, gradient)
+def _key(message: Activation | Gradient) -> tuple[int, int, int]:
+    return (message.epoch, message.iteration, message.micro_batch)
+
+
+def _micro_batch(dataset: datasets.Dataset, order: np.ndarray, micro: int, parallel: int,
+                 iteration: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Micro-batch ``n`` of ``iteration`` in the epoch's ``order`` (PiPar Algorithm 1)."""
+    base = iteration * micro * parallel
+    return dataset.batch(order[base + n * micro: base + (n + 1) * micro])
+
+
+def _output_shapes(model: torch.nn.Sequential, in_shape: tuple[int, ...]
+                   ) -> tuple[tuple[int, ...], ...]:
+    """Per-sample shapes: the model's input, then after each unit."""
+    return (tuple(in_shape), *unit_output_shapes(model, in_shape))
+

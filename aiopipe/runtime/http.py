@@ -19,7 +19,7 @@ from aiohttp import web
 
 from aiopipe.auth import authenticate_bearer, check_secret
 from aiopipe.errors import AiopipeError, AuthenticationError, RemoteProtocolError
-from aiopipe.runtime.server import ServerNode
+from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.transport import LinkSpec, accept_websocket
 
 __all__ = ["add_routes"]
@@ -27,7 +27,7 @@ __all__ = ["add_routes"]
 log = logging.getLogger("aiopipe.server")
 
 
-def add_routes(app: web.Application, node: ServerNode, *, token_secret: bytes | None = None,
+def add_routes(app: web.Application, node: Coordinator, *, token_secret: bytes | None = None,
                prefix: str = "", downlink: LinkSpec | None = None) -> None:
     """Mount the device websocket and the status routes of ``node`` on ``app``.
 
@@ -72,7 +72,7 @@ def add_routes(app: web.Application, node: ServerNode, *, token_secret: bytes | 
     app.router.add_get(f"{prefix}/metrics", metrics)
 
 
-def _prometheus(node: ServerNode) -> str:
+def _prometheus(node: Coordinator) -> str:
     lines = [
         "# HELP aiopipe_devices_connected Devices with an open session.",
         "# TYPE aiopipe_devices_connected gauge",

@@ -90,13 +90,14 @@ def train_dataset(config: RunConfig) -> datasets.Dataset:
 
 def device_indices(config: RunConfig, dataset: datasets.Dataset, device_id: int) -> np.ndarray:
     """Indices into ``dataset`` of the samples device ``device_id`` holds."""
-    key = (dataset.name, len(dataset), config.devices, config.partition,
+    key = (dataset.name, len(dataset), config.devices, config.data_partition,
            config.dirichlet_alpha, config.samples_per_device, config.seed)
     shards = _SHARDS.get(key)
     if shards is None:
         # cached: every node of an in-process simulation asks for the same partition, and
         # computing it once per device would cost O(K^2) for K devices
-        parts = datasets.partition(dataset.labels(), config.devices, scheme=config.partition,
+        parts = datasets.partition(dataset.labels(), config.devices,
+                                   scheme=config.data_partition,
                                    alpha=config.dirichlet_alpha,
                                    samples_per_device=config.samples_per_device,
                                    seed=config.seed)
@@ -253,6 +254,10 @@ def _candidate_parallel_batches(config: RunConfig) -> list[int]:
     return sorted(set(value)) if isinstance(value, tuple) else [int(value)]
 
 
+#: A run id as large as `Plan.run_id`'s (62 random bits), for frame sizes.
+_TYPICAL_RUN_ID = 2**62 - 1
+
+
 def model_profile(model: nn.Sequential, in_shape: tuple[int, int, int],
                   costs: CostTable) -> ModelProfile:
     """What the planner knows about ``model``: ``costs`` plus the activation, frame and
@@ -263,9 +268,10 @@ def model_profile(model: nn.Sequential, in_shape: tuple[int, int, int],
     activation_bytes = tuple(4 * math.prod(s) for s in shapes)
     sample = torch.zeros(1, *shapes[0])
     labels = torch.zeros(1, dtype=torch.int64)
-    act_overhead = len(encode(Activation(0, 0, 0, to_tensor_data(sample),
+    ids = (_TYPICAL_RUN_ID, 0, 0, 0, 0, 0, "device0", "server")  # as a run's frames carry
+    act_overhead = len(encode(Activation(*ids, to_tensor_data(sample),
                                          to_tensor_data(labels)))) - activation_bytes[0] - 8
-    grad_overhead = len(encode(Gradient(0, 0, 0, to_tensor_data(sample)))) - activation_bytes[0]
+    grad_overhead = len(encode(Gradient(*ids, to_tensor_data(sample)))) - activation_bytes[0]
     state_bytes = tuple(sum(t.numel() * t.element_size() for t in unit.state_dict().values())
                         for unit in model.children())
     return ModelProfile(costs, activation_bytes, state_bytes,

@@ -1,24 +1,27 @@
-"""The server's side of one device (PiPar Algorithm 2, per device k).
+"""The coordinator's side of one device: its connection, its rounds, and the stage the
+coordinator runs for it (PiPar Algorithm 2, per device k).
 
 A session lives as long as its device takes part in the run; connections come and go
-under it. While a connection is attached, `DeviceSession.serve` runs five tasks:
-- the receive loop validates every message against the device's plan and routes it:
-  activations to the worker, round results to the coordinator;
-- the worker runs each activation through device k's server-half replica on the
-  server's shared compute queue (forward, loss, backward: one ``s`` slice), posts the
-  activation's gradient at once, and steps the replica after the iteration's N-th
-  micro-batch;
-- the send loop (`Peer.send_loop`) moves gradients and models over the downlink;
+under it. While a connection is attached, `DeviceSession.serve` runs:
+- the receive loop, which checks every message against the device's round and routes
+  it: activations to the stage the coordinator runs for this device (the split modes'
+  server half), round results and reports to the round;
+- the send loop (`Peer.send_loop`), which moves gradients and models over the downlink;
 - heartbeats to the device, and a watchdog that gives up on a connection that has been
-  silent for ``device_timeout``.
+  silent for ``device_timeout`` (`Liveness`).
+The coordinator's stage for the device (when the system has one) runs for the whole
+round, across connections: a `StageExecutor` on the coordinator's shared compute queue
+walks the stage's actions (PiPar's server: ``1RECV_F0 1FB0 1SEND_B0 1RECV_F1 ... 1STEP``:
+each activation's forward, loss and backward as one ``s`` slice, its gradient posted at
+once, the replica stepped after the N-th).
 
 [Note: reconnection] When a connection breaks or goes silent, the session detaches and
-waits up to ``reconnect_grace`` for the device to connect again (the server's
-`ServerNode.serve_link` re-attaches it). Its queues, its replica and its round survive.
-What was in flight is sent again: the server re-posts the round's `RoundStart` (and a
-pending `Bye`); the device re-sends the activations whose gradients it lacks and an
+waits up to ``reconnect_grace`` for the device to connect again (the coordinator's
+admission re-attaches it). Its queues, its stage and its round survive. What was in
+flight is sent again: the coordinator re-posts the round's `RoundStart` (and a pending
+`Bye`); the device re-sends the activations whose gradients it lacks and an
 unacknowledged round result. Work is never done twice: a re-sent activation that was
-already computed gets its cached gradient again, one still queued is ignored; a repeated
+already computed gets its cached gradient again, one still waiting is ignored; a repeated
 round result is ignored. On one connection, by contrast, a repeated activation is a
 protocol error (a replay). A message that breaks the contract ends the session at once,
 with an `ErrorMessage` naming the problem; other devices are unaffected.
@@ -31,22 +34,21 @@ import contextlib
 import dataclasses
 import logging
 import secrets
-from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
-from torch import nn
 
-from aiopipe.clock import wait_for
+from aiopipe.clock import Clock, wait_for
+from aiopipe.config import RunConfig
 from aiopipe.errors import (
     DeviceLostError,
-    LinkBrokenError,
     ProtocolError,
     RemoteProtocolError,
     TransportError,
 )
-from aiopipe.metrics.trace import Slice
+from aiopipe.metrics.trace import Recorder, Slice
 from aiopipe.protocol import (
     Activation,
     Bye,
@@ -56,97 +58,158 @@ from aiopipe.protocol import (
     RoundReport,
     RoundResult,
     RoundStart,
-    to_tensor_data,
     to_torch,
 )
+from aiopipe.runtime.assignment import Assignment, check_data_message
+from aiopipe.runtime.compute import Compute
+from aiopipe.runtime.executor import Identity, Inbox, StageExecutor
+from aiopipe.runtime.liveness import Liveness
 from aiopipe.runtime.peer import Peer
-from aiopipe.runtime.plan import DevicePlan
+from aiopipe.runtime.stage import StageWork
+from aiopipe.scheduler.actions import Action
 from aiopipe.transport import Link
 
-if TYPE_CHECKING:
-    from aiopipe.runtime.server import ServerNode
-
-__all__ = ["DeviceSession"]
+__all__ = ["DeviceSession", "ServerStage", "SessionHost"]
 
 log = logging.getLogger("aiopipe.server")
 
 Key = tuple[int, int, int]  # (epoch, iteration, micro-batch)
 
 
+@dataclass(frozen=True, slots=True)
+class ServerStage:
+    """The stage the coordinator runs for one device in a round: its torch side, its
+    assignment (what arriving activations are checked against) and its charges."""
+
+    work: StageWork
+    assignment: Assignment
+    costs: Callable[[Action], float] | None = None
+
+
+class SessionHost(Protocol):
+    """What a session needs from the coordinator."""
+
+    clock: Clock
+    recorder: Recorder
+    compute: Compute
+    run_id: int
+
+    @property
+    def config(self) -> RunConfig:
+        """The run's config."""
+        ...
+
+    def server_failed(self, device_id: int, error: BaseException) -> None:
+        """The coordinator's own work for ``device_id`` failed ([Note: server faults])."""
+        ...
+
+
 @dataclass(slots=True)
 class RoundWindow:
-    """Which activations the current round accepts."""
+    """The round in progress: what the device was sent, and the coordinator's stage."""
 
     round: int
     epoch: int
     first_iteration: int
     iterations: int
     start: RoundStart
+    stage: ServerStage | None
+
+
+class _DeviceRoute:
+    """The device as the previous stage of the coordinator's: gradients go out on the
+    downlink and are kept for re-sending until the device moves to the next iteration."""
+
+    def __init__(self, session: DeviceSession) -> None:
+        self.session = session
+        self.node = session.name
+
+    def send(self, message: Activation | Gradient, name: str, *,
+             ready_at: float | None) -> None:
+        session = self.session
+        key = (message.epoch, message.iteration, message.micro_batch)
+        if isinstance(message, Gradient):
+            # the device moves to iteration i+1 only with every gradient of i: older ones
+            # will never be asked for again
+            for old in [k for k in session.gradients if k[:2] != key[:2]]:
+                del session.gradients[old]
+            session.gradients[key] = message
+            session.served += 1
+        session.peer.post(message, name, epoch=key[0], iteration=key[1], micro_batch=key[2],
+                          ready_at=ready_at)
 
 
 class DeviceSession:
-    """Server side of device ``plan.device_id``, across its connections."""
+    """The coordinator's side of device ``device_id``, across its connections."""
 
-    def __init__(self, node: ServerNode, peer: Peer, plan: DevicePlan,
-                 activation_shape: tuple[int, ...], *,
+    def __init__(self, host: SessionHost, peer: Peer, device_id: int, *,
                  earlier_bytes: tuple[int, int] = (0, 0)) -> None:
-        self.node = node
+        self.host = host
         self.peer = peer
-        self.plan = plan
-        self.device_id = plan.device_id
-        self.activation_shape = activation_shape
+        self.device_id = device_id
+        self.name = f"device{device_id}"
         self.window: RoundWindow | None = None
         self.seen: set[Key] = set()  # activations accepted this round
         self.seen_on_link: set[Key] = set()  # ... on the current connection
         self.gradients: dict[Key, Gradient] = {}  # computed, for re-sending (one iteration)
-        self.done_per_iteration: Counter[tuple[int, int]] = Counter()
-        self.work: asyncio.Queue[Activation | object] = asyncio.Queue()
+        self.inbox = Inbox()
         self.result: asyncio.Future[RoundResult] | None = None
         self.round_result: RoundResult | None = None  # waiting for its RoundReport
         self.last_round_done = -1
-        # server-side loss of the round in progress (split modes); it counts only when the
-        # round completes, so a lost device's partial round is not counted
-        self.round_loss_sum = 0.0
-        self.round_correct = 0
-        self.served = 0  # micro-batches computed this round (for re-planning)
+        self.served = 0  # micro-batches the coordinator's stage computed this round
+        #: most activations the device held at once in its last round (its report)
+        self.peak_live = 0
         self.closing = False  # we said goodbye: the connection may end
         self.ended = False  # the session is over (goodbye, or the device was lost)
         self.attached = asyncio.Event()  # set when a connection is attached
         self.idle = asyncio.Event()  # set while no connection is attached
         self.idle.set()
-        self.last_heard = node.clock.now()
+        self.liveness = Liveness(host.clock, interval=host.config.heartbeat_interval,
+                                 timeout=host.config.device_timeout)
         self.earlier_bytes = earlier_bytes  # (up, down) over connections that have ended
         self.nonce = secrets.randbits(62)  # `Plan.session`: who the device is talking to
+        self._stage_failure: ProtocolError | None = None
+        self._stage_failed = asyncio.Event()
 
     # -- driven by the coordinator -----------------------------------------------------
 
-    def start_round(self, message: RoundStart) -> asyncio.Future[RoundResult]:
-        """Send the round's weights and work; the future resolves with the device's result
-        (with the server-side loss in split modes) or fails with `DeviceLostError`."""
-        future: asyncio.Future[RoundResult] = asyncio.get_running_loop().create_future()
+    async def run_round(self, start: RoundStart, stage: ServerStage | None) -> RoundResult:
+        """Send the round's weights and work, run the coordinator's ``stage`` for it, and
+        return the device's result (with the stage's loss when the coordinator computed
+        it).
+
+        Raises:
+            DeviceLostError: the device was lost before its result was complete.
+        """
         if self.ended:
-            future.set_exception(DeviceLostError(f"device {self.device_id} is gone"))
-            return future
-        self.window = RoundWindow(message.round, message.epoch, message.first_iteration,
-                                  message.iterations, message)
+            raise DeviceLostError(f"device {self.device_id} is gone")
+        self.window = RoundWindow(start.round, start.epoch, start.first_iteration,
+                                  start.iterations, start, stage)
         self.seen.clear()
         self.gradients.clear()
-        self.round_loss_sum, self.round_correct = 0.0, 0
         self.served = 0
-        self.result = future
-        self.peer.post(message, "m", epoch=message.epoch)
-        return future
+        self.inbox.reopen()
+        result: asyncio.Future[RoundResult] = asyncio.get_running_loop().create_future()
+        self.result = result
+        self.peer.post(start, "m", epoch=start.epoch)
+        if stage is None:
+            return await result
+        serving = asyncio.ensure_future(self._serve_stage(self.window, stage))
+        try:
+            done = await result
+        except BaseException:
+            serving.cancel()
+            await asyncio.wait([serving])
+            raise
+        # the result comes once every activation was served: what is left is the step
+        await serving
+        return done
 
     def link_bytes(self) -> tuple[int, int]:
         """Bytes received from and sent to the device over all its connections so far."""
         stats = self.peer.link.statistics()
         return (self.earlier_bytes[0] + stats.received.bytes,
                 self.earlier_bytes[1] + stats.sent.bytes)
-
-    def replan(self, plan: DevicePlan, activation_shape: tuple[int, ...]) -> None:
-        """Validate the next rounds against a new plan (set between rounds)."""
-        self.plan = plan
-        self.activation_shape = activation_shape
 
     def say_bye(self, reason: str) -> None:
         """End the conversation after everything already queued."""
@@ -159,9 +222,38 @@ class DeviceSession:
         """The device is gone for good: fail its round."""
         self.ended = True
         self.attached.set()  # a connection waiting to be re-attached stops waiting
+        self.inbox.close(DeviceLostError(f"device {self.device_id} was lost: {reason}"))
         if self.result is not None and not self.result.done():
             self.result.set_exception(DeviceLostError(f"device {self.device_id} was lost: "
                                                       f"{reason}"))
+
+    # -- the coordinator's stage -----------------------------------------------------------
+
+    async def _serve_stage(self, window: RoundWindow, stage: ServerStage) -> None:
+        """Run the coordinator's stage for the round's iterations; route its failures."""
+        host, assignment = self.host, stage.assignment
+        executor = StageExecutor(
+            stage.work, host.compute, stage=assignment.stage, actions=assignment.actions,
+            identity=Identity(host.run_id, "server"), inbox=self.inbox,
+            previous=_DeviceRoute(self), next=None, costs=stage.costs)
+        try:
+            for iteration in range(window.first_iteration,
+                                   window.first_iteration + window.iterations):
+                await executor.run(window.epoch, iteration, assignment.version_of(iteration))
+        except ProtocolError as exc:
+            # the device's data broke the stage's checks: end its session as any other
+            # protocol error does, through the connection that carried it
+            self._stage_failure = exc
+            self._stage_failed.set()
+        except (DeviceLostError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            host.server_failed(self.device_id, exc)
+
+    async def _raise_stage_failure(self) -> None:
+        await self._stage_failed.wait()
+        assert self._stage_failure is not None
+        raise self._stage_failure
 
     # -- connections ---------------------------------------------------------------------
 
@@ -171,7 +263,7 @@ class DeviceSession:
             self.earlier_bytes = self.link_bytes()
         self.peer.link = link
         self.seen_on_link.clear()
-        self.last_heard = self.node.clock.now()
+        self.liveness.heard()
         self.idle.clear()  # until `serve` of this connection returns
         self.attached.set()
         if not resumed:
@@ -186,7 +278,7 @@ class DeviceSession:
         """After a connection broke: whether the device came back within ``seconds``."""
         self.attached.clear()
         try:
-            await wait_for(self.node.clock, self.attached.wait(), seconds)
+            await wait_for(self.host.clock, self.attached.wait(), seconds)
         except TimeoutError:
             return False
         return True
@@ -199,23 +291,19 @@ class DeviceSession:
             TransportError: the connection broke or went silent.
         """
         try:
-            stop = object()  # this connection's worker stops at this token
             async with asyncio.TaskGroup() as tasks:
                 sender = tasks.create_task(self.peer.send_loop())
-                worker = tasks.create_task(self._work_loop(stop))
-                others = [tasks.create_task(self._watchdog()),
-                          tasks.create_task(self._heartbeat_loop())]
+                others = [tasks.create_task(self.liveness.watch(self.peer,
+                                                                f"device {self.device_id}")),
+                          tasks.create_task(self.liveness.beat(self.peer)),
+                          tasks.create_task(self._raise_stage_failure())]
                 try:
                     await self._receive_loop()
                 finally:
                     for task in others:
                         task.cancel()
-                    # the worker finishes what it was given (gradients are cached and
-                    # re-sent on the next connection), then stops
-                    self.work.put_nowait(stop)
                     if not self.closing:
                         sender.cancel()
-                    await asyncio.wait([worker])
         except* ProtocolError as group:
             problem = group.exceptions[0]
             log.warning("device %d: %s", self.device_id, problem)
@@ -225,29 +313,9 @@ class DeviceSession:
             raise problem from None
         except* TransportError as group:
             if not self.closing:
-                raise group.exceptions[0] from None
+                raise self.liveness.gave_up or group.exceptions[0] from None
         finally:
             self.idle.set()
-
-    async def _watchdog(self) -> None:
-        """Give up on a connection that has been silent for ``device_timeout`` (a large
-        frame still arriving is not silence)."""
-        config, clock = self.node.config, self.node.clock
-        while True:
-            silent = clock.now() - max(self.last_heard, self.peer.link.last_received())
-            # a relative tolerance: sleeping the float remainder could advance no time
-            if silent >= config.device_timeout * (1 - 1e-9):
-                await self.peer.link.aclose("silent for too long")
-                raise LinkBrokenError(f"device {self.device_id} was silent for "
-                                      f"{silent:.1f} s (device_timeout)")
-            await clock.sleep(config.device_timeout - silent)
-
-    async def _heartbeat_loop(self) -> None:
-        seq = 0
-        while True:
-            await self.node.clock.sleep(self.node.config.heartbeat_interval)
-            seq += 1
-            await self.peer.send(Heartbeat(seq))
 
     async def _receive_loop(self) -> None:
         while True:
@@ -257,10 +325,9 @@ class DeviceSession:
                 if self.closing:
                     return
                 raise
-            self.last_heard = self.node.clock.now()
+            self.liveness.heard()
             if isinstance(message, Activation):
-                if self._accept_activation(message):
-                    self.work.put_nowait(message)
+                self._accept_activation(message)
             elif isinstance(message, RoundResult):
                 self._accept_result(message)
             elif isinstance(message, RoundReport):
@@ -275,9 +342,9 @@ class DeviceSession:
                 raise RemoteProtocolError(f"the server does not accept {type(message).__name__} "
                                           "here")
 
-    def _accept_activation(self, message: Activation) -> bool:
-        """Validate an activation; whether it is new work (False: a re-sent duplicate)."""
-        window, plan = self.window, self.plan
+    def _accept_activation(self, message: Activation) -> None:
+        """Check an activation against the round and hand new work to the stage."""
+        window = self.window
         key = (message.epoch, message.iteration, message.micro_batch)
         if key in self.seen_on_link:
             raise RemoteProtocolError(f"activation {key} sent twice")
@@ -286,33 +353,18 @@ class DeviceSession:
             if key in self.gradients:
                 self.peer.post(self.gradients[key], "d", epoch=key[0], iteration=key[1],
                                micro_batch=key[2])
-            return False
-        if self.node.config.mode == "fl":
-            raise RemoteProtocolError("activations are not part of an fl run")
-        if window is None or self.result is None or self.result.done():
+            return
+        if window is not None and window.stage is None:
+            raise RemoteProtocolError("the server runs no stage for this device: it takes "
+                                      "no activations")
+        if window is None or window.stage is None or self.result is None or self.result.done():
             if window is not None and message.epoch <= window.epoch:
-                return False  # a late re-send for a round that is over
+                return  # a late re-send for a round that is over
             raise RemoteProtocolError("activation outside a round")
-        if message.epoch != window.epoch or not (
-            window.first_iteration <= message.iteration
-            < window.first_iteration + window.iterations
-        ) or message.micro_batch >= plan.parallel_batches:
-            last = window.first_iteration + window.iterations - 1
-            raise RemoteProtocolError(
-                f"activation ids {key} outside round {window.round} (epoch {window.epoch}, "
-                f"iterations {window.first_iteration}..{last}, "
-                f"{plan.parallel_batches} micro-batches)")
-        expected = (plan.micro_batch_size, *self.activation_shape)
-        if message.tensor.dtype != "float32" or message.tensor.shape != expected:
-            raise RemoteProtocolError(
-                f"activation {key} is {message.tensor.dtype} {message.tensor.shape}, "
-                f"the plan says float32 {expected}")
-        if message.labels.dtype != "int64" or message.labels.shape != (plan.micro_batch_size,):
-            raise RemoteProtocolError(
-                f"labels {key} are {message.labels.dtype} {message.labels.shape}, the plan "
-                f"says int64 ({plan.micro_batch_size},)")
+        check_data_message(message, window.stage.assignment, sender=self.name,
+                           run_id=self.host.run_id)
         self.seen.add(key)
-        return True
+        self.inbox.put(("F", *key), message)
 
     def _accept_result(self, message: RoundResult) -> None:
         if message.round <= self.last_round_done or (
@@ -324,36 +376,39 @@ class DeviceSession:
         if message.round != window.round:
             raise RemoteProtocolError(f"result for round {message.round}, expected "
                                       f"{window.round}")
-        expected = self.node.device_half_specs(self.device_id)
-        if set(message.tensors) != set(expected):
+        sent = window.start.tensors  # the device returns the stage it was sent, trained
+        if set(message.tensors) != set(sent):
             raise RemoteProtocolError("round result does not hold the device half's tensors")
         for name, tensor in message.tensors.items():
-            if (tensor.dtype, tensor.shape) != expected[name]:
+            expected = sent[name]
+            if (tensor.dtype, tensor.shape) != (expected.dtype, expected.shape):
                 raise RemoteProtocolError(
                     f"round result {name} is {tensor.dtype} {tensor.shape}, the model has "
-                    f"{expected[name][0]} {expected[name][1]}")
+                    f"{expected.dtype} {expected.shape}")
             if tensor.dtype.startswith(("float", "bfloat")) and not bool(
                     torch.isfinite(to_torch(tensor)).all()):
                 raise RemoteProtocolError(f"round result {name} holds NaN or Inf")
-        plan, work = self.plan, window.iterations
-        if self.node.config.mode == "fl":
-            samples = work * self.node.config.batch_size
-        else:  # exactly what the server computed with this device this round
-            samples = work * plan.micro_batch_size * plan.parallel_batches
-            if len(self.seen) * plan.micro_batch_size != samples:
-                raise RemoteProtocolError(
-                    f"round result before the round's work was done ({len(self.seen)} of "
-                    f"{work * plan.parallel_batches} micro-batches)")
+        start = window.start
+        samples = window.iterations * start.micro_batch_size * start.parallel_batches
+        if window.stage is not None and len(self.seen) * start.micro_batch_size != samples:
+            # exactly what the coordinator's stage computed with this device this round
+            raise RemoteProtocolError(
+                f"round result before the round's work was done ({len(self.seen)} of "
+                f"{window.iterations * start.parallel_batches} micro-batches)")
         if message.samples != samples:
             raise RemoteProtocolError(f"round result claims {message.samples} samples, the "
                                       f"round has {samples}")
+        if message.correct > samples:
+            raise RemoteProtocolError(f"round result claims {message.correct} correct of "
+                                      f"{samples} samples")
         self.round_result = message
 
     def _complete_round(self, message: RoundReport) -> None:
         if message.round <= self.last_round_done:
             return  # re-sent after a reconnection
         result, self.round_result = self.round_result, None
-        if result is None or self.result is None or self.result.done():
+        window = self.window
+        if result is None or window is None or self.result is None or self.result.done():
             raise RemoteProtocolError("round report without a round result")
         if message.round != result.round:
             raise RemoteProtocolError(f"report for round {message.round}, expected "
@@ -362,88 +417,18 @@ class DeviceSession:
             slices = [Slice.from_list(s) for s in message.report.get("slices", ())]
         except (TypeError, ValueError, OverflowError) as exc:
             raise RemoteProtocolError(f"round report holds a bad slice: {exc}") from None
-        mine = f"device{self.device_id}/"
+        mine = (f"{self.name}/", f"{self.name}->")
         if any(not s.track.startswith(mine) for s in slices):
             raise RemoteProtocolError("round report names another device's resources")
-        self.node.recorder.extend(slices)
-        if self.node.config.mode != "fl":  # the server computed the loss, not the device
-            result = dataclasses.replace(result, loss_sum=self.round_loss_sum,
-                                         correct=self.round_correct)
+        peak = message.report.get("peak_live", 0)
+        if isinstance(peak, bool) or not isinstance(peak, int) or peak < 0:
+            raise RemoteProtocolError(f"round report's peak_live is {peak!r}, not a count")
+        self.peak_live = peak
+        self.host.recorder.extend(slices)
+        if window.stage is not None:  # the coordinator computed the loss, not the device
+            work = window.stage.work
+            result = dataclasses.replace(result, loss_sum=float(work.loss_sum),
+                                         correct=int(work.correct))
         self.last_round_done = result.round
         self.result.set_result(result)
 
-    async def _work_loop(self, stop: object) -> None:
-        """Serve queued activations until ``stop`` comes out of the queue.
-
-        Each activation is processed under `asyncio.shield`: when a broken connection
-        cancels this loop, the item in progress still completes (its gradient is cached
-        and re-sent later), so an activation is never half-applied to the replica.
-        """
-        if self.node.config.mode == "fl":
-            return  # no server half: devices train whole models
-        while (item := await self.work.get()) is not stop:
-            if isinstance(item, Activation):  # (a stale stop token of an earlier link: skip)
-                await asyncio.shield(self._process(item))
-
-    async def _process(self, message: Activation) -> None:
-        node, plan = self.node, self.plan
-        replica, optimizer = node.replicas[self.device_id]
-        costs = node.cost_table
-        q, p, micro = node.units, plan.split_point, plan.micro_batch_size
-        epoch, iteration, n = message.epoch, message.iteration, message.micro_batch
-        grad, loss_sum, correct = await node.compute.run(
-            "s", lambda: _server_pass(replica, message, plan.parallel_batches, node.num_classes),
-            cost=(costs.forward_time(p, q, micro) + costs.backward_time(p, q, micro)
-                  if costs else None),
-            epoch=epoch, iteration=iteration, micro_batch=n)
-        self.round_loss_sum += loss_sum
-        self.round_correct += correct
-        self.served += 1
-        gradient = Gradient(epoch, iteration, n, to_tensor_data(grad))
-        # the device moves to iteration i+1 only with every gradient of i: older ones
-        # will never be asked for again
-        for key in [k for k in self.gradients if k[:2] != (epoch, iteration)]:
-            del self.gradients[key]
-        self.gradients[(epoch, iteration, n)] = gradient
-        self.peer.post(gradient, "d", epoch=epoch, iteration=iteration, micro_batch=n)
-        self.done_per_iteration[(epoch, iteration)] += 1
-        if self.done_per_iteration[(epoch, iteration)] == plan.parallel_batches:
-            del self.done_per_iteration[(epoch, iteration)]
-            await node.compute.run("step", lambda: _step(optimizer),
-                                   cost=costs.step_time(p, q) if costs else None,
-                                   epoch=epoch, iteration=iteration)
-
-
-def _server_pass(replica: nn.Sequential, message: Activation, parallel_batches: int,
-                 num_classes: int) -> tuple[torch.Tensor, float, int]:
-    """Forward, loss and backward of one micro-batch; the activation's gradient.
-
-    The loss is the micro-batch mean divided by N, so N accumulated micro-batch gradients
-    equal the gradient of the whole batch's mean loss (PiPar Eq. 26).
-    """
-    activation = to_torch(message.tensor).detach().requires_grad_(True)
-    labels = to_torch(message.labels)
-    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
-        raise RemoteProtocolError(f"labels outside 0..{num_classes - 1}")
-    if not torch.isfinite(activation).all():
-        raise RemoteProtocolError("activation holds NaN or Inf")
-    logits = replica(activation)
-    loss = nn.functional.cross_entropy(logits, labels)
-    # finite values can still be too large for the model: refuse them before they reach
-    # the replica's weights (and, through FedAvg, every device's)
-    if not torch.isfinite(loss):
-        raise RemoteProtocolError("activation gives a NaN or Inf loss: its values are out "
-                                  "of range")
-    torch.autograd.backward(loss / parallel_batches)
-    assert activation.grad is not None
-    if not torch.isfinite(activation.grad).all():
-        replica.zero_grad(set_to_none=True)
-        raise RemoteProtocolError("activation gives NaN or Inf gradients: its values are "
-                                  "out of range")
-    correct = int((logits.detach().argmax(1) == labels).sum())
-    return activation.grad, float(loss.detach()) * labels.numel(), correct
-
-
-def _step(optimizer: torch.optim.Optimizer) -> None:
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)

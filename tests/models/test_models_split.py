@@ -10,7 +10,15 @@ import torch
 from torch import nn
 
 from aiopipe.errors import ConfigError
-from aiopipe.models import as_sequential, build, merge_states, split, unit_count
+from aiopipe.models import (
+    as_sequential,
+    build,
+    merge_states,
+    partition,
+    split,
+    unit_count,
+    units_of,
+)
 
 
 @functools.cache
@@ -205,3 +213,38 @@ def test_unit_count_needs_a_sequential() -> None:
     assert unit_count(nn.Sequential()) == 0
     with pytest.raises(ConfigError, match=r"nn\.Sequential"):
         unit_count([nn.ReLU()])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("name", "cuts"), [
+    ("vgg5", [1, 2, 3, 4]), ("vgg5", [2, 4]), ("vgg5", [0, 3, 5]), ("resnet18", [3, 6, 8]),
+    ("mobilenetv3-small", [4, 9]),
+])
+def test_partition_stages_chain_to_the_whole(name: str, cuts: list[int]) -> None:
+    model = _model(name).eval()
+    stages = partition(model, cuts)
+    assert [unit_count(s) for s in stages] == [
+        b - a for a, b in zip([0, *cuts], [*cuts, unit_count(model)], strict=True)]
+    x = torch.randn(2, 3, 32, 32)
+    y = x
+    for stage in stages:
+        y = stage(y)
+    torch.testing.assert_close(y, model(x), rtol=0, atol=0)
+    # the stages' states partition the whole model's, in order, sharing its tensors
+    merged = merge_states(*(s.state_dict() for s in stages))
+    assert list(merged) == list(model.state_dict())
+    assert all(merged[k].data_ptr() == v.data_ptr() for k, v in model.state_dict().items())
+
+
+def test_partition_with_one_cut_is_split() -> None:
+    model = _model("vgg5")
+    for p in range(unit_count(model) + 1):
+        assert [list(s.state_dict()) for s in partition(model, [p])] == [
+            list(h.state_dict()) for h in split(model, p)]
+    assert list(units_of(model, 1, 3).state_dict()) == list(
+        partition(model, [1, 3])[1].state_dict())
+
+
+@pytest.mark.parametrize("cuts", [[3, 2], [-1], [6], [1.5], [True]])
+def test_partition_refuses_bad_cut_points(cuts: list[object]) -> None:
+    with pytest.raises(ConfigError, match="cut point"):
+        partition(_model("vgg5"), cuts)  # type: ignore[arg-type]

@@ -69,26 +69,21 @@ RUN = {
 
 SAMPLES: list[Message] = [
     Hello(PROTOCOL_VERSION, 7),
-    Plan(3, "pipar", 2, 4, 25, RUN, 1234.5, 2**62),
-    Plan(0, "fl", 0, 1, 1, {}),
-    RoundStart(
-        1,
-        0,
-        10,
-        5,
-        {
+    Plan(3, "pipar", RUN, 2**62 - 1, 1234.5, 2**62, {"device4": "ab" * 32}),
+    Plan(0, "fl", {}, 1),
+    RoundStart(1, 0, 10, 5, {
             "0.weight": td("float32", (8, 3, 3, 3)),
             "0.bias": td("float32", (8,), 1),
             "1.num_batches_tracked": td("int64", ()),
             "1.empty": td("float16", (0, 4)),
             "2.bf": td("bfloat16", (3, 5), 2),
-        },
-    ),
-    RoundStart(0, 0, 0, 0, {}),
-    Activation(0, 1, 2, td("float32", (4, 2, 3, 3)), td("int64", (4,))),
-    Activation(1, 0, 0, td("bfloat16", (0, 7)), td("int64", (0,))),
-    Gradient(0, 1, 2, td("float32", (4, 2, 3, 3), 3)),
-    Gradient(U64, U64, U64, td("float64", (1,))),
+        }, 0, 2, 0, 2, 1, 1, 0, "0F0 0SEND_F0 0RECV_B0 0B0 0STEP"),
+    RoundStart(0, 0, 0, 0, {}, 0, 2, 0, 2, 1, 1, 0, "0F0 0SEND_F0 0RECV_B0 0B0 0STEP"),
+    Activation(0, 0, 0, 1, 2, 0, "device0", "server", td("float32", (4, 2, 3, 3)),
+               td("int64", (4,))),
+    Activation(0, 0, 1, 0, 0, 0, "device0", "server", td("bfloat16", (0, 7)), td("int64", (0,))),
+    Gradient(0, 1, 0, 1, 2, 0, "server", "device0", td("float32", (4, 2, 3, 3), 3)),
+    Gradient(U64, U64, U64, U64, U64, U64, "m" * 64, "n" * 64, td("float64", (1,))),
     RoundResult(
         2, 100, 12.5, 80, {"w": td("int8", (5, 5)), "m": td("bool", (9,)), "u": td("uint8", (3,))}
     ),
@@ -150,7 +145,7 @@ def test_accepts_bytearray_and_memoryview_frames() -> None:
 
 
 def test_plan_run_tuples_travel_as_lists() -> None:
-    decoded = decode(encode(Plan(0, "sl", 1, 1, 1, {"a": (1, (2, 3))})))
+    decoded = decode(encode(Plan(0, "sl", {"a": (1, (2, 3))}, 1)))
     assert isinstance(decoded, Plan)
     assert decoded.run == {"a": [1, [2, 3]]}
 
@@ -163,7 +158,8 @@ def address(buffer: Any) -> int:
 
 
 def test_decode_does_not_copy_tensor_bytes() -> None:
-    message = Activation(0, 0, 0, td("float32", (16, 8, 4, 4)), td("int64", (16,)))
+    message = Activation(0, 0, 0, 0, 0, 0, "device0", "server", td("float32", (16, 8, 4, 4)),
+                         td("int64", (16,)))
     frame = encode(message)
     decoded = decode(frame)
     assert isinstance(decoded, Activation)
@@ -198,7 +194,7 @@ def test_tensors_start_aligned() -> None:
 
 def test_encode_copies_tensor_bytes_once() -> None:
     tensor = TensorData("float32", (1024, 1024), bytes(4 * 1024 * 1024))
-    message = Gradient(0, 0, 0, tensor)
+    message = Gradient(0, 1, 0, 0, 0, 0, "server", "device0", tensor)
     encode(message)  # warm up
     tracemalloc.start()
     try:
@@ -212,7 +208,8 @@ def test_encode_copies_tensor_bytes_once() -> None:
 
 def test_encode_accepts_any_contiguous_buffer() -> None:
     floats = np.arange(12, dtype=np.float32).reshape(3, 4)
-    message = Gradient(0, 0, 0, TensorData("float32", (3, 4), floats.data))
+    message = Gradient(0, 1, 0, 0, 0, 0, "server", "device0",
+                       TensorData("float32", (3, 4), floats.data))
     decoded = decode(encode(message))
     assert isinstance(decoded, Gradient)
     assert bytes(decoded.tensor.data) == floats.tobytes()
@@ -250,12 +247,15 @@ WIDE = (0, *([U64] * 14))  # 15 dimensions, zero elements, the longest shape enc
         Heartbeat(U64),
         Bye("é" * 512),
         ErrorMessage("x" * 24, "✓" * 333),
-        Activation(U64, U64, U64, TensorData("bfloat16", WIDE, b""), TensorData("bool", WIDE, b"")),
-        Activation(U64, U64, U64, td("bool", (1,) * 15), td("bool", (1,) * 15)),
-        Gradient(U64, U64, U64, TensorData("bfloat16", WIDE, b"")),
-        RoundStart(
-            U64, U64, U64, U64, {"n" * 63 + str(i): td("bool", (1,) * 15) for i in range(4)}
-        ),
+        Activation(U64, U64, U64, U64, U64, U64, "n" * 64, "m" * 64,
+                   TensorData("bfloat16", WIDE, b""), TensorData("bool", WIDE, b"")),
+        Activation(U64, U64, U64, U64, U64, U64, "n" * 64, "m" * 64, td("bool", (1,) * 15),
+                   td("bool", (1,) * 15)),
+        Gradient(U64, U64, U64, U64, U64, U64, "m" * 64, "n" * 64,
+                 TensorData("bfloat16", WIDE, b"")),
+        RoundStart(U64, U64, U64, U64,
+                   {"n" * 63 + str(i): td("bool", (1,) * 15) for i in range(4)}, 0, 2, 0, 2, 1, 1,
+                   0, "0F0 0SEND_F0 0RECV_B0 0B0 0STEP"),
         RoundResult(
             U64, U64, -1e300, U64, {"é" * 32 + str(i): td("int8", (1,) * 15) for i in range(4)}
         ),
@@ -268,7 +268,8 @@ def test_header_slack_bounds_small_messages(message: Message) -> None:
 
 def test_tensor_slack_bounds_state_messages() -> None:
     state = {f"layer{i}." + "x" * (i % 97): td("int8", (1,) * (i % 16)) for i in range(300)}
-    message = RoundStart(U64, U64, U64, U64, state)
+    message = RoundStart(U64, U64, U64, U64, state, 0, 2, 0, 2, 1, 1, 0,
+                         "0F0 0SEND_F0 0RECV_B0 0B0 0STEP")
     bound = HEADER_SLACK_BYTES + sum(TENSOR_SLACK_BYTES + len(k.encode()) for k in state)
     assert _non_tensor_bytes(message) <= bound
 
@@ -294,27 +295,32 @@ def _resized_tensor() -> TensorData:
     ("message", "error"),
     [
         (object(), "not a message"),
-        (Plan(0, "fl", 0, 1, 1, {"a": None}), "plan.run['a']: unsupported value of type NoneType"),
-        (Plan(0, "fl", 0, 1, 1, {1: 2}), "plan.run: map key 1 is not a str"),  # type: ignore[dict-item]
+        (Plan(0, "fl", {"a": None}, 1), "plan.run['a']: unsupported value of type NoneType"),
+        (Plan(0, "fl", {1: 2}, 1), "plan.run: map key 1 is not a str"),  # type: ignore[dict-item]
         (
-            Plan(0, "fl", 0, 1, 1, {"a": [b"x"]}),
+            Plan(0, "fl", {"a": [b"x"]}, 1),
             "plan.run['a'][0]: unsupported value of type bytes",
         ),
-        (Plan(0, "fl", 0, 1, 1, {"a": 2**64}), "does not fit in 64 bits"),
-        (Plan(0, "fl", 0, 1, 1, {"a": -(2**63) - 1}), "does not fit in 64 bits"),
-        (Plan(0, "fl", 0, 1, 1, [1]), "plan.run: expected a mapping, got list"),  # type: ignore[arg-type]
-        (Plan(0, "fl", 0, 1, 1, {"a": {"b": nested(31)}}), "nested deeper than 32"),
-        (Plan(0, "fl", 0, 1, 1, {"s": "\ud800"}), "plan: header cannot be packed"),
+        (Plan(0, "fl", {"a": 2**64}, 1), "does not fit in 64 bits"),
+        (Plan(0, "fl", {"a": -(2**63) - 1}, 1), "does not fit in 64 bits"),
+        (Plan(0, "fl", [1], 1), "plan.run: expected a mapping, got list"),  # type: ignore[arg-type]
+        (Plan(0, "fl", {"a": {"b": nested(31)}}, 1), "nested deeper than 32"),
+        (Plan(0, "fl", {"s": "\ud800"}, 1), "plan: header cannot be packed"),
         (Hello(2**64, 0), "hello.version: 18446744073709551616 does not fit in 64 bits"),
         (Bye(5), "bye.reason: expected str, got int"),  # type: ignore[arg-type]
         (ErrorMessage("c", None), "error.message: expected str, got NoneType"),  # type: ignore[arg-type]
         (RoundResult(0, 0, 0.0, 0, [1]), "expected a mapping of tensors, got list"),  # type: ignore[arg-type]
         (RoundResult(0, 0, 0.0, 0, {"a": b"x"}), "round_result.tensors['a']: expected TensorData"),  # type: ignore[dict-item]
-        (RoundStart(0, 0, 0, 0, {3: td("int8", (1,))}), "tensor name 3 is not a str"),  # type: ignore[dict-item]
-        (Gradient(0, 0, 0, td("int8", (1,) * 33)), "33 dimensions, at most 32"),
-        (Gradient(0, 0, 0, _resized_tensor()), "the buffer now holds 12"),
+        (RoundStart(0, 0, 0, 0, {3: td("int8", (1,))},  # type: ignore[dict-item]
+                    0, 2, 0, 2, 1, 1, 0, "0F0 0SEND_F0 0RECV_B0 0B0 0STEP"),
+         "tensor name 3 is not a str"),
+        (Gradient(0, 1, 0, 0, 0, 0, "server", "device0", td("int8", (1,) * 33)),
+         "33 dimensions, at most 32"),
+        (Gradient(0, 1, 0, 0, 0, 0, "server", "device0", _resized_tensor()),
+         "the buffer now holds 12"),
         (
-            Gradient(0, 0, 0, TensorData("int8", (4,), memoryview(bytes(8))[::2])),
+            Gradient(0, 1, 0, 0, 0, 0, "server", "device0",
+                     TensorData("int8", (4,), memoryview(bytes(8))[::2])),
             "not C-contiguous",
         ),
         (Bye("x" * (MAX_HEADER_BYTES + 1)), "bye: header of 8388627 bytes exceeds 8388608 bytes"),
@@ -329,7 +335,7 @@ def test_encode_rejects_cyclic_run() -> None:
     run: dict[str, Any] = {}
     run["self"] = run
     with pytest.raises(LocalProtocolError, match="nested deeper"):
-        encode(Plan(0, "fl", 0, 1, 1, run))
+        encode(Plan(0, "fl", run, 1))
 
 
 def _literal(text: str) -> str:
@@ -363,16 +369,16 @@ def tensor_frame(kind: str, fields: dict[str, Any], data: bytes) -> bytes:
     return frame([kind, fields], data)
 
 
-GRAD = {"epoch": 0, "iteration": 0, "micro_batch": 0}
+GRAD = {"run_id": 0, "stage": 1, "epoch": 0, "iteration": 0, "micro_batch": 0, "version": 0,
+        "source": "server", "destination": "device0"}
 PLAN = {
     "device_id": 0,
     "mode": "sl",
-    "split_point": 0,
-    "parallel_batches": 1,
-    "micro_batch_size": 1,
     "run": {},
+    "run_id": 1,
     "server_time": 0.0,
     "session": 0,
+    "peer_keys": {},
 }
 RESULT = {"round": 0, "samples": 0, "loss_sum": 0.0, "correct": 0, "tensors": {}}
 REPORT = {"round": 0, "report": {}}
@@ -381,8 +387,9 @@ EIGHT = bytes(8)
 BYE_FRAME = frame(["bye", {"reason": "done"}])
 
 
-#: RoundStart's plan fields (0: as before)
-ROUND_PLAN = {"split_point": 0, "parallel_batches": 0, "micro_batch_size": 0}
+#: RoundStart's assignment fields
+ROUND_PLAN = {"stage": 0, "stages": 2, "first_unit": 0, "stop_unit": 2, "parallel_batches": 1,
+              "micro_batch_size": 1, "version": 0, "actions": "", "peers": {}}
 
 BAD_FRAMES: list[tuple[str, bytes, str]] = [
     ("empty", b"", "truncated frame: 0 bytes"),
@@ -429,7 +436,7 @@ BAD_FRAMES: list[tuple[str, bytes, str]] = [
     ("bool for int", frame(["heartbeat", {"seq": True}]), "expected int, got bool"),
     (
         "float for int",
-        frame(["hello", {"version": 1.0, "device_id": 0, "session": 0}]),
+        frame(["hello", {"version": 1.0, "device_id": 0, "session": 0, "address": ""}]),
         "hello.version: wrong field type",
     ),
     (
@@ -460,8 +467,28 @@ BAD_FRAMES: list[tuple[str, bytes, str]] = [
     ("bad mode", frame(["plan", {**PLAN, "mode": "x"}]), "invalid plan: mode must be one of"),
     (
         "zero batches",
-        frame(["plan", {**PLAN, "parallel_batches": 0}]),
-        "invalid plan: parallel_batches must be >= 1",
+        tensor_frame("round_start", {"round": 0, "epoch": 0, "first_iteration": 0,
+                                     "iterations": 0, "tensors": {},
+                                     **ROUND_PLAN, "parallel_batches": 0}, b""),
+        "invalid round_start: parallel_batches must be >= 1",
+    ),
+    (
+        "bad node name",
+        tensor_frame("gradient", {**GRAD, "source": "a b", "tensor": F32}, EIGHT),
+        "invalid gradient: a node name is 1..64 ASCII letters",
+    ),
+    (
+        "peer with a key",
+        tensor_frame("round_start", {"round": 0, "epoch": 0, "first_iteration": 0,
+                                     "iterations": 0, "tensors": {}, **ROUND_PLAN,
+                                     "peers": {"device1": {"stage": 1, "address": "x",
+                                                           "key": "00"}}}, b""),
+        "invalid round_start: peer 'device1' must map stage and address",
+    ),
+    (
+        "bad peer key",
+        frame(["plan", {**PLAN, "peer_keys": {"device1": "00"}}]),
+        "invalid plan: the key of peer 'device1' must be 64 hex digits",
     ),
     (
         "run not map",
@@ -655,7 +682,8 @@ def _with_byte(data: bytes, index: int, value: int) -> bytes:
 
 
 def _padding_cases() -> list[tuple[str, bytes, str]]:
-    good = encode(Activation(0, 0, 0, td("int8", (3,)), td("int8", (3,))))
+    good = encode(Activation(0, 0, 0, 0, 0, 0, "device12", "server", td("int8", (3,)),
+                             td("int8", (3,))))
     header_len = struct.unpack_from("<I", good, 4)[0]
     first_pad = 8 + header_len  # first byte of padding after the header
     data_start = _align(first_pad)
@@ -690,8 +718,7 @@ def test_decode_rejects(frame_bytes: bytes, error: str) -> None:
 def test_hand_made_frame_helper_builds_valid_frames() -> None:
     """The table's frames differ from valid ones only in the named defect."""
     assert decode(tensor_frame("gradient", {**GRAD, "tensor": F32}, EIGHT)) == Gradient(
-        0, 0, 0, TensorData("float32", (2,), EIGHT)
-    )
+        0, 1, 0, 0, 0, 0, "server", "device0", TensorData("float32", (2,), EIGHT))
     assert decode(BYE_FRAME) == Bye("done")
 
 
@@ -709,7 +736,8 @@ def test_decode_rejects_strided_frames_locally() -> None:
 
 def test_encode_accepts_empty_multidimensional_buffers() -> None:
     empty = np.zeros((2, 0, 3), dtype=np.float32)
-    message = Gradient(0, 0, 0, TensorData("float32", (2, 0, 3), empty.data))
+    message = Gradient(0, 1, 0, 0, 0, 0, "server", "device0",
+                       TensorData("float32", (2, 0, 3), empty.data))
     decoded = decode(encode(message))
     assert isinstance(decoded, Gradient)
     assert decoded.tensor.shape == (2, 0, 3)

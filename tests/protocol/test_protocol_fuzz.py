@@ -80,23 +80,27 @@ trees = st.dictionaries(
     max_size=5,
 )
 tensor_maps = st.dictionaries(names, tensors(), max_size=4)
+ascii_printable = st.characters(min_codepoint=32, max_codepoint=126)
+node_names = st.text(st.sampled_from("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                     "0123456789_.:-"), min_size=1, max_size=64)
 
 messages: st.SearchStrategy[Message] = st.one_of(
-    st.builds(Hello, indices, indices),
-    st.builds(
-        Plan,
-        indices,
-        st.sampled_from(MODES),
-        indices,
-        st.integers(1, U64),
-        st.integers(1, U64),
-        trees,
-        st.floats(),
-        indices,
-    ),
-    st.builds(RoundStart, indices, indices, indices, indices, tensor_maps),
-    batched_pair().map(lambda p: Activation(0, 1, 2, p[0], p[1])),
-    st.builds(Gradient, indices, indices, indices, tensors()),
+    st.builds(Hello, indices, indices, indices, st.text(ascii_printable, max_size=40)),
+    st.builds(Plan, indices, st.sampled_from(MODES), trees, indices, st.floats(), indices,
+              st.dictionaries(node_names, st.text("0123456789abcdef", min_size=64, max_size=64),
+                              max_size=3)),
+    st.builds(RoundStart, indices, indices, indices, indices, tensor_maps,
+              st.integers(0, 3), st.integers(4, 9), st.integers(0, 3), st.integers(4, 40),
+              st.integers(1, U64), st.integers(1, U64), indices,
+              st.text(ascii_printable, max_size=200),
+              st.dictionaries(node_names, st.fixed_dictionaries(
+                  {"stage": indices, "address": st.text(ascii_printable, max_size=40)}),
+                  max_size=3)),
+    batched_pair().flatmap(lambda p: st.builds(
+        Activation, indices, indices, indices, indices, indices, indices, node_names,
+        node_names, st.just(p[0]), st.just(p[1]))),
+    st.builds(Gradient, indices, indices, indices, indices, indices, indices, node_names,
+              node_names, tensors()),
     st.builds(
         RoundResult,
         indices,
@@ -230,10 +234,12 @@ def _seed_frames() -> list[bytes]:
         encode(m)
         for m in (
             Hello(1, 3),
-            Plan(1, "pipar", 2, 3, 4, {"a": [1, 2.5, "x", {"b": True}], "c": {}}, 5.0),
-            RoundStart(1, 2, 3, 4, {"w": tensor("float16", (2, 3)), "b": tensor("bool", (3,))}),
-            Activation(1, 2, 3, tensor("bfloat16", (2, 2)), tensor("int64", (2,))),
-            Gradient(1, 2, 3, tensor("float32", (1, 3))),
+            Plan(1, "pipar", {"a": [1, 2.5, "x", {"b": True}], "c": {}}, 1, 5.0),
+            RoundStart(1, 2, 3, 4, {"w": tensor("float16", (2, 3)), "b": tensor("bool", (3,))}, 0,
+                       2, 0, 2, 1, 1, 0, "0F0 0SEND_F0 0RECV_B0 0B0 0STEP"),
+            Activation(0, 0, 1, 2, 3, 0, "device0", "server", tensor("bfloat16", (2, 2)),
+                       tensor("int64", (2,))),
+            Gradient(0, 1, 1, 2, 3, 0, "server", "device0", tensor("float32", (1, 3))),
             RoundResult(1, 2, 0.5, 1, {"x": tensor("int8", (5,))}),
             RoundReport(1, {"busy": [1.0, 2.0]}),
             Heartbeat(9),

@@ -57,7 +57,7 @@ def test_dtype_table_matches_the_wire() -> None:
 @pytest.mark.parametrize("shape", [(), (1,), (3, 5), (2, 0, 4), (0,), (2, 3, 4, 5)], ids=str)
 def test_round_trip_through_a_frame(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
     tensor = sample(dtype, shape)
-    message = Gradient(0, 0, 0, to_tensor_data(tensor))
+    message = Gradient(0, 1, 0, 0, 0, 0, "server", "device0", to_tensor_data(tensor))
     decoded = decode(encode(message))
     assert isinstance(decoded, Gradient)
     back = to_torch(decoded.tensor)
@@ -100,7 +100,8 @@ def test_unsupported_dtype_is_refused() -> None:
 def test_decoded_tensor_views_the_frame() -> None:
     activation = torch.randn(8, 4, 5, 5)
     labels = torch.arange(8)
-    frame = encode(Activation(0, 0, 0, to_tensor_data(activation), to_tensor_data(labels)))
+    frame = encode(Activation(0, 0, 0, 0, 0, 0, "device0", "server", to_tensor_data(activation),
+                              to_tensor_data(labels)))
     decoded = decode(frame)
     assert isinstance(decoded, Activation)
     x, y = to_torch(decoded.tensor), to_torch(decoded.labels)
@@ -138,7 +139,8 @@ def test_read_only_buffer_warning_is_handled() -> None:
         """
         import torch
         from aiopipe.protocol import Gradient, decode, encode, to_tensor_data, to_torch
-        frame = encode(Gradient(0, 0, 0, to_tensor_data(torch.ones(3))))
+        frame = encode(Gradient(0, 1, 0, 0, 0, 0, "server", "device0",
+                                to_tensor_data(torch.ones(3))))
         assert isinstance(frame, bytes)
         print(to_torch(decode(frame).tensor).sum().item())
         """
@@ -190,6 +192,7 @@ def test_state_to_wire_refuses_bad_entries() -> None:
 
 
 def test_state_from_wire_of_nothing() -> None:
-    decoded = decode(encode(RoundStart(0, 0, 0, 0, state_to_wire({}))))
+    decoded = decode(encode(RoundStart(0, 0, 0, 0, state_to_wire({}), 0, 2, 0, 2, 1, 1, 0,
+                                       "0F0 0SEND_F0 0RECV_B0 0B0 0STEP")))
     assert isinstance(decoded, RoundStart)
     assert state_from_wire(decoded.tensors) == {}

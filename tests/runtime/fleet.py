@@ -19,8 +19,8 @@ from typing import Any
 from aiopipe import CostTable, RunConfig
 from aiopipe.clock import Clock
 from aiopipe.errors import AiopipeError, LinkBrokenError
+from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.device import run_device
-from aiopipe.runtime.server import ServerNode
 from aiopipe.transport import Link, LinkSpec, MemoryLink, open_memory_link_pair
 
 __all__ = ["COSTS", "NETWORK", "WIRE", "Fleet"]
@@ -48,7 +48,7 @@ class Fleet:
 
     def __init__(self, config: RunConfig, clock: Clock, tasks: asyncio.TaskGroup, *,
                  cost_table: CostTable | None = COSTS, wire: LinkSpec = WIRE) -> None:
-        self.node = ServerNode(config, clock=clock, cost_table=cost_table)
+        self.node = Coordinator(config, clock=clock, cost_table=cost_table)
         self.clock, self.tasks = clock, tasks
         self.cost_table, self.wire = cost_table, wire
         self.device_links: dict[int, MemoryLink] = {}

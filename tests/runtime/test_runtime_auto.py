@@ -48,33 +48,34 @@ async def test_auto_split_for_sfl_keeps_one_micro_batch(costs: CostTable) -> Non
 def test_auto_is_planned_before_a_real_run_too() -> None:
     """Without a cost table the server measures one on this machine to plan with."""
     from aiopipe.clock import SystemClock
-    from aiopipe.runtime.server import ServerNode
+    from aiopipe.runtime.coordinator import Coordinator
 
-    async def build() -> ServerNode:
-        return ServerNode(BASE, clock=SystemClock())
+    async def build() -> Coordinator:
+        return Coordinator(BASE, clock=SystemClock())
 
     node = asyncio.run(build())
     assert node.cost_table is None  # real time is not charged from the table
-    assert all(isinstance(p.split_point, int) for p in node.plans)
-    assert all(1 <= p.split_point < 5 for p in node.plans)
+    assert all(isinstance(p.split_point, int) for p in node.system.plans)
+    assert all(1 <= p.split_point < 5 for p in node.system.plans)
 
 
 async def test_memory_budgets_bound_the_plan_and_an_impossible_one_is_named(
         costs: CostTable) -> None:
     from aiopipe.errors import ConfigError
-    from aiopipe.runtime.server import ServerNode
+    from aiopipe.runtime.coordinator import Coordinator
     from aiopipe.scheduler.select import device_memory_bytes
 
-    free = ServerNode(BASE, clock=VirtualClock(), cost_table=costs)
-    assert free.planning is not None
-    need = [device_memory_bytes(free.planning, p.split_point, p.parallel_batches, 50)
-            for p in free.plans]
+    free = Coordinator(BASE, clock=VirtualClock(), cost_table=costs)
+    assert free.system.planning is not None
+    need = [device_memory_bytes(free.system.planning, p.split_point, p.parallel_batches, 50)
+            for p in free.system.plans]
     # device 1 gets less memory than its free choice needs: it must pick a smaller plan
     budget = (0.0, (need[1] - 1) / 2**20)
-    tight = ServerNode(BASE.replace(device_memory_mb=budget), clock=VirtualClock(),
+    tight = Coordinator(BASE.replace(device_memory_mb=budget), clock=VirtualClock(),
                        cost_table=costs)
-    p1 = tight.plans[1]
-    assert device_memory_bytes(tight.planning, p1.split_point, p1.parallel_batches, 50) < need[1]
+    p1 = tight.system.plans[1]
+    assert device_memory_bytes(tight.system.planning, p1.split_point, p1.parallel_batches,
+                               50) < need[1]
     with pytest.raises(ConfigError, match="device 0") as info:
-        ServerNode(BASE.replace(device_memory_mb=0.001), clock=VirtualClock(), cost_table=costs)
+        Coordinator(BASE.replace(device_memory_mb=0.001), clock=VirtualClock(), cost_table=costs)
     assert "\n" not in str(info.value)

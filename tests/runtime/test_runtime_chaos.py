@@ -20,10 +20,10 @@ import pytest
 import torch
 from fleet import COSTS, NETWORK, WIRE, Fleet
 
-from aiopipe import RunConfig, VirtualClock, simulate
+from aiopipe import RunConfig, VirtualClock, models, simulate
 from aiopipe.metrics.results import RunResult
+from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.device import DeviceSummary
-from aiopipe.runtime.server import ServerNode
 from aiopipe.transport import LinkSpec, MemoryLink
 
 SLOW_BANDWIDTH_CAP = 10e6  # a slowed link carries at most this many bits per second
@@ -67,20 +67,17 @@ class Faults:
     log: list[str] = field(default_factory=list)
 
 
-def largest_frame(node: ServerNode) -> int:
+def largest_frame(node: Coordinator) -> int:
     """Bytes of the largest frame the run really sends (model or activation)."""
     config = node.config
     if config.mode == "fl":
         return sum(t.numel() * t.element_size() for t in node.model.state_dict().values())
     sizes: list[int] = []
-    for plan in node.plans:
-        keys = set(node.device_half_specs(plan.device_id))
-        state = sum(
-            t.numel() * t.element_size()
-            for key, t in node.model.state_dict().items()
-            if key in keys
-        )
-        activation = math.prod(node.activation_shapes[plan.split_point - 1]) * 4
+    system = node.system
+    for plan in system.plans:
+        half = models.split(node.model, plan.split_point)[0]
+        state = sum(t.numel() * t.element_size() for t in half.state_dict().values())
+        activation = math.prod(system.activation_shapes[plan.split_point - 1]) * 4
         sizes.append(max(state, activation * plan.micro_batch_size))
     return max(sizes)
 
@@ -204,7 +201,7 @@ async def run_chaos(seed: int, *, kills: bool = True) -> ChaosRun:
 
 def check_accounting(run: ChaosRun) -> None:
     result, fleet, faults = run.result, run.fleet, run.faults
-    plans = fleet.node.plans
+    plans = fleet.node.system.plans
     assert not fleet.crashes, fleet.crashes
     assert len(result.epochs) == result.config.epochs
     for epoch in result.epochs:

@@ -19,18 +19,31 @@ from fleet import Fleet
 from aiopipe import RunConfig, SystemClock
 from aiopipe.errors import TrainingError
 from aiopipe.metrics.results import RunResult
-from aiopipe.runtime import server as server_module
+from aiopipe.runtime import checkpointing as checkpointing_module
 from aiopipe.runtime.checkpoint import load_checkpoint, save_checkpoint
-from aiopipe.runtime.server import ServerNode
+from aiopipe.runtime.coordinator import Coordinator
+from aiopipe.runtime.systems import Star
 
 CONFIG = RunConfig(mode="pipar", devices=2, samples_per_device=40, batch_size=20, epochs=2,
                    split_point=2, parallel_batches=2, aggregation_every=1, test_samples=20,
                    network={"up_mbps": 1000, "down_mbps": 1000, "latency_ms": 0})
 
 
-def real_node(tmp_path: Path, config: RunConfig = CONFIG) -> ServerNode:
+def real_node(tmp_path: Path, config: RunConfig = CONFIG) -> Coordinator:
     """A server on the system clock with real compute (no cost table)."""
-    return ServerNode(config, clock=SystemClock(), checkpoint_dir=tmp_path)
+    return Coordinator(config, clock=SystemClock(), checkpoint_dir=tmp_path)
+
+
+async def save(node: Coordinator, epoch: int, next_round: int) -> None:
+    """Checkpoint as the coordinator does after a round (``next_round`` 0: an epoch)."""
+    await node.checkpoints.save(node._checkpoint_meta(epoch, next_round, 0.0),
+                                epoch if next_round else epoch - 1)
+
+
+def write_now(node: Coordinator, directory: Path) -> None:
+    """Write a checkpoint at once, in this thread."""
+    save_checkpoint(directory, node.system.checkpoint_tensors(),
+                    node._checkpoint_meta(0, 1, 0.0))
 
 
 async def train(tmp_path: Path) -> RunResult:
@@ -54,18 +67,18 @@ async def test_the_round_does_not_wait_for_the_write(
         assert release.wait(30), "the test never released the write"
         return save_checkpoint(directory, tensors, meta)
 
-    monkeypatch.setattr(server_module, "save_checkpoint", slow_save)
+    monkeypatch.setattr(checkpointing_module, "save_checkpoint", slow_save)
     node = real_node(tmp_path)
     # the weights change after the copy was taken: the checkpoint holds the copy
     before = {k: v.clone() for k, v in node.model.state_dict().items()}
-    await node._save_checkpoint(0, 1)
-    node._copy_checkpoint()  # as when the next round starts; the write is blocked
+    await save(node, 0, 1)
+    node.checkpoints.copy()  # as when the next round starts; the write is blocked
     assert await asyncio.to_thread(started.wait, 30)
     with torch.no_grad():
         for p in node.model.parameters():
             p.add_(1.0)
     release.set()
-    await node._checkpoint_written()
+    await node.checkpoints.written()
     tensors, meta = load_checkpoint(tmp_path)
     assert meta["tally"]["next_round"] == 1
     for k, v in before.items():
@@ -82,16 +95,16 @@ async def test_the_tally_is_saved_as_it_was_at_the_round_end(
         assert release.wait(30), "the test never released the write"
         return save_checkpoint(directory, tensors, meta)
 
-    monkeypatch.setattr(server_module, "save_checkpoint", slow_save)
+    monkeypatch.setattr(checkpointing_module, "save_checkpoint", slow_save)
     node = real_node(tmp_path)
     node._tally = {"epoch": 0, "next_round": 1, "device_samples": [20, 20], "loss_sum": 1.0,
                    "correct": 3, "lost": [], "elapsed_before": 0.0}
-    await node._save_checkpoint(0, 1)
-    node._copy_checkpoint()
+    await save(node, 0, 1)
+    node.checkpoints.copy()
     node._tally["device_samples"][0] += 20  # the next round ends while the file is written
     node._tally["lost"].append(1)
     release.set()
-    await node._checkpoint_written()
+    await node.checkpoints.written()
     _, meta = load_checkpoint(tmp_path)
     assert meta["tally"]["device_samples"] == [20, 20]
     assert meta["tally"]["lost"] == []
@@ -112,11 +125,11 @@ async def test_one_write_in_flight_and_a_failed_write_raises(
         finally:
             running.release()
 
-    monkeypatch.setattr(server_module, "save_checkpoint", failing_save)
+    monkeypatch.setattr(checkpointing_module, "save_checkpoint", failing_save)
     node = real_node(tmp_path)
-    await node._save_checkpoint(0, 1)
+    await save(node, 0, 1)
     with pytest.raises(OSError, match="disk full"):
-        await node._save_checkpoint(0, 2)  # waits for the first write, which failed
+        await save(node, 0, 2)  # waits for the first write, which failed
     assert calls == [1]
 
 
@@ -134,10 +147,10 @@ async def test_training_returns_with_its_last_checkpoint_written(tmp_path: Path)
     # after each aggregation every replica equals the global model: stored once
     assert not [name for name in tensors if name.startswith("replica/")]
     assert [name for name in tensors if name.startswith("momentum/")]
-    resumed = ServerNode(CONFIG, clock=SystemClock(), checkpoint_dir=tmp_path, resume=True)
+    resumed = Coordinator(CONFIG, clock=SystemClock(), checkpoint_dir=tmp_path, resume=True)
     assert resumed.rounds == 4
     whole = result.model.state_dict()
-    for half, _ in resumed.replicas.values():
+    for half, _ in resumed.system.replicas.values():
         for name, value in half.state_dict().items():
             torch.testing.assert_close(value, whole[name], rtol=0, atol=0)
 
@@ -145,13 +158,13 @@ async def test_training_returns_with_its_last_checkpoint_written(tmp_path: Path)
 async def test_the_copy_runs_while_the_devices_start_the_next_round(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    copy = ServerNode._checkpoint_tensors
+    copy = Star.checkpoint_tensors
 
-    def slow_copy(node: ServerNode) -> dict[str, torch.Tensor]:
+    def slow_copy(system: Star) -> dict[str, torch.Tensor]:
         time.sleep(0.3)  # a deep model's replicas and momentum
-        return copy(node)
+        return copy(system)
 
-    monkeypatch.setattr(ServerNode, "_checkpoint_tensors", slow_copy)
+    monkeypatch.setattr(Star, "checkpoint_tensors", slow_copy)
     result = await train(tmp_path)
     copies = sorted((s for s in result.trace if s.name == "ckpt"), key=lambda s: s.start)
     assert len(copies) == 4
@@ -171,28 +184,28 @@ async def test_the_copy_runs_while_the_devices_start_the_next_round(
 
 
 async def test_a_pending_copy_is_saved_when_no_round_can_start(tmp_path: Path) -> None:
-    node = ServerNode(CONFIG, clock=SystemClock(), checkpoint_dir=tmp_path,
+    node = Coordinator(CONFIG, clock=SystemClock(), checkpoint_dir=tmp_path,
                       join_timeout=0.05)
-    await node._save_checkpoint(1, 0)
+    await save(node, 1, 0)
     with pytest.raises(TrainingError, match="every device was lost"):
         await node._participants()  # nobody there: waits, but not with the copy
-    await node._checkpoint_written()
+    await node.checkpoints.written()
     _, meta = load_checkpoint(tmp_path)
     assert meta["epoch"] == 1
 
 
 def test_a_replica_that_differs_from_the_global_model_is_restored(tmp_path: Path) -> None:
     node = real_node(tmp_path)
-    half = node.replicas[1][0]
+    half = node.system.replicas[1][0]
     with torch.no_grad():
         for p in half.parameters():
             p.mul_(2.0)
-    node._write_checkpoint(0, 1, 0.0)
+    write_now(node, tmp_path)
     tensors, _ = load_checkpoint(tmp_path)
     assert any(name.startswith("replica/1/") for name in tensors)
     assert not any(name.startswith("replica/0/") for name in tensors)
-    resumed = ServerNode(CONFIG, clock=SystemClock(), checkpoint_dir=tmp_path, resume=True)
+    resumed = Coordinator(CONFIG, clock=SystemClock(), checkpoint_dir=tmp_path, resume=True)
     for k in (0, 1):
-        want = node.replicas[k][0].state_dict()
-        for name, value in resumed.replicas[k][0].state_dict().items():
+        want = node.system.replicas[k][0].state_dict()
+        for name, value in resumed.system.replicas[k][0].state_dict().items():
             torch.testing.assert_close(value, want[name], rtol=0, atol=0)

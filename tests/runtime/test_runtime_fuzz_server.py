@@ -56,8 +56,8 @@ from aiopipe.protocol import (
     state_to_wire,
     to_torch,
 )
+from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.device import DeviceSummary, run_device
-from aiopipe.runtime.server import ServerNode
 from aiopipe.transport import LinkSpec, MemoryLink, open_memory_link_pair
 
 U64 = 2**64 - 1
@@ -121,14 +121,31 @@ def labels(batch: int, kind: str = "ok") -> TensorData:
     return TensorData("int64", tuple(values.shape), values.numpy().tobytes())
 
 
+#: The run's id: the harness gives its server this one (a real run draws it at random).
+RUN_ID = 2**61 + 12345
+ITERATIONS = SHARE // (MICRO * N)  # per epoch
+
+
+def version(epoch: int, iteration: int) -> int:
+    """The version of device 1's weights at an iteration (optimizer steps taken)."""
+    return epoch * ITERATIONS + iteration
+
+
+def stage_addressed(epoch: int, iteration: int, micro_batch: int, data: TensorData,
+                    labels: TensorData) -> Activation:
+    """Device 1's activation, addressed as the plan says."""
+    return Activation(RUN_ID, 0, epoch, iteration, micro_batch,
+                      version(epoch, iteration) % 2**64, "device1", "server", data, labels)
+
+
 def activation(epoch: int, iteration: int, micro_batch: int, seed: int = 0) -> Activation:
-    return Activation(epoch, iteration, micro_batch, tensor(SHAPE, seed=seed), labels(MICRO))
+    return stage_addressed(epoch, iteration, micro_batch, tensor(SHAPE, seed=seed), labels(MICRO))
 
 
 def device_half_state() -> tuple[dict[str, TensorData], int]:
     """The weights a RoundStart carries for device 1, and the server's frame limit."""
-    node = ServerNode(CONFIG, clock=VirtualClock(), cost_table=COSTS)
-    half = models.split(node.model, node.plans[1].split_point)[0]
+    node = Coordinator(CONFIG, clock=VirtualClock(), cost_table=COSTS)
+    half = models.split(node.model, node.system.plans[1].split_point)[0]
     state = state_to_wire({key: value.detach().clone() for key, value in half.state_dict().items()})
     return dict(state), node.max_frame_bytes
 
@@ -147,7 +164,9 @@ class Context:
 
 
 #: For junk sent right after a Hello (the state of the session is unknown then).
-AFTER_HELLO = Context(RoundStart(0, 0, 0, 1, STATE), activation(0, 0, 0), frozenset(), -1)
+AFTER_HELLO = Context(
+    RoundStart(0, 0, 0, 1, STATE, 0, 2, 0, 2, N, MICRO, 0, "0F0 0SEND_F0 0RECV_B0 0B0 0STEP"),
+    activation(0, 0, 0), frozenset(), -1)
 
 
 @dataclass(frozen=True)
@@ -164,7 +183,7 @@ class ActivationSpec:
 
     def build(self, ctx: Context) -> Message:
         start, shape = ctx.start, self.shape or SHAPE
-        return Activation(
+        return stage_addressed(
             start.epoch if self.epoch is None else self.epoch,
             start.first_iteration if self.iteration is None else self.iteration,
             self.micro_batch,
@@ -239,7 +258,7 @@ def base_message(name: str, ctx: Context) -> Message:
         "report": lambda: RoundReport(
             start.round, {"slices": [["device1/compute", "f", 0.0, 1.0, 0, 0, 0]]}
         ),
-        "gradient": lambda: Gradient(0, 0, 0, tensor((2, 3))),
+        "gradient": lambda: Gradient(0, 1, 0, 0, 0, 0, "server", "device0", tensor((2, 3))),
         "bye": lambda: Bye("done"),
     }
     return builders[name]()
@@ -430,12 +449,16 @@ class InRound:
             return None
         start = self.ctx.start
         if (
-            message.epoch != start.epoch
+            (message.run_id, message.stage, message.source, message.destination)
+            != (RUN_ID, 0, "device1", "server")
+            or message.epoch != start.epoch
             or message.micro_batch >= N
             or not start.first_iteration
             <= message.iteration
             < start.first_iteration + start.iterations
         ):
+            return True
+        if message.version != version(message.epoch, message.iteration):
             return True
         if message.tensor.dtype != "float32" or message.tensor.shape != SHAPE:
             return True
@@ -598,9 +621,9 @@ plain: st.SearchStrategy[Message] = st.builds(Heartbeat, indices) | st.sampled_f
     [
         Hello(PROTOCOL_VERSION, 1),
         Hello(PROTOCOL_VERSION, 0),
-        Plan(1, "pipar", 2, N, MICRO, {"mode": "pipar"}),
-        RoundStart(0, 0, 0, 1, {}),
-        Gradient(0, 0, 0, tensor((2, 3))),
+        Plan(1, "pipar", {"mode": "pipar"}, 1),
+        RoundStart(0, 0, 0, 1, {}, 0, 2, 0, 2, 1, 1, 0, "0F0 0SEND_F0 0RECV_B0 0B0 0STEP"),
+        Gradient(0, 1, 0, 0, 0, 0, "server", "device0", tensor((2, 3))),
         ErrorMessage("protocol", "no"),
         Bye("leaving"),
     ]
@@ -690,12 +713,12 @@ STRAY_MESSAGES: list[Message] = [
     Heartbeat(1),
     Bye("hi"),
     ErrorMessage("x", "y"),
-    Gradient(0, 0, 0, tensor((2,))),
+    Gradient(0, 1, 0, 0, 0, 0, "server", "device0", tensor((2,))),
     RoundResult(HUGE, ROUND_SAMPLES, 0.0, 0, STATE),
     RoundReport(HUGE, {"slices": []}),
-    Plan(0, "pipar", 2, N, MICRO, {}),
-    RoundStart(0, 0, 0, 1, {}),
-    Activation(HUGE, 0, 0, tensor((2, 3)), labels(2)),
+    Plan(0, "pipar", {}, 1),
+    RoundStart(0, 0, 0, 1, {}, 0, 2, 0, 2, 1, 1, 0, "0F0 0SEND_F0 0RECV_B0 0B0 0STEP"),
+    stage_addressed(HUGE, 0, 0, tensor((2, 3)), labels(2)),
     Hello(PROTOCOL_VERSION + 1, 0),
     Hello(0, 1),
     Hello(PROTOCOL_VERSION, 2),
@@ -814,7 +837,8 @@ class Harness:
     records what ``serve_link`` raised, if it is not an aiopipe error."""
 
     def __init__(self, clock: VirtualClock, tasks: asyncio.TaskGroup) -> None:
-        self.node = ServerNode(CONFIG, clock=clock, cost_table=COSTS)
+        self.node = Coordinator(CONFIG, clock=clock, cost_table=COSTS)
+        self.node.run_id = RUN_ID
         self.clock, self.tasks = clock, tasks
         self.serving: list[asyncio.Task[None]] = []
         self.crashes: list[BaseException] = []

@@ -13,9 +13,10 @@ from aiopipe import RunConfig, VirtualClock
 from aiopipe.api import _device
 from aiopipe.metrics.results import RunResult
 from aiopipe.metrics.trace import Slice
+from aiopipe.runtime.checkpoint import save_checkpoint
+from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.plan import DevicePlan, build_model, model_profile, train_dataset
 from aiopipe.runtime.replan import live_profiles
-from aiopipe.runtime.server import ServerNode
 from aiopipe.scheduler import CostTable, DeviceProfile
 from aiopipe.transport import network_spec, open_memory_link_pair
 from aiopipe.transport.network import LinkSpec
@@ -35,10 +36,10 @@ COSTS = CostTable({u: {b: 1e-4 + t * b for b in SIZES} for u, t in enumerate(PER
                   {u: 3e-5 for u in range(5)})
 
 
-async def run(config: RunConfig, *, wifi_from_round: int | None) -> tuple[RunResult, ServerNode]:
+async def run(config: RunConfig, *, wifi_from_round: int | None) -> tuple[RunResult, Coordinator]:
     """A virtual-time run; from round ``wifi_from_round`` on, every link is wifi."""
     clock = VirtualClock()
-    node = ServerNode(config, clock=clock, cost_table=COSTS)
+    node = Coordinator(config, clock=clock, cost_table=COSTS)
     network = network_spec(config.network)
     wifi = network_spec("wifi")
     ends = []
@@ -49,7 +50,7 @@ async def run(config: RunConfig, *, wifi_from_round: int | None) -> tuple[RunRes
                 max_frame_bytes=node.max_frame_bytes)
             ends.append((device_end, server_end))
             tasks.create_task(node.serve_link(server_end))
-            tasks.create_task(_device(device_end, k, clock, COSTS, None))
+            tasks.create_task(_device(device_end, k, clock, COSTS, None, None))
 
         async def speed_up() -> None:
             while wifi_from_round is not None and node.rounds <= wifi_from_round:
@@ -69,9 +70,9 @@ async def run(config: RunConfig, *, wifi_from_round: int | None) -> tuple[RunRes
 async def test_a_faster_link_mid_run_triggers_a_new_plan_that_ends_sooner() -> None:
     kept, kept_node = await run(BASE.replace(replan=False), wifi_from_round=1)
     switched, node = await run(BASE, wifi_from_round=1)
-    assert kept_node.replans == []
-    assert len(node.replans) == 1, node.replans
-    event = node.replans[0]
+    assert kept_node.system.replans == []
+    assert len(node.system.replans) == 1, node.system.replans
+    event = node.system.replans[0]
     first = [(p["split_point"], p["parallel_batches"]) for p in switched.epochs[0].plan]
     assert event.plans != tuple(first) or switched.epochs[0].plan != kept.epochs[0].plan
     final = [(p["split_point"], p["parallel_batches"]) for p in switched.final.plan]
@@ -89,23 +90,23 @@ async def test_a_faster_link_mid_run_triggers_a_new_plan_that_ends_sooner() -> N
 
 async def test_nothing_changes_when_the_links_are_as_declared() -> None:
     result, node = await run(BASE, wifi_from_round=None)
-    assert node.replans == []
+    assert node.system.replans == []
     assert result.epochs[0].plan == result.final.plan
 
 
 async def test_a_resumed_run_keeps_the_switched_plans(tmp_path: Path) -> None:
-    node = ServerNode(BASE, clock=VirtualClock(), cost_table=COSTS, checkpoint_dir=tmp_path)
-    before = [(p.split_point, p.parallel_batches) for p in node.plans]
+    node = Coordinator(BASE, clock=VirtualClock(), cost_table=COSTS, checkpoint_dir=tmp_path)
+    before = [(p.split_point, p.parallel_batches) for p in node.system.plans]
     switched = [(2, 10), (1, 5)]
     assert switched != before
-    node._switch_plans(switched)
-    node._write_checkpoint(0, 1, 0.0)
-    resumed = ServerNode(BASE, clock=VirtualClock(), cost_table=COSTS,
+    node.system._switch_plans(switched)
+    save_checkpoint(tmp_path, node.system.checkpoint_tensors(), node._checkpoint_meta(0, 1, 0.0))
+    resumed = Coordinator(BASE, clock=VirtualClock(), cost_table=COSTS,
                          checkpoint_dir=tmp_path, resume=True)
-    assert [(p.split_point, p.parallel_batches) for p in resumed.plans] == switched
+    assert [(p.split_point, p.parallel_batches) for p in resumed.system.plans] == switched
     for k in range(2):
-        own = resumed.replicas[k][0].state_dict()
-        saved = node.replicas[k][0].state_dict()
+        own = resumed.system.replicas[k][0].state_dict()
+        saved = node.system.replicas[k][0].state_dict()
         assert own.keys() == saved.keys()
 
 

@@ -1,5 +1,5 @@
 """A failure of the server's own work stops the run with one clear error ([Note: server
-faults] in aiopipe/runtime/server.py), instead of the device resending the failing pass
+faults] in aiopipe/runtime/coordinator.py), instead of the device resending the failing pass
 for ever."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from aiopipe import Device, RunConfig, Server, TrainingError, VirtualClock, simulate
-from aiopipe.runtime import session
+from aiopipe.runtime.stage import StageWork
 
 CONFIG = RunConfig(mode="pipar", devices=2, samples_per_device=80, batch_size=20, epochs=2,
                    split_point=2, parallel_batches=2, test_samples=40, seed=5)
@@ -21,7 +21,7 @@ FAILURE = r"the server's work for device \d failed: RuntimeError: out of memory 
 def failing_pass(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The server's fifth pass (and every later one) runs out of memory."""
     calls: list[int] = []
-    real = session._server_pass
+    real = StageWork.forward_backward
 
     def flaky(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
@@ -29,7 +29,7 @@ def failing_pass(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             raise RuntimeError("out of memory (pretend)")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(session, "_server_pass", flaky)
+    monkeypatch.setattr(StageWork, "forward_backward", flaky)
     return calls
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 
 import pytest
@@ -24,8 +25,8 @@ from aiopipe.protocol import (
     decode,
     encode,
 )
+from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.device import run_device
-from aiopipe.runtime.server import ServerNode
 from aiopipe.transport import LinkSpec, MemoryLink, open_memory_link_pair
 
 CONFIG = RunConfig(mode="pipar", devices=2, samples_per_device=40, batch_size=20, epochs=1,
@@ -49,21 +50,27 @@ def _labels(values: list[int] | None = None) -> TensorData:
     return TensorData("int64", tuple(t.shape), t.numpy().tobytes())
 
 
+def _activation(epoch: int, iteration: int, micro_batch: int, tensor: TensorData,
+                labels: TensorData) -> Activation:
+    """Device 1's activation (`misbehave` sets the run's id)."""
+    return Activation(0, 0, epoch, iteration, micro_batch, 0, "device1", "server", tensor, labels)
+
+
 BAD = {
-    "wrong shape": (Activation(0, 0, 0, _tensor((MICRO, 64, 8, 7)), _labels()),
+    "wrong shape": (_activation(0, 0, 0, _tensor((MICRO, 64, 8, 7)), _labels()),
                     "the plan says float32 (10, 64, 8, 8)"),
-    "wrong dtype": (Activation(0, 0, 0, _tensor(SHAPE, "float64"), _labels()),
+    "wrong dtype": (_activation(0, 0, 0, _tensor(SHAPE, "float64"), _labels()),
                     "is float64"),
-    "micro-batch outside plan": (Activation(0, 0, 2, _tensor(SHAPE), _labels()),
+    "micro-batch outside plan": (_activation(0, 0, 2, _tensor(SHAPE), _labels()),
                                  "outside round"),
-    "iteration outside round": (Activation(0, 5, 0, _tensor(SHAPE), _labels()),
+    "iteration outside round": (_activation(0, 5, 0, _tensor(SHAPE), _labels()),
                                 "outside round"),
-    "wrong epoch": (Activation(3, 0, 0, _tensor(SHAPE), _labels()), "outside round"),
-    "labels out of range": (Activation(0, 0, 0, _tensor(SHAPE), _labels([10] * MICRO)),
+    "wrong epoch": (_activation(3, 0, 0, _tensor(SHAPE), _labels()), "outside round"),
+    "labels out of range": (_activation(0, 0, 0, _tensor(SHAPE), _labels([10] * MICRO)),
                             "labels outside 0..9"),
-    "NaN activation": (Activation(0, 0, 0, _tensor(SHAPE, fill=math.nan), _labels()),
+    "NaN activation": (_activation(0, 0, 0, _tensor(SHAPE, fill=math.nan), _labels()),
                        "NaN or Inf"),
-    "short labels": (Activation(0, 0, 0, _tensor((3, 64, 8, 8)), _labels([0, 1, 2])),
+    "short labels": (_activation(0, 0, 0, _tensor((3, 64, 8, 8)), _labels([0, 1, 2])),
                      "the plan says"),
 }
 
@@ -72,7 +79,7 @@ BAD = {
 async def test_a_bad_activation_is_refused_with_its_reason(case: str) -> None:
     message, reason = BAD[case]
     clock = VirtualClock()
-    node = ServerNode(CONFIG, clock=clock, cost_table=COSTS)
+    node = Coordinator(CONFIG, clock=clock, cost_table=COSTS)
     unshaped = LinkSpec(None)
     good_device, good_server = open_memory_link_pair(clock, a_to_b=unshaped, b_to_a=unshaped)
     bad_device, bad_server = open_memory_link_pair(clock, a_to_b=unshaped, b_to_a=unshaped)
@@ -90,9 +97,10 @@ async def test_a_bad_activation_is_refused_with_its_reason(case: str) -> None:
 
     async def misbehave() -> None:
         await bad_device.send(encode(Hello(PROTOCOL_VERSION, 1)))
-        assert isinstance(decode(await bad_device.receive()), Plan)
+        plan = decode(await bad_device.receive())
+        assert isinstance(plan, Plan)
         assert isinstance(decode(await bad_device.receive()), RoundStart)
-        await bad_device.send(encode(message))
+        await bad_device.send(encode(dataclasses.replace(message, run_id=plan.run_id)))
         answers.append(decode(await bad_device.receive()))
         with pytest.raises(LinkBrokenError):
             await bad_device.receive()
@@ -117,18 +125,20 @@ async def test_a_bad_activation_is_refused_with_its_reason(case: str) -> None:
 
 def test_finite_activations_too_large_for_the_model_are_refused_before_they_train() -> None:
     from aiopipe.errors import RemoteProtocolError
-    from aiopipe.protocol import Activation
     from aiopipe.runtime.plan import build_model
-    from aiopipe.runtime.session import _server_pass, to_tensor_data
+    from aiopipe.runtime.stage import StageWork
 
     config = RunConfig(mode="pipar", devices=2, samples_per_device=40, batch_size=20,
                        split_point=2, parallel_batches=2)
     replica = build_model(config, num_classes=10, in_shape=(3, 32, 32))[2:]
-    labels = to_tensor_data(torch.arange(10) % 10)
-    huge = Activation(0, 0, 0, to_tensor_data(torch.full((10, 64, 8, 8), 3e38)), labels)
+    stage = StageWork(replica, torch.optim.SGD(replica.parameters(), lr=0.1), first=False,
+                      last=True, parallel_batches=2, num_classes=10)
+    labels = torch.arange(10) % 10
+    huge = torch.full((10, 64, 8, 8), 3e38)
     with pytest.raises(RemoteProtocolError, match="NaN or Inf loss: its values are out of range"):
-        _server_pass(replica, huge, 2, 10)
+        stage.forward_backward(0, 0, (huge, labels))
     assert all(p.grad is None for p in replica.parameters())  # nothing reached the weights
-    large = Activation(0, 0, 0, to_tensor_data(torch.full((10, 64, 8, 8), 1e10)), labels)
-    gradient, _, _ = _server_pass(replica, large, 2, 10)  # large but computable: accepted
+    large = torch.full((10, 64, 8, 8), 1e10)
+    gradient = stage.forward_backward(0, 1, (large, labels))  # large but computable: accepted
+    assert gradient is not None
     assert torch.isfinite(gradient).all()

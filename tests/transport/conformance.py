@@ -2,7 +2,10 @@
 
 The `link_pair` fixture yields a connected pair for each implementation: memory links on
 the system clock, memory links on a virtual clock, and a real websocket over loopback
-(an aiohttp server on 127.0.0.1 in the same event loop). Each kind also runs "swapped",
+(an aiohttp server on 127.0.0.1 in the same event loop); and the pairs a fabric makes
+when one endpoint dials another and that one accepts: a `MemoryFabric` in virtual time
+with a different shape per ordered pair, and two websocket endpoints (each its own
+site on 127.0.0.1). Each kind also runs "swapped",
 with ``a`` and ``b`` exchanged, so both ends (client and server, for a websocket) are
 exercised as sender and as closer. ``test_transport_conformance.py`` collects the tests.
 
@@ -28,9 +31,11 @@ from aiopipe.errors import LinkBrokenError, LinkClosedError, LocalProtocolError
 from aiopipe.transport import (
     Link,
     LinkSpec,
+    MemoryFabric,
     WebSocketLink,
     accept_websocket,
     open_memory_link_pair,
+    open_websocket_endpoint,
     open_websocket_link,
 )
 
@@ -146,6 +151,10 @@ async def open_websocket_pair(
         "memory-virtual-swapped",
         "websocket",
         "websocket-swapped",
+        "fabric-memory-virtual",
+        "fabric-memory-virtual-swapped",
+        "fabric-websocket",
+        "fabric-websocket-swapped",
     ]
 )
 async def link_pair(request: pytest.FixtureRequest) -> AsyncIterator[LinkPair]:
@@ -175,6 +184,35 @@ async def link_pair(request: pytest.FixtureRequest) -> AsyncIterator[LinkPair]:
         yield LinkPair(b, a, virtual) if swapped else LinkPair(a, b, virtual)
         await asyncio.gather(a.aclose(), b.aclose())
         await virtual.aclose()
+    elif kind.startswith("fabric-memory"):
+        virtual = VirtualClock()
+        fabric = MemoryFabric(
+            virtual,
+            default=LinkSpec(1e6, 0.5),  # never applied: a and b have shapes of their own
+            links={("a", "b"): LinkSpec(10e6, 0.02), ("b", "a"): LinkSpec(40e6, 0.005)},
+            max_frame_bytes=LIMIT,
+        )
+        at_a, at_b = fabric.endpoint("a"), fabric.endpoint("b")
+        async with at_a.dial(at_b.address) as a:
+            b = await at_b.accept()
+            yield LinkPair(b, a, virtual) if swapped else LinkPair(a, b, virtual)
+            await asyncio.gather(a.aclose(), b.aclose())
+        await asyncio.gather(at_a.aclose(), at_b.aclose())
+        await virtual.aclose()
+    elif kind.startswith("fabric-websocket"):
+        clock = SystemClock()
+        async with (
+            open_websocket_endpoint("127.0.0.1", clock=clock, max_frame_bytes=LIMIT,
+                                    close_timeout=WS_CLOSE_TIMEOUT_S) as site_a,
+            open_websocket_endpoint("127.0.0.1", clock=clock, max_frame_bytes=LIMIT,
+                                    close_timeout=WS_CLOSE_TIMEOUT_S) as site_b,
+            site_a.dial(site_b.address) as a,
+        ):
+            b = await site_b.accept()
+            try:
+                yield LinkPair(b, a, clock) if swapped else LinkPair(a, b, clock)
+            finally:
+                await asyncio.gather(a.aclose(), b.aclose())
     else:
         clock = SystemClock()
         async with open_websocket_pair(clock) as (client, server):

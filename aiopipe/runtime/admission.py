@@ -1,0 +1,201 @@
+"""Who takes part in the run: hellos, sessions and connections (DESIGN §7).
+
+`Admission.serve_link` runs one device connection from its `Hello` to its goodbye: it
+checks the hello (protocol version, the id the connection authenticated as, the id
+range, what the system needs of a device), answers with the device's `Plan`, and either
+starts a `DeviceSession` or re-attaches the device's session after a reconnection
+([Note: reconnection] in aiopipe/runtime/session.py). It keeps the sessions, the set of
+open connections and the addresses devices announced for peer links.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Protocol
+
+from aiopipe.clock import wait_for
+from aiopipe.errors import (
+    AiopipeError,
+    RemoteProtocolError,
+    TransportError,
+)
+from aiopipe.protocol import PROTOCOL_VERSION, ErrorMessage, Hello, Plan
+from aiopipe.runtime.peer import Peer
+from aiopipe.runtime.session import DeviceSession, SessionHost
+from aiopipe.transport import Link
+
+__all__ = ["HELLO_TIMEOUT_S", "Admission", "AdmissionHost"]
+
+log = logging.getLogger("aiopipe.server")
+
+#: Seconds a new connection has to say hello before it is dropped.
+HELLO_TIMEOUT_S = 30.0
+
+
+class AdmissionHost(SessionHost, Protocol):
+    """What admission needs from the coordinator, besides what a session needs."""
+
+    max_frame_bytes: int
+    finished: bool
+
+    def plan_for(self, device_id: int, session: int) -> Plan:
+        """The `Plan` answering device ``device_id``'s hello."""
+        ...
+
+    def refuse_hello(self, hello: Hello) -> str:
+        """Why the system cannot take this device ("" when it can)."""
+        ...
+
+
+class Admission:
+    """Sessions and connections of the run's devices (see the module docstring)."""
+
+    def __init__(self, host: AdmissionHost) -> None:
+        self.host = host
+        self.sessions: dict[int, DeviceSession] = {}  # every device that joined the run
+        self.connected: set[int] = set()  # devices whose connection is open now
+        self.addresses: dict[int, str] = {}  # where each device listens for peers
+        self.left = asyncio.Event()  # set whenever a connection closes
+        self.arrived = asyncio.Event()  # set whenever a device is admitted
+        self.joined = asyncio.Event()  # set once every device has said hello
+
+    async def serve_link(self, link: Link, *, device_id: int | None = None) -> None:
+        """Run one device connection from hello to goodbye (the websocket handler's body).
+
+        ``device_id``: the id the connection authenticated as (from its token); a Hello
+        for any other id is refused.
+
+        Raises:
+            ProtocolError: the device broke the contract (it was told why).
+            TransportError: the connection failed.
+        """
+        host = self.host
+        peer = Peer(link, host.clock, host.recorder, "server/unknown",
+                    max_frame_bytes=host.max_frame_bytes)
+        try:
+            hello: object = await wait_for(host.clock, peer.receive(), HELLO_TIMEOUT_S)
+        except TimeoutError:
+            hello = None
+            problem = f"no hello within {HELLO_TIMEOUT_S:g} s"
+        except RemoteProtocolError as exc:
+            hello = None
+            problem = f"bad hello: {exc}"
+        else:
+            problem = self._check_hello(hello, device_id)
+        if problem:
+            log.warning("refused a device: %s", problem)
+            code = "busy" if problem.endswith("already connected") else "refused"
+            with contextlib.suppress(TransportError):
+                await peer.send(ErrorMessage(code, problem))
+            await link.aclose()
+            raise RemoteProtocolError(problem)
+        assert isinstance(hello, Hello)
+        k = hello.device_id
+        session = self.sessions.get(k)
+        resumed = session is not None and not session.ended and hello.session == session.nonce
+        if session is not None:
+            log.warning("device %d reconnected (%s)", k, "resuming its session" if resumed
+                        else "afresh: it takes part from the next round")
+        if session is not None and not session.ended:
+            await self._supersede(session)
+        if session is not None and not resumed:
+            # a device that starts afresh cannot continue its old round: drop that round
+            session.end("it restarted")
+        if session is None or not resumed:
+            earlier = session.link_bytes() if session is not None else (0, 0)
+            session = DeviceSession(
+                host, Peer(link, host.clock, host.recorder, f"device{k}/downlink",
+                           max_frame_bytes=host.max_frame_bytes), k,
+                earlier_bytes=earlier)  # the epoch's byte counts span sessions
+            self.sessions[k] = session
+        self.addresses[k] = hello.address
+        await peer.send(host.plan_for(k, session.nonce))
+        session.attach(link, resumed=resumed)
+        if len(self.sessions) == host.config.devices:
+            self.joined.set()
+        self.connected.add(k)
+        self.arrived.set()
+        try:
+            await session.serve()
+        except TransportError as exc:
+            # [Note: reconnection] wait for the device to come back before giving up
+            self.connected.discard(k)
+            self.left.set()
+            grace = host.config.reconnect_grace
+            log.warning("device %d: %s; waiting %g s for it to reconnect", k, exc, grace)
+            if await session.wait_reattached(grace):
+                return  # the new connection's serve_link carries on
+            session.end(f"{exc}, and it did not reconnect within {grace:g} s")
+            log.warning("device %d was lost", k)
+            raise
+        except (AiopipeError, OSError) as exc:
+            session.end(str(exc))
+            log.warning("device %d was lost: %s", k, exc)
+            raise
+        except Exception as exc:
+            host.server_failed(k, exc)
+        else:
+            session.end("it said goodbye")
+        finally:
+            if self.sessions.get(k) is session and session.ended:
+                self.connected.discard(k)
+                self.left.set()
+
+    async def _supersede(self, session: DeviceSession) -> None:
+        """A device (authenticated as itself) said hello again: retire its old connection,
+        which may still look alive (a stalled link)."""
+        if not session.idle.is_set():
+            await session.peer.link.aclose("superseded by a new connection")
+            try:
+                await wait_for(self.host.clock, session.idle.wait(), 30.0)
+            except TimeoutError:
+                raise RemoteProtocolError(f"device {session.device_id}'s old connection "
+                                          "did not close") from None
+
+    async def wait_disconnected(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` until every device connection has closed (after Bye).
+
+        Returns whether they all did. Closing the listening site earlier would drop the
+        devices' close handshakes.
+        """
+
+        async def all_gone() -> None:
+            while self.connected:
+                self.left.clear()
+                await self.left.wait()
+
+        try:
+            await wait_for(self.host.clock, all_gone(), seconds)
+        except TimeoutError:
+            return False
+        return True
+
+    def alive(self) -> list[int]:
+        """Devices taking part now (connected, or reconnecting within reconnect_grace)."""
+        return sorted(k for k, s in self.sessions.items() if not s.ended)
+
+    async def wait_for_someone(self) -> None:
+        """Wait until some device is alive."""
+        while not self.alive():
+            self.arrived.clear()
+            await self.arrived.wait()
+
+    def _check_hello(self, hello: object, authenticated: int | None) -> str:
+        host = self.host
+        if not isinstance(hello, Hello):
+            return f"expected Hello, got {type(hello).__name__}"
+        if hello.version != PROTOCOL_VERSION:
+            return f"protocol version {hello.version} is not {PROTOCOL_VERSION}"
+        if host.finished:
+            return "the run is over"
+        if authenticated is not None and hello.device_id != authenticated:
+            return f"token is for device {authenticated}, not device {hello.device_id}"
+        session = self.sessions.get(hello.device_id)
+        if authenticated is None and session is not None and not session.idle.is_set():
+            # only a connection authenticated as this device may take over a live one
+            return f"device id {hello.device_id} is already connected"
+        if not hello.device_id < host.config.devices:
+            return f"device id {hello.device_id} is not in 0..{host.config.devices - 1}"
+        return host.refuse_hello(hello)

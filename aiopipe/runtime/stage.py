@@ -1,0 +1,197 @@
+"""The torch side of one stage: its units, its optimizer, and what flows in and out.
+
+A `StageWork` computes; it never sends. Each method runs in the node's compute thread
+(`aiopipe.runtime.compute.Compute`) and returns what the stage executor must send on:
+a forward returns the activation (and labels) for the next stage, a backward the
+gradient with respect to the stage's input for the previous one (STYLE item 3: compute
+returns transfers, the executor moves bytes).
+
+Positions: the first stage (0) reads its micro-batches from local data; a later stage
+takes its input from the activation it received. The last stage computes the loss (the
+micro-batch's mean cross-entropy divided by N, so that N accumulated micro-batch
+gradients are the gradient of the whole batch's mean loss: PiPar Eq. 26) and counts
+the round's loss and correct predictions. A stage that is both (a whole model: FL) does
+both.
+
+Inputs from another node are checked before they touch the weights ([Note: hostile
+inputs]): labels in range, finite values, a finite loss and finite gradients; what fails
+raises `RemoteProtocolError`, and the stage's gradients from that pass are dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from aiopipe.errors import RemoteProtocolError
+
+__all__ = ["Batch", "StageWork"]
+
+#: Reads micro-batch ``n`` of iteration ``i``: inputs and labels (the first stage's data).
+Batch = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(slots=True)
+class _Saved:
+    """What a micro-batch's backward needs, kept from its forward."""
+
+    output: torch.Tensor  # the stage's output, or the loss on the last stage
+    inputs: torch.Tensor | None  # the received activation (requires grad), later stages
+
+
+class StageWork:
+    """Forward, backward and step of one stage over micro-batches.
+
+    Args:
+        module: the stage's units (an ``nn.Sequential`` sharing the model's modules).
+        optimizer: steps ``module``'s parameters.
+        first: the stage reads data (``batch``) instead of received activations.
+        last: the stage computes the loss.
+        parallel_batches: N, the micro-batches per iteration (the loss is divided by it).
+        num_classes: labels must lie in 0..num_classes-1.
+        batch: the first stage's data; set per round with `use_data`.
+    """
+
+    def __init__(self, module: nn.Sequential, optimizer: torch.optim.Optimizer, *,
+                 first: bool, last: bool, parallel_batches: int, num_classes: int) -> None:
+        self.module = module
+        self.optimizer = optimizer
+        self.first = first
+        self.last = last
+        self.parallel_batches = parallel_batches
+        self.num_classes = num_classes
+        self.batch: Batch | None = None
+        self._saved: dict[tuple[int, int], _Saved] = {}
+        self._labels: dict[tuple[int, int], torch.Tensor] = {}
+        #: the round's loss summed over samples, and correct predictions (last stage)
+        self.loss_sum = 0.0
+        self.correct = 0
+        #: most micro-batches whose activations were alive at once (forwarded, not yet
+        #: backwarded): the memory a schedule costs
+        self.peak_live = 0
+
+    @property
+    def live(self) -> int:
+        """Micro-batches forwarded and not yet backwarded."""
+        return len(self._saved)
+
+    def reset_totals(self) -> None:
+        """Start counting a new round's loss, predictions and peak."""
+        self.loss_sum, self.correct, self.peak_live = 0.0, 0, 0
+
+    def clear(self) -> None:
+        """Forget every micro-batch in flight (a dropped round) and their gradients."""
+        self._saved.clear()
+        self._labels.clear()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def forward(self, iteration: int, micro_batch: int,
+                received: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Forward one micro-batch; the activation and labels to send on (None on the last
+        stage, which keeps the loss for its backward).
+
+        ``received``: the activation and labels from the previous stage (later stages).
+
+        Raises:
+            RemoteProtocolError: a received input fails [Note: hostile inputs].
+        """
+        key = (iteration, micro_batch)
+        x, labels, inputs = self._inputs(key, received)
+        out = self.module(x)
+        if self.last:
+            out = self._loss(out, labels)
+        self._saved[key] = _Saved(out, inputs)
+        self._labels[key] = labels
+        self.peak_live = max(self.peak_live, len(self._saved))
+        if self.last:
+            return None
+        return out.detach(), labels
+
+    def backward(self, iteration: int, micro_batch: int,
+                 gradient: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Backward one micro-batch; the gradient w.r.t. the stage's input to send back
+        (None on the first stage).
+
+        ``gradient``: w.r.t. the stage's output, from the next stage (all but the last).
+
+        Raises:
+            RemoteProtocolError: the gradient does not match the output, or the pass gives
+                non-finite input gradients.
+        """
+        key = (iteration, micro_batch)
+        saved = self._saved.pop(key)
+        self._labels.pop(key, None)
+        if self.last:
+            torch.autograd.backward(saved.output)
+        else:
+            if gradient is None:
+                raise ValueError("a backward before the last stage needs a gradient")
+            out = saved.output
+            if gradient.shape != out.shape or gradient.dtype != out.dtype:
+                raise RemoteProtocolError(
+                    f"gradient of shape {tuple(gradient.shape)} {gradient.dtype} for an "
+                    f"activation of shape {tuple(out.shape)} {out.dtype}")
+            if not torch.isfinite(gradient).all():
+                self.optimizer.zero_grad(set_to_none=True)
+                raise RemoteProtocolError("gradient holds NaN or Inf")
+            torch.autograd.backward(out, gradient)
+        if saved.inputs is None:
+            return None
+        grad = saved.inputs.grad
+        if grad is None:
+            raise RemoteProtocolError("the stage's input got no gradient")
+        if not torch.isfinite(grad).all():
+            self.optimizer.zero_grad(set_to_none=True)
+            raise RemoteProtocolError("activation gives NaN or Inf gradients: its values are "
+                                      "out of range")
+        return grad
+
+    def forward_backward(self, iteration: int, micro_batch: int,
+                         received: tuple[torch.Tensor, torch.Tensor] | None = None
+                         ) -> torch.Tensor | None:
+        """Forward, loss and backward of one micro-batch on the last stage, as one item
+        (PiPar's server pass); the gradient w.r.t. the input.
+
+        Raises:
+            RemoteProtocolError: as `forward` and `backward`.
+        """
+        self.forward(iteration, micro_batch, received)
+        return self.backward(iteration, micro_batch)
+
+    def step(self) -> None:
+        """Apply the accumulated gradients and clear them."""
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _inputs(self, key: tuple[int, int], received: tuple[torch.Tensor, torch.Tensor] | None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        if self.first:
+            if self.batch is None:
+                raise ValueError("the first stage has no data for this round")
+            x, labels = self.batch(*key)
+            return x, labels, None
+        if received is None:
+            raise ValueError("a later stage's forward needs the received activation")
+        activation, labels = received
+        # [Note: hostile inputs] the previous stage may be another party's device
+        if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= self.num_classes):
+            raise RemoteProtocolError(f"labels outside 0..{self.num_classes - 1}")
+        if not torch.isfinite(activation).all():
+            raise RemoteProtocolError("activation holds NaN or Inf")
+        inputs = activation.detach().requires_grad_(True)
+        return inputs, labels, inputs
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss = nn.functional.cross_entropy(logits, labels)
+        # finite inputs can still be too large for the model: refuse them before they
+        # reach the weights (and, through FedAvg, every device's)
+        if not torch.isfinite(loss):
+            raise RemoteProtocolError("activation gives a NaN or Inf loss: its values are "
+                                      "out of range")
+        self.loss_sum += float(loss.detach()) * labels.numel()
+        self.correct += int((logits.detach().argmax(1) == labels).sum())
+        return loss / self.parallel_batches

@@ -1,0 +1,29 @@
+"""Training systems on the one runtime: what differs between fl / sl / sfl / pipar and a
+multi-device pipeline, chosen once per run (`system_for`).
+
+A system decides the placement (which node runs which units), what each device is sent
+per round (`RoundStart`: its stage, units, actions, peers and weights), which stage the
+coordinator runs itself, how a round's results become the global model (FedAvg, one
+device after another, or stages put side by side), and what it checkpoints. The
+coordinator (`aiopipe.runtime.coordinator`) does the rest the same way for every system:
+admission, sessions, rounds and epochs, metrics, evaluation, checkpoints' writing.
+"""
+
+from __future__ import annotations
+
+from aiopipe.runtime.systems.base import Rounds, Setup, System
+from aiopipe.runtime.systems.pipeline import Pipeline
+from aiopipe.runtime.systems.star import Star
+
+__all__ = ["Pipeline", "Rounds", "Setup", "Star", "System", "system_for"]
+
+
+def system_for(setup: Setup) -> System:
+    """The system ``setup.config.mode`` names, set up (planned) for the run.
+
+    Raises:
+        ConfigError: the config cannot run (no plan fits, a bad partition...).
+    """
+    if setup.config.mode == "pipeline":
+        return Pipeline(setup)
+    return Star(setup)

@@ -1,0 +1,135 @@
+"""The interface between the coordinator and a training system (see the package docs)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from aiopipe import data as datasets
+from aiopipe.clock import Clock
+from aiopipe.config import RunConfig
+from aiopipe.metrics.trace import Slice
+from aiopipe.protocol import Hello, RoundResult, RoundStart
+from aiopipe.runtime.compute import Compute
+from aiopipe.runtime.session import ServerStage
+from aiopipe.scheduler.costs import CostTable
+
+__all__ = ["Rounds", "Setup", "System"]
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """What every system starts from.
+
+    ``model``: the whole model, initialized from the seed; ``train``: the training set
+    (for its shapes and the device shards' sizes, ``samples``); ``cost_table``: charge
+    compute from it (virtual time) and plan with it; ``run_secret``: this run's secret,
+    from which peer keys derive.
+    """
+
+    config: RunConfig
+    model: nn.Sequential
+    train: datasets.Dataset
+    samples: list[int]
+    cost_table: CostTable | None
+    run_secret: bytes
+
+
+class Rounds(Protocol):
+    """What a system's round needs from the coordinator."""
+
+    clock: Clock
+    compute: Compute
+    cost_table: CostTable | None
+
+    async def play(self, device_id: int, start: RoundStart,
+                   stage: ServerStage | None) -> RoundResult | None:
+        """Run device ``device_id``'s part of a round; None when it was lost meanwhile."""
+        ...
+
+    def copy_checkpoint(self) -> None:
+        """Let a pending checkpoint's copy go now (the round's RoundStarts are taken)."""
+        ...
+
+    def address_of(self, device_id: int) -> str:
+        """Where device ``device_id`` listens for peers ("" when it does not)."""
+        ...
+
+
+class System(Protocol):
+    """One training system (see the package docstring)."""
+
+    #: the run's config with every "auto" resolved
+    config: RunConfig
+    #: config keys a resumed run takes from its checkpoint (the plans "auto" chose)
+    planned_keys: tuple[str, ...]
+    #: whether a run can resume from this system's checkpoints
+    resumable: bool
+    #: the whole model as the coordinator holds it between rounds
+    model: nn.Sequential
+
+    def plan_entries(self) -> list[dict[str, Any]]:
+        """The plan as plain values (``metrics.jsonl``'s ``plan``, ``/status``)."""
+        ...
+
+    def iterations(self, device_id: int) -> int:
+        """Iterations device ``device_id`` runs per epoch."""
+        ...
+
+    def refuse_hello(self, hello: Hello) -> str:
+        """Why this system cannot take the device ("" when it can)."""
+        ...
+
+    def peer_keys(self, device_id: int) -> dict[str, str]:
+        """The pair keys device ``device_id`` needs for its peer links (hex)."""
+        ...
+
+    def frame_limit(self) -> int:
+        """The largest frame any message of the run can need, in bytes."""
+        ...
+
+    async def run_round(self, rounds: Rounds, round_no: int, epoch: int, first: int,
+                        work: Sequence[int], participants: Sequence[int]
+                        ) -> dict[int, RoundResult]:
+        """Run one round with ``participants``, ``work[k]`` iterations each from
+        iteration ``first``; the results of the devices that completed it, already
+        absorbed into `model`.
+
+        Raises:
+            TrainingError: the round cannot go on without a device that was lost.
+        """
+        ...
+
+    def epoch_samples(self, device_samples: Sequence[int]) -> int:
+        """Samples the epoch trained, from what each device processed."""
+        ...
+
+    def stage_figures(self, busy: Mapping[str, float], elapsed: float,
+                      peaks: Mapping[int, int]) -> list[dict[str, Any]]:
+        """Per-stage figures of an epoch (``EpochMetrics.stages``) from the busy seconds
+        per trace track, the epoch's length and each device's peak of live activations."""
+        ...
+
+    async def after_round(self, rounds: Rounds, round_no: int, epoch: int,
+                          slices: Sequence[Slice], served: Sequence[int],
+                          paced: Sequence[bool]) -> dict[str, Any] | None:
+        """Between rounds: re-plan if the system does (``slices``: the round's trace;
+        ``served[k]``: micro-batches the coordinator computed for device k; ``paced[k]``:
+        whether k's link times its sends); what changed, for the record, or None."""
+        ...
+
+    def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
+        """A copy of the tensors a checkpoint holds (compute thread)."""
+        ...
+
+    def restore(self, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
+        """Continue from a checkpoint's tensors and saved config (compute thread).
+
+        Raises:
+            ConfigError: this system cannot resume from it.
+        """
+        ...

@@ -1,0 +1,239 @@
+"""A synchronous pipeline across devices (``mode = "pipeline"``).
+
+Placement: a chain of S stages on S devices, stage p on device p; stage 0 holds the data
+(device 0's shard), the last stage computes the loss; the coordinator runs no stage and
+stays off the data path: activations and gradients go device to device, over links the
+devices authenticate with the pair keys the coordinator hands out (`Plan.peer_keys`).
+The units are cut at ``partition`` (S - 1 cut points, or "auto": a balanced partition of
+the cost table, `aiopipe.scheduler.partition`).
+
+Each iteration is ``parallel_batches`` micro-batches of ``batch_size // N`` samples
+under ``schedule`` ("1f1b": K_p = min(2(S - p) - 1, N) forwards on stage p before one
+forward, one backward, Asteroid §3.2; or "gpipe": all forwards, then all backwards);
+every stage steps once the iteration's backwards are done (gradients accumulated over
+the micro-batches: the same step as unsplit training on the whole batch). A round is
+an epoch: each device gets its stage's weights, runs the epoch's iterations with its
+neighbours, and returns its trained stage; the coordinator puts the stages side by side
+into the global model, which it evaluates.
+
+Faults: a synchronous pipeline cannot go on without one of its stages, so a device lost
+mid-round ends the run with a `TrainingError` naming it (FTPipeHD's re-partitioning and
+recovery are their own system). Optimizer state lives on the devices, so a run cannot
+resume from a checkpoint: none is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Mapping, Sequence
+from functools import partial
+from typing import Any
+
+import torch
+
+from aiopipe import models
+from aiopipe.auth import pair_key
+from aiopipe.errors import ConfigError, TrainingError
+from aiopipe.metrics.trace import Slice
+from aiopipe.protocol import (
+    HEADER_SLACK_BYTES,
+    Hello,
+    RoundResult,
+    RoundStart,
+    state_from_wire,
+    state_to_wire,
+)
+from aiopipe.runtime.plan import (
+    DevicePlan,
+    check_trainable,
+    measure_planning_costs,
+    unit_output_shapes,
+)
+from aiopipe.runtime.systems.base import Rounds, Setup
+from aiopipe.runtime.tasks import first_error
+from aiopipe.scheduler.partition import balanced_partition, stage_bounds
+from aiopipe.scheduler.schedule import Schedule, gpipe, one_f_one_b, with_transfers
+
+__all__ = ["Pipeline"]
+
+
+class Pipeline:
+    """The synchronous multi-device pipeline (module docstring)."""
+
+    planned_keys: tuple[str, ...] = ()
+    resumable = False
+
+    def __init__(self, setup: Setup) -> None:
+        config = setup.config
+        self.setup = setup
+        self.model = setup.model
+        self.units = models.unit_count(self.model)
+        self.stages = config.devices
+        n = config.parallel_batches
+        if not isinstance(n, int):
+            raise ConfigError("config key 'parallel_batches': mode pipeline takes one "
+                              "integer (micro-batches per iteration)")
+        self.parallel_batches = n
+        self.micro_batch_size = config.batch_size // n
+        if self.stages > self.units:
+            raise ConfigError(f"config key 'devices': {self.stages} stages, but "
+                              f"{config.model if isinstance(config.model, str) else 'the model'}"
+                              f" has only {self.units} units")
+        cuts = config.partition
+        if cuts == "auto":
+            costs = setup.cost_table or measure_planning_costs(config, self.model, setup.train)
+            cuts = tuple(balanced_partition(
+                costs, self.stages, self.micro_batch_size,
+                [config.device_slowdown_of(p) for p in range(self.stages)]))
+            config = config.replace(partition=cuts)
+        assert isinstance(cuts, tuple)
+        if len(cuts) != self.stages - 1 or any(
+                b <= a for a, b in itertools.pairwise((0, *cuts, self.units))):
+            raise ConfigError(f"config key 'partition': got {list(cuts)}, expected "
+                              f"{self.stages - 1} increasing cut points in 1..{self.units - 1}"
+                              f" (one fewer than the {self.stages} stages)")
+        self.config = config
+        self.bounds = stage_bounds(cuts, self.units)
+        samples = setup.samples[0]
+        self.iterations_per_epoch = samples // (self.micro_batch_size * n)
+        if self.iterations_per_epoch < 1:
+            raise ConfigError(f"device 0 holds {samples} samples, fewer than one iteration "
+                              f"({self.micro_batch_size * n}); raise samples_per_device")
+        check_trainable(self.model, setup.train.in_shape,
+                        [DevicePlan(0, self.units, n, self.micro_batch_size,
+                                    self.iterations_per_epoch)], config)
+        self.activation_shapes = unit_output_shapes(self.model, setup.train.in_shape)
+        self.schedule: Schedule = with_transfers(
+            one_f_one_b(self.stages, n) if config.schedule == "1f1b"
+            else gpipe(self.stages, n))
+        self._secret = setup.run_secret
+
+    # -- what devices are told -----------------------------------------------------------
+
+    def plan_entries(self) -> list[dict[str, Any]]:
+        """Per stage: its device, units (first, stop), micro-batches and schedule."""
+        return [{"stage": p, "device": p, "units": [a, b],
+                 "parallel_batches": self.parallel_batches, "schedule": self.config.schedule}
+                for p, (a, b) in enumerate(self.bounds)]
+
+    def iterations(self, device_id: int) -> int:
+        """Every stage runs the data holder's iterations."""
+        return self.iterations_per_epoch
+
+    def refuse_hello(self, hello: Hello) -> str:
+        """A device must listen for its peers."""
+        if not hello.address:
+            return (f"mode pipeline links devices directly: start device {hello.device_id} "
+                    "with an address its peers can reach (python -m aiopipe.device "
+                    "--listen HOST:PORT)")
+        return ""
+
+    def _neighbours(self, device_id: int) -> list[int]:
+        return [p for p in (device_id - 1, device_id + 1) if 0 <= p < self.stages]
+
+    def peer_keys(self, device_id: int) -> dict[str, str]:
+        """The keys of device ``device_id``'s pairs with its neighbouring stages."""
+        me = f"device{device_id}"
+        return {f"device{p}": pair_key(self._secret, me, f"device{p}").hex()
+                for p in self._neighbours(device_id)}
+
+    def frame_limit(self) -> int:
+        """The whole model's state (a stage's share is less), a round report's slices
+        and a round's action list."""
+        state = self.model.state_dict()
+        state_bytes = sum(t.numel() * t.element_size() for t in state.values())
+        n = self.parallel_batches
+        slices = self.iterations_per_epoch * (4 * n + 2) + 16
+        actions = 16 * (6 * n + 2)
+        return int(state_bytes + HEADER_SLACK_BYTES + 256 * len(state) + 128 * slices
+                   + actions)
+
+    def round_start(self, rounds: Rounds, p: int, round_no: int, epoch: int, first: int,
+                    iterations: int, state: Mapping[str, Any]) -> RoundStart:
+        """Stage p's `RoundStart`: its units' weights, actions and neighbours."""
+        a, b = self.bounds[p]
+        peers = {f"device{q}": {"stage": q, "address": rounds.address_of(q)}
+                 for q in self._neighbours(p)}
+        return RoundStart(round_no, epoch, first, iterations, state, p, self.stages, a, b,
+                          self.parallel_batches, self.micro_batch_size,
+                          epoch * self.iterations_per_epoch + first,
+                          " ".join(map(str, self.schedule.actions[p])), peers)
+
+    # -- rounds --------------------------------------------------------------------------
+
+    async def run_round(self, rounds: Rounds, round_no: int, epoch: int, first: int,
+                        work: Sequence[int], participants: Sequence[int]
+                        ) -> dict[int, RoundResult]:
+        """Every stage's device trains the round together; their stages make the model.
+
+        Raises:
+            TrainingError: a stage's device is missing or was lost.
+        """
+        missing = sorted(set(range(self.stages)) - set(participants))
+        if missing:
+            raise TrainingError(f"device {missing[0]} (stage {missing[0]}) is gone: a "
+                                "synchronous pipeline cannot go on without a stage")
+        states = await rounds.compute.call(self._stage_states)
+        rounds.copy_checkpoint()
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                played = {p: tasks.create_task(rounds.play(
+                    p, self.round_start(rounds, p, round_no, epoch, first, work[p], states[p]),
+                    None)) for p in range(self.stages)}
+        except BaseExceptionGroup as group:
+            raise first_error(group) from None
+        done = {p: res for p, t in played.items() if (res := t.result()) is not None}
+        lost = sorted(set(range(self.stages)) - set(done))
+        if lost:
+            raise TrainingError(f"device {lost[0]} (stage {lost[0]}) was lost in round "
+                                f"{round_no}: a synchronous pipeline cannot go on without a "
+                                "stage")
+        await rounds.compute.run("agg", partial(self._merge, done),
+                                 cost=0.0 if rounds.cost_table else None, epoch=epoch)
+        return done
+
+    def _stage_states(self) -> list[dict[str, Any]]:
+        stages = models.partition(self.model, [b for _, b in self.bounds[:-1]])
+        return [state_to_wire({k: v.detach().clone() for k, v in stage.state_dict().items()})
+                for stage in stages]
+
+    def _merge(self, results: Mapping[int, RoundResult]) -> None:
+        """The stages side by side are the whole model (compute thread)."""
+        state = models.merge_states(*(state_from_wire(results[p].tensors)
+                                      for p in range(self.stages)))
+        self.model.load_state_dict(state)
+
+    def epoch_samples(self, device_samples: Sequence[int]) -> int:
+        """The samples that went through the whole pipeline (the last stage's)."""
+        return device_samples[-1] if device_samples else 0
+
+    def stage_figures(self, busy: Mapping[str, float], elapsed: float,
+                      peaks: Mapping[int, int]) -> list[dict[str, Any]]:
+        """Per stage: its device, units, compute busy and idle seconds, and the most
+        micro-batches whose activations it held at once."""
+        return [{"stage": p, "device": p, "units": [a, b],
+                 "busy_s": busy.get(f"device{p}/compute", 0.0),
+                 "idle_s": elapsed - busy.get(f"device{p}/compute", 0.0),
+                 "peak_live": peaks.get(p, 0)} for p, (a, b) in enumerate(self.bounds)]
+
+    async def after_round(self, rounds: Rounds, round_no: int, epoch: int,
+                          slices: Sequence[Slice], served: Sequence[int],
+                          paced: Sequence[bool]) -> dict[str, Any] | None:
+        """A synchronous pipeline keeps its partition."""
+        return None
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
+        """Not resumable: nothing (see the module docstring)."""
+        return {}
+
+    def restore(self, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
+        """Refused (see the module docstring).
+
+        Raises:
+            ConfigError: always.
+        """
+        raise ConfigError("mode pipeline cannot resume from a checkpoint: its optimizer "
+                          "state lives on the devices")

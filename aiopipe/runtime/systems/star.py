@@ -1,0 +1,373 @@
+"""fl, sl, sfl and pipar: K two-stage pipelines that share the coordinator's node.
+
+Placement: device k runs stage 0, units 1..P_k, on its own data; the coordinator runs
+stage 1, units P_k+1..Q, on device k's replica of the server half (one replica per
+device, all on the coordinator's one compute queue). FL is the degenerate case P_k = Q:
+one stage, the whole model on the device, nothing on the coordinator.
+
+Schedules (`aiopipe.scheduler.schedule.pipar`): the device forwards its N micro-batches
+back to back, then backwards them in order, then steps; the coordinator's stage does each
+micro-batch's forward, loss and backward as one item as its activation arrives, then
+steps the replica. SFL and SL are PiPar with N = 1.
+
+Per round (an epoch, or ``aggregation_every`` iterations):
+- fl / sfl / pipar: every device gets its stage of the global model and trains it; the
+  coordinator serves activations; when every device's result is in, it rebuilds
+  M_k = M^s_k (+) M^c_k per device, FedAvgs weighted by samples (PiPar Eq. 3) and
+  splits back (Eq. 4);
+- sl: devices take turns; each starts from the previous one's weights.
+With "auto" split points or micro-batch counts, the plans are chosen here before
+training ([Note: planning]) and, with ``replan``, reconsidered between rounds
+(`aiopipe.runtime.replan`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from aiopipe import models
+from aiopipe.config import RunConfig
+from aiopipe.errors import ConfigError
+from aiopipe.metrics.trace import Slice
+from aiopipe.protocol import (
+    HEADER_SLACK_BYTES,
+    Hello,
+    RoundResult,
+    RoundStart,
+    state_from_wire,
+    state_to_wire,
+)
+from aiopipe.runtime.aggregation import fedavg
+from aiopipe.runtime.assignment import Assignment
+from aiopipe.runtime.plan import (
+    DevicePlan,
+    check_trainable,
+    choose_plans,
+    declared_devices,
+    device_plans,
+    measure_planning_costs,
+    model_profile,
+    needs_planner,
+    unit_output_shapes,
+    with_plans,
+)
+from aiopipe.runtime.replan import Replan, live_profiles, make_optimizer, reselect
+from aiopipe.runtime.session import ServerStage
+from aiopipe.runtime.stage import StageWork
+from aiopipe.runtime.systems.base import Rounds, Setup
+from aiopipe.runtime.tasks import first_error
+from aiopipe.scheduler.actions import Action
+from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
+from aiopipe.scheduler.schedule import gpipe, pipar, with_transfers
+
+__all__ = ["Star"]
+
+log = logging.getLogger("aiopipe.server")
+
+
+class Star:
+    """The star systems (module docstring); ``setup.config.mode`` says which."""
+
+    resumable = True
+
+    def __init__(self, setup: Setup) -> None:
+        config = setup.config
+        self.setup = setup
+        self.model = setup.model
+        self.units = models.unit_count(self.model)
+        self.num_classes = setup.train.num_classes
+        self.in_shape = setup.train.in_shape
+        self.cost_table = setup.cost_table
+        self.samples = setup.samples
+        # [Note: planning] with "auto", plan now from the cost table (measured here when
+        # not given: real runs keep real time) and, between rounds, from live measurements
+        self.auto_config: RunConfig | None = None
+        self.planning: ModelProfile | None = None
+        self.live: list[DeviceProfile] = []
+        self.replans: list[Replan] = []
+        if needs_planner(config):
+            planning_costs = self.cost_table or measure_planning_costs(config, self.model,
+                                                                       setup.train)
+            self.auto_config = config
+            self.planning = model_profile(self.model, self.in_shape, planning_costs)
+            self.live = declared_devices(config, self.samples)
+            config = with_plans(config, choose_plans(config, self.planning, self.live))
+        self.config = config
+        self.planned_keys: tuple[str, ...] = (
+            ("split_point", "parallel_batches") if self.auto_config else ())
+        self.plans = device_plans(config, self.units, self.samples)
+        check_trainable(self.model, self.in_shape, self.plans, config)
+        self.activation_shapes = unit_output_shapes(self.model, self.in_shape)
+        self.replicas: dict[int, tuple[nn.Sequential, torch.optim.Optimizer]] = {}
+        for plan in self.plans if config.mode != "fl" else ():
+            self.replicas[plan.device_id] = self._replica(plan.split_point)
+        self._schedules: dict[tuple[int, int], tuple[str, tuple[Action, ...]]] = {}
+
+    # -- what devices are told -----------------------------------------------------------
+
+    def plan_entries(self) -> list[dict[str, Any]]:
+        """(P_k, N_k) per device."""
+        return [{"device": p.device_id, "split_point": p.split_point,
+                 "parallel_batches": p.parallel_batches} for p in self.plans]
+
+    def iterations(self, device_id: int) -> int:
+        """Iterations per epoch of device ``device_id`` ([Note: iterations per epoch])."""
+        return self.plans[device_id].iterations_per_epoch
+
+    def refuse_hello(self, hello: Hello) -> str:
+        """Any device of the fleet may join."""
+        return ""
+
+    def peer_keys(self, device_id: int) -> dict[str, str]:
+        """Devices talk only to the coordinator."""
+        return {}
+
+    def frame_limit(self) -> int:
+        """The whole model's state, the largest activation at batch size B, a round
+        report's slices and a round's action list."""
+        state = self.model.state_dict()
+        state_bytes = sum(t.numel() * t.element_size() for t in state.values())
+        batch = self.config.batch_size
+        act = max(math.prod(s) for s in self.activation_shapes) * 4 * batch + 8 * batch
+        # a RoundReport carries the device's trace of the round: a few slices per
+        # micro-batch, each well under 128 bytes as msgpack
+        most = batch if self.auto_config else 0  # N after re-planning
+        widest = max(max(p.parallel_batches, most) for p in self.plans)
+        slices = max(p.iterations_per_epoch * (3 * widest + 2) + 16 for p in self.plans)
+        actions = 16 * (4 * widest + 2)  # a RoundStart's action list
+        return int(max(state_bytes, act) + HEADER_SLACK_BYTES + 256 * len(state)
+                   + 128 * slices + actions)
+
+    def _actions(self, plan: DevicePlan) -> tuple[str, tuple[Action, ...]]:
+        """The device's action list (as text) and the coordinator's, for ``plan``."""
+        key = (plan.split_point, plan.parallel_batches)
+        found = self._schedules.get(key)
+        if found is None:
+            if plan.split_point == self.units:  # fl: the whole model on the device
+                device = with_transfers(gpipe(1, 1)).actions[0]
+                server: tuple[Action, ...] = ()
+            else:
+                schedule = with_transfers(pipar(plan.parallel_batches))
+                device, server = schedule.actions
+            found = self._schedules[key] = (" ".join(map(str, device)), server)
+        return found
+
+    def round_start(self, device_id: int, round_no: int, epoch: int, first: int,
+                    iterations: int, state: Mapping[str, Any]) -> RoundStart:
+        """Device ``device_id``'s `RoundStart` with its stage's weights ``state``."""
+        plan = self.plans[device_id]
+        p = plan.split_point
+        return RoundStart(round_no, epoch, first, iterations, state, 0,
+                          1 if p == self.units else 2, 0, p, plan.parallel_batches,
+                          plan.micro_batch_size, self._version(plan, epoch, first),
+                          self._actions(plan)[0])
+
+    def server_stage(self, device_id: int, start: RoundStart) -> ServerStage | None:
+        """The stage the coordinator runs for ``device_id`` this round (None in fl)."""
+        plan = self.plans[device_id]
+        if device_id not in self.replicas:
+            return None
+        replica, optimizer = self.replicas[device_id]
+        p = plan.split_point
+        work = StageWork(replica, optimizer, first=False, last=True,
+                         parallel_batches=plan.parallel_batches, num_classes=self.num_classes)
+        assignment = Assignment(
+            "server", start.round, start.epoch, start.first_iteration, start.iterations, 1, 2,
+            p, self.units, plan.parallel_batches, plan.micro_batch_size, start.version,
+            self._actions(plan)[1], {}, self.activation_shapes[p - 1], ())
+        return ServerStage(work, assignment, assignment.charges(self.cost_table))
+
+    @staticmethod
+    def _version(plan: DevicePlan, epoch: int, first: int) -> int:
+        """Optimizer steps the device's weights have taken at iteration ``first``."""
+        return epoch * plan.iterations_per_epoch + first
+
+    # -- rounds --------------------------------------------------------------------------
+
+    async def run_round(self, rounds: Rounds, round_no: int, epoch: int, first: int,
+                        work: Sequence[int], participants: Sequence[int]
+                        ) -> dict[int, RoundResult]:
+        """Parallel rounds with FedAvg (fl, sfl, pipar), or turns (sl)."""
+        done: dict[int, RoundResult] = {}
+        if self.config.mode == "sl":  # devices take turns on one chain of weights
+            for k in participants:
+                state = await rounds.compute.call(partial(self._prepare, k))
+                rounds.copy_checkpoint()
+                result = await self._play(rounds, k, round_no, epoch, first, work[k], state)
+                if result is not None:
+                    done[k] = result
+                    await rounds.compute.run("agg", partial(self._adopt, k, result),
+                                             cost=0.0 if self.cost_table else None,
+                                             epoch=epoch)
+            return done
+        states = {k: await rounds.compute.call(partial(self._prepare, k)) for k in participants}
+        rounds.copy_checkpoint()  # after the RoundStarts: see [Note: background checkpoints]
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                played = {k: tasks.create_task(
+                    self._play(rounds, k, round_no, epoch, first, work[k], states[k]))
+                    for k in participants}
+        except BaseExceptionGroup as group:
+            raise first_error(group) from None
+        done = {k: res for k, t in played.items() if (res := t.result()) is not None}
+        if done:
+            cost = self.cost_table.aggregate_time(len(done)) if self.cost_table else None
+            await rounds.compute.run("agg", partial(self._aggregate, done), cost=cost,
+                                     epoch=epoch)
+        return done
+
+    async def _play(self, rounds: Rounds, k: int, round_no: int, epoch: int, first: int,
+                    iterations: int, state: Mapping[str, Any]) -> RoundResult | None:
+        start = self.round_start(k, round_no, epoch, first, iterations, state)
+        return await rounds.play(k, start, self.server_stage(k, start))
+
+    def epoch_samples(self, device_samples: Sequence[int]) -> int:
+        """Every device trains on its own samples: their sum."""
+        return sum(device_samples)
+
+    def stage_figures(self, busy: Mapping[str, float], elapsed: float,
+                      peaks: Mapping[int, int]) -> list[dict[str, Any]]:
+        """The star's figures are per resource kind (`EpochMetrics.busy_s`)."""
+        return []
+
+    def _prepare(self, k: int) -> dict[str, Any]:
+        """Device k's half of the global model, for its `RoundStart` (compute thread)."""
+        if k in self.replicas:  # a lost round may have left gradients behind
+            self.replicas[k][1].zero_grad(set_to_none=True)
+        half = models.split(self.model, self.plans[k].split_point)[0]
+        return state_to_wire({key: v.detach().clone() for key, v in half.state_dict().items()})
+
+    def _whole_state(self, k: int, result: RoundResult) -> dict[str, torch.Tensor]:
+        device_half = state_from_wire(result.tensors)
+        if k not in self.replicas:
+            return dict(device_half)
+        return models.merge_states(device_half, self.replicas[k][0].state_dict())
+
+    def _aggregate(self, results: Mapping[int, RoundResult]) -> None:
+        """FedAvg over the devices whose round completed, weighted by their samples."""
+        states = [self._whole_state(k, res) for k, res in results.items()]
+        weights = [float(res.samples) for res in results.values()]
+        if sum(weights) == 0:
+            return
+        self._load_global(fedavg(states, weights))
+
+    def _adopt(self, k: int, result: RoundResult) -> None:
+        """SL: the next device starts from this device's weights."""
+        self._load_global(self._whole_state(k, result))
+
+    def _load_global(self, state: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state)
+        for half, _ in self.replicas.values():
+            own = half.state_dict()
+            half.load_state_dict({key: state[key] for key in own})
+
+    def _replica(self, split_point: int,
+                 old: tuple[nn.Sequential, torch.optim.Optimizer] | None = None
+                 ) -> tuple[nn.Sequential, torch.optim.Optimizer]:
+        """A server-half replica at ``split_point`` from the global model, with its
+        optimizer; momentum is carried over from ``old`` for the parameters it shares."""
+        half = copy.deepcopy(models.split(self.model, split_point)[1])  # only that half
+        return half, make_optimizer(half, self.config, previous=old)
+
+    # -- re-planning (see aiopipe.runtime.replan) ---------------------------------------
+
+    async def after_round(self, rounds: Rounds, round_no: int, epoch: int,
+                          slices: Sequence[Slice], served: Sequence[int],
+                          paced: Sequence[bool]) -> dict[str, Any] | None:
+        """Re-estimate from the round's trace and switch plans when a fresh selection is
+        estimated to be better by more than ``replan_threshold``."""
+        config = self.config
+        if (self.auto_config is None or self.planning is None or not config.replan
+                or config.mode not in ("sfl", "pipar")):
+            return None
+        planning, auto = self.planning, self.auto_config
+        plans, current = list(self.plans), [(p.split_point, p.parallel_batches)
+                                            for p in self.plans]
+        batch = config.batch_size
+
+        def decide() -> tuple[list[DeviceProfile], list[tuple[int, int]], float, float]:
+            profile, live = live_profiles(list(slices), plans, list(served), planning,
+                                          self.live, paced=list(paced))
+            return live, *reselect(auto, profile, live, current)
+
+        try:
+            # off the event loop (selection over many devices takes a while), time held
+            # still meanwhile in virtual time
+            with rounds.clock.hold():
+                self.live, chosen, before, after = await asyncio.to_thread(decide)
+        except ConfigError as exc:
+            log.warning("re-planning after round %d failed, keeping the plans: %s",
+                        round_no, exc)
+            return None
+        if chosen == current:
+            return None
+        if any((batch // n) * n != plan.samples_per_iteration
+               for (_, n), plan in zip(chosen, self.plans, strict=True)):
+            return None  # see [Note: switching]: iterations per epoch must stay the same
+        await rounds.compute.call(partial(self._switch_plans, chosen))
+        event = Replan(round_no, epoch, before, after, tuple(chosen))
+        self.replans.append(event)
+        log.warning("re-planned after round %d: estimated epoch %.3g s -> %.3g s with "
+                    "(P, N) = %s", round_no, before, after, chosen)
+        return event.to_mapping()
+
+    def _switch_plans(self, chosen: list[tuple[int, int]]) -> None:
+        """Adopt new (P_k, N_k): plans and replicas (between rounds; in the compute
+        thread, which owns the replicas). Devices get theirs with the next RoundStart."""
+        batch = self.config.batch_size
+        for k, (p, n) in enumerate(chosen):
+            old = self.plans[k]
+            if (p, n) == (old.split_point, old.parallel_batches):
+                continue
+            self.plans[k] = DevicePlan(k, p, n, batch // n, old.iterations_per_epoch)
+            if k in self.replicas:
+                self.replicas[k] = self._replica(p, self.replicas[k])
+        self.config = with_plans(self.config, chosen)
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
+        """The global model, each replica's weights where they differ from it (after an
+        aggregation they all agree; `restore` takes the rest from the global model), and
+        each replica's momentum."""
+        whole = self.model.state_dict()
+        tensors = {f"model/{k}": v.detach().clone() for k, v in whole.items()}
+        for k, (half, optimizer) in self.replicas.items():
+            for name, v in half.state_dict().items():
+                if not torch.equal(v, whole[name]):
+                    tensors[f"replica/{k}/{name}"] = v.detach().clone()
+            for i, param in enumerate(half.parameters()):
+                buffer = optimizer.state.get(param, {}).get("momentum_buffer")
+                if buffer is not None:
+                    tensors[f"momentum/{k}/{i}"] = buffer.detach().clone()
+        return tensors
+
+    def restore(self, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
+        """Load a checkpoint's model, plans ("auto": the ones the run had re-chosen),
+        replicas and momentum."""
+        self.model.load_state_dict({k[6:]: v for k, v in tensors.items()
+                                    if k.startswith("model/")})
+        if self.auto_config is not None:  # go on with the plans the run had (re-)chosen
+            resumed = self.config.replace(split_point=config["split_point"],
+                                          parallel_batches=config["parallel_batches"])
+            self._switch_plans([(p.split_point, p.parallel_batches)
+                                for p in device_plans(resumed, self.units, self.samples)])
+        whole = self.model.state_dict()
+        for k, (half, optimizer) in self.replicas.items():
+            prefix = f"replica/{k}/"
+            half.load_state_dict({name: tensors.get(prefix + name, whole[name])
+                                  for name in half.state_dict()})
+            for i, param in enumerate(half.parameters()):
+                buffer = tensors.get(f"momentum/{k}/{i}")
+                if buffer is not None:
+                    optimizer.state[param]["momentum_buffer"] = buffer.clone()
+
