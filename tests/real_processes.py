@@ -267,10 +267,11 @@ class ProcessFleet:
         self.url = match.group(1)
         return server
 
-    async def start_device(self, k: int, *, url: str | None = None) -> Process:
-        """Start device k, connecting to ``url`` (default: the server's)."""
+    async def start_device(self, k: int, *options: str, url: str | None = None) -> Process:
+        """Start device k, connecting to ``url`` (default: the server's), with ``options``
+        (e.g. ``--listen 127.0.0.1:0``)."""
         return await self.start(f"device{k}", [
-            "aiopipe.device", "--server", url or self.url, "--device-id", str(k)])
+            "aiopipe.device", "--server", url or self.url, "--device-id", str(k), *options])
 
     def metrics(self) -> list[dict[str, object]]:
         """The finished run's ``metrics.jsonl``, one mapping per epoch."""
@@ -307,4 +308,6 @@ def _toml(value: object) -> str:
         return repr(value)
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
     raise TypeError(f"no TOML for {value!r}")

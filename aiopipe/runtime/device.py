@@ -175,6 +175,8 @@ class _DeviceNode:
         self.control: asyncio.Queue[RoundStart | Bye] = asyncio.Queue()
         self.inbox = Inbox()
         self.sent_activations: dict[tuple[int, int, int], Activation] = {}
+        #: activations from peers ahead of the round ([Note: early activations])
+        self._early: dict[str, list[Activation]] = {}
         self.assignment: Assignment | None = None  # the round being worked on
         self.work: StageWork | None = None
         self.round = -1  # the round being worked on (or last finished)
@@ -406,6 +408,14 @@ class _DeviceNode:
     def _deliver(self, sender: str, message: Activation | Gradient) -> None:
         """Check a data message from ``sender`` against the round and hand it to the stage.
 
+        [Note: early activations] The coordinator starts a round on every device at
+        once, but the `RoundStart`s travel separate links: the previous stage may start,
+        and send its first activations, before this device has its own `RoundStart`.
+        Such activations, ahead of the round this device knows, wait (`_early`) and are
+        checked when their round starts. A stage sends at most N of them before it must
+        wait for a gradient, so more than the batch size of them from one peer is a
+        protocol error.
+
         Raises:
             RemoteProtocolError: it breaks the plan.
         """
@@ -414,13 +424,31 @@ class _DeviceNode:
             if _key(message) not in self.sent_activations:
                 return  # a gradient sent again after a reconnection; we have it already
             del self.sent_activations[_key(message)]
-        if assignment is None or self.round_task is None or self.round_task.done():
+        running = self.round_task is not None and not self.round_task.done()
+        if isinstance(message, Activation) and sender != COORDINATOR and (
+                not running or _after(message, assignment)) and not _before(message,
+                                                                            assignment):
+            early = self._early.setdefault(sender, [])
+            if len(early) >= self.config.batch_size:
+                raise RemoteProtocolError(f"{sender} sent more activations ahead of the "
+                                          "round than a round can have")
+            early.append(message)
+            return
+        if assignment is None or not running:
             if isinstance(message, Gradient):
                 return  # late: its round is over (or was dropped)
             raise RemoteProtocolError(f"{sender} sent an activation outside a round")
         check_data_message(message, assignment, sender=sender, run_id=self.run_id)
         kind = "F" if isinstance(message, Activation) else "B"
         self.inbox.put((kind, *_key(message)), message)
+
+    def _deliver_early(self) -> None:
+        """Hand over the activations that came before this round started
+        ([Note: early activations]); those for a later round wait on."""
+        early, self._early = self._early, {}
+        for sender, messages in early.items():
+            for message in messages:
+                self._deliver(sender, message)
 
     def _deliver_from_peer(self, sender: str, message: Activation | Gradient) -> None:
         self._deliver(sender, message)
@@ -473,6 +501,7 @@ class _DeviceNode:
         assignment, work = self.assignment, self.work
         assert assignment is not None
         assert work is not None
+        self._deliver_early()
         routes = await self._routes(assignment)
         order = datasets.epoch_order(self.indices, epoch=message.epoch, seed=self.config.seed)
         micro, n = assignment.micro_batch_size, assignment.parallel_batches
@@ -535,6 +564,20 @@ class _DeviceNode:
 
 def _key(message: Activation | Gradient) -> tuple[int, int, int]:
     return (message.epoch, message.iteration, message.micro_batch)
+
+
+def _after(message: Activation, assignment: Assignment | None) -> bool:
+    """Whether ``message`` belongs to an iteration after ``assignment``'s round."""
+    if assignment is None:
+        return True
+    last = assignment.first_iteration + assignment.iterations - 1
+    return (message.epoch, message.iteration) > (assignment.epoch, last)
+
+
+def _before(message: Activation, assignment: Assignment | None) -> bool:
+    """Whether ``message`` belongs to an iteration before ``assignment``'s round."""
+    return assignment is not None and (message.epoch, message.iteration) < (
+        assignment.epoch, assignment.first_iteration)
 
 
 def _micro_batch(dataset: datasets.Dataset, order: np.ndarray, micro: int, parallel: int,

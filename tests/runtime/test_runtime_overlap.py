@@ -14,6 +14,10 @@ from aiopipe import CostTable, RunConfig, VirtualClock, simulate
 from aiopipe.metrics.trace import Slice
 from aiopipe.protocol import Activation, Gradient, TensorData, encode
 from aiopipe.runtime.plan import build_model
+from aiopipe.scheduler.actions import Action
+from aiopipe.scheduler.critical_path import Executor, pipeline_executors
+from aiopipe.scheduler.critical_path import simulate as simulate_actions
+from aiopipe.scheduler.schedule import pipar, with_transfers
 
 UP_MBPS, DOWN_MBPS, LATENCY_MS = 10.0, 25.0, 5.0
 N, BATCH, P = 4, 20, 2
@@ -46,6 +50,24 @@ def _critical_path(f: float, u: float, s: float, d: float, b: float, step: float
     return b_end[-1] + step
 
 
+def _generic_critical_path(f: float, u: float, s: float, d: float, b: float, step: float,
+                           server_step: float, latency: float) -> float:
+    """The device's step end by `aiopipe.scheduler.critical_path` over `pipar`'s lists."""
+    executors = pipeline_executors(with_transfers(pipar(N)), ["device0", "server"])
+    times = {"F": f, "B": b, "FB": s}
+
+    def compute(executor: Executor, action: Action) -> float:
+        if action.kind == "STEP":
+            return step if executor.stage == 0 else server_step
+        return times[action.kind]
+
+    timeline = simulate_actions(executors, compute_time=compute,
+                                transfer_time=lambda e, a: (u if a.kind == "SEND_F" else d,
+                                                            latency))
+    (device_end,) = timeline.step_ends[(0, 0)]
+    return device_end
+
+
 async def test_iteration_takes_the_critical_path_and_uploads_overlap_forwards() -> None:
     config = RunConfig(mode="pipar", devices=1, samples_per_device=BATCH, batch_size=BATCH,
                        epochs=1, split_point=P, parallel_batches=N, test_samples=20,
@@ -70,6 +92,11 @@ async def test_iteration_takes_the_critical_path_and_uploads_overlap_forwards() 
     start = min(sl.start for sl in compute)
     end = max(sl.end for sl in compute if sl.name == "step")
     assert end - start == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    # the generic estimator over PiPar's action lists gives the same critical path
+    generic = _generic_critical_path(f, u, s, d, b, COSTS.step_time(0, P),
+                                     COSTS.step_time(P, 5), LATENCY_MS / 1000)
+    assert generic == pytest.approx(expected, rel=1e-12)
+    assert end - start == pytest.approx(generic, rel=1e-9, abs=1e-12)
     sequential = N * (f + u + s + d + b) + 2 * N * LATENCY_MS / 1000
     assert end - start < 0.8 * sequential  # the overlap is real, not a rounding effect
 

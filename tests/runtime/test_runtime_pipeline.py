@@ -44,22 +44,25 @@ def _config(stages: int, schedule: str, n: int, **changes: object) -> RunConfig:
 
 def _reference(config: RunConfig, iterations: int) -> nn.Sequential:
     """Unsplit training: per iteration, N micro-batches' gradients of mean loss / N
-    accumulated, then one SGD step with momentum."""
+    accumulated, then one SGD step with momentum; ``iterations`` per epoch, for every
+    epoch of ``config`` (each in its own order)."""
     dataset = train_dataset(config)
     model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate,
                                 momentum=config.momentum)
-    order = datasets.epoch_order(device_indices(config, dataset, 0), epoch=0, seed=config.seed)
     n = config.parallel_batches
     assert isinstance(n, int)
     micro = config.batch_size // n
-    for i in range(iterations):
-        for m in range(n):
-            first = i * micro * n + m * micro
-            x, y = dataset.batch(order[first:first + micro])
-            (nn.functional.cross_entropy(model(x), y) / n).backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    for epoch in range(config.epochs):
+        order = datasets.epoch_order(device_indices(config, dataset, 0), epoch=epoch,
+                                     seed=config.seed)
+        for i in range(iterations):
+            for m in range(n):
+                first = i * micro * n + m * micro
+                x, y = dataset.batch(order[first:first + micro])
+                (nn.functional.cross_entropy(model(x), y) / n).backward()
+            optimizer.step()
+            optimizer.zero_grad()
     return model
 
 
@@ -175,3 +178,34 @@ async def test_an_iteration_takes_the_critical_path_of_the_action_lists(
         want = [origin + t for t in timeline.step_ends[(0, p)]]
         assert steps[p] == pytest.approx(want, rel=1e-12, abs=1e-9), f"stage {p}"
     assert len(steps[0]) == iterations
+
+
+async def test_activations_that_come_before_their_round_wait_for_it() -> None:
+    """Device 1's RoundStart comes 0.3 s after device 0's (a slower link to the
+    coordinator): device 0's first activations reach device 1 before its round has
+    started. They wait for it ([Note: early activations]), and training is exact."""
+    config = _config(3, "gpipe", 4, epochs=2)
+    clock = VirtualClock()
+    node = Coordinator(config, clock=clock)
+    fabric = MemoryFabric(clock)
+
+    async def device(k: int) -> None:
+        late = LinkSpec(None, 0.3 if k == 1 else 0.0)
+        device_end, server_end = open_memory_link_pair(clock, a_to_b=late, b_to_a=late)
+        endpoint = fabric.endpoint(f"device{k}")
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(node.serve_link(server_end))
+            await run_device(device_end, k, clock=clock, clock_offset=0.0, endpoint=endpoint)
+        await endpoint.aclose()
+
+    async with asyncio.TaskGroup() as tasks:
+        for k in range(3):
+            tasks.create_task(device(k))
+        result = await node.train()
+    await clock.aclose()
+    first_f = {p: min(s.start for s in result.trace
+                      if s.track == f"device{p}/compute" and s.epoch == 1) for p in range(2)}
+    assert first_f[1] >= first_f[0] + 0.3  # device 1 started the round late
+    want = _reference(config, iterations=2).state_dict()
+    for key, value in result.model.state_dict().items():
+        assert (value - want[key]).norm() <= 1e-5 * want[key].norm(), key

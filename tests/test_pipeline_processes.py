@@ -1,0 +1,70 @@
+"""A synchronous pipeline between real processes over device-to-device websockets:
+``python -m aiopipe --mode pipeline`` (the embedded default) and ``python -m
+aiopipe.server`` with ``python -m aiopipe.device --listen`` processes started by hand."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from real_processes import REPO, ProcessFleet
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def _check_run(out_dir: Path, stages: int) -> list[dict[str, Any]]:
+    """The results directory of a pipeline run: loss falls, figures per stage and per
+    directed link, one trace track per stage and per directed link."""
+    epochs = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert epochs[-1]["loss"] < epochs[0]["loss"]
+    links = {f"device{p}->device{q}" for p in range(stages) for q in (p - 1, p + 1)
+             if 0 <= q < stages}
+    for epoch in epochs:
+        assert [s["stage"] for s in epoch["stages"]] == list(range(stages))
+        for stage in epoch["stages"]:
+            assert stage["busy_s"] > 0
+            assert stage["busy_s"] + stage["idle_s"] == pytest.approx(epoch["time_s"])
+        assert set(epoch["links"]) == links
+        assert all(v["busy_s"] > 0 for v in epoch["links"].values())
+    trace = json.loads((out_dir / "trace.json").read_text())
+    tracks = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    assert {f"device{p}/compute" for p in range(stages)} | links <= tracks
+    return epochs
+
+
+def test_the_embedded_default_trains_a_pipeline_of_three_processes(tmp_path: Path) -> None:
+    out_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "aiopipe", "--mode", "pipeline", "--devices", "3",
+         "--model", "vgg5", "--epochs", "3", "--samples-per-device", "600",
+         "--batch-size", "30", "--parallel-batches", "3", "--out-dir", str(out_dir)],
+        cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    epochs = _check_run(out_dir, 3)
+    assert [e["samples"] for e in epochs] == [600] * 3
+    units = [p["units"] for p in epochs[0]["plan"]]  # "auto": three stages of vgg5's 5 units
+    assert units[0][0] == 0
+    assert units[-1][1] == 5
+    assert all(a[1] == b[0] < b[1] for a, b in itertools.pairwise(units))
+
+
+async def test_devices_started_by_hand_link_to_each_other(tmp_path: Path) -> None:
+    run = {"mode": "pipeline", "devices": 2, "model": "vgg5", "samples_per_device": 200,
+           "batch_size": 20, "parallel_batches": 2, "partition": [3], "schedule": "gpipe",
+           "epochs": 2, "test_samples": 100}
+    async with ProcessFleet(tmp_path, run) as fleet:
+        server = await fleet.start_server()
+        devices = [await fleet.start_device(k, "--listen", "127.0.0.1:0") for k in range(2)]
+        try:
+            assert await server.wait(180) == 0
+            for device in devices:
+                assert await device.wait(60) == 0
+        except (AssertionError, TimeoutError) as exc:
+            raise AssertionError(fleet.all_output()) from exc
+    epochs = _check_run(fleet.out_dir, 2)
+    assert [s["peak_live"] for s in epochs[0]["stages"]] == [2, 2]  # GPipe holds all N
