@@ -120,6 +120,18 @@ _UINT_MAX: Final = 2**64 - 1
 _FieldType = Literal["int", "float", "str", "tree", "tensor", "tensors"]
 _Schema = tuple[tuple[str, _FieldType], ...]
 
+#: The address fields that open an `Activation` and a `Gradient`.
+_STAGE_ADDRESS: Final[_Schema] = (
+    ("run_id", "int"),
+    ("stage", "int"),
+    ("epoch", "int"),
+    ("iteration", "int"),
+    ("micro_batch", "int"),
+    ("version", "int"),
+    ("source", "str"),
+    ("destination", "str"),
+)
+
 #: Wire tag and field types of every message kind, in dataclass field order.
 _SCHEMAS: Final[dict[type[Any], tuple[str, _Schema]]] = {
     Hello: ("hello", (("version", "int"), ("device_id", "int"), ("session", "int"),
@@ -155,35 +167,8 @@ _SCHEMAS: Final[dict[type[Any], tuple[str, _Schema]]] = {
             ("peers", "tree"),
         ),
     ),
-    Activation: (
-        "activation",
-        (
-            ("run_id", "int"),
-            ("stage", "int"),
-            ("epoch", "int"),
-            ("iteration", "int"),
-            ("micro_batch", "int"),
-            ("version", "int"),
-            ("source", "str"),
-            ("destination", "str"),
-            ("tensor", "tensor"),
-            ("labels", "tensor"),
-        ),
-    ),
-    Gradient: (
-        "gradient",
-        (
-            ("run_id", "int"),
-            ("stage", "int"),
-            ("epoch", "int"),
-            ("iteration", "int"),
-            ("micro_batch", "int"),
-            ("version", "int"),
-            ("source", "str"),
-            ("destination", "str"),
-            ("tensor", "tensor"),
-        ),
-    ),
+    Activation: ("activation", (*_STAGE_ADDRESS, ("tensor", "tensor"), ("labels", "tensor"))),
+    Gradient: ("gradient", (*_STAGE_ADDRESS, ("tensor", "tensor"))),
     RoundResult: (
         "round_result",
         (

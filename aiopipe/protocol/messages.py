@@ -35,7 +35,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from aiopipe.errors import LocalProtocolError
+from aiopipe import auth
+from aiopipe.auth import MAX_NODE_NAME_BYTES
+from aiopipe.errors import ConfigError, LocalProtocolError
 
 __all__ = [
     "DTYPE_SIZES",
@@ -79,27 +81,25 @@ DTYPE_SIZES: Final[Mapping[str, int]] = {
 }
 
 
-#: Longest node name (``"server"``, ``"device12"``...), in bytes.
-MAX_NODE_NAME_BYTES: Final = 64
 #: Longest endpoint address a node may announce.
 MAX_ADDRESS_CHARS: Final = 256
 #: Longest action list a `RoundStart` may carry.
 MAX_ACTIONS_CHARS: Final = 1 << 16
 
-_NODE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 _HEX_KEY = re.compile(r"[0-9a-f]{64}")
 
 
 def check_node_name(name: object) -> str:
-    """``name`` once it is a valid node name: 1..64 ASCII letters, digits or ``_.:-``.
+    """``name`` once it is a valid node name (`aiopipe.auth.check_node_name`: 1 to
+    `MAX_NODE_NAME_BYTES` ASCII letters, digits or ``_.:-``).
 
     Raises:
         LocalProtocolError: it is not.
     """
-    if not isinstance(name, str) or not _NODE_NAME.fullmatch(name):
-        raise LocalProtocolError(f"a node name is 1..{MAX_NODE_NAME_BYTES} ASCII letters, "
-                                 f"digits or _.:-, got {name!r:.80}")
-    return name
+    try:
+        return auth.check_node_name(name)  # type: ignore[arg-type]
+    except ConfigError as exc:
+        raise LocalProtocolError(str(exc)) from None
 
 
 def _check_address(what: str, address: object) -> None:

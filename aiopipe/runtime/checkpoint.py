@@ -7,7 +7,7 @@ the finished epochs' metrics and the current epoch's tallies). Each file is writ
 temporary name, fsynced and renamed; ``checkpoint.json`` is written last and names its
 state file, so a crash at any moment leaves the previous checkpoint whole. The server
 writes it while training goes on ([Note: background checkpoints] in
-aiopipe/runtime/server.py).
+aiopipe/runtime/checkpointing.py).
 
 Training itself draws no random numbers (data order and initialization derive from the
 seed), so no RNG state needs saving. Device-side optimizer state stays on the devices.

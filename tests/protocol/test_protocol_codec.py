@@ -475,7 +475,7 @@ BAD_FRAMES: list[tuple[str, bytes, str]] = [
     (
         "bad node name",
         tensor_frame("gradient", {**GRAD, "source": "a b", "tensor": F32}, EIGHT),
-        "invalid gradient: a node name is 1..64 ASCII letters",
+        "invalid gradient: a node name must be 1..64 letters",
     ),
     (
         "peer with a key",

@@ -14,6 +14,7 @@ import pytest
 from aiopipe.clock import SystemClock, VirtualClock
 from aiopipe.errors import ConfigError, LinkBrokenError, LinkClosedError
 from aiopipe.transport import (
+    Link,
     LinkSpec,
     MemoryFabric,
     WebSocketEndpoint,
@@ -33,6 +34,16 @@ async def clock() -> VirtualClock:
 # -- memory ----------------------------------------------------------------------------
 
 
+async def _seconds_to_send(clock: VirtualClock, sender: Link, receiver: Link,
+                           size: int) -> float:
+    """Virtual seconds from sending a frame of ``size`` bytes to receiving it."""
+    start = clock.now()
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(sender.send(bytes(size)))
+        assert len(await receiver.receive()) == size
+    return clock.now() - start
+
+
 async def test_memory_links_are_shaped_per_ordered_pair_in_virtual_time(
     clock: VirtualClock,
 ) -> None:
@@ -44,33 +55,18 @@ async def test_memory_links_are_shaped_per_ordered_pair_in_virtual_time(
     a, b, c = fabric.endpoint("a"), fabric.endpoint("b"), fabric.endpoint("c")
     async with a.dial(b.address) as at_a:
         at_b = await b.accept()
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(at_a.send(bytes(MB_1_25)))
-            assert len(await at_b.receive()) == MB_1_25
-        assert clock.now() == pytest.approx(1.02, abs=1e-9)
-        start = clock.now()
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(at_b.send(bytes(MB_1_25)))
-            assert len(await at_a.receive()) == MB_1_25
-        assert clock.now() - start == pytest.approx(0.2, abs=1e-9)
+        assert await _seconds_to_send(clock, at_a, at_b, MB_1_25) == pytest.approx(1.02)
+        assert await _seconds_to_send(clock, at_b, at_a, MB_1_25) == pytest.approx(0.2)
         await at_b.aclose()
     # the shape belongs to the ordered pair, not to who dialed
     async with b.dial(a.address) as from_b:
         to_a = await a.accept()
-        start = clock.now()
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(from_b.send(bytes(MB_1_25)))
-            assert len(await to_a.receive()) == MB_1_25
-        assert clock.now() - start == pytest.approx(0.2, abs=1e-9)
+        assert await _seconds_to_send(clock, from_b, to_a, MB_1_25) == pytest.approx(0.2)
         await to_a.aclose()
     # any other pair gets the default
     async with c.dial(a.address) as from_c:
         to_a = await a.accept()
-        start = clock.now()
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(from_c.send(bytes(125_000)))
-            assert len(await to_a.receive()) == 125_000
-        assert clock.now() - start == pytest.approx(1.0, abs=1e-9)
+        assert await _seconds_to_send(clock, from_c, to_a, 125_000) == pytest.approx(1.0)
         await to_a.aclose()
     assert fabric.shape("a", "b") == LinkSpec(10e6, 0.02)
     assert fabric.shape("c", "b") == LinkSpec(1e6)

@@ -12,8 +12,6 @@ import base64
 import contextlib
 import logging
 import secrets
-import shutil
-import subprocess
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -205,23 +203,6 @@ async def test_a_handshake_under_way_when_accept_peer_returns(keepable: bool) ->
     await clock.aclose()
 
 
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 only: (cert, key)."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("the openssl command is needed to make a test certificate")
-    directory = tmp_path_factory.mktemp("tls")
-    cert, key = directory / "cert.pem", directory / "key.pem"
-    subprocess.run(
-        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2",
-         "-subj", "/CN=aiopipe test peer", "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True, timeout=60,
-    )
-    return cert, key
-
-
 async def test_peers_meet_over_wss(certificate: tuple[Path, Path]) -> None:
     clock = SystemClock()
     served, trusting = server_ssl_context(*certificate), client_ssl_context(certificate[0])
@@ -259,13 +240,19 @@ async def test_a_dialer_with_the_wrong_key_is_refused_and_the_listener_goes_on(
                 pytest.fail("a wrong key was admitted")
         assert "the listener b of the link a -> b sent a wrong proof" in str(info.value)
         assert not listening.done()
-        async with dial_peer(a, b.address, me="a", peer="b", key=KEY_AB,
-                             clock=net.clock) as link:
-            name, theirs = await listening
-            assert name == "a"
-            await _exchange(link, theirs)
-            await _close_both(link, theirs)
+        await _meet(a, b, "a", "b", KEY_AB, net, listening)
     assert any("dialer a refused us: our proof was wrong" in m for m in log.messages)
+
+
+async def _meet(dialer: Endpoint, listener: Endpoint, me: str, peer: str, key: bytes,
+                net: Net, listening: asyncio.Future[tuple[str, Link]]) -> None:
+    """``me`` dials ``peer`` honestly: the listener admits it, and frames flow."""
+    async with dial_peer(dialer, listener.address, me=me, peer=peer, key=key,
+                         clock=net.clock) as link:
+        name, theirs = await listening
+        assert name == me
+        await _exchange(link, theirs)
+        await _close_both(link, theirs)
 
 
 async def test_a_listener_with_the_wrong_key_is_refused_and_goes_on(
@@ -276,12 +263,7 @@ async def test_a_listener_with_the_wrong_key_is_refused_and_goes_on(
         with pytest.raises(AuthenticationError, match=r"listener b .* sent a wrong proof"):
             async with dial_peer(a, b.address, me="a", peer="b", key=KEY_AB, clock=net.clock):
                 pytest.fail("a listener with a wrong key was trusted")
-        async with dial_peer(c, b.address, me="c", peer="b", key=KEY_CB,
-                             clock=net.clock) as link:
-            name, theirs = await listening
-            assert name == "c"
-            await _exchange(link, theirs)
-            await _close_both(link, theirs)
+        await _meet(c, b, "c", "b", KEY_CB, net, listening)
     assert any("dialer a refused us" in m for m in log.messages)
 
 
@@ -440,12 +422,7 @@ async def test_malformed_handshake_frames_are_refused_and_the_listener_goes_on(
             await hostile.send(frame)
             with pytest.raises(LinkBrokenError, match="refused"):
                 await hostile.receive()
-        async with dial_peer(a, b.address, me="a", peer="b", key=KEY_AB,
-                             clock=net.clock) as link:
-            name, theirs = await listening
-            assert name == "a"
-            await _exchange(link, theirs)
-            await _close_both(link, theirs)
+        await _meet(a, b, "a", "b", KEY_AB, net, listening)
     [refusal] = log.messages
     assert refusal.startswith("b refused a peer link: ")
     assert "\n" not in refusal
