@@ -291,6 +291,9 @@ class RunConfig:
         if not isinstance(self.parallel_batches, int):
             raise _fail("parallel_batches", self.parallel_batches,
                         "one integer for a pipeline (micro-batches per iteration)")
+        if self.aggregation_every:
+            raise _fail("aggregation_every", self.aggregation_every,
+                        "0 for a pipeline (its rounds are epochs: it aggregates nothing)")
 
     # -- per-device views ------------------------------------------------------------
 

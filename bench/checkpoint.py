@@ -2,7 +2,7 @@
 the next round starts, while the devices run their first forward passes) and the
 write of that copy (global model, replicas' weights where they
 differ from it, every replica's momentum; fsynced, renamed), which runs while training
-goes on ([Note: background checkpoints] in aiopipe/runtime/checkpointing.py); next to one
+goes on ([Note: background checkpoints] in aiopipe/runtime/checkpoint.py); next to one
 iteration's compute, so the overhead per round can be read off.
 
     .venv/bin/python bench/checkpoint.py [--model vgg5] [--devices 3] [--split-point 1]

@@ -117,6 +117,7 @@ BAD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("partition", [0], {"mode": "pipeline", "devices": 2}),
     ("partition", [2], {}),  # pipar splits at split_point
     ("schedule", "2f2b", {"mode": "pipeline", "devices": 2}),
+    ("aggregation_every", 2, {"mode": "pipeline", "devices": 2}),  # it aggregates nothing
     ("schedule", "gpipe", {}),
     ("seed", "0", {}),
     ("seed", 1.0, {}),

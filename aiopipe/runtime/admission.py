@@ -74,8 +74,33 @@ class Admission:
         host = self.host
         peer = Peer(link, host.clock, host.recorder, "server/unknown",
                     max_frame_bytes=host.max_frame_bytes)
+        hello = await self._hello(peer, device_id)
+        k = hello.device_id
+        session, resumed = await self._session_for(hello, link)
         try:
-            hello: object = await wait_for(host.clock, peer.receive(), HELLO_TIMEOUT_S)
+            await peer.send(host.plan_for(k, session.nonce))
+        except TransportError:
+            if not resumed:  # nobody will serve it: do not count it among the living
+                session.end("its plan could not be sent")
+            raise
+        self.sessions[k] = session
+        self.addresses[k] = hello.address
+        session.attach(link, resumed=resumed)
+        if len(self.sessions) == host.config.devices:
+            self.joined.set()
+        self.connected.add(k)
+        self.arrived.set()
+        await self._serve(session)
+
+    async def _hello(self, peer: Peer, authenticated: int | None) -> Hello:
+        """The connection's Hello, once it is acceptable.
+
+        Raises:
+            RemoteProtocolError: none came in time, or it is refused (the device was
+                told why, and the link closed).
+        """
+        try:
+            hello: object = await wait_for(self.host.clock, peer.receive(), HELLO_TIMEOUT_S)
         except TimeoutError:
             hello = None
             problem = f"no hello within {HELLO_TIMEOUT_S:g} s"
@@ -83,16 +108,21 @@ class Admission:
             hello = None
             problem = f"bad hello: {exc}"
         else:
-            problem = self._check_hello(hello, device_id)
+            problem = self._check_hello(hello, authenticated)
         if problem:
             log.warning("refused a device: %s", problem)
             code = "busy" if problem.endswith("already connected") else "refused"
             with contextlib.suppress(TransportError):
                 await peer.send(ErrorMessage(code, problem))
-            await link.aclose()
+            await peer.link.aclose()
             raise RemoteProtocolError(problem)
         assert isinstance(hello, Hello)
-        k = hello.device_id
+        return hello
+
+    async def _session_for(self, hello: Hello, link: Link) -> tuple[DeviceSession, bool]:
+        """The session that serves this connection, and whether it resumes one: the
+        device's own after a reconnection, else a new one (its old one, if any, ends)."""
+        host, k = self.host, hello.device_id
         session = self.sessions.get(k)
         resumed = session is not None and not session.ended and hello.session == session.nonce
         if session is not None:
@@ -100,23 +130,26 @@ class Admission:
                         else "afresh: it takes part from the next round")
         if session is not None and not session.ended:
             await self._supersede(session)
-        if session is not None and not resumed:
+        if session is not None and resumed:
+            return session, True
+        if session is not None:
             # a device that starts afresh cannot continue its old round: drop that round
             session.end("it restarted")
-        if session is None or not resumed:
-            earlier = session.link_bytes() if session is not None else (0, 0)
-            session = DeviceSession(
-                host, Peer(link, host.clock, host.recorder, f"device{k}/downlink",
-                           max_frame_bytes=host.max_frame_bytes), k,
-                earlier_bytes=earlier)  # the epoch's byte counts span sessions
-            self.sessions[k] = session
-        self.addresses[k] = hello.address
-        await peer.send(host.plan_for(k, session.nonce))
-        session.attach(link, resumed=resumed)
-        if len(self.sessions) == host.config.devices:
-            self.joined.set()
-        self.connected.add(k)
-        self.arrived.set()
+        earlier = session.link_bytes() if session is not None else (0, 0)
+        return DeviceSession(
+            host, Peer(link, host.clock, host.recorder, f"device{k}/downlink",
+                       max_frame_bytes=host.max_frame_bytes), k,
+            earlier_bytes=earlier), False  # the epoch's byte counts span sessions
+
+    async def _serve(self, session: DeviceSession) -> None:
+        """Serve the attached session until its connection ends; when it broke, wait
+        ``reconnect_grace`` for the device to come back before it is lost.
+
+        Raises:
+            ProtocolError: the device broke the contract.
+            TransportError: the connection failed and the device did not come back.
+        """
+        host, k = self.host, session.device_id
         try:
             await session.serve()
         except TransportError as exc:
@@ -136,6 +169,9 @@ class Admission:
             raise
         except Exception as exc:
             host.server_failed(k, exc)
+            if session.bye is not None:  # tell it why, if it still listens
+                with contextlib.suppress(TransportError):
+                    await session.peer.send(session.bye)
         else:
             session.end("it said goodbye")
         finally:

@@ -10,12 +10,13 @@ I/O, no torch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from aiopipe.errors import ConfigError, RemoteProtocolError
-from aiopipe.protocol import Activation, Gradient, RoundStart
+from aiopipe.protocol import HEADER_SLACK_BYTES, Activation, Gradient, RoundStart
 from aiopipe.scheduler.actions import Action
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.schedule import check_stage_actions
@@ -73,6 +74,8 @@ class Assignment:
         try:
             actions = tuple(Action.parse(text) for text in message.actions.split())
             check_stage_actions(actions, stage, stages, n)
+            if any(a.kind == "REDUCE" for a in actions):
+                raise ConfigError("REDUCE (a data-parallel group) is not supported yet")
         except ConfigError as exc:
             raise RemoteProtocolError(f"round {message.round} has bad actions: {exc}"
                                       ) from None
@@ -104,6 +107,12 @@ class Assignment:
             if peer["stage"] == stage:
                 return name
         return None
+
+    def frame_limit(self) -> int:
+        """The largest activation or gradient frame this stage's neighbours may send."""
+        largest = max(math.prod(self.input_shape), math.prod(self.output_shape))
+        micro = self.micro_batch_size
+        return 4 * micro * largest + 8 * micro + HEADER_SLACK_BYTES
 
     def version_of(self, iteration: int) -> int:
         """The version of the weights in ``iteration`` (optimizer steps taken in the run)."""

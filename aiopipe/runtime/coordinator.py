@@ -7,7 +7,7 @@ coordinator's own stages, how results become the model) is the `System` chosen o
 - `DeviceSession` (session.py): one device's connection, rounds, and the stage the
   coordinator runs for it;
 - the system's rounds, and `after_round` (re-planning);
-- `Checkpoints` (checkpointing.py): checkpoints written while training goes on;
+- `Checkpoints` (checkpoint.py): checkpoints written while training goes on;
 - the epoch loop here: rounds, tallies, metrics, evaluation on the held-out test set.
 
 In the split modes (PiPar's server) the coordinator is also a stage host: its compute
@@ -38,11 +38,10 @@ from aiopipe.metrics.results import EpochMetrics, RunResult
 from aiopipe.metrics.trace import RESOURCE_KINDS, Recorder, resource_kind
 from aiopipe.protocol import Hello, Plan, RoundResult, RoundStart
 from aiopipe.runtime.admission import Admission
-from aiopipe.runtime.checkpoint import load_checkpoint
-from aiopipe.runtime.checkpointing import Checkpoints
+from aiopipe.runtime.checkpoint import Checkpoints, load_checkpoint
 from aiopipe.runtime.compute import Compute, warm_up_torch
 from aiopipe.runtime.plan import build_model, device_indices, train_dataset
-from aiopipe.runtime.session import ServerStage
+from aiopipe.runtime.stage import ServerStage
 from aiopipe.runtime.systems import Setup, System, system_for
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable

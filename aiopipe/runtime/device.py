@@ -62,7 +62,7 @@ from aiopipe.runtime.compute import Compute, warm_up_torch
 from aiopipe.runtime.executor import Identity, Inbox, Route, StageExecutor
 from aiopipe.runtime.liveness import Liveness
 from aiopipe.runtime.peer import Peer
-from aiopipe.runtime.peering import PeerLinks
+from aiopipe.runtime.peer_links import PeerLinks
 from aiopipe.runtime.plan import build_model, device_indices, train_dataset, unit_output_shapes
 from aiopipe.runtime.replan import make_optimizer
 from aiopipe.runtime.stage import StageWork
@@ -201,25 +201,37 @@ class _DeviceNode:
             self._shape_uplink()
             try:
                 async with contextlib.AsyncExitStack() as stack:
-                    if self.endpoint is not None:
+                    if self.endpoint is not None and self.plan.peer_keys:  # the run links us
                         self.peers = await stack.enter_async_context(PeerLinks.open(
                             self.endpoint, me=self.name, keys=self.plan.peer_keys,
                             clock=self.clock, recorder=self.recorder, config=self.config,
-                            deliver=self._deliver_from_peer, failed=self._peer_failed))
-                    async with asyncio.TaskGroup() as tasks:
-                        training = tasks.create_task(self._train_loop())
-                        while True:
-                            try:
-                                await self._serve_link(training)
-                                break
-                            except TransportError as exc:
-                                if self.connector is None:
-                                    raise
-                                await links.aclose()
-                                await self._reconnect(links, exc)
+                            deliver=self._deliver, failed=self._peer_failed))
+                    try:
+                        training = await self._train_and_serve(links)
+                    except BaseException as exc:
+                        if self.peers is not None:  # they cannot go on without us
+                            self.peers.goodbye = f"{self.name} failed: {exc}"
+                        raise
             except BaseExceptionGroup as group:
                 raise first_error(group) from None
             return training.result()
+
+    async def _train_and_serve(self, links: contextlib.AsyncExitStack
+                               ) -> asyncio.Task[DeviceSummary]:
+        """Train while serving the link to the coordinator, reconnecting when it fails;
+        the (finished) training task."""
+        async with asyncio.TaskGroup() as tasks:
+            training = tasks.create_task(self._train_loop())
+            while True:
+                try:
+                    await self._serve_link(training)
+                    break
+                except TransportError as exc:
+                    if self.connector is None:
+                        raise
+                    await links.aclose()
+                    await self._reconnect(links, exc)
+        return training
 
     async def _handshake(self) -> Plan:
         start = self.clock.now()
@@ -246,6 +258,7 @@ class _DeviceNode:
             self.last_round_received = -1
             self.unacked.clear()
             self.peer.clear()
+            self._early.clear()  # activations of the old session's rounds
             self._drop_round()
             if self.peers is not None:
                 self.peers.rekey(plan.peer_keys)
@@ -256,6 +269,7 @@ class _DeviceNode:
     async def _serve_link(self, training: asyncio.Task[DeviceSummary]) -> None:
         """Move messages over the current link until training ends or the link fails."""
         assert self.liveness is not None
+        self.liveness.restart()
         try:
             async with asyncio.TaskGroup() as tasks:
                 sender = tasks.create_task(self.peer.send_loop())
@@ -340,10 +354,11 @@ class _DeviceNode:
         self.activation_shapes = _output_shapes(self.whole, self.dataset.in_shape)
         self.compute.slowdown = config.device_slowdown_of(self.device_id)
 
-    def _assign(self, message: RoundStart) -> None:
-        """Take the round's assignment: build the stage when it changed (momentum of the
-        parameters it keeps carries over, see aiopipe.runtime.replan [Note: switching]),
-        then load the round's weights (compute thread).
+    def _assign(self, message: RoundStart, previous: Assignment | None,
+                work: StageWork | None) -> tuple[Assignment, StageWork]:
+        """The round's assignment and its stage: ``work`` with the round's weights, or a
+        new stage when the assignment changed (momentum of the parameters it keeps
+        carries over, see aiopipe.runtime.replan [Note: switching]). Compute thread.
 
         Raises:
             RemoteProtocolError: the assignment cannot be this run's.
@@ -351,25 +366,23 @@ class _DeviceNode:
         assignment = Assignment.from_round_start(
             message, units=self.units, batch_size=self.config.batch_size,
             activation_shapes=self.activation_shapes, me=self.name)
-        work = self.work
-        if self.assignment is None or work is None or not assignment.same_stage(
-                self.assignment):
+        if previous is None or work is None or not assignment.same_stage(previous):
             module = models.units_of(self.whole, assignment.first_unit, assignment.stop_unit)
-            previous = (work.module, work.optimizer) if work is not None else None
-            optimizer = make_optimizer(module, self.config, previous=previous)
-            if self.assignment is not None:
+            kept = (work.module, work.optimizer) if work is not None else None
+            optimizer = make_optimizer(module, self.config, previous=kept)
+            if previous is not None:
                 log.info("device %d: round %d switches to units %d..%d of stage %d, %d "
                          "micro-batches", self.device_id, message.round,
                          assignment.first_unit, assignment.stop_unit - 1, assignment.stage,
                          assignment.parallel_batches)
-            work = self.work = StageWork(
+            work = StageWork(
                 module, optimizer, first=assignment.stage == 0, last=assignment.last,
                 parallel_batches=assignment.parallel_batches,
                 num_classes=self.dataset.num_classes)
-        self.assignment = assignment
         work.module.load_state_dict(state_from_wire(message.tensors))
         work.clear()
         work.reset_totals()
+        return assignment, work
 
     def _shape_uplink(self) -> None:
         """Pace a websocket uplink at the network's rate (sender-side shaping)."""
@@ -440,18 +453,28 @@ class _DeviceNode:
             raise RemoteProtocolError(f"{sender} sent an activation outside a round")
         check_data_message(message, assignment, sender=sender, run_id=self.run_id)
         kind = "F" if isinstance(message, Activation) else "B"
-        self.inbox.put((kind, *_key(message)), message)
+        key = (kind, *_key(message))
+        if sender != COORDINATOR and self.inbox.seen(key):
+            raise RemoteProtocolError(f"{sender} sent {kind} {_key(message)} twice")
+        if self.inbox.held() >= 2 * assignment.parallel_batches:
+            # an honest neighbour is never more than an iteration ahead of us
+            raise RemoteProtocolError(f"{sender} sent more than two iterations' messages "
+                                      "ahead of the schedule")
+        self.inbox.put(key, message)
 
-    def _deliver_early(self) -> None:
+    async def _deliver_early(self) -> None:
         """Hand over the activations that came before this round started
-        ([Note: early activations]); those for a later round wait on."""
+        ([Note: early activations]); those for a later round wait on. One that breaks
+        the plan is its sender's protocol error (which fails the round)."""
         early, self._early = self._early, {}
         for sender, messages in early.items():
             for message in messages:
-                self._deliver(sender, message)
-
-    def _deliver_from_peer(self, sender: str, message: Activation | Gradient) -> None:
-        self._deliver(sender, message)
+                try:
+                    self._deliver(sender, message)
+                except RemoteProtocolError as exc:
+                    if self.peers is not None:
+                        await self.peers.reject(sender, exc)
+                    raise TrainingError(f"{sender} broke the protocol: {exc}") from None
 
     def _peer_failed(self, name: str, error: Exception) -> None:
         """A peer link broke: the round in progress cannot finish."""
@@ -497,11 +520,12 @@ class _DeviceNode:
         """Train the round's iterations, upload the weights, then the report; samples."""
         mark = len(self.recorder.slices)
         self.inbox.reopen()
-        await self.compute.call(partial(self._assign, message))
-        assignment, work = self.assignment, self.work
-        assert assignment is not None
-        assert work is not None
-        self._deliver_early()
+        assignment, work = await self.compute.call(
+            partial(self._assign, message, self.assignment, self.work))
+        self.assignment, self.work = assignment, work
+        if self.peers is not None:
+            self.peers.limit(assignment.frame_limit())
+        await self._deliver_early()
         routes = await self._routes(assignment)
         order = datasets.epoch_order(self.indices, epoch=message.epoch, seed=self.config.seed)
         micro, n = assignment.micro_batch_size, assignment.parallel_batches

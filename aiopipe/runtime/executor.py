@@ -75,6 +75,7 @@ class Inbox:
     def __init__(self) -> None:
         self._futures: dict[Key, asyncio.Future[Any]] = {}
         self._closed: BaseException | None = None
+        self._seen: set[Key] = set()  # delivered since `reopen`
 
     def _future(self, key: Key) -> asyncio.Future[Any]:
         future = self._futures.get(key)
@@ -87,9 +88,19 @@ class Inbox:
 
     def put(self, key: Key, message: Activation | Gradient) -> None:
         """Deliver ``message`` for ``key`` (a second delivery of a key is ignored)."""
+        self._seen.add(key)
         future = self._future(key)
         if not future.done():
             future.set_result(message)
+
+    def seen(self, key: Key) -> bool:
+        """Whether a message for ``key`` was delivered since the last `reopen`."""
+        return key in self._seen
+
+    def held(self) -> int:
+        """Messages delivered and not yet taken by a `wait`."""
+        return sum(1 for f in self._futures.values() if f.done() and not f.cancelled()
+                   and f.exception() is None)
 
     def arrived(self, key: Key) -> bool:
         """Whether the message for ``key`` is here."""
@@ -127,6 +138,7 @@ class Inbox:
         """Accept waits again (a new round) and forget what was left."""
         self._closed = None
         self._futures.clear()
+        self._seen.clear()
 
 
 @dataclass(frozen=True, slots=True)

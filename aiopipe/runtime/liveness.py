@@ -42,6 +42,12 @@ class Liveness:
         """A message arrived."""
         self.last_heard = self.clock.now()
 
+    def restart(self) -> None:
+        """A new connection: nothing heard on it is missing yet, and no reason to give
+        up on it is known."""
+        self.gave_up = None
+        self.heard()
+
     async def beat(self, peer: Peer) -> NoReturn:
         """Send a heartbeat every ``interval`` seconds, for ever.
 
@@ -63,7 +69,6 @@ class Liveness:
         Raises:
             LinkBrokenError: "<who> was silent for ... s".
         """
-        self.gave_up = None
         while True:
             silent = self.clock.now() - max(self.last_heard, peer.link.last_received())
             # a relative tolerance: sleeping the float remainder could advance no time

@@ -256,7 +256,7 @@ def _candidate_parallel_batches(config: RunConfig) -> list[int]:
     return sorted(set(value)) if isinstance(value, tuple) else [int(value)]
 
 
-#: A run id as large as `Plan.run_id`'s (62 random bits), for frame sizes.
+#: A run id as large as `Plan.run_id`'s (62 bits, the top one set), for frame sizes.
 _TYPICAL_RUN_ID = 2**62 - 1
 
 

@@ -34,7 +34,6 @@ import contextlib
 import dataclasses
 import logging
 import secrets
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -65,25 +64,14 @@ from aiopipe.runtime.compute import Compute
 from aiopipe.runtime.executor import Identity, Inbox, StageExecutor
 from aiopipe.runtime.liveness import Liveness
 from aiopipe.runtime.peer import Peer
-from aiopipe.runtime.stage import StageWork
-from aiopipe.scheduler.actions import Action
+from aiopipe.runtime.stage import ServerStage
 from aiopipe.transport import Link
 
-__all__ = ["DeviceSession", "ServerStage", "SessionHost"]
+__all__ = ["DeviceSession", "SessionHost"]
 
 log = logging.getLogger("aiopipe.server")
 
 Key = tuple[int, int, int]  # (epoch, iteration, micro-batch)
-
-
-@dataclass(frozen=True, slots=True)
-class ServerStage:
-    """The stage the coordinator runs for one device in a round: its torch side, its
-    assignment (what arriving activations are checked against) and its charges."""
-
-    work: StageWork
-    assignment: Assignment
-    costs: Callable[[Action], float] | None = None
 
 
 class SessionHost(Protocol):
@@ -139,6 +127,13 @@ class _DeviceRoute:
                           ready_at=ready_at)
 
 
+def _within(key: Key, assignment: Assignment) -> bool:
+    """Whether ``key`` (epoch, iteration, micro-batch) names a micro-batch of the round."""
+    epoch, iteration, micro_batch = key
+    return (epoch == assignment.epoch and micro_batch < assignment.parallel_batches
+            and 0 <= iteration - assignment.first_iteration < assignment.iterations)
+
+
 class DeviceSession:
     """The coordinator's side of device ``device_id``, across its connections."""
 
@@ -160,6 +155,7 @@ class DeviceSession:
         #: most activations the device held at once in its last round (its report)
         self.peak_live = 0
         self.closing = False  # we said goodbye: the connection may end
+        self.bye: Bye | None = None  # what we said
         self.ended = False  # the session is over (goodbye, or the device was lost)
         self.attached = asyncio.Event()  # set when a connection is attached
         self.idle = asyncio.Event()  # set while no connection is attached
@@ -263,12 +259,12 @@ class DeviceSession:
             self.earlier_bytes = self.link_bytes()
         self.peer.link = link
         self.seen_on_link.clear()
-        self.liveness.heard()
+        self.liveness.restart()
         self.idle.clear()  # until `serve` of this connection returns
         self.attached.set()
         if not resumed:
             return
-        if self.closing:
+        if self.bye is not None:
             self.peer.post(self.bye, "bye")
             self.peer.finish()
         elif self.window is not None and self.result is not None and not self.result.done():
@@ -358,11 +354,16 @@ class DeviceSession:
             raise RemoteProtocolError("the server runs no stage for this device: it takes "
                                       "no activations")
         if window is None or window.stage is None or self.result is None or self.result.done():
-            if window is not None and message.epoch <= window.epoch:
-                return  # a late re-send for a round that is over
+            if window is not None and window.stage is not None and _within(
+                    key, window.stage.assignment):
+                return  # a late re-send for the round that just ended
             raise RemoteProtocolError("activation outside a round")
-        check_data_message(message, window.stage.assignment, sender=self.name,
-                           run_id=self.host.run_id)
+        assignment = window.stage.assignment
+        check_data_message(message, assignment, sender=self.name, run_id=self.host.run_id)
+        if self.inbox.held() >= 2 * assignment.parallel_batches:
+            # an honest device is never more than an iteration ahead of the server
+            raise RemoteProtocolError("more than two iterations' activations ahead of the "
+                                      "server's stage")
         self.seen.add(key)
         self.inbox.put(("F", *key), message)
 

@@ -27,8 +27,10 @@ import torch
 from torch import nn
 
 from aiopipe.errors import RemoteProtocolError
+from aiopipe.runtime.assignment import Assignment
+from aiopipe.scheduler.actions import Action
 
-__all__ = ["Batch", "StageWork"]
+__all__ = ["Batch", "ServerStage", "StageWork"]
 
 #: Reads micro-batch ``n`` of iteration ``i``: inputs and labels (the first stage's data).
 Batch = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
@@ -195,3 +197,14 @@ class StageWork:
         self.loss_sum += float(loss.detach()) * labels.numel()
         self.correct += int((logits.detach().argmax(1) == labels).sum())
         return loss / self.parallel_batches
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStage:
+    """A stage the coordinator runs for one device in a round (PiPar's server half): its
+    torch side, its assignment (what arriving activations are checked against) and what
+    its compute actions are charged (virtual time)."""
+
+    work: StageWork
+    assignment: Assignment
+    costs: Callable[[Action], float] | None = None

@@ -10,20 +10,13 @@ dynamic programming over (stage, first unit): O(S Q^2). Transfers are not modell
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 
 from aiopipe.errors import ConfigError
 from aiopipe.scheduler.costs import CostTable
 
-__all__ = ["balanced_partition", "stage_bounds"]
-
-
-def stage_bounds(cut_points: Sequence[int], units: int) -> list[tuple[int, int]]:
-    """``(first, stop)`` units (0-based, stop exclusive) of each stage of ``cut_points``."""
-    bounds = [0, *cut_points, units]
-    return list(itertools.pairwise(bounds))
+__all__ = ["balanced_partition"]
 
 
 def balanced_partition(costs: CostTable, stages: int, batch: int,

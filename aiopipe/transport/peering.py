@@ -267,7 +267,7 @@ async def _dialer_handshake(link: Link, me: str, peer: str, key: bytes) -> None:
 
 
 @dataclass(eq=False)
-class _Admission:
+class _Handshake:
     """One incoming link's handshake in progress ([Note: paused handshakes])."""
 
     link: Link
@@ -299,49 +299,49 @@ async def accept_peer(
         ConfigError: an invalid name, key or timeout.
     """
     keys = _check_peering(me, keys, timeout)
-    admissions = _take_paused(endpoint)
+    handshakes = _take_paused(endpoint)
     closing: set[asyncio.Future[Any]] = set()  # refused links' closes, cancelled receives
     accepting: asyncio.Task[Link] | None = None
-    stepping: _Admission | None = None  # one whose step was under way
+    stepping: _Handshake | None = None  # one whose step was under way
     ended = False  # the endpoint closed: nothing to resume
     try:
         while True:
-            if accepting is None and len(admissions) < MAX_HANDSHAKES:
+            if accepting is None and len(handshakes) < MAX_HANDSHAKES:
                 accepting = asyncio.ensure_future(endpoint.accept())
-            for admission in admissions:
-                if admission.receiving is None:
-                    admission.receiving = asyncio.ensure_future(admission.link.receive())
+            for handshake in handshakes:
+                if handshake.receiving is None:
+                    handshake.receiving = asyncio.ensure_future(handshake.link.receive())
             waits: set[asyncio.Future[Any]] = {*closing}
-            waits.update(a.receiving for a in admissions if a.receiving is not None)
+            waits.update(a.receiving for a in handshakes if a.receiving is not None)
             if accepting is not None:
                 waits.add(accepting)
-            await _wait_until(clock, waits, min((a.deadline for a in admissions), default=None))
+            await _wait_until(clock, waits, min((a.deadline for a in handshakes), default=None))
             closing = {task for task in closing if not task.done()}
             if accepting is not None and accepting.done():
                 try:
-                    admissions.append(_Admission(accepting.result(), clock.now() + timeout))
+                    handshakes.append(_Handshake(accepting.result(), clock.now() + timeout))
                 except LinkClosedError:
                     ended = True
                     raise
                 accepting = None
-            ready = [(a, task) for a in admissions
+            ready = [(a, task) for a in handshakes
                      if (task := a.receiving) is not None and task.done()]
-            for admission, received in ready:
-                admissions.remove(admission)
-                admission.receiving = None
-                stepping = admission
+            for handshake, received in ready:
+                handshakes.remove(handshake)
+                handshake.receiving = None
+                stepping = handshake
                 try:
-                    name = await _step(admission, received, me, keys)
+                    name = await _step(handshake, received, me, keys)
                 except AiopipeError as exc:
                     stepping = None
-                    closing.add(_refuse(admission.link, me, str(exc)))
+                    closing.add(_refuse(handshake.link, me, str(exc)))
                     continue
                 stepping = None
                 if name is not None:
-                    return name, admission.link
-                admissions.append(admission)
-            for late in [a for a in admissions if a.deadline <= clock.now()]:
-                admissions.remove(late)
+                    return name, handshake.link
+                handshakes.append(handshake)
+            for late in [a for a in handshakes if a.deadline <= clock.now()]:
+                handshakes.remove(late)
                 if late.receiving is not None:
                     late.receiving.cancel()
                     closing.add(late.receiving)
@@ -349,28 +349,28 @@ async def accept_peer(
     finally:
         if stepping is not None:  # cut short halfway: where it stands is unknown
             closing.add(asyncio.ensure_future(stepping.link.aclose("the listener stopped")))
-        admissions += await _stop(clock, accepting, closing, admissions, clock.now() + timeout)
+        handshakes += await _stop(clock, accepting, closing, handshakes, clock.now() + timeout)
         if not ended:
-            admissions = _keep_paused(endpoint, admissions)
-        await asyncio.gather(*(a.link.aclose("the listener stopped") for a in admissions))
+            handshakes = _keep_paused(endpoint, handshakes)
+        await asyncio.gather(*(a.link.aclose("the listener stopped") for a in handshakes))
 
 
-async def _step(admission: _Admission, received: asyncio.Task[bytes], me: str,
+async def _step(handshake: _Handshake, received: asyncio.Task[bytes], me: str,
                 keys: Mapping[str, bytes]) -> str | None:
-    """Take the frame ``admission`` ``received``: the peer's name once it is admitted.
+    """Take the frame ``handshake`` ``received``: the peer's name once it is admitted.
 
     Raises:
         AiopipeError: the link is refused (the message says why).
     """
     message = _decode(received.result())
-    hello = admission.hello
+    hello = handshake.hello
     if hello is None:
         if not isinstance(message, _Hello):
             raise RemoteProtocolError(f"a {_describe(message)} where a hello was due")
         if message.listener != me or message.dialer not in keys:
             mismatch = message.listener != me
             with contextlib.suppress(AiopipeError):
-                await admission.link.send(
+                await handshake.link.send(
                     _encode(_REFUSE, bytes([_NOT_ME if mismatch else _NOT_A_PEER])))
             raise AuthenticationError(
                 f"dialer {message.dialer} asked for {message.listener}" if mismatch
@@ -378,8 +378,8 @@ async def _step(admission: _Admission, received: asyncio.Task[bytes], me: str,
         nonce = secrets.token_bytes(PEER_NONCE_BYTES)
         proof = peer_proof(keys[message.dialer], "listener", message.dialer, me,
                            message.nonce, nonce)
-        await admission.link.send(_encode(_CHALLENGE, nonce, proof))
-        admission.hello, admission.nonce = message, nonce
+        await handshake.link.send(_encode(_CHALLENGE, nonce, proof))
+        handshake.hello, handshake.nonce = message, nonce
         return None
     if isinstance(message, _Refuse):
         raise AuthenticationError(
@@ -390,7 +390,7 @@ async def _step(admission: _Admission, received: asyncio.Task[bytes], me: str,
     if hello.dialer not in keys:  # resumed by a call with other keys
         raise AuthenticationError(f"dialer {hello.dialer} is not a peer of {me}")
     check_peer_proof(keys[hello.dialer], "dialer", hello.dialer, me, hello.nonce,
-                     admission.nonce, message.proof)
+                     handshake.nonce, message.proof)
     return hello.dialer
 
 
@@ -415,48 +415,59 @@ async def _wait_until(clock: Clock, waits: set[asyncio.Future[Any]],
 
 
 async def _stop(clock: Clock, accepting: asyncio.Task[Link] | None,
-                closing: set[asyncio.Future[Any]], admissions: list[_Admission],
-                deadline: float) -> list[_Admission]:
+                closing: set[asyncio.Future[Any]], handshakes: list[_Handshake],
+                deadline: float) -> list[_Handshake]:
     """Cancel and reap what `accept_peer` started; a link accepted meanwhile, as a new
-    admission ([Note: paused handshakes]). Closes just started get to begin first: a
-    closing link is then dropped at once (a websocket: aborted), not left open."""
-    await clock.sleep(0)
-    receiving = [a.receiving for a in admissions if a.receiving is not None]
-    tasks: list[asyncio.Future[Any]] = [*closing, *receiving]
+    handshake ([Note: paused handshakes]). Closes just started get to begin first: a
+    closing link is then dropped at once (a websocket: aborted), not left open. Should
+    this be cancelled too, what it started is still cancelled and its errors reaped."""
+    started: list[asyncio.Future[Any]] = [a.receiving for a in handshakes
+                                          if a.receiving is not None]
     if accepting is not None:
-        tasks.append(accepting)
-    for task in tasks:
+        started.append(accepting)
+    for task in started:  # first, before any await: nothing is left running
         task.cancel()
+        task.add_done_callback(_reap)
+    await clock.sleep(0)
+    tasks: list[asyncio.Future[Any]] = [*closing, *started]
+    for closing_task in closing:
+        closing_task.cancel()
     if tasks:
         await asyncio.wait(tasks)
     for task in tasks:  # retrieved, so asyncio does not log them as lost
         if not task.cancelled():
             task.exception()
-    for admission in admissions:
-        if admission.receiving is not None and admission.receiving.cancelled():
-            admission.receiving = None  # resumed by a new receive: no frame was lost
+    for handshake in handshakes:
+        if handshake.receiving is not None and handshake.receiving.cancelled():
+            handshake.receiving = None  # resumed by a new receive: no frame was lost
     if accepting is None or accepting.cancelled() or accepting.exception() is not None:
         return []
-    return [_Admission(accepting.result(), deadline)]
+    return [_Handshake(accepting.result(), deadline)]
 
 
-_paused: weakref.WeakKeyDictionary[Endpoint, list[_Admission]] = weakref.WeakKeyDictionary()
+def _reap(task: asyncio.Future[Any]) -> None:
+    """Retrieve ``task``'s error, so asyncio does not log it as lost."""
+    if not task.cancelled():
+        task.exception()
 
 
-def _take_paused(endpoint: Endpoint) -> list[_Admission]:
+_paused: weakref.WeakKeyDictionary[Endpoint, list[_Handshake]] = weakref.WeakKeyDictionary()
+
+
+def _take_paused(endpoint: Endpoint) -> list[_Handshake]:
     try:
         return _paused.pop(endpoint, [])
     except TypeError:  # not weakly referenceable: nothing was kept for it
         return []
 
 
-def _keep_paused(endpoint: Endpoint, admissions: list[_Admission]) -> list[_Admission]:
-    """Keep ``admissions`` for the next `accept_peer` on ``endpoint``; those it cannot
+def _keep_paused(endpoint: Endpoint, handshakes: list[_Handshake]) -> list[_Handshake]:
+    """Keep ``handshakes`` for the next `accept_peer` on ``endpoint``; those it cannot
     keep (the endpoint is not weakly referenceable)."""
-    if not admissions:
+    if not handshakes:
         return []
     try:
-        _paused.setdefault(endpoint, []).extend(admissions)
+        _paused.setdefault(endpoint, []).extend(handshakes)
     except TypeError:
-        return admissions
+        return handshakes
     return []

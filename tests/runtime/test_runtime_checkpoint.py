@@ -19,7 +19,7 @@ from fleet import Fleet
 from aiopipe import RunConfig, SystemClock
 from aiopipe.errors import TrainingError
 from aiopipe.metrics.results import RunResult
-from aiopipe.runtime import checkpointing as checkpointing_module
+from aiopipe.runtime import checkpoint as checkpoint_module
 from aiopipe.runtime.checkpoint import load_checkpoint, save_checkpoint
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.systems import Star
@@ -67,7 +67,7 @@ async def test_the_round_does_not_wait_for_the_write(
         assert release.wait(30), "the test never released the write"
         return save_checkpoint(directory, tensors, meta)
 
-    monkeypatch.setattr(checkpointing_module, "save_checkpoint", slow_save)
+    monkeypatch.setattr(checkpoint_module, "save_checkpoint", slow_save)
     node = real_node(tmp_path)
     # the weights change after the copy was taken: the checkpoint holds the copy
     before = {k: v.clone() for k, v in node.model.state_dict().items()}
@@ -95,7 +95,7 @@ async def test_the_tally_is_saved_as_it_was_at_the_round_end(
         assert release.wait(30), "the test never released the write"
         return save_checkpoint(directory, tensors, meta)
 
-    monkeypatch.setattr(checkpointing_module, "save_checkpoint", slow_save)
+    monkeypatch.setattr(checkpoint_module, "save_checkpoint", slow_save)
     node = real_node(tmp_path)
     node._tally = {"epoch": 0, "next_round": 1, "device_samples": [20, 20], "loss_sum": 1.0,
                    "correct": 3, "lost": [], "elapsed_before": 0.0}
@@ -125,7 +125,7 @@ async def test_one_write_in_flight_and_a_failed_write_raises(
         finally:
             running.release()
 
-    monkeypatch.setattr(checkpointing_module, "save_checkpoint", failing_save)
+    monkeypatch.setattr(checkpoint_module, "save_checkpoint", failing_save)
     node = real_node(tmp_path)
     await save(node, 0, 1)
     with pytest.raises(OSError, match="disk full"):

@@ -52,8 +52,10 @@ def _labels(values: list[int] | None = None) -> TensorData:
 
 def _activation(epoch: int, iteration: int, micro_batch: int, tensor: TensorData,
                 labels: TensorData) -> Activation:
-    """Device 1's activation (`misbehave` sets the run's id)."""
-    return Activation(0, 0, epoch, iteration, micro_batch, 0, "device1", "server", tensor, labels)
+    """Device 1's activation (`misbehave` sets the run's id) made by the weights of the
+    iteration's version (round 0 starts at version 0)."""
+    return Activation(0, 0, epoch, iteration, micro_batch, iteration, "device1", "server",
+                      tensor, labels)
 
 
 BAD = {
@@ -78,8 +80,26 @@ BAD = {
 @pytest.mark.parametrize("case", sorted(BAD))
 async def test_a_bad_activation_is_refused_with_its_reason(case: str) -> None:
     message, reason = BAD[case]
+    await _refused_and_the_run_goes_on(CONFIG, [message], reason)
+
+
+async def test_a_device_far_ahead_of_the_servers_stage_is_refused() -> None:
+    """Valid activations, all at once: more than two iterations' worth would be memory
+    the server holds for a device that does not wait for its gradients."""
+    config = CONFIG.replace(samples_per_device=60)  # 3 iterations x 2 micro-batches
+    flood = [_activation(0, i, m, _tensor(SHAPE), _labels()) for i in range(3)
+             for m in range(2)]
+    await _refused_and_the_run_goes_on(config, flood, "more than two iterations' "
+                                       "activations ahead of the server's stage")
+
+
+async def _refused_and_the_run_goes_on(config: RunConfig, messages: list[Activation],
+                                       reason: str) -> None:
+    """Device 1 sends ``messages`` after its first RoundStart: it gets one ErrorMessage
+    with ``reason`` and a closed link; device 0 trains its whole epoch."""
+    samples = config.samples_per_device
     clock = VirtualClock()
-    node = Coordinator(CONFIG, clock=clock, cost_table=COSTS)
+    node = Coordinator(config, clock=clock, cost_table=COSTS)
     unshaped = LinkSpec(None)
     good_device, good_server = open_memory_link_pair(clock, a_to_b=unshaped, b_to_a=unshaped)
     bad_device, bad_server = open_memory_link_pair(clock, a_to_b=unshaped, b_to_a=unshaped)
@@ -92,7 +112,7 @@ async def test_a_bad_activation_is_refused_with_its_reason(case: str) -> None:
     async def good() -> None:
         summary = await run_device(good_device, 0, clock=clock, cost_table=COSTS,
                                    clock_offset=0.0)
-        assert summary.samples == 40
+        assert summary.samples == samples
         assert summary.reason == "training finished"
 
     async def misbehave() -> None:
@@ -100,10 +120,13 @@ async def test_a_bad_activation_is_refused_with_its_reason(case: str) -> None:
         plan = decode(await bad_device.receive())
         assert isinstance(plan, Plan)
         assert isinstance(decode(await bad_device.receive()), RoundStart)
-        await bad_device.send(encode(dataclasses.replace(message, run_id=plan.run_id)))
-        answers.append(decode(await bad_device.receive()))
-        with pytest.raises(LinkBrokenError):
-            await bad_device.receive()
+        for message in messages:
+            await bad_device.send(encode(dataclasses.replace(message, run_id=plan.run_id)))
+        with contextlib.suppress(LinkBrokenError):
+            while True:  # gradients for what was accepted, then the refusal
+                answer = decode(await bad_device.receive())
+                if isinstance(answer, ErrorMessage):
+                    answers.append(answer)
 
     async with asyncio.TaskGroup() as tasks:
         tasks.create_task(serve(good_server))
@@ -112,8 +135,8 @@ async def test_a_bad_activation_is_refused_with_its_reason(case: str) -> None:
         tasks.create_task(misbehave())
         result = await node.train()
     assert result.final.devices_lost == (1,)
-    assert result.final.device_samples == (40, 0)
-    assert result.final.samples == 40
+    assert result.final.device_samples == (samples, 0)
+    assert result.final.samples == samples
     for value in result.model.state_dict().values():
         assert torch.isfinite(value).all()
     (answer,) = answers

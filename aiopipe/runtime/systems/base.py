@@ -15,7 +15,7 @@ from aiopipe.config import RunConfig
 from aiopipe.metrics.trace import Slice
 from aiopipe.protocol import Hello, RoundResult, RoundStart
 from aiopipe.runtime.compute import Compute
-from aiopipe.runtime.session import ServerStage
+from aiopipe.runtime.stage import ServerStage
 from aiopipe.scheduler.costs import CostTable
 
 __all__ = ["Rounds", "Setup", "System"]

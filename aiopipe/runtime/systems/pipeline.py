@@ -25,7 +25,6 @@ resume from a checkpoint: none is written.
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -52,8 +51,15 @@ from aiopipe.runtime.plan import (
 )
 from aiopipe.runtime.systems.base import Rounds, Setup
 from aiopipe.runtime.tasks import first_error
-from aiopipe.scheduler.partition import balanced_partition, stage_bounds
-from aiopipe.scheduler.schedule import Schedule, gpipe, one_f_one_b, with_transfers
+from aiopipe.scheduler.partition import balanced_partition
+from aiopipe.scheduler.placement import chain
+from aiopipe.scheduler.schedule import (
+    Schedule,
+    check_schedule,
+    gpipe,
+    one_f_one_b,
+    with_transfers,
+)
 
 __all__ = ["Pipeline"]
 
@@ -88,13 +94,16 @@ class Pipeline:
                 [config.device_slowdown_of(p) for p in range(self.stages)]))
             config = config.replace(partition=cuts)
         assert isinstance(cuts, tuple)
-        if len(cuts) != self.stages - 1 or any(
-                b <= a for a, b in itertools.pairwise((0, *cuts, self.units))):
-            raise ConfigError(f"config key 'partition': got {list(cuts)}, expected "
-                              f"{self.stages - 1} increasing cut points in 1..{self.units - 1}"
-                              f" (one fewer than the {self.stages} stages)")
+        try:
+            self.placement = chain(cuts, self.units,
+                                   [f"device{p}" for p in range(self.stages)])
+        except ConfigError as exc:
+            raise ConfigError(f"config key 'partition': {exc} for a model of {self.units} "
+                              "units") from None
         self.config = config
-        self.bounds = stage_bounds(cuts, self.units)
+        self.pipeline = self.placement.pipelines[0]
+        #: (first, stop) units of each stage
+        self.bounds = [(s.first_unit, s.stop_unit) for s in self.pipeline.stages]
         samples = setup.samples[0]
         self.iterations_per_epoch = samples // (self.micro_batch_size * n)
         if self.iterations_per_epoch < 1:
@@ -107,6 +116,7 @@ class Pipeline:
         self.schedule: Schedule = with_transfers(
             one_f_one_b(self.stages, n) if config.schedule == "1f1b"
             else gpipe(self.stages, n))
+        check_schedule(self.schedule)
         self._secret = setup.run_secret
 
     # -- what devices are told -----------------------------------------------------------
@@ -129,14 +139,12 @@ class Pipeline:
                     "--listen HOST:PORT)")
         return ""
 
-    def _neighbours(self, device_id: int) -> list[int]:
-        return [p for p in (device_id - 1, device_id + 1) if 0 <= p < self.stages]
-
     def peer_keys(self, device_id: int) -> dict[str, str]:
-        """The keys of device ``device_id``'s pairs with its neighbouring stages."""
+        """The keys of device ``device_id``'s pairs with the members of its neighbouring
+        stages."""
         me = f"device{device_id}"
-        return {f"device{p}": pair_key(self._secret, me, f"device{p}").hex()
-                for p in self._neighbours(device_id)}
+        return {node: pair_key(self._secret, me, node).hex()
+                for _, node in self.pipeline.neighbours(me)}
 
     def frame_limit(self) -> int:
         """The whole model's state (a stage's share is less), a round report's slices
@@ -153,8 +161,9 @@ class Pipeline:
                     iterations: int, state: Mapping[str, Any]) -> RoundStart:
         """Stage p's `RoundStart`: its units' weights, actions and neighbours."""
         a, b = self.bounds[p]
-        peers = {f"device{q}": {"stage": q, "address": rounds.address_of(q)}
-                 for q in self._neighbours(p)}
+        # stage q runs on device q (a chain)
+        peers = {node: {"stage": q, "address": rounds.address_of(q)}
+                 for q, node in self.pipeline.neighbours(f"device{p}")}
         return RoundStart(round_no, epoch, first, iterations, state, p, self.stages, a, b,
                           self.parallel_batches, self.micro_batch_size,
                           epoch * self.iterations_per_epoch + first,
@@ -177,21 +186,29 @@ class Pipeline:
         states = await rounds.compute.call(self._stage_states)
         rounds.copy_checkpoint()
         try:
-            async with asyncio.TaskGroup() as tasks:
-                played = {p: tasks.create_task(rounds.play(
-                    p, self.round_start(rounds, p, round_no, epoch, first, work[p], states[p]),
-                    None)) for p in range(self.stages)}
+            async with asyncio.TaskGroup() as tasks:  # the first stage lost ends them all
+                played = {p: tasks.create_task(self._play(
+                    rounds, p, self.round_start(rounds, p, round_no, epoch, first, work[p],
+                                                states[p]))) for p in range(self.stages)}
         except BaseExceptionGroup as group:
             raise first_error(group) from None
-        done = {p: res for p, t in played.items() if (res := t.result()) is not None}
-        lost = sorted(set(range(self.stages)) - set(done))
-        if lost:
-            raise TrainingError(f"device {lost[0]} (stage {lost[0]}) was lost in round "
-                                f"{round_no}: a synchronous pipeline cannot go on without a "
-                                "stage")
+        done = {p: task.result() for p, task in played.items()}
         await rounds.compute.run("agg", partial(self._merge, done),
                                  cost=0.0 if rounds.cost_table else None, epoch=epoch)
         return done
+
+    @staticmethod
+    async def _play(rounds: Rounds, p: int, start: RoundStart) -> RoundResult:
+        """Stage p's part of the round.
+
+        Raises:
+            TrainingError: its device was lost.
+        """
+        result = await rounds.play(p, start, None)
+        if result is None:
+            raise TrainingError(f"device {p} (stage {p}) was lost in round {start.round}: a "
+                                "synchronous pipeline cannot go on without a stage")
+        return result
 
     def _stage_states(self) -> list[dict[str, Any]]:
         stages = models.partition(self.model, [b for _, b in self.bounds[:-1]])

@@ -61,13 +61,13 @@ from aiopipe.runtime.plan import (
     with_plans,
 )
 from aiopipe.runtime.replan import Replan, live_profiles, make_optimizer, reselect
-from aiopipe.runtime.session import ServerStage
-from aiopipe.runtime.stage import StageWork
+from aiopipe.runtime.stage import ServerStage, StageWork
 from aiopipe.runtime.systems.base import Rounds, Setup
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.actions import Action
 from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
-from aiopipe.scheduler.schedule import gpipe, pipar, with_transfers
+from aiopipe.scheduler.placement import star
+from aiopipe.scheduler.schedule import check_schedule, pipar, with_transfers
 
 __all__ = ["Star"]
 
@@ -105,6 +105,7 @@ class Star:
         self.planned_keys: tuple[str, ...] = (
             ("split_point", "parallel_batches") if self.auto_config else ())
         self.plans = device_plans(config, self.units, self.samples)
+        self.placement = star([p.split_point for p in self.plans], self.units)
         check_trainable(self.model, self.in_shape, self.plans, config)
         self.activation_shapes = unit_output_shapes(self.model, self.in_shape)
         self.replicas: dict[int, tuple[nn.Sequential, torch.optim.Optimizer]] = {}
@@ -153,10 +154,11 @@ class Star:
         found = self._schedules.get(key)
         if found is None:
             if plan.split_point == self.units:  # fl: the whole model on the device
-                device = with_transfers(gpipe(1, 1)).actions[0]
+                device: tuple[Action, ...] = (Action(0, "FB", 0), Action(0, "STEP"))
                 server: tuple[Action, ...] = ()
             else:
                 schedule = with_transfers(pipar(plan.parallel_batches))
+                check_schedule(schedule)
                 device, server = schedule.actions
             found = self._schedules[key] = (" ".join(map(str, device)), server)
         return found
@@ -165,19 +167,20 @@ class Star:
                     iterations: int, state: Mapping[str, Any]) -> RoundStart:
         """Device ``device_id``'s `RoundStart` with its stage's weights ``state``."""
         plan = self.plans[device_id]
-        p = plan.split_point
-        return RoundStart(round_no, epoch, first, iterations, state, 0,
-                          1 if p == self.units else 2, 0, p, plan.parallel_batches,
+        stages = self.placement.pipelines[device_id].stages
+        return RoundStart(round_no, epoch, first, iterations, state, 0, len(stages),
+                          stages[0].first_unit, stages[0].stop_unit, plan.parallel_batches,
                           plan.micro_batch_size, self._version(plan, epoch, first),
                           self._actions(plan)[0])
 
     def server_stage(self, device_id: int, start: RoundStart) -> ServerStage | None:
         """The stage the coordinator runs for ``device_id`` this round (None in fl)."""
         plan = self.plans[device_id]
-        if device_id not in self.replicas:
+        stages = self.placement.pipelines[device_id].stages
+        if len(stages) == 1:  # fl: the device runs the whole model
             return None
         replica, optimizer = self.replicas[device_id]
-        p = plan.split_point
+        p = stages[1].first_unit
         work = StageWork(replica, optimizer, first=False, last=True,
                          parallel_batches=plan.parallel_batches, num_classes=self.num_classes)
         assignment = Assignment(
@@ -332,6 +335,7 @@ class Star:
             if k in self.replicas:
                 self.replicas[k] = self._replica(p, self.replicas[k])
         self.config = with_plans(self.config, chosen)
+        self.placement = star([p.split_point for p in self.plans], self.units)
 
     # -- checkpoints ---------------------------------------------------------------------
 

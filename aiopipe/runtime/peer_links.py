@@ -11,10 +11,12 @@ A link, once up, stays up for the run. On it run the same loops as on the link t
 coordinator: a send loop, a receive loop that hands activations and gradients to the
 device (which checks them against its round: `check_data_message`), heartbeats and a
 silence watchdog (`Liveness`). A peer that breaks the contract gets an `ErrorMessage` and
-a closed link; a link that fails, either way, fails the round in progress (``failed``),
-never the device's other tasks: a synchronous pipeline cannot go on without a stage, and
-the coordinator ends the run (FTPipeHD's recovery is a later system). When the run ends
-each device says `Bye` to its peers before it closes their links.
+a closed link. A link that fails or ends (a peer's `Bye`) fails the round in progress
+(``failed``; the device's round task then raises, and its run ends): a synchronous
+pipeline cannot go on without a stage (FTPipeHD's recovery is a later system). When its
+run ends, or fails, each device says `Bye` to its peers before it closes their links, so
+a lost stage ends the whole pipeline, one neighbour after the next, instead of leaving
+the others waiting for gradients that cannot come.
 """
 
 from __future__ import annotations
@@ -27,7 +29,13 @@ from typing import Any
 
 from aiopipe.clock import Clock, wait_for
 from aiopipe.config import RunConfig
-from aiopipe.errors import AiopipeError, ProtocolError, RemoteProtocolError, TrainingError
+from aiopipe.errors import (
+    AiopipeError,
+    LinkBrokenError,
+    ProtocolError,
+    RemoteProtocolError,
+    TrainingError,
+)
 from aiopipe.metrics.trace import Recorder
 from aiopipe.protocol import Activation, Bye, ErrorMessage, Gradient, Heartbeat
 from aiopipe.runtime.liveness import Liveness
@@ -79,8 +87,10 @@ class PeerLinks:
         self.failed = failed
         self.keys: dict[str, bytes] = {}
         self.rekey(keys)
-        #: decoding limit for what peers send (None: the link's own)
+        #: decoding limit for what peers send (None: the link's own; see `limit`)
         self.max_frame_bytes: int | None = None
+        #: what the peers are told when the links close
+        self.goodbye = "the run is over"
         self._routes: dict[str, PeerRoute] = {}
         self._linked = asyncio.Event()  # set whenever a link comes up
         self._stack = contextlib.AsyncExitStack()
@@ -158,7 +168,9 @@ class PeerLinks:
         return route
 
     async def _serve(self, name: str, peer: Peer) -> None:
-        """Run one peer link's loops until it ends; a failure fails the round, not us."""
+        """Run one peer link's loops until it ends; however it ends (a failure, or the
+        peer's goodbye), the round in progress cannot finish: ``failed`` is told, and
+        the link is forgotten."""
         config = self.config
         liveness = Liveness(self.clock, interval=config.heartbeat_interval,
                             timeout=config.device_timeout)
@@ -169,7 +181,7 @@ class PeerLinks:
                     others = [tasks.create_task(liveness.beat(peer)),
                               tasks.create_task(liveness.watch(peer, name))]
                     try:
-                        await self._receive_loop(name, peer, liveness)
+                        reason = await self._receive_loop(name, peer, liveness)
                     finally:
                         for task in others:
                             task.cancel()
@@ -177,22 +189,43 @@ class PeerLinks:
             except BaseExceptionGroup as group:
                 raise liveness.gave_up or first_error(group) from None
         except ProtocolError as exc:
-            log.warning("%s: %s broke the protocol: %s", self.me, name, exc)
-            with contextlib.suppress(AiopipeError):
-                await peer.send(ErrorMessage("protocol", str(exc)))
-            await peer.link.aclose(str(exc)[:100])
+            await self.reject(name, exc)
             self.failed(name, exc)
         except AiopipeError as exc:
             self.failed(name, exc)
+        else:
+            self.failed(name, LinkBrokenError(f"{name} left: {reason}"))
+        finally:
+            if self._routes.get(name) is not None and self._routes[name].peer is peer:
+                del self._routes[name]
 
-    async def _receive_loop(self, name: str, peer: Peer, liveness: Liveness) -> None:
+    async def reject(self, name: str, error: Exception) -> None:
+        """``name`` broke the protocol: tell it why and close its link (which ends the
+        link's loops, and so the round)."""
+        route = self._routes.get(name)
+        if route is None:
+            return
+        log.warning("%s: %s broke the protocol: %s", self.me, name, error)
+        with contextlib.suppress(AiopipeError):
+            await route.peer.send(ErrorMessage("protocol", str(error)))
+        await route.peer.link.aclose(str(error)[:100])
+
+    def limit(self, max_frame_bytes: int) -> None:
+        """Refuse frames above ``max_frame_bytes`` from peers from now on (the round's
+        activations and gradients)."""
+        self.max_frame_bytes = max_frame_bytes
+        for route in self._routes.values():
+            route.peer.max_frame_bytes = max_frame_bytes
+
+    async def _receive_loop(self, name: str, peer: Peer, liveness: Liveness) -> str:
+        """Route the peer's messages until it says goodbye; its reason."""
         while True:
             message = await peer.receive()
             liveness.heard()
             if isinstance(message, Activation | Gradient):
                 self.deliver(name, message)
             elif isinstance(message, Bye):
-                return
+                return message.reason
             elif isinstance(message, ErrorMessage):
                 raise TrainingError(f"{name} refused us: {message.message}")
             elif not isinstance(message, Heartbeat):
@@ -200,9 +233,9 @@ class PeerLinks:
                                           "exchange activations and gradients only")
 
     async def _close(self) -> None:
-        for route in self._routes.values():
+        for route in list(self._routes.values()):
             with contextlib.suppress(AiopipeError):
-                await route.peer.send(Bye("the run is over"))
+                await route.peer.send(Bye(self.goodbye))
         await self._stack.aclose()
 
 
