@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         if not config.out_dir:
             config = config.replace(out_dir=os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")))
         print(f"aiopipe: {config.mode} | {config.model} on {config.dataset} | "
-              f"{config.devices} devices x {config.samples_per_device} samples | "
+              f"{config.devices} devices x {_samples(config.samples_per_device)} samples | "
               f"{config.epochs} epochs | network {config.network}", flush=True)
         secret = generate_secret().encode()  # this run's; each device gets its own token
         async with Server(config, host="127.0.0.1", port=args.port, token_secret=secret,
@@ -80,6 +80,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         return 0
 
     run_command(parser.prog, run)
+
+
+def _samples(value: int | tuple[int, ...]) -> str:
+    return str(value) if isinstance(value, int) else "/".join(map(str, value))
 
 
 def _device_env(token: str) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """The public entry points: `simulate`, and `Server` / `Device` for embedding a node.
 
 - ``await simulate(config, clock=...)`` runs the server and every device in the current
-  event loop over memory links shaped like ``config.network`` (DESIGN §5);
+  event loop over memory links shaped like each device's ``config.network`` (DESIGN §5);
 - ``async with Server(config, host=..., port=...) as server: await server.run()`` serves
   devices over websockets (or mount it on your own aiohttp app with `Server.add_routes`);
 - ``async with Device(url, device_id) as device: await device.run()`` is one device.
@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl as ssl_module
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from aiohttp import web
 from torch import nn
@@ -22,15 +23,17 @@ from torch import nn
 from aiopipe.auth import check_secret
 from aiopipe.clock import Clock, SystemClock, VirtualClock
 from aiopipe.config import RunConfig
+from aiopipe.data import Dataset, as_dataset
 from aiopipe.errors import ConfigError
 from aiopipe.metrics.results import EpochMetrics, RunResult, write_results
+from aiopipe.runtime.compute import resolve_torch_device
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.device import Connector, DeviceSummary, run_device
 from aiopipe.runtime.http import add_routes
 from aiopipe.runtime.plan import build_model, measure_planning_costs, train_dataset
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable
-from aiopipe.transport import Link, network_spec, open_memory_link_pair, open_websocket_link
+from aiopipe.transport import Link, open_memory_link_pair, open_websocket_link
 from aiopipe.transport.fabric import Endpoint, MemoryFabric, open_websocket_endpoint
 
 __all__ = ["Device", "Server", "simulate"]
@@ -40,36 +43,48 @@ Progress = Callable[[EpochMetrics], None]
 
 async def simulate(config: RunConfig, *, clock: Clock | None = None,
                    cost_table: CostTable | None = None,
-                   progress: Progress | None = None) -> RunResult:
+                   progress: Progress | None = None,
+                   datasets: Sequence[Any] | None = None) -> RunResult:
     """Run server and devices in this event loop over memory links; the run's result.
 
     With a `VirtualClock`, compute is charged from ``cost_table`` (measured once at
     start for the plan's batch sizes when not given) and transfers from the network's
     bandwidth and latency: timing is deterministic. Devices that link to each other (a
     pipeline) do so over a memory fabric whose every directed link is shaped like the
-    network's uplink. Writes the results directory when ``config.out_dir`` is set.
+    network's uplink. ``datasets``: each device's own training data (as
+    `Device`'s ``dataset``); by default each trains on its shard of ``config.dataset``.
+    Writes the results directory when ``config.out_dir`` is set.
 
     Raises:
-        ConfigError: the config cannot run.
+        ConfigError: the config cannot run, or ``datasets`` is not one dataset per
+            device.
         TrainingError: training failed.
     """
     clock = clock or SystemClock()
+    own = [None] * config.devices if datasets is None else [as_dataset(d) for d in datasets]
+    if len(own) != config.devices:
+        raise ConfigError(f"datasets: expected {config.devices} (one per device), got "
+                          f"{len(own)}")
     if isinstance(clock, VirtualClock) and cost_table is None:
-        cost_table = await asyncio.to_thread(_measure, config)
+        cost_table = await asyncio.to_thread(_measure, config, own[0])
     node = Coordinator(config, clock=clock, cost_table=cost_table, progress=progress)
-    config = node.config  # "auto" resolved
-    network = network_spec(config.network)
     custom = None if isinstance(config.model, str) else config.model
-    fabric = MemoryFabric(clock, default=network.up) if config.mode == "pipeline" else None
+    networks = [config.device_network(k) for k in range(config.devices)]
+    fabric = None
+    if config.mode == "pipeline":  # what device a sends device b goes at a's uplink
+        fabric = MemoryFabric(clock, links={
+            (f"device{a}", f"device{b}"): networks[a].up
+            for a in range(config.devices) for b in range(config.devices) if a != b})
     try:
         async with asyncio.TaskGroup() as tasks:
             for k in range(config.devices):
                 device_end, server_end = open_memory_link_pair(
-                    clock, a_to_b=network.up, b_to_a=network.down,
+                    clock, a_to_b=networks[k].up, b_to_a=networks[k].down,
                     max_frame_bytes=node.max_frame_bytes)
                 endpoint = fabric.endpoint(f"device{k}") if fabric is not None else None
                 tasks.create_task(node.serve_link(server_end))
-                tasks.create_task(_device(device_end, k, clock, cost_table, custom, endpoint))
+                tasks.create_task(_device(device_end, k, clock, cost_table, custom, endpoint,
+                                          own[k]))
             result = await node.train()
     except BaseExceptionGroup as group:
         raise first_error(group) from None
@@ -78,18 +93,22 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
     return _finish(result)
 
 
-def _measure(config: RunConfig) -> CostTable:
-    """A cost table for every batch size the run (or its planner) may use."""
-    dataset = train_dataset(config)
+def _measure(config: RunConfig, dataset: Dataset | None) -> CostTable:
+    """A cost table for every batch size the run (or its planner) may use, loading
+    micro-batches of ``dataset`` (default: the emulated fleet's training set)."""
+    if dataset is None:
+        dataset = train_dataset(config)
     model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
-    return measure_planning_costs(config, model, dataset)
+    return measure_planning_costs(config, model, dataset.in_shape, dataset)
 
 
 async def _device(link: Link, k: int, clock: Clock, costs: CostTable | None,
-                  model: nn.Sequential | None, endpoint: Endpoint | None) -> None:
+                  model: nn.Sequential | None, endpoint: Endpoint | None,
+                  dataset: Dataset | None) -> None:
     try:
+        # a simulated device shares this machine and its cost table: it profiles nothing
         await run_device(link, k, clock=clock, cost_table=costs, clock_offset=0.0, model=model,
-                         endpoint=endpoint)
+                         endpoint=endpoint, dataset=dataset, profile=False)
     finally:
         await link.aclose()
         if endpoint is not None:
@@ -121,6 +140,9 @@ class Server:
         progress: called with each finished epoch's metrics.
         resume: continue from the checkpoint in ``<config.out_dir>/checkpoint`` (written
             after every round whenever ``config.out_dir`` is set).
+        torch_device: where the server's stages compute (PiPar's server halves): "auto"
+            (a CUDA GPU when torch sees one, else the CPU), "cpu", "cuda" or "cuda:N";
+            tensors on the wire stay CPU bytes.
 
     Raises:
         ConfigError: the config cannot run, the secret is shorter than 16 bytes,
@@ -130,7 +152,8 @@ class Server:
     def __init__(self, config: RunConfig, *, host: str | None = "127.0.0.1", port: int = 0,
                  token_secret: bytes | None = None, ssl: ssl_module.SSLContext | None = None,
                  clock: Clock | None = None, join_timeout: float = 300.0,
-                 progress: Progress | None = None, resume: bool = False) -> None:
+                 progress: Progress | None = None, resume: bool = False,
+                 torch_device: str = "auto") -> None:
         secret = check_secret(token_secret) if token_secret is not None else None
         if ssl is not None and not isinstance(ssl, ssl_module.SSLContext):
             raise ConfigError(f"ssl must be an ssl.SSLContext, got {type(ssl).__name__}")
@@ -140,7 +163,8 @@ class Server:
         checkpoints = Path(config.out_dir) / "checkpoint" if config.out_dir else None
         self.node = Coordinator(config, clock=clock or SystemClock(),
                                 join_timeout=join_timeout, progress=progress,
-                                checkpoint_dir=checkpoints, resume=resume)
+                                checkpoint_dir=checkpoints, resume=resume,
+                                torch_device=torch_device)
         self._host, self._port, self._secret, self._ssl = host, port, secret, ssl
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -148,8 +172,7 @@ class Server:
     def add_routes(self, app: web.Application, *, prefix: str = "") -> None:
         """Mount ``{prefix}/ws``, ``{prefix}/status`` and ``{prefix}/metrics`` on ``app``."""
         add_routes(app, self.node, token_secret=self._secret, prefix=prefix,
-                   downlink=network_spec(self.node.config.network).down
-                   if self.node.config.shape_links else None)
+                   shape_downlinks=self.node.config.shape_links)
 
     async def __aenter__(self) -> Server:
         if self._host is not None:
@@ -197,20 +220,26 @@ class Device:
             certificate authorities.
         clock: defaults to the system clock.
         model: the user's own model when the server runs a custom one.
+        dataset: this device's own training data: an `aiopipe.data.Dataset` or any
+            map-style torch dataset of ``(input tensor, integer label)``; None: its
+            shard of the run's ``dataset`` (an emulated fleet).
         listen: ``(host, port)`` where this device accepts its peer devices' links (runs
             that link devices directly: ``mode = "pipeline"``); port 0 picks a free one.
             None: it takes no peer links.
         advertise: the address peers dial (default: the endpoint's own,
             ``ws://host:port/peer``; give one when ``host`` is 0.0.0.0 or behind NAT).
+        torch_device: where this device's stage computes, as `Server`'s.
 
     Raises:
-        ConfigError: the URL is not ws:// or wss://, or ``ssl`` is given for ws://.
+        ConfigError: the URL is not ws:// or wss://, ``ssl`` is given for ws://, or
+            ``dataset`` is not a usable dataset (`aiopipe.data.as_dataset` says why).
     """
 
     def __init__(self, server: str, device_id: int, *, token: str | None = None,
                  ssl: ssl_module.SSLContext | None = None, clock: Clock | None = None,
                  model: nn.Sequential | None = None, max_frame_bytes: int = 1 << 30,
-                 listen: tuple[str, int] | None = None, advertise: str | None = None) -> None:
+                 listen: tuple[str, int] | None = None, advertise: str | None = None,
+                 dataset: Any = None, torch_device: str = "auto") -> None:
         if not server.startswith(("ws://", "wss://")):
             raise ConfigError(f"server URL must start with ws:// or wss://, got {server!r}")
         if ssl is not None and not server.startswith("wss://"):
@@ -221,6 +250,9 @@ class Device:
         self.ssl = ssl
         self.clock = clock or SystemClock()
         self.model = model
+        self.dataset = None if dataset is None else as_dataset(dataset)
+        resolve_torch_device(torch_device)  # refuse a device this machine lacks now
+        self.torch_device = torch_device
         self.max_frame_bytes = max_frame_bytes
         self.listen, self.advertise = listen, advertise
         self.endpoint: Endpoint | None = None
@@ -270,6 +302,7 @@ class Device:
             raise ConfigError("use `async with Device(...) as device:` before run()")
         return await run_device(self._connector(self._link), self.device_id, clock=self.clock,
                                 model=self.model, max_frame_bytes=self.max_frame_bytes,
-                                shape_uplink=True, endpoint=self.endpoint)
+                                shape_uplink=True, endpoint=self.endpoint,
+                                dataset=self.dataset, torch_device=self.torch_device)
 
 

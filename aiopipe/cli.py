@@ -60,10 +60,23 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run = parser.add_argument_group("run options (override the config file)")
     run.add_argument("--config", type=Path, help="TOML file with run keys (see README)")
     run.add_argument("--mode", choices=MODES, help="training mode (default pipar)")
-    run.add_argument("--model", help="model name, e.g. vgg5 (default vgg5)")
-    run.add_argument("--dataset", help="dataset, e.g. synthetic-cifar10 or cifar10:DIR")
+    run.add_argument("--model", help="model name (vgg5, resnet18, mobilenetv3-small, vgg16, "
+                                     "resnet101, mobilenetv3-large) or module:function, a "
+                                     "factory of the nn.Sequential of split units "
+                                     "(default vgg5)")
+    run.add_argument("--loss", help="cross-entropy (default) or module:function, a factory "
+                                    "of loss(logits, labels)")
+    run.add_argument("--optimizer", help="sgd (default) or module:function, a factory "
+                                         "called with params, learning_rate, momentum")
+    run.add_argument("--dataset", help="the server's evaluation data and an emulated fleet's "
+                                       "data: synthetic-cifar10 (default), cifar10:DIR, "
+                                       "mnist:DIR... or module:function")
+    run.add_argument("--test-samples", type=int,
+                     help="size of the server's evaluation set (0: none; default 1000)")
     run.add_argument("--devices", type=int, help="number of devices K (default 2)")
-    run.add_argument("--samples-per-device", type=int, help="training samples per device")
+    run.add_argument("--samples-per-device", type=_int_list,
+                     help="an emulated fleet's training samples per device: an integer or a "
+                          "comma list per device (default 2000)")
     run.add_argument("--batch-size", type=int, help="samples per optimizer step B")
     run.add_argument("--epochs", type=int, help="epochs to train")
     run.add_argument("--split-point", type=_int_list,
@@ -83,6 +96,11 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--replan", dest="replan", action="store_true", default=None,
                      help='with "auto" plans, re-plan between rounds from live measurements '
                           "(experimental: off by default)")
+    run.add_argument("--no-device-profiles", dest="profile_devices", action="store_false",
+                     default=None,
+                     help='with "auto", plan from the server\'s own table times each '
+                          "device's --device-slowdown instead of the devices' own "
+                          "measurements")
     run.add_argument("--device-memory-mb", type=_float_list,
                      help='memory budget per device for "auto" plans, MB (0 = unlimited)')
     run.add_argument("--heartbeat-interval", type=float, help="seconds between heartbeats")
@@ -98,11 +116,12 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--out-dir", help="results directory")
 
 
-RUN_OPTION_KEYS = ("mode", "model", "dataset", "devices", "samples_per_device", "batch_size",
-                "epochs", "split_point", "parallel_batches", "network", "device_slowdown",
-                "aggregation_every", "learning_rate", "seed", "out_dir", "shape_links",
-                "device_timeout", "heartbeat_interval", "reconnect_grace", "replan",
-                "device_memory_mb", "partition", "schedule")
+RUN_OPTION_KEYS = ("mode", "model", "loss", "optimizer", "dataset", "test_samples", "devices",
+                   "samples_per_device", "batch_size", "epochs", "split_point",
+                   "parallel_batches", "network", "device_slowdown", "aggregation_every",
+                   "learning_rate", "seed", "out_dir", "shape_links", "device_timeout",
+                   "heartbeat_interval", "reconnect_grace", "replan", "device_memory_mb",
+                   "partition", "schedule", "profile_devices")
 
 
 def config_from_args(args: argparse.Namespace, **defaults: Any) -> RunConfig:

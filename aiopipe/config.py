@@ -15,13 +15,19 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from aiopipe.entrypoints import is_entry_point
 from aiopipe.errors import ConfigError
 
-__all__ = ["DATA_PARTITIONS", "MODES", "SCHEDULES", "RunConfig"]
+if TYPE_CHECKING:
+    from aiopipe.transport.network import NetworkSpec
+
+__all__ = ["DATA_PARTITIONS", "LOSSES", "MODES", "OPTIMIZERS", "SCHEDULES", "RunConfig"]
 
 MODES = ("fl", "sl", "sfl", "pipar", "pipeline")
+LOSSES = ("cross-entropy",)
+OPTIMIZERS = ("sgd",)
 DATA_PARTITIONS = ("iid", "dirichlet")
 SCHEDULES = ("1f1b", "gpipe")
 
@@ -64,12 +70,25 @@ class RunConfig:
             devices) or "pipeline" (a synchronous pipeline across the devices: device p
             runs stage p, device 0 holds the data, the last computes the loss; no
             server stage).
-        model: a model name of `aiopipe.models.MODEL_NAMES`, or the user's own
-            ``torch.nn.Sequential`` (in-process runs only; it cannot go in TOML).
-        dataset: a dataset name (``synthetic-cifar10``...) or ``mnist:DIR`` style path.
+        model: a model name of `aiopipe.models.MODEL_NAMES`, ``module:function`` (a
+            factory, called with ``num_classes`` and ``in_shape`` if it takes them, that
+            returns the ``nn.Sequential`` of split units; every node imports it), or
+            the user's own ``torch.nn.Sequential`` (in-process runs only; it cannot go
+            in TOML).
+        loss: "cross-entropy", or ``module:function``: a factory returning
+            ``loss(logits, labels)``, the mean loss of a micro-batch.
+        optimizer: "sgd" (with ``learning_rate`` and ``momentum``), or
+            ``module:function``: a factory called with ``params`` and, if it takes
+            them, ``learning_rate`` and ``momentum``, returning a torch optimizer.
+        dataset: a dataset name (``synthetic-cifar10``...) or ``mnist:DIR`` style path:
+            the server's evaluation set (its test split, ``test_samples`` of it), and
+            the data an emulated fleet (the launcher, `aiopipe.simulate`, a device
+            started without data of its own) shares out by ``data_partition``.
+            Devices with data of their own train on that instead.
         devices: number of devices K.
-        samples_per_device: training samples each device holds (in a pipeline: device
-            0, which holds the data).
+        samples_per_device: training samples each device of an emulated fleet holds
+            (one number, or one per device: unequal shares); devices with their own
+            data hold what they hold (in a pipeline: device 0, which holds the data).
         batch_size: samples per optimizer step, B (PiPar splits it into N micro-batches
             of floor(B/N)).
         epochs: passes over each device's data.
@@ -82,12 +101,14 @@ class RunConfig:
             before one forward, one backward) or "gpipe" (all forwards, then all
             backwards).
         network: a preset ("4g", "4g+", "wifi", "lan") or a table with ``up_mbps``,
-            ``down_mbps`` and optional ``latency_ms``.
+            ``down_mbps`` and optional ``latency_ms``; or a list of those, one per
+            device (each device's own links, PiPar Eqs. 9-10).
         device_slowdown: compute slowdown factor per device (>= 1), one value or a list.
         aggregation_every: FedAvg every this many iterations; 0 means once per epoch.
         learning_rate, momentum: plain SGD on every model half.
         data_partition, dirichlet_alpha: how training data is spread over devices.
-        test_samples: size of the server's held-out evaluation set.
+        test_samples: size of the server's held-out evaluation set (0: the server
+            holds no data at all and reports no test accuracy).
         seed: everything random derives from it.
         out_dir: where the results directory goes ("" = do not write one).
         torch_threads: torch intra-op threads per node.
@@ -115,6 +136,10 @@ class RunConfig:
         device_memory_mb: memory budget per device for the planner (one value or one
             per device; 0 = unlimited): the device half's weights, gradients, momentum
             and the activations of N in-flight micro-batches must fit.
+        profile_devices: with "auto" on real clocks, plan from what each device
+            measures of itself where it runs (its units' times, its links' rates:
+            aiopipe.runtime.profiling); false: from the server's own table times each
+            device's ``device_slowdown`` and the ``network`` as declared.
 
     Raises:
         ConfigError: a field has an invalid value (the message names the key).
@@ -122,14 +147,16 @@ class RunConfig:
 
     mode: str = "pipar"
     model: Any = "vgg5"
+    loss: str = "cross-entropy"
+    optimizer: str = "sgd"
     dataset: str = "synthetic-cifar10"
     devices: int = 2
-    samples_per_device: int = 2000
+    samples_per_device: int | tuple[int, ...] = 2000
     batch_size: int = 50
     epochs: int = 3
     split_point: PerDevice = 2
     parallel_batches: PerDevice = 4
-    network: str | Mapping[str, float] = "lan"
+    network: str | Mapping[str, float] | tuple[str | Mapping[str, float], ...] = "lan"
     device_slowdown: float | tuple[float, ...] = 1.0
     aggregation_every: int = 0
     learning_rate: float = 0.02
@@ -149,13 +176,15 @@ class RunConfig:
     replan: bool = False
     replan_threshold: float = 0.1
     device_memory_mb: float | tuple[float, ...] = 0.0
+    profile_devices: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise _fail("mode", self.mode, f"one of {', '.join(MODES)}")
         if isinstance(self.model, str):
-            if not self.model:
-                raise _fail("model", self.model, "a model name or a torch.nn.Sequential")
+            if not self.model or (":" in self.model and not is_entry_point(self.model)):
+                raise _fail("model", self.model, "a model name, module:function or a "
+                            "torch.nn.Sequential")
         else:
             import torch  # local: config stays importable without building models
 
@@ -163,10 +192,18 @@ class RunConfig:
                 raise _fail("model", self.model, "a model name or a torch.nn.Sequential")
         if not isinstance(self.dataset, str) or not self.dataset:
             raise _fail("dataset", self.dataset, "a dataset name")
-        for key in ("devices", "samples_per_device", "batch_size", "epochs", "test_samples",
-                    "torch_threads"):
+        for key, builtin in (("loss", LOSSES), ("optimizer", OPTIMIZERS)):
+            value = getattr(self, key)
+            if value not in builtin and not is_entry_point(value):
+                raise _fail(key, value, f"{' or '.join(map(repr, builtin))} or module:function")
+        for key in ("devices", "batch_size", "epochs", "torch_threads"):
             _positive_int(key, getattr(self, key))
+        tests = self.test_samples
+        if isinstance(tests, bool) or not isinstance(tests, int) or tests < 0:
+            raise _fail("test_samples", tests, "an integer >= 0 (0: no evaluation set)")
         set_ = object.__setattr__
+        set_(self, "samples_per_device", _per_device(
+            "samples_per_device", self.samples_per_device, self.devices, allow_auto=False))
         set_(self, "split_point", _per_device("split_point", self.split_point, self.devices,
                                               allow_auto=True))
         set_(self, "parallel_batches", _per_device("parallel_batches", self.parallel_batches,
@@ -175,19 +212,14 @@ class RunConfig:
         for n in batches if isinstance(batches, tuple) else (batches,):
             if isinstance(n, int) and n > self.batch_size:
                 raise _fail("parallel_batches", n, f"at most batch_size ({self.batch_size})")
-        if isinstance(self.network, Mapping):
-            set_(self, "network", dict(self.network))
-            if any(v is None for v in self.network.values()):
-                raise _fail("network", self.network,
-                            'numbers for up_mbps and down_mbps (for no shaping use "lan")')
-        elif not isinstance(self.network, str):
-            raise _fail("network", self.network, 'a preset name or {up_mbps=.., down_mbps=..}')
-        from aiopipe.transport.network import network_spec  # pure; local keeps layers apart
-
-        try:
-            network_spec(self.network)
-        except ConfigError as exc:
-            raise ConfigError(f"config key 'network': {exc}") from None
+        network = self.network
+        if isinstance(network, Sequence) and not isinstance(network, str):
+            if len(network) != self.devices:
+                raise _fail("network", list(network), f"one network, or {self.devices} "
+                            "(one per device)")
+            set_(self, "network", tuple(_network(v) for v in network))
+        else:
+            set_(self, "network", _network(network))
         slowdown = self.device_slowdown
         values = slowdown if isinstance(slowdown, Sequence) else (slowdown,)
         if isinstance(slowdown, Sequence) and len(values) != self.devices:
@@ -236,7 +268,7 @@ class RunConfig:
         ):
             raise _fail("reconnect_grace", grace, "a finite number of seconds > 0")
         set_(self, "reconnect_grace", float(grace))
-        for key in ("shape_links", "replan"):
+        for key in ("shape_links", "replan", "profile_devices"):
             if not isinstance(getattr(self, key), bool):
                 raise _fail(key, getattr(self, key), "true or false")
         threshold = self.replan_threshold
@@ -305,11 +337,22 @@ class RunConfig:
         """N for one device ("auto" until a planner resolves it)."""
         return _pick(self.parallel_batches, device_id)
 
+    def device_samples_of(self, device_id: int) -> int:
+        """Training samples device ``device_id`` holds in an emulated fleet."""
+        return int(_pick(self.samples_per_device, device_id))
+
     def device_memory_bytes_of(self, device_id: int) -> int | None:
         """One device's memory budget in bytes; None when unlimited."""
         budget = self.device_memory_mb
         mb = float(budget[device_id] if isinstance(budget, tuple) else budget)
         return int(mb * 2**20) if mb > 0 else None
+
+    def device_network(self, device_id: int) -> NetworkSpec:
+        """Device ``device_id``'s links (up: device to server, down: the reverse)."""
+        from aiopipe.transport.network import network_spec  # pure; local keeps layers apart
+
+        network = self.network
+        return network_spec(network[device_id] if isinstance(network, tuple) else network)
 
     def device_slowdown_of(self, device_id: int) -> float:
         """Compute slowdown factor of one device."""
@@ -382,6 +425,28 @@ class RunConfig:
         for key, value in self.to_mapping().items():
             lines.append(f"{key} = {_toml_value(value)}")
         return "\n".join(lines) + "\n"
+
+
+def _network(value: object) -> str | dict[str, Any]:
+    """One network: a preset name or a table of rates.
+
+    Raises:
+        ConfigError: neither, or a table with no rates (unshaped is "lan").
+    """
+    from aiopipe.transport.network import network_spec  # pure; local keeps layers apart
+
+    if isinstance(value, Mapping):
+        value = dict(value)
+        if any(v is None for v in value.values()):
+            raise _fail("network", value,
+                        'numbers for up_mbps and down_mbps (for no shaping use "lan")')
+    elif not isinstance(value, str):
+        raise _fail("network", value, 'a preset name or {up_mbps=.., down_mbps=..}')
+    try:
+        network_spec(value)
+    except ConfigError as exc:
+        raise ConfigError(f"config key 'network': {exc}") from None
+    return value
 
 
 def _pick(value: PerDevice, device_id: int) -> int | str:

@@ -1,8 +1,11 @@
-"""``python -m aiopipe.device``: one device; everything else comes from the server's plan."""
+"""``python -m aiopipe.device``: one device on its own data; the rest comes from the server's
+plan."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import os
 from collections.abc import Sequence
 from typing import NoReturn
@@ -10,7 +13,10 @@ from typing import NoReturn
 from aiopipe.api import Device
 from aiopipe.auth import client_ssl_context
 from aiopipe.cli import ArgumentParser, run_command
+from aiopipe.data import Dataset
 from aiopipe.errors import ConfigError
+
+log = logging.getLogger("aiopipe.device")
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
@@ -28,6 +34,22 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser.add_argument("--tls-ca", metavar="FILE",
                         help="verify a wss:// server against these PEM CA certificates "
                              "(default for wss://: the system's)")
+    parser.add_argument("--torch-device", default="auto", metavar="auto|cpu|cuda|cuda:N",
+                        help="where this node's stages compute (default auto: a CUDA GPU "
+                             "when torch sees one, else the CPU); wire tensors stay CPU bytes")
+    parser.add_argument("--data", metavar="SPEC",
+                        help="this device's training data: mnist:DIR, cifar10:DIR, "
+                             "cifar100:DIR (the standard files' training split), "
+                             "synthetic-cifar10 and the like (--samples of them, drawn "
+                             "with --seed), or module:function (returns a map-style torch "
+                             "dataset of (input, label)); default: an emulated fleet's "
+                             "shard, this device's share of the run's dataset")
+    parser.add_argument("--samples", type=int, metavar="N",
+                        help="with --data: keep the first N samples (synthetic data: "
+                             "draw N; default all, or 2000 synthetic)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="with --data: the seed synthetic data is drawn with "
+                             "(default 0)")
     peers = parser.add_argument_group("peer links (runs that link devices directly: "
                                       "mode pipeline)")
     peers.add_argument("--listen", metavar="HOST:PORT", type=_host_port,
@@ -40,6 +62,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         parser.error("--device-id must be >= 0")
     if args.advertise is not None and args.listen is None:
         parser.error("--advertise needs --listen")
+    if args.data is None and args.samples is not None:
+        parser.error("--samples needs --data")
+    if args.samples is not None and args.samples < 1:
+        parser.error("--samples must be >= 1")
 
     async def run() -> int:
         tls = None
@@ -47,12 +73,29 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             if not args.server.startswith("wss://"):
                 raise ConfigError(f"--tls-ca needs a wss:// server URL, got {args.server!r}")
             tls = client_ssl_context(args.tls_ca)
+        dataset = None
+        if args.data is not None:
+            dataset = await asyncio.to_thread(_open_data, args.data, args.samples, args.seed)
+            log.info("device %d: %d samples of %s", args.device_id, len(dataset), args.data)
         async with Device(args.server, args.device_id, token=args.token or None,
-                          ssl=tls, listen=args.listen, advertise=args.advertise) as device:
+                          ssl=tls, listen=args.listen, advertise=args.advertise,
+                          dataset=dataset, torch_device=args.torch_device) as device:
             await device.run()
         return 0
 
     run_command(f"{parser.prog} [device {args.device_id}]", run)
+
+
+def _open_data(spec: str, samples: int | None, seed: int) -> Dataset:
+    from aiopipe.data import DATASET_NAMES, open_device_data
+
+    if samples is None and spec in DATASET_NAMES:
+        samples = SYNTHETIC_DEFAULT_SAMPLES
+    return open_device_data(spec, seed=seed, size=samples)
+
+
+#: Samples a device draws of a synthetic dataset when --samples does not say.
+SYNTHETIC_DEFAULT_SAMPLES = 2000
 
 
 def _host_port(text: str) -> tuple[str, int]:

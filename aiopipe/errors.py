@@ -7,7 +7,8 @@
     ├── ProtocolError          a frame or message that breaks the wire contract
     │   ├── LocalProtocolError     we were asked to send something invalid
     │   └── RemoteProtocolError    the peer sent something invalid
-    │       └── FrameTooLargeError     ... larger than the plan allows
+    │       ├── FrameTooLargeError     ... larger than the plan allows
+    │       └── RefusedError           ... a device whose data or model do not fit the run
     ├── TransportError         the link cannot carry bytes any more
     │   ├── LinkClosedError        we closed it (trio's ClosedResourceError)
     │   └── LinkBrokenError        the peer or the network broke it (BrokenResourceError)
@@ -31,6 +32,7 @@ __all__ = [
     "LinkClosedError",
     "LocalProtocolError",
     "ProtocolError",
+    "RefusedError",
     "RemoteProtocolError",
     "TrainingError",
     "TransportError",
@@ -59,6 +61,11 @@ class RemoteProtocolError(ProtocolError):
 
 class FrameTooLargeError(RemoteProtocolError):
     """A frame is larger than the maximum the plan allows."""
+
+
+class RefusedError(RemoteProtocolError):
+    """A device announced data or a model that do not fit the run (it is told why, with
+    code "refused")."""
 
 
 class TransportError(AiopipeError):

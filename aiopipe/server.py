@@ -48,6 +48,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     # the shared token this option used to take is gone; say so rather than let argparse
     # read `--token X` as an abbreviation of --token-secret
     parser.add_argument("--token", dest="shared_token", help=argparse.SUPPRESS)
+    parser.add_argument("--torch-device", default="auto", metavar="auto|cpu|cuda|cuda:N",
+                        help="where this node's stages compute (default auto: a CUDA GPU "
+                             "when torch sees one, else the CPU); wire tensors stay CPU bytes")
     parser.add_argument("--join-timeout", type=float, default=300.0,
                         help="seconds to wait for every device (default 300)")
     parser.add_argument("--resume", metavar="DIR",
@@ -74,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
                 config = config.replace(out_dir="runs/server")
         async with Server(config, host=args.host, port=args.port, token_secret=secret,
                           ssl=tls, join_timeout=args.join_timeout, resume=bool(args.resume),
+                          torch_device=args.torch_device,
                           progress=lambda m: print(epoch_row(m), flush=True)) as server:
             print(f"aiopipe.server: waiting for {config.devices} devices at {server.url}",
                   flush=True)

@@ -239,7 +239,8 @@ def plan_case(config: RunConfig, settings: Settings) -> Planned:
     samples = [len(device_indices(config, dataset, k)) for k in range(config.devices)]
 
     started = time.perf_counter()
-    costs = measure_planning_costs(config, model, dataset, repeats=settings.profile_repeats,
+    costs = measure_planning_costs(config, model, dataset.in_shape, dataset,
+                                   repeats=settings.profile_repeats,
                                    warmup=settings.profile_warmup)
     profiled = time.perf_counter()
     resolved = resolve_auto(config, model, dataset.in_shape, samples, costs)

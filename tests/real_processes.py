@@ -240,13 +240,18 @@ class ProcessFleet:
             with contextlib.suppress(TimeoutError):
                 await p.wait(30)
 
-    async def start(self, name: str, args: Sequence[str]) -> Process:
-        """Start ``python -m ARGS`` with the repository importable."""
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    async def start(self, name: str, args: Sequence[str], *,
+                    env: Mapping[str, str] | None = None, cwd: Path | None = None) -> Process:
+        """Start ``python -m ARGS`` in ``cwd`` (default: the fleet's directory) with the
+        repository importable (and ``env`` added to the environment; a PYTHONPATH there
+        goes first)."""
+        extra = dict(env or {})
+        env = {**os.environ, **extra}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [
+            extra.get("PYTHONPATH"), str(REPO), os.environ.get("PYTHONPATH")]))
         env["PYTHONUNBUFFERED"] = "1"
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", *args, env=env, cwd=self.directory,
+            sys.executable, "-m", *args, env=env, cwd=cwd or self.directory,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT)
         assert process.stdout is not None
@@ -256,22 +261,41 @@ class ProcessFleet:
         self.processes.append(started)
         return started
 
-    async def start_server(self, *options: str) -> Process:
+    async def start_server(self, *options: str, env: Mapping[str, str] | None = None
+                           ) -> Process:
         """Start the server on a free port; returns once it listens (``self.url``)."""
         server = await self.start("server", [
             "aiopipe.server", "--config", str(self.config_file), "--port", "0",
-            "--out-dir", str(self.out_dir), *options])
+            "--out-dir", str(self.out_dir), *options], env=env)
         line = await server.output.wait_for(r"waiting for \d+ devices at (ws://\S+)")
         match = re.search(r"(ws://\S+)", line.text)
         assert match is not None
         self.url = match.group(1)
         return server
 
-    async def start_device(self, k: int, *options: str, url: str | None = None) -> Process:
+    async def start_device(self, k: int, *options: str, url: str | None = None,
+                           env: Mapping[str, str] | None = None, cwd: Path | None = None
+                           ) -> Process:
         """Start device k, connecting to ``url`` (default: the server's), with ``options``
         (e.g. ``--listen 127.0.0.1:0``)."""
         return await self.start(f"device{k}", [
-            "aiopipe.device", "--server", url or self.url, "--device-id", str(k), *options])
+            "aiopipe.device", "--server", url or self.url, "--device-id", str(k), *options],
+            env=env, cwd=cwd)
+
+    async def finish(self, server: Process, devices: Sequence[Process], *,
+                     within: float = 180.0) -> None:
+        """Wait for the server, then every device, to exit with status 0.
+
+        Raises:
+            AssertionError: one did not, or took too long; the message holds every
+                process's output.
+        """
+        try:
+            assert await server.wait(within) == 0
+            for device in devices:
+                assert await device.wait(60) == 0
+        except (AssertionError, TimeoutError) as exc:
+            raise AssertionError(self.all_output()) from exc
 
     def metrics(self) -> list[dict[str, object]]:
         """The finished run's ``metrics.jsonl``, one mapping per epoch."""

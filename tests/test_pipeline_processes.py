@@ -60,11 +60,6 @@ async def test_devices_started_by_hand_link_to_each_other(tmp_path: Path) -> Non
     async with ProcessFleet(tmp_path, run) as fleet:
         server = await fleet.start_server()
         devices = [await fleet.start_device(k, "--listen", "127.0.0.1:0") for k in range(2)]
-        try:
-            assert await server.wait(180) == 0
-            for device in devices:
-                assert await device.wait(60) == 0
-        except (AssertionError, TimeoutError) as exc:
-            raise AssertionError(fleet.all_output()) from exc
+        await fleet.finish(server, devices, within=180)
     epochs = _check_run(fleet.out_dir, 2)
     assert [s["peak_live"] for s in epochs[0]["stages"]] == [2, 2]  # GPipe holds all N

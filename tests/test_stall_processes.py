@@ -42,12 +42,7 @@ async def _stall_device_0(tmp_path: Path, run: dict[str, float | int], stall_s: 
             proxy.stall()
             await asyncio.sleep(stall_s)
             proxy.resume()
-            try:
-                assert await server.wait(180) == 0
-                for device in devices:
-                    assert await device.wait(60) == 0
-            except (AssertionError, TimeoutError) as exc:
-                raise AssertionError(fleet.all_output()) from exc
+            await fleet.finish(server, devices, within=180)
         return fleet, stalled_at, proxy.connections
 
 

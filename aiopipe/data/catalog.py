@@ -16,7 +16,7 @@ from aiopipe.data.readers import FileDataset, open_cifar10, open_cifar100, open_
 from aiopipe.data.synthetic import SYNTHETIC_SPECS, SyntheticDataset
 from aiopipe.errors import ConfigError
 
-__all__ = ["DATASET_NAMES", "FILE_FORMATS", "open_dataset"]
+__all__ = ["DATASET_NAMES", "FILE_FORMATS", "data_format", "open_dataset"]
 
 DATASET_NAMES: Final = tuple(sorted(SYNTHETIC_SPECS))
 """The synthetic datasets, sorted."""
@@ -28,6 +28,34 @@ _READERS: Final[dict[str, Callable[..., FileDataset]]] = {
 }
 FILE_FORMATS: Final = tuple(sorted(_READERS))
 """The prefixes of ``"FORMAT:DIR"`` dataset names."""
+
+#: (input shape, classes) of each file format.
+_FILE_SHAPES: Final[dict[str, tuple[tuple[int, ...], int]]] = {
+    "cifar10": ((3, 32, 32), 10),
+    "cifar100": ((3, 32, 32), 100),
+    "mnist": ((1, 28, 28), 10),
+}
+
+
+def data_format(name: str) -> tuple[tuple[int, ...], int] | None:
+    """``(input shape, classes)`` of the dataset called ``name``, known from the name
+    alone, without opening a file; None for a name that is not `open_dataset`'s (a
+    ``module:function`` entry point: only its data can tell).
+
+    Raises:
+        ConfigError: a synthetic-looking name that is not one of `DATASET_NAMES`.
+    """
+    spec = SYNTHETIC_SPECS.get(name)
+    if spec is not None:
+        return spec.in_shape, spec.num_classes
+    kind, sep, _ = name.partition(":")
+    if sep and kind in _FILE_SHAPES:
+        return _FILE_SHAPES[kind]
+    if not sep:
+        raise ConfigError(
+            f"dataset: unknown {name!r}; expected one of {', '.join(DATASET_NAMES)}, "
+            f"{', '.join(f'{k}:DIR' for k in FILE_FORMATS)} or module:function")
+    return None
 
 
 def open_dataset(

@@ -1,8 +1,9 @@
 """The `Dataset` interface every data source implements, and the argument checks they share.
 
-A dataset is a fixed, indexable set of labelled images of one split. It never holds a
-decoded copy of its images: `Dataset.batch` decodes (or generates) exactly the samples it
-is asked for, so a device opens a dataset of any size for free and pays per batch.
+A dataset is a fixed, indexable set of labelled samples (images, for the built-in
+ones). It never holds a decoded copy of its images: `Dataset.batch` decodes (or
+generates) exactly the samples it is asked for, so a device opens a dataset of any size
+for free and pays per batch.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ SPLITS: Final = ("train", "val", "test")
 
 @runtime_checkable
 class Dataset(Protocol):
-    """A fixed set of labelled images of one split, read or generated on demand.
+    """A fixed set of labelled samples, read or generated on demand.
 
     ``x`` from `batch` is float32 ``[b, *in_shape]``, normalized to roughly zero mean and
     unit standard deviation per channel; ``y`` is int64 ``[b]`` in ``[0, num_classes)``.
@@ -50,8 +51,8 @@ class Dataset(Protocol):
         ...
 
     @property
-    def in_shape(self) -> tuple[int, int, int]:
-        """The shape of one sample: (channels, height, width)."""
+    def in_shape(self) -> tuple[int, ...]:
+        """The shape of one sample's input (images: channels, height, width)."""
         ...
 
     def __len__(self) -> int:

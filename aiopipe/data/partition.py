@@ -13,6 +13,7 @@ cross-ratios) while meeting both constraints, then it is rounded to whole sample
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Final
 
 import numpy as np
@@ -39,15 +40,15 @@ def partition(
     *,
     scheme: str = "iid",
     alpha: float = 0.5,
-    samples_per_device: int | None = None,
+    samples_per_device: int | Sequence[int] | None = None,
     seed: int = 0,
 ) -> list[npt.NDArray[np.int64]]:
     """Split sample indices ``0..len(labels)-1`` among ``devices`` devices.
 
     Returns one sorted int64 index array per device; the arrays are disjoint and together
-    cover every sample, or, with ``samples_per_device``, exactly the first
-    ``devices * samples_per_device`` samples, each device then holding exactly
-    ``samples_per_device`` of them. ``"iid"``: a shuffled equal split (sizes differ by at
+    cover every sample, or, with ``samples_per_device`` (one number, or one per device),
+    exactly the first ``sum`` of them, each device then holding exactly its number of
+    them. ``"iid"``: a shuffled split (without ``samples_per_device``, sizes differ by at
     most one). ``"dirichlet"``: label skew with concentration ``alpha`` (see the module
     docstring); without ``samples_per_device`` the sizes vary, but no device is left
     empty. The same arguments always give the same result.
@@ -69,24 +70,40 @@ def partition(
     ):
         raise ConfigError(f"alpha: expected a positive finite number, got {alpha!r}")
     seed = check_seed(seed)
-    if samples_per_device is None:
-        pool = len(labels)
-    else:
-        pool = devices * _positive_int("samples_per_device", samples_per_device)
-        if pool > len(labels):
-            raise ConfigError(
-                f"samples_per_device: {devices} devices x {samples_per_device} samples need "
-                f"{pool} samples, but the dataset has {len(labels)}"
-            )
+    sizes = None if samples_per_device is None else _sizes(samples_per_device, devices)
+    pool = len(labels) if sizes is None else int(sizes.sum())
+    if pool > len(labels):
+        raise ConfigError(
+            f"samples_per_device: {devices} devices x {samples_per_device} samples need "
+            f"{pool} samples, but the dataset has {len(labels)}"
+        )
     if pool < devices:
         raise ConfigError(f"devices: {devices} devices but only {pool} samples to share")
     rng = np.random.Generator(
         np.random.PCG64(np.random.SeedSequence([_TAG_PARTITION, *seed_words(seed)]))
     )
     if scheme == "iid":
-        parts = np.array_split(rng.permutation(pool), devices)
+        order = rng.permutation(pool)
+        parts = (np.array_split(order, devices) if sizes is None
+                 else np.split(order, np.cumsum(sizes)[:-1]))
         return [np.sort(part).astype(np.int64) for part in parts]
-    return _dirichlet(labels[:pool], devices, float(alpha), samples_per_device, rng)
+    return _dirichlet(labels[:pool], devices, float(alpha), sizes, rng)
+
+
+def _sizes(samples_per_device: int | Sequence[int], devices: int) -> npt.NDArray[np.int64]:
+    """Each device's number of samples.
+
+    Raises:
+        ConfigError: not one positive integer, or one per device.
+    """
+    if isinstance(samples_per_device, Sequence):
+        if len(samples_per_device) != devices:
+            raise ConfigError(f"samples_per_device: expected {devices} numbers (one per "
+                              f"device), got {len(samples_per_device)}")
+        values = [_positive_int("samples_per_device", v) for v in samples_per_device]
+    else:
+        values = [_positive_int("samples_per_device", samples_per_device)] * devices
+    return np.asarray(values, dtype=np.int64)
 
 
 def epoch_order(
@@ -116,7 +133,7 @@ def _dirichlet(
     labels: npt.NDArray[np.int64],
     devices: int,
     alpha: float,
-    samples_per_device: int | None,
+    sizes: npt.NDArray[np.int64] | None,
     rng: np.random.Generator,
 ) -> list[npt.NDArray[np.int64]]:
     """The Dirichlet label-skew split of ``labels`` (see `partition`)."""
@@ -124,11 +141,10 @@ def _dirichlet(
     shares = rng.dirichlet(np.full(devices, alpha), size=len(classes))
     shares = np.nan_to_num(shares, nan=0.0) + _FLOOR
     shares /= shares.sum(axis=1, keepdims=True)
-    if samples_per_device is None:
+    if sizes is None:
         counts = _round_rows(shares * class_counts[:, None], class_counts)
         _fill_empty(counts)
     else:
-        sizes = np.full(devices, samples_per_device, dtype=np.int64)
         target = _fit_margins(shares * class_counts[:, None], class_counts, sizes)
         counts = _round_both(target, class_counts, sizes)
     parts: list[list[npt.NDArray[np.int64]]] = [[] for _ in range(devices)]

@@ -15,10 +15,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RESOURCE_KINDS", "Recorder", "Slice", "chrome_trace", "resource_kind"]
+__all__ = ["MAX_REPORT_SLICES", "REPORT_SLICE_BYTES", "RESOURCE_KINDS", "Recorder", "Slice",
+           "chrome_trace", "resource_kind"]
 
 #: Resource kinds reported per epoch (DESIGN §6).
 RESOURCE_KINDS = ("device", "uplink", "server", "downlink")
+
+#: Most slices a device reports of one round (a longer round's report keeps its first
+#: ones), and an upper bound of one slice's size in a report: together they bound a
+#: report's frame before the coordinator knows how long the devices' rounds are.
+MAX_REPORT_SLICES = 250_000
+REPORT_SLICE_BYTES = 128
 
 
 @dataclass(frozen=True, slots=True)

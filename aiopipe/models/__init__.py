@@ -11,6 +11,7 @@ from __future__ import annotations
 from aiopipe.models.split import (
     as_sequential,
     merge_states,
+    model_digest,
     partition,
     split,
     unit_count,
@@ -24,6 +25,7 @@ __all__ = [
     "as_sequential",
     "build",
     "merge_states",
+    "model_digest",
     "partition",
     "split",
     "unit_count",

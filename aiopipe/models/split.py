@@ -36,7 +36,8 @@ from torch import Tensor, nn
 
 from aiopipe.errors import ConfigError
 
-__all__ = ["as_sequential", "merge_states", "partition", "split", "unit_count", "units_of"]
+__all__ = ["as_sequential", "merge_states", "model_digest", "partition", "split",
+           "unit_count", "units_of"]
 
 _ACCEPTED = (
     "an nn.Sequential whose top-level children are the split units, or a list (or tuple, "
@@ -190,3 +191,17 @@ def _named_units(model: nn.Sequential) -> list[tuple[str, nn.Module]]:
             raise ConfigError(f"unit {name!r} of the model is None")
         units.append((name, unit))
     return units
+
+
+def model_digest(model: nn.Sequential) -> str:
+    """A digest of ``model``'s structure (32 hex digits): each unit's module types in
+    order and every state entry's name, shape and dtype, not their values. Two nodes
+    that built the same model from the same code agree on it; a different version of a
+    user's model code, another number of classes or another input shape changes it."""
+    import hashlib
+
+    lines = [f"unit {name}: " + ",".join(type(m).__name__ for m in unit.modules())
+             for name, unit in model.named_children()]
+    lines += [f"{key} {tuple(value.shape)} {value.dtype}"
+              for key, value in model.state_dict().items()]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:32]

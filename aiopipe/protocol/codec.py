@@ -74,6 +74,10 @@ from aiopipe.protocol.messages import (
     Hello,
     Message,
     Plan,
+    Probe,
+    Profile,
+    ProfileRequest,
+    Ready,
     RoundReport,
     RoundResult,
     RoundStart,
@@ -117,7 +121,10 @@ _ZEROS: Final = bytes(FRAME_ALIGNMENT)
 _INT_MIN: Final = -(2**63)
 _UINT_MAX: Final = 2**64 - 1
 
-_FieldType = Literal["int", "float", "str", "tree", "tensor", "tensors"]
+_FieldType = Literal["int", "float", "str", "ints", "tree", "tensor", "tensors"]
+
+#: Most integers an "ints" field holds.
+MAX_INTS: Final = 64
 _Schema = tuple[tuple[str, _FieldType], ...]
 
 #: The address fields that open an `Activation` and a `Gradient`.
@@ -146,8 +153,15 @@ _SCHEMAS: Final[dict[type[Any], tuple[str, _Schema]]] = {
             ("server_time", "float"),
             ("session", "int"),
             ("peer_keys", "tree"),
+            ("in_shape", "ints"),
+            ("num_classes", "int"),
         ),
     ),
+    Ready: ("ready", (("samples", "int"), ("in_shape", "ints"), ("num_classes", "int"),
+                      ("model_digest", "str"), ("host", "str"))),
+    ProfileRequest: ("profile_request", (("batch_sizes", "ints"),)),
+    Profile: ("profile", (("costs", "tree"), ("seconds", "float"), ("downlink_bps", "float"))),
+    Probe: ("probe", (("data", "tensor"),)),
     RoundStart: (
         "round_start",
         (
@@ -300,6 +314,13 @@ def _encode_field(kind: str, name: str, ftype: _FieldType, value: object, enc: _
         if not isinstance(value, str):
             raise LocalProtocolError(f"{where}: expected str, got {_type_name(value)}")
         return value
+    if ftype == "ints":
+        if not isinstance(value, tuple | list) or len(value) > MAX_INTS or any(
+                not isinstance(v, int) or isinstance(v, bool) or not _INT_MIN <= v <= _UINT_MAX
+                for v in value):
+            raise LocalProtocolError(f"{where}: expected at most {MAX_INTS} 64-bit ints, "
+                                     f"got {_brief(value)}")
+        return list(value)
     if ftype == "tree":
         if not isinstance(value, Mapping):
             raise LocalProtocolError(f"{where}: expected a mapping, got {_type_name(value)}")
@@ -446,6 +467,13 @@ def _decode_field(kind: str, name: str, ftype: _FieldType, value: object, dec: _
                 f"{where}: wrong field type: expected str, got {_type_name(value)}"
             )
         return value
+    if ftype == "ints":
+        if not isinstance(value, list) or len(value) > MAX_INTS or any(
+                not isinstance(v, int) or isinstance(v, bool) for v in value):
+            raise RemoteProtocolError(
+                f"{where}: wrong field type: expected at most {MAX_INTS} ints, "
+                f"got {_brief(value)}")
+        return tuple(value)
     if ftype == "tree":
         if not isinstance(value, dict):
             raise RemoteProtocolError(

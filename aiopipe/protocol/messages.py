@@ -7,7 +7,13 @@ is pure: no I/O, no torch.
 Conversation of a device ``k`` with the coordinator ``C`` (the server)::
 
     k → C  Hello(version, device_id, session, address)
-    C → k  Plan(device_id, mode, run, run_id, server_time, session, peer_keys)
+    C → k  Plan(device_id, mode, run, run_id, server_time, session, peer_keys,
+                in_shape, num_classes)
+    k → C  Ready(samples, in_shape, num_classes, model_digest, host)   (a new session
+           only: the device has built the run's model and opened its own data)
+    when the coordinator plans from profiles (PiPar §3.3.1), once every device is ready:
+      C → k  ProfileRequest(batch_sizes), then Probe(data)     (times the downlink)
+      k → C  Profile(costs, seconds, downlink_bps), then Probe(data)   (the uplink)
     repeat per round (aggregation period, or epoch):
       C → k  RoundStart(round, epoch, first_iteration, iterations, tensors, stage, stages,
                         first_unit, stop_unit, parallel_batches, micro_batch_size,
@@ -54,6 +60,10 @@ __all__ = [
     "Hello",
     "Message",
     "Plan",
+    "Probe",
+    "Profile",
+    "ProfileRequest",
+    "Ready",
     "RoundReport",
     "RoundResult",
     "RoundStart",
@@ -61,7 +71,7 @@ __all__ = [
     "check_node_name",
 ]
 
-PROTOCOL_VERSION: Final = 3
+PROTOCOL_VERSION: Final = 4
 
 #: Training modes a plan can name.
 MODES: Final = ("fl", "sl", "sfl", "pipar", "pipeline")
@@ -85,6 +95,8 @@ DTYPE_SIZES: Final[Mapping[str, int]] = {
 MAX_ADDRESS_CHARS: Final = 256
 #: Longest action list a `RoundStart` may carry.
 MAX_ACTIONS_CHARS: Final = 1 << 16
+#: Most dimensions a sample's input may have.
+MAX_INPUT_DIMS: Final = 8
 
 _HEX_KEY = re.compile(r"[0-9a-f]{64}")
 
@@ -107,6 +119,14 @@ def _check_address(what: str, address: object) -> None:
             address and not address.isprintable()):
         raise LocalProtocolError(f"{what} must be a printable str of at most "
                                  f"{MAX_ADDRESS_CHARS} characters")
+
+
+def _check_shape(shape: object) -> None:
+    if not isinstance(shape, tuple) or not 1 <= len(shape) <= MAX_INPUT_DIMS or any(
+            isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= 1 << 20
+            for d in shape):
+        raise LocalProtocolError(f"in_shape must be 1 to {MAX_INPUT_DIMS} ints in "
+                                 f"1..{1 << 20}, got {shape!r}")
 
 
 def _check_index(name: str, value: int) -> None:
@@ -182,6 +202,8 @@ class Plan:
     every other device this one may link to directly (a pipeline's) to the key of their
     pair (`aiopipe.auth.pair_key`, 64 hex digits): what the two prove to each other when
     they connect (`aiopipe.transport.fabric`); empty when the run has no such links.
+    ``in_shape`` and ``num_classes``: the run's kind of data, which the model is built
+    for (a device's own data must match it).
     """
 
     device_id: int
@@ -191,9 +213,13 @@ class Plan:
     server_time: float = 0.0
     session: int = 0
     peer_keys: Mapping[str, Any] = field(default_factory=dict)
+    in_shape: tuple[int, ...] = (1,)
+    num_classes: int = 1
 
     def __post_init__(self) -> None:
         _check_index("device_id", self.device_id)
+        _check_shape(self.in_shape)
+        _check_index("num_classes", self.num_classes)
         if self.mode not in MODES:
             raise LocalProtocolError(f"mode must be one of {MODES}, got {self.mode!r}")
         _check_index("run_id", self.run_id)
@@ -204,6 +230,74 @@ class Plan:
             check_node_name(name)
             if not isinstance(key, str) or not _HEX_KEY.fullmatch(key):
                 raise LocalProtocolError(f"the key of peer {name!r} must be 64 hex digits")
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """A device has set up for the run (its answer to a new session's `Plan`): what it
+    holds, its own data (``samples`` training samples whose inputs have shape
+    ``in_shape`` and whose labels range over ``num_classes``), and the digest of the
+    model it built from the run's config (`aiopipe.models.model_digest`): the
+    coordinator plans and weights from what devices announce and refuses a device whose
+    data or model do not fit the run."""
+
+    samples: int
+    in_shape: tuple[int, ...]
+    num_classes: int
+    model_digest: str
+    host: str = ""
+
+    def __post_init__(self) -> None:
+        _check_index("samples", self.samples)
+        _check_index("num_classes", self.num_classes)
+        _check_shape(self.in_shape)
+        for name in ("model_digest", "host"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{0,64}", value) or (
+                    name == "model_digest" and len(value) < 16):
+                raise LocalProtocolError(f"{name} must be hex digits (a model digest 16 to "
+                                         "64, a host 0 to 64)")
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileRequest:
+    """The coordinator asks a device to time its own compute at ``batch_sizes`` (the
+    micro-batch sizes the plan may use); a `Probe` follows at once, whose arrival after
+    this one times the downlink."""
+
+    batch_sizes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.batch_sizes, tuple) or not 1 <= len(self.batch_sizes) <= 64:
+            raise LocalProtocolError("batch_sizes must hold 1 to 64 sizes")
+        for size in self.batch_sizes:
+            _check_index("batch size", size)
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """A device's answer to `ProfileRequest`: its own cost table (``costs``, as
+    `aiopipe.scheduler.CostTable.to_mapping` writes it; empty when the device shares
+    the coordinator's machine and its table), the ``seconds`` profiling took, and the
+    downlink rate it saw (``downlink_bps``, bits per second; 0 when the probe arrived
+    too fast to time: an unshaped link). A `Probe` follows, which times the uplink."""
+
+    costs: Mapping[str, Any]
+    seconds: float
+    downlink_bps: float
+
+    def __post_init__(self) -> None:
+        for name in ("seconds", "downlink_bps"):
+            value = getattr(self, name)
+            if not isinstance(value, float) or not math.isfinite(value) or value < 0:
+                raise LocalProtocolError(f"{name} must be a finite float >= 0, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """Bytes whose arrival right after the message before times a link."""
+
+    data: TensorData
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,6 +474,10 @@ class ErrorMessage:
 Message = (
     Hello
     | Plan
+    | Ready
+    | ProfileRequest
+    | Profile
+    | Probe
     | RoundStart
     | Activation
     | Gradient

@@ -2,7 +2,8 @@
 
 `Admission.serve_link` runs one device connection from its `Hello` to its goodbye: it
 checks the hello (protocol version, the id the connection authenticated as, the id
-range, what the system needs of a device), answers with the device's `Plan`, and either
+range, what the system needs of a device), answers with the device's `Plan` (a new
+session then announces what it holds: `Ready`, taken by the coordinator), and either
 starts a `DeviceSession` or re-attaches the device's session after a reconnection
 ([Note: reconnection] in aiopipe/runtime/session.py). It keeps the sessions, the set of
 open connections and the addresses devices announced for peer links.
@@ -13,18 +14,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 from aiopipe.clock import wait_for
 from aiopipe.errors import (
     AiopipeError,
+    RefusedError,
     RemoteProtocolError,
     TransportError,
 )
 from aiopipe.protocol import PROTOCOL_VERSION, ErrorMessage, Hello, Plan
 from aiopipe.runtime.peer import Peer
 from aiopipe.runtime.session import DeviceSession, SessionHost
-from aiopipe.transport import Link
+from aiopipe.transport import Link, LinkSpec
 
 __all__ = ["HELLO_TIMEOUT_S", "Admission", "AdmissionHost"]
 
@@ -59,13 +62,17 @@ class Admission:
         self.addresses: dict[int, str] = {}  # where each device listens for peers
         self.left = asyncio.Event()  # set whenever a connection closes
         self.arrived = asyncio.Event()  # set whenever a device is admitted
-        self.joined = asyncio.Event()  # set once every device has said hello
+        #: set once every device has said hello and announced what it holds (the
+        #: coordinator's `announce`)
+        self.joined = asyncio.Event()
 
-    async def serve_link(self, link: Link, *, device_id: int | None = None) -> None:
+    async def serve_link(self, link: Link, *, device_id: int | None = None,
+                         reshape: Callable[[LinkSpec], None] | None = None) -> None:
         """Run one device connection from hello to goodbye (the websocket handler's body).
 
         ``device_id``: the id the connection authenticated as (from its token); a Hello
-        for any other id is refused.
+        for any other id is refused. ``reshape``: given the device's downlink once its
+        hello is taken (sender-side shaping).
 
         Raises:
             ProtocolError: the device broke the contract (it was told why).
@@ -76,6 +83,8 @@ class Admission:
                     max_frame_bytes=host.max_frame_bytes)
         hello = await self._hello(peer, device_id)
         k = hello.device_id
+        if reshape is not None:
+            reshape(host.config.device_network(k).down)
         session, resumed = await self._session_for(hello, link)
         try:
             await peer.send(host.plan_for(k, session.nonce))
@@ -86,8 +95,6 @@ class Admission:
         self.sessions[k] = session
         self.addresses[k] = hello.address
         session.attach(link, resumed=resumed)
-        if len(self.sessions) == host.config.devices:
-            self.joined.set()
         self.connected.add(k)
         self.arrived.set()
         await self._serve(session)
@@ -165,7 +172,8 @@ class Admission:
             raise
         except (AiopipeError, OSError) as exc:
             session.end(str(exc))
-            log.warning("device %d was lost: %s", k, exc)
+            if not isinstance(exc, RefusedError):  # that was said already
+                log.warning("device %d was lost: %s", k, exc)
             raise
         except Exception as exc:
             host.server_failed(k, exc)

@@ -1,14 +1,30 @@
-"""FedAvg over whole models: M = sum_k |D_k| / sum_j |D_j| * M_k (PiPar Eq. 3)."""
+"""Aggregating the devices' whole models into the next global model.
+
+- `fedavg`: M = sum_k |D_k| / sum_j |D_j| * M_k (PiPar Eq. 3), weighted by samples;
+- `fedmedian`: the coordinate-wise median (Yin et al. 2018; Flower's FedMedian),
+  unweighted;
+- `trimmed_mean`: per coordinate, drop the ``trim`` fraction of highest and of lowest
+  values and average the rest (Yin et al. 2018; Flower's FedTrimmedAvg), unweighted;
+- `krum`: the one model whose summed squared distance to its n - f - 2 nearest others is
+  least, for at most f Byzantine devices (Blanchard et al. 2017; Flower's Krum).
+
+The robust three bound what a few devices can do to the result, whatever they send:
+the median and the trimmed mean per coordinate, Krum by picking a model that many
+others are close to. Each takes the devices' states (identical keys and shapes) and
+returns a state of the same dtypes; integer entries (batch norm's
+``num_batches_tracked``) are computed in float64 and rounded.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import torch
 
 from aiopipe.errors import TrainingError
 
-__all__ = ["fedavg"]
+__all__ = ["fedavg", "fedmedian", "krum", "trimmed_mean"]
 
 
 def fedavg(states: Sequence[Mapping[str, torch.Tensor]],
@@ -45,3 +61,93 @@ def fedavg(states: Sequence[Mapping[str, torch.Tensor]],
             acc.add_(state[key].detach(), alpha=weight / total)
         out[key] = (acc if first.is_floating_point() else acc.round_()).to(first.dtype)
     return out
+
+
+def fedmedian(states: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The coordinate-wise median of ``states`` (the mean of the two middle values when
+    their number is even).
+
+    Raises:
+        TrainingError: no states, or mismatched keys or shapes.
+    """
+    n = len(states)
+    out: dict[str, torch.Tensor] = {}
+    for key, stack, like in _stacks(states, "fedmedian"):
+        ordered = stack.sort(dim=0).values
+        middle = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+        out[key] = _cast(middle, like)
+    return out
+
+
+def trimmed_mean(states: Sequence[Mapping[str, torch.Tensor]], trim: float
+                 ) -> dict[str, torch.Tensor]:
+    """Per coordinate, the mean of the values left when the floor(trim x n) highest and
+    as many lowest are dropped.
+
+    Raises:
+        TrainingError: no states, mismatched keys or shapes, or a ``trim`` outside
+            [0, 0.5) (or one that would drop every value).
+    """
+    n = len(states)
+    if not 0 <= trim < 0.5:
+        raise TrainingError(f"trimmed_mean: trim must be in [0, 0.5), got {trim!r}")
+    cut = math.floor(trim * n)
+    out: dict[str, torch.Tensor] = {}
+    for key, stack, like in _stacks(states, "trimmed_mean"):
+        ordered = stack.sort(dim=0).values
+        out[key] = _cast(ordered[cut:n - cut].mean(dim=0), like)
+    return out
+
+
+def krum(states: Sequence[Mapping[str, torch.Tensor]], byzantine: int, *,
+         keep: int = 1) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """Krum (``keep = 1``) or Multi-Krum: each model's score is the sum of its squared
+    distances (over every floating entry) to its n - f - 2 nearest other models; the
+    result is the mean of the ``keep`` lowest-scored models; with the indices chosen.
+
+    Raises:
+        TrainingError: no states, mismatched keys or shapes, or fewer than f + 3 states
+            (Krum needs n > f + 2), or ``keep`` outside 1..n.
+    """
+    n = len(states)
+    if byzantine < 0 or n < byzantine + 3:
+        raise TrainingError(f"krum: {n} models cannot tolerate {byzantine} Byzantine "
+                            f"ones (it needs n >= f + 3)")
+    if not 1 <= keep <= n:
+        raise TrainingError(f"krum: keep must be in 1..{n}, got {keep}")
+    stacks = _stacks(states, "krum")
+    flat = torch.cat([stack.reshape(n, -1) for _, stack, like in stacks
+                      if like.is_floating_point()], dim=1)
+    distances = torch.cdist(flat, flat).square()
+    nearest = n - byzantine - 2
+    scores = [float(row[[j for j in range(n) if j != i]].sort().values[:nearest].sum())
+              for i, row in enumerate(distances)]
+    chosen = sorted(range(n), key=lambda i: (scores[i], i))[:keep]
+    return {key: _cast(stack[chosen].mean(dim=0), like) for key, stack, like in stacks}, chosen
+
+
+def _stacks(states: Sequence[Mapping[str, torch.Tensor]], what: str
+            ) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """Per key: the states' values stacked along a new first dimension (float64), and
+    the first state's value (for its dtype).
+
+    Raises:
+        TrainingError: no states, mismatched keys or shapes.
+    """
+    if not states:
+        raise TrainingError(f"{what} needs at least one model")
+    keys = list(states[0])
+    if any(list(state) != keys for state in states[1:]):
+        raise TrainingError(f"{what}: the models do not have the same parameters")
+    out = []
+    for key in keys:
+        first = states[0][key]
+        if any(state[key].shape != first.shape for state in states[1:]):
+            raise TrainingError(f"{what}: {key} has different shapes")
+        out.append((key, torch.stack([state[key].detach().to(torch.float64)
+                                      for state in states]), first))
+    return out
+
+
+def _cast(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return (value if like.is_floating_point() else value.round()).to(like.dtype)

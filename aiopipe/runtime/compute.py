@@ -22,12 +22,16 @@ import contextlib
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from aiopipe.clock import Clock, ready_time
+from aiopipe.errors import ConfigError
 from aiopipe.metrics.trace import Recorder
 
-__all__ = ["Compute", "warm_up_torch"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["TORCH_DEVICE_CHOICES", "Compute", "resolve_torch_device", "warm_up_torch"]
 
 T = TypeVar("T")
 
@@ -171,3 +175,37 @@ def warm_up_torch() -> None:
 
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     optimizer.zero_grad()
+
+
+#: What ``--torch-device`` accepts besides an explicit torch device string.
+TORCH_DEVICE_CHOICES = ("auto", "cpu", "cuda")
+
+
+def resolve_torch_device(name: str) -> torch.device:
+    """The torch device a node's stages run on: ``"auto"`` (a CUDA GPU when torch sees
+    one, else the CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. Tensors on the wire
+    stay CPU bytes whatever it is.
+
+    Raises:
+        ConfigError: an unknown name, or a CUDA device this machine does not have.
+    """
+    import torch
+
+    if not isinstance(name, str):
+        raise ConfigError(f"torch device: expected a name, got {name!r}")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"torch device: unknown {name!r}; expected auto, cpu, cuda or "
+                          "cuda:N") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise ConfigError(f"torch device {name!r}: this machine has {count} CUDA "
+                              "device(s) torch can use")
+    elif device.type != "cpu":
+        raise ConfigError(f"torch device: {name!r} is not supported; expected auto, cpu, "
+                          "cuda or cuda:N")
+    return device

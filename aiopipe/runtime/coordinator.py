@@ -13,6 +13,16 @@ coordinator's own stages, how results become the model) is the `System` chosen o
 In the split modes (PiPar's server) the coordinator is also a stage host: its compute
 queue runs every device's server half; in a pipeline it runs no stage and is off the
 data path.
+
+[Note: the devices' data] The coordinator opens no training data. The run's kind of data
+(the input shape and classes the model is built for) comes from ``config.dataset``'s
+name (or, for a ``module:function``, from its test split), and the coordinator's
+evaluation set is ``test_samples`` of that test split. Each device, once it has its
+`Plan`, opens its own data and announces it (`Ready`); the coordinator checks it against
+the run (`announce`), and once every device has, the system plans from the announced
+sample counts (and, with "auto" on real clocks, from the devices' own profiles:
+aiopipe.runtime.profiling [Note: device profiles]) before the first round (`_prepare`).
+Until then each connection may carry frames up to `_frame_cap`; after, the plan's limit.
 """
 
 from __future__ import annotations
@@ -23,29 +33,45 @@ import copy
 import logging
 import math
 import secrets
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
 from aiopipe import data as datasets
+from aiopipe import models
 from aiopipe.auth import new_run_secret
 from aiopipe.clock import Clock, wait_for
 from aiopipe.config import RunConfig
-from aiopipe.errors import ConfigError, DeviceLostError, TrainingError
+from aiopipe.errors import (
+    ConfigError,
+    DeviceLostError,
+    RefusedError,
+    TrainingError,
+)
 from aiopipe.metrics.results import EpochMetrics, RunResult
-from aiopipe.metrics.trace import RESOURCE_KINDS, Recorder, resource_kind
-from aiopipe.protocol import Hello, Plan, RoundResult, RoundStart
+from aiopipe.metrics.trace import (
+    MAX_REPORT_SLICES,
+    REPORT_SLICE_BYTES,
+    RESOURCE_KINDS,
+    Recorder,
+    resource_kind,
+)
+from aiopipe.protocol import Hello, Plan, Ready, RoundResult, RoundStart
 from aiopipe.runtime.admission import Admission
 from aiopipe.runtime.checkpoint import Checkpoints, load_checkpoint
-from aiopipe.runtime.compute import Compute, warm_up_torch
-from aiopipe.runtime.plan import build_model, device_indices, train_dataset
+from aiopipe.runtime.compute import Compute, resolve_torch_device, warm_up_torch
+from aiopipe.runtime.factories import build_model
+from aiopipe.runtime.plan import declared_devices, planning_batch_sizes
+from aiopipe.runtime.profiling import profile_fleet
 from aiopipe.runtime.stage import ServerStage
 from aiopipe.runtime.systems import Setup, System, system_for
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable
-from aiopipe.transport import Link
+from aiopipe.scheduler.estimate import DeviceProfile
+from aiopipe.transport import Link, LinkSpec
 
 __all__ = ["Coordinator"]
 
@@ -68,6 +94,8 @@ class Coordinator:
         checkpoint_dir: write a checkpoint there after every round (atomically).
         resume: continue from the checkpoint in ``checkpoint_dir``; the config must be
             the one it was written for.
+        torch_device: where the coordinator's own stages compute (PiPar's server halves):
+            "auto", "cpu", "cuda" or "cuda:N" (`resolve_torch_device`).
 
     Raises:
         ConfigError: the config cannot run, or there is no checkpoint to resume from.
@@ -76,22 +104,29 @@ class Coordinator:
     def __init__(self, config: RunConfig, *, clock: Clock, cost_table: CostTable | None = None,
                  join_timeout: float = 300.0,
                  progress: Any = None, checkpoint_dir: Path | None = None,
-                 resume: bool = False) -> None:
+                 resume: bool = False, torch_device: str = "cpu") -> None:
         warm_up_torch()
         self.clock = clock
         self.cost_table = cost_table
         self.join_timeout = join_timeout
         self.progress = progress
-        train = train_dataset(config)
-        self.test_set = datasets.open_dataset(config.dataset, split="test",
-                                              size=config.test_samples, seed=config.seed)
-        model = build_model(config, num_classes=train.num_classes, in_shape=train.in_shape)
-        samples = [len(device_indices(config, train, k)) for k in range(config.devices)]
+        # [Note: the devices' data] the run's kind of data, from the dataset's name (or
+        # its test split); training data is the devices' own
+        self.in_shape, self.num_classes, self.test_set = _evaluation_data(config)
+        model = build_model(config, num_classes=self.num_classes, in_shape=self.in_shape)
+        self.model_digest = models.model_digest(model)
         #: names the run in every stage-addressed message
         self.run_id = (1 << 61) | secrets.randbits(61)  # 9 bytes in msgpack: frame sizes fixed
-        self.system: System = system_for(Setup(config, model, train, samples, cost_table,
-                                               new_run_secret()))
-        self.max_frame_bytes = self.system.frame_limit()
+        self.torch_device = resolve_torch_device(torch_device)
+        self.system: System = system_for(Setup(config, model, self.in_shape, self.num_classes,
+                                               self.test_set, cost_table, new_run_secret(),
+                                               self.torch_device))
+        #: what each device announced it holds (`Ready`), by id
+        self.announced: dict[int, Ready] = {}
+        #: what each device measured of itself, by id (``/status``)
+        self.profiled: dict[int, dict[str, float | None]] = {}
+        self.prepared = False  # the system has planned for the announced fleet
+        self.max_frame_bytes = _frame_cap(config, model, self.in_shape)
         self.recorder = Recorder()
         self.compute = Compute(clock, self.recorder, "server/compute",
                                charge_costs=cost_table is not None)
@@ -115,10 +150,11 @@ class Coordinator:
             checkpoint_dir = None  # nothing a run could resume from
         self.checkpoints = Checkpoints(checkpoint_dir, clock=clock, compute=self.compute,
                                        tensors=self.system.checkpoint_tensors)
+        self._resume: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None
         if resume:
             if checkpoint_dir is None:
                 raise ConfigError("resuming needs the checkpoint directory")
-            self._restore(checkpoint_dir)
+            self._resume = self._read_checkpoint(checkpoint_dir)
 
     @property
     def config(self) -> RunConfig:
@@ -132,14 +168,17 @@ class Coordinator:
 
     # -- what admission and sessions ask -----------------------------------------------
 
-    async def serve_link(self, link: Link, *, device_id: int | None = None) -> None:
-        """Run one device connection from hello to goodbye (see `Admission.serve_link`).
+    async def serve_link(self, link: Link, *, device_id: int | None = None,
+                         reshape: Callable[[LinkSpec], None] | None = None) -> None:
+        """Run one device connection from hello to goodbye (see `Admission.serve_link`);
+        ``reshape``: pace what the link sends at the device's downlink, once its hello
+        says which device it is (sender-side shaping).
 
         Raises:
             ProtocolError: the device broke the contract (it was told why).
             TransportError: the connection failed.
         """
-        await self.admission.serve_link(link, device_id=device_id)
+        await self.admission.serve_link(link, device_id=device_id, reshape=reshape)
 
     async def wait_disconnected(self, seconds: float) -> bool:
         """Wait up to ``seconds`` until every device connection has closed; whether
@@ -150,11 +189,45 @@ class Coordinator:
         """The `Plan` answering device ``device_id``'s hello."""
         return Plan(device_id, self.config.mode, self.config.to_mapping(), self.run_id,
                     server_time=self.clock.now(), session=session,
-                    peer_keys=self.system.peer_keys(device_id))
+                    peer_keys=self.system.peer_keys(device_id), in_shape=self.in_shape,
+                    num_classes=self.num_classes)
 
     def refuse_hello(self, hello: Hello) -> str:
         """Why the system cannot take this device ("" when it can)."""
         return self.system.refuse_hello(hello)
+
+    def announce(self, device_id: int, ready: Ready) -> None:
+        """Device ``device_id`` has set up ([Note: the devices' data]): take what it
+        holds once it fits the run; the run starts when every device has.
+
+        Raises:
+            RefusedError: its data or model do not fit the run (it is told why).
+        """
+        problem = self._refusal(device_id, ready)
+        if problem:
+            raise RefusedError(problem)
+        if device_id not in self.announced:
+            log.info("device %d joined: %d samples", device_id, ready.samples)
+        self.announced[device_id] = ready
+        if len(self.announced) == self.config.devices:
+            self.joined.set()
+
+    def _refusal(self, k: int, ready: Ready) -> str:
+        """Why device k's announcement does not fit the run ("" when it does)."""
+        if ready.in_shape != self.in_shape:
+            return (f"device {k}'s inputs have shape {ready.in_shape}, the run's "
+                    f"{self.in_shape} (its dataset {self.config.dataset!r})")
+        if ready.num_classes > self.num_classes:
+            return (f"device {k}'s labels range over {ready.num_classes} classes, the run's "
+                    f"model has {self.num_classes}")
+        if ready.model_digest != self.model_digest:
+            return (f"device {k} built another model than the server (digest "
+                    f"{ready.model_digest[:12]} against {self.model_digest[:12]}): both "
+                    "must run the same model code with the same config")
+        if self.prepared and ready.samples != self.system_samples[k]:
+            return (f"device {k} now holds {ready.samples} samples; the run was planned "
+                    f"for its {self.system_samples[k]}")
+        return ""
 
     def address_of(self, device_id: int) -> str:
         """Where device ``device_id`` listens for peers ("" when it does not)."""
@@ -206,15 +279,18 @@ class Coordinator:
         Raises:
             TrainingError: devices did not join in time, or the run could not go on.
         """
-        try:
-            await wait_for(self.clock, self.joined.wait(), self.join_timeout)
-        except TimeoutError:
-            missing = sorted(set(range(self.config.devices)) - set(self.sessions))
-            raise TrainingError(f"devices {missing} did not join within "
-                                f"{self.join_timeout:g} s") from None
         origin = self.clock.now()
         reason = "training finished"
         try:
+            try:
+                await wait_for(self.clock, self.joined.wait(), self.join_timeout)
+            except TimeoutError:
+                missing = sorted(set(range(self.config.devices)) - set(self.announced))
+                raise TrainingError(f"devices {missing} did not join within "
+                                    f"{self.join_timeout:g} s") from None
+            if not self.prepared:
+                await self._prepare()
+            origin = self.clock.now()
             for epoch in range(len(self.epochs), self.config.epochs):
                 self.epochs.append(await self._unless_failed(self._epoch(epoch)))
                 if self.progress is not None:
@@ -236,6 +312,37 @@ class Coordinator:
             self.compute.close()
         return RunResult(self.config, list(self.epochs), self.model,
                          list(self.recorder.slices), origin)
+
+    async def _prepare(self) -> None:
+        """Plan for the fleet as announced (off the event loop: planning may profile;
+        time held still meanwhile in virtual time), then resume from a checkpoint if
+        asked to; from now on each device's frames are held to the plan's limit."""
+        self.system_samples = [self.announced[k].samples for k in range(self.config.devices)]
+        devices = await self._profiles() if self.system.wants_profiles else None
+        with self.clock.hold():
+            await asyncio.to_thread(self.system.prepare, self.system_samples, devices)
+        self.prepared = True
+        if self._resume is not None:
+            tensors, meta = self._resume
+            await self.compute.call(partial(self.system.restore, tensors, meta["config"]))
+            self._resume_counters(meta)
+            self._resume = None
+        limit = self.max_frame_bytes = min(self.system.frame_limit(), self.max_frame_bytes)
+        for session in self.sessions.values():  # new connections get it from admission
+            session.peer.max_frame_bytes = limit
+        log.info("planned: %s", self.system.plan_entries())
+
+    async def _profiles(self) -> list[DeviceProfile]:
+        """Each device as it measures itself (aiopipe.runtime.profiling [Note: device
+        profiles]); what it says goes to ``/status``."""
+        config = self.config
+        devices, self.profiled = await profile_fleet(
+            {k: self.sessions[k] for k in range(config.devices)},
+            {k: self.announced[k].host for k in range(config.devices)},
+            declared_devices(config, self.system_samples),
+            sizes=tuple(planning_batch_sizes(config)), units=models.unit_count(self.model),
+            clock=self.clock)
+        return devices
 
     async def _unless_failed(self, work: Coroutine[Any, Any, T]) -> T:
         """``work``'s result, unless the coordinator's own work fails first: then
@@ -338,6 +445,9 @@ class Coordinator:
         return self.admission.alive()
 
     def _evaluate(self) -> float:
+        """Test accuracy of the global model on the evaluation set (NaN without one)."""
+        if self.test_set is None:
+            return math.nan
         model = self.model
         model.eval()
         correct = 0
@@ -382,7 +492,13 @@ class Coordinator:
                                                  "next_round": next_round},
                 "epochs": [e.to_mapping() for e in self.epochs]}
 
-    def _restore(self, directory: Path) -> None:
+    def _read_checkpoint(self, directory: Path
+                         ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """The checkpoint to resume from, once it is this run's.
+
+        Raises:
+            ConfigError: none there, or it is another run's.
+        """
         tensors, meta = load_checkpoint(directory)
         saved = dict(meta.get("config", {}))
         current = self.config.to_mapping()
@@ -394,14 +510,17 @@ class Coordinator:
                              if saved.get(k) != current.get(k))
             raise ConfigError(f"the checkpoint in {str(directory)!r} is for another run "
                               f"(different {', '.join(changed)})")
-        self.system.restore(tensors, meta["config"])
+        log.warning("resuming at epoch %d, round %d of the epoch, from %s",
+                    int(meta["epoch"]) + 1, int(meta["tally"]["next_round"]), directory)
+        return tensors, meta
+
+    def _resume_counters(self, meta: Mapping[str, Any]) -> None:
+        """Where training stood at the checkpoint: rounds, finished epochs, the tally."""
         self.rounds = int(meta["rounds"])
         self.epochs = [_epoch_from(e) for e in meta.get("epochs", [])]
         tally = dict(meta["tally"])
         tally["elapsed_before"] = float(tally.get("elapsed_before", 0.0))
         self._tally = tally
-        log.warning("resuming at epoch %d, round %d of the epoch, from %s",
-                    int(meta["epoch"]) + 1, int(tally["next_round"]), directory)
 
     # -- status --------------------------------------------------------------------------
 
@@ -423,9 +542,48 @@ class Coordinator:
             "epochs": self.config.epochs,
             "busy_fraction": live,
             "plan": self.system.plan_entries(),
+            "profiles": {str(k): v for k, v in sorted(self.profiled.items())},
             "replans": list(self.replans),
             "finished_epochs": [e.to_mapping() for e in self.epochs],
         }
+
+
+def _evaluation_data(config: RunConfig
+                     ) -> tuple[tuple[int, ...], int, datasets.Dataset | None]:
+    """The run's input shape and classes, and the coordinator's evaluation set (the test
+    split of ``config.dataset``, ``test_samples`` of it; None when 0).
+
+    Raises:
+        ConfigError: the dataset is unknown or unreadable.
+    """
+    known = datasets.data_format(config.dataset)
+    test_set = None
+    if config.test_samples or known is None:  # an entry point: only its data can tell
+        test_set = datasets.open_device_data(config.dataset, split="test", seed=config.seed,
+                                             size=config.test_samples or None)
+    if known is None:
+        assert test_set is not None
+        _, shape, classes = datasets.describe(test_set)
+        known = shape, classes
+    return known[0], known[1], test_set if config.test_samples else None
+
+
+def _frame_cap(config: RunConfig, model: torch.nn.Sequential, in_shape: tuple[int, ...]
+               ) -> int:
+    """The largest frame a device's connection may carry before the run is planned:
+    the whole model's state, an activation of the whole batch, a round's action list and
+    the largest round report a device sends (`MAX_REPORT_SLICES`)."""
+    from aiopipe.protocol import HEADER_SLACK_BYTES
+    from aiopipe.runtime.plan import unit_output_shapes
+
+    state = model.state_dict()
+    state_bytes = sum(t.numel() * t.element_size() for t in state.values())
+    batch = config.batch_size
+    widest = max(math.prod(s) for s in (in_shape, *unit_output_shapes(model, in_shape)))
+    activation = 4 * batch * widest + 8 * batch
+    actions = 16 * (6 * batch + 2)
+    return int(max(state_bytes, activation) + HEADER_SLACK_BYTES + 256 * len(state) + actions
+               + REPORT_SLICE_BYTES * MAX_REPORT_SLICES)
 
 
 def _new_tally(epoch: int, devices: int) -> dict[str, Any]:

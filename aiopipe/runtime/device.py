@@ -14,6 +14,9 @@ One event loop, one compute thread. While training, these tasks run:
   aiopipe/runtime/session.py) and re-sends what may have been lost;
 - links to peer devices, when the run has them (a pipeline): `PeerLinks`.
 The data never leaves the device: only activations, labels and the stage's weights do.
+After its `Plan` the device opens its data (its own, or an emulated fleet's shard),
+builds the run's model and announces both (`Ready`: samples, input shape, classes, the
+model's digest); the coordinator plans from what the devices announce.
 """
 
 from __future__ import annotations
@@ -28,11 +31,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TypeAlias, cast
 
-import numpy as np
 import torch
 
 from aiopipe import data as datasets
-from aiopipe import models
 from aiopipe.clock import Clock, SystemClock
 from aiopipe.config import RunConfig
 from aiopipe.errors import (
@@ -41,7 +42,7 @@ from aiopipe.errors import (
     TrainingError,
     TransportError,
 )
-from aiopipe.metrics.trace import Recorder
+from aiopipe.metrics.trace import MAX_REPORT_SLICES, Recorder
 from aiopipe.protocol import (
     PROTOCOL_VERSION,
     Activation,
@@ -51,24 +52,28 @@ from aiopipe.protocol import (
     Heartbeat,
     Hello,
     Plan,
+    Probe,
+    Profile,
+    ProfileRequest,
+    Ready,
     RoundReport,
     RoundResult,
     RoundStart,
-    state_from_wire,
     state_to_wire,
 )
 from aiopipe.runtime.assignment import Assignment, check_data_message
-from aiopipe.runtime.compute import Compute, warm_up_torch
+from aiopipe.runtime.compute import Compute, resolve_torch_device, warm_up_torch
 from aiopipe.runtime.executor import Identity, Inbox, Route, StageExecutor
+from aiopipe.runtime.holdings import Holdings
 from aiopipe.runtime.liveness import Liveness
 from aiopipe.runtime.peer import Peer
 from aiopipe.runtime.peer_links import PeerLinks
-from aiopipe.runtime.plan import build_model, device_indices, train_dataset, unit_output_shapes
-from aiopipe.runtime.replan import make_optimizer
+from aiopipe.runtime.plan import measure_planning_costs
+from aiopipe.runtime.profiling import answer_request
 from aiopipe.runtime.stage import StageWork
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable
-from aiopipe.transport import Link, WebSocketLink, network_spec
+from aiopipe.transport import Link, WebSocketLink
 from aiopipe.transport.fabric import Endpoint
 
 __all__ = ["COORDINATOR", "Connector", "DeviceSummary", "run_device"]
@@ -98,7 +103,9 @@ async def run_device(server: Link | Connector, device_id: int, *, clock: Clock |
                      model: torch.nn.Sequential | None = None,
                      max_frame_bytes: int | None = None,
                      shape_uplink: bool = False,
-                     endpoint: Endpoint | None = None) -> DeviceSummary:
+                     endpoint: Endpoint | None = None,
+                     dataset: datasets.Dataset | None = None,
+                     profile: bool = True, torch_device: str = "cpu") -> DeviceSummary:
     """Run device ``device_id`` until the server says Bye.
 
     Args:
@@ -116,6 +123,14 @@ async def run_device(server: Link | Connector, device_id: int, *, clock: Clock |
             shaping, to emulate a slow link on one machine).
         endpoint: where this device listens for peer devices, for runs that link devices
             directly (a pipeline); its address goes to the server in the Hello.
+        dataset: this device's own training data; None: its shard of the run's
+            ``dataset`` as ``data_partition`` splits it (an emulated fleet).
+        profile: time its own compute and links when the coordinator asks
+            (aiopipe.runtime.profiling [Note: device profiles]); False for a device that
+            shares the coordinator's machine and cost table (a simulation), which then
+            answers with none.
+        torch_device: where its stage computes: "auto", "cpu", "cuda" or "cuda:N"
+            (`aiopipe.runtime.compute.resolve_torch_device`).
 
     Raises:
         TrainingError: the server refused us, the conversation broke down, a peer link
@@ -125,6 +140,9 @@ async def run_device(server: Link | Connector, device_id: int, *, clock: Clock |
     warm_up_torch()
     node = _DeviceNode(server, device_id, clock or SystemClock(), cost_table, clock_offset, model,
                        max_frame_bytes, endpoint)
+    node.own_data = dataset
+    node.profiles = profile and cost_table is None
+    node.torch_device = resolve_torch_device(torch_device)
     node.shape_uplink = shape_uplink
     try:
         return await node.run()
@@ -162,6 +180,11 @@ class _DeviceNode:
         self.custom_model = model
         self.endpoint = endpoint
         self.shape_uplink = False
+        self.own_data: datasets.Dataset | None = None
+        self.profiles = True  # answer a ProfileRequest with our own measurements
+        self.torch_device = torch.device("cpu")  # where the stage computes
+        self._probe: asyncio.Future[float] | None = None  # the downlink probe's delay
+        self.ready: Ready | None = None  # what we announced, once set up
         self.recorder = Recorder()
         self.compute = Compute(clock, self.recorder, f"{self.name}/compute",
                                charge_costs=cost_table is not None)
@@ -172,7 +195,7 @@ class _DeviceNode:
             self.connector, link = server, cast(Link, None)
         self.peer = Peer(link, clock, self.recorder, f"{self.name}/uplink",
                          max_frame_bytes=max_frame_bytes)
-        self.control: asyncio.Queue[RoundStart | Bye] = asyncio.Queue()
+        self.control: asyncio.Queue[RoundStart | ProfileRequest | Bye] = asyncio.Queue()
         self.inbox = Inbox()
         self.sent_activations: dict[tuple[int, int, int], Activation] = {}
         #: activations from peers ahead of the round ([Note: early activations])
@@ -323,10 +346,13 @@ class _DeviceNode:
             TrainingError: no connection within 5 x device_timeout, or refused.
         """
         log.warning("device %d: %s; reconnecting", self.device_id, cause)
+        session = self.server_session
         await self._connect(links, patience=5 * self.config.device_timeout,
                             first_delay=0.1 * self.random.random())
         self._shape_uplink()
         self.peer.clear()  # re-post in order what may not have arrived, once
+        if self.ready is not None and self.server_session != session:
+            self.peer.post(self.ready, "ready")  # a new session: announce ourselves again
         for key, activation in self.sent_activations.items():
             self.peer.post(activation, "u", epoch=key[0], iteration=key[1],
                            micro_batch=key[2])
@@ -341,54 +367,11 @@ class _DeviceNode:
             raise TrainingError("the server runs a custom model; pass model= to the device")
         return RunConfig.from_mapping({**run, "model": "vgg5"}).replace(model=self.custom_model)
 
-    def _set_up(self) -> None:
-        """Build the model's structure and the local data (in the compute thread, while
-        the link loops already answer heartbeats)."""
-        config = self.config
-        torch.set_num_threads(config.torch_threads)
-        self.dataset = train_dataset(config)
-        self.indices = device_indices(config, self.dataset, self.device_id)
-        self.whole = build_model(config, num_classes=self.dataset.num_classes,
-                                 in_shape=self.dataset.in_shape)
-        self.units = models.unit_count(self.whole)
-        self.activation_shapes = _output_shapes(self.whole, self.dataset.in_shape)
-        self.compute.slowdown = config.device_slowdown_of(self.device_id)
-
-    def _assign(self, message: RoundStart, previous: Assignment | None,
-                work: StageWork | None) -> tuple[Assignment, StageWork]:
-        """The round's assignment and its stage: ``work`` with the round's weights, or a
-        new stage when the assignment changed (momentum of the parameters it keeps
-        carries over, see aiopipe.runtime.replan [Note: switching]). Compute thread.
-
-        Raises:
-            RemoteProtocolError: the assignment cannot be this run's.
-        """
-        assignment = Assignment.from_round_start(
-            message, units=self.units, batch_size=self.config.batch_size,
-            activation_shapes=self.activation_shapes, me=self.name)
-        if previous is None or work is None or not assignment.same_stage(previous):
-            module = models.units_of(self.whole, assignment.first_unit, assignment.stop_unit)
-            kept = (work.module, work.optimizer) if work is not None else None
-            optimizer = make_optimizer(module, self.config, previous=kept)
-            if previous is not None:
-                log.info("device %d: round %d switches to units %d..%d of stage %d, %d "
-                         "micro-batches", self.device_id, message.round,
-                         assignment.first_unit, assignment.stop_unit - 1, assignment.stage,
-                         assignment.parallel_batches)
-            work = StageWork(
-                module, optimizer, first=assignment.stage == 0, last=assignment.last,
-                parallel_batches=assignment.parallel_batches,
-                num_classes=self.dataset.num_classes)
-        work.module.load_state_dict(state_from_wire(message.tensors))
-        work.clear()
-        work.reset_totals()
-        return assignment, work
-
     def _shape_uplink(self) -> None:
         """Pace a websocket uplink at the network's rate (sender-side shaping)."""
         if (self.shape_uplink and self.config.shape_links
                 and isinstance(self.peer.link, WebSocketLink)):
-            self.peer.link.reshape(network_spec(self.config.network).up)
+            self.peer.link.reshape(self.config.device_network(self.device_id).up)
 
     # -- loops ---------------------------------------------------------------------
 
@@ -405,6 +388,17 @@ class _DeviceNode:
                 self.last_round_received = message.round
                 self._drop_round()  # if still on an older one, the server gave up on it
                 self.control.put_nowait(message)
+            elif isinstance(message, ProfileRequest):
+                # its probe follows at once: how much later it arrives times the downlink
+                asked_at = self.clock.now()
+                self._probe = asyncio.get_running_loop().create_future()
+                self._probe.add_done_callback(lambda f: f.cancelled() or f.exception())
+                self._probe_asked_at = asked_at
+                self.control.put_nowait(message)
+            elif isinstance(message, Probe):
+                if self._probe is None or self._probe.done():
+                    raise RemoteProtocolError("a probe without a profile request")
+                self._probe.set_result(self.clock.now() - self._probe_asked_at)
             elif isinstance(message, Bye):
                 self.control.put_nowait(message)
                 # the server may end the run mid-round (it failed): stop waiting, now and
@@ -414,6 +408,9 @@ class _DeviceNode:
                 self.sent_activations.clear()
                 return
             elif isinstance(message, ErrorMessage):
+                if message.code == "refused":  # what we announced does not fit the run
+                    raise TrainingError(f"server refused device {self.device_id}: "
+                                        f"{message.message}")
                 raise TrainingError(f"server error {message.code}: {message.message}")
             elif not isinstance(message, Heartbeat):
                 raise RemoteProtocolError(f"a device does not accept {type(message).__name__}")
@@ -497,13 +494,20 @@ class _DeviceNode:
             self.peer.post(message, "report", epoch=self.epoch)
 
     async def _train_loop(self) -> DeviceSummary:
-        await self.compute.call(self._set_up)
+        self.holdings = await self.compute.call(partial(
+            Holdings.open, self.config, self.plan, self.own_data, self.torch_device))
+        self.compute.slowdown = self.config.device_slowdown_of(self.device_id)
+        self.ready = self.holdings.ready()
+        self.peer.post(self.ready, "ready")
         rounds = samples = 0
         while True:
             message = await self.control.get()
             self.unacked.clear()  # the next round (or goodbye) acknowledges the last
             if isinstance(message, Bye):
                 return DeviceSummary(self.device_id, rounds, samples, message.reason)
+            if isinstance(message, ProfileRequest):
+                await self._answer_profile(message)
+                continue
             self.round, self.epoch = message.round, message.epoch
             self.round_task = asyncio.create_task(self._run_round(message))
             try:
@@ -516,20 +520,38 @@ class _DeviceNode:
             rounds += 1
             samples += done
 
+    async def _answer_profile(self, request: ProfileRequest) -> None:
+        """Answer the coordinator's profile request (aiopipe.runtime.profiling [Note:
+        device profiles]); we do not time ourselves when we share its machine and table,
+        or compute where the CPU profiler cannot time."""
+        assert self._probe is not None
+
+        async def measure(sizes: tuple[int, ...]) -> CostTable:
+            held = self.holdings
+            costs = await self.compute.call(partial(
+                measure_planning_costs, self.config, held.whole, self.plan.in_shape,
+                held.dataset, sizes=sizes))
+            log.info("device %d: profiled itself", self.device_id)
+            return costs
+
+        mine = self.profiles and self.torch_device.type == "cpu"
+        for message in await answer_request(request, asyncio.shield(self._probe),
+                                            clock=self.clock, measure=measure if mine else None):
+            self.peer.post(message, "profile" if isinstance(message, Profile) else "probe")
+
     async def _run_round(self, message: RoundStart) -> int:
         """Train the round's iterations, upload the weights, then the report; samples."""
         mark = len(self.recorder.slices)
         self.inbox.reopen()
         assignment, work = await self.compute.call(
-            partial(self._assign, message, self.assignment, self.work))
+            partial(self.holdings.assign, message, self.assignment, self.work))
         self.assignment, self.work = assignment, work
         if self.peers is not None:
             self.peers.limit(assignment.frame_limit())
         await self._deliver_early()
         routes = await self._routes(assignment)
-        order = datasets.epoch_order(self.indices, epoch=message.epoch, seed=self.config.seed)
         micro, n = assignment.micro_batch_size, assignment.parallel_batches
-        work.batch = partial(_micro_batch, self.dataset, order, micro, n)
+        work.batch = self.holdings.batches(assignment)
         executor = StageExecutor(
             work, self.compute, stage=assignment.stage, actions=assignment.actions,
             identity=Identity(self.run_id, self.name), inbox=self.inbox,
@@ -544,7 +566,7 @@ class _DeviceNode:
             self.sent_activations.clear()  # every gradient of the iteration has arrived
         samples = message.iterations * micro * n
         weights = await self.compute.call(
-            lambda: state_to_wire({k: v.detach().clone()
+            lambda: state_to_wire({k: v.detach().to("cpu", copy=True)
                                    for k, v in work.module.state_dict().items()}))
         result = RoundResult(message.round, samples, float(work.loss_sum), int(work.correct),
                              weights)
@@ -554,8 +576,12 @@ class _DeviceNode:
         await self.result_sent.wait()
         # the report follows the weights so that it can include their upload
         offset = self.clock_offset or 0.0
+        slices = self.recorder.take(mark)
+        if len(slices) > MAX_REPORT_SLICES:
+            log.warning("device %d: round %d made %d trace slices; reporting the first %d",
+                        self.device_id, message.round, len(slices), MAX_REPORT_SLICES)
         report = RoundReport(message.round, {
-            "slices": [s.shifted(offset).to_list() for s in self.recorder.take(mark)],
+            "slices": [s.shifted(offset).to_list() for s in slices[:MAX_REPORT_SLICES]],
             "peak_live": work.peak_live,
         })
         self.unacked.append(report)
@@ -602,17 +628,3 @@ def _before(message: Activation, assignment: Assignment | None) -> bool:
     """Whether ``message`` belongs to an iteration before ``assignment``'s round."""
     return assignment is not None and (message.epoch, message.iteration) < (
         assignment.epoch, assignment.first_iteration)
-
-
-def _micro_batch(dataset: datasets.Dataset, order: np.ndarray, micro: int, parallel: int,
-                 iteration: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Micro-batch ``n`` of ``iteration`` in the epoch's ``order`` (PiPar Algorithm 1)."""
-    base = iteration * micro * parallel
-    return dataset.batch(order[base + n * micro: base + (n + 1) * micro])
-
-
-def _output_shapes(model: torch.nn.Sequential, in_shape: tuple[int, ...]
-                   ) -> tuple[tuple[int, ...], ...]:
-    """Per-sample shapes: the model's input, then after each unit."""
-    return (tuple(in_shape), *unit_output_shapes(model, in_shape))
-

@@ -20,7 +20,7 @@ from aiohttp import web
 from aiopipe.auth import authenticate_bearer, check_secret
 from aiopipe.errors import AiopipeError, AuthenticationError, RemoteProtocolError
 from aiopipe.runtime.coordinator import Coordinator
-from aiopipe.transport import LinkSpec, accept_websocket
+from aiopipe.transport import accept_websocket
 
 __all__ = ["add_routes"]
 
@@ -28,11 +28,12 @@ log = logging.getLogger("aiopipe.server")
 
 
 def add_routes(app: web.Application, node: Coordinator, *, token_secret: bytes | None = None,
-               prefix: str = "", downlink: LinkSpec | None = None) -> None:
+               prefix: str = "", shape_downlinks: bool = False) -> None:
     """Mount the device websocket and the status routes of ``node`` on ``app``.
 
     ``token_secret``: devices must present a token minted under it (None: no
-    authentication).
+    authentication). ``shape_downlinks``: pace what goes to device k at its
+    ``network``'s downlink (sender-side shaping, to emulate the network on one machine).
 
     Raises:
         ConfigError: the secret is shorter than `aiopipe.auth.MIN_SECRET_BYTES`.
@@ -50,11 +51,12 @@ def add_routes(app: web.Application, node: Coordinator, *, token_secret: bytes |
                                            headers={"WWW-Authenticate": "Bearer"}) from None
         try:
             link = await accept_websocket(request, clock=node.clock,
-                                          max_frame_bytes=node.max_frame_bytes, shaping=downlink)
+                                          max_frame_bytes=node.max_frame_bytes)
         except RemoteProtocolError as exc:
             raise web.HTTPBadRequest(text=f"{exc}\n") from None
         try:
-            await node.serve_link(link, device_id=device_id)
+            await node.serve_link(link, device_id=device_id,
+                                  reshape=link.reshape if shape_downlinks else None)
         except AiopipeError as exc:
             log.warning("device connection from %s ended: %s", request.remote, exc)
         finally:

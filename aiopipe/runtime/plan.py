@@ -1,8 +1,11 @@
 """What each device runs: the resolved (P, N, B') per device, and the shared set-up.
 
-Both sides build the same model and data from the same `RunConfig`: the server builds
-the whole model (initialized from the seed) and the test set; a device builds the model's
-structure (its weights arrive in `RoundStart`) and its own shard of the training data.
+Both sides build the same model from the same `RunConfig` (`aiopipe.runtime.factories`):
+the server the whole model (initialized from the seed), a device the model's structure
+(its weights arrive in `RoundStart`). The training data is the devices' own: the server
+plans from what each announces (`Ready`) and opens no training data. An emulated fleet
+(the launcher, `aiopipe.simulate`) shares one dataset out instead: `device_data` is
+device k's shard of it, as ``data_partition`` splits it.
 
 [Note: iterations per epoch] A device with S samples, batch size B and N micro-batches
 uses B' = floor(B/N) samples per micro-batch and runs floor(S / (B' N)) iterations per
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,10 +25,10 @@ import torch
 from torch import nn
 
 from aiopipe import data as datasets
-from aiopipe import models
 from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
 from aiopipe.runtime.aggregation import fedavg
+from aiopipe.runtime.factories import build_model
 from aiopipe.runtime.overheads import measure_runtime_overheads
 from aiopipe.scheduler.costs import CostTable, measure_costs
 from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
@@ -35,11 +39,13 @@ __all__ = [
     "check_trainable",
     "choose_plans",
     "declared_devices",
+    "device_data",
     "device_indices",
     "device_plans",
     "measure_planning_costs",
     "model_profile",
     "needs_planner",
+    "planning_batch_sizes",
     "profile_batch_sizes",
     "resolve_auto",
     "train_dataset",
@@ -64,28 +70,26 @@ class DevicePlan:
         return self.micro_batch_size * self.parallel_batches
 
 
-def build_model(config: RunConfig, *, num_classes: int, in_shape: tuple[int, int, int]
-                ) -> nn.Sequential:
-    """The whole model, initialized deterministically from ``config.seed``.
-
-    Raises:
-        ConfigError: unknown model name or shapes it cannot take.
-    """
-    torch.manual_seed(config.seed)
-    if isinstance(config.model, str):
-        return models.build(config.model, num_classes=num_classes, in_shape=in_shape)
-    return copy.deepcopy(models.as_sequential(config.model))
-
-
 def train_dataset(config: RunConfig) -> datasets.Dataset:
-    """The training set all device shards are cut from (lazily generated or memory-mapped).
+    """The training set an emulated fleet's shards are cut from (lazily generated or
+    memory-mapped).
 
     Raises:
         ConfigError: unknown dataset or unreadable files.
     """
-    return datasets.open_dataset(config.dataset, split="train",
-                                 size=config.devices * config.samples_per_device,
-                                 seed=config.seed)
+    return datasets.open_dataset(
+        config.dataset, split="train", seed=config.seed,
+        size=sum(config.device_samples_of(k) for k in range(config.devices)))
+
+
+def device_data(config: RunConfig, device_id: int) -> datasets.Dataset:
+    """Device ``device_id``'s shard of an emulated fleet's training set.
+
+    Raises:
+        ConfigError: unknown dataset or unreadable files.
+    """
+    train = train_dataset(config)
+    return datasets.Shard(train, device_indices(config, train, device_id))
 
 
 def device_indices(config: RunConfig, dataset: datasets.Dataset, device_id: int) -> np.ndarray:
@@ -206,37 +210,49 @@ def needs_planner(config: RunConfig) -> bool:
         config.mode == "pipar" and config.parallel_batches == "auto")
 
 
-def measure_planning_costs(config: RunConfig, model: nn.Sequential, dataset: datasets.Dataset,
-                           *, repeats: int = 5, warmup: int = 2) -> CostTable:
+def measure_planning_costs(config: RunConfig, model: nn.Sequential, in_shape: tuple[int, ...],
+                           dataset: datasets.Dataset | None, *,
+                           sizes: Sequence[int] | None = None, repeats: int = 5,
+                           warmup: int = 2) -> CostTable:
     """A cost table at every batch size the run (or its planner) may use, measured here.
 
     Measured as the nodes run: with ``config.torch_threads`` torch threads, the run's
-    learning rate and momentum, and the fixed cost of loading one of device 0's
-    micro-batches charged to each device forward, and the server's aggregation of a
+    learning rate and momentum, and the fixed cost of loading a micro-batch of
+    ``dataset`` (data of the run's kind: the server's evaluation set, or a device's own;
+    None: no loading cost) charged to each device forward, and the server's aggregation
+    of a
     round (FedAvg over the devices' whole models, then loading the result into the
     global model and, approximately, each device's replica), and the runtime's own
     hand-over per work item and messages per micro-batch
     (`measure_runtime_overheads`, with activations of the first unit's output shape).
     The model is left as it was.
     """
-    mine = device_indices(config, dataset, 0)
     whole = {key: v.detach().clone() for key, v in model.state_dict().items()}
 
     def load_batch(size: int) -> torch.Tensor:
-        return dataset.batch(mine[:size])[0]
+        assert dataset is not None
+        return dataset.batch(np.arange(size) % len(dataset))[0]
 
     def aggregate(devices: int) -> None:
         state = fedavg([whole] * devices, [1.0] * devices)
         for _ in range(devices + 1):
             model.load_state_dict(state)
 
-    sizes = sorted({*profile_batch_sizes(config), config.batch_size})
-    overheads = measure_runtime_overheads((1, *unit_output_shapes(model, dataset.in_shape)[0]))
-    return measure_costs(model, dataset.in_shape, sizes, repeats=repeats, warmup=warmup,
+    if sizes is None:
+        sizes = planning_batch_sizes(config)
+    overheads = measure_runtime_overheads((1, *unit_output_shapes(model, in_shape)[0]))
+    return measure_costs(model, in_shape, sizes, repeats=repeats, warmup=warmup,
                          learning_rate=config.learning_rate, momentum=config.momentum,
-                         threads=config.torch_threads, load_batch=load_batch,
+                         threads=config.torch_threads,
+                         load_batch=None if dataset is None else load_batch,
                          aggregate=aggregate, handover=overheads.handover,
                          message=overheads.message)
+
+
+def planning_batch_sizes(config: RunConfig) -> list[int]:
+    """Every batch size a cost table must hold for the run and its planner (the
+    micro-batch sizes of `profile_batch_sizes`, and B for FL's whole batches)."""
+    return sorted({*profile_batch_sizes(config), config.batch_size})
 
 
 def profile_batch_sizes(config: RunConfig) -> list[int]:
@@ -260,7 +276,7 @@ def _candidate_parallel_batches(config: RunConfig) -> list[int]:
 _TYPICAL_RUN_ID = 2**62 - 1
 
 
-def model_profile(model: nn.Sequential, in_shape: tuple[int, int, int],
+def model_profile(model: nn.Sequential, in_shape: tuple[int, ...],
                   costs: CostTable) -> ModelProfile:
     """What the planner knows about ``model``: ``costs`` plus the activation, frame and
     state sizes of every split unit (frame overheads are the codec's own figures)."""
@@ -281,11 +297,10 @@ def model_profile(model: nn.Sequential, in_shape: tuple[int, int, int],
 
 
 def declared_devices(config: RunConfig, samples: list[int]) -> list[DeviceProfile]:
-    """Device profiles from the config: ``device_slowdown`` and the ``network`` preset."""
-    from aiopipe.transport import network_spec
-
-    network = network_spec(config.network)
-    return [DeviceProfile(config.device_slowdown_of(k), network.up, network.down, samples[k])
+    """Device profiles from the config: ``device_slowdown`` and each device's
+    ``network``."""
+    return [DeviceProfile(config.device_slowdown_of(k), config.device_network(k).up,
+                          config.device_network(k).down, samples[k])
             for k in range(config.devices)]
 
 
@@ -320,7 +335,7 @@ def with_plans(config: RunConfig, chosen: list[tuple[int, int]]) -> RunConfig:
                           if config.mode == "pipar" else config.parallel_batches)
 
 
-def resolve_auto(config: RunConfig, model: nn.Sequential, in_shape: tuple[int, int, int],
+def resolve_auto(config: RunConfig, model: nn.Sequential, in_shape: tuple[int, ...],
                  samples: list[int], costs: CostTable) -> RunConfig:
     """Replace "auto" split points / micro-batch counts with the planner's choice.
 

@@ -14,7 +14,7 @@ reports):
 - server speed ``c`` = seconds of the server's ``s`` slices over what the cost table
   says they take; the planning table is scaled by ``c`` (contention, a busy machine);
 - device k's slowdown = seconds of its ``f`` and ``b`` slices over ``c`` x the table's
-  time for the same work;
+  time for the same work (over its own table's, when it was profiled where it runs);
 - device k's uplink (downlink) bandwidth = bytes of its activation (gradient) frames
   over the seconds its ``u`` (``d``) slices took. A direction whose frames took no
   measurable time is unshaped. Latency is not observable from one side: the
@@ -44,16 +44,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-from torch import nn
-
 from aiopipe.config import RunConfig
 from aiopipe.metrics.trace import Slice
 from aiopipe.runtime.plan import DevicePlan, choose_plans
 from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile, estimate_epoch
 from aiopipe.transport.network import LinkSpec
 
-__all__ = ["Replan", "live_profiles", "make_optimizer", "reselect"]
+__all__ = ["Replan", "live_profiles", "reselect"]
 
 #: Seconds per frame below which a direction counts as unshaped.
 _UNSHAPED_S = 1e-6
@@ -76,25 +73,6 @@ class Replan:
                 "estimated_epoch_before_s": round(self.before_s, 6),
                 "estimated_epoch_after_s": round(self.after_s, 6),
                 "plans": [list(p) for p in self.plans]}
-
-
-def make_optimizer(half: nn.Module, config: RunConfig, *,
-                   previous: tuple[nn.Module, torch.optim.Optimizer] | None = None
-                   ) -> torch.optim.Optimizer:
-    """The run's SGD for one model half; with ``previous`` (an older half of the same
-    model and its optimizer), each parameter both halves hold by name keeps its momentum
-    ([Note: switching])."""
-    optimizer = torch.optim.SGD(half.parameters(), lr=config.learning_rate,
-                                momentum=config.momentum)
-    if previous is not None:
-        old_half, old_optimizer = previous
-        buffers = {name: old_optimizer.state.get(param, {}).get("momentum_buffer")
-                   for name, param in old_half.named_parameters()}
-        for name, param in half.named_parameters():
-            buffer = buffers.get(name)
-            if buffer is not None:
-                optimizer.state[param]["momentum_buffer"] = buffer.clone()
-    return optimizer
 
 
 def live_profiles(slices: Sequence[Slice], plans: Sequence[DevicePlan],
@@ -126,8 +104,10 @@ def live_profiles(slices: Sequence[Slice], plans: Sequence[DevicePlan],
         k, p, micro = plan.device_id, plan.split_point, plan.micro_batch_size
         forwards = busy.get((f"device{k}/compute", "f"), [])
         backwards = busy.get((f"device{k}/compute", "b"), [])
-        table = scale * (len(forwards) * costs.forward_time(0, p, micro)
-                         + len(backwards) * costs.backward_time(0, p, micro))
+        # against the device's own table when it has one, else the server's as it ran
+        base, factor = (before.costs, 1.0) if before.costs is not None else (costs, scale)
+        table = factor * (len(forwards) * base.forward_time(0, p, micro)
+                          + len(backwards) * base.backward_time(0, p, micro))
         slowdown = (sum(forwards) + sum(backwards)) / table if table > 0 and (
             forwards or backwards) else before.slowdown
         uplink, downlink = before.uplink, before.downlink
@@ -136,7 +116,8 @@ def live_profiles(slices: Sequence[Slice], plans: Sequence[DevicePlan],
                                 profile.activation_frame_bytes(p, micro), before.uplink)
             downlink = _bandwidth(busy.get((f"device{k}/downlink", "d"), []),
                                   profile.gradient_frame_bytes(p, micro), before.downlink)
-        devices.append(DeviceProfile(max(slowdown, 1e-6), uplink, downlink, before.samples))
+        devices.append(DeviceProfile(max(slowdown, 1e-6), uplink, downlink, before.samples,
+                                     before.costs))
     return live, devices
 
 

@@ -44,6 +44,7 @@ from aiopipe.config import RunConfig
 from aiopipe.errors import (
     DeviceLostError,
     ProtocolError,
+    RefusedError,
     RemoteProtocolError,
     TransportError,
 )
@@ -54,6 +55,10 @@ from aiopipe.protocol import (
     ErrorMessage,
     Gradient,
     Heartbeat,
+    Probe,
+    Profile,
+    ProfileRequest,
+    Ready,
     RoundReport,
     RoundResult,
     RoundStart,
@@ -64,6 +69,7 @@ from aiopipe.runtime.compute import Compute
 from aiopipe.runtime.executor import Identity, Inbox, StageExecutor
 from aiopipe.runtime.liveness import Liveness
 from aiopipe.runtime.peer import Peer
+from aiopipe.runtime.profiling import probe
 from aiopipe.runtime.stage import ServerStage
 from aiopipe.transport import Link
 
@@ -89,6 +95,14 @@ class SessionHost(Protocol):
 
     def server_failed(self, device_id: int, error: BaseException) -> None:
         """The coordinator's own work for ``device_id`` failed ([Note: server faults])."""
+        ...
+
+    def announce(self, device_id: int, ready: Ready) -> None:
+        """Device ``device_id`` has set up and holds what ``ready`` says.
+
+        Raises:
+            RefusedError: that does not fit the run.
+        """
         ...
 
 
@@ -166,6 +180,10 @@ class DeviceSession:
         self.nonce = secrets.randbits(62)  # `Plan.session`: who the device is talking to
         self._stage_failure: ProtocolError | None = None
         self._stage_failed = asyncio.Event()
+        #: a profile asked for (aiopipe.runtime.profiling [Note: device profiles]): the
+        #: answer, when it came, and the uplink probe's delay after it
+        self._profile: asyncio.Future[tuple[Profile, float]] | None = None
+        self._answer: tuple[Profile, float] | None = None
 
     # -- driven by the coordinator -----------------------------------------------------
 
@@ -201,6 +219,44 @@ class DeviceSession:
         await serving
         return done
 
+    async def profile(self, batch_sizes: tuple[int, ...]) -> tuple[Profile, float]:
+        """Ask the device to profile itself at ``batch_sizes`` (a probe follows the
+        request); its answer and the delay of its probe after it (0 when the answer
+        has no table: no probe follows).
+
+        Raises:
+            DeviceLostError: the device was lost meanwhile.
+        """
+        if self.ended:
+            raise DeviceLostError(f"device {self.device_id} is gone")
+        self._answer = None
+        future: asyncio.Future[tuple[Profile, float]] = (
+            asyncio.get_running_loop().create_future())
+        self._profile = future
+        self.peer.post(ProfileRequest(batch_sizes), "m")
+        self.peer.post(probe(), "probe")
+        try:
+            return await future
+        finally:
+            self._profile = None
+
+    def _accept_profile(self, message: Profile | Probe) -> None:
+        """A profile asked for, then its probe."""
+        future, now = self._profile, self.host.clock.now()
+        if future is None or future.done():
+            raise RemoteProtocolError(f"a {type(message).__name__} nobody asked for")
+        if isinstance(message, Profile):
+            if self._answer is not None:
+                raise RemoteProtocolError("a second profile")
+            self._answer = (message, now)
+            if not message.costs:  # a device without a table of its own sends no probe
+                future.set_result((message, 0.0))
+        elif self._answer is None:
+            raise RemoteProtocolError("a probe before its profile")
+        else:
+            answer, at = self._answer
+            future.set_result((answer, now - at))
+
     def link_bytes(self) -> tuple[int, int]:
         """Bytes received from and sent to the device over all its connections so far."""
         stats = self.peer.link.statistics()
@@ -218,10 +274,11 @@ class DeviceSession:
         """The device is gone for good: fail its round."""
         self.ended = True
         self.attached.set()  # a connection waiting to be re-attached stops waiting
-        self.inbox.close(DeviceLostError(f"device {self.device_id} was lost: {reason}"))
-        if self.result is not None and not self.result.done():
-            self.result.set_exception(DeviceLostError(f"device {self.device_id} was lost: "
-                                                      f"{reason}"))
+        lost = DeviceLostError(f"device {self.device_id} was lost: {reason}")
+        self.inbox.close(lost)
+        for waiting in (self.result, self._profile):
+            if waiting is not None and not waiting.done():
+                waiting.set_exception(lost)
 
     # -- the coordinator's stage -----------------------------------------------------------
 
@@ -302,9 +359,11 @@ class DeviceSession:
                         sender.cancel()
         except* ProtocolError as group:
             problem = group.exceptions[0]
-            log.warning("device %d: %s", self.device_id, problem)
+            code = "refused" if isinstance(problem, RefusedError) else "protocol"
+            log.warning("refused device %d: %s" if code == "refused"
+                        else "device %d broke the protocol: %s", self.device_id, problem)
             with contextlib.suppress(TransportError):
-                await self.peer.send(ErrorMessage("protocol", str(problem)))
+                await self.peer.send(ErrorMessage(code, str(problem)))
             await self.peer.link.aclose(str(problem)[:100])
             raise problem from None
         except* TransportError as group:
@@ -328,6 +387,10 @@ class DeviceSession:
                 self._accept_result(message)
             elif isinstance(message, RoundReport):
                 self._complete_round(message)
+            elif isinstance(message, Ready):
+                self.host.announce(self.device_id, message)
+            elif isinstance(message, Profile | Probe):
+                self._accept_profile(message)
             elif isinstance(message, Heartbeat):
                 continue
             elif isinstance(message, Bye):

@@ -8,10 +8,10 @@ returns transfers, the executor moves bytes).
 
 Positions: the first stage (0) reads its micro-batches from local data; a later stage
 takes its input from the activation it received. The last stage computes the loss (the
-micro-batch's mean cross-entropy divided by N, so that N accumulated micro-batch
-gradients are the gradient of the whole batch's mean loss: PiPar Eq. 26) and counts
-the round's loss and correct predictions. A stage that is both (a whole model: FL) does
-both.
+run's loss, by default the micro-batch's mean cross-entropy, divided by N, so that N
+accumulated micro-batch gradients are the gradient of the whole batch's mean loss:
+PiPar Eq. 26) and counts the round's loss and correct predictions. A stage that is both
+(a whole model: FL) does both.
 
 Inputs from another node are checked before they touch the weights ([Note: hostile
 inputs]): labels in range, finite values, a finite loss and finite gradients; what fails
@@ -28,6 +28,7 @@ from torch import nn
 
 from aiopipe.errors import RemoteProtocolError
 from aiopipe.runtime.assignment import Assignment
+from aiopipe.runtime.factories import Loss
 from aiopipe.scheduler.actions import Action
 
 __all__ = ["Batch", "ServerStage", "StageWork"]
@@ -54,13 +55,19 @@ class StageWork:
         last: the stage computes the loss.
         parallel_batches: N, the micro-batches per iteration (the loss is divided by it).
         num_classes: labels must lie in 0..num_classes-1.
+        loss: the run's loss (the last stage's), the mean over a micro-batch.
         batch: the first stage's data; set per round with `use_data`.
     """
 
     def __init__(self, module: nn.Sequential, optimizer: torch.optim.Optimizer, *,
-                 first: bool, last: bool, parallel_batches: int, num_classes: int) -> None:
+                 first: bool, last: bool, parallel_batches: int, num_classes: int,
+                 loss: Loss = nn.functional.cross_entropy) -> None:
         self.module = module
         self.optimizer = optimizer
+        self.loss = loss
+        #: where the stage computes (its parameters' torch device); what it takes in and
+        #: gives out stays on the CPU, as on the wire
+        self.device = next(module.parameters(), torch.empty(0)).device
         self.first = first
         self.last = last
         self.parallel_batches = parallel_batches
@@ -111,7 +118,7 @@ class StageWork:
         self.peak_live = max(self.peak_live, len(self._saved))
         if self.last:
             return None
-        return out.detach(), labels
+        return out.detach().cpu(), labels.cpu()
 
     def backward(self, iteration: int, micro_batch: int,
                  gradient: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -133,6 +140,7 @@ class StageWork:
             if gradient is None:
                 raise ValueError("a backward before the last stage needs a gradient")
             out = saved.output
+            gradient = gradient.to(self.device)
             if gradient.shape != out.shape or gradient.dtype != out.dtype:
                 raise RemoteProtocolError(
                     f"gradient of shape {tuple(gradient.shape)} {gradient.dtype} for an "
@@ -150,7 +158,7 @@ class StageWork:
             self.optimizer.zero_grad(set_to_none=True)
             raise RemoteProtocolError("activation gives NaN or Inf gradients: its values are "
                                       "out of range")
-        return grad
+        return grad.cpu()
 
     def forward_backward(self, iteration: int, micro_batch: int,
                          received: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -175,7 +183,7 @@ class StageWork:
             if self.batch is None:
                 raise ValueError("the first stage has no data for this round")
             x, labels = self.batch(*key)
-            return x, labels, None
+            return x.to(self.device), labels.to(self.device), None
         if received is None:
             raise ValueError("a later stage's forward needs the received activation")
         activation, labels = received
@@ -184,11 +192,14 @@ class StageWork:
             raise RemoteProtocolError(f"labels outside 0..{self.num_classes - 1}")
         if not torch.isfinite(activation).all():
             raise RemoteProtocolError("activation holds NaN or Inf")
-        inputs = activation.detach().requires_grad_(True)
-        return inputs, labels, inputs
+        inputs = activation.detach().to(self.device).requires_grad_(True)
+        return inputs, labels.to(self.device), inputs
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        loss = nn.functional.cross_entropy(logits, labels)
+        loss = self.loss(logits, labels)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise ValueError(f"the loss must be one number (a micro-batch's mean), got "
+                             f"{type(loss).__name__} {tuple(getattr(loss, 'shape', ()))}")
         # finite inputs can still be too large for the model: refuse them before they
         # reach the weights (and, through FedAvg, every device's)
         if not torch.isfinite(loss):

@@ -101,7 +101,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from aiopipe.errors import ConfigError
@@ -127,21 +127,29 @@ DEFAULT_FRAME_OVERHEAD = 200
 class DeviceProfile:
     """What the planner knows about one device.
 
-    ``slowdown``: the device's compute time over the server's for the same work.
+    ``slowdown``: the device's compute time over its table's (``costs``, or the
+    server's when the device has none of its own) for the same work: a measured device
+    has 1, an emulated one its emulation factor.
     ``uplink`` / ``downlink``: the device → server and server → device directions.
     ``samples``: training samples the device holds.
+    ``costs``: the device's own cost table, measured where it runs (PiPar §3.3.1); None:
+    the server's table x ``slowdown`` (a declared device).
 
     Raises:
         ConfigError: slowdown is not a positive finite number, a link is not a
-            `LinkSpec`, or samples is not an int >= 0.
+            `LinkSpec`, samples is not an int >= 0, or costs is not a `CostTable`.
     """
 
     slowdown: float
     uplink: LinkSpec
     downlink: LinkSpec
     samples: int
+    costs: CostTable | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
+        if self.costs is not None and not isinstance(self.costs, CostTable):
+            raise ConfigError(f"DeviceProfile.costs must be a CostTable, got "
+                              f"{type(self.costs).__name__}")
         s = self.slowdown
         if isinstance(s, bool) or not isinstance(s, int | float) or not math.isfinite(s) or s <= 0:
             raise ConfigError(f"device slowdown must be a positive number, got {s!r}")
@@ -305,19 +313,26 @@ class UnitTimes:
 
 
 class StageCache:
-    """`UnitTimes` per micro-batch size for one model: what planning calls share."""
+    """`UnitTimes` per micro-batch size for one model (and for each device's own table):
+    what planning calls share."""
 
-    __slots__ = ("_model", "_times")
+    __slots__ = ("_model", "_own", "_times")
 
     def __init__(self, model: ModelProfile) -> None:
         self._model = model
         self._times: dict[int, UnitTimes] = {}
+        #: by id: a device's own table (kept alive here) and its sums per batch size
+        self._own: dict[int, tuple[CostTable, dict[int, UnitTimes]]] = {}
 
-    def times(self, batch: int) -> UnitTimes:
-        """The sums at micro-batch size ``batch``."""
-        found = self._times.get(batch)
+    def times(self, batch: int, costs: CostTable | None = None) -> UnitTimes:
+        """The sums at micro-batch size ``batch`` of the model's table, or of ``costs``."""
+        if costs is None or costs is self._model.costs:
+            table, cache = self._model.costs, self._times
+        else:
+            table, cache = self._own.setdefault(id(costs), (costs, {}))
+        found = cache.get(batch)
         if found is None:
-            found = self._times[batch] = UnitTimes(self._model.costs, batch)
+            found = cache[batch] = UnitTimes(table, batch)
         return found
 
     def stages(
@@ -327,12 +342,13 @@ class StageCache:
         model, p = self._model, split_point
         micro = batch_size // parallel
         t = self.times(micro)
+        own = t if device.costs is None else self.times(micro, device.costs)
         slow = device.slowdown
         return Stages(
             n=parallel,
-            f=t.device_f[p] * slow,
-            b=t.device_b[p] * slow,
-            device_step=t.device_step[p] * slow,
+            f=own.device_f[p] * slow,
+            b=own.device_b[p] * slow,
+            device_step=own.device_step[p] * slow,
             u=device.uplink.wire_time(model.activation_frame_bytes(p, micro)),
             up_latency=device.uplink.latency_s,
             s=t.server_s[p],

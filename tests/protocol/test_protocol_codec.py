@@ -31,6 +31,10 @@ from aiopipe.protocol import (
     Hello,
     Message,
     Plan,
+    Probe,
+    Profile,
+    ProfileRequest,
+    Ready,
     RoundReport,
     RoundResult,
     RoundStart,
@@ -69,7 +73,7 @@ RUN = {
 
 SAMPLES: list[Message] = [
     Hello(PROTOCOL_VERSION, 7),
-    Plan(3, "pipar", RUN, 2**62 - 1, 1234.5, 2**62, {"device4": "ab" * 32}),
+    Plan(3, "pipar", RUN, 2**62 - 1, 1234.5, 2**62, {"device4": "ab" * 32}, (3, 32, 32), 10),
     Plan(0, "fl", {}, 1),
     RoundStart(1, 0, 10, 5, {
             "0.weight": td("float32", (8, 3, 3, 3)),
@@ -97,6 +101,12 @@ SAMPLES: list[Message] = [
     Bye(""),
     Bye("round limit reached"),
     ErrorMessage("protocol", "activation.tensor: dtype unknown: 'complex64'"),
+    Ready(200, (1, 28, 28), 10, "0123456789abcdef" * 2, "fe" * 8),
+    Ready(0, (12,), 3, "ab" * 32),
+    ProfileRequest((1, 2, 4, 50)),
+    Profile({"forward": {"0": {"1": 0.5}}, "backward": {}, "step": {}}, 1.5, 10e6),
+    Profile({}, 0.0, 0.0),
+    Probe(td("uint8", (1024,))),
 ]
 
 
@@ -379,7 +389,11 @@ PLAN = {
     "server_time": 0.0,
     "session": 0,
     "peer_keys": {},
+    "in_shape": [3, 32, 32],
+    "num_classes": 10,
 }
+READY = {"samples": 10, "in_shape": [1, 28, 28], "num_classes": 10,
+         "model_digest": "ab" * 16, "host": ""}
 RESULT = {"round": 0, "samples": 0, "loss_sum": 0.0, "correct": 0, "tensors": {}}
 REPORT = {"round": 0, "report": {}}
 F32 = ["float32", [2], 0, 8]
@@ -465,6 +479,21 @@ BAD_FRAMES: list[tuple[str, bytes, str]] = [
         "error.message: wrong field type: expected str, got NoneType",
     ),
     ("bad mode", frame(["plan", {**PLAN, "mode": "x"}]), "invalid plan: mode must be one of"),
+    ("plan shape not ints", frame(["plan", {**PLAN, "in_shape": ["3"]}]),
+     "plan.in_shape: wrong field type: expected at most 64 ints"),
+    ("plan shape empty", frame(["plan", {**PLAN, "in_shape": []}]),
+     "invalid plan: in_shape must be 1 to 8 ints"),
+    ("ready huge shape", frame(["ready", {**READY, "in_shape": [1] * 9}]),
+     "invalid ready: in_shape must be 1 to 8 ints"),
+    ("ready digest not hex", frame(["ready", {**READY, "model_digest": "xyz" * 8}]),
+     "invalid ready: model_digest must be hex digits"),
+    ("ready host too long", frame(["ready", {**READY, "host": "a" * 65}]),
+     "invalid ready: host must be hex digits"),
+    ("profile negative time", frame(["profile", {"costs": {}, "seconds": -1.0,
+                                                  "downlink_bps": 0.0}]),
+     "invalid profile: seconds must be a finite float >= 0"),
+    ("profile request empty", frame(["profile_request", {"batch_sizes": []}]),
+     "invalid profile_request: batch_sizes must hold 1 to 64 sizes"),
     (
         "zero batches",
         tensor_frame("round_start", {"round": 0, "epoch": 0, "first_iteration": 0,

@@ -19,17 +19,39 @@ from typing import Any
 from aiopipe import CostTable, RunConfig
 from aiopipe.clock import Clock
 from aiopipe.errors import AiopipeError, LinkBrokenError
+from aiopipe.models import model_digest
+from aiopipe.protocol import Plan, Ready
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.device import run_device
+from aiopipe.runtime.factories import build_model
 from aiopipe.transport import Link, LinkSpec, MemoryLink, open_memory_link_pair
 
-__all__ = ["COSTS", "NETWORK", "WIRE", "Fleet"]
+__all__ = ["COSTS", "NETWORK", "WIRE", "Fleet", "joined", "ready_for"]
 
 COSTS = CostTable.uniform(5, forward=0.01, backward=0.02, step=0.001, batch=10)
 #: the run's network, as config (what planning and shaping assume) ...
 NETWORK = {"up_mbps": 50, "down_mbps": 50, "latency_ms": 5}
 #: ... and as the memory links' wire
 WIRE = LinkSpec(50e6, 0.005)
+
+
+def ready_for(plan: Plan, samples: int) -> Ready:
+    """What an honest device that holds ``samples`` samples announces after ``plan``
+    (scripted devices send it by hand)."""
+    config = RunConfig.from_mapping(plan.run)
+    model = build_model(config, num_classes=plan.num_classes, in_shape=plan.in_shape)
+    return Ready(samples, plan.in_shape, plan.num_classes, model_digest(model))
+
+
+async def joined(node: Coordinator) -> Coordinator:
+    """``node`` as if every device of its emulated fleet had joined (announced its
+    shard): planned, and, when it resumes, restored from its checkpoint."""
+    config = node.config
+    for k in range(config.devices):
+        node.announced[k] = Ready(config.device_samples_of(k), node.in_shape,
+                                  node.num_classes, node.model_digest)
+    await node._prepare()
+    return node
 
 
 class Fleet:

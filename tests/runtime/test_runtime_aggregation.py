@@ -49,3 +49,51 @@ def test_inputs_are_left_alone_even_in_float64() -> None:
     assert torch.equal(got["w"], torch.full((3,), 2.0, dtype=torch.float64))
     assert torch.equal(a["w"], torch.ones(3, dtype=torch.float64))
     assert torch.equal(b["w"], torch.full((3,), 3.0, dtype=torch.float64))
+
+
+# -- robust aggregators, against their definitions on small hand-made models -----------
+
+def _model(*values: float, count: int = 7) -> dict[str, torch.Tensor]:
+    """A state whose weight holds ``values`` and whose counter is ``count``."""
+    return {"w": torch.tensor(values, dtype=torch.float32),
+            "num_batches_tracked": torch.tensor(count)}
+
+
+def test_the_median_is_taken_per_coordinate() -> None:
+    from aiopipe.runtime.aggregation import fedmedian
+
+    odd = fedmedian([_model(1, 10), _model(2, -5), _model(1e15, 0, count=9)])
+    assert odd["w"].tolist() == [2.0, 0.0]  # the huge value cannot move it
+    assert odd["num_batches_tracked"].item() == 7
+    even = fedmedian([_model(1, 4), _model(3, 2), _model(5, 0), _model(100, 1)])
+    assert even["w"].tolist() == [4.0, 1.5]  # the mean of the two middle values
+    assert even["w"].dtype == torch.float32
+
+
+def test_the_trimmed_mean_drops_the_extremes_per_coordinate() -> None:
+    from aiopipe.runtime.aggregation import trimmed_mean
+
+    states = [_model(v, -v) for v in (1.0, 2.0, 3.0, 4.0, 1e6)]
+    got = trimmed_mean(states, 0.2)  # floor(0.2 x 5) = 1 dropped at each end
+    assert got["w"].tolist() == [3.0, -3.0]  # each coordinate alike
+    assert got["num_batches_tracked"].item() == 7
+    assert trimmed_mean(states, 0.0)["w"][0].item() == pytest.approx((10 + 1e6) / 5)
+    with pytest.raises(TrainingError, match="trim must be in"):
+        trimmed_mean(states, 0.5)
+
+
+def test_krum_picks_the_model_closest_to_its_neighbours() -> None:
+    from aiopipe.runtime.aggregation import krum
+
+    honest = [_model(0.0, 0.0), _model(0.1, 0.0), _model(0.0, 0.2), _model(0.1, 0.1)]
+    poisoned = [_model(1e6, -1e6)]
+    got, chosen = krum(honest + poisoned, byzantine=1)
+    # scores, the 2 (n - f - 2) nearest squared distances: model 0: .01 + .02 = .03,
+    # 1: .01 + .01 = .02, 2: .02 + .04 = .06, 3: .01 + .02 = .03, 4: huge
+    assert chosen == [1]
+    assert got["w"].tolist() == pytest.approx([0.1, 0.0])
+    multi, chosen = krum(honest + poisoned, byzantine=1, keep=4)
+    assert 4 not in chosen  # the poisoned model is never among the kept
+    assert multi["w"].tolist() == pytest.approx([0.05, 0.075])
+    with pytest.raises(TrainingError, match="needs n >= f \\+ 3"):
+        krum(honest, byzantine=2)

@@ -4,9 +4,8 @@ least as fast as any fixed plan we try."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
+from fleet import joined
 
 from aiopipe import CostTable, RunConfig, VirtualClock, simulate
 from aiopipe.api import _measure
@@ -18,7 +17,7 @@ BASE = RunConfig(mode="pipar", model="vgg5", devices=2, samples_per_device=500, 
 
 @pytest.fixture(scope="module")
 def costs() -> CostTable:
-    return _measure(BASE)
+    return _measure(BASE, None)
 
 
 async def test_auto_plan_is_resolved_and_beats_fixed_plans(costs: CostTable) -> None:
@@ -45,15 +44,13 @@ async def test_auto_split_for_sfl_keeps_one_micro_batch(costs: CostTable) -> Non
     assert isinstance(result.config.split_point, tuple)
 
 
-def test_auto_is_planned_before_a_real_run_too() -> None:
-    """Without a cost table the server measures one on this machine to plan with."""
+async def test_auto_is_planned_before_a_real_run_too() -> None:
+    """Without a cost table the server measures one on this machine to plan with, once
+    the devices have joined."""
     from aiopipe.clock import SystemClock
     from aiopipe.runtime.coordinator import Coordinator
 
-    async def build() -> Coordinator:
-        return Coordinator(BASE, clock=SystemClock())
-
-    node = asyncio.run(build())
+    node = await joined(Coordinator(BASE.replace(profile_devices=False), clock=SystemClock()))
     assert node.cost_table is None  # real time is not charged from the table
     assert all(isinstance(p.split_point, int) for p in node.system.plans)
     assert all(1 <= p.split_point < 5 for p in node.system.plans)
@@ -65,17 +62,18 @@ async def test_memory_budgets_bound_the_plan_and_an_impossible_one_is_named(
     from aiopipe.runtime.coordinator import Coordinator
     from aiopipe.scheduler.select import device_memory_bytes
 
-    free = Coordinator(BASE, clock=VirtualClock(), cost_table=costs)
+    free = await joined(Coordinator(BASE, clock=VirtualClock(), cost_table=costs))
     assert free.system.planning is not None
     need = [device_memory_bytes(free.system.planning, p.split_point, p.parallel_batches, 50)
             for p in free.system.plans]
     # device 1 gets less memory than its free choice needs: it must pick a smaller plan
     budget = (0.0, (need[1] - 1) / 2**20)
-    tight = Coordinator(BASE.replace(device_memory_mb=budget), clock=VirtualClock(),
-                       cost_table=costs)
+    tight = await joined(Coordinator(BASE.replace(device_memory_mb=budget),
+                                     clock=VirtualClock(), cost_table=costs))
     p1 = tight.system.plans[1]
     assert device_memory_bytes(tight.system.planning, p1.split_point, p1.parallel_batches,
                                50) < need[1]
     with pytest.raises(ConfigError, match="device 0") as info:
-        Coordinator(BASE.replace(device_memory_mb=0.001), clock=VirtualClock(), cost_table=costs)
+        await joined(Coordinator(BASE.replace(device_memory_mb=0.001), clock=VirtualClock(),
+                                 cost_table=costs))
     assert "\n" not in str(info.value)

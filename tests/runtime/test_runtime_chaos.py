@@ -98,8 +98,10 @@ async def inject_faults(
     node, clock = fleet.node, fleet.clock
     devices = node.config.devices
     killable = set(rng.sample(range(devices), rng.randint(1, devices - 1))) if kills else set()
-    frame = largest_frame(node)
     await node.joined.wait()
+    while not node.prepared:  # planned for the fleet as it announced itself
+        await clock.sleep(0.001)
+    frame = largest_frame(node)
     budget = rng.randint(3, 8)
     while budget and not training.done():
         await clock.sleep(rng.uniform(0.05, 2.0))

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from fleet import Fleet
+from fleet import Fleet, joined
 
 from aiopipe import RunConfig, SystemClock
 from aiopipe.errors import TrainingError
@@ -30,8 +30,11 @@ CONFIG = RunConfig(mode="pipar", devices=2, samples_per_device=40, batch_size=20
 
 
 def real_node(tmp_path: Path, config: RunConfig = CONFIG) -> Coordinator:
-    """A server on the system clock with real compute (no cost table)."""
-    return Coordinator(config, clock=SystemClock(), checkpoint_dir=tmp_path)
+    """A server on the system clock with real compute (no cost table), planned for its
+    devices as if they had joined."""
+    node = Coordinator(config, clock=SystemClock(), checkpoint_dir=tmp_path)
+    node.system.prepare([config.device_samples_of(k) for k in range(config.devices)])
+    return node
 
 
 async def save(node: Coordinator, epoch: int, next_round: int) -> None:
@@ -147,7 +150,8 @@ async def test_training_returns_with_its_last_checkpoint_written(tmp_path: Path)
     # after each aggregation every replica equals the global model: stored once
     assert not [name for name in tensors if name.startswith("replica/")]
     assert [name for name in tensors if name.startswith("momentum/")]
-    resumed = Coordinator(CONFIG, clock=SystemClock(), checkpoint_dir=tmp_path, resume=True)
+    resumed = await joined(Coordinator(CONFIG, clock=SystemClock(), checkpoint_dir=tmp_path,
+                                       resume=True))
     assert resumed.rounds == 4
     whole = result.model.state_dict()
     for half, _ in resumed.system.replicas.values():
@@ -194,7 +198,8 @@ async def test_a_pending_copy_is_saved_when_no_round_can_start(tmp_path: Path) -
     assert meta["epoch"] == 1
 
 
-def test_a_replica_that_differs_from_the_global_model_is_restored(tmp_path: Path) -> None:
+async def test_a_replica_that_differs_from_the_global_model_is_restored(
+        tmp_path: Path) -> None:
     node = real_node(tmp_path)
     half = node.system.replicas[1][0]
     with torch.no_grad():
@@ -204,7 +209,8 @@ def test_a_replica_that_differs_from_the_global_model_is_restored(tmp_path: Path
     tensors, _ = load_checkpoint(tmp_path)
     assert any(name.startswith("replica/1/") for name in tensors)
     assert not any(name.startswith("replica/0/") for name in tensors)
-    resumed = Coordinator(CONFIG, clock=SystemClock(), checkpoint_dir=tmp_path, resume=True)
+    resumed = await joined(Coordinator(CONFIG, clock=SystemClock(), checkpoint_dir=tmp_path,
+                                       resume=True))
     for k in (0, 1):
         want = node.system.replicas[k][0].state_dict()
         for name, value in resumed.system.replicas[k][0].state_dict().items():

@@ -127,3 +127,20 @@ async def test_an_item_busy_on_cpu_takes_slowdown_times_its_cpu_time() -> None:
         resource.close()
     (item,) = recorder.slices
     assert item.end - item.start >= 4 * 0.05
+
+
+def test_a_torch_device_is_resolved_or_refused_with_the_reason() -> None:
+    import torch
+
+    from aiopipe.errors import ConfigError
+    from aiopipe.runtime.compute import resolve_torch_device
+
+    gpu = torch.cuda.is_available()
+    assert resolve_torch_device("auto").type == ("cuda" if gpu else "cpu")
+    assert resolve_torch_device("cpu") == torch.device("cpu")
+    with pytest.raises(ConfigError, match="unknown 'tpu'"):
+        resolve_torch_device("tpu")
+    with pytest.raises(ConfigError, match="'meta' is not supported"):
+        resolve_torch_device("meta")
+    with pytest.raises(ConfigError, match=r"cuda:99.*CUDA device"):
+        resolve_torch_device("cuda:99")

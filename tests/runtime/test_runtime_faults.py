@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from fleet import COSTS, NETWORK, Fleet
+from fleet import COSTS, NETWORK, Fleet, ready_for
 
 from aiopipe import RunConfig, TrainingError, VirtualClock, simulate
 from aiopipe.protocol import PROTOCOL_VERSION, Hello, Plan, decode, encode
+from aiopipe.runtime.checkpoint import load_checkpoint
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.device import DeviceSummary
 
@@ -87,9 +88,11 @@ async def test_a_silent_device_is_declared_lost_after_timeout_and_grace() -> Non
     async with asyncio.TaskGroup() as tasks:
         fleet = Fleet(config, clock, tasks)
         fleet.start_device(0)
-        silent, _ = fleet.connect()  # a device that never speaks after its hello
+        silent, _ = fleet.connect()  # a device that never speaks after it joined
         await silent.send(encode(Hello(PROTOCOL_VERSION, 1)))
-        assert isinstance(decode(await silent.receive()), Plan)
+        plan = decode(await silent.receive())
+        assert isinstance(plan, Plan)
+        await silent.send(encode(ready_for(plan, config.device_samples_of(1))))
         start = clock.now()
         result = await fleet.node.train()  # device 1 never says anything again
     await clock.aclose()
@@ -267,9 +270,9 @@ async def test_a_restarted_server_resumes_from_its_checkpoint(tmp_path: Path) ->
             fleet.device_links[k].break_("the server process died")
         with contextlib.suppress(asyncio.CancelledError):
             await training
+        assert load_checkpoint(tmp_path)[1]["rounds"] == 3  # rounds 0-2; 3 runs again
         fleet.node = Coordinator(config, clock=clock, cost_table=COSTS, checkpoint_dir=tmp_path,
                                 resume=True)
-        assert fleet.node.rounds == 3  # rounds 0-2 were checkpointed; 3 runs again
         result = await fleet.node.train()
     await clock.aclose()
     assert [e.device_samples for e in result.epochs] == [(80, 80, 80)] * 3

@@ -47,6 +47,7 @@ from aiopipe.protocol import (
     Hello,
     Message,
     Plan,
+    Ready,
     RoundReport,
     RoundResult,
     RoundStart,
@@ -58,6 +59,7 @@ from aiopipe.protocol import (
 )
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.device import DeviceSummary, run_device
+from aiopipe.runtime.factories import build_model
 from aiopipe.transport import LinkSpec, MemoryLink, open_memory_link_pair
 
 U64 = 2**64 - 1
@@ -145,12 +147,17 @@ def activation(epoch: int, iteration: int, micro_batch: int, seed: int = 0) -> A
 def device_half_state() -> tuple[dict[str, TensorData], int]:
     """The weights a RoundStart carries for device 1, and the server's frame limit."""
     node = Coordinator(CONFIG, clock=VirtualClock(), cost_table=COSTS)
+    node.system.prepare([CONFIG.device_samples_of(k) for k in range(CONFIG.devices)])
     half = models.split(node.model, node.system.plans[1].split_point)[0]
     state = state_to_wire({key: value.detach().clone() for key, value in half.state_dict().items()})
-    return dict(state), node.max_frame_bytes
+    return dict(state), min(node.system.frame_limit(), node.max_frame_bytes)
 
 
 STATE, LIMIT = device_half_state()
+#: What device 1 announces on every new session (the samples it held when the run was
+#: planned: anything else is refused)
+READY = Ready(SHARE, (3, 32, 32), 10, models.model_digest(
+    build_model(CONFIG, num_classes=10, in_shape=(3, 32, 32))))
 
 
 @dataclass(frozen=True)
@@ -960,7 +967,8 @@ class FakeDevice:
             link = self.harness.connect()
             await link.send(encode(Hello(PROTOCOL_VERSION, 1)))
             answer = decode(await link.receive())
-            if isinstance(answer, Plan):
+            if isinstance(answer, Plan):  # a new session: say what it holds
+                await link.send(encode(READY))
                 return link
             assert isinstance(answer, ErrorMessage), answer
             if answer.message == "the run is over":

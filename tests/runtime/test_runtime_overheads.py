@@ -39,7 +39,8 @@ def test_planning_costs_charge_the_runtime_overheads(monkeypatch: pytest.MonkeyP
         return RuntimeOverheads(handover=0.5, message=2.0)
 
     monkeypatch.setattr(run_plan, "measure_runtime_overheads", fixed)
-    costs = measure_planning_costs(config, model, dataset, repeats=1, warmup=0)
+    costs = measure_planning_costs(config, model, dataset.in_shape, dataset, repeats=1,
+                                   warmup=0)
     first = run_plan.unit_output_shapes(model, dataset.in_shape)[0]
     assert shapes == [(1, *first)]
     last = costs.units - 1

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from fleet import ready_for
 
 from aiopipe import RunConfig, TrainingError, VirtualClock
 from aiopipe.errors import AiopipeError
@@ -94,6 +95,7 @@ async def test_a_peer_that_breaks_the_plan_is_refused_and_the_run_ends(case: str
         await link.send(encode(Hello(PROTOCOL_VERSION, 0, 0, endpoint.address)))
         plan = decode(await link.receive())
         assert isinstance(plan, Plan)
+        await link.send(encode(ready_for(plan, CONFIG.device_samples_of(0))))
         start = decode(await link.receive())
         assert isinstance(start, RoundStart)
         async with dial_peer(endpoint, start.peers["device1"]["address"], me="device0",

@@ -8,6 +8,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from fleet import joined
 
 from aiopipe import RunConfig, VirtualClock
 from aiopipe.api import _device
@@ -50,7 +51,7 @@ async def run(config: RunConfig, *, wifi_from_round: int | None) -> tuple[RunRes
                 max_frame_bytes=node.max_frame_bytes)
             ends.append((device_end, server_end))
             tasks.create_task(node.serve_link(server_end))
-            tasks.create_task(_device(device_end, k, clock, COSTS, None, None))
+            tasks.create_task(_device(device_end, k, clock, COSTS, None, None, None))
 
         async def speed_up() -> None:
             while wifi_from_round is not None and node.rounds <= wifi_from_round:
@@ -95,14 +96,15 @@ async def test_nothing_changes_when_the_links_are_as_declared() -> None:
 
 
 async def test_a_resumed_run_keeps_the_switched_plans(tmp_path: Path) -> None:
-    node = Coordinator(BASE, clock=VirtualClock(), cost_table=COSTS, checkpoint_dir=tmp_path)
+    node = await joined(Coordinator(BASE, clock=VirtualClock(), cost_table=COSTS,
+                                    checkpoint_dir=tmp_path))
     before = [(p.split_point, p.parallel_batches) for p in node.system.plans]
     switched = [(2, 10), (1, 5)]
     assert switched != before
     node.system._switch_plans(switched)
     save_checkpoint(tmp_path, node.system.checkpoint_tensors(), node._checkpoint_meta(0, 1, 0.0))
-    resumed = Coordinator(BASE, clock=VirtualClock(), cost_table=COSTS,
-                         checkpoint_dir=tmp_path, resume=True)
+    resumed = await joined(Coordinator(BASE, clock=VirtualClock(), cost_table=COSTS,
+                                       checkpoint_dir=tmp_path, resume=True))
     assert [(p.split_point, p.parallel_batches) for p in resumed.system.plans] == switched
     for k in range(2):
         own = resumed.system.replicas[k][0].state_dict()
@@ -145,7 +147,7 @@ def test_parameters_that_stay_keep_their_momentum_and_moved_ones_start_afresh() 
     import torch
 
     from aiopipe import models
-    from aiopipe.runtime.replan import make_optimizer
+    from aiopipe.runtime.factories import make_optimizer
 
     dataset = train_dataset(BASE)
     whole = build_model(BASE, num_classes=dataset.num_classes, in_shape=dataset.in_shape)

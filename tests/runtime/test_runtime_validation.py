@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from fleet import ready_for
 
 from aiopipe import CostTable, RunConfig, VirtualClock
 from aiopipe.errors import AiopipeError, LinkBrokenError
@@ -119,6 +120,7 @@ async def _refused_and_the_run_goes_on(config: RunConfig, messages: list[Activat
         await bad_device.send(encode(Hello(PROTOCOL_VERSION, 1)))
         plan = decode(await bad_device.receive())
         assert isinstance(plan, Plan)
+        await bad_device.send(encode(ready_for(plan, samples)))
         assert isinstance(decode(await bad_device.receive()), RoundStart)
         for message in messages:
             await bad_device.send(encode(dataclasses.replace(message, run_id=plan.run_id)))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 
@@ -278,3 +280,64 @@ def test_a_bad_shallow_margin_is_a_config_error() -> None:
     for bad in (-0.01, math.inf, math.nan):
         with pytest.raises(ConfigError, match="shallow margin"):
             select_plans(model, devices, 8, shallow_margin=bad)
+
+
+# -- devices profiled where they run (PiPar §3.3.1) ---------------------------------------
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def _vgg5() -> ModelProfile:
+    """vgg5 with the cost table the planner bench measured on this project's machine
+    (bench/results/2026-11-24-s11-planner, the 4g case)."""
+    from aiopipe import RunConfig
+    from aiopipe.runtime.plan import build_model, model_profile
+
+    costs = CostTable.from_mapping(json.loads((GOLDEN / "vgg5_costs.json").read_text()))
+    model = build_model(RunConfig(), num_classes=10, in_shape=(3, 32, 32))
+    return model_profile(model, (3, 32, 32), costs)
+
+
+def test_a_device_table_scaled_is_the_same_device_declared_slower() -> None:
+    """A device profiled on a machine 8x slower than the server (its own table = the
+    server's x 8, slowdown 1) plans exactly like the server's table declared slower by 8,
+    and unlike a device as fast as the server."""
+    model = _vgg5()
+    link = LinkSpec(50e6, 0.0)
+    batch, n = 32, [1, 2, 4, 8, 16, 32]
+    own = [DeviceProfile(1.0, link, link, 320, model.costs),
+           DeviceProfile(1.0, link, link, 320, model.costs.scaled(8.0))]
+    declared = [DeviceProfile(1.0, link, link, 320), DeviceProfile(8.0, link, link, 320)]
+    chosen = select_plans(model, own, batch, parallel_batches=n)
+    assert chosen == select_plans(model, declared, batch, parallel_batches=n)
+    assert estimate_epoch(model, own, chosen, batch) == pytest.approx(
+        estimate_epoch(model, declared, chosen, batch), rel=1e-12)
+    assert chosen[0] != chosen[1]  # the fast and the slow device get their own plans
+
+
+def test_a_device_whose_table_has_another_shape_gets_the_plan_its_table_calls_for() -> None:
+    """The device runs vgg5's first unit as fast as the server (an accelerator for the
+    first convolution, say) and the rest 8x slower: no single slowdown describes it.
+    From its own table the planner takes the plan its real costs call for; the
+    server-scaled assumption (the one factor a whole-model measurement gives) misses it
+    and, by the device's real costs, is slower."""
+    model = _vgg5()
+    link = LinkSpec(50e6, 0.0)
+    batch, n = 32, [1, 2, 4, 8, 16, 32]
+    costs = model.costs
+    factor = {0: 1.0, 1: 8.0, 2: 8.0, 3: 8.0, 4: 8.0}
+    skewed = CostTable(
+        {u: {b: t * factor[u] for b, t in row.items()} for u, row in costs.forward.items()},
+        {u: {b: t * factor[u] for b, t in row.items()} for u, row in costs.backward.items()},
+        {u: t * factor[u] for u, t in costs.step.items()})
+    profiled = [DeviceProfile(1.0, link, link, 320, skewed)]
+    chosen = select_plans(model, profiled, batch, parallel_batches=n, shallow_margin=0)
+    assert chosen == exhaustive_plans(model, profiled, batch, parallel_batches=n)
+    # the one factor a server-side measurement of the whole model would declare
+    mean = ((skewed.forward_time(0, 5, 8) + skewed.backward_time(0, 5, 8))
+            / (costs.forward_time(0, 5, 8) + costs.backward_time(0, 5, 8)))
+    assumed = [DeviceProfile(mean, link, link, 320)]
+    guess = select_plans(model, assumed, batch, parallel_batches=n, shallow_margin=0)
+    assert guess != chosen
+    real = estimate_epoch(model, profiled, chosen, batch)
+    assert real < estimate_epoch(model, profiled, guess, batch)

@@ -17,26 +17,31 @@ from aiopipe.protocol import Hello, RoundResult, RoundStart
 from aiopipe.runtime.compute import Compute
 from aiopipe.runtime.stage import ServerStage
 from aiopipe.scheduler.costs import CostTable
+from aiopipe.scheduler.estimate import DeviceProfile
 
 __all__ = ["Rounds", "Setup", "System"]
 
 
 @dataclass(frozen=True, slots=True)
 class Setup:
-    """What every system starts from.
+    """What every system starts from (devices' sample counts come later: `prepare`).
 
-    ``model``: the whole model, initialized from the seed; ``train``: the training set
-    (for its shapes and the device shards' sizes, ``samples``); ``cost_table``: charge
+    ``model``: the whole model, initialized from the seed, for inputs of ``in_shape``
+    and ``num_classes`` classes; ``test_set``: the coordinator's evaluation data, if any
+    (profiling loads micro-batches of it: data of the run's kind); ``cost_table``: charge
     compute from it (virtual time) and plan with it; ``run_secret``: this run's secret,
-    from which peer keys derive.
+    from which peer keys derive; ``torch_device``: where the coordinator's own stages
+    compute (the global model stays on the CPU).
     """
 
     config: RunConfig
     model: nn.Sequential
-    train: datasets.Dataset
-    samples: list[int]
+    in_shape: tuple[int, ...]
+    num_classes: int
+    test_set: datasets.Dataset | None
     cost_table: CostTable | None
     run_secret: bytes
+    torch_device: torch.device
 
 
 class Rounds(Protocol):
@@ -72,8 +77,24 @@ class System(Protocol):
     #: the whole model as the coordinator holds it between rounds
     model: nn.Sequential
 
+    #: whether the system plans from the devices' own profiles (aiopipe.runtime.profiling
+    #: [Note: device profiles]): the coordinator asks them before `prepare`
+    wants_profiles: bool
+
+    def prepare(self, samples: Sequence[int],
+                devices: Sequence[DeviceProfile] | None = None) -> None:
+        """Plan with what the devices announced (``samples[k]``: device k's training
+        samples) and, when the system wants them, measured of themselves (``devices``),
+        once every device has, before the first round.
+
+        Raises:
+            ConfigError: the fleet cannot run (no plan fits, too few samples...).
+        """
+        ...
+
     def plan_entries(self) -> list[dict[str, Any]]:
-        """The plan as plain values (``metrics.jsonl``'s ``plan``, ``/status``)."""
+        """The plan as plain values (``metrics.jsonl``'s ``plan``, ``/status``); empty
+        until `prepare`."""
         ...
 
     def iterations(self, device_id: int) -> int:
@@ -89,7 +110,8 @@ class System(Protocol):
         ...
 
     def frame_limit(self) -> int:
-        """The largest frame any message of the run can need, in bytes."""
+        """The largest frame any message of the run can need, in bytes (after
+        `prepare`)."""
         ...
 
     async def run_round(self, rounds: Rounds, round_no: int, epoch: int, first: int,

@@ -1,7 +1,7 @@
 """A synchronous pipeline across devices (``mode = "pipeline"``).
 
 Placement: a chain of S stages on S devices, stage p on device p; stage 0 holds the data
-(device 0's shard), the last stage computes the loss; the coordinator runs no stage and
+(device 0's own), the last stage computes the loss; the coordinator runs no stage and
 stays off the data path: activations and gradients go device to device, over links the
 devices authenticate with the pair keys the coordinator hands out (`Plan.peer_keys`).
 The units are cut at ``partition`` (S - 1 cut points, or "auto": a balanced partition of
@@ -51,6 +51,7 @@ from aiopipe.runtime.plan import (
 )
 from aiopipe.runtime.systems.base import Rounds, Setup
 from aiopipe.runtime.tasks import first_error
+from aiopipe.scheduler.estimate import DeviceProfile
 from aiopipe.scheduler.partition import balanced_partition
 from aiopipe.scheduler.placement import chain
 from aiopipe.scheduler.schedule import (
@@ -69,6 +70,7 @@ class Pipeline:
 
     planned_keys: tuple[str, ...] = ()
     resumable = False
+    wants_profiles = False  # "auto" cuts are balanced on the coordinator's table
 
     def __init__(self, setup: Setup) -> None:
         config = setup.config
@@ -88,7 +90,8 @@ class Pipeline:
                               f" has only {self.units} units")
         cuts = config.partition
         if cuts == "auto":
-            costs = setup.cost_table or measure_planning_costs(config, self.model, setup.train)
+            costs = setup.cost_table or measure_planning_costs(
+                config, self.model, setup.in_shape, setup.test_set)
             cuts = tuple(balanced_partition(
                 costs, self.stages, self.micro_batch_size,
                 [config.device_slowdown_of(p) for p in range(self.stages)]))
@@ -104,20 +107,28 @@ class Pipeline:
         self.pipeline = self.placement.pipelines[0]
         #: (first, stop) units of each stage
         self.bounds = [(s.first_unit, s.stop_unit) for s in self.pipeline.stages]
-        samples = setup.samples[0]
-        self.iterations_per_epoch = samples // (self.micro_batch_size * n)
-        if self.iterations_per_epoch < 1:
-            raise ConfigError(f"device 0 holds {samples} samples, fewer than one iteration "
-                              f"({self.micro_batch_size * n}); raise samples_per_device")
-        check_trainable(self.model, setup.train.in_shape,
-                        [DevicePlan(0, self.units, n, self.micro_batch_size,
-                                    self.iterations_per_epoch)], config)
-        self.activation_shapes = unit_output_shapes(self.model, setup.train.in_shape)
+        self.iterations_per_epoch = 0  # `prepare` knows: device 0's announced samples
+        check_trainable(self.model, setup.in_shape,
+                        [DevicePlan(0, self.units, n, self.micro_batch_size, 0)], config)
+        self.activation_shapes = unit_output_shapes(self.model, setup.in_shape)
         self.schedule: Schedule = with_transfers(
             one_f_one_b(self.stages, n) if config.schedule == "1f1b"
             else gpipe(self.stages, n))
         check_schedule(self.schedule)
         self._secret = setup.run_secret
+
+    def prepare(self, samples: Sequence[int],
+                devices: Sequence[DeviceProfile] | None = None) -> None:
+        """Device 0 holds the data: its samples make the epoch.
+
+        Raises:
+            ConfigError: fewer than one iteration's samples.
+        """
+        per_iteration = self.micro_batch_size * self.parallel_batches
+        self.iterations_per_epoch = samples[0] // per_iteration
+        if self.iterations_per_epoch < 1:
+            raise ConfigError(f"device 0 holds {samples[0]} samples, fewer than one "
+                              f"iteration ({per_iteration})")
 
     # -- what devices are told -----------------------------------------------------------
 

@@ -48,6 +48,7 @@ from aiopipe.protocol import (
 )
 from aiopipe.runtime.aggregation import fedavg
 from aiopipe.runtime.assignment import Assignment
+from aiopipe.runtime.factories import make_loss, make_optimizer
 from aiopipe.runtime.plan import (
     DevicePlan,
     check_trainable,
@@ -60,7 +61,7 @@ from aiopipe.runtime.plan import (
     unit_output_shapes,
     with_plans,
 )
-from aiopipe.runtime.replan import Replan, live_profiles, make_optimizer, reselect
+from aiopipe.runtime.replan import Replan, live_profiles, reselect
 from aiopipe.runtime.stage import ServerStage, StageWork
 from aiopipe.runtime.systems.base import Rounds, Setup
 from aiopipe.runtime.tasks import first_error
@@ -82,36 +83,58 @@ class Star:
     def __init__(self, setup: Setup) -> None:
         config = setup.config
         self.setup = setup
+        self.config = config
         self.model = setup.model
         self.units = models.unit_count(self.model)
-        self.num_classes = setup.train.num_classes
-        self.in_shape = setup.train.in_shape
+        self.num_classes = setup.num_classes
+        self.in_shape = setup.in_shape
         self.cost_table = setup.cost_table
-        self.samples = setup.samples
-        # [Note: planning] with "auto", plan now from the cost table (measured here when
-        # not given: real runs keep real time) and, between rounds, from live measurements
-        self.auto_config: RunConfig | None = None
+        self.loss = make_loss(config)
+        self.samples: list[int] = []
+        self.auto_config: RunConfig | None = config if needs_planner(config) else None
+        self.planned_keys: tuple[str, ...] = (
+            ("split_point", "parallel_batches") if self.auto_config else ())
+        # real clocks plan from the devices' own measurements; virtual time charges
+        # (and plans with) the table it was given
+        self.wants_profiles = (self.auto_config is not None and self.cost_table is None
+                               and config.profile_devices)
         self.planning: ModelProfile | None = None
         self.live: list[DeviceProfile] = []
         self.replans: list[Replan] = []
-        if needs_planner(config):
-            planning_costs = self.cost_table or measure_planning_costs(config, self.model,
-                                                                       setup.train)
-            self.auto_config = config
+        self.plans: list[DevicePlan] = []
+        self.replicas: dict[int, tuple[nn.Sequential, torch.optim.Optimizer]] = {}
+        self.activation_shapes = unit_output_shapes(self.model, self.in_shape)
+        self._schedules: dict[tuple[int, int], tuple[str, tuple[Action, ...]]] = {}
+        if self.auto_config is None:  # refuse what cannot train before devices join
+            check_trainable(self.model, self.in_shape, device_plans(
+                config, self.units, [config.batch_size] * config.devices), config)
+
+    def prepare(self, samples: Sequence[int],
+                devices: Sequence[DeviceProfile] | None = None) -> None:
+        """Plan for the devices' announced samples ([Note: planning]): with "auto", from
+        the cost table (measured here when not given: real runs keep real time) and
+        ``devices``, the devices' own profiles (else the declared ``device_slowdown``
+        and ``network``); then the plans, placement and server-half replicas.
+
+        Raises:
+            ConfigError: no plan fits, or a device holds fewer samples than one iteration.
+        """
+        config = self.auto_config or self.config
+        self.samples = list(samples)
+        if self.auto_config is not None:
+            planning_costs = self.cost_table or measure_planning_costs(
+                config, self.model, self.in_shape, self.setup.test_set)
             self.planning = model_profile(self.model, self.in_shape, planning_costs)
-            self.live = declared_devices(config, self.samples)
+            self.live = (list(devices) if devices is not None
+                         else declared_devices(config, self.samples))
             config = with_plans(config, choose_plans(config, self.planning, self.live))
         self.config = config
-        self.planned_keys: tuple[str, ...] = (
-            ("split_point", "parallel_batches") if self.auto_config else ())
         self.plans = device_plans(config, self.units, self.samples)
         self.placement = star([p.split_point for p in self.plans], self.units)
-        check_trainable(self.model, self.in_shape, self.plans, config)
-        self.activation_shapes = unit_output_shapes(self.model, self.in_shape)
-        self.replicas: dict[int, tuple[nn.Sequential, torch.optim.Optimizer]] = {}
+        if self.auto_config is not None:
+            check_trainable(self.model, self.in_shape, self.plans, config)
         for plan in self.plans if config.mode != "fl" else ():
             self.replicas[plan.device_id] = self._replica(plan.split_point)
-        self._schedules: dict[tuple[int, int], tuple[str, tuple[Action, ...]]] = {}
 
     # -- what devices are told -----------------------------------------------------------
 
@@ -182,7 +205,8 @@ class Star:
         replica, optimizer = self.replicas[device_id]
         p = stages[1].first_unit
         work = StageWork(replica, optimizer, first=False, last=True,
-                         parallel_batches=plan.parallel_batches, num_classes=self.num_classes)
+                         parallel_batches=plan.parallel_batches, num_classes=self.num_classes,
+                         loss=self.loss)
         assignment = Assignment(
             "server", start.round, start.epoch, start.first_iteration, start.iterations, 1, 2,
             p, self.units, plan.parallel_batches, plan.micro_batch_size, start.version,
@@ -253,7 +277,8 @@ class Star:
         device_half = state_from_wire(result.tensors)
         if k not in self.replicas:
             return dict(device_half)
-        return models.merge_states(device_half, self.replicas[k][0].state_dict())
+        replica = {key: v.cpu() for key, v in self.replicas[k][0].state_dict().items()}
+        return models.merge_states(device_half, replica)
 
     def _aggregate(self, results: Mapping[int, RoundResult]) -> None:
         """FedAvg over the devices whose round completed, weighted by their samples."""
@@ -279,6 +304,7 @@ class Star:
         """A server-half replica at ``split_point`` from the global model, with its
         optimizer; momentum is carried over from ``old`` for the parameters it shares."""
         half = copy.deepcopy(models.split(self.model, split_point)[1])  # only that half
+        half.to(self.setup.torch_device)
         return half, make_optimizer(half, self.config, previous=old)
 
     # -- re-planning (see aiopipe.runtime.replan) ---------------------------------------
@@ -347,12 +373,12 @@ class Star:
         tensors = {f"model/{k}": v.detach().clone() for k, v in whole.items()}
         for k, (half, optimizer) in self.replicas.items():
             for name, v in half.state_dict().items():
-                if not torch.equal(v, whole[name]):
-                    tensors[f"replica/{k}/{name}"] = v.detach().clone()
+                if not torch.equal(v.cpu(), whole[name]):
+                    tensors[f"replica/{k}/{name}"] = v.detach().to("cpu", copy=True)
             for i, param in enumerate(half.parameters()):
                 buffer = optimizer.state.get(param, {}).get("momentum_buffer")
                 if buffer is not None:
-                    tensors[f"momentum/{k}/{i}"] = buffer.detach().clone()
+                    tensors[f"momentum/{k}/{i}"] = buffer.detach().to("cpu", copy=True)
         return tensors
 
     def restore(self, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
@@ -373,5 +399,6 @@ class Star:
             for i, param in enumerate(half.parameters()):
                 buffer = tensors.get(f"momentum/{k}/{i}")
                 if buffer is not None:
-                    optimizer.state[param]["momentum_buffer"] = buffer.clone()
+                    optimizer.state[param]["momentum_buffer"] = buffer.to(param.device,
+                                                                         copy=True)
 

@@ -1,0 +1,118 @@
+"""What a device trains with: its data and the run's model, and the stage each round
+assigns it (built from them, or the last one reused).
+
+Opened once per run, after the device's `Plan` (in the compute thread): the data (the
+device's own, or an emulated fleet's shard), the run's model built for the plan's input
+shape and classes (`aiopipe.runtime.factories`), on the device's torch device, and what
+the device announces of them (`Ready`). Each round, `assign` takes the round's
+`RoundStart`: a checked `Assignment`, and the stage's torch side with the round's weights.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import torch
+
+from aiopipe import data as datasets
+from aiopipe import models
+from aiopipe.config import RunConfig
+from aiopipe.protocol import Plan, Ready, RoundStart, state_from_wire
+from aiopipe.runtime.assignment import Assignment
+from aiopipe.runtime.factories import Loss, build_model, make_loss, make_optimizer
+from aiopipe.runtime.plan import device_data, unit_output_shapes
+from aiopipe.runtime.profiling import host_fingerprint
+from aiopipe.runtime.stage import Batch, StageWork
+
+__all__ = ["Holdings"]
+
+log = logging.getLogger("aiopipe.device")
+
+
+@dataclass(slots=True)
+class Holdings:
+    """A device's data and model (module docstring). Build it with `open`."""
+
+    config: RunConfig
+    plan: Plan
+    dataset: datasets.Dataset
+    whole: torch.nn.Sequential
+    loss: Loss
+    #: per-sample shapes: the model's input, then after each unit
+    activation_shapes: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def open(cls, config: RunConfig, plan: Plan, own: datasets.Dataset | None,
+             torch_device: torch.device) -> Holdings:
+        """Open the data (``own``, else this device's shard of the run's dataset) and
+        build the run's model (compute thread).
+
+        Raises:
+            ConfigError: the data cannot be opened or the model cannot be built.
+        """
+        torch.set_num_threads(config.torch_threads)
+        dataset = own if own is not None else device_data(config, plan.device_id)
+        whole = build_model(config, num_classes=plan.num_classes, in_shape=plan.in_shape)
+        shapes = (tuple(plan.in_shape), *unit_output_shapes(whole, plan.in_shape))
+        whole.to(torch_device)
+        return cls(config, plan, dataset, whole, make_loss(config), shapes)
+
+    @property
+    def units(self) -> int:
+        """The model's split units."""
+        return models.unit_count(self.whole)
+
+    def ready(self) -> Ready:
+        """What the device announces: its data and the digest of the model it built."""
+        samples, in_shape, num_classes = datasets.describe(self.dataset)
+        return Ready(samples, in_shape, num_classes, models.model_digest(self.whole),
+                     host_fingerprint())
+
+    def assign(self, message: RoundStart, previous: Assignment | None,
+               work: StageWork | None) -> tuple[Assignment, StageWork]:
+        """The round's assignment and its stage: ``work`` with the round's weights, or a
+        new stage when the assignment changed (the optimizer state of the parameters it
+        keeps carries over, see aiopipe.runtime.replan [Note: switching]). Compute
+        thread.
+
+        Raises:
+            RemoteProtocolError: the assignment cannot be this run's.
+        """
+        name = f"device{self.plan.device_id}"
+        assignment = Assignment.from_round_start(
+            message, units=self.units, batch_size=self.config.batch_size,
+            activation_shapes=self.activation_shapes, me=name)
+        if previous is None or work is None or not assignment.same_stage(previous):
+            module = models.units_of(self.whole, assignment.first_unit, assignment.stop_unit)
+            kept = (work.module, work.optimizer) if work is not None else None
+            optimizer = make_optimizer(module, self.config, previous=kept)
+            if previous is not None:
+                log.info("%s: round %d switches to units %d..%d of stage %d, %d "
+                         "micro-batches", name, message.round, assignment.first_unit,
+                         assignment.stop_unit - 1, assignment.stage,
+                         assignment.parallel_batches)
+            work = StageWork(
+                module, optimizer, first=assignment.stage == 0, last=assignment.last,
+                parallel_batches=assignment.parallel_batches,
+                num_classes=self.plan.num_classes, loss=self.loss)
+        work.module.load_state_dict(state_from_wire(message.tensors))
+        work.clear()
+        work.reset_totals()
+        return assignment, work
+
+    def batches(self, assignment: Assignment) -> Batch:
+        """The round's micro-batches: micro-batch n of iteration i in the epoch's order
+        (PiPar Algorithm 1)."""
+        order = datasets.epoch_order(np.arange(len(self.dataset)), epoch=assignment.epoch,
+                                     seed=self.config.seed)
+        return partial(_micro_batch, self.dataset, order, assignment.micro_batch_size,
+                       assignment.parallel_batches)
+
+
+def _micro_batch(dataset: datasets.Dataset, order: np.ndarray, micro: int, parallel: int,
+                 iteration: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    base = iteration * micro * parallel
+    return dataset.batch(order[base + n * micro: base + (n + 1) * micro])

@@ -1,0 +1,100 @@
+"""Users' own model, loss and optimizer, named as ``module:function`` (examples/mylab.py):
+the run trains what plain PyTorch trains with them; a bad factory is one clear line."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiopipe import CostTable, RunConfig, VirtualClock, simulate
+from aiopipe import data as datasets
+from aiopipe.errors import ConfigError
+from aiopipe.models import model_digest
+from aiopipe.runtime.factories import build_model, make_loss, make_optimizer
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+BATCH = 16
+
+
+@pytest.fixture(autouse=True)
+def mylab(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+
+
+def _config(**changes: object) -> RunConfig:
+    base = RunConfig(mode="fl", model="mylab:net", loss="mylab:loss", optimizer="mylab:adam",
+                     dataset="mylab:data", devices=1, batch_size=BATCH, epochs=1,
+                     learning_rate=0.01, test_samples=200, seed=2)
+    return base.replace(**changes)
+
+
+async def test_a_run_with_the_users_model_loss_and_optimizer_equals_plain_pytorch() -> None:
+    import mylab  # type: ignore[import-not-found]
+
+    config = _config()
+    data = datasets.as_dataset(mylab.data(seed=5))
+    result = await simulate(config, clock=VirtualClock(), datasets=[data],
+                            cost_table=CostTable.uniform(3, forward=0.001, backward=0.001))
+    torch.manual_seed(config.seed)
+    model = mylab.net(3, (12,))
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
+    loss = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
+    order = datasets.epoch_order(torch.arange(len(data)).numpy(), epoch=0, seed=config.seed)
+    for first in range(0, len(data) - BATCH + 1, BATCH):
+        x, y = data.batch(order[first:first + BATCH])
+        loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    for key, value in model.state_dict().items():
+        got = result.model.state_dict()[key]
+        assert torch.allclose(got, value, rtol=1e-5, atol=1e-7), key
+    assert result.final.accuracy > 0.6
+
+
+def test_the_factories_build_what_they_name() -> None:
+    config = _config()
+    model = build_model(config, num_classes=3, in_shape=(12,))
+    assert [type(u).__name__ for u in model] == ["Sequential", "Sequential", "Linear"]
+    assert model_digest(model) == model_digest(build_model(config, num_classes=3,
+                                                           in_shape=(12,)))
+    assert model_digest(model) != model_digest(build_model(config, num_classes=4,
+                                                           in_shape=(12,)))
+    assert isinstance(make_loss(config), torch.nn.CrossEntropyLoss)
+    optimizer = make_optimizer(model, config)
+    assert isinstance(optimizer, torch.optim.Adam)
+    # a stage rebuilt for a new plan keeps each kept parameter's optimizer state
+    model(torch.randn(4, 12)).sum().backward()
+    optimizer.step()
+    again = copy.deepcopy(model)
+    moved = make_optimizer(again, config, previous=(model, optimizer))
+    first = next(again.parameters())
+    assert torch.equal(moved.state[first]["exp_avg"],
+                       optimizer.state[next(model.parameters())]["exp_avg"])
+
+
+@pytest.mark.parametrize(("changes", "reason"), [
+    ({"model": "mylab:nothing"}, "model 'mylab:nothing': mylab has no nothing"),
+    ({"model": "nolab:net"}, "model 'nolab:net': cannot import nolab"),
+    ({"model": "mylab:FEATURES"}, "model 'mylab:FEATURES': FEATURES is not callable"),
+    ({"model": "mylab:data"}, "model 'mylab:data' returned TensorDataset"),
+    ({"loss": "mylab:net"}, "loss 'mylab:net' failed: TypeError"),
+])
+def test_a_factory_that_cannot_serve_says_why(changes: dict[str, str], reason: str) -> None:
+    config = _config(**changes)
+
+    def build() -> None:
+        build_model(config, num_classes=3, in_shape=(12,))
+        make_loss(config)
+
+    with pytest.raises(ConfigError, match=reason):
+        build()
+
+
+@pytest.mark.parametrize(("key", "value"), [("model", "my lab:net"), ("loss", "huber"),
+                                            ("optimizer", "adam")])
+def test_a_malformed_name_is_refused_by_the_config(key: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=f"config key '{key}'"):
+        _config(**{key: value})
