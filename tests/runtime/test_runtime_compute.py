@@ -144,3 +144,21 @@ def test_a_torch_device_is_resolved_or_refused_with_the_reason() -> None:
         resolve_torch_device("meta")
     with pytest.raises(ConfigError, match=r"cuda:99.*CUDA device"):
         resolve_torch_device("cuda:99")
+
+
+async def test_a_whole_models_step_runs_in_the_item_of_its_forward_and_backward() -> None:
+    """[Note: a whole model's step] FL's device runs FB and STEP as one compute item,
+    charged both costs in virtual time: no "step" slice of its own, and each item lasts
+    the forward, the backward and the step of the whole model."""
+    from aiopipe import CostTable
+
+    costs = CostTable.uniform(5, forward=0.001, backward=0.002, step=0.0005, batch=1)
+    config = RunConfig(mode="fl", devices=1, samples_per_device=20, batch_size=10, epochs=1,
+                       test_samples=10)
+    result = await simulate(config, clock=VirtualClock(), cost_table=costs)
+    items = [s for s in result.trace if s.track == "device0/compute"]
+    assert [s.name for s in items] == ["s", "s"]  # two iterations, no separate step
+    whole = (costs.forward_time(0, 5, 10) + costs.backward_time(0, 5, 10)
+             + costs.step_time(0, 5))
+    for item in items:
+        assert item.duration == pytest.approx(whole, rel=1e-12)
