@@ -44,7 +44,8 @@ Progress = Callable[[EpochMetrics], None]
 async def simulate(config: RunConfig, *, clock: Clock | None = None,
                    cost_table: CostTable | None = None,
                    progress: Progress | None = None,
-                   datasets: Sequence[Any] | None = None) -> RunResult:
+                   datasets: Sequence[Any] | None = None,
+                   held_out: Sequence[Any] | None = None) -> RunResult:
     """Run server and devices in this event loop over memory links; the run's result.
 
     With a `VirtualClock`, compute is charged from ``cost_table`` (measured once at
@@ -53,18 +54,18 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
     pipeline) do so over a memory fabric whose every directed link is shaped like the
     network's uplink. ``datasets``: each device's own training data (as
     `Device`'s ``dataset``); by default each trains on its shard of ``config.dataset``.
-    Writes the results directory when ``config.out_dir`` is set.
+    ``held_out``: each device's own held-out data (None for a device without), on which
+    it evaluates every epoch's global model (`EpochMetrics.held_out_accuracy`). Writes
+    the results directory when ``config.out_dir`` is set.
 
     Raises:
-        ConfigError: the config cannot run, or ``datasets`` is not one dataset per
-            device.
+        ConfigError: the config cannot run, or ``datasets`` or ``held_out`` is not one
+            entry per device.
         TrainingError: training failed.
     """
     clock = clock or SystemClock()
-    own = [None] * config.devices if datasets is None else [as_dataset(d) for d in datasets]
-    if len(own) != config.devices:
-        raise ConfigError(f"datasets: expected {config.devices} (one per device), got "
-                          f"{len(own)}")
+    own = _per_device(config, "datasets", datasets)
+    evaluate = _per_device(config, "held_out", held_out)
     if isinstance(clock, VirtualClock) and cost_table is None:
         cost_table = await asyncio.to_thread(_measure, config, own[0])
     node = Coordinator(config, clock=clock, cost_table=cost_table, progress=progress)
@@ -84,13 +85,28 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
                 endpoint = fabric.endpoint(f"device{k}") if fabric is not None else None
                 tasks.create_task(node.serve_link(server_end))
                 tasks.create_task(_device(device_end, k, clock, cost_table, custom, endpoint,
-                                          own[k]))
+                                          own[k], evaluate[k]))
             result = await node.train()
     except BaseExceptionGroup as group:
         raise first_error(group) from None
     if isinstance(clock, VirtualClock):
         await clock.aclose()
     return _finish(result)
+
+
+def _per_device(config: RunConfig, what: str, values: Sequence[Any] | None
+                ) -> list[Dataset | None]:
+    """One dataset (or None) per device.
+
+    Raises:
+        ConfigError: not one per device, or one that is not a dataset.
+    """
+    if values is None:
+        return [None] * config.devices
+    if len(values) != config.devices:
+        raise ConfigError(f"{what}: expected {config.devices} (one per device), got "
+                          f"{len(values)}")
+    return [None if v is None else as_dataset(v) for v in values]
 
 
 def _measure(config: RunConfig, dataset: Dataset | None) -> CostTable:
@@ -104,11 +120,12 @@ def _measure(config: RunConfig, dataset: Dataset | None) -> CostTable:
 
 async def _device(link: Link, k: int, clock: Clock, costs: CostTable | None,
                   model: nn.Sequential | None, endpoint: Endpoint | None,
-                  dataset: Dataset | None) -> None:
+                  dataset: Dataset | None, held_out: Dataset | None = None) -> None:
     try:
         # a simulated device shares this machine and its cost table: it profiles nothing
         await run_device(link, k, clock=clock, cost_table=costs, clock_offset=0.0, model=model,
-                         endpoint=endpoint, dataset=dataset, profile=False)
+                         endpoint=endpoint, dataset=dataset, profile=False,
+                         held_out=held_out)
     finally:
         await link.aclose()
         if endpoint is not None:
@@ -229,6 +246,9 @@ class Device:
         advertise: the address peers dial (default: the endpoint's own,
             ``ws://host:port/peer``; give one when ``host`` is 0.0.0.0 or behind NAT).
         torch_device: where this device's stage computes, as `Server`'s.
+        held_out: this device's own held-out data (as ``dataset``): it evaluates each
+            epoch's global model on it and reports how it does
+            (`EpochMetrics.held_out_accuracy`); it then receives the whole model.
 
     Raises:
         ConfigError: the URL is not ws:// or wss://, ``ssl`` is given for ws://, or
@@ -239,7 +259,8 @@ class Device:
                  ssl: ssl_module.SSLContext | None = None, clock: Clock | None = None,
                  model: nn.Sequential | None = None, max_frame_bytes: int = 1 << 30,
                  listen: tuple[str, int] | None = None, advertise: str | None = None,
-                 dataset: Any = None, torch_device: str = "auto") -> None:
+                 dataset: Any = None, torch_device: str = "auto",
+                 held_out: Any = None) -> None:
         if not server.startswith(("ws://", "wss://")):
             raise ConfigError(f"server URL must start with ws:// or wss://, got {server!r}")
         if ssl is not None and not server.startswith("wss://"):
@@ -251,6 +272,7 @@ class Device:
         self.clock = clock or SystemClock()
         self.model = model
         self.dataset = None if dataset is None else as_dataset(dataset)
+        self.held_out = None if held_out is None else as_dataset(held_out, name="held-out")
         resolve_torch_device(torch_device)  # refuse a device this machine lacks now
         self.torch_device = torch_device
         self.max_frame_bytes = max_frame_bytes
@@ -303,6 +325,7 @@ class Device:
         return await run_device(self._connector(self._link), self.device_id, clock=self.clock,
                                 model=self.model, max_frame_bytes=self.max_frame_bytes,
                                 shape_uplink=True, endpoint=self.endpoint,
-                                dataset=self.dataset, torch_device=self.torch_device)
+                                dataset=self.dataset, torch_device=self.torch_device,
+                                held_out=self.held_out)
 
 

@@ -156,10 +156,13 @@ TABLE_HEADER = (f"{'epoch':>5} {'time s':>8} {'loss':>7} {'test acc':>8} {'train
 
 
 def epoch_row(m: EpochMetrics) -> str:
-    """One line of the per-epoch table."""
-    return (f"{m.epoch + 1:>5} {m.time_s:>8.2f} {m.loss:>7.4f} {m.accuracy:>8.3f} "
-            f"{m.train_accuracy:>9.3f} {m.busy_s['device']:>8.2f} {m.busy_s['server']:>8.2f} "
-            f"{m.bytes_up / 1e6:>7.1f} {m.bytes_down / 1e6:>7.1f}")
+    """One line of the per-epoch table (and the devices' held-out accuracy, if any)."""
+    row = (f"{m.epoch + 1:>5} {m.time_s:>8.2f} {m.loss:>7.4f} {m.accuracy:>8.3f} "
+           f"{m.train_accuracy:>9.3f} {m.busy_s['device']:>8.2f} {m.busy_s['server']:>8.2f} "
+           f"{m.bytes_up / 1e6:>7.1f} {m.bytes_down / 1e6:>7.1f}")
+    if m.device_accuracy:
+        row += f"  held-out {m.held_out_accuracy:.3f}"
+    return row
 
 
 def run_command(prog: str, main: Callable[[], Coroutine[Any, Any, int]]) -> NoReturn:

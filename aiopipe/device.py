@@ -44,6 +44,11 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
                              "with --seed), or module:function (returns a map-style torch "
                              "dataset of (input, label)); default: an emulated fleet's "
                              "shard, this device's share of the run's dataset")
+    parser.add_argument("--held-out", metavar="SPEC",
+                        help="this device's held-out data (the forms of --data; files and "
+                             "module:function give their test split): every epoch's global "
+                             "model is evaluated on it here, and the server reports how it "
+                             "did; the device then receives the whole model")
     parser.add_argument("--samples", type=int, metavar="N",
                         help="with --data: keep the first N samples (synthetic data: "
                              "draw N; default all, or 2000 synthetic)")
@@ -73,29 +78,35 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             if not args.server.startswith("wss://"):
                 raise ConfigError(f"--tls-ca needs a wss:// server URL, got {args.server!r}")
             tls = client_ssl_context(args.tls_ca)
-        dataset = None
+        dataset = held_out = None
         if args.data is not None:
             dataset = await asyncio.to_thread(_open_data, args.data, args.samples, args.seed)
             log.info("device %d: %d samples of %s", args.device_id, len(dataset), args.data)
+        if args.held_out is not None:
+            held_out = await asyncio.to_thread(_open_data, args.held_out, None, args.seed,
+                                               "test")
         async with Device(args.server, args.device_id, token=args.token or None,
                           ssl=tls, listen=args.listen, advertise=args.advertise,
-                          dataset=dataset, torch_device=args.torch_device) as device:
+                          dataset=dataset, torch_device=args.torch_device,
+                          held_out=held_out) as device:
             await device.run()
         return 0
 
     run_command(f"{parser.prog} [device {args.device_id}]", run)
 
 
-def _open_data(spec: str, samples: int | None, seed: int) -> Dataset:
+def _open_data(spec: str, samples: int | None, seed: int, split: str = "train") -> Dataset:
     from aiopipe.data import DATASET_NAMES, open_device_data
 
     if samples is None and spec in DATASET_NAMES:
-        samples = SYNTHETIC_DEFAULT_SAMPLES
-    return open_device_data(spec, seed=seed, size=samples)
+        samples = SYNTHETIC_DEFAULT_SAMPLES if split == "train" else SYNTHETIC_HELD_OUT
+    return open_device_data(spec, split=split, seed=seed, size=samples)
 
 
-#: Samples a device draws of a synthetic dataset when --samples does not say.
+#: Samples a device draws of a synthetic dataset when --samples does not say, and of its
+#: held-out (test) split.
 SYNTHETIC_DEFAULT_SAMPLES = 2000
+SYNTHETIC_HELD_OUT = 500
 
 
 def _host_port(text: str) -> tuple[str, int]:

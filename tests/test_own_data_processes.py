@@ -98,12 +98,16 @@ async def test_the_examples_own_data_and_model_from_the_command_lines(tmp_path: 
         server = await fleet.start_server()
         processes = [await fleet.start_device(0, "--data", "mylab:data", "--seed", "1",
                                               "--samples", "200"),
-                     await fleet.start_device(1, "--data", "mylab:data", "--seed", "2")]
+                     await fleet.start_device(1, "--data", "mylab:data", "--seed", "2",
+                                              "--held-out", "mylab:data")]
         await fleet.finish(server, processes, within=180)
     epochs = fleet.metrics()
     assert [e["device_samples"] for e in epochs] == [[192, 400]] * 3  # whole batches of 16
     assert epochs[-1]["loss"] < epochs[0]["loss"]
     assert epochs[-1]["accuracy"] > 0.6  # three conditions: chance is 1/3
+    # device 1 evaluated every epoch's model on its own test split; device 0 has none
+    assert [list(e["device_accuracy"]) for e in epochs] == [["1"]] * 3
+    assert epochs[-1]["held_out_accuracy"] == epochs[-1]["device_accuracy"]["1"] > 0.6
     config = (fleet.out_dir / "config.toml").read_text()
     assert 'model = "mylab:net"' in config
     assert 'dataset = "mylab:data"' in config

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +36,9 @@ class EpochMetrics:
     ``stages`` has one entry per stage (its device, units, compute busy and idle seconds,
     and ``peak_live``: the most micro-batches whose activations it held at once) and
     ``links`` the busy and idle seconds of each directed device-to-device link
-    (``"device0->device1"``).
+    (``"device0->device1"``). ``held_out_accuracy``: the epoch's global model on the
+    devices' own held-out data, over all of it (NaN when no device has any);
+    ``device_accuracy``: per device that evaluated (keys: its id as a string).
     """
 
     epoch: int
@@ -53,6 +56,8 @@ class EpochMetrics:
     devices_lost: Sequence[int] = ()
     stages: Sequence[Mapping[str, Any]] = ()
     links: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    held_out_accuracy: float = math.nan
+    device_accuracy: Mapping[str, float] = field(default_factory=dict)
 
     def to_mapping(self) -> dict[str, Any]:
         """Plain JSON-able form (one line of ``metrics.jsonl``)."""
@@ -62,6 +67,7 @@ class EpochMetrics:
         out["devices_lost"] = list(self.devices_lost)
         out["stages"] = [dict(s) for s in self.stages]
         out["links"] = {k: dict(v) for k, v in self.links.items()}
+        out["device_accuracy"] = dict(self.device_accuracy)
         return out
 
 

@@ -11,6 +11,9 @@ Conversation of a device ``k`` with the coordinator ``C`` (the server)::
                 in_shape, num_classes)
     k → C  Ready(samples, in_shape, num_classes, model_digest, host)   (a new session
            only: the device has built the run's model and opened its own data)
+    after each epoch, to every device that announced held-out data:
+      C → k  EvalRequest(epoch, tensors)              (the whole global model)
+      k → C  EvalResult(epoch, samples, loss_sum, correct)
     when the coordinator plans from profiles (PiPar §3.3.1), once every device is ready:
       C → k  ProfileRequest(batch_sizes), then Probe(data)     (times the downlink)
       k → C  Profile(costs, seconds, downlink_bps), then Probe(data)   (the uplink)
@@ -55,6 +58,8 @@ __all__ = [
     "Activation",
     "Bye",
     "ErrorMessage",
+    "EvalRequest",
+    "EvalResult",
     "Gradient",
     "Heartbeat",
     "Hello",
@@ -239,17 +244,20 @@ class Ready:
     ``in_shape`` and whose labels range over ``num_classes``), and the digest of the
     model it built from the run's config (`aiopipe.models.model_digest`): the
     coordinator plans and weights from what devices announce and refuses a device whose
-    data or model do not fit the run."""
+    data or model do not fit the run. ``held_out``: samples of its own held-out data it
+    evaluates the global model on after each epoch (0: none; `EvalRequest`)."""
 
     samples: int
     in_shape: tuple[int, ...]
     num_classes: int
     model_digest: str
     host: str = ""
+    held_out: int = 0
 
     def __post_init__(self) -> None:
         _check_index("samples", self.samples)
         _check_index("num_classes", self.num_classes)
+        _check_index("held_out", self.held_out)
         _check_shape(self.in_shape)
         for name in ("model_digest", "host"):
             value = getattr(self, name)
@@ -257,6 +265,39 @@ class Ready:
                     name == "model_digest" and len(value) < 16):
                 raise LocalProtocolError(f"{name} must be hex digits (a model digest 16 to "
                                          "64, a host 0 to 64)")
+
+
+@dataclass(frozen=True, slots=True)
+class EvalRequest:
+    """After epoch ``epoch``, the whole global model (``tensors``) for a device to
+    evaluate on its own held-out data."""
+
+    epoch: int
+    tensors: Mapping[str, TensorData]
+
+    def __post_init__(self) -> None:
+        _check_index("epoch", self.epoch)
+
+
+@dataclass(frozen=True, slots=True)
+class EvalResult:
+    """What a device's held-out data says of the global model of epoch ``epoch``: its
+    ``samples``, their summed loss and how many were classified right."""
+
+    epoch: int
+    samples: int
+    loss_sum: float
+    correct: int
+
+    def __post_init__(self) -> None:
+        for name in ("epoch", "samples", "correct"):
+            _check_index(name, getattr(self, name))
+        if self.correct > self.samples:
+            raise LocalProtocolError(f"correct {self.correct} exceeds samples {self.samples}")
+        if not isinstance(self.loss_sum, float) or not math.isfinite(self.loss_sum) or (
+                self.loss_sum < 0):
+            raise LocalProtocolError(f"loss_sum must be a finite float >= 0, got "
+                                     f"{self.loss_sum!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -475,6 +516,8 @@ Message = (
     Hello
     | Plan
     | Ready
+    | EvalRequest
+    | EvalResult
     | ProfileRequest
     | Profile
     | Probe

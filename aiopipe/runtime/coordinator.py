@@ -59,10 +59,19 @@ from aiopipe.metrics.trace import (
     Recorder,
     resource_kind,
 )
-from aiopipe.protocol import Hello, Plan, Ready, RoundResult, RoundStart
+from aiopipe.protocol import (
+    EvalRequest,
+    Hello,
+    Plan,
+    Ready,
+    RoundResult,
+    RoundStart,
+    state_to_wire,
+)
 from aiopipe.runtime.admission import Admission
 from aiopipe.runtime.checkpoint import Checkpoints, load_checkpoint
 from aiopipe.runtime.compute import Compute, resolve_torch_device, warm_up_torch
+from aiopipe.runtime.evaluation import held_out_accuracy, test_accuracy
 from aiopipe.runtime.factories import build_model
 from aiopipe.runtime.plan import declared_devices, planning_batch_sizes
 from aiopipe.runtime.profiling import profile_fleet
@@ -395,8 +404,9 @@ class Coordinator:
                 await self.checkpoints.save(
                     self._checkpoint_meta(epoch, r + 1, self.clock.now() - start), epoch)
         end = self.clock.now()
-        accuracy = await self.compute.call(self._evaluate)
         up, down = (a - b for a, b in zip(self._link_bytes(), stats_before, strict=True))
+        accuracy = await self.compute.call(partial(test_accuracy, self.model, self.test_set))
+        held_out, per_device = await self._evaluate_on_devices(epoch)
         device_samples = tuple(int(n) for n in tally["device_samples"])
         samples = system.epoch_samples(device_samples)
         elapsed = end - start + float(tally["elapsed_before"])  # time before a restart too
@@ -413,7 +423,20 @@ class Coordinator:
                 k: s.peak_live for k, s in self.sessions.items()}),
             links={track: {"busy_s": seconds, "idle_s": elapsed - seconds}
                    for track, seconds in sorted(by_track.items()) if "->" in track},
+            held_out_accuracy=held_out, device_accuracy=per_device,
         )
+
+    async def _evaluate_on_devices(self, epoch: int) -> tuple[float, dict[str, float]]:
+        """The global model on the held-out data of the devices that take part and
+        announced some (aiopipe.runtime.evaluation)."""
+        asked = {k: self.sessions[k].evaluate for k in self.admission.alive()
+                 if k in self.announced and self.announced[k].held_out > 0}
+        if not asked:
+            return math.nan, {}
+        tensors = await self.compute.call(lambda: state_to_wire(
+            {key: v.detach().clone() for key, v in self.model.state_dict().items()}))
+        return await held_out_accuracy(asked, EvalRequest(epoch, tensors), clock=self.clock,
+                                       timeout=self.config.device_timeout)
 
     async def _after_round(self, round_no: int, epoch: int, mark: int) -> None:
         devices = self.config.devices
@@ -443,22 +466,6 @@ class Coordinator:
                 raise TrainingError(f"every device was lost and none rejoined within "
                                     f"{self.join_timeout:g} s") from None
         return self.admission.alive()
-
-    def _evaluate(self) -> float:
-        """Test accuracy of the global model on the evaluation set (NaN without one)."""
-        if self.test_set is None:
-            return math.nan
-        model = self.model
-        model.eval()
-        correct = 0
-        try:
-            with torch.no_grad():
-                for first in range(0, len(self.test_set), 500):
-                    x, y = self.test_set.batch(range(first, min(first + 500, len(self.test_set))))
-                    correct += int((model(x).argmax(1) == y).sum())
-        finally:
-            model.train()
-        return correct / max(1, len(self.test_set))
 
     def _busy(self, by_track: Mapping[str, float]) -> dict[str, float]:
         """Busy seconds per resource kind; device kinds are means over devices."""
@@ -598,5 +605,10 @@ def _epoch_from(values: Mapping[str, Any]) -> EpochMetrics:
     fields["devices_lost"] = tuple(fields.get("devices_lost", ()))
     fields["stages"] = tuple(fields.get("stages", ()))
     fields["links"] = dict(fields.get("links", {}))
+    fields["device_accuracy"] = dict(fields.get("device_accuracy", {}))
+    if fields.get("held_out_accuracy") is None:  # NaN is null in JSON
+        fields["held_out_accuracy"] = math.nan
+    if fields.get("accuracy") is None:
+        fields["accuracy"] = math.nan
     return EpochMetrics(**fields)
 

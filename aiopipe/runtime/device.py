@@ -48,6 +48,7 @@ from aiopipe.protocol import (
     Activation,
     Bye,
     ErrorMessage,
+    EvalRequest,
     Gradient,
     Heartbeat,
     Hello,
@@ -105,7 +106,8 @@ async def run_device(server: Link | Connector, device_id: int, *, clock: Clock |
                      shape_uplink: bool = False,
                      endpoint: Endpoint | None = None,
                      dataset: datasets.Dataset | None = None,
-                     profile: bool = True, torch_device: str = "cpu") -> DeviceSummary:
+                     profile: bool = True, torch_device: str = "cpu",
+                     held_out: datasets.Dataset | None = None) -> DeviceSummary:
     """Run device ``device_id`` until the server says Bye.
 
     Args:
@@ -131,6 +133,8 @@ async def run_device(server: Link | Connector, device_id: int, *, clock: Clock |
             answers with none.
         torch_device: where its stage computes: "auto", "cpu", "cuda" or "cuda:N"
             (`aiopipe.runtime.compute.resolve_torch_device`).
+        held_out: this device's own held-out data: it evaluates each epoch's global
+            model on it when the coordinator asks (`EvalRequest`).
 
     Raises:
         TrainingError: the server refused us, the conversation broke down, a peer link
@@ -143,6 +147,7 @@ async def run_device(server: Link | Connector, device_id: int, *, clock: Clock |
     node.own_data = dataset
     node.profiles = profile and cost_table is None
     node.torch_device = resolve_torch_device(torch_device)
+    node.held_out = held_out
     node.shape_uplink = shape_uplink
     try:
         return await node.run()
@@ -183,6 +188,7 @@ class _DeviceNode:
         self.own_data: datasets.Dataset | None = None
         self.profiles = True  # answer a ProfileRequest with our own measurements
         self.torch_device = torch.device("cpu")  # where the stage computes
+        self.held_out: datasets.Dataset | None = None  # evaluated on at EvalRequests
         self._probe: asyncio.Future[float] | None = None  # the downlink probe's delay
         self.ready: Ready | None = None  # what we announced, once set up
         self.recorder = Recorder()
@@ -195,7 +201,8 @@ class _DeviceNode:
             self.connector, link = server, cast(Link, None)
         self.peer = Peer(link, clock, self.recorder, f"{self.name}/uplink",
                          max_frame_bytes=max_frame_bytes)
-        self.control: asyncio.Queue[RoundStart | ProfileRequest | Bye] = asyncio.Queue()
+        self.control: asyncio.Queue[RoundStart | ProfileRequest | EvalRequest | Bye] = (
+            asyncio.Queue())
         self.inbox = Inbox()
         self.sent_activations: dict[tuple[int, int, int], Activation] = {}
         #: activations from peers ahead of the round ([Note: early activations])
@@ -388,6 +395,8 @@ class _DeviceNode:
                 self.last_round_received = message.round
                 self._drop_round()  # if still on an older one, the server gave up on it
                 self.control.put_nowait(message)
+            elif isinstance(message, EvalRequest):
+                self.control.put_nowait(message)
             elif isinstance(message, ProfileRequest):
                 # its probe follows at once: how much later it arrives times the downlink
                 asked_at = self.clock.now()
@@ -495,7 +504,8 @@ class _DeviceNode:
 
     async def _train_loop(self) -> DeviceSummary:
         self.holdings = await self.compute.call(partial(
-            Holdings.open, self.config, self.plan, self.own_data, self.torch_device))
+            Holdings.open, self.config, self.plan, self.own_data, self.torch_device,
+            self.held_out))
         self.compute.slowdown = self.config.device_slowdown_of(self.device_id)
         self.ready = self.holdings.ready()
         self.peer.post(self.ready, "ready")
@@ -507,6 +517,10 @@ class _DeviceNode:
                 return DeviceSummary(self.device_id, rounds, samples, message.reason)
             if isinstance(message, ProfileRequest):
                 await self._answer_profile(message)
+                continue
+            if isinstance(message, EvalRequest):
+                result = await self.compute.call(partial(self.holdings.evaluate, message))
+                self.peer.post(result, "eval", epoch=message.epoch)
                 continue
             self.round, self.epoch = message.round, message.epoch
             self.round_task = asyncio.create_task(self._run_round(message))

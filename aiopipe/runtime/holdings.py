@@ -10,6 +10,7 @@ the device announces of them (`Ready`). Each round, `assign` takes the round's
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass
 from functools import partial
@@ -20,7 +21,15 @@ import torch
 from aiopipe import data as datasets
 from aiopipe import models
 from aiopipe.config import RunConfig
-from aiopipe.protocol import Plan, Ready, RoundStart, state_from_wire
+from aiopipe.errors import RemoteProtocolError
+from aiopipe.protocol import (
+    EvalRequest,
+    EvalResult,
+    Plan,
+    Ready,
+    RoundStart,
+    state_from_wire,
+)
 from aiopipe.runtime.assignment import Assignment
 from aiopipe.runtime.factories import Loss, build_model, make_loss, make_optimizer
 from aiopipe.runtime.plan import device_data, unit_output_shapes
@@ -43,10 +52,13 @@ class Holdings:
     loss: Loss
     #: per-sample shapes: the model's input, then after each unit
     activation_shapes: tuple[tuple[int, ...], ...]
+    #: the device's own held-out data, on which it evaluates the global model
+    held_out: datasets.Dataset | None = None
 
     @classmethod
     def open(cls, config: RunConfig, plan: Plan, own: datasets.Dataset | None,
-             torch_device: torch.device) -> Holdings:
+             torch_device: torch.device, held_out: datasets.Dataset | None = None
+             ) -> Holdings:
         """Open the data (``own``, else this device's shard of the run's dataset) and
         build the run's model (compute thread).
 
@@ -58,7 +70,7 @@ class Holdings:
         whole = build_model(config, num_classes=plan.num_classes, in_shape=plan.in_shape)
         shapes = (tuple(plan.in_shape), *unit_output_shapes(whole, plan.in_shape))
         whole.to(torch_device)
-        return cls(config, plan, dataset, whole, make_loss(config), shapes)
+        return cls(config, plan, dataset, whole, make_loss(config), shapes, held_out)
 
     @property
     def units(self) -> int:
@@ -69,7 +81,38 @@ class Holdings:
         """What the device announces: its data and the digest of the model it built."""
         samples, in_shape, num_classes = datasets.describe(self.dataset)
         return Ready(samples, in_shape, num_classes, models.model_digest(self.whole),
-                     host_fingerprint())
+                     host_fingerprint(), len(self.held_out) if self.held_out else 0)
+
+    def evaluate(self, request: EvalRequest) -> EvalResult:
+        """The global model of ``request`` on the held-out data: samples, summed loss,
+        correct predictions (on a copy of the model: the stage in training keeps its
+        weights). Compute thread.
+
+        Raises:
+            RemoteProtocolError: the tensors are not the run's model.
+        """
+        held = self.held_out
+        if held is None:
+            raise RemoteProtocolError("an evaluation request to a device without held-out "
+                                      "data")
+        model = copy.deepcopy(self.whole)
+        try:
+            model.load_state_dict(state_from_wire(request.tensors))
+        except RuntimeError as exc:
+            raise RemoteProtocolError(f"evaluation weights do not fit the model: "
+                                      f"{str(exc).splitlines()[0]}") from None
+        model.eval()
+        device = next(model.parameters(), torch.empty(0)).device
+        loss_sum, correct = 0.0, 0
+        step = self.config.batch_size
+        with torch.no_grad():
+            for first in range(0, len(held), step):
+                x, y = held.batch(range(first, min(first + step, len(held))))
+                x, y = x.to(device), y.to(device)
+                logits = model(x)
+                loss_sum += float(self.loss(logits, y)) * len(y)
+                correct += int((logits.argmax(1) == y).sum())
+        return EvalResult(request.epoch, len(held), max(loss_sum, 0.0), correct)
 
     def assign(self, message: RoundStart, previous: Assignment | None,
                work: StageWork | None) -> tuple[Assignment, StageWork]:

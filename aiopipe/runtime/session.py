@@ -53,6 +53,8 @@ from aiopipe.protocol import (
     Activation,
     Bye,
     ErrorMessage,
+    EvalRequest,
+    EvalResult,
     Gradient,
     Heartbeat,
     Probe,
@@ -184,6 +186,8 @@ class DeviceSession:
         #: answer, when it came, and the uplink probe's delay after it
         self._profile: asyncio.Future[tuple[Profile, float]] | None = None
         self._answer: tuple[Profile, float] | None = None
+        #: the held-out evaluation asked for (the device's answer)
+        self._evaluation: asyncio.Future[EvalResult] | None = None
 
     # -- driven by the coordinator -----------------------------------------------------
 
@@ -240,6 +244,28 @@ class DeviceSession:
         finally:
             self._profile = None
 
+    async def evaluate(self, request: EvalRequest) -> EvalResult:
+        """Ask the device to evaluate ``request``'s global model on its held-out data.
+
+        Raises:
+            DeviceLostError: the device was lost meanwhile.
+        """
+        if self.ended:
+            raise DeviceLostError(f"device {self.device_id} is gone")
+        future: asyncio.Future[EvalResult] = asyncio.get_running_loop().create_future()
+        self._evaluation = future
+        self.peer.post(request, "m", epoch=request.epoch)
+        try:
+            return await future
+        finally:
+            self._evaluation = None
+
+    def _accept_evaluation(self, message: EvalResult) -> None:
+        future = self._evaluation
+        if future is None or future.done():
+            raise RemoteProtocolError("an evaluation result nobody asked for")
+        future.set_result(message)
+
     def _accept_profile(self, message: Profile | Probe) -> None:
         """A profile asked for, then its probe."""
         future, now = self._profile, self.host.clock.now()
@@ -276,7 +302,7 @@ class DeviceSession:
         self.attached.set()  # a connection waiting to be re-attached stops waiting
         lost = DeviceLostError(f"device {self.device_id} was lost: {reason}")
         self.inbox.close(lost)
-        for waiting in (self.result, self._profile):
+        for waiting in (self.result, self._profile, self._evaluation):
             if waiting is not None and not waiting.done():
                 waiting.set_exception(lost)
 
@@ -391,6 +417,8 @@ class DeviceSession:
                 self.host.announce(self.device_id, message)
             elif isinstance(message, Profile | Probe):
                 self._accept_profile(message)
+            elif isinstance(message, EvalResult):
+                self._accept_evaluation(message)
             elif isinstance(message, Heartbeat):
                 continue
             elif isinstance(message, Bye):

@@ -26,6 +26,8 @@ from aiopipe.protocol import (
     Activation,
     Bye,
     ErrorMessage,
+    EvalRequest,
+    EvalResult,
     Gradient,
     Heartbeat,
     Hello,
@@ -107,6 +109,8 @@ SAMPLES: list[Message] = [
     Profile({"forward": {"0": {"1": 0.5}}, "backward": {}, "step": {}}, 1.5, 10e6),
     Profile({}, 0.0, 0.0),
     Probe(td("uint8", (1024,))),
+    EvalRequest(3, {"0.weight": td("float32", (2, 2))}),
+    EvalResult(3, 500, 812.25, 401),
 ]
 
 
@@ -393,7 +397,7 @@ PLAN = {
     "num_classes": 10,
 }
 READY = {"samples": 10, "in_shape": [1, 28, 28], "num_classes": 10,
-         "model_digest": "ab" * 16, "host": ""}
+         "model_digest": "ab" * 16, "host": "", "held_out": 0}
 RESULT = {"round": 0, "samples": 0, "loss_sum": 0.0, "correct": 0, "tensors": {}}
 REPORT = {"round": 0, "report": {}}
 F32 = ["float32", [2], 0, 8]
@@ -492,6 +496,9 @@ BAD_FRAMES: list[tuple[str, bytes, str]] = [
     ("profile negative time", frame(["profile", {"costs": {}, "seconds": -1.0,
                                                   "downlink_bps": 0.0}]),
      "invalid profile: seconds must be a finite float >= 0"),
+    ("eval more correct than samples", frame(["eval_result", {
+        "epoch": 0, "samples": 2, "loss_sum": 0.5, "correct": 3}]),
+     "invalid eval_result: correct 3 exceeds samples 2"),
     ("profile request empty", frame(["profile_request", {"batch_sizes": []}]),
      "invalid profile_request: batch_sizes must hold 1 to 64 sizes"),
     (

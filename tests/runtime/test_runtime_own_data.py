@@ -160,3 +160,25 @@ def test_a_dataset_that_cannot_train_is_refused_with_the_reason(source: object,
 
     with pytest.raises(ConfigError, match=reason):
         read_all()
+
+
+@pytest.mark.parametrize("mode", ["fl", "pipar"])
+async def test_devices_evaluate_the_global_model_on_their_own_held_out_data(mode: str) -> None:
+    """Federated evaluation: after each epoch every device that holds held-out data
+    evaluates the global model on it; the epoch reports the accuracy over all of it and
+    per device, exactly what the final model gives on those samples. A device without
+    held-out data is not asked."""
+    config = _config(mode=mode, epochs=2, split_point=2, parallel_batches=2)
+    held = [Images(30, seed=7), None, Images(50, seed=8)]
+    result = await simulate(config.replace(devices=3), clock=VirtualClock(), cost_table=COSTS,
+                            datasets=[Images(20, seed=k) for k in range(3)], held_out=held)
+    model = result.model.eval()
+    correct = {}
+    with torch.no_grad():
+        for k, data in enumerate(held):
+            if data is not None:
+                correct[k] = int((model(data.x).argmax(1) == data.labels).sum())
+    final = result.final
+    assert final.device_accuracy == {"0": correct[0] / 30, "2": correct[2] / 50}
+    assert final.held_out_accuracy == pytest.approx((correct[0] + correct[2]) / 80)
+    assert len(result.epochs[0].device_accuracy) == 2
