@@ -115,6 +115,7 @@ class Coordinator:
                  progress: Any = None, checkpoint_dir: Path | None = None,
                  resume: bool = False, torch_device: str = "cpu") -> None:
         warm_up_torch()
+        torch.set_num_threads(config.torch_threads)  # as every device does
         self.clock = clock
         self.cost_table = cost_table
         self.join_timeout = join_timeout

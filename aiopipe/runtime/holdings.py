@@ -6,14 +6,24 @@ device's own, or an emulated fleet's shard), the run's model built for the plan'
 shape and classes (`aiopipe.runtime.factories`), on the device's torch device, and what
 the device announces of them (`Ready`). Each round, `assign` takes the round's
 `RoundStart`: a checked `Assignment`, and the stage's torch side with the round's weights.
+
+[Note: a redone round] When the server restarts from its checkpoint, it starts again
+from the round after the checkpoint, with that round's number and the weights of its
+start. That may be the round it was in, or the one before: checkpoints are written
+while the next round runs ([Note: background checkpoints]). The weights come in the
+`RoundStart`; the device's optimizer state (SGD's momentum) does not, so the device
+keeps a copy of it from the start of each of its last `KEPT_ROUNDS` rounds and, given a
+round it has started before, starts it from that copy: the redone rounds then compute
+what the undisturbed ones did (DESIGN §7: recovery is exact).
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,7 +46,10 @@ from aiopipe.runtime.plan import device_data, unit_output_shapes
 from aiopipe.runtime.profiling import host_fingerprint
 from aiopipe.runtime.stage import Batch, StageWork
 
-__all__ = ["Holdings"]
+__all__ = ["KEPT_ROUNDS", "Holdings"]
+
+#: Rounds whose starting optimizer state a device keeps ([Note: a redone round]).
+KEPT_ROUNDS = 3
 
 log = logging.getLogger("aiopipe.device")
 
@@ -54,6 +67,10 @@ class Holdings:
     activation_shapes: tuple[tuple[int, ...], ...]
     #: the device's own held-out data, on which it evaluates the global model
     held_out: datasets.Dataset | None = None
+    #: [Note: a redone round] the rounds last started (at most `KEPT_ROUNDS`): their
+    #: optimizer, and its state when each started
+    round_starts: dict[int, tuple[torch.optim.Optimizer, dict[str, Any]]] = field(
+        default_factory=dict)
 
     @classmethod
     def open(cls, config: RunConfig, plan: Plan, own: datasets.Dataset | None,
@@ -144,6 +161,16 @@ class Holdings:
         work.module.load_state_dict(state_from_wire(message.tensors))
         work.clear()
         work.reset_totals()
+        # [Note: a redone round] a round started again begins where it began before
+        start = self.round_starts.get(message.round)
+        if start is not None and start[0] is work.optimizer:
+            work.optimizer.load_state_dict(copy.deepcopy(start[1]))
+        for later in [r for r in self.round_starts if r >= message.round]:
+            del self.round_starts[later]  # what came after is undone
+        self.round_starts[message.round] = (work.optimizer,
+                                            copy.deepcopy(work.optimizer.state_dict()))
+        while len(self.round_starts) > KEPT_ROUNDS:
+            del self.round_starts[min(self.round_starts)]
         return assignment, work
 
     def batches(self, assignment: Assignment) -> Batch:

@@ -215,3 +215,27 @@ async def test_a_replica_that_differs_from_the_global_model_is_restored(
         want = node.system.replicas[k][0].state_dict()
         for name, value in resumed.system.replicas[k][0].state_dict().items():
             torch.testing.assert_close(value, want[name], rtol=0, atol=0)
+
+
+async def test_a_dropped_rounds_replica_optimizer_goes_back_to_the_rounds_start(
+        tmp_path: Path) -> None:
+    """Device 1's round is dropped after its replica stepped: the replica's optimizer
+    (its momentum) is as it was when the round started, so the round leaves no trace."""
+    node = await joined(Coordinator(CONFIG, clock=SystemClock(), checkpoint_dir=tmp_path))
+    system = node.system
+    half, optimizer = system.replicas[1]
+    for p in half.parameters():  # an earlier round left momentum behind
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    system._prepare(1)  # the round starts
+    before = {i: {k: v.clone() for k, v in state.items()}
+              for i, state in optimizer.state_dict()["state"].items()}
+    for p in half.parameters():  # ... and the replica steps in it
+        p.grad = torch.full_like(p, 3.0)
+    optimizer.step()
+    assert not torch.equal(optimizer.state_dict()["state"][0]["momentum_buffer"],
+                           before[0]["momentum_buffer"])
+    system._roll_back([1])  # the device was lost: its round is dropped
+    after = optimizer.state_dict()["state"]
+    for i, state in before.items():
+        assert torch.equal(after[i]["momentum_buffer"], state["momentum_buffer"])

@@ -105,6 +105,9 @@ class Star:
         self.replicas: dict[int, tuple[nn.Sequential, torch.optim.Optimizer]] = {}
         self.activation_shapes = unit_output_shapes(self.model, self.in_shape)
         self._schedules: dict[tuple[int, int], tuple[str, tuple[Action, ...]]] = {}
+        #: per device: its replica's optimizer and that optimizer's state as the round
+        #: started (restored when the device's round is dropped)
+        self._round_start: dict[int, tuple[torch.optim.Optimizer, dict[str, Any]]] = {}
         if self.auto_config is None:  # refuse what cannot train before devices join
             check_trainable(self.model, self.in_shape, device_plans(
                 config, self.units, [config.batch_size] * config.devices), config)
@@ -230,7 +233,9 @@ class Star:
                 state = await rounds.compute.call(partial(self._prepare, k))
                 rounds.copy_checkpoint()
                 result = await self._play(rounds, k, round_no, epoch, first, work[k], state)
-                if result is not None:
+                if result is None:
+                    await rounds.compute.call(partial(self._roll_back, [k]))
+                else:
                     done[k] = result
                     await rounds.compute.run("agg", partial(self._adopt, k, result),
                                              cost=0.0 if self.cost_table else None,
@@ -246,11 +251,23 @@ class Star:
         except BaseExceptionGroup as group:
             raise first_error(group) from None
         done = {k: res for k, t in played.items() if (res := t.result()) is not None}
+        dropped = [k for k in participants if k not in done]
+        if dropped:
+            await rounds.compute.call(partial(self._roll_back, dropped))
         if done:
             cost = self.cost_table.aggregate_time(len(done)) if self.cost_table else None
             await rounds.compute.run("agg", partial(self._aggregate, done), cost=cost,
                                      epoch=epoch)
         return done
+
+    def _roll_back(self, devices: Sequence[int]) -> None:
+        """The round of ``devices`` was dropped: their replicas' optimizers go back to
+        the round's start, as if it had not begun (their weights come from the global
+        model at the next aggregation). Compute thread."""
+        for k in devices:
+            start = self._round_start.get(k)
+            if k in self.replicas and start is not None and start[0] is self.replicas[k][1]:
+                self.replicas[k][1].load_state_dict(copy.deepcopy(start[1]))
 
     async def _play(self, rounds: Rounds, k: int, round_no: int, epoch: int, first: int,
                     iterations: int, state: Mapping[str, Any]) -> RoundResult | None:
@@ -267,9 +284,12 @@ class Star:
         return []
 
     def _prepare(self, k: int) -> dict[str, Any]:
-        """Device k's half of the global model, for its `RoundStart` (compute thread)."""
+        """Device k's half of the global model, for its `RoundStart`; the state of its
+        replica's optimizer as the round starts (compute thread)."""
         if k in self.replicas:  # a lost round may have left gradients behind
-            self.replicas[k][1].zero_grad(set_to_none=True)
+            _, optimizer = self.replicas[k]
+            optimizer.zero_grad(set_to_none=True)
+            self._round_start[k] = (optimizer, copy.deepcopy(optimizer.state_dict()))
         half = models.split(self.model, self.plans[k].split_point)[0]
         return state_to_wire({key: v.detach().clone() for key, v in half.state_dict().items()})
 
