@@ -1,6 +1,7 @@
 """aiopipe: asyncio-native pipelined split learning between one server and many devices.
 
-The public API (DESIGN §6): `RunConfig`, `simulate`, `Server`, `Device`, `RunResult`,
+The public API (DESIGN §6): `RunConfig`, `simulate`, `Server` (and its `ConnectionLimits`),
+`Device`, `RunResult`,
 `EpochMetrics`, the clocks, and the error tree. Models are built by `aiopipe.models`,
 datasets opened by `aiopipe.data`.
 """
@@ -25,6 +26,7 @@ from aiopipe.errors import (
     TransportError,
 )
 from aiopipe.metrics.results import EpochMetrics, RunResult
+from aiopipe.runtime.guard import ConnectionLimits
 from aiopipe.scheduler.costs import CostTable
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "AuthenticationError",
     "Clock",
     "ConfigError",
+    "ConnectionLimits",
     "CostTable",
     "Device",
     "EpochMetrics",

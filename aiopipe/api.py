@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 import ssl as ssl_module
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -20,15 +22,16 @@ from typing import Any
 from aiohttp import web
 from torch import nn
 
-from aiopipe.auth import check_secret
+from aiopipe.auth import Revocations, check_secret
 from aiopipe.clock import Clock, SystemClock, VirtualClock
 from aiopipe.config import RunConfig
 from aiopipe.data import Dataset, as_dataset
-from aiopipe.errors import ConfigError
+from aiopipe.errors import AiopipeError, ConfigError
 from aiopipe.metrics.results import EpochMetrics, RunResult, write_results
 from aiopipe.runtime.compute import resolve_torch_device
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.device import Connector, DeviceSummary, run_device
+from aiopipe.runtime.guard import ConnectionGuard, ConnectionLimits, GuardedSite
 from aiopipe.runtime.http import add_routes
 from aiopipe.runtime.plan import build_model, measure_planning_costs, train_dataset
 from aiopipe.runtime.tasks import first_error
@@ -37,6 +40,8 @@ from aiopipe.transport import Link, open_memory_link_pair, open_websocket_link
 from aiopipe.transport.fabric import Endpoint, MemoryFabric, open_websocket_endpoint
 
 __all__ = ["Device", "Server", "simulate"]
+
+log = logging.getLogger("aiopipe.device")
 
 Progress = Callable[[EpochMetrics], None]
 
@@ -83,9 +88,9 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
                     clock, a_to_b=networks[k].up, b_to_a=networks[k].down,
                     max_frame_bytes=node.max_frame_bytes)
                 endpoint = fabric.endpoint(f"device{k}") if fabric is not None else None
-                tasks.create_task(node.serve_link(server_end))
+                tasks.create_task(_serve(node, server_end))
                 tasks.create_task(_device(device_end, k, clock, cost_table, custom, endpoint,
-                                          own[k], evaluate[k]))
+                                          own[k], evaluate[k], node.joined.is_set))
             result = await node.train()
     except BaseExceptionGroup as group:
         raise first_error(group) from None
@@ -118,14 +123,33 @@ def _measure(config: RunConfig, dataset: Dataset | None) -> CostTable:
     return measure_planning_costs(config, model, dataset.in_shape, dataset)
 
 
+async def _serve(node: Coordinator, link: Link) -> None:
+    """Serve one device's link; a device that breaks the contract or is lost is left out
+    (the coordinator has logged why) and the run goes on without it, as a server's
+    would."""
+    with contextlib.suppress(AiopipeError):
+        await node.serve_link(link)
+
+
 async def _device(link: Link, k: int, clock: Clock, costs: CostTable | None,
                   model: nn.Sequential | None, endpoint: Endpoint | None,
-                  dataset: Dataset | None, held_out: Dataset | None = None) -> None:
+                  dataset: Dataset | None, held_out: Dataset | None = None,
+                  joined: Callable[[], bool] = lambda: False) -> None:
+    """Run simulated device k. It fails the simulation if it fails before the fleet has
+    joined (the set-up is wrong); later it ends alone (logged), as a real device would.
+
+    Raises:
+        AiopipeError: the device failed before every device had joined.
+    """
     try:
         # a simulated device shares this machine and its cost table: it profiles nothing
         await run_device(link, k, clock=clock, cost_table=costs, clock_offset=0.0, model=model,
                          endpoint=endpoint, dataset=dataset, profile=False,
                          held_out=held_out)
+    except AiopipeError as exc:
+        if not joined():
+            raise
+        log.warning("device %d ended: %s", k, exc)
     finally:
         await link.aclose()
         if endpoint is not None:
@@ -160,9 +184,16 @@ class Server:
         torch_device: where the server's stages compute (PiPar's server halves): "auto"
             (a CUDA GPU when torch sees one, else the CPU), "cpu", "cuda" or "cuda:N";
             tensors on the wire stay CPU bytes.
+        limits: bounds on connections before they are a device's (handshake timeout,
+            pending connections, connections per token, pre-hello frame size); the
+            defaults of `ConnectionLimits`.
+        revoked: a revocation file (`aiopipe.auth.Revocations`): the token ids listed
+            there are refused, also while the server runs (a connected device whose
+            token is revoked is closed within a second).
 
     Raises:
         ConfigError: the config cannot run, the secret is shorter than 16 bytes,
+            ``revoked`` is given without ``token_secret``,
             ``ssl`` is given without ``host``, or there is no checkpoint to resume from.
     """
 
@@ -170,8 +201,11 @@ class Server:
                  token_secret: bytes | None = None, ssl: ssl_module.SSLContext | None = None,
                  clock: Clock | None = None, join_timeout: float = 300.0,
                  progress: Progress | None = None, resume: bool = False,
-                 torch_device: str = "auto") -> None:
+                 torch_device: str = "auto", limits: ConnectionLimits | None = None,
+                 revoked: str | os.PathLike[str] | None = None) -> None:
         secret = check_secret(token_secret) if token_secret is not None else None
+        if limits is not None and not isinstance(limits, ConnectionLimits):
+            raise ConfigError(f"limits must be ConnectionLimits, got {type(limits).__name__}")
         if ssl is not None and not isinstance(ssl, ssl_module.SSLContext):
             raise ConfigError(f"ssl must be an ssl.SSLContext, got {type(ssl).__name__}")
         if ssl is not None and host is None:
@@ -183,13 +217,19 @@ class Server:
                                 checkpoint_dir=checkpoints, resume=resume,
                                 torch_device=torch_device)
         self._host, self._port, self._secret, self._ssl = host, port, secret, ssl
+        self.guard = ConnectionGuard(limits or ConnectionLimits())
+        if revoked is not None and secret is None:
+            raise ConfigError("revoked needs token_secret: without tokens there is nothing "
+                              "to revoke")
+        self._revocations = Revocations(revoked) if revoked is not None else None
         self._runner: web.AppRunner | None = None
         self.url = ""
 
     def add_routes(self, app: web.Application, *, prefix: str = "") -> None:
         """Mount ``{prefix}/ws``, ``{prefix}/status`` and ``{prefix}/metrics`` on ``app``."""
         add_routes(app, self.node, token_secret=self._secret, prefix=prefix,
-                   shape_downlinks=self.node.config.shape_links)
+                   shape_downlinks=self.node.config.shape_links, guard=self.guard,
+                   revocations=self._revocations)
 
     async def __aenter__(self) -> Server:
         if self._host is not None:
@@ -197,7 +237,8 @@ class Server:
             self.add_routes(app)
             self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
             await self._runner.setup()
-            site = web.TCPSite(self._runner, self._host, self._port, ssl_context=self._ssl)
+            site = GuardedSite(self._runner, self._host, self._port, self.guard,
+                               ssl_context=self._ssl)
             await site.start()
             sockets = self._runner.addresses
             port = sockets[0][1] if sockets else self._port

@@ -13,7 +13,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from aiopipe.config import MODES, SCHEDULES, RunConfig
+from aiopipe.config import AGGREGATIONS, MODES, OUTLIERS, SCHEDULES, RunConfig
 from aiopipe.errors import AiopipeError, ConfigError
 from aiopipe.metrics.results import EpochMetrics
 
@@ -111,6 +111,12 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                      help="compute slowdown factor(s) >= 1 to emulate slow devices")
     run.add_argument("--aggregation-every", type=int,
                      help="FedAvg every this many iterations (0 = every epoch)")
+    run.add_argument("--aggregation", choices=AGGREGATIONS,
+                     help="how device models are combined (default fedavg; the others "
+                          "bound what a few bad devices can do)")
+    run.add_argument("--outliers", choices=OUTLIERS,
+                     help="a device update far above the round's median: keep (default), "
+                          "clip or drop it")
     run.add_argument("--learning-rate", type=float, help="SGD learning rate")
     run.add_argument("--seed", type=int, help="random seed")
     run.add_argument("--out-dir", help="results directory")
@@ -121,7 +127,7 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "optimizer", "dataset", "test_sample
                    "parallel_batches", "network", "device_slowdown", "aggregation_every",
                    "learning_rate", "seed", "out_dir", "shape_links", "device_timeout",
                    "heartbeat_interval", "reconnect_grace", "replan", "device_memory_mb",
-                   "partition", "schedule", "profile_devices")
+                   "partition", "schedule", "profile_devices", "aggregation", "outliers")
 
 
 def config_from_args(args: argparse.Namespace, **defaults: Any) -> RunConfig:

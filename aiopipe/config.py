@@ -23,10 +23,13 @@ from aiopipe.errors import ConfigError
 if TYPE_CHECKING:
     from aiopipe.transport.network import NetworkSpec
 
-__all__ = ["DATA_PARTITIONS", "LOSSES", "MODES", "OPTIMIZERS", "SCHEDULES", "RunConfig"]
+__all__ = ["AGGREGATIONS", "DATA_PARTITIONS", "LOSSES", "MODES", "OPTIMIZERS", "OUTLIERS",
+           "SCHEDULES", "RunConfig"]
 
 MODES = ("fl", "sl", "sfl", "pipar", "pipeline")
 LOSSES = ("cross-entropy",)
+AGGREGATIONS = ("fedavg", "fedmedian", "trimmed-mean", "krum")
+OUTLIERS = ("keep", "clip", "drop")
 OPTIMIZERS = ("sgd",)
 DATA_PARTITIONS = ("iid", "dirichlet")
 SCHEDULES = ("1f1b", "gpipe")
@@ -136,6 +139,19 @@ class RunConfig:
         device_memory_mb: memory budget per device for the planner (one value or one
             per device; 0 = unlimited): the device half's weights, gradients, momentum
             and the activations of N in-flight micro-batches must fit.
+        aggregation: how a round's device models become the global model: "fedavg"
+            (weighted by samples, PiPar Eq. 3), or a robust one that bounds what a few
+            devices can do: "fedmedian" (coordinate-wise median), "trimmed-mean"
+            (dropping ``trim_fraction`` of the highest and of the lowest values per
+            coordinate), "krum" (the model nearest its neighbours, for at most
+            ``byzantine_devices`` bad devices; needs devices >= that + 3).
+        trim_fraction, byzantine_devices: see ``aggregation``.
+        outliers: what to do with a device whose update (its whole model, its server
+            replica included, minus the round's starting model) is more than
+            ``outlier_limit`` times the round's median update norm: "keep", "clip" (to
+            that norm) or "drop" (left out of the aggregation); clipped or dropped
+            devices are named in the log and in ``EpochMetrics.updates_refused``.
+        outlier_limit: see ``outliers``.
         profile_devices: with "auto" on real clocks, plan from what each device
             measures of itself where it runs (its units' times, its links' rates:
             aiopipe.runtime.profiling); false: from the server's own table times each
@@ -177,6 +193,11 @@ class RunConfig:
     replan_threshold: float = 0.1
     device_memory_mb: float | tuple[float, ...] = 0.0
     profile_devices: bool = True
+    aggregation: str = "fedavg"
+    trim_fraction: float = 0.2
+    byzantine_devices: int = 1
+    outliers: str = "keep"
+    outlier_limit: float = 10.0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -291,6 +312,29 @@ class RunConfig:
              if isinstance(budget, Sequence) else float(budget))
         if not isinstance(self.out_dir, str):
             raise _fail("out_dir", self.out_dir, "a path string")
+        self._check_aggregation()
+
+    def _check_aggregation(self) -> None:
+        """The aggregation's keys."""
+        if self.aggregation not in AGGREGATIONS:
+            raise _fail("aggregation", self.aggregation, f"one of {', '.join(AGGREGATIONS)}")
+        trim = self.trim_fraction
+        if isinstance(trim, bool) or not isinstance(trim, int | float) or not 0 <= trim < 0.5:
+            raise _fail("trim_fraction", trim, "a number in [0, 0.5)")
+        object.__setattr__(self, "trim_fraction", float(trim))
+        f = self.byzantine_devices
+        if isinstance(f, bool) or not isinstance(f, int) or f < 0:
+            raise _fail("byzantine_devices", f, "an integer >= 0")
+        if self.aggregation == "krum" and self.devices < f + 3:
+            raise _fail("byzantine_devices", f, f"at most devices - 3 ({self.devices - 3}) "
+                        "for krum")
+        if self.outliers not in OUTLIERS:
+            raise _fail("outliers", self.outliers, f"one of {', '.join(OUTLIERS)}")
+        limit = self.outlier_limit
+        if isinstance(limit, bool) or not isinstance(limit, int | float) or not (
+                math.isfinite(limit) and limit > 1):
+            raise _fail("outlier_limit", limit, "a finite number > 1")
+        object.__setattr__(self, "outlier_limit", float(limit))
 
     def _check_pipeline(self) -> None:
         """The pipeline's keys: valid, and given only where they mean something."""

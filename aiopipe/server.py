@@ -23,6 +23,7 @@ from aiopipe.cli import (
 from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
 from aiopipe.runtime.checkpoint import load_checkpoint
+from aiopipe.runtime.guard import ConnectionLimits
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
@@ -45,6 +46,20 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     security.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert")
     security.add_argument("--insecure", action="store_true",
                           help="allow a non-loopback address without a token secret")
+    security.add_argument("--revoked", metavar="FILE",
+                          help="refuse the tokens whose ids this file lists (python -m "
+                               "aiopipe.auth revoke adds one); read again whenever it changes")
+    defaults = ConnectionLimits()
+    security.add_argument("--handshake-timeout", type=float, default=defaults.handshake_timeout,
+                          metavar="S",
+                          help="close a connection that is not a device's (its hello taken) S "
+                               f"seconds after it opened (default {defaults.handshake_timeout:g})")
+    security.add_argument("--max-pending", type=int, default=defaults.max_pending, metavar="N",
+                          help="connections open at once that are not a device's yet; one more "
+                               f"closes the oldest (default {defaults.max_pending})")
+    security.add_argument("--max-per-device", type=int, default=defaults.max_per_device,
+                          metavar="N", help="websockets open at once with one device's token "
+                                            f"(default {defaults.max_per_device})")
     # the shared token this option used to take is gone; say so rather than let argparse
     # read `--token X` as an abbreviation of --token-secret
     parser.add_argument("--token", dest="shared_token", help=argparse.SUPPRESS)
@@ -69,6 +84,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         if (args.tls_cert is None) != (args.tls_key is None):
             raise ConfigError("--tls-cert and --tls-key go together")
         tls = server_ssl_context(args.tls_cert, args.tls_key) if args.tls_cert else None
+        limits = ConnectionLimits(handshake_timeout=args.handshake_timeout,
+                                  max_pending=args.max_pending,
+                                  max_per_device=args.max_per_device)
         if args.resume:
             config = resumed_config(args)
         else:
@@ -77,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
                 config = config.replace(out_dir="runs/server")
         async with Server(config, host=args.host, port=args.port, token_secret=secret,
                           ssl=tls, join_timeout=args.join_timeout, resume=bool(args.resume),
-                          torch_device=args.torch_device,
+                          torch_device=args.torch_device, limits=limits, revoked=args.revoked,
                           progress=lambda m: print(epoch_row(m), flush=True)) as server:
             print(f"aiopipe.server: waiting for {config.devices} devices at {server.url}",
                   flush=True)

@@ -15,12 +15,16 @@ import re
 import ssl
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from aiopipe.auth import (
+    DEFAULT_TOKEN_LIFETIME_S,
     MIN_SECRET_BYTES,
+    Revocations,
+    Token,
     authenticate_bearer,
     check_node_name,
     check_peer_proof,
@@ -33,6 +37,7 @@ from aiopipe.auth import (
     pair_key,
     peer_proof,
     server_ssl_context,
+    token_id_of,
     verify_token,
 )
 from aiopipe.auth.__main__ import main as auth_main
@@ -41,7 +46,8 @@ from aiopipe.errors import AuthenticationError, ConfigError
 REPO = Path(__file__).resolve().parents[1]
 SECRET = b"0123456789abcdef-test-secret"
 OTHER = b"fedcba9876543210-other-secret"
-TOKEN_SHAPE = re.compile(r"v1\.(0|[1-9][0-9]*)\.[A-Za-z0-9_-]{43}")
+TOKEN_SHAPE = re.compile(r"v2\.(0|[1-9][0-9]*)\.[0-9]+\.[A-Za-z0-9_-]{16}\.[A-Za-z0-9_-]{43}")
+NOW = 1_800_000_000.0
 
 
 # -- tokens ---------------------------------------------------------------------------
@@ -49,34 +55,57 @@ TOKEN_SHAPE = re.compile(r"v1\.(0|[1-9][0-9]*)\.[A-Za-z0-9_-]{43}")
 
 @pytest.mark.parametrize("device_id", [0, 1, 7, 12345, 9_999_999_999])
 def test_a_minted_token_verifies_as_its_device(device_id: int) -> None:
-    token = mint_token(SECRET, device_id)
+    token = mint_token(SECRET, device_id, now=NOW)
     assert TOKEN_SHAPE.fullmatch(token), token
     assert token.split(".")[1] == str(device_id)
-    assert verify_token(SECRET, token) == device_id
-    assert mint_token(SECRET, device_id) == token  # deterministic: nothing to store
+    verified = verify_token(SECRET, token, now=NOW)
+    assert verified == Token(device_id, token.split(".")[3], int(NOW + DEFAULT_TOKEN_LIFETIME_S))
+    assert mint_token(SECRET, device_id) != token  # each token has an id of its own
 
 
 def test_tokens_differ_per_device_and_per_secret() -> None:
-    tokens = {mint_token(s, k) for s in (SECRET, OTHER) for k in range(4)}
+    tokens = {mint_token(s, k).split(".")[4] for s in (SECRET, OTHER) for k in range(4)}
     assert len(tokens) == 8
 
 
-def test_the_mac_is_hmac_sha256_of_the_domain_and_id() -> None:
-    import hashlib
-    import hmac
+def test_the_mac_is_hmac_sha256_of_the_domain_id_expiry_and_token_id() -> None:
+    token = mint_token(SECRET, 3, now=NOW, lifetime_s=60)
+    _, _, expires, token_id, mac = token.split(".")
+    assert expires == str(int(NOW) + 60)
+    message = f"aiopipe-device:v2\0003\000{expires}\000{token_id}".encode()
+    digest = hmac.new(SECRET, message, hashlib.sha256).digest()
+    assert mac == base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
-    digest = hmac.new(SECRET, b"aiopipe-device:3", hashlib.sha256).digest()
-    mac = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
-    assert mint_token(SECRET, 3) == f"v1.3.{mac}"
+
+def test_a_token_expires() -> None:
+    token = mint_token(SECRET, 2, now=NOW, lifetime_s=3600)
+    assert verify_token(SECRET, token, now=NOW + 3600).device_id == 2
+    message = _refusal(SECRET, token, now=NOW + 3601)
+    assert f"token {token.split('.')[3]} for device 2 expired at" in message
+    forever = mint_token(SECRET, 2, lifetime_s=None)
+    assert forever.split(".")[2] == "0"
+    assert verify_token(SECRET, forever, now=1e11).expires_at is None
+
+
+def test_an_expiry_cannot_be_moved() -> None:
+    version, device, expires, token_id, mac = mint_token(SECRET, 2, now=NOW).split(".")
+    later = str(int(expires) + 10**6)
+    assert "bad mac" in _refusal(SECRET, ".".join([version, device, later, token_id, mac]))
+
+
+@pytest.mark.parametrize("lifetime", [0, -1.0, True, "1d", float("inf")])
+def test_mint_refuses_a_bad_lifetime(lifetime: object) -> None:
+    with pytest.raises(ConfigError, match="lifetime"):
+        mint_token(SECRET, 0, lifetime_s=lifetime)  # type: ignore[arg-type]
 
 
 def _flip(text: str, i: int) -> str:
     return text[:i] + ("A" if text[i] != "A" else "B") + text[i + 1 :]
 
 
-def _refusal(secret: bytes, token: str) -> str:
+def _refusal(secret: bytes, token: str, now: float | None = None) -> str:
     with pytest.raises(AuthenticationError) as info:
-        verify_token(secret, token)
+        verify_token(secret, token, now=now)
     message = str(info.value)
     assert "\n" not in message
     return message
@@ -87,15 +116,19 @@ def test_another_secrets_token_is_refused_as_a_bad_mac() -> None:
 
 
 def test_a_token_for_one_device_cannot_be_relabelled_for_another() -> None:
-    _, _, mac = mint_token(SECRET, 1).split(".")
-    message = _refusal(SECRET, f"v1.0.{mac}")
+    fields = mint_token(SECRET, 1).split(".")
+    message = _refusal(SECRET, ".".join([fields[0], "0", *fields[2:]]))
     assert "token for device 0 has a bad mac" in message
 
 
 @pytest.mark.parametrize("position", [0, 21, 42])
 def test_an_altered_mac_is_refused(position: int) -> None:
-    version, device, mac = mint_token(SECRET, 2).split(".")
-    assert "bad mac" in _refusal(SECRET, f"{version}.{device}.{_flip(mac, position)}")
+    *head, mac = mint_token(SECRET, 2).split(".")
+    assert "bad mac" in _refusal(SECRET, ".".join([*head, _flip(mac, position)]))
+
+
+ID = "A" * 16
+MAC = "A" * 43
 
 
 @pytest.mark.parametrize(
@@ -103,19 +136,23 @@ def test_an_altered_mac_is_refused(position: int) -> None:
     [
         ("", "malformed token"),
         ("just-a-password", "malformed token"),
-        ("v1.0", "malformed token"),
-        ("v1.0.x.y", "malformed token"),
-        ("v2.0." + "A" * 43, "token version v2 is not v1"),
-        ("V1.0." + "A" * 43, "token version unknown is not v1"),
-        ("v1.-1." + "A" * 43, "not a plain decimal"),
-        ("v1.01." + "A" * 43, "not a plain decimal"),
-        ("v1.+1." + "A" * 43, "not a plain decimal"),
-        ("v1.\u0661." + "A" * 43, "not a plain decimal"),  # an Arabic-Indic digit one
-        ("v1.99999999999." + "A" * 43, "not a plain decimal"),
-        ("v1.0." + "A" * 42, "43 base64url characters"),
-        ("v1.0." + "A" * 43 + "=", "43 base64url characters"),
-        ("v1.0." + "+" * 43, "43 base64url characters"),
-        ("v1.0." + "\u00e9" * 43, "43 base64url characters"),
+        ("v2.0", "malformed token"),
+        ("v2.0.x.y", "malformed token"),
+        ("v1.0." + MAC, "token version v1 is not v2 (mint a new one"),
+        ("v3.0.0." + ID + "." + MAC, "token version v3 is not v2"),
+        ("V2.0.0." + ID + "." + MAC, "token version unknown is not v2"),
+        ("v2.-1.0." + ID + "." + MAC, "not a plain decimal"),
+        ("v2.01.0." + ID + "." + MAC, "not a plain decimal"),
+        ("v2.+1.0." + ID + "." + MAC, "not a plain decimal"),
+        ("v2.\u0661.0." + ID + "." + MAC, "malformed token"),  # an Arabic-Indic digit one
+        ("v2.99999999999.0." + ID + "." + MAC, "not a plain decimal"),
+        ("v2.0.-5." + ID + "." + MAC, "expiry is not a plain decimal"),
+        ("v2.0.1e9." + ID + "." + MAC, "expiry is not a plain decimal"),
+        ("v2.0.0." + "A" * 15 + "." + MAC, "16 base64url characters"),
+        ("v2.0.0." + "+" * 16 + "." + MAC, "16 base64url characters"),
+        ("v2.0.0." + ID + "." + "A" * 42, "43 base64url characters"),
+        ("v2.0.0." + ID + "." + "A" * 43 + "=", "43 base64url characters"),
+        ("v2.0.0." + ID + "." + "+" * 43, "43 base64url characters"),
     ],
 )
 def test_malformed_tokens_are_refused_with_the_reason(token: str, reason: str) -> None:
@@ -128,6 +165,29 @@ def test_malformed_tokens_are_refused_with_the_reason(token: str, reason: str) -
 def test_a_token_reason_never_quotes_the_token() -> None:
     token = mint_token(OTHER, 4)
     assert token not in _refusal(SECRET, token)
+    assert token.split(".")[4] not in _refusal(SECRET, token)
+
+
+def test_a_revoked_token_is_refused_and_the_devices_other_tokens_are_not(
+        tmp_path: Path) -> None:
+    path = tmp_path / "revoked.txt"
+    revocations = Revocations(path)  # no file yet: nothing revoked
+    first, second = mint_token(SECRET, 1), mint_token(SECRET, 1)
+    assert authenticate_bearer(f"Bearer {first}", SECRET, revocations=revocations).device_id == 1
+    Revocations.add(path, token_id_of(first), "lost laptop")
+    with pytest.raises(AuthenticationError, match=f"token {token_id_of(first)} for device 1 "
+                                                  "was revoked"):
+        authenticate_bearer(f"Bearer {first}", SECRET, revocations=revocations)
+    assert authenticate_bearer(f"Bearer {second}", SECRET, revocations=revocations).device_id == 1
+    assert path.read_text().startswith(token_id_of(first) + "  # lost laptop")
+    path.write_text("# nothing revoked\n\n")  # taken back: read again once changed
+    assert authenticate_bearer(f"Bearer {first}", SECRET, revocations=revocations).device_id == 1
+
+
+@pytest.mark.parametrize("text", ["", "v2.0.0.short.x", mint_token(SECRET, 0)[:-1] + ".x"])
+def test_token_id_of_wants_a_token(text: str) -> None:
+    with pytest.raises(ConfigError, match="not a token"):
+        token_id_of(text)
 
 
 @pytest.mark.parametrize("device_id", [-1, True, 1.0, "1", 10**10])
@@ -154,8 +214,9 @@ def test_bearer_headers_are_checked(header: str | None, reason: str) -> None:
 
 def test_a_bearer_header_names_its_device() -> None:
     token = mint_token(SECRET, 5)
-    assert authenticate_bearer(f"Bearer {token}", SECRET) == 5
-    assert authenticate_bearer(f"bearer {token} ", SECRET) == 5  # the scheme is case-blind
+    assert authenticate_bearer(f"Bearer {token}", SECRET).device_id == 5
+    # the scheme is case-blind
+    assert authenticate_bearer(f"bearer {token} ", SECRET).device_id == 5
 
 
 # -- peer pair keys and proofs ------------------------------------------------------------
@@ -286,7 +347,7 @@ def test_generated_secrets_are_long_random_and_usable() -> None:
     assert len(a) == 43
     assert re.fullmatch(r"[A-Za-z0-9_-]+", a)
     assert load_secret(a) == a.encode()
-    assert verify_token(load_secret(a), mint_token(load_secret(a), 0)) == 0
+    assert verify_token(load_secret(a), mint_token(load_secret(a), 0)).device_id == 0
 
 
 @pytest.mark.parametrize("secret", [b"", b"x", b"x" * (MIN_SECRET_BYTES - 1)])
@@ -296,7 +357,7 @@ def test_short_secrets_are_refused(secret: bytes) -> None:
     with pytest.raises(ConfigError, match=f"at least {MIN_SECRET_BYTES}"):
         mint_token(secret, 0)
     with pytest.raises(ConfigError, match=f"at least {MIN_SECRET_BYTES}"):
-        verify_token(secret, "v1.0." + "A" * 43)
+        verify_token(secret, "v2.0.0." + "A" * 16 + "." + "A" * 43)
     with pytest.raises(ConfigError, match=f"at least {MIN_SECRET_BYTES}"):
         load_secret(secret.decode())
 
@@ -392,11 +453,19 @@ def test_cli_mint_prints_the_devices_token(
         ["mint", "--secret", f"file:{tmp_path / 'secret'}", "--device-id", "3"], capsys, monkeypatch
     )
     assert (code, err) == (0, "")
-    assert out == mint_token(SECRET, 3) + "\n"
-    code, out, _ = _auth(
-        ["mint", "--secret", SECRET.decode(), "--device-id", "0"], capsys, monkeypatch
-    )
-    assert out.strip() == mint_token(SECRET, 0)
+    assert TOKEN_SHAPE.fullmatch(out.strip())
+    token = verify_token(SECRET, out.strip())
+    assert token.device_id == 3
+    assert token.expires_at is not None
+    assert abs(token.expires_at - time.time() - 30 * 86400) < 60  # 30 days by default
+    code, out, _ = _auth(["mint", "--secret", SECRET.decode(), "--device-id", "0",
+                          "--expires-in", "never"], capsys, monkeypatch)
+    assert verify_token(SECRET, out.strip()) == Token(0, out.split(".")[3], None)
+    code, out, _ = _auth(["mint", "--secret", SECRET.decode(), "--device-id", "0",
+                          "--expires-in", "12h"], capsys, monkeypatch)
+    expires_at = verify_token(SECRET, out.strip()).expires_at
+    assert expires_at is not None
+    assert abs(expires_at - time.time() - 12 * 3600) < 60
 
 
 def test_cli_mint_reads_the_secret_from_the_environment(
@@ -406,7 +475,22 @@ def test_cli_mint_reads_the_secret_from_the_environment(
     with pytest.raises(SystemExit) as info:
         auth_main(["mint", "--device-id", "1"])
     assert info.value.code == 0
-    assert capsys.readouterr().out.strip() == mint_token(SECRET, 1)
+    assert verify_token(SECRET, capsys.readouterr().out.strip()).device_id == 1
+
+
+def test_cli_revoke_writes_the_tokens_id(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token, path = mint_token(SECRET, 4), tmp_path / "revoked.txt"
+    code, out, err = _auth(["revoke", "--file", str(path), "--token", token], capsys,
+                           monkeypatch)
+    assert (code, err) == (0, "")
+    assert token_id_of(token) in out
+    assert token_id_of(token) in Revocations(path).ids()
+    code, _, _ = _auth(["revoke", "--file", str(path), "--token-id", "B" * 16], capsys,
+                       monkeypatch)
+    assert code == 0
+    assert Revocations(path).ids() == {token_id_of(token), "B" * 16}
 
 
 @pytest.mark.parametrize(
@@ -420,6 +504,11 @@ def test_cli_mint_reads_the_secret_from_the_environment(
         (["mint", "--secret", SECRET.decode(), "--device-id", "x"], "--device-id"),
         (["mint", "--secret", "short", "--device-id", "0"], f"at least {MIN_SECRET_BYTES}"),
         (["mint", "--secret", "file:/nonexistent/secret", "--device-id", "0"], "cannot read"),
+        (["mint", "--secret", SECRET.decode(), "--device-id", "0", "--expires-in", "soon"],
+         "a lifetime is"),
+        (["revoke", "--file", "r.txt"], "one of the arguments --token --token-id"),
+        (["revoke", "--file", "r.txt", "--token", "nonsense"], "not a token"),
+        (["revoke", "--file", "r.txt", "--token-id", "short"], "a token id is"),
     ],
 )
 def test_cli_errors_are_one_line_with_exit_2(
@@ -461,4 +550,4 @@ def test_python_m_aiopipe_auth_runs_cleanly(tmp_path: Path) -> None:
         check=False,
     )
     assert (done.returncode, done.stderr) == (0, "")
-    assert done.stdout == mint_token(SECRET, 2) + "\n"
+    assert verify_token(SECRET, done.stdout.strip()).device_id == 2

@@ -32,7 +32,9 @@ class EpochMetrics:
 
     ``samples`` counts only rounds that completed: ``device_samples[k]`` is what device k
     contributed; ``devices_lost`` lists devices that dropped out during the epoch (their
-    unfinished rounds were excluded from aggregation). In a multi-device pipeline,
+    unfinished rounds were excluded from aggregation); ``updates_refused`` lists devices
+    whose update was clipped or dropped as an outlier (``RunConfig.outliers``). In a
+    multi-device pipeline,
     ``stages`` has one entry per stage (its device, units, compute busy and idle seconds,
     and ``peak_live``: the most micro-batches whose activations it held at once) and
     ``links`` the busy and idle seconds of each directed device-to-device link
@@ -54,6 +56,7 @@ class EpochMetrics:
     plan: Sequence[Mapping[str, int]]
     device_samples: Sequence[int] = ()
     devices_lost: Sequence[int] = ()
+    updates_refused: Sequence[int] = ()
     stages: Sequence[Mapping[str, Any]] = ()
     links: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     held_out_accuracy: float = math.nan
@@ -65,6 +68,7 @@ class EpochMetrics:
         out["plan"] = [dict(p) for p in self.plan]
         out["device_samples"] = list(self.device_samples)
         out["devices_lost"] = list(self.devices_lost)
+        out["updates_refused"] = list(self.updates_refused)
         out["stages"] = [dict(s) for s in self.stages]
         out["links"] = {k: dict(v) for k, v in self.links.items()}
         out["device_accuracy"] = dict(self.device_accuracy)

@@ -27,7 +27,7 @@ from aiopipe.errors import (
 from aiopipe.protocol import PROTOCOL_VERSION, ErrorMessage, Hello, Plan
 from aiopipe.runtime.peer import Peer
 from aiopipe.runtime.session import DeviceSession, SessionHost
-from aiopipe.transport import Link, LinkSpec
+from aiopipe.transport import Link
 
 __all__ = ["HELLO_TIMEOUT_S", "Admission", "AdmissionHost"]
 
@@ -67,12 +67,13 @@ class Admission:
         self.joined = asyncio.Event()
 
     async def serve_link(self, link: Link, *, device_id: int | None = None,
-                         reshape: Callable[[LinkSpec], None] | None = None) -> None:
+                         admitted: Callable[[int], None] | None = None) -> None:
         """Run one device connection from hello to goodbye (the websocket handler's body).
 
         ``device_id``: the id the connection authenticated as (from its token); a Hello
-        for any other id is refused. ``reshape``: given the device's downlink once its
-        hello is taken (sender-side shaping).
+        for any other id is refused. ``admitted``: called with the device's id once its
+        hello is taken (the websocket route lifts its pre-hello bounds and shapes the
+        downlink; [Note: bounded before authentication] in aiopipe/runtime/guard.py).
 
         Raises:
             ProtocolError: the device broke the contract (it was told why).
@@ -83,8 +84,8 @@ class Admission:
                     max_frame_bytes=host.max_frame_bytes)
         hello = await self._hello(peer, device_id)
         k = hello.device_id
-        if reshape is not None:
-            reshape(host.config.device_network(k).down)
+        if admitted is not None:
+            admitted(k)
         session, resumed = await self._session_for(hello, link)
         try:
             await peer.send(host.plan_for(k, session.nonce))
@@ -117,10 +118,10 @@ class Admission:
         else:
             problem = self._check_hello(hello, authenticated)
         if problem:
+            code = "busy" if isinstance(problem, _Busy) else "refused"
             log.warning("refused a device: %s", problem)
-            code = "busy" if problem.endswith("already connected") else "refused"
             with contextlib.suppress(TransportError):
-                await peer.send(ErrorMessage(code, problem))
+                await peer.send(ErrorMessage(code, str(problem)))
             await peer.link.aclose()
             raise RemoteProtocolError(problem)
         assert isinstance(hello, Hello)
@@ -227,6 +228,7 @@ class Admission:
             await self.arrived.wait()
 
     def _check_hello(self, hello: object, authenticated: int | None) -> str:
+        """Why this hello is refused ("" when it is taken; a `_Busy` when only for now)."""
         host = self.host
         if not isinstance(hello, Hello):
             return f"expected Hello, got {type(hello).__name__}"
@@ -236,10 +238,31 @@ class Admission:
             return "the run is over"
         if authenticated is not None and hello.device_id != authenticated:
             return f"token is for device {authenticated}, not device {hello.device_id}"
-        session = self.sessions.get(hello.device_id)
-        if authenticated is None and session is not None and not session.idle.is_set():
-            # only a connection authenticated as this device may take over a live one
-            return f"device id {hello.device_id} is already connected"
         if not hello.device_id < host.config.devices:
             return f"device id {hello.device_id} is not in 0..{host.config.devices - 1}"
+        session = self.sessions.get(hello.device_id)
+        if session is not None and not session.idle.is_set() and hello.session != session.nonce:
+            # [Note: a session is bound to its connection]
+            return _Busy(f"device {hello.device_id} is already connected: a second "
+                         "connection with its token but not its session's secret")
         return host.refuse_hello(hello)
+
+
+class _Busy(str):
+    """A hello refused for now: the device's session is live on another connection. The
+    device retries (code "busy") and is admitted once that connection is declared dead."""
+
+
+# Note [a session is bound to its connection]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A token says which device a connection is; it does not say that the connection is
+# the device's live session. The first hello's answer (`Plan.session`, 62 random bits,
+# over TLS where configured) is that session's secret, and a hello that carries it may
+# take the session over from a stalled connection (a reconnection). A hello without it
+# while the session's connection is alive is refused as busy, never admitted: a replayed
+# or stolen token cannot displace the honest device, whose rounds go on untouched. A
+# device whose process restarted (so it lost the secret) is busy until the server's
+# liveness declares the old connection dead (`device_timeout`), then starts afresh; the
+# device retries busy hellos with backoff. While the session is idle (its connection
+# broke, within `reconnect_grace`), a hello without the secret is a restart: it ends the
+# old session (`_session_for`).

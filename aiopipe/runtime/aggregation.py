@@ -8,6 +8,10 @@
 - `krum`: the one model whose summed squared distance to its n - f - 2 nearest others is
   least, for at most f Byzantine devices (Blanchard et al. 2017; Flower's Krum).
 
+`screen_updates` looks at each device's update (its model minus the round's starting
+model) before any of them: one whose norm is more than ``limit`` times the round's median
+is clipped to that norm or dropped. `aggregate` applies the run's choice of these.
+
 The robust three bound what a few devices can do to the result, whatever they send:
 the median and the trimmed mean per coordinate, Krum by picking a model that many
 others are close to. Each takes the devices' states (identical keys and shapes) and
@@ -24,7 +28,7 @@ import torch
 
 from aiopipe.errors import TrainingError
 
-__all__ = ["fedavg", "fedmedian", "krum", "trimmed_mean"]
+__all__ = ["aggregate", "fedavg", "fedmedian", "krum", "screen_updates", "trimmed_mean"]
 
 
 def fedavg(states: Sequence[Mapping[str, torch.Tensor]],
@@ -151,3 +155,69 @@ def _stacks(states: Sequence[Mapping[str, torch.Tensor]], what: str
 
 def _cast(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return (value if like.is_floating_point() else value.round()).to(like.dtype)
+
+
+def screen_updates(states: Mapping[int, Mapping[str, torch.Tensor]],
+                   start: Mapping[str, torch.Tensor], *, action: str, limit: float
+                   ) -> tuple[dict[int, dict[str, torch.Tensor]], dict[int, float]]:
+    """The devices' ``states`` with outliers handled, and the outliers (device: its
+    update's norm over the round's median).
+
+    An update is a state minus ``start`` over the floating entries (weights and batch
+    norm's statistics alike); its norm is compared with the median of the round's. With
+    fewer than three devices no median tells an outlier from the rest, and nothing is
+    screened. ``action``: "keep", "clip" (scaled down to ``limit`` x the median) or
+    "drop".
+    """
+    kept = {k: dict(state) for k, state in states.items()}
+    if action == "keep" or len(states) < 3:
+        return kept, {}
+    norms = {k: _update_norm(state, start) for k, state in states.items()}
+    ordered = sorted(norms.values())
+    n = len(ordered)
+    median = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+    if not median > 0:
+        return kept, {}
+    outliers = {k: norm / median for k, norm in norms.items()
+                if not norm <= limit * median}  # NaN and inf norms are outliers too
+    for k, ratio in outliers.items():
+        if action == "drop" or not math.isfinite(ratio):
+            del kept[k]
+        else:
+            scale = limit / ratio
+            kept[k] = {key: start[key] + (value - start[key]) * scale
+                       if value.is_floating_point() else value
+                       for key, value in states[k].items()}
+    return kept, outliers
+
+
+def aggregate(states: Mapping[int, Mapping[str, torch.Tensor]], weights: Mapping[int, float],
+              *, method: str, trim: float = 0.2, byzantine: int = 1) -> dict[str, torch.Tensor]:
+    """The next global model from the devices' ``states`` by ``method`` ("fedavg",
+    weighted by ``weights``; "fedmedian"; "trimmed-mean" with ``trim``; "krum" with at
+    most ``byzantine`` bad devices, falling back to the median when too few devices are
+    left for it).
+
+    Raises:
+        TrainingError: no states, mismatched states, or an unknown method.
+    """
+    ids = sorted(states)
+    models = [states[k] for k in ids]
+    if method == "fedavg":
+        return fedavg(models, [weights[k] for k in ids])
+    if method == "fedmedian" or (method == "krum" and len(models) < byzantine + 3):
+        return fedmedian(models)
+    if method == "trimmed-mean":
+        return trimmed_mean(models, trim)
+    if method == "krum":
+        return krum(models, byzantine)[0]
+    raise TrainingError(f"unknown aggregation {method!r}")
+
+
+def _update_norm(state: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor]
+                 ) -> float:
+    total = 0.0
+    for key, value in state.items():
+        if value.is_floating_point():
+            total += float((value.double() - start[key].double()).square().sum())
+    return math.sqrt(total)

@@ -80,7 +80,7 @@ from aiopipe.runtime.systems import Setup, System, system_for
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.estimate import DeviceProfile
-from aiopipe.transport import Link, LinkSpec
+from aiopipe.transport import Link
 
 __all__ = ["Coordinator"]
 
@@ -179,16 +179,16 @@ class Coordinator:
     # -- what admission and sessions ask -----------------------------------------------
 
     async def serve_link(self, link: Link, *, device_id: int | None = None,
-                         reshape: Callable[[LinkSpec], None] | None = None) -> None:
+                         admitted: Callable[[int], None] | None = None) -> None:
         """Run one device connection from hello to goodbye (see `Admission.serve_link`);
-        ``reshape``: pace what the link sends at the device's downlink, once its hello
-        says which device it is (sender-side shaping).
+        ``admitted``: called with the device's id once its hello is taken (the link's
+        owner then lifts pre-hello limits and shapes the downlink).
 
         Raises:
             ProtocolError: the device broke the contract (it was told why).
             TransportError: the connection failed.
         """
-        await self.admission.serve_link(link, device_id=device_id, reshape=reshape)
+        await self.admission.serve_link(link, device_id=device_id, admitted=admitted)
 
     async def wait_disconnected(self, seconds: float) -> bool:
         """Wait up to ``seconds`` until every device connection has closed; whether
@@ -394,6 +394,8 @@ class Coordinator:
             mark = len(self.recorder.slices)
             done = await system.run_round(self, round_no, epoch, first, work, participants)
             tally["lost"] = sorted(set(tally["lost"]) | (set(participants) - set(done)))
+            tally["refused"] = sorted(set(tally.get("refused", []))
+                                      | set(system.refused_updates()))
             for k, result in done.items():
                 tally["device_samples"][k] += result.samples
                 tally["loss_sum"] += result.loss_sum
@@ -420,6 +422,7 @@ class Coordinator:
             train_accuracy=int(tally["correct"]) / max(1, samples), samples=samples,
             bytes_up=int(up), bytes_down=int(down), plan=system.plan_entries(),
             device_samples=device_samples, devices_lost=tuple(tally["lost"]),
+            updates_refused=tuple(tally.get("refused", [])),
             stages=system.stage_figures(by_track, elapsed, {
                 k: s.peak_live for k, s in self.sessions.items()}),
             links={track: {"busy_s": seconds, "idle_s": elapsed - seconds}
@@ -597,13 +600,14 @@ def _frame_cap(config: RunConfig, model: torch.nn.Sequential, in_shape: tuple[in
 def _new_tally(epoch: int, devices: int) -> dict[str, Any]:
     """An epoch's running totals (what a checkpoint needs to finish the epoch exactly)."""
     return {"epoch": epoch, "next_round": 0, "device_samples": [0] * devices,
-            "loss_sum": 0.0, "correct": 0, "lost": [], "elapsed_before": 0.0}
+            "loss_sum": 0.0, "correct": 0, "lost": [], "refused": [], "elapsed_before": 0.0}
 
 
 def _epoch_from(values: Mapping[str, Any]) -> EpochMetrics:
     fields = dict(values)
     fields["device_samples"] = tuple(fields.get("device_samples", ()))
     fields["devices_lost"] = tuple(fields.get("devices_lost", ()))
+    fields["updates_refused"] = tuple(fields.get("updates_refused", ()))
     fields["stages"] = tuple(fields.get("stages", ()))
     fields["links"] = dict(fields.get("links", {}))
     fields["device_accuracy"] = dict(fields.get("device_accuracy", {}))

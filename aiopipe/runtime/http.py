@@ -8,19 +8,25 @@ With a token secret, ``/ws`` wants ``Authorization: Bearer <token>`` minted for 
 (`aiopipe.auth`); a missing or invalid token gets HTTP 401 with a one-line reason before
 any upgrade, and the connection it admits may only say hello as that token's device.
 Without a secret every connection is admitted (bind loopback only, or say --insecure).
+Before its hello is taken a websocket takes only hello-sized frames, and at most
+``max_per_device`` are open per token (HTTP 429 beyond); the guard's other bounds hold
+where the server listens itself (`aiopipe.runtime.guard`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections import Counter
 
 import orjson
 from aiohttp import web
 
-from aiopipe.auth import authenticate_bearer, check_secret
+from aiopipe.auth import Revocations, Token, authenticate_bearer, check_secret
 from aiopipe.errors import AiopipeError, AuthenticationError, RemoteProtocolError
 from aiopipe.runtime.coordinator import Coordinator
-from aiopipe.transport import accept_websocket
+from aiopipe.runtime.guard import ConnectionGuard, ConnectionLimits
+from aiopipe.transport import WebSocketLink, accept_websocket
 
 __all__ = ["add_routes"]
 
@@ -28,50 +34,107 @@ log = logging.getLogger("aiopipe.server")
 
 
 def add_routes(app: web.Application, node: Coordinator, *, token_secret: bytes | None = None,
-               prefix: str = "", shape_downlinks: bool = False) -> None:
+               prefix: str = "", shape_downlinks: bool = False,
+               guard: ConnectionGuard | None = None,
+               revocations: Revocations | None = None) -> None:
     """Mount the device websocket and the status routes of ``node`` on ``app``.
 
     ``token_secret``: devices must present a token minted under it (None: no
     authentication). ``shape_downlinks``: pace what goes to device k at its
     ``network``'s downlink (sender-side shaping, to emulate the network on one machine).
+    ``guard``: the listening site's `ConnectionGuard`, told when a connection becomes a
+    device's (default: one with the default limits, of which only the per-device and
+    hello-frame bounds act here). ``revocations``: tokens listed there are refused, and
+    a live connection whose token is revoked is closed within a second.
 
     Raises:
         ConfigError: the secret is shorter than `aiopipe.auth.MIN_SECRET_BYTES`.
     """
     secret = check_secret(token_secret) if token_secret is not None else None
+    guard = guard if guard is not None else ConnectionGuard(ConnectionLimits())
+    per_device: Counter[int] = Counter()  # open websockets per token's device
+
+    def authenticate(request: web.Request) -> Token | None:
+        if secret is None:
+            return None
+        try:
+            token = authenticate_bearer(request.headers.get("Authorization"), secret,
+                                        revocations=revocations)
+        except AuthenticationError as exc:
+            log.warning("refused a connection from %s: %s", request.remote, exc)
+            raise web.HTTPUnauthorized(text=f"{exc}\n",
+                                       headers={"WWW-Authenticate": "Bearer"}) from None
+        k = token.device_id
+        if per_device[k] >= guard.limits.max_per_device:
+            log.warning("refused a connection from %s: device %d already has %d open "
+                        "(max_per_device)", request.remote, k, per_device[k])
+            raise web.HTTPTooManyRequests(
+                text=f"device {k} already has {per_device[k]} connections open\n")
+        return token
 
     async def websocket(request: web.Request) -> web.StreamResponse:
-        device_id: int | None = None
-        if secret is not None:
-            try:
-                device_id = authenticate_bearer(request.headers.get("Authorization"), secret)
-            except AuthenticationError as exc:
-                log.warning("refused a connection from %s: %s", request.remote, exc)
-                raise web.HTTPUnauthorized(text=f"{exc}\n",
-                                           headers={"WWW-Authenticate": "Bearer"}) from None
+        token = authenticate(request)
         try:
             link = await accept_websocket(request, clock=node.clock,
                                           max_frame_bytes=node.max_frame_bytes)
         except RemoteProtocolError as exc:
             raise web.HTTPBadRequest(text=f"{exc}\n") from None
+        link.set_frame_limit(min(guard.limits.hello_frame_bytes, node.max_frame_bytes))
+
+        def admitted(k: int) -> None:
+            guard.admit(request.transport)
+            link.set_frame_limit(node.max_frame_bytes)
+            if shape_downlinks:
+                link.reshape(node.config.device_network(k).down)
+
+        device_id = token.device_id if token is not None else None
+        if token is not None:
+            per_device[token.device_id] += 1
+        watch = (asyncio.ensure_future(_close_when_revoked(link, token, revocations))
+                 if token is not None and revocations is not None else None)
         try:
-            await node.serve_link(link, device_id=device_id,
-                                  reshape=link.reshape if shape_downlinks else None)
+            await node.serve_link(link, device_id=device_id, admitted=admitted)
         except AiopipeError as exc:
             log.warning("device connection from %s ended: %s", request.remote, exc)
         finally:
+            if token is not None:
+                per_device[token.device_id] -= 1
+            if watch is not None:
+                watch.cancel()
             await link.aclose()
         return link.response
 
     async def status(request: web.Request) -> web.Response:
-        return web.Response(body=orjson.dumps(node.describe()), content_type="application/json")
+        response = web.Response(body=orjson.dumps(node.describe()),
+                                content_type="application/json")
+        response.force_close()  # [Note: bounded before authentication]
+        return response
 
     async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text=_prometheus(node), content_type="text/plain")
+        response = web.Response(text=_prometheus(node), content_type="text/plain")
+        response.force_close()
+        return response
 
     app.router.add_get(f"{prefix}/ws", websocket)
     app.router.add_get(f"{prefix}/status", status)
     app.router.add_get(f"{prefix}/metrics", metrics)
+
+
+#: Seconds between looks at the revocation file while a device is connected.
+REVOCATION_POLL_S = 1.0
+
+
+async def _close_when_revoked(link: WebSocketLink, token: Token,
+                              revocations: Revocations) -> None:
+    """Close ``link`` once ``token`` is revoked (the device cannot reconnect with it)."""
+    while True:
+        await asyncio.sleep(REVOCATION_POLL_S)
+        try:
+            revocations.check(token)
+        except AuthenticationError as exc:
+            log.warning("closing device %d's connection: %s", token.device_id, exc)
+            await link.aclose(str(exc))
+            return
 
 
 def _prometheus(node: Coordinator) -> str:

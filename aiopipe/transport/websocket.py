@@ -107,6 +107,7 @@ class WebSocketLink:
         self._ws = ws
         self._clock = clock
         self._max_frame_bytes = max_frame_bytes
+        self._frame_ceiling = max_frame_bytes  # what aiohttp's reader was opened for
         self._shaping = shaping if shaping is not None and shaping.shaped else None
         self._peer = peer
         self._send_lock = asyncio.Lock()
@@ -131,6 +132,21 @@ class WebSocketLink:
     def max_frame_bytes(self) -> int | None:
         """The largest frame this link sends or accepts (None: no limit)."""
         return self._max_frame_bytes
+
+    def set_frame_limit(self, max_frame_bytes: int | None) -> None:
+        """Take frames up to ``max_frame_bytes`` from now on (a server's websocket takes
+        only hello-sized ones until the hello is accepted), at most the limit the link was
+        opened with.
+
+        Raises:
+            ConfigError: the limit is not a non-negative int, or above the opening limit.
+        """
+        _check_options(max_frame_bytes, None)
+        ceiling = self._frame_ceiling
+        if ceiling is not None and (max_frame_bytes is None or max_frame_bytes > ceiling):
+            raise ConfigError(f"a frame limit of {max_frame_bytes} is above the {ceiling} "
+                              "bytes the link was opened with")
+        self._max_frame_bytes = max_frame_bytes
 
     @property
     def response(self) -> web.WebSocketResponse[Any]:

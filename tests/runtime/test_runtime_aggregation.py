@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -97,3 +99,36 @@ def test_krum_picks_the_model_closest_to_its_neighbours() -> None:
     assert multi["w"].tolist() == pytest.approx([0.05, 0.075])
     with pytest.raises(TrainingError, match="needs n >= f \\+ 3"):
         krum(honest, byzantine=2)
+
+
+def test_an_update_far_above_the_rounds_median_is_dropped_or_clipped() -> None:
+    from aiopipe.runtime.aggregation import screen_updates
+
+    start = _model(0.0, 0.0)
+    states = {0: _model(1.0, 0.0), 1: _model(0.0, 2.0), 2: _model(2.0, 0.0),
+              3: _model(300.0, 400.0)}  # norms 1, 2, 2, 500: median 2
+    kept, outliers = screen_updates(states, start, action="drop", limit=10.0)
+    assert sorted(kept) == [0, 1, 2]
+    assert outliers == {3: 250.0}
+    clipped, _ = screen_updates(states, start, action="clip", limit=10.0)
+    assert clipped[3]["w"].tolist() == pytest.approx([12.0, 16.0])  # norm 20 = 10 x 2
+    assert clipped[3]["num_batches_tracked"].item() == 7  # counters are not scaled
+    assert screen_updates(states, start, action="keep", limit=10.0)[1] == {}
+    two = {0: states[0], 3: states[3]}  # no median tells the outlier from the rest
+    assert screen_updates(two, start, action="drop", limit=10.0)[1] == {}
+    broken = {**states, 3: _model(math.nan, 0.0)}
+    assert 3 not in screen_updates(broken, start, action="clip", limit=10.0)[0]
+
+
+def test_aggregate_applies_the_runs_method() -> None:
+    from aiopipe.runtime.aggregation import aggregate
+
+    states = {0: _model(1.0), 1: _model(2.0), 2: _model(9.0)}
+    weights = {0: 1.0, 1: 1.0, 2: 2.0}
+    assert aggregate(states, weights, method="fedavg")["w"].item() == pytest.approx(5.25)
+    assert aggregate(states, weights, method="fedmedian")["w"].item() == 2.0
+    assert aggregate(states, weights, method="trimmed-mean", trim=0.34)["w"].item() == 2.0
+    # krum for one bad device needs 4 models: with 3 it falls back to the median
+    assert aggregate(states, weights, method="krum", byzantine=1)["w"].item() == 2.0
+    with pytest.raises(TrainingError, match="unknown aggregation"):
+        aggregate(states, weights, method="mean")

@@ -23,7 +23,13 @@ from aiopipe import (
     Server,
     TrainingError,
 )
-from aiopipe.auth import client_ssl_context, mint_token, server_ssl_context
+from aiopipe.auth import (
+    Revocations,
+    client_ssl_context,
+    mint_token,
+    server_ssl_context,
+    token_id_of,
+)
 from aiopipe.clock import SystemClock
 from aiopipe.transport import open_websocket_link
 
@@ -55,7 +61,7 @@ async def _handshake(url: str, token: str | None) -> None:
 
 @pytest.mark.parametrize(
     "token",
-    [None, mint_token(OTHER_SECRET, 0), "v1.0.not-a-mac", "a-shared-password"],
+    [None, mint_token(OTHER_SECRET, 0), "v2.0.0.not-a-mac", "a-shared-password"],
     ids=["no-token", "wrong-secret", "malformed", "not-a-device-token"],
 )
 async def test_a_device_without_a_valid_token_is_refused(token: str | None) -> None:
@@ -169,3 +175,42 @@ async def test_plain_ws_to_a_tls_server_gets_no_websocket(
     certificate: tuple[Path, Path],
 ) -> None:
     await _refused_by_device(certificate, lambda url: url.replace("wss://", "ws://", 1), None)
+
+
+async def test_a_token_revoked_mid_run_cuts_its_device_and_the_run_goes_on(
+        tmp_path: Path) -> None:
+    """Revoke device 1's token while it trains: its connection closes within a second,
+    it cannot reconnect with that token, the server gives up on it after the grace and
+    device 0 finishes the run; device 0's token (same secret) stays good."""
+    revoked = tmp_path / "revoked.txt"
+    config = CONFIG.replace(epochs=30, reconnect_grace=1.0)
+    tokens = [mint_token(SECRET, k) for k in range(2)]
+
+    async def device(k: int) -> BaseException | None:
+        try:
+            async with Device(server.url, k, token=tokens[k]) as node:
+                await node.run()
+        except (AuthenticationError, TrainingError) as exc:
+            return exc
+        return None
+
+    first_epoch = asyncio.Event()
+    async with (Server(config, token_secret=SECRET, join_timeout=60, revoked=revoked,
+                       progress=lambda _: first_epoch.set()) as server,
+                asyncio.TaskGroup() as tasks):
+        devices = [tasks.create_task(device(k)) for k in range(2)]
+        training = tasks.create_task(server.run())
+        await first_epoch.wait()
+        Revocations.add(revoked, token_id_of(tokens[1]))
+        result = await training
+    cut = devices[1].result()
+    assert isinstance(cut, AuthenticationError), cut
+    assert "HTTP 401" in str(cut)
+    assert devices[0].result() is None
+    assert 1 in {k for e in result.epochs for k in e.devices_lost}
+    assert result.epochs[-1].samples == 40  # device 0 alone
+
+
+def test_revoked_needs_a_token_secret(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="revoked needs token_secret"):
+        Server(CONFIG, revoked=tmp_path / "revoked.txt")

@@ -92,11 +92,15 @@ async def test_strangers_are_refused_and_the_run_goes_on() -> None:
             # a stranger holding device 1's token claims to be device 0, mid-run
             answers.append(await _stranger(server.url, encode(Hello(PROTOCOL_VERSION, 0)),
                                            token_for=1))
+            # device 0's own token replayed while device 0 trains: busy, not admitted
+            answers.append(await _stranger(server.url, encode(Hello(PROTOCOL_VERSION, 0)),
+                                           token_for=0))
             result = await training
     assert "bad hello" in answers[0]
     assert "protocol version 99" in answers[1]
     assert "device id 7 is not in 0..1" in answers[2]
     assert "token is for device 1, not device 0" in answers[3]
+    assert "device 0 is already connected" in answers[4]
     assert [e.samples for e in result.epochs] == [160, 160]
 
 

@@ -126,6 +126,11 @@ class System(Protocol):
         """
         ...
 
+    def refused_updates(self) -> list[int]:
+        """Devices whose update was clipped or dropped (``outliers``) since the last
+        call."""
+        ...
+
     def epoch_samples(self, device_samples: Sequence[int]) -> int:
         """Samples the epoch trained, from what each device processed."""
         ...

@@ -232,6 +232,10 @@ class Pipeline:
                                       for p in range(self.stages)))
         self.model.load_state_dict(state)
 
+    def refused_updates(self) -> list[int]:
+        """A pipeline's stages are put side by side, not aggregated: none."""
+        return []
+
     def epoch_samples(self, device_samples: Sequence[int]) -> int:
         """The samples that went through the whole pipeline (the last stage's)."""
         return device_samples[-1] if device_samples else 0

@@ -46,7 +46,7 @@ from aiopipe.protocol import (
     state_from_wire,
     state_to_wire,
 )
-from aiopipe.runtime.aggregation import fedavg
+from aiopipe.runtime.aggregation import aggregate, screen_updates
 from aiopipe.runtime.assignment import Assignment
 from aiopipe.runtime.factories import make_loss, make_optimizer
 from aiopipe.runtime.plan import (
@@ -105,6 +105,8 @@ class Star:
         self.replicas: dict[int, tuple[nn.Sequential, torch.optim.Optimizer]] = {}
         self.activation_shapes = unit_output_shapes(self.model, self.in_shape)
         self._schedules: dict[tuple[int, int], tuple[str, tuple[Action, ...]]] = {}
+        #: devices whose update was clipped or dropped since `refused_updates` was asked
+        self.refused: list[int] = []
         #: per device: its replica's optimizer and that optimizer's state as the round
         #: started (restored when the device's round is dropped)
         self._round_start: dict[int, tuple[torch.optim.Optimizer, dict[str, Any]]] = {}
@@ -274,6 +276,11 @@ class Star:
         start = self.round_start(k, round_no, epoch, first, iterations, state)
         return await rounds.play(k, start, self.server_stage(k, start))
 
+    def refused_updates(self) -> list[int]:
+        """Devices whose update was clipped or dropped since the last call."""
+        refused, self.refused = sorted(set(self.refused)), []
+        return refused
+
     def epoch_samples(self, device_samples: Sequence[int]) -> int:
         """Every device trains on its own samples: their sum."""
         return sum(device_samples)
@@ -301,12 +308,25 @@ class Star:
         return models.merge_states(device_half, replica)
 
     def _aggregate(self, results: Mapping[int, RoundResult]) -> None:
-        """FedAvg over the devices whose round completed, weighted by their samples."""
-        states = [self._whole_state(k, res) for k, res in results.items()]
-        weights = [float(res.samples) for res in results.values()]
-        if sum(weights) == 0:
+        """The devices whose round completed, screened for outliers, aggregated as the
+        run says (FedAvg by default, weighted by their samples). An outlier's replica
+        optimizer goes back to the round's start: what it learnt from its device is not
+        kept either."""
+        config = self.config
+        states = {k: self._whole_state(k, res) for k, res in results.items()}
+        weights = {k: float(res.samples) for k, res in results.items()}
+        kept, outliers = screen_updates(states, self.model.state_dict(),
+                                        action=config.outliers, limit=config.outlier_limit)
+        for k, ratio in sorted(outliers.items()):
+            log.warning("device %d's update is %.3g x the round's median: %s", k, ratio,
+                        "dropped" if k not in kept else "clipped")
+        self._roll_back(sorted(outliers))
+        self.refused.extend(sorted(outliers))
+        if not kept or sum(weights[k] for k in kept) == 0:
             return
-        self._load_global(fedavg(states, weights))
+        self._load_global(aggregate(kept, weights, method=config.aggregation,
+                                    trim=config.trim_fraction,
+                                    byzantine=config.byzantine_devices))
 
     def _adopt(self, k: int, result: RoundResult) -> None:
         """SL: the next device starts from this device's weights."""

@@ -1,0 +1,63 @@
+"""One authenticated device poisons the model (issue: hold against hostile peers): it
+sends its server replica activations scaled by a huge finite factor. With the robust
+options on (``outliers = "drop"``) the global model's test accuracy stays within 2
+points of a clean run's and the device is named; without them, at x1e6 the model is
+ruined (the attack is real)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from aiopipe import CostTable, RunConfig, VirtualClock, simulate
+from aiopipe.metrics.results import RunResult
+from aiopipe.protocol import Activation, to_tensor_data, to_torch
+from aiopipe.runtime import device as device_module
+
+COSTS = CostTable.uniform(5, forward=0.001, backward=0.002)
+BAD = 3
+CONFIG = RunConfig(devices=4, samples_per_device=200, batch_size=20, epochs=3, split_point=2,
+                   parallel_batches=1, test_samples=1000, learning_rate=0.05)
+ROBUST = CONFIG.replace(outliers="drop")
+
+
+@pytest.fixture
+def poison(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``poison(factor)``: device BAD scales every activation it sends by ``factor``."""
+
+    def install(factor: float) -> None:
+        honest = device_module._ServerRoute.send
+
+        def send(self: Any, message: Any, name: str, *, ready_at: float | None) -> None:
+            if self.owner.device_id == BAD and isinstance(message, Activation):
+                scaled = to_tensor_data(to_torch(message.tensor) * factor)
+                message = dataclasses.replace(message, tensor=scaled)
+            honest(self, message, name, ready_at=ready_at)
+
+        monkeypatch.setattr(device_module._ServerRoute, "send", send)
+
+    return install
+
+
+async def _run(config: RunConfig) -> RunResult:
+    return await simulate(config, clock=VirtualClock(), cost_table=COSTS)
+
+
+@pytest.mark.parametrize("factor", [1e6, 1e15])
+async def test_a_poisoning_device_cannot_move_the_model_with_the_robust_options(
+        poison: Any, factor: float) -> None:
+    clean = await _run(ROBUST)
+    poison(factor)
+    attacked = await _run(ROBUST)
+    assert attacked.final.accuracy >= clean.final.accuracy - 0.02, (attacked.final, clean.final)
+    named = {k for e in attacked.epochs for k in (*e.updates_refused, *e.devices_lost)}
+    assert named == {BAD}
+
+
+async def test_without_them_the_attack_ruins_the_model(poison: Any) -> None:
+    clean = await _run(CONFIG)
+    poison(1e6)
+    attacked = await _run(CONFIG)
+    assert attacked.final.accuracy < clean.final.accuracy - 0.1
