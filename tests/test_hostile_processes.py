@@ -83,4 +83,5 @@ async def test_frames_before_hello_cost_the_server_little_memory(tmp_path: Path)
         during = _rss_mb(server.process.pid)
         await asyncio.gather(*attacks)
         assert await _status(fleet.url) == 200
+    print(f"server RSS {before:.1f} MB before, {during:.1f} MB during the attack")
     assert during - before <= 50, (before, during)
