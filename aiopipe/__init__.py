@@ -8,9 +8,8 @@ datasets opened by `aiopipe.data`.
 
 from __future__ import annotations
 
-from aiopipe.api import Device, Server, simulate
-from aiopipe.clock import Clock, SystemClock, VirtualClock
-from aiopipe.config import RunConfig
+import typing
+
 from aiopipe.errors import (
     AiopipeError,
     AuthenticationError,
@@ -25,9 +24,42 @@ from aiopipe.errors import (
     TrainingError,
     TransportError,
 )
-from aiopipe.metrics.results import EpochMetrics, RunResult
-from aiopipe.runtime.guard import ConnectionLimits
-from aiopipe.scheduler.costs import CostTable
+
+if typing.TYPE_CHECKING:
+    from aiopipe.api import Device, Server, simulate
+    from aiopipe.clock import Clock, SystemClock, VirtualClock
+    from aiopipe.config import RunConfig
+    from aiopipe.metrics.results import EpochMetrics, RunResult
+    from aiopipe.runtime.guard import ConnectionLimits
+    from aiopipe.scheduler.costs import CostTable
+
+#: Where each public name lives. They are imported on first use (PEP 562), so that
+#: ``python -m aiopipe.auth`` and every ``--help`` start without importing torch.
+_LAZY = {
+    "Device": "aiopipe.api", "Server": "aiopipe.api", "simulate": "aiopipe.api",
+    "Clock": "aiopipe.clock", "SystemClock": "aiopipe.clock", "VirtualClock": "aiopipe.clock",
+    "RunConfig": "aiopipe.config",
+    "EpochMetrics": "aiopipe.metrics.results", "RunResult": "aiopipe.metrics.results",
+    "ConnectionLimits": "aiopipe.runtime.guard",
+    "CostTable": "aiopipe.scheduler.costs",
+}
+
+
+def __getattr__(name: str) -> typing.Any:
+    """The public name ``name``, imported from its module on first use."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'aiopipe' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
 
 __all__ = [
     "AiopipeError",

@@ -13,12 +13,15 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import ssl as ssl_module
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from torch import nn
 
@@ -26,8 +29,14 @@ from aiopipe.auth import Revocations, check_secret
 from aiopipe.clock import Clock, SystemClock, VirtualClock
 from aiopipe.config import RunConfig
 from aiopipe.data import Dataset, as_dataset
-from aiopipe.errors import AiopipeError, ConfigError
-from aiopipe.metrics.results import EpochMetrics, RunResult, write_results
+from aiopipe.errors import AiopipeError, ConfigError, TrainingError, TransportError
+from aiopipe.metrics.results import (
+    EpochMetrics,
+    RunResult,
+    check_fresh_out_dir,
+    write_metrics,
+    write_results,
+)
 from aiopipe.runtime.compute import resolve_torch_device
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.device import Connector, DeviceSummary, run_device
@@ -41,7 +50,8 @@ from aiopipe.transport.fabric import Endpoint, MemoryFabric, open_websocket_endp
 
 __all__ = ["Device", "Server", "simulate"]
 
-log = logging.getLogger("aiopipe.device")
+device_log = logging.getLogger("aiopipe.device")
+server_log = logging.getLogger("aiopipe.server")
 
 Progress = Callable[[EpochMetrics], None]
 
@@ -64,10 +74,12 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
     the results directory when ``config.out_dir`` is set.
 
     Raises:
-        ConfigError: the config cannot run, or ``datasets`` or ``held_out`` is not one
-            entry per device.
+        ConfigError: the config cannot run, ``datasets`` or ``held_out`` is not one
+            entry per device, or ``config.out_dir`` holds an earlier run's results.
         TrainingError: training failed.
     """
+    if config.out_dir:
+        check_fresh_out_dir(config.out_dir)
     clock = clock or SystemClock()
     own = _per_device(config, "datasets", datasets)
     evaluate = _per_device(config, "held_out", held_out)
@@ -149,7 +161,7 @@ async def _device(link: Link, k: int, clock: Clock, costs: CostTable | None,
     except AiopipeError as exc:
         if not joined():
             raise
-        log.warning("device %d ended: %s", k, exc)
+        device_log.warning("device %d ended: %s", k, exc)
     finally:
         await link.aclose()
         if endpoint is not None:
@@ -193,8 +205,10 @@ class Server:
 
     Raises:
         ConfigError: the config cannot run, the secret is shorter than 16 bytes,
-            ``revoked`` is given without ``token_secret``,
-            ``ssl`` is given without ``host``, or there is no checkpoint to resume from.
+            ``revoked`` is given without ``token_secret``, ``config.out_dir`` holds an
+            earlier run's results (and ``resume`` is not set),
+            ``ssl`` is given without ``host``, or there is no checkpoint to resume from;
+            on entering, the address cannot be listened on (a port in use).
     """
 
     def __init__(self, config: RunConfig, *, host: str | None = "127.0.0.1", port: int = 0,
@@ -211,6 +225,8 @@ class Server:
         if ssl is not None and host is None:
             raise ConfigError("ssl needs host: with host=None your own app's site does TLS")
         self.config = config
+        if config.out_dir and not resume:
+            check_fresh_out_dir(config.out_dir)
         checkpoints = Path(config.out_dir) / "checkpoint" if config.out_dir else None
         self.node = Coordinator(config, clock=clock or SystemClock(),
                                 join_timeout=join_timeout, progress=progress,
@@ -239,7 +255,14 @@ class Server:
             await self._runner.setup()
             site = GuardedSite(self._runner, self._host, self._port, self.guard,
                                ssl_context=self._ssl)
-            await site.start()
+            try:
+                await site.start()
+            except OSError as exc:
+                await self._runner.cleanup()
+                self._runner = None
+                why = os.strerror(exc.errno) if exc.errno else str(exc)
+                raise ConfigError(f"cannot listen on {self._host}:{self._port}: "
+                                  f"{why}") from None
             sockets = self._runner.addresses
             port = sockets[0][1] if sockets else self._port
             scheme = "ws" if self._ssl is None else "wss"
@@ -259,7 +282,17 @@ class Server:
         Raises:
             TrainingError: devices did not join in time, or one was lost.
         """
-        result = await self.node.train()
+        try:
+            result = await self.node.train()
+        except asyncio.CancelledError:  # Ctrl-C: keep what the finished epochs measured
+            if self.config.out_dir and self.node.epochs:
+                await asyncio.to_thread(write_metrics, self.config, list(self.node.epochs),
+                                        self.config.out_dir)
+                server_log.warning("interrupted: %d finished epochs' metrics are in %s",
+                            len(self.node.epochs), self.config.out_dir)
+            raise
+        if self.config.out_dir:
+            server_log.info("writing the results to %s", self.config.out_dir)
         # in a thread: meanwhile the loop sends the devices their goodbye (and heartbeats)
         with self.node.clock.hold():
             return await asyncio.to_thread(_finish, result)
@@ -290,10 +323,16 @@ class Device:
         held_out: this device's own held-out data (as ``dataset``): it evaluates each
             epoch's global model on it and reports how it does
             (`EpochMetrics.held_out_accuracy`); it then receives the whole model.
+        connect_timeout: seconds entering waits for a server that does not answer yet
+            (refused or unreachable: retried with backoff); a server that refuses the
+            token fails at once.
 
     Raises:
-        ConfigError: the URL is not ws:// or wss://, ``ssl`` is given for ws://, or
-            ``dataset`` is not a usable dataset (`aiopipe.data.as_dataset` says why).
+        ConfigError: the URL is not ws:// or wss://, ``ssl`` is given for ws://,
+            ``connect_timeout`` is negative, or ``dataset`` is not a usable dataset
+            (`aiopipe.data.as_dataset` says why).
+        TrainingError: (on entering) no server answered within ``connect_timeout``.
+        AuthenticationError: (on entering) the server refused the token.
     """
 
     def __init__(self, server: str, device_id: int, *, token: str | None = None,
@@ -301,7 +340,7 @@ class Device:
                  model: nn.Sequential | None = None, max_frame_bytes: int = 1 << 30,
                  listen: tuple[str, int] | None = None, advertise: str | None = None,
                  dataset: Any = None, torch_device: str = "auto",
-                 held_out: Any = None) -> None:
+                 held_out: Any = None, connect_timeout: float = 300.0) -> None:
         if not server.startswith(("ws://", "wss://")):
             raise ConfigError(f"server URL must start with ws:// or wss://, got {server!r}")
         if ssl is not None and not server.startswith("wss://"):
@@ -318,6 +357,10 @@ class Device:
         self.torch_device = torch_device
         self.max_frame_bytes = max_frame_bytes
         self.listen, self.advertise = listen, advertise
+        if isinstance(connect_timeout, bool) or not isinstance(connect_timeout, int | float) \
+                or not connect_timeout >= 0:
+            raise ConfigError(f"connect_timeout must be >= 0 s, got {connect_timeout!r}")
+        self.connect_timeout = float(connect_timeout)
         self.endpoint: Endpoint | None = None
         self._stack = contextlib.AsyncExitStack()
         self._link: Link | None = None
@@ -328,8 +371,32 @@ class Device:
             self.endpoint = await self._stack.enter_async_context(open_websocket_endpoint(
                 host, port, clock=self.clock, max_frame_bytes=self.max_frame_bytes,
                 advertise=self.advertise))
-        self._link = await self._stack.enter_async_context(self._open())
+        self._link = await self._first_link()
         return self
+
+    async def _first_link(self) -> Link:
+        """Connect, waiting (with backoff) up to ``connect_timeout`` for a server that is
+        not listening yet: a fleet is started by hand, server first or not."""
+        deadline = time.monotonic() + self.connect_timeout
+        delay, said = 0.2, False
+        while True:
+            try:
+                return await self._stack.enter_async_context(self._open())
+            except TransportError as exc:
+                if not _not_listening(exc):  # TLS, HTTP: waiting would not help
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise TrainingError(
+                        f"device {self.device_id}: no server at {self.server} within "
+                        f"{self.connect_timeout:g} s ({_reason(exc)}; --connect-timeout "
+                        "waits longer)") from None
+                if not said:
+                    device_log.warning("device %d: waiting for the server at %s (%s); retrying for "
+                                "up to %g s", self.device_id, self.server, _reason(exc),
+                                self.connect_timeout)
+                    said = True
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(2 * delay, 5.0)
 
     def _open(self) -> contextlib.AbstractAsyncContextManager[Link]:
         return open_websocket_link(self.server, clock=self.clock, token=self.token,
@@ -370,3 +437,19 @@ class Device:
                                 held_out=self.held_out)
 
 
+def _not_listening(exc: TransportError) -> bool:
+    """Whether ``exc`` says that nothing answers at the server's address (yet): refused,
+    unreachable or timed out at connect; not a TLS or HTTP failure, nor a server that
+    hung up (plain ws:// to a wss:// server)."""
+    cause = exc.__cause__
+    if isinstance(cause, aiohttp.ClientSSLError):
+        return False
+    return isinstance(cause, aiohttp.ClientConnectorError | TimeoutError | ConnectionError)
+
+
+def _reason(exc: Exception) -> str:
+    """The last words of a connection error ("Connection refused"), for one log line."""
+    cause = exc.__cause__ or exc
+    if isinstance(cause, OSError) and cause.errno:
+        return os.strerror(cause.errno)
+    return str(exc)

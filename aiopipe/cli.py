@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
@@ -80,9 +81,11 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--batch-size", type=int, help="samples per optimizer step B")
     run.add_argument("--epochs", type=int, help="epochs to train")
     run.add_argument("--split-point", type=_int_list,
-                     help="units on the device P: an integer or a comma list per device")
+                     help="units on the device P: an integer, a comma list per device, or "
+                          "auto (the planner picks per device)")
     run.add_argument("--parallel-batches", type=_int_list,
-                     help="micro-batches per iteration N: an integer or a comma list")
+                     help="micro-batches per iteration N: an integer, a comma list per "
+                          "device, or auto (the planner picks; best with N dividing B)")
     run.add_argument("--partition", type=_int_list,
                      help="mode pipeline: the S-1 cut points (comma list) or auto (balanced)")
     run.add_argument("--schedule", choices=SCHEDULES,
@@ -100,13 +103,13 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                      default=None,
                      help='with "auto", plan from the server\'s own table times each '
                           "device's --device-slowdown instead of the devices' own "
-                          "measurements")
+                          "measurements (by default devices profile themselves)")
     run.add_argument("--device-memory-mb", type=_float_list,
                      help='memory budget per device for "auto" plans, MB (0 = unlimited)')
     run.add_argument("--heartbeat-interval", type=float, help="seconds between heartbeats")
     run.add_argument("--no-shaping", dest="shape_links", action="store_false", default=None,
                      help="do not pace websocket senders at the network's rates (use when "
-                          "the network is really shaped, e.g. by tc)")
+                          "the network is really shaped, e.g. by tc; by default they are)")
     run.add_argument("--device-slowdown", type=_float_list,
                      help="compute slowdown factor(s) >= 1 to emulate slow devices")
     run.add_argument("--aggregation-every", type=int,
@@ -119,7 +122,23 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                           "clip or drop it")
     run.add_argument("--learning-rate", type=float, help="SGD learning rate")
     run.add_argument("--seed", type=int, help="random seed")
-    run.add_argument("--out-dir", help="results directory")
+    run.add_argument("--out-dir", help="results directory (default runs/<date-time>; one "
+                                       "that holds results is refused)")
+    defaults = RunConfig()
+    for action in run._group_actions:  # say each default, from the config's own
+        if (action.dest in RUN_OPTION_KEYS and action.help and "default" not in action.help
+                and not isinstance(action, argparse._StoreFalseAction)):
+            action.help += f" (default {_shown(getattr(defaults, action.dest))})"
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple | list):
+        return ",".join(map(str, value))
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
 
 
 RUN_OPTION_KEYS = ("mode", "model", "loss", "optimizer", "dataset", "test_samples", "devices",
@@ -171,13 +190,19 @@ def epoch_row(m: EpochMetrics) -> str:
     return row
 
 
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
 def run_command(prog: str, main: Callable[[], Coroutine[Any, Any, int]]) -> NoReturn:
     """Run ``main`` on uvloop when available; aiopipe errors become one line and exit 2.
 
     Exit codes: 0 success, 1 training failed at run time, 2 bad arguments or config,
     130 interrupted.
     """
-    logging.basicConfig(level=logging.WARNING, format=f"{prog}: %(message)s")
+    level = os.environ.get("AIOPIPE_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(level=level if level in _LEVELS else "INFO",
+                        format=f"%(asctime)s {prog}: %(message)s", datefmt="%Y-%m-%d %H:%M:%S")
+    logging.getLogger("aiohttp").setLevel(logging.WARNING)
     try:
         try:
             import uvloop

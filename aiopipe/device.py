@@ -8,13 +8,14 @@ import asyncio
 import logging
 import os
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from aiopipe.api import Device
 from aiopipe.auth import client_ssl_context
 from aiopipe.cli import ArgumentParser, run_command
-from aiopipe.data import Dataset
-from aiopipe.errors import ConfigError
+from aiopipe.errors import ConfigError, TrainingError
+
+if TYPE_CHECKING:
+    from aiopipe.data import Dataset
 
 log = logging.getLogger("aiopipe.device")
 
@@ -34,6 +35,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser.add_argument("--tls-ca", metavar="FILE",
                         help="verify a wss:// server against these PEM CA certificates "
                              "(default for wss://: the system's)")
+    parser.add_argument("--connect-timeout", type=float, default=300.0, metavar="S",
+                        help="wait up to S seconds for a server that is not listening yet, "
+                             "retrying with backoff (default 300: start the fleet in any "
+                             "order)")
     parser.add_argument("--torch-device", default="auto", metavar="auto|cpu|cuda|cuda:N",
                         help="where this node's stages compute (default auto: a CUDA GPU "
                              "when torch sees one, else the CPU); wire tensors stay CPU bytes")
@@ -71,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         parser.error("--samples needs --data")
     if args.samples is not None and args.samples < 1:
         parser.error("--samples must be >= 1")
+    if not args.connect_timeout >= 0:
+        parser.error("--connect-timeout must be >= 0")
 
     async def run() -> int:
         tls = None
@@ -85,11 +92,19 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         if args.held_out is not None:
             held_out = await asyncio.to_thread(_open_data, args.held_out, None, args.seed,
                                                "test")
+        from aiopipe.api import Device  # torch: after the arguments parsed
+        from aiopipe.protocol import TRAINING_FINISHED
+
         async with Device(args.server, args.device_id, token=args.token or None,
                           ssl=tls, listen=args.listen, advertise=args.advertise,
                           dataset=dataset, torch_device=args.torch_device,
-                          held_out=held_out) as device:
-            await device.run()
+                          held_out=held_out, connect_timeout=args.connect_timeout) as device:
+            summary = await device.run()
+        if summary.reason != TRAINING_FINISHED:
+            raise TrainingError(f"the server ended the run: {summary.reason} (after "
+                                f"{summary.rounds} rounds, {summary.samples} samples)")
+        print(f"device {args.device_id}: done: {summary.rounds} rounds, {summary.samples} "
+              "samples trained", flush=True)
         return 0
 
     run_command(f"{parser.prog} [device {args.device_id}]", run)

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from aiopipe.api import Server
 from aiopipe.auth import load_secret, server_ssl_context
 from aiopipe.cli import (
     RUN_OPTION_KEYS,
@@ -22,7 +21,8 @@ from aiopipe.cli import (
 )
 from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
-from aiopipe.runtime.checkpoint import load_checkpoint
+from aiopipe.metrics.results import own_out_dir
+from aiopipe.progress import RunDisplay
 from aiopipe.runtime.guard import ConnectionLimits
 
 
@@ -87,20 +87,21 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         limits = ConnectionLimits(handshake_timeout=args.handshake_timeout,
                                   max_pending=args.max_pending,
                                   max_per_device=args.max_per_device)
-        if args.resume:
-            config = resumed_config(args)
-        else:
-            config = config_from_args(args)
-            if not config.out_dir:
-                config = config.replace(out_dir="runs/server")
-        async with Server(config, host=args.host, port=args.port, token_secret=secret,
-                          ssl=tls, join_timeout=args.join_timeout, resume=bool(args.resume),
-                          torch_device=args.torch_device, limits=limits, revoked=args.revoked,
-                          progress=lambda m: print(epoch_row(m), flush=True)) as server:
-            print(f"aiopipe.server: waiting for {config.devices} devices at {server.url}",
-                  flush=True)
-            print(TABLE_HEADER, flush=True)
-            result = await server.run()
+        config = resumed_config(args) if args.resume else config_from_args(args)
+        from aiopipe.api import Server  # torch: after the arguments parsed
+
+        display = RunDisplay()
+        with own_out_dir(config, stem="server") as config:
+            async with Server(config, host=args.host, port=args.port, token_secret=secret,
+                              ssl=tls, join_timeout=args.join_timeout, resume=bool(args.resume),
+                              torch_device=args.torch_device, limits=limits,
+                              revoked=args.revoked,
+                              progress=lambda m: display.row(epoch_row(m))) as server:
+                print(f"aiopipe.server: waiting for {config.devices} devices at {server.url}",
+                      flush=True)
+                print(TABLE_HEADER, flush=True)
+                async with display.following(server.node):
+                    result = await server.run()
         print(f"aiopipe.server: done; results in {result.out_dir}", flush=True)
         return 0
 
@@ -117,6 +118,8 @@ def resumed_config(args: argparse.Namespace) -> RunConfig:
     if given or args.config is not None:
         raise ConfigError("--resume takes the run's options from its checkpoint; drop "
                           f"{', '.join('--' + k.replace('_', '-') for k in given) or '--config'}")
+    from aiopipe.runtime.checkpoint import load_checkpoint
+
     meta = load_checkpoint(Path(args.resume) / "checkpoint")[1]
     return RunConfig.from_mapping({**meta["config"], "out_dir": str(args.resume)})
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 from aiopipe.cli import ArgumentParser, run_command
 from aiopipe.errors import ConfigError
+from aiopipe.metrics.timeline import draw_timeline, select_window
 
 __all__ = ["load_trace", "main", "select_window"]
 
@@ -61,43 +62,14 @@ def load_trace(path: str | Path) -> dict[str, Any]:
     return trace
 
 
-def select_window(
-    trace: Mapping[str, Any], *, epoch: int | None = None, iterations: tuple[int, int] | None = None
-) -> dict[str, Any]:
-    """The trace's slices of one epoch and/or iterations ``first..last`` (inclusive),
-    shifted so that the window starts at time 0; metadata events are kept.
-
-    Slices without the attribute asked for (model transfers have no iteration) are left
-    out when filtering by it.
-    """
-    events = list(trace.get("traceEvents", []))
-    meta = [e for e in events if e.get("ph") != "X"]
-    slices = [e for e in events if e.get("ph") == "X"]
-
-    def keep(e: Mapping[str, Any]) -> bool:
-        args = e.get("args") or {}
-        if epoch is not None and args.get("epoch") != epoch:
-            return False
-        if iterations is not None:
-            it = args.get("iteration")
-            return isinstance(it, int) and iterations[0] <= it <= iterations[1]
-        return True
-
-    chosen = [e for e in slices if keep(e)]
-    if chosen and (epoch is not None or iterations is not None):
-        origin = min(e["ts"] for e in chosen)
-        chosen = [{**e, "ts": e["ts"] - origin} for e in chosen]
-    return {**trace, "traceEvents": meta + chosen}
-
-
 def _iterations(text: str) -> tuple[int, int]:
     first, _, last = text.partition(":")
     try:
         lo, hi = int(first), int(last or first)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected FIRST or FIRST:LAST, got {text!r}") from None
-    if lo < 0 or hi < lo:
-        raise argparse.ArgumentTypeError(f"expected 0 <= FIRST <= LAST, got {text!r}")
+    if lo < 1 or hi < lo:
+        raise argparse.ArgumentTypeError(f"expected 1 <= FIRST <= LAST, got {text!r}")
     return lo, hi
 
 
@@ -114,12 +86,13 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         "-o", "--output", type=Path, help="PNG to write (default: the trace's name with .png)"
     )
     parser.add_argument("--title", help="figure title (default: the trace's path)")
-    parser.add_argument("--epoch", type=int, help="draw only this epoch (0-based)")
+    parser.add_argument("--epoch", type=int,
+                        help="draw only this epoch (the first is 1, as in the table)")
     parser.add_argument(
         "--iterations",
         type=_iterations,
         metavar="FIRST[:LAST]",
-        help="draw only these iterations (0-based, inclusive)",
+        help="draw only these iterations of each epoch (the first is 1; inclusive)",
     )
     parser.add_argument(
         "--max-events", type=int, default=5000, help="draw at most this many slices (default 5000)"
@@ -127,13 +100,17 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     args = parser.parse_args(argv)
     if args.max_events < 1:
         parser.error("--max-events must be >= 1")
-    if args.epoch is not None and args.epoch < 0:
-        parser.error("--epoch must be >= 0")
+    if args.epoch is not None and args.epoch < 1:
+        parser.error("--epoch must be >= 1")
 
     async def run() -> int:
         trace = load_trace(args.trace)
         if args.epoch is not None or args.iterations is not None:
-            trace = select_window(trace, epoch=args.epoch, iterations=args.iterations)
+            # people count from 1; the trace's indices from 0
+            epoch = args.epoch - 1 if args.epoch is not None else None
+            iterations = (None if args.iterations is None
+                          else (args.iterations[0] - 1, args.iterations[1] - 1))
+            trace = select_window(trace, epoch=epoch, iterations=iterations)
         if not any(e.get("ph") == "X" for e in trace["traceEvents"]):
             raise ConfigError(
                 f"trace file {str(args.trace)!r} has no slices to draw"
@@ -143,15 +120,13 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
                     else ""
                 )
             )
-        try:
-            from aiopipe.metrics.timeline import draw_timeline
-        except ImportError:
-            raise ConfigError("drawing needs matplotlib: pip install 'aiopipe[plot]'") from None
         out = args.output or args.trace.with_suffix(".png")
         try:
             draw_timeline(
                 trace, out, max_events=args.max_events, title=args.title or str(args.trace)
             )
+        except ImportError:
+            raise ConfigError("drawing needs matplotlib: pip install 'aiopipe[plot]'") from None
         except OSError as exc:
             raise ConfigError(f"cannot write {str(out)!r}: {exc.strerror or exc}") from None
         print(out)

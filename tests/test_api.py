@@ -18,10 +18,12 @@ CLI_MODULES = ("aiopipe.__main__", "aiopipe.server", "aiopipe.device", "aiopipe.
 
 
 def _public_names() -> set[str]:
+    # dir(): the names imported on first use (PEP 562) count too
     return {
         name
-        for name, value in vars(aiopipe).items()
-        if not name.startswith("_") and not isinstance(value, ModuleType | __future__._Feature)
+        for name in dir(aiopipe)
+        if not name.startswith("_")
+        and not isinstance(getattr(aiopipe, name), ModuleType | __future__._Feature)
     }
 
 

@@ -108,6 +108,8 @@ IN_PROCESS_CASES: Mapping[str, tuple[str, tuple[str, ...], str]] = {
             ("split-point-not-int", ("--split-point", "x"), "--split-point"),
             ("slowdown-below-1", ("--device-slowdown", "0.5"), "'device_slowdown'"),
             ("config-is-a-directory", ("--config", "."), "cannot read"),
+            ("out-dir-holds-results", ("--out-dir", "earlier"),
+             "earlier already holds a run's results (metrics.jsonl)"),
             ("untrainable-micro-batch",
              ("--model", "mobilenetv3-small", "--batch-size", "8", "--parallel-batches", "8",
               "--split-point", "3", "--samples-per-device", "16"),
@@ -192,6 +194,8 @@ def _write_config_files(directory: Path) -> None:
     (directory / "bad_value.toml").write_text("epochs = 0\n")
     (directory / "good.toml").write_text('mode = "pipar"\n')
     (directory / "secret.txt").write_text(SECRET + "\n")
+    (directory / "earlier").mkdir(exist_ok=True)  # an earlier run's results directory
+    (directory / "earlier" / "metrics.jsonl").write_text("{}\n")
 
 
 @pytest.fixture(scope="module")
@@ -318,7 +322,7 @@ def test_main_trains_and_writes_the_results_directory(tmp_path: Path) -> None:
             "bytes_down",
             "plan",
         } <= set(m)
-        assert m["epoch"] == i
+        assert m["epoch"] == i + 1  # for people, as the table
         assert set(m["busy_s"]) == kinds
         assert set(m["idle_s"]) == kinds
         assert m["time_s"] > 0
@@ -370,3 +374,44 @@ def test_replanning_is_off_unless_asked_for() -> None:
     add_run_options(parser)
     assert config_from_args(parser.parse_args([])).replan is False
     assert config_from_args(parser.parse_args(["--replan"])).replan is True
+
+
+_WITHOUT_TORCH = """
+import runpy, sys
+sys.argv = [sys.argv[1], *sys.argv[2:]]
+try:
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+except SystemExit:
+    pass
+print("torch imported" if "torch" in sys.modules else "no torch", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("command", [(MAIN, "--help"), (SERVER, "--help"), (DEVICE, "--help"),
+                                     ("aiopipe.auth", "secret"), ("aiopipe.timeline", "--help")])
+def test_help_and_auth_start_without_importing_torch(command: tuple[str, ...]) -> None:
+    """Torch takes seconds to import on a loaded machine; these answer at once."""
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_TORCH, *command], env=_env(),
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.stderr.strip().endswith("no torch"), done.stderr
+
+
+def test_a_port_in_use_is_one_line_and_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    from aiopipe import server
+
+    monkeypatch.chdir(tmp_path)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(SystemExit) as info:
+            server.main(["--port", str(port), "--devices", "1"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"python -m aiopipe.server: error: cannot listen on "
+                                f"127.0.0.1:{port}: Address already in use"], err
+    assert not (tmp_path / "runs").exists()

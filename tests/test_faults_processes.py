@@ -164,7 +164,7 @@ def test_a_killed_server_resumes_and_the_devices_carry_on(tmp_path: Path) -> Non
             first.stdout.close()
     assert "resuming at epoch 2" in logs.read_text()
     epochs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [e["epoch"] for e in epochs] == [0, 1, 2]
+    assert [e["epoch"] for e in epochs] == [1, 2, 3]
     assert [e["device_samples"] for e in epochs] == [[400, 400]] * 3
     assert all(e["devices_lost"] == [] for e in epochs)
     # recovery is exact: the losses are an undisturbed run's, to 6 digits (the devices

@@ -2,26 +2,33 @@
 
 ``out_dir/`` holds ``config.toml`` (resolved config), ``metrics.jsonl`` (one JSON object
 per epoch), ``trace.json`` (Chrome trace, one track per resource), ``model.safetensors``
-(the final global model) and ``timeline.png`` (drawn from the trace when matplotlib is
-installed).
+(the final global model), ``checkpoint/`` (when the server writes checkpoints) and, when
+matplotlib is installed, ``timeline.png`` (one representative iteration) and
+``overview.png`` (time, loss and accuracy per epoch).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from torch import nn
 
 from aiopipe.config import RunConfig
+from aiopipe.errors import ConfigError
 from aiopipe.metrics.trace import Slice, chrome_trace
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["EpochMetrics", "RunResult", "write_atomic", "write_results"]
 
@@ -41,6 +48,8 @@ class EpochMetrics:
     (``"device0->device1"``). ``held_out_accuracy``: the epoch's global model on the
     devices' own held-out data, over all of it (NaN when no device has any);
     ``device_accuracy``: per device that evaluated (keys: its id as a string).
+    ``loss`` and ``train_accuracy`` are NaN (null in ``metrics.jsonl``) for an epoch in
+    which no round completed; ``accuracy`` is NaN without a test set.
     """
 
     epoch: int
@@ -65,6 +74,7 @@ class EpochMetrics:
     def to_mapping(self) -> dict[str, Any]:
         """Plain JSON-able form (one line of ``metrics.jsonl``)."""
         out = dataclasses.asdict(self)
+        out["epoch"] = self.epoch + 1  # for people, as the table: the first epoch is 1
         out["plan"] = [dict(p) for p in self.plan]
         out["device_samples"] = list(self.device_samples)
         out["devices_lost"] = list(self.devices_lost)
@@ -92,29 +102,108 @@ class RunResult:
         return self.epochs[-1]
 
 
-def write_results(result: RunResult, out_dir: str | Path) -> Path:
-    """Write the results directory; returns its path.
+#: What makes a directory hold a run's results (a new run there would overwrite them).
+RESULT_NAMES = ("metrics.jsonl", "config.toml", "model.safetensors", "checkpoint")
+
+
+def check_fresh_out_dir(out_dir: str | Path) -> None:
+    """Refuse ``out_dir`` when it holds an earlier run's results (a new run would
+    overwrite them); a missing or empty directory is fine.
+
+    Raises:
+        ConfigError: it holds results (one line naming what), or it is a file.
+    """
+    path = Path(out_dir)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"out_dir {path} is a file, not a directory")
+    held = [name for name in RESULT_NAMES if (path / name).exists()]
+    if held:
+        raise ConfigError(f"{path} already holds a run's results ({', '.join(held)}); choose "
+                          "another out_dir, remove it, or resume that run")
+
+
+def new_out_dir(parent: str | Path = "runs", stem: str = "") -> Path:
+    """A results directory of its own under ``parent``, made now: ``STEM-YYYYmmdd-HHMMSS``
+    (``-2``, ``-3``, ... when another run took that name in the same second).
+
+    Raises:
+        OSError: ``parent`` cannot be written.
+    """
+    name = "-".join(filter(None, [stem, time.strftime("%Y%m%d-%H%M%S")]))
+    Path(parent).mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        path = Path(parent) / (name if n == 1 else f"{name}-{n}")
+        try:
+            path.mkdir()  # atomic: two runs never get one directory
+        except FileExistsError:
+            continue
+        return path
+    raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def own_out_dir(config: RunConfig, *, parent: str | Path = "runs",
+                stem: str = "") -> Iterator[RunConfig]:
+    """``config`` with a results directory of its own (`new_out_dir`) when it names none;
+    the directory (and ``parent``, if made for it) is removed again if the run leaves it
+    empty (it failed to start).
+
+    Raises:
+        OSError: ``parent`` cannot be written.
+    """
+    if config.out_dir:
+        yield config
+        return
+    new_parent = not Path(parent).exists()
+    path = new_out_dir(parent, stem)
+    try:
+        yield config.replace(out_dir=str(path))
+    finally:
+        with contextlib.suppress(OSError):  # not empty: the run wrote there
+            path.rmdir()
+            if new_parent:
+                path.parent.rmdir()
+
+
+def write_metrics(config: RunConfig, epochs: Sequence[EpochMetrics],
+                  out_dir: str | Path) -> Path:
+    """Write ``config.toml`` and ``metrics.jsonl`` (one line per epoch of ``epochs``) into
+    ``out_dir``, made if missing: what an interrupted run keeps of its finished epochs.
 
     Raises:
         OSError: the directory cannot be written.
     """
     path = Path(out_dir)
     path.mkdir(parents=True, exist_ok=True)
-    write_atomic(path / "config.toml", result.config.to_toml().encode())
-    lines = b"".join(orjson.dumps(e.to_mapping()) + b"\n" for e in result.epochs)
+    write_atomic(path / "config.toml", config.to_toml().encode())
+    lines = b"".join(orjson.dumps(e.to_mapping()) + b"\n" for e in epochs)
     write_atomic(path / "metrics.jsonl", lines)
+    return path
+
+
+def write_results(result: RunResult, out_dir: str | Path) -> Path:
+    """Write the results directory; returns its path.
+
+    Raises:
+        OSError: the directory cannot be written.
+    """
+    path = write_metrics(result.config, result.epochs, out_dir)
     trace = chrome_trace(result.trace, origin=result.trace_origin)
     write_atomic(path / "trace.json", json.dumps(trace).encode())
     from safetensors.torch import save
 
     state = {k: v.detach().contiguous().clone() for k, v in result.model.state_dict().items()}
     write_atomic(path / "model.safetensors", save(state))
-    try:
-        from aiopipe.metrics.timeline import draw_timeline
-    except ImportError:  # matplotlib is optional
-        pass
-    else:
-        draw_timeline(trace, path / "timeline.png")
+    from aiopipe.metrics.timeline import draw_overview, draw_run_timeline
+
+    config = result.config
+    model = config.model if isinstance(config.model, str) else "custom model"
+    label = f"{config.mode}, {model}, {config.devices} device{'s' * (config.devices != 1)}"
+    try:  # matplotlib is optional: without it, no pictures
+        draw_run_timeline(trace, path / "timeline.png", label=label)
+    except ImportError:
+        return path
+    draw_overview(result.epochs, path / "overview.png", title=f"{label}: per epoch")
     return path
 
 

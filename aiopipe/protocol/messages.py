@@ -55,6 +55,7 @@ __all__ = [
     "MAX_NODE_NAME_BYTES",
     "MODES",
     "PROTOCOL_VERSION",
+    "TRAINING_FINISHED",
     "Activation",
     "Bye",
     "ErrorMessage",
@@ -499,9 +500,14 @@ class Heartbeat:
 
 @dataclass(frozen=True, slots=True)
 class Bye:
-    """Orderly end of the conversation."""
+    """Orderly end of the conversation: ``reason`` is `TRAINING_FINISHED` when the run
+    completed, else why the server ended it."""
 
     reason: str
+
+
+#: `Bye.reason` of a run that completed.
+TRAINING_FINISHED = "training finished"
 
 
 @dataclass(frozen=True, slots=True)

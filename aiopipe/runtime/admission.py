@@ -183,6 +183,7 @@ class Admission:
                     await session.peer.send(session.bye)
         else:
             session.end("it said goodbye")
+            log.info("device %d left: it said goodbye", k)
         finally:
             if self.sessions.get(k) is session and session.ended:
                 self.connected.discard(k)

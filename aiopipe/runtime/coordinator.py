@@ -60,6 +60,7 @@ from aiopipe.metrics.trace import (
     resource_kind,
 )
 from aiopipe.protocol import (
+    TRAINING_FINISHED,
     EvalRequest,
     Hello,
     Plan,
@@ -85,6 +86,9 @@ from aiopipe.transport import Link
 __all__ = ["Coordinator"]
 
 log = logging.getLogger("aiopipe.server")
+
+#: `Bye.reason` when the server's run is cancelled (Ctrl-C of ``python -m aiopipe.server``).
+INTERRUPTED = "the server was interrupted"
 
 T = TypeVar("T")
 
@@ -153,6 +157,11 @@ class Coordinator:
         self.rounds = 0
         self.epochs: list[EpochMetrics] = []
         self.replans: list[dict[str, Any]] = []
+        self._served_before_round = 0  # micro-batches of the epoch's earlier rounds
+        #: per device, in this process: rounds completed, and for the current and the
+        #: previous epoch its summed training loss and samples (`count_round`, /metrics)
+        self.device_rounds: dict[int, int] = {}
+        self.device_loss: dict[int, dict[int, tuple[float, int]]] = {}
         self._tally: dict[str, Any] = {}
         if not self.system.resumable:
             if resume:
@@ -269,11 +278,12 @@ class Coordinator:
         """Device ``device_id``'s part of a round; None when it was lost meanwhile."""
         session = self.sessions[device_id]
         if session.window is None and start.round > 0:
-            log.warning("device %d takes part again from round %d", device_id, start.round)
+            log.warning("device %d takes part again from round %d", device_id,
+                        start.round + 1)
         try:
             return await session.run_round(start, stage)
         except DeviceLostError as exc:
-            log.warning("round %d goes on without device %d: %s", start.round, device_id,
+            log.warning("round %d goes on without device %d: %s", start.round + 1, device_id,
                         exc)
             return None
 
@@ -290,7 +300,7 @@ class Coordinator:
             TrainingError: devices did not join in time, or the run could not go on.
         """
         origin = self.clock.now()
-        reason = "training finished"
+        reason = TRAINING_FINISHED
         try:
             try:
                 await wait_for(self.clock, self.joined.wait(), self.join_timeout)
@@ -307,6 +317,9 @@ class Coordinator:
                     self.progress(self.epochs[-1])
                 await self.checkpoints.save(self._checkpoint_meta(epoch + 1, 0, 0.0), epoch)
             await self.checkpoints.written()
+        except asyncio.CancelledError:
+            reason = INTERRUPTED  # Ctrl-C, or the embedding service cancelled the run
+            raise
         except BaseException as exc:
             reason = f"training failed: {exc}"
             raise
@@ -341,6 +354,23 @@ class Coordinator:
         for session in self.sessions.values():  # new connections get it from admission
             session.peer.max_frame_bytes = limit
         log.info("planned: %s", self.system.plan_entries())
+        self._warn_of_uneven_micro_batches()
+
+    def _warn_of_uneven_micro_batches(self) -> None:
+        """Say so when N does not divide B: micro-batches of floor(B/N) samples then train
+        fewer than B samples per iteration ([Note: iterations per epoch] in plan.py)."""
+        batch = self.config.batch_size
+        for entry in self.system.plan_entries():
+            n = entry.get("parallel_batches")
+            if not isinstance(n, int) or batch % n == 0:
+                continue
+            k = int(entry["device"])
+            trained = self.system.iterations(k) * (batch // n) * n
+            divisors = ", ".join(str(d) for d in range(1, batch + 1) if batch % d == 0)
+            log.warning("device %d: parallel_batches %d does not divide batch_size %d: each "
+                        "iteration trains %d micro-batches of %d = %d samples, %d of its %d "
+                        "per epoch (N dividing B: %s)", k, n, batch, n, batch // n,
+                        (batch // n) * n, trained, self.system_samples[k], divisors)
 
     async def _profiles(self) -> list[DeviceProfile]:
         """Each device as it measures itself (aiopipe.runtime.profiling [Note: device
@@ -385,6 +415,7 @@ class Coordinator:
         tally = self._tally if self._tally.get("epoch") == epoch else _new_tally(epoch, devices)
         self._tally = tally
         round_count = math.ceil(max(iterations) / period)
+        self._served_before_round = 0
         for r in range(int(tally["next_round"]), round_count):
             first = r * period
             round_no = self.rounds
@@ -400,6 +431,7 @@ class Coordinator:
                 tally["device_samples"][k] += result.samples
                 tally["loss_sum"] += result.loss_sum
                 tally["correct"] += result.correct
+                self.count_round(epoch, k, result)
             tally["next_round"] = r + 1
             if r + 1 < round_count or epoch + 1 < self.config.epochs:
                 await self._after_round(round_no, epoch, mark)
@@ -418,8 +450,11 @@ class Coordinator:
         return EpochMetrics(
             epoch=epoch, time_s=elapsed, busy_s=busy,
             idle_s={k: elapsed - v for k, v in busy.items()},
-            loss=float(tally["loss_sum"]) / max(1, samples), accuracy=accuracy,
-            train_accuracy=int(tally["correct"]) / max(1, samples), samples=samples,
+            # an epoch in which nobody trained has no loss (NaN, null in metrics.jsonl)
+            loss=float(tally["loss_sum"]) / samples if samples else math.nan,
+            accuracy=accuracy,
+            train_accuracy=int(tally["correct"]) / samples if samples else math.nan,
+            samples=samples,
             bytes_up=int(up), bytes_down=int(down), plan=system.plan_entries(),
             device_samples=device_samples, devices_lost=tuple(tally["lost"]),
             updates_refused=tuple(tally.get("refused", [])),
@@ -429,6 +464,26 @@ class Coordinator:
                    for track, seconds in sorted(by_track.items()) if "->" in track},
             held_out_accuracy=held_out, device_accuracy=per_device,
         )
+
+    def epoch_progress(self) -> tuple[int, int]:
+        """(micro-batches the server's stage has computed in the epoch under way, how many
+        the epoch has) for a progress display; ``(0, 0)`` where the server computes no
+        micro-batches (fl, a pipeline) or before training."""
+        if self.config.mode not in ("sl", "sfl", "pipar") or not self.prepared:
+            return 0, 0
+        total = sum(self.system.iterations(int(p["device"])) * int(p.get("parallel_batches", 1))
+                    for p in self.system.plan_entries())
+        done = self._served_before_round + sum(s.served for s in self.sessions.values())
+        return min(done, total), total
+
+    def count_round(self, epoch: int, device_id: int, result: RoundResult) -> None:
+        """Device ``device_id`` completed a round of ``epoch``: count it and its loss
+        (``device_rounds``, ``device_loss``; read by ``/metrics``)."""
+        self.device_rounds[device_id] = self.device_rounds.get(device_id, 0) + 1
+        losses = self.device_loss.setdefault(epoch, {})
+        loss_sum, samples = losses.get(device_id, (0.0, 0))
+        losses[device_id] = (loss_sum + result.loss_sum, samples + result.samples)
+        self.device_loss.pop(epoch - 2, None)  # kept: the current and the previous epoch
 
     async def _evaluate_on_devices(self, epoch: int) -> tuple[float, dict[str, float]]:
         """The global model on the held-out data of the devices that take part and
@@ -445,6 +500,7 @@ class Coordinator:
     async def _after_round(self, round_no: int, epoch: int, mark: int) -> None:
         devices = self.config.devices
         served = [self.sessions[k].served if k in self.sessions else 0 for k in range(devices)]
+        self._served_before_round += sum(served)
         paced = [k not in self.sessions or self.sessions[k].peer.link.paces_sends()
                  for k in range(devices)]
         change = await self.system.after_round(self, round_no, epoch,
@@ -521,8 +577,8 @@ class Coordinator:
                              if saved.get(k) != current.get(k))
             raise ConfigError(f"the checkpoint in {str(directory)!r} is for another run "
                               f"(different {', '.join(changed)})")
-        log.warning("resuming at epoch %d, round %d of the epoch, from %s",
-                    int(meta["epoch"]) + 1, int(meta["tally"]["next_round"]), directory)
+        log.warning("resuming at epoch %d, its round %d, from %s", int(meta["epoch"]) + 1,
+                    int(meta["tally"]["next_round"]) + 1, directory)
         return tensors, meta
 
     def _resume_counters(self, meta: Mapping[str, Any]) -> None:
@@ -549,7 +605,7 @@ class Coordinator:
         return {
             "mode": self.config.mode, "devices": self.config.devices,
             "joined": sorted(self.sessions), "connected": sorted(self.connected),
-            "epoch": self.epoch, "round": self.rounds,
+            "epoch": self.epoch + 1, "round": self.rounds,  # people count from 1; 0: none yet
             "epochs": self.config.epochs,
             "busy_fraction": live,
             "plan": self.system.plan_entries(),
@@ -605,15 +661,15 @@ def _new_tally(epoch: int, devices: int) -> dict[str, Any]:
 
 def _epoch_from(values: Mapping[str, Any]) -> EpochMetrics:
     fields = dict(values)
+    fields["epoch"] = int(fields["epoch"]) - 1  # metrics.jsonl counts from 1
     fields["device_samples"] = tuple(fields.get("device_samples", ()))
     fields["devices_lost"] = tuple(fields.get("devices_lost", ()))
     fields["updates_refused"] = tuple(fields.get("updates_refused", ()))
     fields["stages"] = tuple(fields.get("stages", ()))
     fields["links"] = dict(fields.get("links", {}))
     fields["device_accuracy"] = dict(fields.get("device_accuracy", {}))
-    if fields.get("held_out_accuracy") is None:  # NaN is null in JSON
-        fields["held_out_accuracy"] = math.nan
-    if fields.get("accuracy") is None:
-        fields["accuracy"] = math.nan
+    for name in ("held_out_accuracy", "accuracy", "loss", "train_accuracy"):
+        if fields.get(name) is None:  # NaN is null in JSON
+            fields[name] = math.nan
     return EpochMetrics(**fields)
 

@@ -226,6 +226,8 @@ class _DeviceNode:
         async with contextlib.AsyncExitStack() as links:
             self.plan = await self._connect(links)
             self.config = self._run_config(self.plan)  # cheap: heartbeats need it
+            log.info("device %d: joined a %s run of %d devices, %d epochs", self.device_id,
+                     self.config.mode, self.config.devices, self.config.epochs)
             self.liveness = Liveness(self.clock, interval=self.config.heartbeat_interval,
                                      timeout=self.config.device_timeout)
             self._shape_uplink()
@@ -491,7 +493,7 @@ class _DeviceNode:
         """Stop working on the current round (the server no longer waits for it)."""
         self.sent_activations.clear()
         if self.round_task is not None and not self.round_task.done():
-            log.warning("device %d: dropping round %d", self.device_id, self.round)
+            log.warning("device %d: dropping round %d", self.device_id, self.round + 1)
             self.round_dropped = True
             self.round_task.cancel()
 
@@ -593,7 +595,7 @@ class _DeviceNode:
         slices = self.recorder.take(mark)
         if len(slices) > MAX_REPORT_SLICES:
             log.warning("device %d: round %d made %d trace slices; reporting the first %d",
-                        self.device_id, message.round, len(slices), MAX_REPORT_SLICES)
+                        self.device_id, message.round + 1, len(slices), MAX_REPORT_SLICES)
         report = RoundReport(message.round, {
             "slices": [s.shifted(offset).to_list() for s in slices[:MAX_REPORT_SLICES]],
             "peak_live": work.peak_live,

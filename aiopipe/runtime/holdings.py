@@ -151,7 +151,7 @@ class Holdings:
             optimizer = make_optimizer(module, self.config, previous=kept)
             if previous is not None:
                 log.info("%s: round %d switches to units %d..%d of stage %d, %d "
-                         "micro-batches", name, message.round, assignment.first_unit,
+                         "micro-batches", name, message.round + 1, assignment.first_unit,
                          assignment.stop_unit - 1, assignment.stage,
                          assignment.parallel_batches)
             work = StageWork(

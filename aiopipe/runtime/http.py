@@ -111,7 +111,8 @@ def add_routes(app: web.Application, node: Coordinator, *, token_secret: bytes |
         return response
 
     async def metrics(request: web.Request) -> web.Response:
-        response = web.Response(text=_prometheus(node), content_type="text/plain")
+        body, content_type = _prometheus(node)
+        response = web.Response(body=body, headers={"Content-Type": content_type})
         response.force_close()
         return response
 
@@ -137,22 +138,10 @@ async def _close_when_revoked(link: WebSocketLink, token: Token,
             return
 
 
-def _prometheus(node: Coordinator) -> str:
-    lines = [
-        "# HELP aiopipe_devices_connected Devices with an open session.",
-        "# TYPE aiopipe_devices_connected gauge",
-        f"aiopipe_devices_connected {len(node.connected)}",
-        "# HELP aiopipe_epochs_finished Epochs finished so far.",
-        "# TYPE aiopipe_epochs_finished counter",
-        f"aiopipe_epochs_finished {len(node.epochs)}",
-    ]
-    if node.epochs:
-        last = node.epochs[-1]
-        lines += ["# HELP aiopipe_epoch_seconds Duration of the last finished epoch.",
-                  "# TYPE aiopipe_epoch_seconds gauge", f"aiopipe_epoch_seconds {last.time_s}",
-                  "# HELP aiopipe_test_accuracy Test accuracy after the last finished epoch.",
-                  "# TYPE aiopipe_test_accuracy gauge", f"aiopipe_test_accuracy {last.accuracy}",
-                  "# HELP aiopipe_busy_seconds Busy seconds per resource in the last epoch.",
-                  "# TYPE aiopipe_busy_seconds gauge"]
-        lines += [f'aiopipe_busy_seconds{{resource="{k}"}} {v}' for k, v in last.busy_s.items()]
-    return "\n".join(lines) + "\n"
+def _prometheus(node: Coordinator) -> tuple[bytes, str]:
+    """``/metrics``' body and content type: ``node``'s own prometheus-client registry
+    (`aiopipe.runtime.prometheus`, imported here: prometheus-client is not loaded at
+    ``import aiopipe``)."""
+    from aiopipe.runtime.prometheus import exposition
+
+    return exposition(node)

@@ -375,7 +375,7 @@ class Star:
                 self.live, chosen, before, after = await asyncio.to_thread(decide)
         except ConfigError as exc:
             log.warning("re-planning after round %d failed, keeping the plans: %s",
-                        round_no, exc)
+                        round_no + 1, exc)
             return None
         if chosen == current:
             return None
@@ -386,7 +386,7 @@ class Star:
         event = Replan(round_no, epoch, before, after, tuple(chosen))
         self.replans.append(event)
         log.warning("re-planned after round %d: estimated epoch %.3g s -> %.3g s with "
-                    "(P, N) = %s", round_no, before, after, chosen)
+                    "(P, N) = %s", round_no + 1, before, after, chosen)
         return event.to_mapping()
 
     def _switch_plans(self, chosen: list[tuple[int, int]]) -> None:
