@@ -17,6 +17,7 @@ import random
 import ssl as ssl_module
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -71,7 +72,9 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
     `Device`'s ``dataset``); by default each trains on its shard of ``config.dataset``.
     ``held_out``: each device's own held-out data (None for a device without), on which
     it evaluates every epoch's global model (`EpochMetrics.held_out_accuracy`). Writes
-    the results directory when ``config.out_dir`` is set.
+    the results directory when ``config.out_dir`` is set. ``progress`` is called with each
+    finished epoch's metrics; without it each epoch is logged at INFO on the
+    ``aiopipe.simulate`` logger.
 
     Raises:
         ConfigError: the config cannot run, ``datasets`` or ``held_out`` is not one
@@ -85,7 +88,8 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
     evaluate = _per_device(config, "held_out", held_out)
     if isinstance(clock, VirtualClock) and cost_table is None:
         cost_table = await asyncio.to_thread(_measure, config, own[0])
-    node = Coordinator(config, clock=clock, cost_table=cost_table, progress=progress)
+    node = Coordinator(config, clock=clock, cost_table=cost_table,
+                       progress=progress or partial(_log_epoch, config.epochs))
     custom = None if isinstance(config.model, str) else config.model
     networks = [config.device_network(k) for k in range(config.devices)]
     fabric = None
@@ -435,6 +439,13 @@ class Device:
                                 shape_uplink=True, endpoint=self.endpoint,
                                 dataset=self.dataset, torch_device=self.torch_device,
                                 held_out=self.held_out)
+
+
+def _log_epoch(epochs: int, m: EpochMetrics) -> None:
+    """`simulate`'s progress when none is given: one INFO line per finished epoch."""
+    logging.getLogger("aiopipe.simulate").info(
+        "epoch %d/%d: %.2f s, loss %.4f, test accuracy %.3f", m.epoch + 1, epochs, m.time_s,
+        m.loss, m.accuracy)
 
 
 def _not_listening(exc: TransportError) -> bool:

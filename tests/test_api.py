@@ -4,13 +4,17 @@ import __future__  # aiopipe's own `from __future__ import annotations` is no ex
 
 import inspect
 import json
+import logging
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 import aiopipe
+from aiopipe import CostTable, RunConfig, VirtualClock, simulate
 
 REPO = Path(__file__).resolve().parents[1]
 CLI_MODULES = ("aiopipe.__main__", "aiopipe.server", "aiopipe.device", "aiopipe.cli",
@@ -88,3 +92,14 @@ def test_import_aiopipe_does_not_import_the_commands() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == []
+
+
+async def test_simulate_without_progress_logs_each_epoch(
+        caplog: pytest.LogCaptureFixture) -> None:
+    config = RunConfig(devices=1, samples_per_device=40, batch_size=20, parallel_batches=2,
+                       split_point=2, epochs=2, test_samples=20)
+    with caplog.at_level(logging.INFO, logger="aiopipe.simulate"):
+        costs = CostTable.uniform(5, forward=0.001, backward=0.002)
+        await simulate(config, clock=VirtualClock(), cost_table=costs)
+    lines = [r.getMessage() for r in caplog.records if r.name == "aiopipe.simulate"]
+    assert [line.split(":")[0] for line in lines] == ["epoch 1/2", "epoch 2/2"]

@@ -32,3 +32,4 @@ async def test_n_dividing_b_says_nothing(caplog: pytest.LogCaptureFixture) -> No
     with caplog.at_level(logging.WARNING, logger="aiopipe.server"):
         await simulate(config, clock=VirtualClock(), cost_table=COSTS)
     assert not [r for r in caplog.records if "does not divide" in r.getMessage()]
+
