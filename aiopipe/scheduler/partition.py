@@ -5,7 +5,7 @@ GPipe every stage does the same micro-batches, one at a time). `balanced_partiti
 cuts the units into S non-empty stages minimizing the slowest stage's compute, device p
 taking ``slowdown[p]`` times the cost table's forward + backward time of its units, by
 dynamic programming over (stage, first unit): O(S Q^2). Transfers are not modelled
-(FTPipeHD's and Asteroid's planners, later, weigh them).
+(FTPipeHD's planner, `aiopipe.scheduler.ftpipehd`, weighs them).
 """
 
 from __future__ import annotations
