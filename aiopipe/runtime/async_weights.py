@@ -1,0 +1,122 @@
+"""A stage's weight versions in FTPipeHD's asynchronous pipeline (rules:
+aiopipe/scheduler/async_pipeline.py).
+
+`StageWeights` keeps what one stage needs of its history: the weights just after each
+recent update (``W(j)``), for the forwards that vertical sync sends to an older version
+and for aggregation; and a batch's stashed weights from its forward until its backward.
+A forward computes with `torch.func.functional_call` on the version's tensors, so no
+module is copied or reloaded; the backward runs the forward's own graph and applies SGD
+(learning rate, momentum: torch's rule, dampening 0) to the base: the previous
+version, or the aggregate of the last ``k`` versions when one is due.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from aiopipe.scheduler.async_pipeline import aggregates_before, forward_weights, version_of
+
+__all__ = ["StageWeights"]
+
+
+class StageWeights:
+    """Stage ``stage`` of ``stages``: its module, the versions it still needs, its
+    stashes (module docstring).
+
+    Args:
+        module: the stage's units; its parameters are the initial weights (version 0).
+        lr, momentum: SGD's.
+        aggregate_every: m: aggregate every ``m × k`` updates (0: never).
+    """
+
+    def __init__(self, module: nn.Module, stages: int, stage: int, *, lr: float,
+                 momentum: float = 0.0, aggregate_every: int = 1) -> None:
+        self.module, self.stages, self.stage = module, stages, stage
+        self.k = stages - stage
+        self.lr, self.momentum, self.aggregate_every = lr, momentum, aggregate_every
+        initial = {n: p.detach().clone() for n, p in module.named_parameters()}
+        self.versions: dict[int, dict[str, torch.Tensor]] = {-1: initial}  # W(j)
+        self.applied = -1  # the last update applied
+        self.momentum_buffers: dict[str, torch.Tensor] = {}
+        #: batch -> (its input, the weights' leaves its forward used, its output)
+        self.stashes: dict[int, tuple[torch.Tensor, dict[str, torch.Tensor],
+                                      torch.Tensor]] = {}
+
+    def version(self, update: int) -> int:
+        """The paper's version number of ``W(update)``."""
+        return version_of(self.stages, self.stage, update, self.aggregate_every)
+
+    def forward(self, batch: int, inputs: torch.Tensor) -> torch.Tensor:
+        """Batch ``batch``'s forward with ``W(batch − n)`` (vertical sync); its input, the
+        weights and the graph are stashed for its backward. Returns the output (in the
+        graph: the last stage takes its loss from it).
+
+        Raises:
+            KeyError: that version is gone (the stage was driven out of order).
+        """
+        used = self.versions[forward_weights(self.stages, batch)]
+        leaves = {n: t.detach().requires_grad_(True) for n, t in used.items()}
+        inputs = inputs.detach().requires_grad_(self.stage > 0 and inputs.is_floating_point())
+        output: torch.Tensor = functional_call(self.module, leaves, (inputs,))
+        self.stashes[batch] = (inputs, leaves, output)
+        return output
+
+    def backward(self, batch: int, grad_output: torch.Tensor | None = None, *,
+                 loss: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Batch ``batch``'s backward on its stashed weights (``loss`` at the last stage,
+        else the gradient of the output), then its update: ``W(batch)``. Updates must come
+        in batch order. Returns the gradient of the input (None at stage 0).
+
+        Raises:
+            ValueError: an update out of order, or neither ``loss`` nor a gradient.
+        """
+        if batch != self.applied + 1:
+            raise ValueError(f"stage {self.stage}: update {batch} after {self.applied}")
+        inputs, leaves, output = self.stashes.pop(batch)
+        wrt = [*leaves.values(), *([inputs] if inputs.requires_grad else [])]
+        if loss is not None:
+            grads = torch.autograd.grad(loss, wrt)
+        elif grad_output is not None:
+            grads = torch.autograd.grad(output, wrt, grad_output)
+        else:
+            raise ValueError("a backward needs the loss or the output's gradient")
+        self._apply(batch, dict(zip(leaves, grads[:len(leaves)], strict=True)))
+        return grads[-1] if inputs.requires_grad else None
+
+    def _apply(self, update: int, grads: Mapping[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            base = self._base(update)
+            new: dict[str, torch.Tensor] = {}
+            for name, g in grads.items():
+                if self.momentum:
+                    buf = self.momentum_buffers.get(name)
+                    buf = g.clone() if buf is None else buf.mul_(self.momentum).add_(g)
+                    self.momentum_buffers[name] = buf
+                    g = buf
+                new[name] = base[name] - self.lr * g
+        self.versions[update] = new
+        self.applied = update
+        self._prune()
+
+    def _base(self, update: int) -> dict[str, torch.Tensor]:
+        if not aggregates_before(self.stages, self.stage, update, self.aggregate_every):
+            return self.versions[update - 1]
+        recent = [self.versions[j] for j in range(update - self.k, update)]
+        return {name: torch.stack([v[name] for v in recent]).mean(dim=0)
+                for name in recent[0]}
+
+    def _prune(self) -> None:
+        # a forward still to come is of a batch after the last update, so it asks for
+        # W(applied + 1 − n) or later; an aggregation for the last k <= n: keep those
+        keep = forward_weights(self.stages, self.applied + 1)
+        for j in [j for j in self.versions if j < keep]:
+            del self.versions[j]
+
+    def current(self) -> dict[str, Any]:
+        """The latest weights, ``W(applied)`` (a copy)."""
+        return {n: t.clone() for n, t in self.versions[self.applied].items()}
