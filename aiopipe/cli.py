@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
@@ -90,6 +91,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                      help="mode pipeline: the S-1 cut points (comma list) or auto (balanced)")
     run.add_argument("--schedule", choices=SCHEDULES,
                      help="mode pipeline: 1f1b (default) or gpipe")
+    run.add_argument("--version-aggregation", type=int,
+                     help="mode ftpipehd: stage p averages its S - p in-flight weight "
+                          "versions every this many times S - p updates (0: never)")
     run.add_argument("--network", help="network preset: 4g, 4g+, wifi or lan")
     run.add_argument("--device-timeout", type=float,
                      help="seconds of silence before a device connection is given up")
@@ -121,6 +125,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                      help="a device update far above the round's median: keep (default), "
                           "clip or drop it")
     run.add_argument("--learning-rate", type=float, help="SGD learning rate")
+    run.add_argument("--momentum", type=float, help="SGD momentum")
     run.add_argument("--seed", type=int, help="random seed")
     run.add_argument("--out-dir", help="results directory (default runs/<date-time>; one "
                                        "that holds results is refused)")
@@ -146,7 +151,8 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "optimizer", "dataset", "test_sample
                    "parallel_batches", "network", "device_slowdown", "aggregation_every",
                    "learning_rate", "seed", "out_dir", "shape_links", "device_timeout",
                    "heartbeat_interval", "reconnect_grace", "replan", "device_memory_mb",
-                   "partition", "schedule", "profile_devices", "aggregation", "outliers")
+                   "partition", "schedule", "profile_devices", "aggregation", "outliers",
+                   "version_aggregation", "momentum")
 
 
 def config_from_args(args: argparse.Namespace, **defaults: Any) -> RunConfig:
@@ -196,20 +202,44 @@ _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 def run_command(prog: str, main: Callable[[], Coroutine[Any, Any, int]]) -> NoReturn:
     """Run ``main`` on uvloop when available; aiopipe errors become one line and exit 2.
 
+    SIGINT (Ctrl-C) and SIGTERM stop it in order: ``main`` is cancelled (a server tells
+    its devices and keeps its finished epochs' metrics). SIGINT is handled even when the
+    process inherited it ignored (started in the background by a shell).
+
     Exit codes: 0 success, 1 training failed at run time, 2 bad arguments or config,
-    130 interrupted.
+    130 interrupted (SIGINT), 143 terminated (SIGTERM).
     """
     level = os.environ.get("AIOPIPE_LOG_LEVEL", "INFO").upper()
     logging.basicConfig(level=level if level in _LEVELS else "INFO",
                         format=f"%(asctime)s {prog}: %(message)s", datefmt="%Y-%m-%d %H:%M:%S")
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    terminated = False
+
+    async def until_terminated() -> int:
+        nonlocal terminated
+        task, loop = asyncio.current_task(), asyncio.get_running_loop()
+        assert task is not None
+
+        def terminate() -> None:
+            nonlocal terminated
+            terminated = True
+            task.cancel()
+
+        loop.add_signal_handler(signal.SIGTERM, terminate)
+        try:
+            return await main()
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+
     try:
         try:
             import uvloop
         except ImportError:
-            code = asyncio.run(main())
+            code = asyncio.run(until_terminated())
         else:
-            code = uvloop.run(main())
+            code = uvloop.run(until_terminated())
     except ConfigError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -219,6 +249,11 @@ def run_command(prog: str, main: Callable[[], Coroutine[Any, Any, int]]) -> NoRe
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         sys.exit(130)
+    except asyncio.CancelledError:
+        if not terminated:
+            raise
+        print(f"{prog}: terminated", file=sys.stderr)
+        sys.exit(143)
     sys.exit(code)
 
 

@@ -24,9 +24,11 @@ if TYPE_CHECKING:
     from aiopipe.transport.network import NetworkSpec
 
 __all__ = ["AGGREGATIONS", "DATA_PARTITIONS", "LOSSES", "MODES", "OPTIMIZERS", "OUTLIERS",
-           "SCHEDULES", "RunConfig"]
+           "PIPELINE_MODES", "SCHEDULES", "RunConfig"]
 
-MODES = ("fl", "sl", "sfl", "pipar", "pipeline")
+MODES = ("fl", "sl", "sfl", "pipar", "pipeline", "ftpipehd")
+#: The modes that chain the devices into one pipeline (device p runs stage p).
+PIPELINE_MODES = ("pipeline", "ftpipehd")
 LOSSES = ("cross-entropy",)
 AGGREGATIONS = ("fedavg", "fedmedian", "trimmed-mean", "krum")
 OUTLIERS = ("keep", "clip", "drop")
@@ -70,9 +72,11 @@ class RunConfig:
     Attributes:
         mode: "pipar" (pipelined split learning), "sfl" (split-federated, N=1), "sl"
             (devices take turns on one server half), "fl" (FedAvg, whole model on
-            devices) or "pipeline" (a synchronous pipeline across the devices: device p
+            devices), "pipeline" (a synchronous pipeline across the devices: device p
             runs stage p, device 0 holds the data, the last computes the loss; no
-            server stage).
+            server stage) or "ftpipehd" (the same chain, asynchronous: FTPipeHD's 1F1B
+            with weight stashing, vertical sync and weight aggregation; whole batches
+            stream through without a flush until the epoch ends).
         model: a model name of `aiopipe.models.MODEL_NAMES`, ``module:function`` (a
             factory, called with ``num_classes`` and ``in_shape`` if it takes them, that
             returns the ``nn.Sequential`` of split units; every node imports it), or
@@ -103,6 +107,9 @@ class RunConfig:
         schedule: a pipeline's schedule, "1f1b" (K_p = 2(S - p) - 1 forwards on stage p
             before one forward, one backward) or "gpipe" (all forwards, then all
             backwards).
+        version_aggregation: ftpipehd: stage p averages its S - p in-flight weight
+            versions every this many times S - p updates (the paper's multiple; 0:
+            never).
         network: a preset ("4g", "4g+", "wifi", "lan") or a table with ``up_mbps``,
             ``down_mbps`` and optional ``latency_ms``; or a list of those, one per
             device (each device's own links, PiPar Eqs. 9-10).
@@ -198,6 +205,7 @@ class RunConfig:
     byzantine_devices: int = 1
     outliers: str = "keep"
     outlier_limit: float = 10.0
+    version_aggregation: int = 1
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -348,7 +356,7 @@ class RunConfig:
             cuts = tuple(_positive_int("partition", v) for v in partition)
             if any(b <= a for a, b in itertools.pairwise(cuts)):
                 raise _fail("partition", list(cuts), "increasing cut points")
-            if self.mode == "pipeline" and len(cuts) != self.devices - 1:
+            if self.mode in PIPELINE_MODES and len(cuts) != self.devices - 1:
                 raise _fail("partition", list(cuts),
                             f"{self.devices - 1} cut points (one fewer than the devices)")
             object.__setattr__(self, "partition", cuts)
@@ -356,7 +364,15 @@ class RunConfig:
             raise _fail("partition", partition, '"auto" or a list of cut points')
         if self.schedule not in SCHEDULES:
             raise _fail("schedule", self.schedule, f"one of {', '.join(SCHEDULES)}")
-        if self.mode != "pipeline":
+        aggregation = self.version_aggregation
+        if isinstance(aggregation, bool) or not isinstance(aggregation, int) or aggregation < 0:
+            raise _fail("version_aggregation", aggregation, "an integer >= 0")
+        if self.mode != "ftpipehd" and aggregation != 1:
+            raise _fail("version_aggregation", aggregation,
+                        'its default: it is for mode "ftpipehd"')
+        if self.mode == "ftpipehd" and self.schedule != "1f1b":
+            raise _fail("schedule", self.schedule, 'its default: ftpipehd runs 1F1B')
+        if self.mode not in PIPELINE_MODES:
             for key, default in (("partition", "auto"), ("schedule", "1f1b")):
                 if getattr(self, key) != default:
                     raise _fail(key, getattr(self, key), f'its default: {key} is for mode '

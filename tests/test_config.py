@@ -65,6 +65,9 @@ BAD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("byzantine_devices", 1, {"aggregation": "krum", "devices": 3}),  # krum needs n >= f+3
     ("outliers", "ignore", {}),
     ("outlier_limit", 1.0, {}),
+    ("version_aggregation", -1, {"mode": "ftpipehd", "devices": 2}),
+    ("version_aggregation", True, {"mode": "ftpipehd", "devices": 2}),
+    ("version_aggregation", 2, {}),  # for mode ftpipehd only
     ("outlier_limit", math.inf, {}),
     ("samples_per_device", [10, 20], {"devices": 3}),
     ("samples_per_device", "auto", {}),
@@ -182,6 +185,9 @@ GOOD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("aggregation", "trimmed-mean", {}),
     ("outliers", "drop", {}),
     ("outlier_limit", 3, {}),
+    ("mode", "ftpipehd", {"devices": 3}),
+    ("version_aggregation", 0, {"mode": "ftpipehd", "devices": 2}),
+    ("version_aggregation", 4, {"mode": "ftpipehd", "devices": 2}),
     ("network", {"up_mbps": 10, "down_mbps": 25, "latency_ms": 20}, {}),
     ("device_slowdown", 1, {}),
     ("aggregation_every", 0, {}),
@@ -330,7 +336,7 @@ def configs(draw: st.DrawFn) -> RunConfig:
         )
     )
     return RunConfig(
-        mode=draw(st.sampled_from([m for m in MODES if m != "pipeline"])),
+        mode=draw(st.sampled_from([m for m in MODES if m not in ("pipeline", "ftpipehd")])),
         model=draw(text_without_surrogates.filter(lambda t: bool(t) and ":" not in t)
                    | st.sampled_from(["mylab:net", "pkg.nets:small_cnn"])),
         dataset=draw(text_without_surrogates.filter(bool)),

@@ -63,3 +63,19 @@ async def test_devices_started_by_hand_link_to_each_other(tmp_path: Path) -> Non
         await fleet.finish(server, devices, within=180)
     epochs = _check_run(fleet.out_dir, 2)
     assert [s["peak_live"] for s in epochs[0]["stages"]] == [2, 2]  # GPipe holds all N
+
+
+def test_ftpipehd_trains_an_asynchronous_pipeline_of_four_processes(tmp_path: Path) -> None:
+    """``python -m aiopipe --mode ftpipehd --devices 4``: four device processes stream the
+    epoch's batches over their own links; the loss falls."""
+    out_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "aiopipe", "--mode", "ftpipehd", "--devices", "4",
+         "--model", "vgg5", "--epochs", "2", "--samples-per-device", "400",
+         "--batch-size", "20", "--momentum", "0.5", "--out-dir", str(out_dir)],
+        cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    epochs = _check_run(out_dir, 4)
+    assert [e["samples"] for e in epochs] == [400] * 2
+    assert [p["in_flight"] for p in epochs[0]["plan"]] == [4, 3, 2, 1]
+    assert epochs[1]["loss"] < epochs[0]["loss"]

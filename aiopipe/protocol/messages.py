@@ -80,7 +80,7 @@ __all__ = [
 PROTOCOL_VERSION: Final = 4
 
 #: Training modes a plan can name.
-MODES: Final = ("fl", "sl", "sfl", "pipar", "pipeline")
+MODES: Final = ("fl", "sl", "sfl", "pipar", "pipeline", "ftpipehd")
 
 #: Element size in bytes of every dtype that may travel.
 DTYPE_SIZES: Final[Mapping[str, int]] = {

@@ -51,9 +51,11 @@ class Assignment:
     @classmethod
     def from_round_start(cls, message: RoundStart, *, units: int, batch_size: int,
                          activation_shapes: tuple[tuple[int, ...], ...],
-                         me: str) -> Assignment:
+                         me: str, whole_batches: bool = False) -> Assignment:
         """The assignment ``message`` gives node ``me`` in a run of a model of ``units``
         units (``activation_shapes[u]``: per-sample shape after unit u, the input at 0).
+        ``whole_batches``: each micro-batch is a whole batch (FTPipeHD streams an epoch's
+        batches as one iteration's micro-batches).
 
         Raises:
             RemoteProtocolError: it cannot be this run's (the message says why).
@@ -66,7 +68,9 @@ class Assignment:
                 stage == stages - 1) != (stop == units):
             problem = (f"units {first}..{stop - 1} cannot be stage {stage} of {stages} of "
                        f"a model of {units} units")
-        elif n > batch_size or micro != batch_size // n:
+        elif whole_batches and micro != batch_size:
+            problem = f"batches of {micro}, not the run's batch size {batch_size}"
+        elif not whole_batches and (n > batch_size or micro != batch_size // n):
             problem = (f"{n} micro-batches of {micro} do not make the run's batch size "
                        f"{batch_size}")
         if problem:

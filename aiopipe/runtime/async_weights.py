@@ -19,9 +19,12 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from aiopipe.errors import RemoteProtocolError
+from aiopipe.runtime.factories import Loss
+from aiopipe.runtime.stage import StageWork
 from aiopipe.scheduler.async_pipeline import aggregates_before, forward_weights, version_of
 
-__all__ = ["StageWeights"]
+__all__ = ["AsyncStageWork", "StageWeights"]
 
 
 class StageWeights:
@@ -46,6 +49,13 @@ class StageWeights:
         #: batch -> (its input, the weights' leaves its forward used, its output)
         self.stashes: dict[int, tuple[torch.Tensor, dict[str, torch.Tensor],
                                       torch.Tensor]] = {}
+
+    def restart(self) -> None:
+        """The module's parameters are version 0 again (a new epoch: the pipeline was
+        flushed); stashes are dropped, the momentum kept."""
+        self.versions = {-1: {n: p.detach().clone() for n, p in self.module.named_parameters()}}
+        self.applied = -1
+        self.stashes.clear()
 
     def version(self, update: int) -> int:
         """The paper's version number of ``W(update)``."""
@@ -120,3 +130,83 @@ class StageWeights:
     def current(self) -> dict[str, Any]:
         """The latest weights, ``W(applied)`` (a copy)."""
         return {n: t.clone() for n, t in self.versions[self.applied].items()}
+
+
+class AsyncStageWork(StageWork):
+    """A stage of FTPipeHD's asynchronous pipeline as the stage executor drives it: a round
+    is an epoch run as one iteration whose micro-batches are the epoch's whole batches
+    (the 1F1B action list with ``k_p = S − p``), each backward applies its own update
+    through `StageWeights`, and the closing STEP writes the latest weights into the
+    module (what the round returns). Inputs are checked as in `StageWork`.
+
+    Args:
+        module, first, last, num_classes, loss: as `StageWork`'s.
+        stages, stage: the pipeline's length and this stage's place.
+        lr, momentum, aggregate_every: as `StageWeights`'.
+    """
+
+    def __init__(self, module: nn.Sequential, *, first: bool, last: bool, num_classes: int,
+                 loss: Loss, stages: int, stage: int, lr: float, momentum: float,
+                 aggregate_every: int) -> None:
+        optimizer = torch.optim.SGD(module.parameters(), lr=lr)  # unused: StageWeights steps
+        super().__init__(module, optimizer, first=first, last=last, parallel_batches=1,
+                         num_classes=num_classes, loss=loss)
+        self.weights = StageWeights(module, stages, stage, lr=lr, momentum=momentum,
+                                    aggregate_every=aggregate_every)
+        self._losses: dict[int, torch.Tensor] = {}
+
+    def clear(self) -> None:
+        """A new round (epoch): the module's weights, just loaded, are version 0 again;
+        the momentum carries over."""
+        self.weights.restart()
+        self._losses.clear()
+
+    def forward(self, iteration: int, micro_batch: int,
+                received: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Batch ``micro_batch``'s forward with the weights vertical sync gives it.
+
+        Raises:
+            RemoteProtocolError: a received input fails [Note: hostile inputs].
+        """
+        x, labels, _ = self._inputs((iteration, micro_batch), received)
+        out = self.weights.forward(micro_batch, x)
+        self.peak_live = max(self.peak_live, len(self.weights.stashes))
+        if self.last:
+            self._losses[micro_batch] = self._loss(out, labels)
+            return None
+        return out.detach().cpu(), labels.cpu()
+
+    def backward(self, iteration: int, micro_batch: int,
+                 gradient: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Batch ``micro_batch``'s backward on its stashed weights and its update; the
+        gradient of the input to send back (None on the first stage).
+
+        Raises:
+            RemoteProtocolError: the gradient is not finite, or does not fit the output.
+        """
+        if self.last:
+            grad = self.weights.backward(micro_batch, loss=self._losses.pop(micro_batch))
+        else:
+            if gradient is None:
+                raise ValueError("a backward before the last stage needs a gradient")
+            if not torch.isfinite(gradient).all():
+                raise RemoteProtocolError("gradient holds NaN or Inf")
+            output = self.weights.stashes[micro_batch][2]
+            if gradient.shape != output.shape or gradient.dtype != output.dtype:
+                raise RemoteProtocolError(
+                    f"gradient of shape {tuple(gradient.shape)} {gradient.dtype} for an "
+                    f"activation of shape {tuple(output.shape)} {output.dtype}")
+            grad = self.weights.backward(micro_batch, gradient.to(output.device))
+        if grad is None:
+            return None
+        if not torch.isfinite(grad).all():
+            raise RemoteProtocolError("activation gives NaN or Inf gradients: its values are "
+                                      "out of range")
+        return grad.cpu()
+
+    def step(self) -> None:
+        """The epoch is over (every update applied): the module takes the latest weights."""
+        with torch.no_grad():
+            for name, param in self.module.named_parameters():
+                param.copy_(self.weights.versions[self.weights.applied][name])

@@ -41,6 +41,7 @@ from aiopipe.protocol import (
     state_from_wire,
 )
 from aiopipe.runtime.assignment import Assignment
+from aiopipe.runtime.async_weights import AsyncStageWork
 from aiopipe.runtime.factories import Loss, build_model, make_loss, make_optimizer
 from aiopipe.runtime.plan import device_data, unit_output_shapes
 from aiopipe.runtime.profiling import host_fingerprint
@@ -142,9 +143,10 @@ class Holdings:
             RemoteProtocolError: the assignment cannot be this run's.
         """
         name = f"device{self.plan.device_id}"
+        asynchronous = self.config.mode == "ftpipehd"
         assignment = Assignment.from_round_start(
             message, units=self.units, batch_size=self.config.batch_size,
-            activation_shapes=self.activation_shapes, me=name)
+            activation_shapes=self.activation_shapes, me=name, whole_batches=asynchronous)
         if previous is None or work is None or not assignment.same_stage(previous):
             module = models.units_of(self.whole, assignment.first_unit, assignment.stop_unit)
             kept = (work.module, work.optimizer) if work is not None else None
@@ -154,10 +156,18 @@ class Holdings:
                          "micro-batches", name, message.round + 1, assignment.first_unit,
                          assignment.stop_unit - 1, assignment.stage,
                          assignment.parallel_batches)
-            work = StageWork(
-                module, optimizer, first=assignment.stage == 0, last=assignment.last,
-                parallel_batches=assignment.parallel_batches,
-                num_classes=self.plan.num_classes, loss=self.loss)
+            if asynchronous:
+                work = AsyncStageWork(
+                    module, first=assignment.stage == 0, last=assignment.last,
+                    num_classes=self.plan.num_classes, loss=self.loss,
+                    stages=assignment.stages, stage=assignment.stage,
+                    lr=self.config.learning_rate, momentum=self.config.momentum,
+                    aggregate_every=self.config.version_aggregation)
+            else:
+                work = StageWork(
+                    module, optimizer, first=assignment.stage == 0, last=assignment.last,
+                    parallel_batches=assignment.parallel_batches,
+                    num_classes=self.plan.num_classes, loss=self.loss)
         work.module.load_state_dict(state_from_wire(message.tensors))
         work.clear()
         work.reset_totals()

@@ -263,6 +263,8 @@ def profile_batch_sizes(config: RunConfig) -> list[int]:
 def _candidate_parallel_batches(config: RunConfig) -> list[int]:
     if config.mode == "pipeline" and isinstance(config.parallel_batches, int):
         return [config.parallel_batches]  # one N (RunConfig checks)
+    if config.mode == "ftpipehd":
+        return [1]  # whole batches
     if config.mode != "pipar":
         return [1]
     if config.parallel_batches == "auto":

@@ -232,7 +232,7 @@ def _device_loss(node: Coordinator) -> dict[str, float]:
     if not node.epochs:
         return {}
     losses = node.device_loss.get(node.epochs[-1].epoch, {})
-    if node.config.mode == "pipeline":
+    if node.config.mode in ("pipeline", "ftpipehd"):  # the last stage computes the loss
         stage = node.config.devices - 1
         losses = {stage: losses[stage]} if stage in losses else {}
     return {str(k): loss_sum / n for k, (loss_sum, n) in sorted(losses.items()) if n > 0}

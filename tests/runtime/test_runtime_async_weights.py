@@ -13,11 +13,11 @@ from collections import deque
 import pytest
 import torch
 import torch.nn.functional as F
+from async_reference import delayed_sgd
 from torch import nn
-from torch.func import functional_call
 
 from aiopipe.runtime.async_weights import StageWeights
-from aiopipe.scheduler.async_pipeline import aggregates_before, one_f_one_b
+from aiopipe.scheduler.async_pipeline import one_f_one_b
 
 STAGES, BATCHES, LR = 3, 14, 0.1
 
@@ -37,39 +37,7 @@ def _data() -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def _reference(momentum: float, every: int) -> list[dict[str, torch.Tensor]]:
     """The rules applied in batch order to the whole model, in one process."""
-    units, n = _units(), STAGES
-    history = [{-1: {k: p.detach().clone() for k, p in u.named_parameters()}} for u in units]
-    buffers: list[dict[str, torch.Tensor]] = [{} for _ in units]
-    for j, (x, y) in enumerate(_data()):
-        used = max(j - n, -1)
-        leaves = [{k: v.clone().requires_grad_(True) for k, v in h[used].items()}
-                  for h in history]
-        out = x
-        for unit, params in zip(units, leaves, strict=True):
-            out = functional_call(unit, params, (out,))
-        loss = F.cross_entropy(out, y)
-        flat = [t for params in leaves for t in params.values()]
-        grads = iter(torch.autograd.grad(loss, flat))
-        with torch.no_grad():
-            for i, params in enumerate(leaves):
-                k = n - i
-                if aggregates_before(n, i, j, every):
-                    recent = [history[i][u] for u in range(j - k, j)]
-                    base = {name: torch.stack([r[name] for r in recent]).mean(dim=0)
-                            for name in params}
-                else:
-                    base = history[i][j - 1]
-                new = {}
-                for name in params:
-                    g = next(grads)
-                    if momentum:
-                        buf = buffers[i].get(name)
-                        buf = g.clone() if buf is None else buf.mul_(momentum).add_(g)
-                        buffers[i][name] = buf
-                        g = buf
-                    new[name] = base[name] - LR * g
-                history[i][j] = new
-    return [h[BATCHES - 1] for h in history]
+    return delayed_sgd(_units(), [_data()], lr=LR, momentum=momentum, every=every)
 
 
 def _pipeline(momentum: float, every: int, pick: random.Random | None

@@ -11,6 +11,7 @@ admission, sessions, rounds and epochs, metrics, evaluation, checkpoints' writin
 
 from __future__ import annotations
 
+from aiopipe.config import PIPELINE_MODES
 from aiopipe.runtime.systems.base import Rounds, Setup, System
 from aiopipe.runtime.systems.pipeline import Pipeline
 from aiopipe.runtime.systems.star import Star
@@ -24,6 +25,6 @@ def system_for(setup: Setup) -> System:
     Raises:
         ConfigError: the config cannot run (no plan fits, a bad partition...).
     """
-    if setup.config.mode == "pipeline":
-        return Pipeline(setup)
+    if setup.config.mode in PIPELINE_MODES:
+        return Pipeline(setup)  # synchronous, or FTPipeHD's asynchronous
     return Star(setup)

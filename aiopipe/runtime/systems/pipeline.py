@@ -16,6 +16,14 @@ an epoch: each device gets its stage's weights, runs the epoch's iterations with
 neighbours, and returns its trained stage; the coordinator puts the stages side by side
 into the global model, which it evaluates.
 
+``mode = "ftpipehd"`` runs the same chain asynchronously (FTPipeHD §III-C; the rules are
+aiopipe/scheduler/async_pipeline.py): a round is an epoch run as one iteration whose
+micro-batches are the epoch's whole batches, under 1F1B with ``k_p = S − p`` forwards of
+warm-up and no flush until the epoch ends; each stage applies each batch's update as
+its backward ends, with weight stashing, vertical sync and weight aggregation
+(`aiopipe.runtime.async_weights.AsyncStageWork`). The epoch's end is the one flush: the
+stages' latest weights make the global model that is evaluated.
+
 Faults: a synchronous pipeline cannot go on without one of its stages, so a device lost
 mid-round ends the run with a `TrainingError` naming it (FTPipeHD's re-partitioning and
 recovery are their own system). Optimizer state lives on the devices, so a run cannot
@@ -78,11 +86,12 @@ class Pipeline:
         self.model = setup.model
         self.units = models.unit_count(self.model)
         self.stages = config.devices
-        n = config.parallel_batches
+        self.asynchronous = config.mode == "ftpipehd"
+        n = 1 if self.asynchronous else config.parallel_batches
         if not isinstance(n, int):
             raise ConfigError("config key 'parallel_batches': mode pipeline takes one "
                               "integer (micro-batches per iteration)")
-        self.parallel_batches = n
+        self.parallel_batches = n  # ftpipehd: the epoch's batches, once `prepare` knows
         self.micro_batch_size = config.batch_size // n
         if self.stages > self.units:
             raise ConfigError(f"config key 'devices': {self.stages} stages, but "
@@ -111,11 +120,19 @@ class Pipeline:
         check_trainable(self.model, setup.in_shape,
                         [DevicePlan(0, self.units, n, self.micro_batch_size, 0)], config)
         self.activation_shapes = unit_output_shapes(self.model, setup.in_shape)
-        self.schedule: Schedule = with_transfers(
-            one_f_one_b(self.stages, n) if config.schedule == "1f1b"
-            else gpipe(self.stages, n))
-        check_schedule(self.schedule)
+        self.schedule: Schedule = self._schedule(n)
         self._secret = setup.run_secret
+
+    def _schedule(self, n: int) -> Schedule:
+        if self.asynchronous:  # k_p = S − p batches in flight: PipeDream's 1F1B
+            warmup = [min(self.stages - p, n) for p in range(self.stages)]
+            schedule = with_transfers(one_f_one_b(self.stages, n, warmup))
+        else:
+            schedule = with_transfers(one_f_one_b(self.stages, n)
+                                      if self.config.schedule == "1f1b"
+                                      else gpipe(self.stages, n))
+        check_schedule(schedule)
+        return schedule
 
     def prepare(self, samples: Sequence[int],
                 devices: Sequence[DeviceProfile] | None = None) -> None:
@@ -124,6 +141,14 @@ class Pipeline:
         Raises:
             ConfigError: fewer than one iteration's samples.
         """
+        if self.asynchronous:  # one iteration of the epoch's whole batches
+            batches = samples[0] // self.micro_batch_size
+            if batches < 1:
+                raise ConfigError(f"device 0 holds {samples[0]} samples, fewer than one "
+                                  f"batch ({self.micro_batch_size})")
+            self.parallel_batches, self.iterations_per_epoch = batches, 1
+            self.schedule = self._schedule(batches)
+            return
         per_iteration = self.micro_batch_size * self.parallel_batches
         self.iterations_per_epoch = samples[0] // per_iteration
         if self.iterations_per_epoch < 1:
@@ -134,6 +159,10 @@ class Pipeline:
 
     def plan_entries(self) -> list[dict[str, Any]]:
         """Per stage: its device, units (first, stop), micro-batches and schedule."""
+        if self.asynchronous:
+            return [{"stage": p, "device": p, "units": [a, b], "batches": self.parallel_batches,
+                     "schedule": "async 1f1b", "in_flight": self.stages - p}
+                    for p, (a, b) in enumerate(self.bounds)]
         return [{"stage": p, "device": p, "units": [a, b],
                  "parallel_batches": self.parallel_batches, "schedule": self.config.schedule}
                 for p, (a, b) in enumerate(self.bounds)]
