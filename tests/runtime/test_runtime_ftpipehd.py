@@ -13,6 +13,7 @@ from async_reference import delayed_sgd
 from aiopipe import ConfigError, CostTable, RunConfig, VirtualClock, models, simulate
 from aiopipe import data as datasets
 from aiopipe.runtime.plan import build_model, device_indices, train_dataset
+from aiopipe.scheduler.async_pipeline import one_f_one_b
 
 COSTS = CostTable.uniform(5, forward=0.001, backward=0.002)
 CONFIG = RunConfig(mode="ftpipehd", model="vgg5", devices=3, samples_per_device=80,
@@ -76,3 +77,37 @@ async def test_ftpipehd_learns() -> None:
 def test_ftpipehd_config_is_checked(changes: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         CONFIG.replace(**changes)
+
+
+async def test_auto_cuts_give_a_10x_slower_device_less_and_the_epoch_is_shorter() -> None:
+    """Four stages of five equal units, device 0 10x slower (declared:
+    ``device_slowdown``): FTPipeHD's planner gives it one unit where PipeDream's
+    homogeneous partition (the earliest of the balanced cuts) gives it two, and the
+    asynchronous pipeline's epoch takes about half as long (its slowest stage sets the
+    pace)."""
+    base = CONFIG.replace(devices=4, partition="auto", device_slowdown=(10.0, 1.0, 1.0, 1.0),
+                          samples_per_device=160, epochs=1, momentum=0.0)
+    dynamic = await simulate(base, clock=VirtualClock(), cost_table=COSTS)
+    units = [p["units"] for p in dynamic.epochs[0].plan]
+    assert units[0] == [0, 1]
+    homogeneous = await simulate(base.replace(partition=(2, 3, 4)), clock=VirtualClock(),
+                                 cost_table=COSTS)
+    ratio = homogeneous.epochs[0].time_s / dynamic.epochs[0].time_s
+    assert 1.6 < ratio <= 2.0, ratio
+
+
+async def test_the_trace_shows_each_stage_running_the_papers_1f1b_order() -> None:
+    """The runtime's trace, per device, is the order of `one_f_one_b` with S − p batches in
+    flight (the last stage's forward and backward one "s" slice): the order whose weight
+    versions are the paper's Fig. 2 (golden: tests/scheduler/test_scheduler_async_pipeline.py;
+    that each pass computes with its version: the bit-exact test above)."""
+    config = CONFIG.replace(samples_per_device=72, epochs=1)  # 9 batches of 8
+    result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
+    for p in range(3):
+        slices = sorted((s for s in result.trace if s.track == f"device{p}/compute"
+                         and s.name in ("f", "b", "s")), key=lambda s: s.start)
+        seen = [(s.name, s.micro_batch) for s in slices]
+        want = [(kind.lower(), b) for kind, b in one_f_one_b(3, p, 9)]
+        if p == 2:  # F b then B b, fused
+            want = [("s", b) for kind, b in want if kind == "f"]
+        assert seen == want, (p, seen)

@@ -22,7 +22,9 @@ micro-batches are the epoch's whole batches, under 1F1B with ``k_p = S − p`` f
 warm-up and no flush until the epoch ends; each stage applies each batch's update as
 its backward ends, with weight stashing, vertical sync and weight aggregation
 (`aiopipe.runtime.async_weights.AsyncStageWork`). The epoch's end is the one flush: the
-stages' latest weights make the global model that is evaluated.
+stages' latest weights make the global model that is evaluated. Its "auto" cuts come from
+FTPipeHD's planner (`aiopipe.scheduler.ftpipehd`) with the declared ``device_slowdown``
+as capacities and each device's uplink as the link to the next stage.
 
 Faults: a synchronous pipeline cannot go on without one of its stages, so a device lost
 mid-round ends the run with a `TrainingError` naming it (FTPipeHD's re-partitioning and
@@ -33,6 +35,7 @@ resume from a checkpoint: none is written.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -41,6 +44,7 @@ import torch
 
 from aiopipe import models
 from aiopipe.auth import pair_key
+from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError, TrainingError
 from aiopipe.metrics.trace import Slice
 from aiopipe.protocol import (
@@ -59,7 +63,9 @@ from aiopipe.runtime.plan import (
 )
 from aiopipe.runtime.systems.base import Rounds, Setup
 from aiopipe.runtime.tasks import first_error
+from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.estimate import DeviceProfile
+from aiopipe.scheduler.ftpipehd import ftpipehd_partition
 from aiopipe.scheduler.partition import balanced_partition
 from aiopipe.scheduler.placement import chain
 from aiopipe.scheduler.schedule import (
@@ -101,9 +107,12 @@ class Pipeline:
         if cuts == "auto":
             costs = setup.cost_table or measure_planning_costs(
                 config, self.model, setup.in_shape, setup.test_set)
-            cuts = tuple(balanced_partition(
-                costs, self.stages, self.micro_batch_size,
-                [config.device_slowdown_of(p) for p in range(self.stages)]))
+            slowdowns = [config.device_slowdown_of(p) for p in range(self.stages)]
+            if self.asynchronous:  # FTPipeHD's planner: capacities and links (§III-D)
+                cuts = self._ftpipehd_cuts(config, costs, setup.in_shape, slowdowns)
+            else:
+                cuts = tuple(balanced_partition(costs, self.stages, self.micro_batch_size,
+                                                slowdowns))
             config = config.replace(partition=cuts)
         assert isinstance(cuts, tuple)
         try:
@@ -122,6 +131,20 @@ class Pipeline:
         self.activation_shapes = unit_output_shapes(self.model, setup.in_shape)
         self.schedule: Schedule = self._schedule(n)
         self._secret = setup.run_secret
+
+    def _ftpipehd_cuts(self, config: RunConfig, costs: CostTable, in_shape: tuple[int, ...],
+                       slowdowns: Sequence[float]) -> tuple[int, ...]:
+        """The partition of FTPipeHD's planner for the declared capacities
+        (``device_slowdown``) and links (device p's uplink carries its activations)."""
+        batch = self.micro_batch_size
+        times = [costs.forward_time(u, u + 1, batch) + costs.backward_time(u, u + 1, batch)
+                 for u in range(self.units)]
+        shapes = unit_output_shapes(self.model, in_shape)
+        sizes = [4.0 * math.prod(shapes[u]) * batch for u in range(self.units)]
+        rates = [config.device_network(p).up.bandwidth_bps for p in range(self.stages - 1)]
+        bandwidths = [r / 8 if r is not None else math.inf for r in rates]
+        return ftpipehd_partition(times, sizes, self.stages, capacities=slowdowns,
+                                  bandwidths=bandwidths).cuts
 
     def _schedule(self, n: int) -> Schedule:
         if self.asynchronous:  # k_p = S − p batches in flight: PipeDream's 1F1B
