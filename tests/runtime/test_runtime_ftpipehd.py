@@ -6,6 +6,9 @@ aggregation; every stage keeps at most S − p batches in flight."""
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 import pytest
 import torch
 from async_reference import delayed_sgd
@@ -111,3 +114,34 @@ async def test_the_trace_shows_each_stage_running_the_papers_1f1b_order() -> Non
         if p == 2:  # F b then B b, fused
             want = [("s", b) for kind, b in want if kind == "f"]
         assert seen == want, (p, seen)
+
+
+async def test_a_device_slower_than_declared_gets_less_from_the_next_epoch(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Every device declared alike, but device 3 really 10x slower: the first epoch runs
+    the homogeneous cuts, the coordinator measures the capacities from the epoch's trace
+    and re-partitions (§III-D), and the next epoch takes about half as long. The
+    re-partition is recorded (``/status``'s replans)."""
+    from aiopipe.runtime import device as device_module
+
+    honest = device_module._DeviceNode._run_config
+
+    def slow_device_3(self: Any, plan: Any) -> RunConfig:
+        config = honest(self, plan)
+        if self.device_id == 3:
+            return config.replace(device_slowdown=(1.0, 1.0, 1.0, 10.0))
+        return config
+
+    monkeypatch.setattr(device_module._DeviceNode, "_run_config", slow_device_3)
+    config = CONFIG.replace(devices=4, partition="auto", samples_per_device=160, epochs=3,
+                            momentum=0.0)
+    with caplog.at_level(logging.INFO, logger="aiopipe.server"):
+        result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
+    first, second, third = result.epochs
+    (line,) = [r.getMessage() for r in caplog.records if "re-partitioned" in r.getMessage()]
+    # declared alike: balanced cuts, device 3 with two units; measured: it gets one
+    assert line.startswith("re-partitioned after epoch 1: cuts [1, 2, 3] -> [1, 2, 4]"), line
+    assert [p["units"] for p in first.plan][3] == [4, 5]  # (the plan as the epoch ended)
+    assert third.plan == second.plan  # no flapping
+    assert 1.6 < first.time_s / second.time_s <= 2.0, (first.time_s, second.time_s)
+    assert third.time_s == pytest.approx(second.time_s)

@@ -24,7 +24,8 @@ its backward ends, with weight stashing, vertical sync and weight aggregation
 (`aiopipe.runtime.async_weights.AsyncStageWork`). The epoch's end is the one flush: the
 stages' latest weights make the global model that is evaluated. Its "auto" cuts come from
 FTPipeHD's planner (`aiopipe.scheduler.ftpipehd`) with the declared ``device_slowdown``
-as capacities and each device's uplink as the link to the next stage.
+as capacities and each device's uplink as the link to the next stage, and are planned
+again between epochs from the capacities the epoch measured (`Pipeline.after_round`).
 
 Faults: a synchronous pipeline cannot go on without one of its stages, so a device lost
 mid-round ends the run with a `TrainingError` naming it (FTPipeHD's re-partitioning and
@@ -35,8 +36,10 @@ resume from a checkpoint: none is written.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -65,7 +68,7 @@ from aiopipe.runtime.systems.base import Rounds, Setup
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.estimate import DeviceProfile
-from aiopipe.scheduler.ftpipehd import ftpipehd_partition
+from aiopipe.scheduler.ftpipehd import Partition, ftpipehd_partition, pipeline_time
 from aiopipe.scheduler.partition import balanced_partition
 from aiopipe.scheduler.placement import chain
 from aiopipe.scheduler.schedule import (
@@ -77,6 +80,8 @@ from aiopipe.scheduler.schedule import (
 )
 
 __all__ = ["Pipeline"]
+
+log = logging.getLogger("aiopipe.server")
 
 
 class Pipeline:
@@ -104,27 +109,23 @@ class Pipeline:
                               f"{config.model if isinstance(config.model, str) else 'the model'}"
                               f" has only {self.units} units")
         cuts = config.partition
+        #: FTPipeHD's planner inputs ("auto" cuts of mode ftpipehd): it re-partitions
+        #: between epochs from the capacities it measures
+        self.planner: _Planner | None = None
         if cuts == "auto":
             costs = setup.cost_table or measure_planning_costs(
                 config, self.model, setup.in_shape, setup.test_set)
             slowdowns = [config.device_slowdown_of(p) for p in range(self.stages)]
             if self.asynchronous:  # FTPipeHD's planner: capacities and links (§III-D)
-                cuts = self._ftpipehd_cuts(config, costs, setup.in_shape, slowdowns)
+                self.planner = _Planner.of(config, costs, self.model, setup.in_shape,
+                                           self.micro_batch_size)
+                cuts = self.planner.cuts(slowdowns).cuts
             else:
                 cuts = tuple(balanced_partition(costs, self.stages, self.micro_batch_size,
                                                 slowdowns))
-            config = config.replace(partition=cuts)
         assert isinstance(cuts, tuple)
-        try:
-            self.placement = chain(cuts, self.units,
-                                   [f"device{p}" for p in range(self.stages)])
-        except ConfigError as exc:
-            raise ConfigError(f"config key 'partition': {exc} for a model of {self.units} "
-                              "units") from None
         self.config = config
-        self.pipeline = self.placement.pipelines[0]
-        #: (first, stop) units of each stage
-        self.bounds = [(s.first_unit, s.stop_unit) for s in self.pipeline.stages]
+        self._place(cuts)
         self.iterations_per_epoch = 0  # `prepare` knows: device 0's announced samples
         check_trainable(self.model, setup.in_shape,
                         [DevicePlan(0, self.units, n, self.micro_batch_size, 0)], config)
@@ -132,19 +133,22 @@ class Pipeline:
         self.schedule: Schedule = self._schedule(n)
         self._secret = setup.run_secret
 
-    def _ftpipehd_cuts(self, config: RunConfig, costs: CostTable, in_shape: tuple[int, ...],
-                       slowdowns: Sequence[float]) -> tuple[int, ...]:
-        """The partition of FTPipeHD's planner for the declared capacities
-        (``device_slowdown``) and links (device p's uplink carries its activations)."""
-        batch = self.micro_batch_size
-        times = [costs.forward_time(u, u + 1, batch) + costs.backward_time(u, u + 1, batch)
-                 for u in range(self.units)]
-        shapes = unit_output_shapes(self.model, in_shape)
-        sizes = [4.0 * math.prod(shapes[u]) * batch for u in range(self.units)]
-        rates = [config.device_network(p).up.bandwidth_bps for p in range(self.stages - 1)]
-        bandwidths = [r / 8 if r is not None else math.inf for r in rates]
-        return ftpipehd_partition(times, sizes, self.stages, capacities=slowdowns,
-                                  bandwidths=bandwidths).cuts
+    def _place(self, cuts: tuple[int, ...]) -> None:
+        """Stage p of the chain on device p, cut at ``cuts``.
+
+        Raises:
+            ConfigError: the cuts do not fit the model.
+        """
+        try:
+            self.placement = chain(cuts, self.units,
+                                   [f"device{p}" for p in range(self.stages)])
+        except ConfigError as exc:
+            raise ConfigError(f"config key 'partition': {exc} for a model of {self.units} "
+                              "units") from None
+        self.config = self.config.replace(partition=cuts)
+        self.pipeline = self.placement.pipelines[0]
+        #: (first, stop) units of each stage
+        self.bounds = [(s.first_unit, s.stop_unit) for s in self.pipeline.stages]
 
     def _schedule(self, n: int) -> Schedule:
         if self.asynchronous:  # k_p = S − p batches in flight: PipeDream's 1F1B
@@ -304,8 +308,31 @@ class Pipeline:
     async def after_round(self, rounds: Rounds, round_no: int, epoch: int,
                           slices: Sequence[Slice], served: Sequence[int],
                           paced: Sequence[bool]) -> dict[str, Any] | None:
-        """A synchronous pipeline keeps its partition."""
-        return None
+        """FTPipeHD with "auto" cuts re-partitions between epochs (§III-D): each stage's
+        capacity is the compute time its device spent on the epoch over the planner's
+        time for its units, and the cuts that the planner gives for those capacities are
+        taken when they promise at least 5% less time per batch. The next round hands
+        each device its new units' weights (from the global model). A synchronous
+        pipeline keeps its partition."""
+        planner = self.planner
+        if planner is None:
+            return None
+        measured = [math.fsum(s.duration for s in slices if s.track == f"device{p}/compute"
+                              and s.name in ("f", "b", "s")) for p in range(self.stages)]
+        capacities = planner.capacities(self.bounds, measured, self.parallel_batches)
+        cuts = tuple(b for _, b in self.bounds[:-1])
+        current = planner.time(cuts, capacities)
+        chosen = planner.cuts(capacities)
+        if chosen.cuts == cuts or not chosen.time_s < 0.95 * current:
+            return None
+        before = list(cuts)
+        self._place(chosen.cuts)
+        log.info("re-partitioned after epoch %d: cuts %s -> %s for capacities %s "
+                 "(estimated %.3g -> %.3g s a batch)", epoch + 1, before, list(chosen.cuts),
+                 [round(c, 2) for c in capacities], current, chosen.time_s)
+        return {"round": round_no, "epoch": epoch, "before": before,
+                "after": list(chosen.cuts), "capacities": capacities,
+                "estimated_s": [current, chosen.time_s]}
 
     # -- checkpoints ---------------------------------------------------------------------
 
@@ -321,3 +348,45 @@ class Pipeline:
         """
         raise ConfigError("mode pipeline cannot resume from a checkpoint: its optimizer "
                           "state lives on the devices")
+
+
+@dataclass(frozen=True, slots=True)
+class _Planner:
+    """FTPipeHD's planner for one run: each unit's time per batch (the cost table's),
+    its output per batch, and the link from each stage's device to the next."""
+
+    times: tuple[float, ...]
+    sizes: tuple[float, ...]
+    bandwidths: tuple[float, ...]
+
+    @classmethod
+    def of(cls, config: RunConfig, costs: CostTable, model: torch.nn.Sequential,
+           in_shape: tuple[int, ...], batch: int) -> _Planner:
+        """The planner of ``config``'s run (device p's uplink carries its activations)."""
+        units = models.unit_count(model)
+        times = tuple(costs.forward_time(u, u + 1, batch) + costs.backward_time(u, u + 1, batch)
+                      for u in range(units))
+        shapes = unit_output_shapes(model, in_shape)
+        sizes = tuple(4.0 * math.prod(shapes[u]) * batch for u in range(units))
+        rates = [config.device_network(p).up.bandwidth_bps for p in range(config.devices - 1)]
+        return cls(times, sizes, tuple(r / 8 if r is not None else math.inf for r in rates))
+
+    def cuts(self, capacities: Sequence[float]) -> Partition:
+        """The best partition for ``capacities``."""
+        return ftpipehd_partition(self.times, self.sizes, len(capacities),
+                                  capacities=capacities, bandwidths=self.bandwidths)
+
+    def time(self, cuts: tuple[int, ...], capacities: Sequence[float]) -> float:
+        """The estimated time per batch of ``cuts`` under ``capacities``."""
+        return pipeline_time(self.times, self.sizes, cuts, capacities=capacities,
+                             bandwidths=self.bandwidths)
+
+    def capacities(self, bounds: Sequence[tuple[int, int]], measured: Sequence[float],
+                   batches: int) -> list[float]:
+        """Each stage's capacity from the compute seconds it measured over ``batches``
+        batches (a stage that measured nothing keeps 1)."""
+        result = []
+        for (first, stop), seconds in zip(bounds, measured, strict=True):
+            reference = math.fsum(self.times[first:stop]) * batches
+            result.append(seconds / reference if seconds > 0 and reference > 0 else 1.0)
+        return result
