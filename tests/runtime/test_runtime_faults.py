@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from pathlib import Path
 
+import orjson
 import pytest
 import torch
 from fleet import COSTS, NETWORK, Fleet, ready_for
@@ -302,3 +304,33 @@ async def test_an_upload_longer_than_the_timeout_is_not_taken_for_silence() -> N
     assert not epoch.devices_lost
     assert list(epoch.device_samples) == [20, 20]
     assert epoch.time_s > 37.0
+
+
+async def test_an_epoch_in_which_nobody_trained_has_no_loss() -> None:
+    """Every device killed in the only round of epoch 1, restarted after the grace: epoch
+    1 trained nothing, so its loss and training accuracy are NaN (null in
+    metrics.jsonl), not 0.0 as if it had trained perfectly; epoch 2 trains again."""
+    config = CONFIG.replace(aggregation_every=0, epochs=2)  # one round per epoch
+    clock = VirtualClock()
+    async with asyncio.TaskGroup() as tasks:
+        fleet = Fleet(config, clock, tasks)
+        for k in range(3):
+            fleet.start_device(k)
+        training = tasks.create_task(fleet.node.train())
+        await fleet.until(lambda: fleet.activations_in(0, 0) > 0)
+        for k in range(3):
+            fleet.kill(k)
+        await fleet.until(lambda: all(fleet.node.sessions[k].ended for k in range(3)))
+        for k in range(3):
+            fleet.start_device(k)
+        result = await training
+    await clock.aclose()
+    empty, trained = result.epochs
+    assert empty.samples == 0
+    assert math.isnan(empty.loss)
+    assert math.isnan(empty.train_accuracy)
+    line = orjson.dumps(empty.to_mapping())  # as metrics.jsonl writes it
+    assert b'"loss":null' in line
+    assert b'"epoch":1' in line
+    assert trained.samples == 240
+    assert math.isfinite(trained.loss)
