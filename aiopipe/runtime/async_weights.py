@@ -19,9 +19,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from aiopipe.errors import RemoteProtocolError
 from aiopipe.runtime.factories import Loss
-from aiopipe.runtime.stage import StageWork
+from aiopipe.runtime.stage import StageWork, checked_gradient, checked_input_gradient
 from aiopipe.scheduler.async_pipeline import aggregates_before, forward_weights, version_of
 
 __all__ = ["AsyncStageWork", "StageWeights"]
@@ -190,20 +189,10 @@ class AsyncStageWork(StageWork):
         else:
             if gradient is None:
                 raise ValueError("a backward before the last stage needs a gradient")
-            if not torch.isfinite(gradient).all():
-                raise RemoteProtocolError("gradient holds NaN or Inf")
             output = self.weights.stashes[micro_batch][2]
-            if gradient.shape != output.shape or gradient.dtype != output.dtype:
-                raise RemoteProtocolError(
-                    f"gradient of shape {tuple(gradient.shape)} {gradient.dtype} for an "
-                    f"activation of shape {tuple(output.shape)} {output.dtype}")
-            grad = self.weights.backward(micro_batch, gradient.to(output.device))
-        if grad is None:
-            return None
-        if not torch.isfinite(grad).all():
-            raise RemoteProtocolError("activation gives NaN or Inf gradients: its values are "
-                                      "out of range")
-        return grad.cpu()
+            grad = self.weights.backward(
+                micro_batch, checked_gradient(gradient.to(output.device), output))
+        return None if grad is None else checked_input_gradient(grad)
 
     def step(self) -> None:
         """The epoch is over (every update applied): the module takes the latest weights."""

@@ -150,7 +150,6 @@ class Holdings:
         if previous is None or work is None or not assignment.same_stage(previous):
             module = models.units_of(self.whole, assignment.first_unit, assignment.stop_unit)
             kept = (work.module, work.optimizer) if work is not None else None
-            optimizer = make_optimizer(module, self.config, previous=kept)
             if previous is not None:
                 log.info("%s: round %d switches to units %d..%d of stage %d, %d "
                          "micro-batches", name, message.round + 1, assignment.first_unit,
@@ -165,7 +164,8 @@ class Holdings:
                     aggregate_every=self.config.version_aggregation)
             else:
                 work = StageWork(
-                    module, optimizer, first=assignment.stage == 0, last=assignment.last,
+                    module, make_optimizer(module, self.config, previous=kept),
+                    first=assignment.stage == 0, last=assignment.last,
                     parallel_batches=assignment.parallel_batches,
                     num_classes=self.plan.num_classes, loss=self.loss)
         work.module.load_state_dict(state_from_wire(message.tensors))

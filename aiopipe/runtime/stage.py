@@ -31,7 +31,7 @@ from aiopipe.runtime.assignment import Assignment
 from aiopipe.runtime.factories import Loss
 from aiopipe.scheduler.actions import Action
 
-__all__ = ["Batch", "ServerStage", "StageWork"]
+__all__ = ["Batch", "ServerStage", "StageWork", "checked_gradient", "checked_input_gradient"]
 
 #: Reads micro-batch ``n`` of iteration ``i``: inputs and labels (the first stage's data).
 Batch = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
@@ -140,25 +140,22 @@ class StageWork:
             if gradient is None:
                 raise ValueError("a backward before the last stage needs a gradient")
             out = saved.output
-            gradient = gradient.to(self.device)
-            if gradient.shape != out.shape or gradient.dtype != out.dtype:
-                raise RemoteProtocolError(
-                    f"gradient of shape {tuple(gradient.shape)} {gradient.dtype} for an "
-                    f"activation of shape {tuple(out.shape)} {out.dtype}")
-            if not torch.isfinite(gradient).all():
+            try:
+                gradient = checked_gradient(gradient.to(self.device), out)
+            except RemoteProtocolError:
                 self.optimizer.zero_grad(set_to_none=True)
-                raise RemoteProtocolError("gradient holds NaN or Inf")
+                raise
             torch.autograd.backward(out, gradient)
         if saved.inputs is None:
             return None
         grad = saved.inputs.grad
         if grad is None:
             raise RemoteProtocolError("the stage's input got no gradient")
-        if not torch.isfinite(grad).all():
+        try:
+            return checked_input_gradient(grad)
+        except RemoteProtocolError:
             self.optimizer.zero_grad(set_to_none=True)
-            raise RemoteProtocolError("activation gives NaN or Inf gradients: its values are "
-                                      "out of range")
-        return grad.cpu()
+            raise
 
     def forward_backward(self, iteration: int, micro_batch: int,
                          received: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -208,6 +205,34 @@ class StageWork:
         self.loss_sum += float(loss.detach()) * labels.numel()
         self.correct += int((logits.detach().argmax(1) == labels).sum())
         return loss / self.parallel_batches
+
+
+def checked_gradient(gradient: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+    """``gradient``, received for ``output``, once it fits it and is finite ([Note:
+    hostile inputs]).
+
+    Raises:
+        RemoteProtocolError: it does not.
+    """
+    if gradient.shape != output.shape or gradient.dtype != output.dtype:
+        raise RemoteProtocolError(
+            f"gradient of shape {tuple(gradient.shape)} {gradient.dtype} for an "
+            f"activation of shape {tuple(output.shape)} {output.dtype}")
+    if not torch.isfinite(gradient).all():
+        raise RemoteProtocolError("gradient holds NaN or Inf")
+    return gradient
+
+
+def checked_input_gradient(grad: torch.Tensor) -> torch.Tensor:
+    """The gradient of a stage's input to send back (on the CPU), once it is finite.
+
+    Raises:
+        RemoteProtocolError: it is not: the received activation was out of range.
+    """
+    if not torch.isfinite(grad).all():
+        raise RemoteProtocolError("activation gives NaN or Inf gradients: its values are "
+                                  "out of range")
+    return grad.cpu()
 
 
 @dataclass(frozen=True, slots=True)
