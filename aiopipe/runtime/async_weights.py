@@ -8,6 +8,11 @@ A forward computes with `torch.func.functional_call` on the version's tensors, s
 module is copied or reloaded; the backward runs the forward's own graph and applies SGD
 (learning rate, momentum: torch's rule, dampening 0) to the base: the previous
 version, or the aggregate of the last ``k`` versions when one is due.
+
+A round's state travels whole: the coordinator sends each stage its weights and their
+momentum buffers (named ``MOMENTUM`` + the parameter's name) and takes both back, so a
+round that is replayed after a fault starts from exactly what its first attempt started
+from, and parameters that move to another device keep their momentum.
 """
 
 from __future__ import annotations
@@ -19,11 +24,24 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from aiopipe.errors import RemoteProtocolError
 from aiopipe.runtime.factories import Loss
 from aiopipe.runtime.stage import StageWork, checked_gradient, checked_input_gradient
 from aiopipe.scheduler.async_pipeline import aggregates_before, forward_weights, version_of
 
-__all__ = ["AsyncStageWork", "StageWeights"]
+__all__ = ["MOMENTUM", "AsyncStageWork", "StageWeights", "split_momentum"]
+
+#: How a parameter's momentum buffer is named in a round's tensors (no parameter name
+#: holds a colon).
+MOMENTUM = "momentum:"
+
+
+def split_momentum(state: Mapping[str, torch.Tensor]
+                   ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A round's tensors as (the state dict, the momentum buffers by parameter name)."""
+    weights = {k: v for k, v in state.items() if not k.startswith(MOMENTUM)}
+    momentum = {k[len(MOMENTUM):]: v for k, v in state.items() if k.startswith(MOMENTUM)}
+    return weights, momentum
 
 
 class StageWeights:
@@ -155,10 +173,34 @@ class AsyncStageWork(StageWork):
         self._losses: dict[int, torch.Tensor] = {}
 
     def clear(self) -> None:
-        """A new round (epoch): the module's weights, just loaded, are version 0 again;
-        the momentum carries over."""
+        """A new round: the module's weights, just loaded, are version 0 again (the
+        momentum buffers come with the round: `load_momentum`)."""
         self.weights.restart()
         self._losses.clear()
+
+    def load_momentum(self, buffers: Mapping[str, torch.Tensor]) -> None:
+        """The round's momentum buffers (by parameter name; copies are kept).
+
+        Raises:
+            RemoteProtocolError: they are not this stage's parameters' buffers.
+        """
+        params = dict(self.module.named_parameters())
+        if self.weights.momentum and set(buffers) != set(params):
+            raise RemoteProtocolError("a round's momentum buffers are not its stage's "
+                                      "parameters'")
+        for name, buf in buffers.items():
+            if buf.shape != params[name].shape:
+                raise RemoteProtocolError(f"momentum buffer {name} is {tuple(buf.shape)}, "
+                                          f"its parameter {tuple(params[name].shape)}")
+        self.weights.momentum_buffers = {n: b.to(params[n].device, copy=True)
+                                         for n, b in buffers.items()}
+
+    def trained_state(self) -> dict[str, torch.Tensor]:
+        """The stage's state dict and its momentum buffers (module docstring)."""
+        state = super().trained_state()
+        for name, buf in self.weights.momentum_buffers.items():
+            state[MOMENTUM + name] = buf.detach().to("cpu", copy=True)
+        return state
 
     def forward(self, iteration: int, micro_batch: int,
                 received: tuple[torch.Tensor, torch.Tensor] | None = None

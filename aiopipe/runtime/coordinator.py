@@ -252,6 +252,19 @@ class Coordinator:
         """Where device ``device_id`` listens for peers ("" when it does not)."""
         return self.admission.addresses.get(device_id, "")
 
+    def alive(self) -> list[int]:
+        """The devices taking part now (connected, or within their reconnect grace)."""
+        return self.admission.alive()
+
+    def new_round(self) -> int:
+        """A fresh round number (a round played again after a fault takes one)."""
+        self.rounds += 1
+        return self.rounds - 1
+
+    def record_change(self, change: dict[str, Any]) -> None:
+        """Keep what the system changed mid-round (a recovery) with its re-plans."""
+        self.replans.append(change)
+
     def server_failed(self, device_id: int, error: BaseException) -> None:
         """[Note: server faults] The coordinator's own work for a device failed (a pass
         that ran out of memory, a bug). That is not the device's doing, and it would
@@ -418,8 +431,7 @@ class Coordinator:
         self._served_before_round = 0
         for r in range(int(tally["next_round"]), round_count):
             first = r * period
-            round_no = self.rounds
-            self.rounds += 1
+            round_no = self.new_round()
             work = [max(0, min(period, n - first)) for n in iterations]
             participants = await self._participants()
             mark = len(self.recorder.slices)

@@ -446,6 +446,8 @@ class _DeviceNode:
                 return  # a gradient sent again after a reconnection; we have it already
             del self.sent_activations[_key(message)]
         running = self.round_task is not None and not self.round_task.done()
+        if assignment is not None and _earlier_attempt(message, assignment):
+            return  # of an attempt at the round that the coordinator gave up on
         if isinstance(message, Activation) and sender != COORDINATOR and (
                 not running or _after(message, assignment)) and not _before(message,
                                                                             assignment):
@@ -533,6 +535,14 @@ class _DeviceNode:
                     raise
                 self.round_dropped = False
                 continue
+            except TrainingError as exc:
+                if self.ended is not None or self.config.mode != "ftpipehd":
+                    raise
+                # FTPipeHD recovers from a lost stage: the coordinator will play the
+                # round again (or end the run), and says which
+                log.warning("device %d: round %d stopped (%s); waiting for the "
+                            "coordinator's recovery", self.device_id, message.round + 1, exc)
+                continue
             rounds += 1
             samples += done
 
@@ -581,9 +591,7 @@ class _DeviceNode:
                                assignment.version_of(iteration))
             self.sent_activations.clear()  # every gradient of the iteration has arrived
         samples = message.iterations * micro * n
-        weights = await self.compute.call(
-            lambda: state_to_wire({k: v.detach().to("cpu", copy=True)
-                                   for k, v in work.module.state_dict().items()}))
+        weights = await self.compute.call(lambda: state_to_wire(work.trained_state()))
         result = RoundResult(message.round, samples, float(work.loss_sum), int(work.correct),
                              weights)
         self.unacked = [result]
@@ -637,7 +645,16 @@ def _after(message: Activation, assignment: Assignment | None) -> bool:
     if assignment is None:
         return True
     last = assignment.first_iteration + assignment.iterations - 1
-    return (message.epoch, message.iteration) > (assignment.epoch, last)
+    return (message.epoch, message.iteration, message.version) > (
+        assignment.epoch, last, assignment.version_of(last))
+
+
+def _earlier_attempt(message: Activation | Gradient, assignment: Assignment) -> bool:
+    """Whether ``message`` is of the same iterations as ``assignment`` but an earlier
+    attempt at them (FTPipeHD plays a round again after a fault; each attempt's weights
+    have their own version, `Assignment.version`)."""
+    return (message.epoch, message.iteration) == (assignment.epoch, assignment.first_iteration
+                                                  ) and message.version < assignment.version
 
 
 def _before(message: Activation, assignment: Assignment | None) -> bool:

@@ -41,7 +41,7 @@ from aiopipe.protocol import (
     state_from_wire,
 )
 from aiopipe.runtime.assignment import Assignment
-from aiopipe.runtime.async_weights import AsyncStageWork
+from aiopipe.runtime.async_weights import AsyncStageWork, split_momentum
 from aiopipe.runtime.factories import Loss, build_model, make_loss, make_optimizer
 from aiopipe.runtime.plan import device_data, unit_output_shapes
 from aiopipe.runtime.profiling import host_fingerprint
@@ -168,8 +168,11 @@ class Holdings:
                     first=assignment.stage == 0, last=assignment.last,
                     parallel_batches=assignment.parallel_batches,
                     num_classes=self.plan.num_classes, loss=self.loss)
-        work.module.load_state_dict(state_from_wire(message.tensors))
+        state, momentum = split_momentum(state_from_wire(message.tensors))
+        work.module.load_state_dict(state)
         work.clear()
+        if isinstance(work, AsyncStageWork):
+            work.load_momentum(momentum)
         work.reset_totals()
         # [Note: a redone round] a round started again begins where it began before
         start = self.round_starts.get(message.round)

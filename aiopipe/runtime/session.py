@@ -205,6 +205,7 @@ class DeviceSession:
                                   start.iterations, start, stage)
         self.seen.clear()
         self.gradients.clear()
+        self.round_result = None  # of an attempt given up on, if any
         self.served = 0
         self.inbox.reopen()
         result: asyncio.Future[RoundResult] = asyncio.get_running_loop().create_future()
@@ -463,6 +464,8 @@ class DeviceSession:
                 self.round_result is not None and self.round_result.round == message.round):
             return  # re-sent after a reconnection
         window = self.window
+        if window is not None and message.round < window.round:
+            return  # of a round the coordinator gave up on (a pipeline played it again)
         if window is None or self.result is None or self.result.done():
             raise RemoteProtocolError("round result outside a round")
         if message.round != window.round:
@@ -498,6 +501,8 @@ class DeviceSession:
     def _complete_round(self, message: RoundReport) -> None:
         if message.round <= self.last_round_done:
             return  # re-sent after a reconnection
+        if self.window is not None and message.round < self.window.round:
+            return  # of a round the coordinator gave up on
         result, self.round_result = self.round_result, None
         window = self.window
         if result is None or window is None or self.result is None or self.result.done():

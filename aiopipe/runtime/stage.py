@@ -91,6 +91,10 @@ class StageWork:
         """Start counting a new round's loss, predictions and peak."""
         self.loss_sum, self.correct, self.peak_live = 0.0, 0, 0
 
+    def trained_state(self) -> dict[str, torch.Tensor]:
+        """What the device returns at the round's end: a CPU copy of the stage's state."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
+
     def clear(self) -> None:
         """Forget every micro-batch in flight (a dropped round) and their gradients."""
         self._saved.clear()

@@ -140,7 +140,8 @@ async def test_a_device_slower_than_declared_gets_less_from_the_next_epoch(
     first, second, third = result.epochs
     (line,) = [r.getMessage() for r in caplog.records if "re-partitioned" in r.getMessage()]
     # declared alike: balanced cuts, device 3 with two units; measured: it gets one
-    assert line.startswith("re-partitioned after epoch 1: cuts [1, 2, 3] -> [1, 2, 4]"), line
+    assert line.startswith("re-partitioned after round 1 (epoch 1): "
+                           "cuts [1, 2, 3] -> [1, 2, 4]"), line
     assert [p["units"] for p in first.plan][3] == [4, 5]  # (the plan as the epoch ended)
     assert third.plan == second.plan  # no flapping
     assert 1.6 < first.time_s / second.time_s <= 2.0, (first.time_s, second.time_s)

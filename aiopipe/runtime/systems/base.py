@@ -64,6 +64,18 @@ class Rounds(Protocol):
         """Where device ``device_id`` listens for peers ("" when it does not)."""
         ...
 
+    def alive(self) -> list[int]:
+        """The devices taking part now (connected, or within their reconnect grace)."""
+        ...
+
+    def new_round(self) -> int:
+        """A fresh round number (a round played again after a fault takes one)."""
+        ...
+
+    def record_change(self, change: dict[str, Any]) -> None:
+        """Keep what the system changed mid-round (a recovery) with its re-plans."""
+        ...
+
 
 class System(Protocol):
     """One training system (see the package docstring)."""

@@ -58,6 +58,7 @@ from aiopipe.protocol import (
     state_from_wire,
     state_to_wire,
 )
+from aiopipe.runtime.async_weights import MOMENTUM, split_momentum
 from aiopipe.runtime.plan import (
     DevicePlan,
     check_trainable,
@@ -93,10 +94,13 @@ class Pipeline:
 
     def __init__(self, setup: Setup) -> None:
         config = setup.config
-        self.setup = setup
+        self.setup, self.config = setup, config
         self.model = setup.model
         self.units = models.unit_count(self.model)
         self.stages = config.devices
+        #: the device of each stage (FTPipeHD's worker list: it shrinks when devices are
+        #: lost, `_enlist`)
+        self.workers = list(range(self.stages))
         self.asynchronous = config.mode == "ftpipehd"
         n = 1 if self.asynchronous else config.parallel_batches
         if not isinstance(n, int):
@@ -109,18 +113,22 @@ class Pipeline:
                               f"{config.model if isinstance(config.model, str) else 'the model'}"
                               f" has only {self.units} units")
         cuts = config.partition
-        #: FTPipeHD's planner inputs ("auto" cuts of mode ftpipehd): it re-partitions
-        #: between epochs from the capacities it measures
-        self.planner: _Planner | None = None
+        #: FTPipeHD's planner (mode ftpipehd; built when first needed): "auto" cuts, and
+        #: new ones after a device is lost
+        self._planner: _Planner | None = None
+        #: FTPipeHD re-partitions between rounds from measured capacities ("auto" cuts)
+        self.replanning = self.asynchronous and cuts == "auto"
+        #: the capacity each device last measured (FTPipeHD; 1 until measured)
+        self.capacity: dict[int, float] = {}
+        #: whether the round under way was played again after a fault
+        self.recovered = False
         if cuts == "auto":
-            costs = setup.cost_table or measure_planning_costs(
-                config, self.model, setup.in_shape, setup.test_set)
             slowdowns = [config.device_slowdown_of(p) for p in range(self.stages)]
             if self.asynchronous:  # FTPipeHD's planner: capacities and links (§III-D)
-                self.planner = _Planner.of(config, costs, self.model, setup.in_shape,
-                                           self.micro_batch_size)
-                cuts = self.planner.cuts(slowdowns).cuts
+                cuts = self.planner().cuts(slowdowns, self.workers).cuts
             else:
+                costs = setup.cost_table or measure_planning_costs(
+                    config, self.model, setup.in_shape, setup.test_set)
                 cuts = tuple(balanced_partition(costs, self.stages, self.micro_batch_size,
                                                 slowdowns))
         assert isinstance(cuts, tuple)
@@ -132,6 +140,25 @@ class Pipeline:
         self.activation_shapes = unit_output_shapes(self.model, setup.in_shape)
         self.schedule: Schedule = self._schedule(n)
         self._secret = setup.run_secret
+        #: the worker list and cuts before the last change (`_enlist`)
+        self._before: tuple[list[int], list[int]] = (list(self.workers), list(cuts))
+        #: each parameter's momentum buffer (FTPipeHD with momentum: the stages' SGD
+        #: state travels with their weights, aiopipe.runtime.async_weights)
+        self.momentum: dict[str, torch.Tensor] = {}
+        if self.asynchronous and config.momentum:
+            self.momentum = {name: torch.zeros_like(param.detach())
+                             for name, param in self.model.named_parameters()}
+
+    def planner(self) -> _Planner:
+        """FTPipeHD's planner for this run (built from the cost table, or by profiling,
+        when first asked)."""
+        if self._planner is None:
+            setup = self.setup
+            costs = setup.cost_table or measure_planning_costs(
+                self.config, self.model, setup.in_shape, setup.test_set)
+            self._planner = _Planner.of(self.config, costs, self.model, setup.in_shape,
+                                        self.micro_batch_size)
+        return self._planner
 
     def _place(self, cuts: tuple[int, ...]) -> None:
         """Stage p of the chain on device p, cut at ``cuts``.
@@ -140,12 +167,12 @@ class Pipeline:
             ConfigError: the cuts do not fit the model.
         """
         try:
-            self.placement = chain(cuts, self.units,
-                                   [f"device{p}" for p in range(self.stages)])
+            self.placement = chain(cuts, self.units, [f"device{w}" for w in self.workers])
         except ConfigError as exc:
             raise ConfigError(f"config key 'partition': {exc} for a model of {self.units} "
                               "units") from None
-        self.config = self.config.replace(partition=cuts)
+        if len(self.workers) == self.config.devices:  # (after a loss the plan tells)
+            self.config = self.config.replace(partition=cuts)
         self.pipeline = self.placement.pipelines[0]
         #: (first, stop) units of each stage
         self.bounds = [(s.first_unit, s.stop_unit) for s in self.pipeline.stages]
@@ -187,7 +214,8 @@ class Pipeline:
     def plan_entries(self) -> list[dict[str, Any]]:
         """Per stage: its device, units (first, stop), micro-batches and schedule."""
         if self.asynchronous:
-            return [{"stage": p, "device": p, "units": [a, b], "batches": self.parallel_batches,
+            return [{"stage": p, "device": self.workers[p], "units": [a, b],
+                     "batches": self.parallel_batches,
                      "schedule": "async 1f1b", "in_flight": self.stages - p}
                     for p, (a, b) in enumerate(self.bounds)]
         return [{"stage": p, "device": p, "units": [a, b],
@@ -208,16 +236,20 @@ class Pipeline:
 
     def peer_keys(self, device_id: int) -> dict[str, str]:
         """The keys of device ``device_id``'s pairs with the members of its neighbouring
-        stages."""
+        stages (FTPipeHD: with every other device, whose stage may come next to its own
+        after a device is lost)."""
         me = f"device{device_id}"
-        return {node: pair_key(self._secret, me, node).hex()
-                for _, node in self.pipeline.neighbours(me)}
+        nodes = ([f"device{k}" for k in range(self.config.devices) if k != device_id]
+                 if self.asynchronous else
+                 [node for _, node in self.pipeline.neighbours(me)])
+        return {node: pair_key(self._secret, me, node).hex() for node in nodes}
 
     def frame_limit(self) -> int:
         """The whole model's state (a stage's share is less), a round report's slices
         and a round's action list."""
         state = self.model.state_dict()
-        state_bytes = sum(t.numel() * t.element_size() for t in state.values())
+        state_bytes = sum(t.numel() * t.element_size()
+                          for t in [*state.values(), *self.momentum.values()])
         n = self.parallel_batches
         slices = self.iterations_per_epoch * (4 * n + 2) + 16
         actions = 16 * (6 * n + 2)
@@ -228,12 +260,13 @@ class Pipeline:
                     iterations: int, state: Mapping[str, Any]) -> RoundStart:
         """Stage p's `RoundStart`: its units' weights, actions and neighbours."""
         a, b = self.bounds[p]
-        # stage q runs on device q (a chain)
-        peers = {node: {"stage": q, "address": rounds.address_of(q)}
-                 for q, node in self.pipeline.neighbours(f"device{p}")}
+        peers = {node: {"stage": q, "address": rounds.address_of(self.workers[q])}
+                 for q, node in self.pipeline.neighbours(f"device{self.workers[p]}")}
         return RoundStart(round_no, epoch, first, iterations, state, p, self.stages, a, b,
                           self.parallel_batches, self.micro_batch_size,
-                          epoch * self.iterations_per_epoch + first,
+                          # FTPipeHD: the attempt's number tells a replayed round's messages apart
+                          round_no if self.asynchronous
+                          else epoch * self.iterations_per_epoch + first,
                           " ".join(map(str, self.schedule.actions[p])), peers)
 
     # -- rounds --------------------------------------------------------------------------
@@ -242,94 +275,185 @@ class Pipeline:
                         work: Sequence[int], participants: Sequence[int]
                         ) -> dict[int, RoundResult]:
         """Every stage's device trains the round together; their stages make the model.
+        FTPipeHD goes on without a lost device: the round is played again by the devices
+        still there, re-partitioned (`_recover`).
 
         Raises:
-            TrainingError: a stage's device is missing or was lost.
+            TrainingError: a stage's device is missing or was lost (a synchronous
+                pipeline), or device 0, which holds the data, is (FTPipeHD).
         """
-        missing = sorted(set(range(self.stages)) - set(participants))
-        if missing:
-            raise TrainingError(f"device {missing[0]} (stage {missing[0]}) is gone: a "
-                                "synchronous pipeline cannot go on without a stage")
+        if not self.asynchronous:
+            missing = sorted(set(range(self.stages)) - set(participants))
+            if missing:
+                raise TrainingError(f"device {missing[0]} (stage {missing[0]}) is gone: a "
+                                    "synchronous pipeline cannot go on without a stage")
+            return await self._play_round(rounds, round_no, epoch, first, work)
+        self.recovered = False
+        if self._enlist(participants):
+            rounds.record_change(self._recovery(round_no, epoch, "at its start"))
+        while True:
+            try:
+                return await self._play_round(rounds, round_no, epoch, first, work)
+            except _StageLost as lost:
+                round_no = await self._recover(rounds, lost, round_no, epoch)
+
+    async def _play_round(self, rounds: Rounds, round_no: int, epoch: int, first: int,
+                          work: Sequence[int]) -> dict[int, RoundResult]:
+        """One attempt at the round with the current worker list; results by device.
+
+        Raises:
+            _StageLost: a stage's device was lost (FTPipeHD).
+            TrainingError: a stage's device was lost (a synchronous pipeline).
+        """
         states = await rounds.compute.call(self._stage_states)
         rounds.copy_checkpoint()
         try:
             async with asyncio.TaskGroup() as tasks:  # the first stage lost ends them all
-                played = {p: tasks.create_task(self._play(
-                    rounds, p, self.round_start(rounds, p, round_no, epoch, first, work[p],
-                                                states[p]))) for p in range(self.stages)}
+                played = {w: tasks.create_task(self._play(
+                    rounds, w, self.round_start(rounds, p, round_no, epoch, first, work[w],
+                                                states[p])))
+                    for p, w in enumerate(self.workers)}
         except BaseExceptionGroup as group:
             raise first_error(group) from None
-        done = {p: task.result() for p, task in played.items()}
+        done = {w: task.result() for w, task in played.items()}
         await rounds.compute.run("agg", partial(self._merge, done),
                                  cost=0.0 if rounds.cost_table else None, epoch=epoch)
         return done
 
-    @staticmethod
-    async def _play(rounds: Rounds, p: int, start: RoundStart) -> RoundResult:
-        """Stage p's part of the round.
+    async def _play(self, rounds: Rounds, device: int, start: RoundStart) -> RoundResult:
+        """Stage ``start.stage``'s part of the round, on ``device``.
 
         Raises:
-            TrainingError: its device was lost.
+            _StageLost: its device was lost (FTPipeHD).
+            TrainingError: its device was lost (a synchronous pipeline).
         """
-        result = await rounds.play(p, start, None)
+        result = await rounds.play(device, start, None)
         if result is None:
-            raise TrainingError(f"device {p} (stage {p}) was lost in round {start.round}: a "
-                                "synchronous pipeline cannot go on without a stage")
+            if self.asynchronous:
+                raise _StageLost(device, start.stage, rounds.clock.now())
+            raise TrainingError(f"device {device} (stage {start.stage}) was lost in round "
+                                f"{start.round + 1}: a synchronous pipeline cannot go on "
+                                "without a stage")
         return result
+
+    def _enlist(self, alive: Sequence[int]) -> bool:
+        """FTPipeHD's worker list is the devices alive, in id order (§III-F: a lost one's
+        successors move up one place; one that came back takes its place again); when it
+        changed, the model is re-partitioned among them by the planner, with the
+        capacities they measured (1 where none was). Whether it changed.
+
+        Raises:
+            TrainingError: device 0 (the data) is gone.
+        """
+        workers = sorted(set(alive) & set(range(self.config.devices)))
+        if 0 not in workers:
+            raise TrainingError("device 0 is gone: it holds the data (FTPipeHD's central "
+                                "node), so the run cannot go on without it")
+        if workers == self.workers:
+            return False
+        self._before = (list(self.workers), [b for _, b in self.bounds[:-1]])
+        capacities = [self.capacity.get(w, 1.0) for w in workers]
+        cuts = self.planner().cuts(capacities, workers).cuts
+        self.workers, self.stages = workers, len(workers)
+        self._place(cuts)
+        self.schedule = self._schedule(self.parallel_batches)
+        return True
+
+    def _recovery(self, round_no: int, epoch: int, when: str, **more: Any) -> dict[str, Any]:
+        """The record of a change of the worker list (see `_enlist`)."""
+        workers, cuts = self._before
+        after = [b for _, b in self.bounds[:-1]]
+        log.warning("round %d (%s): the pipeline runs on devices %s (was %s), cuts %s "
+                    "(were %s)", round_no + 1, when, self.workers, workers, after, cuts)
+        return {"round": round_no, "epoch": epoch, "kind": "recovery",
+                "workers": list(self.workers), "workers_before": workers, "before": cuts,
+                "after": after, **more}
+
+    async def _recover(self, rounds: Rounds, lost: _StageLost, round_no: int,
+                       epoch: int) -> int:
+        """FTPipeHD's recovery (§III-F, with the choice of DESIGN §FTPipeHD): the round
+        is played again from its start, every stage from the weights and momentum the
+        coordinator sent it, by the devices still there (re-partitioned when they
+        changed); the round number of the new attempt.
+
+        Raises:
+            TrainingError: device 0 is gone.
+        """
+        log.warning("round %d: device %d (stage %d) was lost; playing the round again "
+                    "without it", round_no + 1, lost.device, lost.stage)
+        self.recovered = True
+        self._before = (list(self.workers), [b for _, b in self.bounds[:-1]])
+        self._enlist(rounds.alive())
+        again = rounds.new_round()
+        rounds.record_change(self._recovery(round_no, epoch, "a device lost", lost=lost.device,
+                                            noticed_s=lost.at, replayed_as=again))
+        return again
 
     def _stage_states(self) -> list[dict[str, Any]]:
         stages = models.partition(self.model, [b for _, b in self.bounds[:-1]])
-        return [state_to_wire({k: v.detach().clone() for k, v in stage.state_dict().items()})
-                for stage in stages]
+        states = []
+        for stage in stages:
+            state = {k: v.detach().clone() for k, v in stage.state_dict().items()}
+            if self.momentum:
+                state.update({MOMENTUM + name: self.momentum[name].clone()
+                              for name, _ in stage.named_parameters()})
+            states.append(state_to_wire(state))
+        return states
 
     def _merge(self, results: Mapping[int, RoundResult]) -> None:
         """The stages side by side are the whole model (compute thread)."""
-        state = models.merge_states(*(state_from_wire(results[p].tensors)
-                                      for p in range(self.stages)))
+        state, momentum = split_momentum(models.merge_states(
+            *(state_from_wire(results[w].tensors) for w in self.workers)))
         self.model.load_state_dict(state)
+        self.momentum.update({name: buf.clone() for name, buf in momentum.items()})
 
     def refused_updates(self) -> list[int]:
         """A pipeline's stages are put side by side, not aggregated: none."""
         return []
 
     def epoch_samples(self, device_samples: Sequence[int]) -> int:
-        """The samples that went through the whole pipeline (the last stage's)."""
-        return device_samples[-1] if device_samples else 0
+        """The samples that went through the whole pipeline (device 0's: it holds the
+        data, and its stage is the first)."""
+        return device_samples[0] if device_samples else 0
 
     def stage_figures(self, busy: Mapping[str, float], elapsed: float,
                       peaks: Mapping[int, int]) -> list[dict[str, Any]]:
         """Per stage: its device, units, compute busy and idle seconds, and the most
         micro-batches whose activations it held at once."""
-        return [{"stage": p, "device": p, "units": [a, b],
-                 "busy_s": busy.get(f"device{p}/compute", 0.0),
-                 "idle_s": elapsed - busy.get(f"device{p}/compute", 0.0),
-                 "peak_live": peaks.get(p, 0)} for p, (a, b) in enumerate(self.bounds)]
+        return [{"stage": p, "device": w, "units": [a, b],
+                 "busy_s": busy.get(f"device{w}/compute", 0.0),
+                 "idle_s": elapsed - busy.get(f"device{w}/compute", 0.0),
+                 "peak_live": peaks.get(w, 0)}
+                for p, (w, (a, b)) in enumerate(zip(self.workers, self.bounds, strict=True))]
 
     async def after_round(self, rounds: Rounds, round_no: int, epoch: int,
                           slices: Sequence[Slice], served: Sequence[int],
                           paced: Sequence[bool]) -> dict[str, Any] | None:
-        """FTPipeHD with "auto" cuts re-partitions between epochs (§III-D): each stage's
-        capacity is the compute time its device spent on the epoch over the planner's
+        """FTPipeHD with "auto" cuts re-partitions between rounds (§III-D): each stage's
+        capacity is the compute time its device spent on the round over the planner's
         time for its units, and the cuts that the planner gives for those capacities are
         taken when they promise at least 5% less time per batch. The next round hands
-        each device its new units' weights (from the global model). A synchronous
-        pipeline keeps its partition."""
-        planner = self.planner
-        if planner is None:
+        each device its new units' weights (from the global model). A round that was
+        played again after a fault measured nothing reliable: its record is the
+        recovery's. A synchronous pipeline keeps its partition."""
+        if self.recovered or not self.replanning:
             return None
-        measured = [math.fsum(s.duration for s in slices if s.track == f"device{p}/compute"
-                              and s.name in ("f", "b", "s")) for p in range(self.stages)]
+        planner = self.planner()
+        measured = [math.fsum(s.duration for s in slices if s.track == f"device{w}/compute"
+                              and s.name in ("f", "b", "s")) for w in self.workers]
         capacities = planner.capacities(self.bounds, measured, self.parallel_batches)
+        self.capacity.update(zip(self.workers, capacities, strict=True))
         cuts = tuple(b for _, b in self.bounds[:-1])
-        current = planner.time(cuts, capacities)
-        chosen = planner.cuts(capacities)
+        current = planner.time(cuts, capacities, self.workers)
+        chosen = planner.cuts(capacities, self.workers)
         if chosen.cuts == cuts or not chosen.time_s < 0.95 * current:
             return None
         before = list(cuts)
         self._place(chosen.cuts)
-        log.info("re-partitioned after epoch %d: cuts %s -> %s for capacities %s "
-                 "(estimated %.3g -> %.3g s a batch)", epoch + 1, before, list(chosen.cuts),
-                 [round(c, 2) for c in capacities], current, chosen.time_s)
+        log.info("re-partitioned after round %d (epoch %d): cuts %s -> %s for capacities "
+                 "%s (estimated %.3g -> %.3g s a batch)", round_no + 1, epoch + 1, before,
+                 list(chosen.cuts), [round(c, 2) for c in capacities], current,
+                 chosen.time_s)
         return {"round": round_no, "epoch": epoch, "before": before,
                 "after": list(chosen.cuts), "capacities": capacities,
                 "estimated_s": [current, chosen.time_s]}
@@ -350,36 +474,49 @@ class Pipeline:
                           "state lives on the devices")
 
 
+class _StageLost(Exception):
+    """FTPipeHD: the device of a stage was lost mid-round (noticed at ``at``)."""
+
+    def __init__(self, device: int, stage: int, at: float) -> None:
+        super().__init__(f"device {device} (stage {stage}) was lost")
+        self.device, self.stage, self.at = device, stage, at
+
+
 @dataclass(frozen=True, slots=True)
 class _Planner:
     """FTPipeHD's planner for one run: each unit's time per batch (the cost table's),
-    its output per batch, and the link from each stage's device to the next."""
+    its output per batch, and each device's uplink (bytes/s): a stage's link to the
+    next is its device's uplink."""
 
     times: tuple[float, ...]
     sizes: tuple[float, ...]
-    bandwidths: tuple[float, ...]
+    uplinks: tuple[float, ...]
 
     @classmethod
     def of(cls, config: RunConfig, costs: CostTable, model: torch.nn.Sequential,
            in_shape: tuple[int, ...], batch: int) -> _Planner:
-        """The planner of ``config``'s run (device p's uplink carries its activations)."""
+        """The planner of ``config``'s run."""
         units = models.unit_count(model)
         times = tuple(costs.forward_time(u, u + 1, batch) + costs.backward_time(u, u + 1, batch)
                       for u in range(units))
         shapes = unit_output_shapes(model, in_shape)
         sizes = tuple(4.0 * math.prod(shapes[u]) * batch for u in range(units))
-        rates = [config.device_network(p).up.bandwidth_bps for p in range(config.devices - 1)]
+        rates = [config.device_network(k).up.bandwidth_bps for k in range(config.devices)]
         return cls(times, sizes, tuple(r / 8 if r is not None else math.inf for r in rates))
 
-    def cuts(self, capacities: Sequence[float]) -> Partition:
-        """The best partition for ``capacities``."""
-        return ftpipehd_partition(self.times, self.sizes, len(capacities),
-                                  capacities=capacities, bandwidths=self.bandwidths)
+    def _links(self, workers: Sequence[int]) -> list[float]:
+        return [self.uplinks[w] for w in workers[:-1]]
 
-    def time(self, cuts: tuple[int, ...], capacities: Sequence[float]) -> float:
+    def cuts(self, capacities: Sequence[float], workers: Sequence[int]) -> Partition:
+        """The best partition for ``capacities`` of the devices ``workers``, in order."""
+        return ftpipehd_partition(self.times, self.sizes, len(capacities),
+                                  capacities=capacities, bandwidths=self._links(workers))
+
+    def time(self, cuts: tuple[int, ...], capacities: Sequence[float],
+             workers: Sequence[int]) -> float:
         """The estimated time per batch of ``cuts`` under ``capacities``."""
         return pipeline_time(self.times, self.sizes, cuts, capacities=capacities,
-                             bandwidths=self.bandwidths)
+                             bandwidths=self._links(workers))
 
     def capacities(self, bounds: Sequence[tuple[int, int]], measured: Sequence[float],
                    batches: int) -> list[float]:

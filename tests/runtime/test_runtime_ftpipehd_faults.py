@@ -1,0 +1,188 @@
+"""FTPipeHD goes on without a lost device (§III-F, DESIGN §FTPipeHD), in virtual time:
+the round in which a worker died is played again from its start by the devices still
+there, re-partitioned among them, each from the weights and momentum the coordinator sent
+for the round. So no batch is applied twice or skipped: the run ends with exactly the
+weights of one process that applies the rules round by round, each round under the
+partition that completed it. Device 0 holds the data: without it the run ends."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from async_reference import delayed_sgd_rounds
+
+from aiopipe import CostTable, RunConfig, TrainingError, VirtualClock
+from aiopipe import data as datasets
+from aiopipe.errors import AiopipeError
+from aiopipe.runtime.coordinator import Coordinator
+from aiopipe.runtime.device import run_device
+from aiopipe.runtime.plan import build_model, device_indices, train_dataset
+from aiopipe.transport import open_memory_link_pair
+from aiopipe.transport.fabric import MemoryFabric
+
+COSTS = CostTable.uniform(5, forward=0.01, backward=0.02, batch=8)
+CONFIG = RunConfig(mode="ftpipehd", model="vgg5", devices=4, samples_per_device=80,
+                   batch_size=8, epochs=2, partition=(1, 2, 3), learning_rate=0.05,
+                   momentum=0.9, test_samples=20, seed=3, heartbeat_interval=0.5,
+                   device_timeout=2.0, reconnect_grace=1.0)
+
+
+class _Run:
+    """A coordinator and its devices over memory links, each device a task to cancel
+    (a process killed: its links break, it says nothing)."""
+
+    def __init__(self, config: RunConfig, clock: VirtualClock) -> None:
+        self.config, self.clock = config, clock
+        self.node = Coordinator(config, clock=clock, cost_table=COSTS)
+        self.fabric = MemoryFabric(clock)
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.outcomes: dict[int, BaseException | None] = {}
+
+    async def device(self, k: int) -> None:
+        device_end, server_end = open_memory_link_pair(self.clock)
+        endpoint = self.fabric.endpoint(f"device{k}")
+        serving = asyncio.ensure_future(self.node.serve_link(server_end))
+        try:
+            await run_device(device_end, k, clock=self.clock, clock_offset=0.0,
+                             endpoint=endpoint, cost_table=self.node.cost_table)
+            self.outcomes[k] = None
+        except (AiopipeError, asyncio.CancelledError) as exc:
+            self.outcomes[k] = exc
+        finally:
+            device_end.break_(f"device {k} is gone")
+            await endpoint.aclose()
+            with contextlib.suppress(AiopipeError):
+                await serving
+
+    async def train(self, during: Callable[[_Run], Any]) -> Any:
+        async with asyncio.TaskGroup() as tasks:
+            self.group = tasks
+            for k in range(self.config.devices):
+                self.tasks[k] = tasks.create_task(self.device(k))
+            training = tasks.create_task(self._train())
+            await during(self)
+        await self.clock.aclose()
+        return training.result()
+
+    async def _train(self) -> Any:
+        try:
+            return await self.node.train()
+        except TrainingError as exc:
+            return exc
+
+    async def mid_round(self, round_no: int) -> None:
+        """Until round ``round_no`` (0-based) is well under way."""
+        while self.node.rounds <= round_no:
+            await self.clock.sleep(0.01)
+        await self.clock.sleep(0.3)
+
+
+def _reference(config: RunConfig, cuts_by_epoch: list[list[int]]) -> dict[str, torch.Tensor]:
+    dataset = train_dataset(config)
+    model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
+    batch = config.batch_size
+    rounds = []
+    for epoch, cuts in enumerate(cuts_by_epoch):
+        order = datasets.epoch_order(device_indices(config, dataset, 0), epoch=epoch,
+                                     seed=config.seed)
+        rounds.append((cuts, [dataset.batch(order[b * batch:(b + 1) * batch])
+                              for b in range(len(order) // batch)]))
+    delayed_sgd_rounds(model, rounds, lr=config.learning_rate, momentum=config.momentum,
+                       every=config.version_aggregation)
+    return model.state_dict()
+
+
+def _assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("killed", [2, 3])
+async def test_a_killed_worker_s_round_is_played_again_by_the_others(killed: int) -> None:
+    """A middle worker, or the last stage, killed mid-round in epoch 2: that round is
+    played again on the three devices left, with new cuts, and the run ends with the
+    weights of the reference that trains epoch 1 under the old cuts and epoch 2 under the
+    new ones, momentum carried across."""
+    run = _Run(CONFIG, VirtualClock())
+
+    async def kill(run: _Run) -> None:
+        await run.mid_round(1)
+        run.tasks[killed].cancel()
+
+    result = await run.train(kill)
+    assert not isinstance(result, Exception), result
+    (recovery,) = run.node.replans
+    left = [k for k in range(4) if k != killed]
+    assert recovery["lost"] == killed
+    assert recovery["workers"] == left
+    assert recovery["before"] == [1, 2, 3]
+    assert len(recovery["after"]) == 2
+    assert recovery["replayed_as"] == 2
+    first, second = result.epochs
+    assert second.devices_lost == (killed,)
+    assert [first.samples, second.samples] == [80, 80]  # each batch once
+    assert [p["device"] for p in second.plan] == left
+    for k in left:
+        assert run.outcomes[k] is None  # they trained on to the end
+    _assert_same(result.model.state_dict(), _reference(CONFIG, [[1, 2, 3], recovery["after"]]))
+
+
+async def test_two_workers_killed_at_once_leave_a_two_stage_pipeline() -> None:
+    run = _Run(CONFIG, VirtualClock())
+
+    async def kill(run: _Run) -> None:
+        await run.mid_round(1)
+        run.tasks[1].cancel()
+        run.tasks[2].cancel()
+
+    result = await run.train(kill)
+    assert not isinstance(result, Exception), result
+    recoveries = run.node.replans
+    assert recoveries[-1]["workers"] == [0, 3]
+    cuts = recoveries[-1]["after"]
+    assert len(cuts) == 1
+    assert result.epochs[1].samples == 80
+    _assert_same(result.model.state_dict(), _reference(CONFIG, [[1, 2, 3], cuts]))
+
+
+async def test_a_worker_restarted_at_once_takes_part_again_from_the_next_round() -> None:
+    """Device 2 killed and started again at once: a new process knows nothing of the
+    round, so the round is played again without it; the next round (epoch 3) runs on all
+    four devices again, re-partitioned among them."""
+    config = CONFIG.replace(epochs=3)
+    run = _Run(config, VirtualClock())
+
+    async def restart(run: _Run) -> None:
+        await run.mid_round(1)
+        run.tasks[2].cancel()
+        await asyncio.wait([run.tasks[2]])  # (its endpoint closed: the name is free)
+        run.tasks[2] = run.group.create_task(run.device(2))
+
+    result = await run.train(restart)
+    assert not isinstance(result, Exception), result
+    lost, back = run.node.replans
+    assert lost["lost"] == 2
+    assert lost["workers"] == [0, 1, 3]
+    assert back["round"] == 3
+    assert back["workers"] == [0, 1, 2, 3]
+    assert [e.samples for e in result.epochs] == [80, 80, 80]
+    assert [p["device"] for p in result.epochs[2].plan] == [0, 1, 2, 3]
+    _assert_same(result.model.state_dict(),
+                 _reference(config, [[1, 2, 3], lost["after"], back["after"]]))
+
+
+async def test_without_device_0_the_run_ends_with_an_error_naming_it() -> None:
+    run = _Run(CONFIG, VirtualClock())
+
+    async def kill(run: _Run) -> None:
+        await run.mid_round(1)
+        run.tasks[0].cancel()
+
+    result = await run.train(kill)
+    assert isinstance(result, TrainingError)
+    assert "device 0 is gone: it holds the data" in str(result)
