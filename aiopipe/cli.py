@@ -94,6 +94,10 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--version-aggregation", type=int,
                      help="mode ftpipehd: stage p averages its S - p in-flight weight "
                           "versions every this many times S - p updates (0: never)")
+    run.add_argument("--global-replication-every", type=int,
+                     help="mode ftpipehd: batches between global replications (a flush; "
+                          "where re-partitioning happens and a fault's replay starts; "
+                          "0: once per epoch; default 100)")
     run.add_argument("--network", help="network preset: 4g, 4g+, wifi or lan")
     run.add_argument("--device-timeout", type=float,
                      help="seconds of silence before a device connection is given up")
@@ -152,7 +156,7 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "optimizer", "dataset", "test_sample
                    "learning_rate", "seed", "out_dir", "shape_links", "device_timeout",
                    "heartbeat_interval", "reconnect_grace", "replan", "device_memory_mb",
                    "partition", "schedule", "profile_devices", "aggregation", "outliers",
-                   "version_aggregation", "momentum")
+                   "version_aggregation", "momentum", "global_replication_every")
 
 
 def config_from_args(args: argparse.Namespace, **defaults: Any) -> RunConfig:

@@ -110,6 +110,10 @@ class RunConfig:
         version_aggregation: ftpipehd: stage p averages its S - p in-flight weight
             versions every this many times S - p updates (the paper's multiple; 0:
             never).
+        global_replication_every: ftpipehd: batches between global replications (the
+            pipeline flushes and the coordinator takes every stage's weights and
+            momentum: a round ends; re-partitioning happens there, and a round lost to
+            a fault is played again from there); 0: once per epoch.
         network: a preset ("4g", "4g+", "wifi", "lan") or a table with ``up_mbps``,
             ``down_mbps`` and optional ``latency_ms``; or a list of those, one per
             device (each device's own links, PiPar Eqs. 9-10).
@@ -206,6 +210,7 @@ class RunConfig:
     outliers: str = "keep"
     outlier_limit: float = 10.0
     version_aggregation: int = 1
+    global_replication_every: int = 100
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -369,6 +374,12 @@ class RunConfig:
             raise _fail("version_aggregation", aggregation, "an integer >= 0")
         if self.mode != "ftpipehd" and aggregation != 1:
             raise _fail("version_aggregation", aggregation,
+                        'its default: it is for mode "ftpipehd"')
+        every = self.global_replication_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise _fail("global_replication_every", every, "an integer >= 0")
+        if self.mode != "ftpipehd" and every != 100:
+            raise _fail("global_replication_every", every,
                         'its default: it is for mode "ftpipehd"')
         if self.mode == "ftpipehd" and self.schedule != "1f1b":
             raise _fail("schedule", self.schedule, 'its default: ftpipehd runs 1F1B')

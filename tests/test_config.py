@@ -68,6 +68,9 @@ BAD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("version_aggregation", -1, {"mode": "ftpipehd", "devices": 2}),
     ("version_aggregation", True, {"mode": "ftpipehd", "devices": 2}),
     ("version_aggregation", 2, {}),  # for mode ftpipehd only
+    ("global_replication_every", -1, {"mode": "ftpipehd", "devices": 2}),
+    ("global_replication_every", 2.5, {"mode": "ftpipehd", "devices": 2}),
+    ("global_replication_every", 50, {}),  # for mode ftpipehd only
     ("outlier_limit", math.inf, {}),
     ("samples_per_device", [10, 20], {"devices": 3}),
     ("samples_per_device", "auto", {}),
@@ -188,6 +191,8 @@ GOOD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("mode", "ftpipehd", {"devices": 3}),
     ("version_aggregation", 0, {"mode": "ftpipehd", "devices": 2}),
     ("version_aggregation", 4, {"mode": "ftpipehd", "devices": 2}),
+    ("global_replication_every", 0, {"mode": "ftpipehd", "devices": 2}),
+    ("global_replication_every", 7, {"mode": "ftpipehd", "devices": 2}),
     ("network", {"up_mbps": 10, "down_mbps": 25, "latency_ms": 20}, {}),
     ("device_slowdown", 1, {}),
     ("aggregation_every", 0, {}),

@@ -424,7 +424,8 @@ class Coordinator:
         stats_before = self._link_bytes()
         system, devices = self.system, self.config.devices
         iterations = [system.iterations(k) for k in range(devices)]
-        period = self.config.aggregation_every or max(iterations)
+        period = (system.round_iterations or self.config.aggregation_every
+                  or max(iterations))
         tally = self._tally if self._tally.get("epoch") == epoch else _new_tally(epoch, devices)
         self._tally = tally
         round_count = math.ceil(max(iterations) / period)

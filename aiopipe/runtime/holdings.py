@@ -188,11 +188,13 @@ class Holdings:
 
     def batches(self, assignment: Assignment) -> Batch:
         """The round's micro-batches: micro-batch n of iteration i in the epoch's order
-        (PiPar Algorithm 1)."""
+        (PiPar Algorithm 1); in FTPipeHD's rounds of whole batches, batch i + n of the
+        epoch (the round's one iteration is numbered by its first batch)."""
         order = datasets.epoch_order(np.arange(len(self.dataset)), epoch=assignment.epoch,
                                      seed=self.config.seed)
+        per_iteration = 1 if self.config.mode == "ftpipehd" else assignment.parallel_batches
         return partial(_micro_batch, self.dataset, order, assignment.micro_batch_size,
-                       assignment.parallel_batches)
+                       per_iteration)
 
 
 def _micro_batch(dataset: datasets.Dataset, order: np.ndarray, micro: int, parallel: int,

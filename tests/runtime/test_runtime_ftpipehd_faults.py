@@ -16,7 +16,7 @@ import pytest
 import torch
 from async_reference import delayed_sgd_rounds
 
-from aiopipe import CostTable, RunConfig, TrainingError, VirtualClock
+from aiopipe import CostTable, RunConfig, TrainingError, VirtualClock, simulate
 from aiopipe import data as datasets
 from aiopipe.errors import AiopipeError
 from aiopipe.runtime.coordinator import Coordinator
@@ -75,23 +75,29 @@ class _Run:
         except TrainingError as exc:
             return exc
 
-    async def mid_round(self, round_no: int) -> None:
-        """Until round ``round_no`` (0-based) is well under way."""
+    async def mid_round(self, round_no: int, into: float = 0.3) -> None:
+        """Until round ``round_no`` (0-based) has been under way for ``into`` seconds."""
         while self.node.rounds <= round_no:
             await self.clock.sleep(0.01)
-        await self.clock.sleep(0.3)
+        await self.clock.sleep(into)
 
 
-def _reference(config: RunConfig, cuts_by_epoch: list[list[int]]) -> dict[str, torch.Tensor]:
+def _reference(config: RunConfig, cuts_by_round: list[list[int]]) -> dict[str, torch.Tensor]:
+    """One process applying the rules round by round: each epoch's batches in rounds of
+    ``global_replication_every``, round r under ``cuts_by_round[r]``."""
     dataset = train_dataset(config)
     model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
-    batch = config.batch_size
+    batch, every = config.batch_size, config.global_replication_every
     rounds = []
-    for epoch, cuts in enumerate(cuts_by_epoch):
+    for epoch in range(config.epochs):
         order = datasets.epoch_order(device_indices(config, dataset, 0), epoch=epoch,
                                      seed=config.seed)
-        rounds.append((cuts, [dataset.batch(order[b * batch:(b + 1) * batch])
-                              for b in range(len(order) // batch)]))
+        batches = [dataset.batch(order[b * batch:(b + 1) * batch])
+                   for b in range(len(order) // batch)]
+        step = every or len(batches)
+        for first in range(0, len(batches), step):
+            rounds.append((cuts_by_round[len(rounds)], batches[first:first + step]))
+    assert len(rounds) == len(cuts_by_round)
     delayed_sgd_rounds(model, rounds, lr=config.learning_rate, momentum=config.momentum,
                        every=config.version_aggregation)
     return model.state_dict()
@@ -100,6 +106,17 @@ def _reference(config: RunConfig, cuts_by_epoch: list[list[int]]) -> dict[str, t
 def _assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
     for key in want:
         torch.testing.assert_close(got[key], want[key], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("every", [3, 0])
+async def test_rounds_end_at_each_global_replication(every: int) -> None:
+    """Global replication every 3 batches: each epoch's 10 batches in rounds of 3, 3, 3
+    and 1, the pipeline flushed between them (0: one round an epoch)."""
+    config = CONFIG.replace(global_replication_every=every, version_aggregation=2)
+    result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
+    rounds = 8 if every else 2
+    _assert_same(result.model.state_dict(), _reference(config, [[1, 2, 3]] * rounds))
+    assert [e.samples for e in result.epochs] == [80, 80]
 
 
 @pytest.mark.parametrize("killed", [2, 3])
@@ -174,6 +191,29 @@ async def test_a_worker_restarted_at_once_takes_part_again_from_the_next_round()
     assert [p["device"] for p in result.epochs[2].plan] == [0, 1, 2, 3]
     _assert_same(result.model.state_dict(),
                  _reference(config, [[1, 2, 3], lost["after"], back["after"]]))
+
+
+async def test_only_the_round_under_way_is_played_again() -> None:
+    """Rounds of 4 batches (global replication every 4; 10 batches an epoch: rounds of 4,
+    4 and 2): device 2 killed in epoch 2's second round (round 5). The rounds before
+    stand; that one is played again by devices 0, 1 and 3 from the weights the one before
+    ended with, and the last round keeps their cuts."""
+    config = CONFIG.replace(global_replication_every=4)
+    run = _Run(config, VirtualClock())
+
+    async def kill(run: _Run) -> None:
+        await run.mid_round(4, into=0.05)
+        run.tasks[2].cancel()
+
+    result = await run.train(kill)
+    assert not isinstance(result, Exception), result
+    (recovery,) = run.node.replans
+    assert recovery["round"] == 4 and recovery["replayed_as"] == 5
+    assert [e.samples for e in result.epochs] == [80, 80]
+    assert [p["batches"] for p in result.epochs[0].plan] == [4, 4, 4, 4]  # per round
+    before, after = [1, 2, 3], recovery["after"]
+    _assert_same(result.model.state_dict(),
+                 _reference(config, [before] * 4 + [after] * 2))
 
 
 async def test_without_device_0_the_run_ends_with_an_error_naming_it() -> None:

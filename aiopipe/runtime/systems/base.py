@@ -89,6 +89,9 @@ class System(Protocol):
     #: the whole model as the coordinator holds it between rounds
     model: nn.Sequential
 
+    #: iterations per round (0: ``aggregation_every``'s, or the epoch's)
+    round_iterations: int
+
     #: whether the system plans from the devices' own profiles (aiopipe.runtime.profiling
     #: [Note: device profiles]): the coordinator asks them before `prepare`
     wants_profiles: bool

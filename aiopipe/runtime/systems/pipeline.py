@@ -106,7 +106,9 @@ class Pipeline:
         if not isinstance(n, int):
             raise ConfigError("config key 'parallel_batches': mode pipeline takes one "
                               "integer (micro-batches per iteration)")
-        self.parallel_batches = n  # ftpipehd: the epoch's batches, once `prepare` knows
+        self.parallel_batches = n  # ftpipehd: the round's batches, once `prepare` knows
+        #: ftpipehd: a round's batches (an iteration is a batch); 0: the epoch's
+        self.round_iterations = 0
         self.micro_batch_size = config.batch_size // n
         if self.stages > self.units:
             raise ConfigError(f"config key 'devices': {self.stages} stages, but "
@@ -195,13 +197,15 @@ class Pipeline:
         Raises:
             ConfigError: fewer than one iteration's samples.
         """
-        if self.asynchronous:  # one iteration of the epoch's whole batches
+        if self.asynchronous:  # rounds of global_replication_every whole batches
             batches = samples[0] // self.micro_batch_size
             if batches < 1:
                 raise ConfigError(f"device 0 holds {samples[0]} samples, fewer than one "
                                   f"batch ({self.micro_batch_size})")
-            self.parallel_batches, self.iterations_per_epoch = batches, 1
-            self.schedule = self._schedule(batches)
+            every = self.config.global_replication_every
+            self.iterations_per_epoch = batches
+            self.round_iterations = min(every, batches) if every else batches
+            self._round_of(self.round_iterations)
             return
         per_iteration = self.micro_batch_size * self.parallel_batches
         self.iterations_per_epoch = samples[0] // per_iteration
@@ -215,7 +219,7 @@ class Pipeline:
         """Per stage: its device, units (first, stop), micro-batches and schedule."""
         if self.asynchronous:
             return [{"stage": p, "device": self.workers[p], "units": [a, b],
-                     "batches": self.parallel_batches,
+                     "batches": self.round_iterations,
                      "schedule": "async 1f1b", "in_flight": self.stages - p}
                     for p, (a, b) in enumerate(self.bounds)]
         return [{"stage": p, "device": p, "units": [a, b],
@@ -251,7 +255,8 @@ class Pipeline:
         state_bytes = sum(t.numel() * t.element_size()
                           for t in [*state.values(), *self.momentum.values()])
         n = self.parallel_batches
-        slices = self.iterations_per_epoch * (4 * n + 2) + 16
+        # (ftpipehd: a round is one iteration of n batches)
+        slices = (1 if self.asynchronous else self.iterations_per_epoch) * (4 * n + 2) + 16
         actions = 16 * (6 * n + 2)
         return int(state_bytes + HEADER_SLACK_BYTES + 256 * len(state) + 128 * slices
                    + actions)
@@ -262,11 +267,13 @@ class Pipeline:
         a, b = self.bounds[p]
         peers = {node: {"stage": q, "address": rounds.address_of(self.workers[q])}
                  for q, node in self.pipeline.neighbours(f"device{self.workers[p]}")}
+        if self.asynchronous:  # one iteration of ``iterations`` whole batches
+            return RoundStart(round_no, epoch, first, 1, state, p, self.stages, a, b,
+                              iterations, self.micro_batch_size, round_no,
+                              " ".join(map(str, self.schedule.actions[p])), peers)
         return RoundStart(round_no, epoch, first, iterations, state, p, self.stages, a, b,
                           self.parallel_batches, self.micro_batch_size,
-                          # FTPipeHD: the attempt's number tells a replayed round's messages apart
-                          round_no if self.asynchronous
-                          else epoch * self.iterations_per_epoch + first,
+                          epoch * self.iterations_per_epoch + first,
                           " ".join(map(str, self.schedule.actions[p])), peers)
 
     # -- rounds --------------------------------------------------------------------------
@@ -289,6 +296,7 @@ class Pipeline:
                                     "synchronous pipeline cannot go on without a stage")
             return await self._play_round(rounds, round_no, epoch, first, work)
         self.recovered = False
+        self._round_of(work[0])
         if self._enlist(participants):
             rounds.record_change(self._recovery(round_no, epoch, "at its start"))
         while True:
@@ -335,6 +343,13 @@ class Pipeline:
                                 f"{start.round + 1}: a synchronous pipeline cannot go on "
                                 "without a stage")
         return result
+
+    def _round_of(self, batches: int) -> None:
+        """FTPipeHD: the coming round has ``batches`` batches (the epoch's last may have
+        fewer)."""
+        if batches != self.parallel_batches:
+            self.parallel_batches = batches
+            self.schedule = self._schedule(batches)
 
     def _enlist(self, alive: Sequence[int]) -> bool:
         """FTPipeHD's worker list is the devices alive, in id order (§III-F: a lost one's

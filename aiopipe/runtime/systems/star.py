@@ -79,6 +79,7 @@ class Star:
     """The star systems (module docstring); ``setup.config.mode`` says which."""
 
     resumable = True
+    round_iterations = 0  # aggregation_every's
 
     def __init__(self, setup: Setup) -> None:
         config = setup.config
