@@ -208,7 +208,8 @@ async def test_only_the_round_under_way_is_played_again() -> None:
     result = await run.train(kill)
     assert not isinstance(result, Exception), result
     (recovery,) = run.node.replans
-    assert recovery["round"] == 4 and recovery["replayed_as"] == 5
+    assert recovery["round"] == 4
+    assert recovery["replayed_as"] == 5
     assert [e.samples for e in result.epochs] == [80, 80]
     assert [p["batches"] for p in result.epochs[0].plan] == [4, 4, 4, 4]  # per round
     before, after = [1, 2, 3], recovery["after"]
