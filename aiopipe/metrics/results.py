@@ -48,7 +48,9 @@ class EpochMetrics:
     (``"device0->device1"``). ``held_out_accuracy``: the epoch's global model on the
     devices' own held-out data, over all of it (NaN when no device has any);
     ``device_accuracy``: per device that evaluated (keys: its id as a string).
-    ``loss`` and ``train_accuracy`` are NaN (null in ``metrics.jsonl``) for an epoch in
+    ``changes``: what the system changed during the epoch, in order (re-plans between
+    rounds; FTPipeHD's recoveries, with when the loss was noticed and when the round was
+    played again, in the trace's seconds). ``loss`` and ``train_accuracy`` are NaN (null in ``metrics.jsonl``) for an epoch in
     which no round completed; ``accuracy`` is NaN without a test set.
     """
 
@@ -70,6 +72,7 @@ class EpochMetrics:
     links: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     held_out_accuracy: float = math.nan
     device_accuracy: Mapping[str, float] = field(default_factory=dict)
+    changes: Sequence[Mapping[str, Any]] = ()
 
     def to_mapping(self) -> dict[str, Any]:
         """Plain JSON-able form (one line of ``metrics.jsonl``)."""
@@ -82,6 +85,7 @@ class EpochMetrics:
         out["stages"] = [dict(s) for s in self.stages]
         out["links"] = {k: dict(v) for k, v in self.links.items()}
         out["device_accuracy"] = dict(self.device_accuracy)
+        out["changes"] = [dict(c) for c in self.changes]
         return out
 
 

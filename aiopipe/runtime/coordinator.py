@@ -157,6 +157,7 @@ class Coordinator:
         self.rounds = 0
         self.epochs: list[EpochMetrics] = []
         self.replans: list[dict[str, Any]] = []
+        self.origin = clock.now()  # the trace's zero: training's start
         self._served_before_round = 0  # micro-batches of the epoch's earlier rounds
         #: per device, in this process: rounds completed, and for the current and the
         #: previous epoch its summed training loss and samples (`count_round`, /metrics)
@@ -262,7 +263,16 @@ class Coordinator:
         return self.rounds - 1
 
     def record_change(self, change: dict[str, Any]) -> None:
-        """Keep what the system changed mid-round (a recovery) with its re-plans."""
+        """Keep what the system changed mid-round (a recovery) with its re-plans. One
+        with ``noticed_at`` and ``resumed_at`` (clock times) is a recovery: its span goes
+        into the trace (track ``coordinator/recovery``) and the record keeps it as
+        ``noticed_s`` and ``resumed_s``, seconds in the trace."""
+        change = dict(change)
+        start, end = change.pop("noticed_at", None), change.pop("resumed_at", None)
+        if start is not None and end is not None:
+            self.recorder.add("coordinator/recovery", "recover", start, end,
+                              epoch=int(change.get("epoch", -1)))
+            change["noticed_s"], change["resumed_s"] = start - self.origin, end - self.origin
         self.replans.append(change)
 
     def server_failed(self, device_id: int, error: BaseException) -> None:
@@ -323,7 +333,7 @@ class Coordinator:
                                     f"{self.join_timeout:g} s") from None
             if not self.prepared:
                 await self._prepare()
-            origin = self.clock.now()
+            origin = self.origin = self.clock.now()
             for epoch in range(len(self.epochs), self.config.epochs):
                 self.epochs.append(await self._unless_failed(self._epoch(epoch)))
                 if self.progress is not None:
@@ -430,6 +440,7 @@ class Coordinator:
         self._tally = tally
         round_count = math.ceil(max(iterations) / period)
         self._served_before_round = 0
+        changes_before = len(self.replans)
         for r in range(int(tally["next_round"]), round_count):
             first = r * period
             round_no = self.new_round()
@@ -476,6 +487,7 @@ class Coordinator:
             links={track: {"busy_s": seconds, "idle_s": elapsed - seconds}
                    for track, seconds in sorted(by_track.items()) if "->" in track},
             held_out_accuracy=held_out, device_accuracy=per_device,
+            changes=tuple(self.replans[changes_before:]),
         )
 
     def epoch_progress(self) -> tuple[int, int]:
@@ -681,6 +693,7 @@ def _epoch_from(values: Mapping[str, Any]) -> EpochMetrics:
     fields["stages"] = tuple(fields.get("stages", ()))
     fields["links"] = dict(fields.get("links", {}))
     fields["device_accuracy"] = dict(fields.get("device_accuracy", {}))
+    fields["changes"] = tuple(fields.get("changes", ()))
     for name in ("held_out_accuracy", "accuracy", "loss", "train_accuracy"):
         if fields.get(name) is None:  # NaN is null in JSON
             fields[name] = math.nan

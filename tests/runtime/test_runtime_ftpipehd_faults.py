@@ -146,6 +146,12 @@ async def test_a_killed_worker_s_round_is_played_again_by_the_others(killed: int
     assert [p["device"] for p in second.plan] == left
     for k in left:
         assert run.outcomes[k] is None  # they trained on to the end
+    # recorded with the epoch, and on the timeline: noticed once reconnect_grace had
+    # passed, played again at once
+    assert second.changes == (recovery,)
+    assert 0 <= recovery["resumed_s"] - recovery["noticed_s"] < 0.1
+    (span,) = [t for t in result.trace if t.track == "coordinator/recovery"]
+    assert span.start - result.trace_origin == pytest.approx(recovery["noticed_s"])
     _assert_same(result.model.state_dict(), _reference(CONFIG, [[1, 2, 3], recovery["after"]]))
 
 

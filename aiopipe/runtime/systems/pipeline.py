@@ -401,7 +401,8 @@ class Pipeline:
         self._enlist(rounds.alive())
         again = rounds.new_round()
         rounds.record_change(self._recovery(round_no, epoch, "a device lost", lost=lost.device,
-                                            noticed_s=lost.at, replayed_as=again))
+                                            noticed_at=lost.at, resumed_at=rounds.clock.now(),
+                                            replayed_as=again))
         return again
 
     def _stage_states(self) -> list[dict[str, Any]]:

@@ -1,0 +1,86 @@
+"""FTPipeHD's recovery between real processes over real websockets (paper §IV-E): a
+server and four device processes linked device to device; workers are SIGKILLed
+mid-round. Training resumes on the devices left (the round under way is played again,
+re-partitioned among them), every epoch trains each of device 0's batches once, and the
+recovery is in ``metrics.jsonl`` and on the timeline."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import signal
+from typing import Any
+
+import pytest
+from real_processes import ProcessFleet, Process
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+RUN = {"mode": "ftpipehd", "devices": 4, "model": "vgg5", "samples_per_device": 1600,
+       "batch_size": 20, "epochs": 3, "momentum": 0.5, "learning_rate": 0.02,
+       "global_replication_every": 20, "test_samples": 200, "heartbeat_interval": 0.5,
+       "device_timeout": 5.0, "reconnect_grace": 2.0}
+
+
+async def _run(tmp_path: Any, killed: tuple[int, ...], *, restart: bool = False
+               ) -> tuple[list[dict[str, Any]], ProcessFleet]:
+    """Train, killing ``killed`` in epoch 2 (and starting them again at once:
+    ``restart``); the epochs' metrics."""
+    async with ProcessFleet(tmp_path, RUN) as fleet:
+        server = await fleet.start_server()
+        devices = [await fleet.start_device(k, "--listen", "127.0.0.1:0") for k in range(4)]
+        await server.output.wait_for(r"^\s+1\s", within=120)  # epoch 1's row: epoch 2 runs
+        await asyncio.sleep(0.3)
+        for k in killed:
+            devices[k].send_signal(signal.SIGKILL)
+        for k in killed:
+            assert await devices[k].wait(30) == -signal.SIGKILL
+        left: list[Process] = [d for k, d in enumerate(devices) if k not in killed]
+        if restart:
+            left += [await fleet.start_device(k, "--listen", "127.0.0.1:0") for k in killed]
+        await fleet.finish(server, left, within=240)
+    epochs = fleet.metrics()
+    assert [e["samples"] for e in epochs] == [1600] * 3  # each batch once, every epoch
+    assert all(math.isfinite(e["loss"]) for e in epochs)
+    assert epochs[-1]["loss"] < epochs[0]["loss"]
+    return epochs, fleet
+
+
+def _recovery(epochs: list[dict[str, Any]]) -> dict[str, Any]:
+    recoveries = [c for e in epochs for c in e["changes"] if "lost" in c]
+    assert recoveries, epochs
+    return recoveries[-1]
+
+
+async def test_a_sigkilled_worker_s_round_is_played_again_by_the_others(tmp_path: Any
+                                                                       ) -> None:
+    epochs, _ = await _run(tmp_path, (2,))
+    recovery = _recovery(epochs)
+    assert recovery["workers"] == [0, 1, 3]
+    assert epochs[1]["devices_lost"] == [2]
+    assert [p["device"] for p in epochs[2]["plan"]] == [0, 1, 3]
+    assert len(recovery["after"]) == 2
+    # noticed once reconnect_grace had passed after the broken link; played again at once
+    assert 0 <= recovery["resumed_s"] - recovery["noticed_s"] < 1.0
+
+
+async def test_the_last_stage_sigkilled(tmp_path: Any) -> None:
+    epochs, _ = await _run(tmp_path, (3,))
+    assert _recovery(epochs)["workers"] == [0, 1, 2]
+    assert [p["device"] for p in epochs[2]["plan"]] == [0, 1, 2]
+
+
+async def test_two_workers_sigkilled_at_once(tmp_path: Any) -> None:
+    epochs, _ = await _run(tmp_path, (1, 2))
+    assert _recovery(epochs)["workers"] == [0, 3]
+    assert [p["device"] for p in epochs[2]["plan"]] == [0, 3]
+
+
+async def test_a_worker_restarted_at_once_takes_part_again(tmp_path: Any) -> None:
+    """The new process knows nothing of the round: it is played again without it, and
+    the device takes its place again from a later round."""
+    epochs, _ = await _run(tmp_path, (2,), restart=True)
+    assert _recovery(epochs)["lost"] == 2
+    assert [p["device"] for p in epochs[2]["plan"]] == [0, 1, 2, 3]
+    rejoined = [c for e in epochs for c in e["changes"] if c.get("workers") == [0, 1, 2, 3]]
+    assert rejoined, epochs
