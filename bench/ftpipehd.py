@@ -53,8 +53,8 @@ async def throughput(model: str, samples: int, batch: int) -> None:
     costs = _measure(base, None)
     planner = _Planner.of(base, costs, build_model(base, num_classes=10,
                                                    in_shape=(3, 32, 32)), (3, 32, 32), batch)
-    homogeneous = planner.cuts([1.0] * 4)
-    dynamic = planner.cuts(list(slow))
+    homogeneous = planner.cuts([1.0] * 4, range(4))
+    dynamic = planner.cuts(list(slow), range(4))
     rows = []
     for name, config in (
             ("homogeneous (PipeDream)", base.replace(partition=homogeneous.cuts)),
@@ -77,8 +77,9 @@ async def throughput(model: str, samples: int, batch: int) -> None:
     finally:
         device_module._DeviceNode._run_config = honest  # type: ignore[method-assign]
     first, second = measured.epochs
+    estimate = planner.time(homogeneous.cuts, slow, range(4))
     print(f"{model}: 4 stages, devices 1, 1, 1, 10x; {samples} samples, B = {batch}; "
-          f"estimated batch time homogeneous {planner.time(homogeneous.cuts, slow):.4f} s, "
+          f"estimated batch time homogeneous {estimate:.4f} s, "
           f"FTPipeHD {dynamic.time_s:.4f} s")
     for name, cuts, seconds in rows:
         print(f"  {name:<26} cuts {cuts!s:<14} epoch {seconds:8.3f} s  "

@@ -12,7 +12,7 @@ import signal
 from typing import Any
 
 import pytest
-from real_processes import ProcessFleet, Process
+from real_processes import Process, ProcessFleet
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

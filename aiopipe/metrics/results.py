@@ -50,8 +50,9 @@ class EpochMetrics:
     ``device_accuracy``: per device that evaluated (keys: its id as a string).
     ``changes``: what the system changed during the epoch, in order (re-plans between
     rounds; FTPipeHD's recoveries, with when the loss was noticed and when the round was
-    played again, in the trace's seconds). ``loss`` and ``train_accuracy`` are NaN (null in ``metrics.jsonl``) for an epoch in
-    which no round completed; ``accuracy`` is NaN without a test set.
+    played again, in the trace's seconds). ``loss`` and ``train_accuracy`` are NaN (null
+    in ``metrics.jsonl``) for an epoch in which no round completed; ``accuracy`` is NaN
+    without a test set.
     """
 
     epoch: int
