@@ -166,7 +166,12 @@ class Admission:
             self.left.set()
             grace = host.config.reconnect_grace
             log.warning("device %d: %s; waiting %g s for it to reconnect", k, exc, grace)
-            if await session.wait_reattached(grace):
+            broke = host.clock.now()
+            back = await session.wait_reattached(grace)
+            # on the timeline: how long the device's connection was down
+            host.recorder.add(f"device{k}/connection", "reconnected" if back else "lost",
+                              broke, host.clock.now())
+            if back:
                 return  # the new connection's serve_link carries on
             session.end(f"{exc}, and it did not reconnect within {grace:g} s")
             log.warning("device %d was lost", k)

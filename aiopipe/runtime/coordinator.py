@@ -265,12 +265,12 @@ class Coordinator:
     def record_change(self, change: dict[str, Any]) -> None:
         """Keep what the system changed mid-round (a recovery) with its re-plans. One
         with ``noticed_at`` and ``resumed_at`` (clock times) is a recovery: its span goes
-        into the trace (track ``coordinator/recovery``) and the record keeps it as
+        into the trace (track ``server/recovery``) and the record keeps it as
         ``noticed_s`` and ``resumed_s``, seconds in the trace."""
         change = dict(change)
         start, end = change.pop("noticed_at", None), change.pop("resumed_at", None)
         if start is not None and end is not None:
-            self.recorder.add("coordinator/recovery", "recover", start, end,
+            self.recorder.add("server/recovery", "recover", start, end,
                               epoch=int(change.get("epoch", -1)))
             change["noticed_s"], change["resumed_s"] = start - self.origin, end - self.origin
         self.replans.append(change)

@@ -150,8 +150,13 @@ async def test_a_killed_worker_s_round_is_played_again_by_the_others(killed: int
     # passed, played again at once
     assert second.changes == (recovery,)
     assert 0 <= recovery["resumed_s"] - recovery["noticed_s"] < 0.1
-    (span,) = [t for t in result.trace if t.track == "coordinator/recovery"]
+    (span,) = [t for t in result.trace if t.track == "server/recovery"]
     assert span.start - result.trace_origin == pytest.approx(recovery["noticed_s"])
+    # the grace before it: from the broken link to the device given up
+    (grace,) = [t for t in result.trace if t.track == f"device{killed}/connection"]
+    assert grace.name == "lost"
+    assert grace.duration == pytest.approx(CONFIG.reconnect_grace)
+    assert grace.end == pytest.approx(span.start)
     _assert_same(result.model.state_dict(), _reference(CONFIG, [[1, 2, 3], recovery["after"]]))
 
 
