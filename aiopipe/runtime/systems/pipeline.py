@@ -303,7 +303,7 @@ class Pipeline:
             try:
                 return await self._play_round(rounds, round_no, epoch, first, work)
             except _StageLost as lost:
-                round_no = await self._recover(rounds, lost, round_no, epoch)
+                round_no = await self._recover(rounds, lost, round_no, epoch, first)
 
     async def _play_round(self, rounds: Rounds, round_no: int, epoch: int, first: int,
                           work: Sequence[int]) -> dict[int, RoundResult]:
@@ -385,7 +385,7 @@ class Pipeline:
                 "after": after, **more}
 
     async def _recover(self, rounds: Rounds, lost: _StageLost, round_no: int,
-                       epoch: int) -> int:
+                       epoch: int, first: int) -> int:
         """FTPipeHD's recovery (§III-F, with the choice of DESIGN §FTPipeHD): the round
         is played again from its start, every stage from the weights and momentum the
         coordinator sent it, by the devices still there (re-partitioned when they
@@ -402,7 +402,8 @@ class Pipeline:
         again = rounds.new_round()
         rounds.record_change(self._recovery(round_no, epoch, "a device lost", lost=lost.device,
                                             noticed_at=lost.at, resumed_at=rounds.clock.now(),
-                                            replayed_as=again))
+                                            replayed_as=again,
+                                            batches=[first, first + self.parallel_batches]))
         return again
 
     def _stage_states(self) -> list[dict[str, Any]]:
