@@ -14,7 +14,8 @@
     │   └── LinkBrokenError        the peer or the network broke it (BrokenResourceError)
     ├── AuthenticationError    credentials missing or wrong at the handshake
     └── TrainingError          the run cannot go on (no device left, a node failed)
-        └── DeviceLostError        one device dropped out (its round is excluded)
+        ├── DeviceLostError        one device dropped out (its round is excluded)
+        └── RoundStalledError      a device's round cannot finish (FTPipeHD replays it)
 
 Foreign exceptions (aiohttp, OSError, msgpack) are translated once, at the transport or
 codec boundary, so callers only ever catch these.
@@ -34,6 +35,7 @@ __all__ = [
     "ProtocolError",
     "RefusedError",
     "RemoteProtocolError",
+    "RoundStalledError",
     "TrainingError",
     "TransportError",
 ]
@@ -91,3 +93,8 @@ class TrainingError(AiopipeError):
 class DeviceLostError(TrainingError):
     """A device disconnected, broke the protocol or went silent; the run goes on without
     it until it rejoins."""
+
+
+class RoundStalledError(TrainingError):
+    """A device said its round cannot finish (a neighbour's link failed, or no gradient
+    came in time: FTPipeHD's timer)."""

@@ -80,7 +80,7 @@ async def test_a_worker_restarted_at_once_takes_part_again(tmp_path: Any) -> Non
     """The new process knows nothing of the round: it is played again without it, and
     the device takes its place again from a later round."""
     epochs, _ = await _run(tmp_path, (2,), restart=True)
-    assert _recovery(epochs)["lost"] == 2
+    assert _recovery(epochs)["lost"] == [2]
     assert [p["device"] for p in epochs[2]["plan"]] == [0, 1, 2, 3]
     rejoined = [c for e in epochs for c in e["changes"] if c.get("workers") == [0, 1, 2, 3]]
     assert rejoined, epochs

@@ -82,6 +82,7 @@ from aiopipe.protocol.messages import (
     Ready,
     RoundReport,
     RoundResult,
+    RoundStalled,
     RoundStart,
     TensorData,
 )
@@ -199,6 +200,7 @@ _SCHEMAS: Final[dict[type[Any], tuple[str, _Schema]]] = {
         ),
     ),
     RoundReport: ("round_report", (("round", "int"), ("report", "tree"))),
+    RoundStalled: ("round_stalled", (("round", "int"), ("reason", "str"))),
     Heartbeat: ("heartbeat", (("seq", "int"),)),
     Bye: ("bye", (("reason", "str"),)),
     ErrorMessage: ("error", (("code", "str"), ("message", "str"))),

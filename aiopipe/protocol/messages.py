@@ -29,6 +29,7 @@ Conversation of a device ``k`` with the coordinator ``C`` (the server)::
                           source, destination, tensor)
       k → C  RoundResult(round, samples, loss_sum, correct, tensors)
       k → C  RoundReport(round, report)
+      k → C  RoundStalled(round, reason)   (ftpipehd: the round cannot finish here)
     C → k  Bye(reason)
     either way, any time: Heartbeat(seq); ErrorMessage(code, message) before closing.
 
@@ -53,6 +54,7 @@ __all__ = [
     "MAX_ACTIONS_CHARS",
     "MAX_ADDRESS_CHARS",
     "MAX_NODE_NAME_BYTES",
+    "MAX_REASON_CHARS",
     "MODES",
     "PROTOCOL_VERSION",
     "TRAINING_FINISHED",
@@ -72,6 +74,7 @@ __all__ = [
     "Ready",
     "RoundReport",
     "RoundResult",
+    "RoundStalled",
     "RoundStart",
     "TensorData",
     "check_node_name",
@@ -99,6 +102,8 @@ DTYPE_SIZES: Final[Mapping[str, int]] = {
 
 #: Longest endpoint address a node may announce.
 MAX_ADDRESS_CHARS: Final = 256
+#: Longest reason a `RoundStalled` may give.
+MAX_REASON_CHARS: Final = 500
 #: Longest action list a `RoundStart` may carry.
 MAX_ACTIONS_CHARS: Final = 1 << 16
 #: Most dimensions a sample's input may have.
@@ -489,6 +494,21 @@ class RoundReport:
 
 
 @dataclass(frozen=True, slots=True)
+class RoundStalled:
+    """A device's round cannot finish (FTPipeHD): a neighbour's link failed, or no
+    gradient came within ``device_timeout``. The coordinator plays the round again."""
+
+    round: int
+    reason: str
+
+    def __post_init__(self) -> None:
+        _check_index("round", self.round)
+        if len(self.reason) > MAX_REASON_CHARS:
+            raise LocalProtocolError(f"a stall's reason is longer than {MAX_REASON_CHARS} "
+                                     "characters")
+
+
+@dataclass(frozen=True, slots=True)
 class Heartbeat:
     """Liveness signal, either direction."""
 
@@ -532,6 +552,7 @@ Message = (
     | Gradient
     | RoundResult
     | RoundReport
+    | RoundStalled
     | Heartbeat
     | Bye
     | ErrorMessage

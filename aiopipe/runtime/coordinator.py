@@ -253,8 +253,13 @@ class Coordinator:
         """Where device ``device_id`` listens for peers ("" when it does not)."""
         return self.admission.addresses.get(device_id, "")
 
-    def alive(self) -> list[int]:
-        """The devices taking part now (connected, or within their reconnect grace)."""
+    async def settled_alive(self) -> list[int]:
+        """The devices taking part, once none is between connections (waiting at most
+        ``reconnect_grace`` for each to come back or be given up)."""
+        deadline = self.clock.now() + self.config.reconnect_grace + 1.0
+        while (set(self.admission.alive()) - self.admission.connected
+               and self.clock.now() < deadline):
+            await self.clock.sleep(0.05)
         return self.admission.alive()
 
     def new_round(self) -> int:

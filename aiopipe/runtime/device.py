@@ -44,6 +44,7 @@ from aiopipe.errors import (
 )
 from aiopipe.metrics.trace import MAX_REPORT_SLICES, Recorder
 from aiopipe.protocol import (
+    MAX_REASON_CHARS,
     PROTOCOL_VERSION,
     Activation,
     Bye,
@@ -59,12 +60,13 @@ from aiopipe.protocol import (
     Ready,
     RoundReport,
     RoundResult,
+    RoundStalled,
     RoundStart,
     state_to_wire,
 )
 from aiopipe.runtime.assignment import Assignment, check_data_message
 from aiopipe.runtime.compute import Compute, resolve_torch_device, warm_up_torch
-from aiopipe.runtime.executor import Identity, Inbox, Route, StageExecutor
+from aiopipe.runtime.executor import Identity, Inbox, Key, Route, StageExecutor
 from aiopipe.runtime.holdings import Holdings
 from aiopipe.runtime.liveness import Liveness
 from aiopipe.runtime.peer import Peer
@@ -538,10 +540,12 @@ class _DeviceNode:
             except TrainingError as exc:
                 if self.ended is not None or self.config.mode != "ftpipehd":
                     raise
-                # FTPipeHD recovers from a lost stage: the coordinator will play the
-                # round again (or end the run), and says which
+                # FTPipeHD recovers: the coordinator, told, plays the round again (or
+                # ends the run)
                 log.warning("device %d: round %d stopped (%s); waiting for the "
                             "coordinator's recovery", self.device_id, message.round + 1, exc)
+                self.peer.post(RoundStalled(message.round, str(exc)[:MAX_REASON_CHARS]),
+                               "stalled", epoch=message.epoch)
                 continue
             rounds += 1
             samples += done
@@ -583,13 +587,19 @@ class _DeviceNode:
             identity=Identity(self.run_id, self.name), inbox=self.inbox,
             previous=routes.get(assignment.stage - 1), next=routes.get(assignment.stage + 1),
             costs=assignment.charges(self.costs))
-        for iteration in range(message.first_iteration,
-                               message.first_iteration + message.iterations):
-            if self.ended is not None:  # no gradient will come
-                raise self.ended
-            await executor.run(message.epoch, iteration,
-                               assignment.version_of(iteration))
-            self.sent_activations.clear()  # every gradient of the iteration has arrived
+        timer = (asyncio.ensure_future(self._gradient_timer())
+                 if self.config.mode == "ftpipehd" and assignment.stage == 0 else None)
+        try:
+            for iteration in range(message.first_iteration,
+                                   message.first_iteration + message.iterations):
+                if self.ended is not None:  # no gradient will come
+                    raise self.ended
+                await executor.run(message.epoch, iteration,
+                                   assignment.version_of(iteration))
+                self.sent_activations.clear()  # every gradient of the iteration has arrived
+        finally:
+            if timer is not None:
+                timer.cancel()
         samples = message.iterations * micro * n
         weights = await self.compute.call(lambda: state_to_wire(work.trained_state()))
         result = RoundResult(message.round, samples, float(work.loss_sum), int(work.correct),
@@ -611,6 +621,24 @@ class _DeviceNode:
         self.unacked.append(report)
         self._post_round_message(report)
         return samples
+
+    async def _gradient_timer(self) -> None:
+        """FTPipeHD's timer (§III-F), on the first stage: when the round has waited
+        ``device_timeout`` seconds for the same gradients, it stops (and the coordinator
+        is told: `RoundStalled`). Checked every eighth of that."""
+        timeout = self.config.device_timeout
+        waiting, since = frozenset[Key](), self.clock.now()
+        while True:
+            pending = self.inbox.pending()
+            if not pending or pending != waiting:
+                waiting, since = pending, self.clock.now()
+            elif self.clock.now() - since >= timeout:
+                batches = sorted(k[2] + k[3] + 1 for k in pending)  # (1-based, as logged)
+                self.inbox.close(TrainingError(
+                    f"no gradient came within {timeout:g} s (waiting for batch "
+                    f"{', '.join(map(str, batches))} of the epoch)"))
+                return
+            await self.clock.sleep(timeout / 8)
 
     async def _routes(self, assignment: Assignment) -> dict[int, Route]:
         """The neighbouring stages: peers (linked now if need be) or the coordinator.

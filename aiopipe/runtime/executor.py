@@ -110,6 +110,10 @@ class Inbox:
         return sum(1 for f in self._futures.values() if f.done() and not f.cancelled()
                    and f.exception() is None)
 
+    def pending(self) -> frozenset[Key]:
+        """The keys waited for that have not arrived."""
+        return frozenset(k for k, f in self._futures.items() if not f.done())
+
     def arrived(self, key: Key) -> bool:
         """Whether the message for ``key`` is here."""
         future = self._futures.get(key)

@@ -46,6 +46,7 @@ from aiopipe.errors import (
     ProtocolError,
     RefusedError,
     RemoteProtocolError,
+    RoundStalledError,
     TransportError,
 )
 from aiopipe.metrics.trace import Recorder, Slice
@@ -63,6 +64,7 @@ from aiopipe.protocol import (
     Ready,
     RoundReport,
     RoundResult,
+    RoundStalled,
     RoundStart,
     to_torch,
 )
@@ -414,6 +416,8 @@ class DeviceSession:
                 self._accept_result(message)
             elif isinstance(message, RoundReport):
                 self._complete_round(message)
+            elif isinstance(message, RoundStalled):
+                self._stalled(message)
             elif isinstance(message, Ready):
                 self.host.announce(self.device_id, message)
             elif isinstance(message, Profile | Probe):
@@ -497,6 +501,15 @@ class DeviceSession:
             raise RemoteProtocolError(f"round result claims {message.correct} correct of "
                                       f"{samples} samples")
         self.round_result = message
+
+    def _stalled(self, message: RoundStalled) -> None:
+        """The device's round cannot finish (FTPipeHD): fail the round's wait with a
+        `RoundStalledError` (a stall of a round already over, or given up, is moot)."""
+        window, result = self.window, self.result
+        if window is None or result is None or result.done() or message.round != window.round:
+            return
+        result.set_exception(RoundStalledError(
+            f"device {self.device_id}'s round {message.round + 1} stopped: {message.reason}"))
 
     def _complete_round(self, message: RoundReport) -> None:
         if message.round <= self.last_round_done:

@@ -21,6 +21,7 @@ from aiopipe.protocol import (
     FRAME_ALIGNMENT,
     HEADER_SLACK_BYTES,
     MAX_HEADER_BYTES,
+    MAX_REASON_CHARS,
     PROTOCOL_VERSION,
     TENSOR_SLACK_BYTES,
     Activation,
@@ -39,6 +40,7 @@ from aiopipe.protocol import (
     Ready,
     RoundReport,
     RoundResult,
+    RoundStalled,
     RoundStart,
     TensorData,
     codec,
@@ -97,6 +99,8 @@ SAMPLES: list[Message] = [
     RoundResult(1, 2, 0.5, 1, {"x": td("float32", (2,))}),
     RoundReport(1, {"busy_s": {"device": 1.5, "uplink": 0.25}, "slices": [["f", 0, 1.0, 2.0]] * 3}),
     RoundReport(0, {}),
+    RoundStalled(3, "the link to device2 failed"),
+    RoundStalled(0, ""),
     RoundResult(0, 1, 1.0, 0, {"a": td("int16", (2, 2)), "b": td("int32", (1, 1, 1))}),
     Heartbeat(0),
     Heartbeat(123456789),
@@ -778,3 +782,9 @@ def test_encode_accepts_empty_multidimensional_buffers() -> None:
     assert isinstance(decoded, Gradient)
     assert decoded.tensor.shape == (2, 0, 3)
     assert decoded.tensor.nbytes == 0
+
+
+def test_a_stall_s_reason_is_bounded() -> None:
+    RoundStalled(0, "x" * MAX_REASON_CHARS)
+    with pytest.raises(LocalProtocolError, match="longer than 500"):
+        RoundStalled(0, "x" * (MAX_REASON_CHARS + 1))

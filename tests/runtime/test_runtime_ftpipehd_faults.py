@@ -135,7 +135,7 @@ async def test_a_killed_worker_s_round_is_played_again_by_the_others(killed: int
     assert not isinstance(result, Exception), result
     (recovery,) = run.node.replans
     left = [k for k in range(4) if k != killed]
-    assert recovery["lost"] == killed
+    assert recovery["lost"] == [killed]
     assert recovery["workers"] == left
     assert recovery["before"] == [1, 2, 3]
     assert len(recovery["after"]) == 2
@@ -146,17 +146,19 @@ async def test_a_killed_worker_s_round_is_played_again_by_the_others(killed: int
     assert [p["device"] for p in second.plan] == left
     for k in left:
         assert run.outcomes[k] is None  # they trained on to the end
-    # recorded with the epoch, and on the timeline: noticed once reconnect_grace had
-    # passed, played again at once
+    # recorded with the epoch, and on the timeline: a neighbour said its round stopped
+    # as the link broke; the round was played again once the coordinator had given the
+    # device up (reconnect_grace after its connection broke)
     assert second.changes == (recovery,)
-    assert 0 <= recovery["resumed_s"] - recovery["noticed_s"] < 0.1
+    assert "the link to device" in recovery["stopped"]
     (span,) = [t for t in result.trace if t.track == "server/recovery"]
     assert span.start - result.trace_origin == pytest.approx(recovery["noticed_s"])
-    # the grace before it: from the broken link to the device given up
+    assert span.end - result.trace_origin == pytest.approx(recovery["resumed_s"])
     (grace,) = [t for t in result.trace if t.track == f"device{killed}/connection"]
     assert grace.name == "lost"
     assert grace.duration == pytest.approx(CONFIG.reconnect_grace)
-    assert grace.end == pytest.approx(span.start)
+    assert span.start - 0.05 <= grace.start <= span.start + 0.05  # (link latency)
+    assert grace.end <= span.end <= grace.end + 0.1
     _assert_same(result.model.state_dict(), _reference(CONFIG, [[1, 2, 3], recovery["after"]]))
 
 
@@ -178,12 +180,13 @@ async def test_two_workers_killed_at_once_leave_a_two_stage_pipeline() -> None:
     _assert_same(result.model.state_dict(), _reference(CONFIG, [[1, 2, 3], cuts]))
 
 
-async def test_a_worker_restarted_at_once_takes_part_again_from_the_next_round() -> None:
-    """Device 2 killed and started again at once: a new process knows nothing of the
-    round, so the round is played again without it; the next round (epoch 3) runs on all
-    four devices again, re-partitioned among them."""
-    config = CONFIG.replace(epochs=3)
-    run = _Run(config, VirtualClock())
+async def test_a_worker_restarted_at_once_takes_its_stage_in_the_replay() -> None:
+    """Device 2 killed and started again at once (the paper's second case): its
+    neighbours say their round stopped; the coordinator waits until the old connection is
+    given up, by when the new process has said hello, so the round is played again on
+    the same four devices with the same cuts (the new process gets its stage's weights
+    with the round)."""
+    run = _Run(CONFIG, VirtualClock())
 
     async def restart(run: _Run) -> None:
         await run.mid_round(1)
@@ -193,15 +196,13 @@ async def test_a_worker_restarted_at_once_takes_part_again_from_the_next_round()
 
     result = await run.train(restart)
     assert not isinstance(result, Exception), result
-    lost, back = run.node.replans
-    assert lost["lost"] == 2
-    assert lost["workers"] == [0, 1, 3]
-    assert back["round"] == 3
-    assert back["workers"] == [0, 1, 2, 3]
-    assert [e.samples for e in result.epochs] == [80, 80, 80]
-    assert [p["device"] for p in result.epochs[2].plan] == [0, 1, 2, 3]
-    _assert_same(result.model.state_dict(),
-                 _reference(config, [[1, 2, 3], lost["after"], back["after"]]))
+    (recovery,) = run.node.replans
+    assert recovery["lost"] == []
+    assert recovery["workers"] == [0, 1, 2, 3]
+    assert recovery["after"] == recovery["before"] == [1, 2, 3]
+    assert [e.samples for e in result.epochs] == [80, 80]
+    assert run.outcomes[2] is None  # the new process trained to the end
+    _assert_same(result.model.state_dict(), _reference(CONFIG, [[1, 2, 3], [1, 2, 3]]))
 
 
 async def test_only_the_round_under_way_is_played_again() -> None:
@@ -238,3 +239,53 @@ async def test_without_device_0_the_run_ends_with_an_error_naming_it() -> None:
     result = await run.train(kill)
     assert isinstance(result, TrainingError)
     assert "device 0 is gone: it holds the data" in str(result)
+
+
+def _slow_device_2(monkeypatch: pytest.MonkeyPatch, rounds: set[int] | None) -> None:
+    """Device 2 computes 1000x slower in ``rounds`` (every round: None)."""
+    from aiopipe.runtime import device as device_module
+
+    honest = device_module._DeviceNode._run_round
+
+    async def run_round(self: Any, message: Any) -> int:
+        if self.device_id == 2:
+            self.compute.slowdown = 1000.0 if rounds is None or message.round in rounds else 1.0
+        return await honest(self, message)
+
+    monkeypatch.setattr(device_module._DeviceNode, "_run_round", run_round)
+
+
+async def test_a_stalled_pipeline_is_timed_out_and_played_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every connection stays up, but device 2 hangs in round 2: device 0 has waited
+    device_timeout for the same gradients (FTPipeHD's timer), stops its round and says
+    so; every device is still there, so the round is played again on the same devices
+    (the paper's first case), and the run ends where an undisturbed one does."""
+    _slow_device_2(monkeypatch, {1})
+    run = _Run(CONFIG, VirtualClock())
+
+    async def nothing(run: _Run) -> None:
+        return None
+
+    result = await run.train(nothing)
+    assert not isinstance(result, Exception), result
+    (recovery,) = run.node.replans
+    assert "no gradient came within 2 s" in recovery["stopped"]
+    assert recovery["lost"] == []
+    assert recovery["workers"] == [0, 1, 2, 3]
+    _assert_same(result.model.state_dict(), _reference(CONFIG, [[1, 2, 3], [1, 2, 3]]))
+
+
+async def test_a_round_that_stalls_every_time_ends_the_run(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _slow_device_2(monkeypatch, None)
+    run = _Run(CONFIG.replace(epochs=1), VirtualClock())
+
+    async def nothing(run: _Run) -> None:
+        return None
+
+    result = await run.train(nothing)
+    assert isinstance(result, TrainingError)
+    assert ("the round of batches 1..10 of epoch 1 stopped 4 times with the same devices"
+            in str(result))
+    assert "no gradient came within" in str(result)

@@ -64,8 +64,9 @@ class Rounds(Protocol):
         """Where device ``device_id`` listens for peers ("" when it does not)."""
         ...
 
-    def alive(self) -> list[int]:
-        """The devices taking part now (connected, or within their reconnect grace)."""
+    async def settled_alive(self) -> list[int]:
+        """The devices taking part, once none is between connections (waiting at most
+        ``reconnect_grace`` for each to come back or be given up)."""
         ...
 
     def new_round(self) -> int:

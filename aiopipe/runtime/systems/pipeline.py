@@ -48,7 +48,7 @@ import torch
 from aiopipe import models
 from aiopipe.auth import pair_key
 from aiopipe.config import RunConfig
-from aiopipe.errors import ConfigError, TrainingError
+from aiopipe.errors import ConfigError, RoundStalledError, TrainingError
 from aiopipe.metrics.trace import Slice
 from aiopipe.protocol import (
     HEADER_SLACK_BYTES,
@@ -80,7 +80,11 @@ from aiopipe.scheduler.schedule import (
     with_transfers,
 )
 
-__all__ = ["Pipeline"]
+__all__ = ["MAX_REPLAYS", "Pipeline"]
+
+#: FTPipeHD: how many times in a row a round may be played again with the same devices
+#: (a fault that no re-partition removes) before the run ends.
+MAX_REPLAYS = 3
 
 log = logging.getLogger("aiopipe.server")
 
@@ -124,6 +128,10 @@ class Pipeline:
         self.capacity: dict[int, float] = {}
         #: whether the round under way was played again after a fault
         self.recovered = False
+        #: the round last played again, (epoch, first batch), and how many times in a
+        #: row with the same devices
+        self._replayed: tuple[int, int] | None = None
+        self._replays = 0
         if cuts == "auto":
             slowdowns = [config.device_slowdown_of(p) for p in range(self.stages)]
             if self.asynchronous:  # FTPipeHD's planner: capacities and links (§III-D)
@@ -335,7 +343,10 @@ class Pipeline:
             _StageLost: its device was lost (FTPipeHD).
             TrainingError: its device was lost (a synchronous pipeline).
         """
-        result = await rounds.play(device, start, None)
+        try:
+            result = await rounds.play(device, start, None)
+        except RoundStalledError as exc:  # (FTPipeHD's devices say so; see `_recover`)
+            raise _StageLost(device, start.stage, rounds.clock.now(), str(exc)) from None
         if result is None:
             if self.asynchronous:
                 raise _StageLost(device, start.stage, rounds.clock.now())
@@ -394,16 +405,29 @@ class Pipeline:
         Raises:
             TrainingError: device 0 is gone.
         """
-        log.warning("round %d: device %d (stage %d) was lost; playing the round again "
-                    "without it", round_no + 1, lost.device, lost.stage)
+        if lost.stalled:
+            log.warning("round %d: %s; playing the round again", round_no + 1, lost.stalled)
+        else:
+            log.warning("round %d: device %d (stage %d) was lost; playing the round again "
+                        "without it", round_no + 1, lost.device, lost.stage)
         self.recovered = True
         self._before = (list(self.workers), [b for _, b in self.bounds[:-1]])
-        self._enlist(rounds.alive())
+        changed = self._enlist(await rounds.settled_alive())
+        key = (epoch, first)
+        self._replays = self._replays + 1 if key == self._replayed and not changed else 0
+        self._replayed = key
+        if self._replays >= MAX_REPLAYS:
+            raise TrainingError(
+                f"the round of batches {first + 1}..{first + self.parallel_batches} of epoch "
+                f"{epoch + 1} stopped {MAX_REPLAYS + 1} times with the same devices; the "
+                f"last time: {lost}")
         again = rounds.new_round()
-        rounds.record_change(self._recovery(round_no, epoch, "a device lost", lost=lost.device,
-                                            noticed_at=lost.at, resumed_at=rounds.clock.now(),
-                                            replayed_as=again,
-                                            batches=[first, first + self.parallel_batches]))
+        gone = sorted(set(self._before[0]) - set(self.workers))
+        rounds.record_change(self._recovery(
+            round_no, epoch, "devices lost" if gone else "stalled", lost=gone,
+            stopped=lost.stalled or str(lost), noticed_at=lost.at,
+            resumed_at=rounds.clock.now(), replayed_as=again,
+            batches=[first, first + self.parallel_batches]))
         return again
 
     def _stage_states(self) -> list[dict[str, Any]]:
@@ -492,11 +516,12 @@ class Pipeline:
 
 
 class _StageLost(Exception):
-    """FTPipeHD: the device of a stage was lost mid-round (noticed at ``at``)."""
+    """FTPipeHD: the device of a stage was lost mid-round, or said its round stopped
+    (``stalled``: why), noticed at ``at``."""
 
-    def __init__(self, device: int, stage: int, at: float) -> None:
-        super().__init__(f"device {device} (stage {stage}) was lost")
-        self.device, self.stage, self.at = device, stage, at
+    def __init__(self, device: int, stage: int, at: float, stalled: str = "") -> None:
+        super().__init__(stalled or f"device {device} (stage {stage}) was lost")
+        self.device, self.stage, self.at, self.stalled = device, stage, at, stalled
 
 
 @dataclass(frozen=True, slots=True)
