@@ -15,11 +15,12 @@ Per scenario it reports:
 - the final test accuracy, and its difference from ``none``'s (the paper: within 2
   points);
 - the split of the time from the fault to training resumed. The *timer*: from the kill
-  to the server giving the device up. A killed process's socket closes at once, so this
-  is ``reconnect_grace``; the paper's central node waits for a gradient's timer. The
-  *recovery*: from then until device 0 computes the first forward of the replayed
-  round (re-partition, `RoundStart`s, weights to every stage, relinking). The paper
-  reports 2.24 s for its recovery.
+  to the server giving the device up (the neighbours say at once that their round
+  stopped, but the coordinator waits until no device is between connections). A killed
+  process's socket closes at once, so this is ``reconnect_grace``; the paper's central
+  node waits for a gradient's timer. The *recovery*: from then until device 0 computes
+  the first forward of the replayed round (re-partition, `RoundStart`s, weights to every
+  stage, relinking). The paper reports 2.24 s for its recovery.
 - the batches played again: the round under way when the fault struck (the work lost
   is what its first attempt had done of them; an abandoned attempt reports no trace);
 - the throughput over time: batches per second through the pipeline (device 0's
@@ -109,19 +110,19 @@ async def run(scenario: str, args: argparse.Namespace) -> Outcome:
             if scenario == "restart":
                 left += [await fleet.start_device(k, "--listen", "127.0.0.1:0")
                          for k in killed]
-            noticed_at = None
-            if killed:
-                line = await server.output.wait_for(r"was lost; playing the round again",
-                                                    since=kill_at, within=120)
-                noticed_at = line.at
+            given_up_at = None
+            for k in killed:
+                line = await server.output.wait_for(rf"device {k} was lost", since=kill_at,
+                                                    within=120)
+                given_up_at = line.at
             await fleet.finish(server, left, within=1200)
             epochs = fleet.metrics()
             trace = json.loads((fleet.out_dir / "trace.json").read_text())
-    return _outcome(scenario, epochs, trace, kill_at, noticed_at, args)
+    return _outcome(scenario, epochs, trace, kill_at, given_up_at, args)
 
 
 def _outcome(scenario: str, epochs: list[dict[str, Any]], trace: dict[str, Any],
-             kill_at: float, noticed_at: float | None, args: argparse.Namespace) -> Outcome:
+             kill_at: float, given_up_at: float | None, args: argparse.Namespace) -> Outcome:
     outcome = Outcome(scenario, float(epochs[-1]["accuracy"]),
                       [float(e["time_s"]) for e in epochs], [int(e["samples"]) for e in epochs])
     names = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"]
@@ -129,20 +130,22 @@ def _outcome(scenario: str, epochs: list[dict[str, Any]], trace: dict[str, Any],
     slices = [(names[e["tid"]], e["cat"], e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6,
                e["args"]) for e in trace["traceEvents"] if e.get("ph") == "X"]
     stage0 = sorted((s for s in slices if s[0] == "device0/compute"), key=lambda s: s[2])
-    recoveries = [c for e in epochs for c in e["changes"] if "lost" in c]
-    if noticed_at is not None and recoveries:
-        first = recoveries[0]
-        # the trace's frame: the server noticed at noticed_s; the bench saw that line
-        # (noticed_at) - kill_at seconds after the kill
-        outcome.kill_in_trace = first["noticed_s"] - (noticed_at - kill_at)
-        outcome.timer_s = noticed_at - kill_at
-        resumed = min(s[2] for s in stage0 if s[1] == "f" and s[2] >= first["resumed_s"])
-        outcome.recovery_s = resumed - first["noticed_s"]
+    recoveries = [c for e in epochs for c in e["changes"] if "stopped" in c]
+    lost = [s for s in slices if s[0].endswith("/connection") and s[1] == "lost"]
+    if given_up_at is not None and recoveries and lost:
+        # the trace's frame: a killed process's socket closes at once, so its connection
+        # broke (the "lost" slice's start) at the kill; given up at the slice's end
+        outcome.kill_in_trace = min(s[2] for s in lost)
+        given_up = max(s[3] for s in lost)
+        outcome.timer_s = given_up_at - kill_at  # (the bench's clock: the log line)
+        resumed = min(s[2] for s in stage0 if s[1] == "f"
+                      and s[2] >= recoveries[-1]["resumed_s"])
+        outcome.recovery_s = resumed - given_up
         outcome.workers, outcome.cuts = recoveries[-1]["workers"], recoveries[-1]["after"]
         # the round under way was played again: at most its batches' work was lost (an
         # abandoned attempt reports no trace, so what it had done is not known here)
         outcome.lost_batches = sum(b - a for r in recoveries for a, b in [r["batches"]])
-    zero = (outcome.kill_in_trace if noticed_at is not None
+    zero = (outcome.kill_in_trace if given_up_at is not None
             else _epoch_two_start(epochs, args.into_epoch))
     ends = [s[3] - zero for s in stage0 if s[1] == "b"]
     width = args.bin
