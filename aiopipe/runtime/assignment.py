@@ -11,7 +11,7 @@ I/O, no torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,9 +114,7 @@ class Assignment:
 
     def frame_limit(self) -> int:
         """The largest activation or gradient frame this stage's neighbours may send."""
-        largest = max(math.prod(self.input_shape), math.prod(self.output_shape))
-        micro = self.micro_batch_size
-        return 4 * micro * largest + 8 * micro + HEADER_SLACK_BYTES
+        return data_frame_limit([self.input_shape, self.output_shape], self.micro_batch_size)
 
     def version_of(self, iteration: int) -> int:
         """The version of the weights in ``iteration`` (optimizer steps taken in the run)."""
@@ -142,6 +140,13 @@ class Assignment:
             return 0.0
 
         return charge
+
+
+def data_frame_limit(shapes: Sequence[Sequence[int]], micro_batch_size: int) -> int:
+    """The largest activation (with its labels) or gradient frame of a micro-batch of
+    ``micro_batch_size`` samples whose per-sample tensor has one of ``shapes``."""
+    largest = max(math.prod(shape) for shape in shapes)
+    return 4 * micro_batch_size * largest + 8 * micro_batch_size + HEADER_SLACK_BYTES
 
 
 def check_data_message(message: Activation | Gradient, assignment: Assignment, *,

@@ -64,7 +64,7 @@ from aiopipe.protocol import (
     RoundStart,
     state_to_wire,
 )
-from aiopipe.runtime.assignment import Assignment, check_data_message
+from aiopipe.runtime.assignment import Assignment, check_data_message, data_frame_limit
 from aiopipe.runtime.compute import Compute, resolve_torch_device, warm_up_torch
 from aiopipe.runtime.executor import Identity, Inbox, Key, Route, StageExecutor
 from aiopipe.runtime.holdings import Holdings
@@ -76,7 +76,7 @@ from aiopipe.runtime.profiling import answer_request
 from aiopipe.runtime.stage import StageWork
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable
-from aiopipe.transport import Link, WebSocketLink
+from aiopipe.transport import Link, LinkSpec, WebSocketLink
 from aiopipe.transport.fabric import Endpoint
 
 __all__ = ["COORDINATOR", "Connector", "DeviceSummary", "run_device"]
@@ -123,8 +123,9 @@ async def run_device(server: Link | Connector, device_id: int, *, clock: Clock |
             None.
         model: the user's own model when the config names "custom".
         max_frame_bytes: refuse larger frames from the server.
-        shape_uplink: pace a websocket uplink at the plan's network rate (sender-side
-            shaping, to emulate a slow link on one machine).
+        shape_uplink: pace a websocket uplink, and the websocket links to peer devices,
+            at the plan's network rate for this device's uplink (sender-side shaping, to
+            emulate a slow link on one machine).
         endpoint: where this device listens for peer devices, for runs that link devices
             directly (a pipeline); its address goes to the server in the Hello.
         dataset: this device's own training data; None: its shard of the run's
@@ -239,7 +240,8 @@ class _DeviceNode:
                         self.peers = await stack.enter_async_context(PeerLinks.open(
                             self.endpoint, me=self.name, keys=self.plan.peer_keys,
                             clock=self.clock, recorder=self.recorder, config=self.config,
-                            deliver=self._deliver, failed=self._peer_failed))
+                            deliver=self._deliver, failed=self._peer_failed,
+                            pace=self._uplink_pace()))
                     try:
                         training = await self._train_and_serve(links)
                     except BaseException as exc:
@@ -378,11 +380,17 @@ class _DeviceNode:
             raise TrainingError("the server runs a custom model; pass model= to the device")
         return RunConfig.from_mapping({**run, "model": "vgg5"}).replace(model=self.custom_model)
 
+    def _uplink_pace(self) -> LinkSpec | None:
+        """The rate to pace this device's websocket sends at (None: unpaced)."""
+        if self.shape_uplink and self.config.shape_links:
+            return self.config.device_network(self.device_id).up
+        return None
+
     def _shape_uplink(self) -> None:
         """Pace a websocket uplink at the network's rate (sender-side shaping)."""
-        if (self.shape_uplink and self.config.shape_links
-                and isinstance(self.peer.link, WebSocketLink)):
-            self.peer.link.reshape(self.config.device_network(self.device_id).up)
+        pace = self._uplink_pace()
+        if pace is not None and isinstance(self.peer.link, WebSocketLink):
+            self.peer.link.reshape(pace)
 
     # -- loops ---------------------------------------------------------------------
 
@@ -577,7 +585,11 @@ class _DeviceNode:
             partial(self.holdings.assign, message, self.assignment, self.work))
         self.assignment, self.work = assignment, work
         if self.peers is not None:
-            self.peers.limit(assignment.frame_limit())
+            # FTPipeHD re-partitions: a neighbour may send the next round's activations
+            # (of another cut) before our RoundStart comes ([Note: early activations])
+            self.peers.limit(data_frame_limit(self.holdings.activation_shapes,
+                                              assignment.micro_batch_size)
+                             if self.config.mode == "ftpipehd" else assignment.frame_limit())
         await self._deliver_early()
         routes = await self._routes(assignment)
         micro, n = assignment.micro_batch_size, assignment.parallel_batches

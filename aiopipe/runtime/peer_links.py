@@ -41,7 +41,7 @@ from aiopipe.protocol import Activation, Bye, ErrorMessage, Gradient, Heartbeat
 from aiopipe.runtime.liveness import Liveness
 from aiopipe.runtime.peer import Peer
 from aiopipe.runtime.tasks import first_error
-from aiopipe.transport import Link
+from aiopipe.transport import Link, LinkSpec, WebSocketLink
 from aiopipe.transport.fabric import Endpoint
 from aiopipe.transport.peering import accept_peer, dial_peer
 
@@ -77,7 +77,7 @@ class PeerLinks:
 
     def __init__(self, endpoint: Endpoint, *, me: str, keys: Mapping[str, Any], clock: Clock,
                  recorder: Recorder, config: RunConfig, deliver: Deliver,
-                 failed: Failed) -> None:
+                 failed: Failed, pace: LinkSpec | None = None) -> None:
         self.endpoint = endpoint
         self.me = me
         self.clock = clock
@@ -85,6 +85,8 @@ class PeerLinks:
         self.config = config
         self.deliver = deliver
         self.failed = failed
+        #: pace websocket sends to peers at this rate (sender-side shaping; None: don't)
+        self.pace = pace
         self.keys: dict[str, bytes] = {}
         self.rekey(keys)
         #: decoding limit for what peers send (None: the link's own; see `limit`)
@@ -159,6 +161,8 @@ class PeerLinks:
             self._start(name, link)
 
     def _start(self, name: str, link: Link) -> PeerRoute:
+        if self.pace is not None and isinstance(link, WebSocketLink):
+            link.reshape(self.pace)
         peer = Peer(link, self.clock, self.recorder, f"{self.me}->{name}",
                     max_frame_bytes=self.max_frame_bytes)
         route = self._routes[name] = PeerRoute(name, peer)

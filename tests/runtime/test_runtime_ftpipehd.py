@@ -146,3 +146,32 @@ async def test_a_device_slower_than_declared_gets_less_from_the_next_epoch(
     assert third.plan == second.plan  # no flapping
     assert 1.6 < first.time_s / second.time_s <= 2.0, (first.time_s, second.time_s)
     assert third.time_s == pytest.approx(second.time_s)
+
+
+async def test_a_neighbour_s_next_round_may_come_before_ours_with_a_new_cut(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Devices 1-3 declared 10x slower, but really device 0 is: the first round gives
+    device 0 two of vgg5's units and device 1 one (its input: 4096 values a sample); the
+    re-partition gives device 0 one unit, so device 1's input is unit 1's output (8192).
+    Device 1's RoundStart crawls down a slow link while device 0 already sends the new
+    round's activations ([Note: early activations]): twice the size the old cut allowed,
+    they must be taken, not refused as too large."""
+    from aiopipe.runtime import device as device_module
+
+    honest = device_module._DeviceNode._run_config
+
+    def really(self: Any, plan: Any) -> RunConfig:
+        return honest(self, plan).replace(device_slowdown=(10.0, 1.0, 1.0, 1.0))
+
+    monkeypatch.setattr(device_module._DeviceNode, "_run_config", really)
+    fast = {"up_mbps": 1000.0, "down_mbps": 1000.0}
+    config = CONFIG.replace(devices=4, partition="auto", samples_per_device=160, epochs=2,
+                            momentum=0.0, device_slowdown=(1.0, 10.0, 10.0, 10.0),
+                            network=[fast, {"up_mbps": 1000.0, "down_mbps": 2.0}, fast, fast])
+    result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
+    first, second = result.epochs
+    (change,) = first.changes
+    assert change["before"][0] == 2
+    assert change["after"][0] == 1
+    assert second.changes == ()  # no replay: nothing was refused
+    assert [e.samples for e in result.epochs] == [160, 160]

@@ -83,3 +83,28 @@ async def test_a_stranger_on_a_device_endpoint_is_refused_and_the_run_goes_on() 
     assert len(attempts) == 1
     assert isinstance(attempts[0], AuthenticationError)
     assert result.final.device_samples == (32, 32, 32)
+
+
+async def test_links_between_devices_are_paced_at_the_sender_s_uplink() -> None:
+    """Sender-side shaping (``shape_links``) covers the device-to-device links too: device
+    0's activations to device 1 leave at device 0's uplink rate, so the epoch lasts at
+    least their bytes' wire time at that rate."""
+    from aiopipe import models
+    from aiopipe.runtime.plan import build_model, unit_output_shapes
+
+    rate_mbps = 16.0
+    config = CONFIG.replace(devices=2, partition=[1], epochs=1, network=[
+        {"up_mbps": rate_mbps, "down_mbps": 1000.0}, {"up_mbps": 1000.0, "down_mbps": 1000.0}])
+    model = build_model(config, num_classes=10, in_shape=(3, 32, 32))
+    shape = unit_output_shapes(model, (3, 32, 32))[0]
+    assert models.unit_count(model) == 5
+    micro = config.batch_size // 4
+    activations = config.samples_per_device // micro
+    wire_s = activations * 4 * micro * int(torch.tensor(shape).prod()) * 8 / (rate_mbps * 1e6)
+    async with (Server(config, token_secret=SECRET, join_timeout=60) as server,
+                asyncio.TaskGroup() as tasks):
+        for k in range(config.devices):
+            tasks.create_task(_device(server.url, k))
+        result = await server.run()
+    assert result.final.time_s >= 0.9 * wire_s
+    assert result.final.links["device0->device1"]["busy_s"] >= 0.9 * wire_s
