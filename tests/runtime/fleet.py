@@ -25,6 +25,7 @@ from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.device import run_device
 from aiopipe.runtime.factories import build_model
 from aiopipe.transport import Link, LinkSpec, MemoryLink, open_memory_link_pair
+from aiopipe.transport.fabric import MemoryFabric
 
 __all__ = ["COSTS", "NETWORK", "WIRE", "Fleet", "joined", "ready_for"]
 
@@ -69,8 +70,11 @@ class Fleet:
     """
 
     def __init__(self, config: RunConfig, clock: Clock, tasks: asyncio.TaskGroup, *,
-                 cost_table: CostTable | None = COSTS, wire: LinkSpec = WIRE) -> None:
+                 cost_table: CostTable | None = COSTS, wire: LinkSpec = WIRE,
+                 fabric: MemoryFabric | None = None) -> None:
         self.node = Coordinator(config, clock=clock, cost_table=cost_table)
+        #: where devices listen for each other (runs that link devices: a pipeline)
+        self.fabric = fabric
         self.clock, self.tasks = clock, tasks
         self.cost_table, self.wire = cost_table, wire
         self.device_links: dict[int, MemoryLink] = {}
@@ -126,9 +130,11 @@ class Fleet:
         self.devices[k] = self.tasks.create_task(self._device(k))
 
     async def _device(self, k: int) -> None:
+        endpoint = self.fabric.endpoint(f"device{k}") if self.fabric is not None else None
         try:
             summary = await run_device(self.connector(k), k, clock=self.clock,
-                                       cost_table=self.cost_table, clock_offset=0.0)
+                                       cost_table=self.cost_table, clock_offset=0.0,
+                                       endpoint=endpoint)
         except AiopipeError as exc:
             self.outcomes.setdefault(k, []).append(exc)
         except asyncio.CancelledError:
@@ -138,6 +144,9 @@ class Fleet:
             raise
         else:
             self.outcomes.setdefault(k, []).append(summary)
+        finally:
+            if endpoint is not None:
+                await endpoint.aclose()
 
     def alive(self, k: int) -> bool:
         """Whether device k's latest process is still running."""

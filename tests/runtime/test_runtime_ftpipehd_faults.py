@@ -10,15 +10,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from async_reference import delayed_sgd_rounds
+from fleet import Fleet
 
 from aiopipe import CostTable, RunConfig, TrainingError, VirtualClock, simulate
 from aiopipe import data as datasets
 from aiopipe.errors import AiopipeError
+from aiopipe.runtime.checkpoint import load_checkpoint
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.device import run_device
 from aiopipe.runtime.plan import build_model, device_indices, train_dataset
@@ -289,3 +292,33 @@ async def test_a_round_that_stalls_every_time_ends_the_run(
     assert ("the round of batches 1..10 of epoch 1 stopped 4 times with the same devices"
             in str(result))
     assert "no gradient came within" in str(result)
+
+
+async def test_a_restarted_server_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    """FTPipeHD's central node checkpoints to disk (§III-E): the coordinator holds every
+    stage's weights and momentum between rounds, so a server killed mid-round and
+    started again with ``resume`` plays that round again from the checkpoint, and the
+    run ends bit for bit where an undisturbed one does."""
+    config = CONFIG.replace(global_replication_every=4)
+    clock = VirtualClock()
+    async with asyncio.TaskGroup() as tasks:
+        fleet = Fleet(config, clock, tasks, cost_table=COSTS, fabric=MemoryFabric(clock))
+        fleet.node.checkpoints.directory = tmp_path
+        for k in range(4):
+            fleet.start_device(k)
+        training = tasks.create_task(fleet.node.train())
+        await fleet.until(lambda: fleet.node.rounds == 4)  # round 3 (epoch 2's first)
+        await clock.sleep(0.1)
+        training.cancel()
+        for k in range(4):
+            fleet.device_links[k].break_("the server process died")
+        with contextlib.suppress(asyncio.CancelledError):
+            await training
+        assert load_checkpoint(tmp_path)[1]["rounds"] == 3  # rounds 0-2; 3 runs again
+        fleet.node = Coordinator(config, clock=clock, cost_table=COSTS,
+                                 checkpoint_dir=tmp_path, resume=True)
+        result = await fleet.node.train()
+    await clock.aclose()
+    assert [e.samples for e in result.epochs] == [80, 80]
+    undisturbed = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
+    _assert_same(result.model.state_dict(), undisturbed.model.state_dict())

@@ -28,9 +28,11 @@ as capacities and each device's uplink as the link to the next stage, and are pl
 again between epochs from the capacities the epoch measured (`Pipeline.after_round`).
 
 Faults: a synchronous pipeline cannot go on without one of its stages, so a device lost
-mid-round ends the run with a `TrainingError` naming it (FTPipeHD's re-partitioning and
-recovery are their own system). Optimizer state lives on the devices, so a run cannot
-resume from a checkpoint: none is written.
+mid-round ends the run with a `TrainingError` naming it; its optimizer state lives on
+the devices, so it cannot resume from a checkpoint: none is written. FTPipeHD plays the
+round again without the lost device (`Pipeline._recover`), and since the coordinator
+holds every stage's weights and momentum between rounds, its checkpoints hold the whole
+state: a restarted server resumes exactly where its last round ended.
 """
 
 from __future__ import annotations
@@ -92,14 +94,17 @@ log = logging.getLogger("aiopipe.server")
 class Pipeline:
     """The synchronous multi-device pipeline (module docstring)."""
 
-    planned_keys: tuple[str, ...] = ()
-    resumable = False
     wants_profiles = False  # "auto" cuts are balanced on the coordinator's table
 
     def __init__(self, setup: Setup) -> None:
         config = setup.config
         self.setup, self.config = setup, config
         self.model = setup.model
+        #: FTPipeHD resumes from its checkpoints (the module docstring), with the cuts
+        #: its planner had chosen
+        self.resumable = config.mode == "ftpipehd"
+        self.planned_keys: tuple[str, ...] = (
+            ("partition",) if self.resumable and config.partition == "auto" else ())
         self.units = models.unit_count(self.model)
         self.stages = config.devices
         #: the device of each stage (FTPipeHD's worker list: it shrinks when devices are
@@ -502,17 +507,30 @@ class Pipeline:
     # -- checkpoints ---------------------------------------------------------------------
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
-        """Not resumable: nothing (see the module docstring)."""
-        return {}
+        """FTPipeHD: the global model and every parameter's momentum; a synchronous
+        pipeline: nothing (it cannot resume: the module docstring)."""
+        if not self.resumable:
+            return {}
+        tensors = {f"model/{k}": v.detach().clone() for k, v in self.model.state_dict().items()}
+        tensors.update({MOMENTUM + k: v.clone() for k, v in self.momentum.items()})
+        return tensors
 
     def restore(self, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
-        """Refused (see the module docstring).
+        """FTPipeHD: load a checkpoint's model, momentum and cuts ("auto": the ones the
+        planner had chosen).
 
         Raises:
-            ConfigError: always.
+            ConfigError: a synchronous pipeline (see the module docstring).
         """
-        raise ConfigError("mode pipeline cannot resume from a checkpoint: its optimizer "
-                          "state lives on the devices")
+        if not self.resumable:
+            raise ConfigError("mode pipeline cannot resume from a checkpoint: its optimizer "
+                              "state lives on the devices")
+        self.model.load_state_dict({k[6:]: v for k, v in tensors.items()
+                                    if k.startswith("model/")})
+        self.momentum.update({k[len(MOMENTUM):]: v.clone() for k, v in tensors.items()
+                              if k.startswith(MOMENTUM)})
+        if self.planned_keys:
+            self._place(tuple(int(c) for c in config["partition"]))
 
 
 class _StageLost(Exception):
