@@ -58,12 +58,14 @@ from typing import Any
 
 from aiopipe import CostTable, RunConfig, VirtualClock, simulate
 from aiopipe.api import _measure
+from aiopipe.models import unit_count
 from aiopipe.runtime.plan import build_model
 from aiopipe.runtime.systems.pipeline import _Planner
 
 
 async def _run(config: RunConfig) -> tuple[list[float], list[float]]:
-    costs = CostTable.uniform(5, forward=0.001, backward=0.002)
+    units = unit_count(build_model(config, num_classes=10, in_shape=(3, 32, 32)))
+    costs = CostTable.uniform(units, forward=0.001, backward=0.002)
     result = await simulate(config, clock=VirtualClock(), cost_table=costs)
     return [e.loss for e in result.epochs], [e.accuracy for e in result.epochs]
 
