@@ -381,6 +381,9 @@ class RunConfig:
         if self.mode != "ftpipehd" and every != 100:
             raise _fail("global_replication_every", every,
                         'its default: it is for mode "ftpipehd"')
+        if self.mode == "ftpipehd" and self.optimizer != "sgd":
+            raise _fail("optimizer", self.optimizer, 'its default, "sgd": ftpipehd applies SGD '
+                        "(learning_rate, momentum) itself, to each stage's weight versions")
         if self.mode == "ftpipehd" and self.schedule != "1f1b":
             raise _fail("schedule", self.schedule, 'its default: ftpipehd runs 1F1B')
         if self.mode not in PIPELINE_MODES:

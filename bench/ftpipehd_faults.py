@@ -112,11 +112,14 @@ async def run(scenario: str, args: argparse.Namespace) -> Outcome:
                          for k in killed]
             given_up_at = None
             for k in killed:
-                line = await server.output.wait_for(rf"device {k} was lost", since=kill_at,
-                                                    within=120)
+                # given up, or replaced by its restarted process
+                line = await server.output.wait_for(rf"device {k} (was lost|reconnected)",
+                                                    since=kill_at, within=120)
                 given_up_at = line.at
             await fleet.finish(server, left, within=1200)
             epochs = fleet.metrics()
+            if args.verbose:
+                print(server.output.text())
             trace = json.loads((fleet.out_dir / "trace.json").read_text())
     return _outcome(scenario, epochs, trace, kill_at, given_up_at, args)
 
@@ -239,6 +242,7 @@ async def main() -> None:
     parser.add_argument("--bin", type=float, default=0.5)
     parser.add_argument("--window", type=float, nargs=2, default=(5.0, 15.0))
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--verbose", action="store_true", help="print the server's output")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     started = time.monotonic()

@@ -75,6 +75,7 @@ async def test_ftpipehd_learns() -> None:
     ({"version_aggregation": -1}, "version_aggregation"),
     ({"mode": "pipeline", "version_aggregation": 2}, "version_aggregation"),
     ({"schedule": "gpipe"}, "schedule"),
+    ({"optimizer": "mypackage.opt:make"}, "optimizer"),
     ({"devices": 1, "partition": ()}, "devices"),
 ])
 def test_ftpipehd_config_is_checked(changes: dict[str, object], message: str) -> None:

@@ -417,6 +417,10 @@ class Pipeline:
                         "without it", round_no + 1, lost.device, lost.stage)
         self.recovered = True
         self._before = (list(self.workers), [b for _, b in self.bounds[:-1]])
+        if lost.stalled:
+            # a neighbour's link may break a moment before the coordinator's own link to
+            # a dead device does: give that a heartbeat interval (at most 1 s) to show
+            await rounds.clock.sleep(min(1.0, self.config.heartbeat_interval))
         changed = self._enlist(await rounds.settled_alive())
         key = (epoch, first)
         self._replays = self._replays + 1 if key == self._replayed and not changed else 0
