@@ -60,7 +60,7 @@ from aiopipe import CostTable, RunConfig, VirtualClock, simulate
 from aiopipe.api import _measure
 from aiopipe.models import unit_count
 from aiopipe.runtime.plan import build_model
-from aiopipe.runtime.systems.pipeline import _Planner
+from aiopipe.runtime.systems.ftpipehd import Planner
 
 
 async def _run(config: RunConfig) -> tuple[list[float], list[float]]:
@@ -97,7 +97,7 @@ async def throughput(model: str, samples: int, batch: int, *, processes: bool = 
                      learning_rate=0.02, device_slowdown=slow,
                      network=network if processes else "lan")
     costs = _measure(base, None)
-    planner = _Planner.of(base, costs, build_model(base, num_classes=10,
+    planner = Planner.of(base, costs, build_model(base, num_classes=10,
                                                    in_shape=(3, 32, 32)), (3, 32, 32), batch)
     homogeneous = planner.cuts([1.0] * 4, range(4))
     dynamic = planner.cuts(list(slow), range(4))
@@ -153,7 +153,7 @@ async def capacity_change(model: str, samples: int, batch: int, every: int, at: 
                      batch_size=batch, epochs=1, test_samples=100, seed=3, momentum=0.5,
                      learning_rate=0.02, global_replication_every=every)
     costs = _measure(base, None)
-    planner = _Planner.of(base, costs, build_model(base, num_classes=10,
+    planner = Planner.of(base, costs, build_model(base, num_classes=10,
                                                    in_shape=(3, 32, 32)), (3, 32, 32), batch)
     homogeneous = planner.cuts([1.0] * 4, range(4)).cuts
     honest = device_module._DeviceNode._run_round

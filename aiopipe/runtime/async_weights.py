@@ -68,8 +68,8 @@ class StageWeights:
                                       torch.Tensor]] = {}
 
     def restart(self) -> None:
-        """The module's parameters are version 0 again (a new epoch: the pipeline was
-        flushed); stashes are dropped, the momentum kept."""
+        """The module's parameters are version 0 again (a new round: the pipeline was
+        flushed); stashes are dropped, the momentum kept (until the round's own is loaded)."""
         self.versions = {-1: {n: p.detach().clone() for n, p in self.module.named_parameters()}}
         self.applied = -1
         self.stashes.clear()
@@ -151,8 +151,8 @@ class StageWeights:
 
 class AsyncStageWork(StageWork):
     """A stage of FTPipeHD's asynchronous pipeline as the stage executor drives it: a round
-    is an epoch run as one iteration whose micro-batches are the epoch's whole batches
-    (the 1F1B action list with ``k_p = S − p``), each backward applies its own update
+    (``global_replication_every`` batches) is one iteration whose micro-batches are its
+    whole batches (the 1F1B action list with ``k_p = S − p``), each backward applies its own update
     through `StageWeights`, and the closing STEP writes the latest weights into the
     module (what the round returns). Inputs are checked as in `StageWork`.
 
@@ -237,7 +237,7 @@ class AsyncStageWork(StageWork):
         return None if grad is None else checked_input_gradient(grad)
 
     def step(self) -> None:
-        """The epoch is over (every update applied): the module takes the latest weights."""
+        """The round is over (every update applied): the module takes the latest weights."""
         with torch.no_grad():
             for name, param in self.module.named_parameters():
                 param.copy_(self.weights.versions[self.weights.applied][name])

@@ -11,12 +11,12 @@ admission, sessions, rounds and epochs, metrics, evaluation, checkpoints' writin
 
 from __future__ import annotations
 
-from aiopipe.config import PIPELINE_MODES
 from aiopipe.runtime.systems.base import Rounds, Setup, System
+from aiopipe.runtime.systems.ftpipehd import FTPipeHD
 from aiopipe.runtime.systems.pipeline import Pipeline
 from aiopipe.runtime.systems.star import Star
 
-__all__ = ["Pipeline", "Rounds", "Setup", "Star", "System", "system_for"]
+__all__ = ["FTPipeHD", "Pipeline", "Rounds", "Setup", "Star", "System", "system_for"]
 
 
 def system_for(setup: Setup) -> System:
@@ -25,6 +25,8 @@ def system_for(setup: Setup) -> System:
     Raises:
         ConfigError: the config cannot run (no plan fits, a bad partition...).
     """
-    if setup.config.mode in PIPELINE_MODES:
-        return Pipeline(setup)  # synchronous, or FTPipeHD's asynchronous
+    if setup.config.mode == "pipeline":
+        return Pipeline(setup)
+    if setup.config.mode == "ftpipehd":
+        return FTPipeHD(setup)
     return Star(setup)

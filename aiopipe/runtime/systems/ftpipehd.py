@@ -1,0 +1,394 @@
+"""FTPipeHD's asynchronous pipeline across heterogeneous devices (``mode = "ftpipehd"``).
+
+The synchronous pipeline's chain (`aiopipe.runtime.systems.pipeline`), run as FTPipeHD
+§III-C says (the rules are aiopipe/scheduler/async_pipeline.py): a round is
+``global_replication_every`` whole batches run as one iteration under 1F1B with
+``k_p = S − p`` forwards of warm-up and no flush until the round ends; each stage
+applies each batch's update as its backward ends, with weight stashing, vertical sync
+and weight aggregation (`aiopipe.runtime.async_weights.AsyncStageWork`). A round's end
+is a flush and FTPipeHD's global replication: every stage returns its weights and their
+momentum, so the coordinator holds the whole state between rounds (and checkpoints it:
+a restarted server resumes).
+
+The partition (§III-D): "auto" cuts come from FTPipeHD's planner
+(`aiopipe.scheduler.ftpipehd`) with the declared ``device_slowdown`` as capacities and
+each device's uplink as the link to the next stage, and are planned again after every
+round from the capacities the round measured (`FTPipeHD.after_round`).
+
+Faults (§III-F, `FTPipeHD._recover`): a round that cannot finish (a device lost, a
+neighbour's link broken, no gradient within ``device_timeout``: `RoundStalled`) is played
+again from its start by the devices alive, re-partitioned among them when they changed;
+no batch is applied twice or skipped. Device 0 holds the data: without it the run ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from aiopipe import models
+from aiopipe.config import RunConfig
+from aiopipe.errors import ConfigError, RoundStalledError, TrainingError
+from aiopipe.metrics.trace import Slice
+from aiopipe.protocol import RoundResult, RoundStart
+from aiopipe.runtime.async_weights import MOMENTUM, split_momentum
+from aiopipe.runtime.plan import measure_planning_costs, unit_output_shapes
+from aiopipe.runtime.systems.base import Rounds, Setup
+from aiopipe.runtime.systems.pipeline import Pipeline
+from aiopipe.scheduler.costs import CostTable
+from aiopipe.scheduler.estimate import DeviceProfile
+from aiopipe.scheduler.ftpipehd import Partition, ftpipehd_partition, pipeline_time
+from aiopipe.scheduler.schedule import Schedule, check_schedule, one_f_one_b, with_transfers
+
+__all__ = ["MAX_REPLAYS", "FTPipeHD", "Planner"]
+
+#: How many times in a row a round may be played again with the same devices (a fault
+#: that no re-partition removes) before the run ends.
+MAX_REPLAYS = 3
+
+log = logging.getLogger("aiopipe.server")
+
+
+class FTPipeHD(Pipeline):
+    """FTPipeHD's asynchronous pipeline (module docstring)."""
+
+    resumable = True
+
+    def __init__(self, setup: Setup) -> None:
+        #: the planner (built when first needed): "auto" cuts, and new ones after a
+        #: device is lost
+        self._planner: Planner | None = None
+        #: the capacity each device last measured (1 until measured)
+        self.capacity: dict[int, float] = {}
+        super().__init__(setup)
+        #: "auto" cuts are re-planned after every round from measured capacities, and a
+        #: resumed run goes on with the ones the planner had chosen
+        self.replanning = setup.config.partition == "auto"
+        self.planned_keys = ("partition",) if self.replanning else ()
+        self.round_iterations = 0  # a round's batches, once `prepare` knows
+        #: whether the round under way was played again after a fault
+        self.recovered = False
+        #: the round last played again, (epoch, first batch), and how many times in a
+        #: row with the same devices
+        self._replayed: tuple[int, int] | None = None
+        self._replays = 0
+        #: the worker list and cuts before the last change (`_enlist`)
+        self._before: tuple[list[int], list[int]] = (list(self.workers), self._cuts())
+        #: each parameter's momentum buffer (its stage's SGD state travels with its
+        #: weights, aiopipe.runtime.async_weights)
+        self.momentum: dict[str, torch.Tensor] = {}
+        if setup.config.momentum:
+            self.momentum = {name: torch.zeros_like(param.detach())
+                             for name, param in self.model.named_parameters()}
+
+    def _micro_batches(self) -> int:
+        """An iteration is one whole batch (a round's are its micro-batches, `prepare`)."""
+        return 1
+
+    def _auto_cuts(self, slowdowns: Sequence[float]) -> tuple[int, ...]:
+        """FTPipeHD's planner: the declared slowdowns as capacities, the uplinks as links."""
+        return self.planner().cuts(slowdowns, self.workers).cuts
+
+    def planner(self) -> Planner:
+        """FTPipeHD's planner for this run (built from the cost table, or by profiling,
+        when first asked)."""
+        if self._planner is None:
+            setup = self.setup
+            costs = setup.cost_table or measure_planning_costs(
+                self.config, self.model, setup.in_shape, setup.test_set)
+            self._planner = Planner.of(self.config, costs, self.model, setup.in_shape,
+                                       self.micro_batch_size)
+        return self._planner
+
+    def _cuts(self) -> list[int]:
+        return [b for _, b in self.bounds[:-1]]
+
+    def _schedule(self, n: int) -> Schedule:
+        # k_p = S − p batches in flight: PipeDream's 1F1B
+        warmup = [min(self.stages - p, n) for p in range(self.stages)]
+        schedule = with_transfers(one_f_one_b(self.stages, n, warmup))
+        check_schedule(schedule)
+        return schedule
+
+    def prepare(self, samples: Sequence[int],
+                devices: Sequence[DeviceProfile] | None = None) -> None:
+        """Device 0 holds the data: rounds of ``global_replication_every`` of its batches.
+
+        Raises:
+            ConfigError: fewer than one batch.
+        """
+        batches = samples[0] // self.micro_batch_size
+        if batches < 1:
+            raise ConfigError(f"device 0 holds {samples[0]} samples, fewer than one "
+                              f"batch ({self.micro_batch_size})")
+        every = self.config.global_replication_every
+        self.iterations_per_epoch = batches
+        self.round_iterations = min(every, batches) if every else batches
+        self._round_of(self.round_iterations)
+
+    def _round_of(self, batches: int) -> None:
+        """The coming round has ``batches`` batches (the epoch's last may have fewer)."""
+        if batches != self.parallel_batches:
+            self.parallel_batches = batches
+            self.schedule = self._schedule(batches)
+
+    # -- what devices are told -----------------------------------------------------------
+
+    def plan_entries(self) -> list[dict[str, Any]]:
+        """Per stage: its device, units (first, stop), batches per round, how many in
+        flight."""
+        return [{"stage": p, "device": self.workers[p], "units": [a, b],
+                 "batches": self.round_iterations, "schedule": "async 1f1b",
+                 "in_flight": self.stages - p}
+                for p, (a, b) in enumerate(self.bounds)]
+
+    def peer_keys(self, device_id: int) -> dict[str, str]:
+        """The keys of device ``device_id``'s pairs with every other device (whose stage
+        may come next to its own after a device is lost)."""
+        return self._pair_keys(device_id, [f"device{k}" for k in range(self.config.devices)
+                                           if k != device_id])
+
+    def frame_limit(self) -> int:
+        """The whole model's state and momentum, a round report's slices (a round is one
+        iteration) and a round's action list."""
+        return self._frame_limit(1, extra_tensors=list(self.momentum.values()))
+
+    def round_start(self, rounds: Rounds, p: int, round_no: int, epoch: int, first: int,
+                    iterations: int, state: Mapping[str, Any]) -> RoundStart:
+        """Stage p's `RoundStart`: one iteration of ``iterations`` whole batches from
+        batch ``first``; its version is the attempt's round number (a replayed round's
+        messages are told apart by it)."""
+        a, b = self.bounds[p]
+        return RoundStart(round_no, epoch, first, 1, state, p, self.stages, a, b,
+                          iterations, self.micro_batch_size, round_no,
+                          " ".join(map(str, self.schedule.actions[p])), self._peers(rounds, p))
+
+    # -- rounds --------------------------------------------------------------------------
+
+    async def run_round(self, rounds: Rounds, round_no: int, epoch: int, first: int,
+                        work: Sequence[int], participants: Sequence[int]
+                        ) -> dict[int, RoundResult]:
+        """Every stage's device trains the round together; their stages make the model.
+        A round that cannot finish is played again by the devices still there,
+        re-partitioned (`_recover`).
+
+        Raises:
+            TrainingError: device 0, which holds the data, is gone; or the round stopped
+                `MAX_REPLAYS` + 1 times with the same devices.
+        """
+        self.recovered = False
+        self._round_of(work[0])
+        if self._enlist(participants):
+            rounds.record_change(self._recovery(round_no, epoch, "at its start"))
+        while True:
+            try:
+                return await self._play_round(rounds, round_no, epoch, first, work)
+            except _StageLost as lost:
+                round_no = await self._recover(rounds, lost, round_no, epoch, first)
+
+    async def _play(self, rounds: Rounds, device: int, start: RoundStart) -> RoundResult:
+        """Stage ``start.stage``'s part of the round, on ``device``.
+
+        Raises:
+            _StageLost: its device was lost, or said its round stopped.
+        """
+        try:
+            result = await rounds.play(device, start, None)
+        except RoundStalledError as exc:
+            raise _StageLost(device, start.stage, rounds.clock.now(), str(exc)) from None
+        if result is None:
+            raise _StageLost(device, start.stage, rounds.clock.now())
+        return result
+
+    def _enlist(self, alive: Sequence[int]) -> bool:
+        """The worker list is the devices alive, in id order (§III-F: a lost one's
+        successors move up one place; one that came back takes its place again); when it
+        changed, the model is re-partitioned among them by the planner, with the
+        capacities they measured (1 where none was). Whether it changed.
+
+        Raises:
+            TrainingError: device 0 (the data) is gone.
+        """
+        workers = sorted(set(alive) & set(range(self.config.devices)))
+        if 0 not in workers:
+            raise TrainingError("device 0 is gone: it holds the data (FTPipeHD's central "
+                                "node), so the run cannot go on without it")
+        if workers == self.workers:
+            return False
+        self._before = (list(self.workers), self._cuts())
+        capacities = [self.capacity.get(w, 1.0) for w in workers]
+        cuts = self.planner().cuts(capacities, workers).cuts
+        self.workers, self.stages = workers, len(workers)
+        self._place(cuts)
+        self.schedule = self._schedule(self.parallel_batches)
+        return True
+
+    def _recovery(self, round_no: int, epoch: int, when: str, **more: Any) -> dict[str, Any]:
+        """The record of a change of the worker list (see `_enlist`)."""
+        workers, cuts = self._before
+        after = self._cuts()
+        log.warning("round %d (%s): the pipeline runs on devices %s (was %s), cuts %s "
+                    "(were %s)", round_no + 1, when, self.workers, workers, after, cuts)
+        return {"round": round_no, "epoch": epoch, "kind": "recovery",
+                "workers": list(self.workers), "workers_before": workers, "before": cuts,
+                "after": after, **more}
+
+    async def _recover(self, rounds: Rounds, lost: _StageLost, round_no: int,
+                       epoch: int, first: int) -> int:
+        """FTPipeHD's recovery (§III-F, with the choice of DESIGN §FTPipeHD): the round
+        is played again from its start, every stage from the weights and momentum the
+        coordinator sent it, by the devices still there (re-partitioned when they
+        changed); the round number of the new attempt.
+
+        Raises:
+            TrainingError: device 0 is gone, or the round stopped once too often.
+        """
+        if lost.stalled:
+            log.warning("round %d: %s; playing the round again", round_no + 1, lost.stalled)
+        else:
+            log.warning("round %d: device %d (stage %d) was lost; playing the round again "
+                        "without it", round_no + 1, lost.device, lost.stage)
+        self.recovered = True
+        self._before = (list(self.workers), self._cuts())
+        if lost.stalled:
+            # a neighbour's link may break a moment before the coordinator's own link to
+            # a dead device does: give that a heartbeat interval (at most 1 s) to show
+            await rounds.clock.sleep(min(1.0, self.config.heartbeat_interval))
+        changed = self._enlist(await rounds.settled_alive())
+        key = (epoch, first)
+        self._replays = self._replays + 1 if key == self._replayed and not changed else 0
+        self._replayed = key
+        if self._replays >= MAX_REPLAYS:
+            raise TrainingError(
+                f"the round of batches {first + 1}..{first + self.parallel_batches} of epoch "
+                f"{epoch + 1} stopped {MAX_REPLAYS + 1} times with the same devices; the "
+                f"last time: {lost}")
+        again = rounds.new_round()
+        gone = sorted(set(self._before[0]) - set(self.workers))
+        rounds.record_change(self._recovery(
+            round_no, epoch, "devices lost" if gone else "stalled", lost=gone,
+            stopped=lost.stalled or str(lost), noticed_at=lost.at,
+            resumed_at=rounds.clock.now(), replayed_as=again,
+            batches=[first, first + self.parallel_batches]))
+        return again
+
+    def _stage_state(self, stage: torch.nn.Module) -> dict[str, torch.Tensor]:
+        state = super()._stage_state(stage)
+        if self.momentum:
+            state.update({MOMENTUM + name: self.momentum[name].clone()
+                          for name, _ in stage.named_parameters()})
+        return state
+
+    def _absorb(self, state: dict[str, torch.Tensor]) -> None:
+        weights, momentum = split_momentum(state)
+        super()._absorb(weights)
+        self.momentum.update({name: buf.clone() for name, buf in momentum.items()})
+
+    async def after_round(self, rounds: Rounds, round_no: int, epoch: int,
+                          slices: Sequence[Slice], served: Sequence[int],
+                          paced: Sequence[bool]) -> dict[str, Any] | None:
+        """With "auto" cuts, re-partition after the round (§III-D): each stage's capacity
+        is the compute time its device spent on the round over the planner's time for
+        its units, and the cuts that the planner gives for those capacities are taken
+        when they promise at least 5% less time per batch. The next round hands each
+        device its new units' weights (from the global model). A round that was played
+        again after a fault measured nothing reliable: its record is the recovery's."""
+        if self.recovered or not self.replanning:
+            return None
+        planner = self.planner()
+        measured = [math.fsum(s.duration for s in slices if s.track == f"device{w}/compute"
+                              and s.name in ("f", "b", "s")) for w in self.workers]
+        capacities = planner.capacities(self.bounds, measured, self.parallel_batches)
+        self.capacity.update(zip(self.workers, capacities, strict=True))
+        cuts = tuple(self._cuts())
+        current = planner.time(cuts, capacities, self.workers)
+        chosen = planner.cuts(capacities, self.workers)
+        if chosen.cuts == cuts or not chosen.time_s < 0.95 * current:
+            return None
+        self._place(chosen.cuts)
+        log.info("re-partitioned after round %d (epoch %d): cuts %s -> %s for capacities "
+                 "%s (estimated %.3g -> %.3g s a batch)", round_no + 1, epoch + 1,
+                 list(cuts), list(chosen.cuts), [round(c, 2) for c in capacities], current,
+                 chosen.time_s)
+        return {"round": round_no, "epoch": epoch, "before": list(cuts),
+                "after": list(chosen.cuts), "capacities": capacities,
+                "estimated_s": [current, chosen.time_s]}
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
+        """The global model and every parameter's momentum (compute thread)."""
+        tensors = {f"model/{k}": v.detach().clone() for k, v in self.model.state_dict().items()}
+        tensors.update({MOMENTUM + k: v.clone() for k, v in self.momentum.items()})
+        return tensors
+
+    def restore(self, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
+        """Load a checkpoint's model, momentum and cuts ("auto": the ones the planner
+        had chosen)."""
+        self.model.load_state_dict({k[6:]: v for k, v in tensors.items()
+                                    if k.startswith("model/")})
+        self.momentum.update({k[len(MOMENTUM):]: v.clone() for k, v in tensors.items()
+                              if k.startswith(MOMENTUM)})
+        if self.planned_keys:
+            self._place(tuple(int(c) for c in config["partition"]))
+
+
+class _StageLost(Exception):
+    """The device of a stage was lost mid-round, or said its round stopped (``stalled``:
+    why), noticed at ``at``."""
+
+    def __init__(self, device: int, stage: int, at: float, stalled: str = "") -> None:
+        super().__init__(stalled or f"device {device} (stage {stage}) was lost")
+        self.device, self.stage, self.at, self.stalled = device, stage, at, stalled
+
+
+@dataclass(frozen=True, slots=True)
+class Planner:
+    """FTPipeHD's planner for one run: each unit's time per batch (the cost table's),
+    its output per batch, and each device's uplink (bytes/s): a stage's link to the
+    next is its device's uplink."""
+
+    times: tuple[float, ...]
+    sizes: tuple[float, ...]
+    uplinks: tuple[float, ...]
+
+    @classmethod
+    def of(cls, config: RunConfig, costs: CostTable, model: torch.nn.Sequential,
+           in_shape: tuple[int, ...], batch: int) -> Planner:
+        """The planner of ``config``'s run."""
+        units = models.unit_count(model)
+        times = tuple(costs.forward_time(u, u + 1, batch) + costs.backward_time(u, u + 1, batch)
+                      for u in range(units))
+        shapes = unit_output_shapes(model, in_shape)
+        sizes = tuple(4.0 * math.prod(shapes[u]) * batch for u in range(units))
+        rates = [config.device_network(k).up.bandwidth_bps for k in range(config.devices)]
+        return cls(times, sizes, tuple(r / 8 if r is not None else math.inf for r in rates))
+
+    def _links(self, workers: Sequence[int]) -> list[float]:
+        return [self.uplinks[w] for w in workers[:-1]]
+
+    def cuts(self, capacities: Sequence[float], workers: Sequence[int]) -> Partition:
+        """The best partition for ``capacities`` of the devices ``workers``, in order."""
+        return ftpipehd_partition(self.times, self.sizes, len(capacities),
+                                  capacities=capacities, bandwidths=self._links(workers))
+
+    def time(self, cuts: tuple[int, ...], capacities: Sequence[float],
+             workers: Sequence[int]) -> float:
+        """The estimated time per batch of ``cuts`` under ``capacities``."""
+        return pipeline_time(self.times, self.sizes, cuts, capacities=capacities,
+                             bandwidths=self._links(workers))
+
+    def capacities(self, bounds: Sequence[tuple[int, int]], measured: Sequence[float],
+                   batches: int) -> list[float]:
+        """Each stage's capacity from the compute seconds it measured over ``batches``
+        batches (a stage that measured nothing keeps 1)."""
+        result = []
+        for (first, stop), seconds in zip(bounds, measured, strict=True):
+            reference = math.fsum(self.times[first:stop]) * batches
+            result.append(seconds / reference if seconds > 0 and reference > 0 else 1.0)
+        return result
