@@ -17,7 +17,7 @@ from, and parameters that move to another device keep their momentum.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -94,13 +94,18 @@ class StageWeights:
         return output
 
     def backward(self, batch: int, grad_output: torch.Tensor | None = None, *,
-                 loss: torch.Tensor | None = None) -> torch.Tensor | None:
+                 loss: torch.Tensor | None = None,
+                 check: Callable[[torch.Tensor], torch.Tensor] | None = None
+                 ) -> torch.Tensor | None:
         """Batch ``batch``'s backward on its stashed weights (``loss`` at the last stage,
         else the gradient of the output), then its update: ``W(batch)``. Updates must come
-        in batch order. Returns the gradient of the input (None at stage 0).
+        in batch order. Returns the gradient of the input (None at stage 0), passed
+        through ``check`` before the update is applied (so an input whose gradient
+        ``check`` refuses leaves the weights as they were).
 
         Raises:
             ValueError: an update out of order, or neither ``loss`` nor a gradient.
+            Exception: what ``check`` raises.
         """
         if batch != self.applied + 1:
             raise ValueError(f"stage {self.stage}: update {batch} after {self.applied}")
@@ -112,8 +117,11 @@ class StageWeights:
             grads = torch.autograd.grad(output, wrt, grad_output)
         else:
             raise ValueError("a backward needs the loss or the output's gradient")
+        grad_input = grads[-1] if inputs.requires_grad else None
+        if grad_input is not None and check is not None:
+            grad_input = check(grad_input)
         self._apply(batch, dict(zip(leaves, grads[:len(leaves)], strict=True)))
-        return grads[-1] if inputs.requires_grad else None
+        return grad_input
 
     def _apply(self, update: int, grads: Mapping[str, torch.Tensor]) -> None:
         with torch.no_grad():
@@ -227,14 +235,14 @@ class AsyncStageWork(StageWork):
             RemoteProtocolError: the gradient is not finite, or does not fit the output.
         """
         if self.last:
-            grad = self.weights.backward(micro_batch, loss=self._losses.pop(micro_batch))
-        else:
-            if gradient is None:
-                raise ValueError("a backward before the last stage needs a gradient")
-            output = self.weights.stashes[micro_batch][2]
-            grad = self.weights.backward(
-                micro_batch, checked_gradient(gradient.to(output.device), output))
-        return None if grad is None else checked_input_gradient(grad)
+            return self.weights.backward(micro_batch, loss=self._losses.pop(micro_batch),
+                                         check=checked_input_gradient)
+        if gradient is None:
+            raise ValueError("a backward before the last stage needs a gradient")
+        output = self.weights.stashes[micro_batch][2]
+        return self.weights.backward(
+            micro_batch, checked_gradient(gradient.to(output.device), output),
+            check=checked_input_gradient)
 
     def step(self) -> None:
         """The round is over (every update applied): the module takes the latest weights."""
