@@ -100,7 +100,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                           "0: once per epoch; default 100)")
     run.add_argument("--network", help="network preset: 4g, 4g+, wifi or lan")
     run.add_argument("--device-timeout", type=float,
-                     help="seconds of silence before a device connection is given up")
+                     help="seconds of silence before a device connection is given up "
+                          "(mode ftpipehd: also how long device 0 waits for the same "
+                          "gradients before its round stops and is played again)")
     run.add_argument("--reconnect-grace", type=float,
                      help="seconds a disconnected device has to reconnect before its round "
                           "goes on without it (default 10)")

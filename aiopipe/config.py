@@ -135,7 +135,9 @@ class RunConfig:
         device_timeout: seconds of silence (no message at all, heartbeats included)
             after which a connection is given up (so a silent device is lost after
             device_timeout + reconnect_grace, a disconnected one after reconnect_grace).
-            It must exceed the time one frame takes on the slowest link.
+            It must exceed the time one frame takes on the slowest link. In ftpipehd it
+            is also FTPipeHD's timer: device 0 stops a round that has waited this long
+            for the same gradients, and the round is played again.
         reconnect_grace: seconds a device whose connection broke has to reconnect
             before the server declares it lost and its round goes on without it (the
             recovery time after a crash; a reconnect later than this rejoins at the next
