@@ -98,12 +98,13 @@ class Assignment:
         """Whether this is the pipeline's last stage (it computes the loss)."""
         return self.stage == self.stages - 1
 
-    def same_stage(self, other: Assignment) -> bool:
+    def same_stage(self, other: Assignment, *, whole_batches: bool = False) -> bool:
         """Whether ``other`` runs the same units on micro-batches of the same size (so
-        the stage built for it can be reused)."""
-        return (self.stage, self.stages, self.first_unit, self.stop_unit,
-                self.parallel_batches) == (other.stage, other.stages, other.first_unit,
-                                           other.stop_unit, other.parallel_batches)
+        the stage built for it can be reused); with ``whole_batches`` (FTPipeHD, whose
+        stage does not depend on a round's batch count) the same units are enough."""
+        return (self.stage, self.stages, self.first_unit, self.stop_unit) == (
+            other.stage, other.stages, other.first_unit, other.stop_unit) and (
+            whole_batches or self.parallel_batches == other.parallel_batches)
 
     def peer_at(self, stage: int) -> str | None:
         """The peer device running ``stage``, or None (then the coordinator does)."""

@@ -67,6 +67,7 @@ from aiopipe.protocol import (
     Ready,
     RoundResult,
     RoundStart,
+    TensorData,
     state_to_wire,
 )
 from aiopipe.runtime.admission import Admission
@@ -301,19 +302,27 @@ class Coordinator:
 
     # -- what systems ask ----------------------------------------------------------------
 
-    async def play(self, device_id: int, start: RoundStart,
-                   stage: ServerStage | None) -> RoundResult | None:
-        """Device ``device_id``'s part of a round; None when it was lost meanwhile."""
+    async def play(self, device_id: int, start: RoundStart, stage: ServerStage | None, *,
+                   returns: Mapping[str, TensorData] | None = None) -> RoundResult | None:
+        """Device ``device_id``'s part of a round; None when it was lost meanwhile.
+        ``returns``: the tensors its result must hold, when not the ones ``start``
+        sends."""
         session = self.sessions[device_id]
         if session.window is None and start.round > 0:
             log.warning("device %d takes part again from round %d", device_id,
                         start.round + 1)
         try:
-            return await session.run_round(start, stage)
+            return await session.run_round(start, stage, returns=returns)
         except DeviceLostError as exc:
             log.warning("round %d goes on without device %d: %s", start.round + 1, device_id,
                         exc)
             return None
+
+    def session_of(self, device_id: int) -> int:
+        """An id of device ``device_id``'s session (0: none): a new one when its process
+        started afresh, the same across reconnections."""
+        session = self.sessions.get(device_id)
+        return session.nonce if session is not None and not session.ended else 0
 
     def copy_checkpoint(self) -> None:
         """Let a pending checkpoint's copy go now (see [Note: background checkpoints])."""

@@ -147,7 +147,9 @@ class Holdings:
         assignment = Assignment.from_round_start(
             message, units=self.units, batch_size=self.config.batch_size,
             activation_shapes=self.activation_shapes, me=name, whole_batches=asynchronous)
-        if previous is None or work is None or not assignment.same_stage(previous):
+        kept_stage = (previous is not None and work is not None
+                      and assignment.same_stage(previous, whole_batches=asynchronous))
+        if not kept_stage:
             module = models.units_of(self.whole, assignment.first_unit, assignment.stop_unit)
             kept = (work.module, work.optimizer) if work is not None else None
             if previous is not None:
@@ -168,10 +170,18 @@ class Holdings:
                     first=assignment.stage == 0, last=assignment.last,
                     parallel_batches=assignment.parallel_batches,
                     num_classes=self.plan.num_classes, loss=self.loss)
-        state, momentum = split_momentum(state_from_wire(message.tensors))
-        work.module.load_state_dict(state)
+        assert work is not None
+        # [Note: kept weights] FTPipeHD sends no tensors to a device that holds its stage
+        # from the last round: it keeps its weights and momentum
+        keep = asynchronous and not message.tensors
+        if keep and not kept_stage and next(work.module.parameters(), None) is not None:
+            raise RemoteProtocolError(f"round {message.round} asks {name} to keep weights "
+                                      "it does not hold")
+        if not keep:
+            state, momentum = split_momentum(state_from_wire(message.tensors))
+            work.module.load_state_dict(state)
         work.clear()
-        if isinstance(work, AsyncStageWork):
+        if isinstance(work, AsyncStageWork) and not keep:
             work.load_momentum(momentum)
         work.reset_totals()
         # [Note: a redone round] a round started again begins where it began before

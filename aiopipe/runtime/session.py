@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import logging
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -66,6 +67,7 @@ from aiopipe.protocol import (
     RoundResult,
     RoundStalled,
     RoundStart,
+    TensorData,
     to_torch,
 )
 from aiopipe.runtime.assignment import Assignment, check_data_message
@@ -120,6 +122,8 @@ class RoundWindow:
     iterations: int
     start: RoundStart
     stage: ServerStage | None
+    #: the tensors the device's result must hold (what ``start`` sent, unless told)
+    returns: Mapping[str, TensorData]
 
 
 class _DeviceRoute:
@@ -193,7 +197,8 @@ class DeviceSession:
 
     # -- driven by the coordinator -----------------------------------------------------
 
-    async def run_round(self, start: RoundStart, stage: ServerStage | None) -> RoundResult:
+    async def run_round(self, start: RoundStart, stage: ServerStage | None, *,
+                        returns: Mapping[str, TensorData] | None = None) -> RoundResult:
         """Send the round's weights and work, run the coordinator's ``stage`` for it, and
         return the device's result (with the stage's loss when the coordinator computed
         it).
@@ -204,7 +209,8 @@ class DeviceSession:
         if self.ended:
             raise DeviceLostError(f"device {self.device_id} is gone")
         self.window = RoundWindow(start.round, start.epoch, start.first_iteration,
-                                  start.iterations, start, stage)
+                                  start.iterations, start, stage,
+                                  start.tensors if returns is None else returns)
         self.seen.clear()
         self.gradients.clear()
         self.round_result = None  # of an attempt given up on, if any
@@ -475,7 +481,7 @@ class DeviceSession:
         if message.round != window.round:
             raise RemoteProtocolError(f"result for round {message.round}, expected "
                                       f"{window.round}")
-        sent = window.start.tensors  # the device returns the stage it was sent, trained
+        sent = window.returns  # the device returns the stage it was sent (or kept), trained
         if set(message.tensors) != set(sent):
             raise RemoteProtocolError("round result does not hold the device half's tensors")
         for name, tensor in message.tensors.items():

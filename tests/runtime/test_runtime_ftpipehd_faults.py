@@ -120,6 +120,11 @@ async def test_rounds_end_at_each_global_replication(every: int) -> None:
     rounds = 8 if every else 2
     _assert_same(result.model.state_dict(), _reference(config, [[1, 2, 3]] * rounds))
     assert [e.samples for e in result.epochs] == [80, 80]
+    # every round the devices send their stages up; only the run's first round sends
+    # them down: then each device holds its stage ([Note: kept weights])
+    first, second = result.epochs
+    assert first.bytes_down > 0.5 * first.bytes_up / (4 if every else 1)
+    assert second.bytes_down < 0.05 * second.bytes_up
 
 
 @pytest.mark.parametrize("killed", [2, 3])

@@ -13,7 +13,7 @@ from aiopipe import data as datasets
 from aiopipe.clock import Clock
 from aiopipe.config import RunConfig
 from aiopipe.metrics.trace import Slice
-from aiopipe.protocol import Hello, RoundResult, RoundStart
+from aiopipe.protocol import Hello, RoundResult, RoundStart, TensorData
 from aiopipe.runtime.compute import Compute
 from aiopipe.runtime.stage import ServerStage
 from aiopipe.scheduler.costs import CostTable
@@ -51,9 +51,16 @@ class Rounds(Protocol):
     compute: Compute
     cost_table: CostTable | None
 
-    async def play(self, device_id: int, start: RoundStart,
-                   stage: ServerStage | None) -> RoundResult | None:
-        """Run device ``device_id``'s part of a round; None when it was lost meanwhile."""
+    async def play(self, device_id: int, start: RoundStart, stage: ServerStage | None, *,
+                   returns: Mapping[str, TensorData] | None = None) -> RoundResult | None:
+        """Run device ``device_id``'s part of a round; None when it was lost meanwhile.
+        ``returns``: the tensors its result must hold (names, dtypes, shapes), when not
+        the ones ``start`` sends."""
+        ...
+
+    def session_of(self, device_id: int) -> int:
+        """An id of device ``device_id``'s session (0: none): a new one when its process
+        started afresh, the same across reconnections."""
         ...
 
     def copy_checkpoint(self) -> None:

@@ -79,6 +79,12 @@ class FTPipeHD(Pipeline):
         self._replays = 0
         #: the worker list and cuts before the last change (`_enlist`)
         self._before: tuple[list[int], list[int]] = (list(self.workers), self._cuts())
+        #: per device, (its session, its stage's units) when it holds, from the last
+        #: round it completed, exactly the weights and momentum the coordinator has for
+        #: them: its next RoundStart sends none ([Note: kept weights])
+        self._held: dict[int, tuple[int, tuple[int, int]]] = {}
+        #: per device, the tensors its result must hold when it was sent none
+        self._returns: dict[int, Mapping[str, Any]] = {}
         #: each parameter's momentum buffer (its stage's SGD state travels with its
         #: weights, aiopipe.runtime.async_weights)
         self.momentum: dict[str, torch.Tensor] = {}
@@ -162,8 +168,16 @@ class FTPipeHD(Pipeline):
                     iterations: int, state: Mapping[str, Any]) -> RoundStart:
         """Stage p's `RoundStart`: one iteration of ``iterations`` whole batches from
         batch ``first``; its version is the attempt's round number (a replayed round's
-        messages are told apart by it)."""
+        messages are told apart by it). No weights when its device holds them already
+        ([Note: kept weights] in aiopipe/runtime/holdings.py): the first attempt at a
+        round after one its device completed, in the same session, with the same units;
+        the device's result must then hold what ``state`` would have sent."""
         a, b = self.bounds[p]
+        device = self.workers[p]
+        self._returns.pop(device, None)
+        if not self.recovered and self._held.get(device) == (rounds.session_of(device),
+                                                               (a, b)):
+            self._returns[device], state = state, {}
         return RoundStart(round_no, epoch, first, 1, state, p, self.stages, a, b,
                           iterations, self.micro_batch_size, round_no,
                           " ".join(map(str, self.schedule.actions[p])), self._peers(rounds, p))
@@ -187,9 +201,14 @@ class FTPipeHD(Pipeline):
             rounds.record_change(self._recovery(round_no, epoch, "at its start"))
         while True:
             try:
-                return await self._play_round(rounds, round_no, epoch, first, work)
+                done = await self._play_round(rounds, round_no, epoch, first, work)
             except _StageLost as lost:
+                self._held.clear()  # an attempt given up on left the devices' weights
                 round_no = await self._recover(rounds, lost, round_no, epoch, first)
+                continue
+            self._held = {w: (rounds.session_of(w), bounds)
+                          for w, bounds in zip(self.workers, self.bounds, strict=True)}
+            return done
 
     async def _play(self, rounds: Rounds, device: int, start: RoundStart) -> RoundResult:
         """Stage ``start.stage``'s part of the round, on ``device``.
@@ -198,7 +217,8 @@ class FTPipeHD(Pipeline):
             _StageLost: its device was lost, or said its round stopped.
         """
         try:
-            result = await rounds.play(device, start, None)
+            result = await rounds.play(device, start, None,
+                                       returns=self._returns.pop(device, None))
         except RoundStalledError as exc:
             raise _StageLost(device, start.stage, rounds.clock.now(), str(exc)) from None
         if result is None:
