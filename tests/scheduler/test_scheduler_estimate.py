@@ -657,16 +657,16 @@ def test_a_cost_table_keeps_its_aggregation_cost() -> None:
 
 
 def test_the_aggregation_is_timed_fixed_and_per_device() -> None:
-    """Work that costs ~200 units plus ~600 units per device: both parts come out positive
-    and in that order (CPU time of in-place arithmetic, no allocation: a loaded machine
+    """Work that costs ~1000 units plus ~4000 units per device: both parts come out
+    positive and in that order (CPU time of in-place arithmetic, no allocation: a loaded machine
     hardly moves it)."""
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
     calls: list[int] = []
-    x = torch.ones(200_000)
+    x = torch.ones(50_000)
 
     def aggregate(devices: int) -> None:
         calls.append(devices)
-        for _ in range(200 + 600 * devices):
+        for _ in range(1000 + 4000 * devices):
             x.mul_(0.5).add_(1.0)
 
     costs = measure_costs(model, (12,), [2], repeats=1, warmup=0, aggregate=aggregate,
