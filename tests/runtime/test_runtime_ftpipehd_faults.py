@@ -213,6 +213,32 @@ async def test_a_worker_restarted_at_once_takes_its_stage_in_the_replay() -> Non
     _assert_same(result.model.state_dict(), _reference(CONFIG, [[1, 2, 3], [1, 2, 3]]))
 
 
+async def test_a_worker_back_after_the_grace_takes_part_from_the_next_round() -> None:
+    """Device 2 killed, and started again only after it was given up: the round is played
+    again on devices 0, 1 and 3; the next round (epoch 3) runs on all four again. Device
+    0 keeps its units across both changes but not its stage's place in a pipeline of
+    another length, so it is sent its weights again (not told to keep them)."""
+    config = CONFIG.replace(epochs=3)
+    run = _Run(config, VirtualClock())
+
+    async def restart_late(run: _Run) -> None:
+        await run.mid_round(1)
+        run.tasks[2].cancel()
+        await asyncio.wait([run.tasks[2]])
+        while run.node.rounds < 3:  # the replay (round 2) has begun without it
+            await run.clock.sleep(0.01)
+        run.tasks[2] = run.group.create_task(run.device(2))
+
+    result = await run.train(restart_late)
+    assert not isinstance(result, Exception), result
+    lost, back = run.node.replans
+    assert lost["workers"] == [0, 1, 3]
+    assert back["workers"] == [0, 1, 2, 3]
+    assert [e.samples for e in result.epochs] == [80, 80, 80]
+    _assert_same(result.model.state_dict(),
+                 _reference(config, [[1, 2, 3], lost["after"], back["after"]]))
+
+
 async def test_only_the_round_under_way_is_played_again() -> None:
     """Rounds of 4 batches (global replication every 4; 10 batches an epoch: rounds of 4,
     4 and 2): device 2 killed in epoch 2's second round (round 5). The rounds before

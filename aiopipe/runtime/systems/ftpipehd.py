@@ -79,10 +79,11 @@ class FTPipeHD(Pipeline):
         self._replays = 0
         #: the worker list and cuts before the last change (`_enlist`)
         self._before: tuple[list[int], list[int]] = (list(self.workers), self._cuts())
-        #: per device, (its session, its stage's units) when it holds, from the last
-        #: round it completed, exactly the weights and momentum the coordinator has for
-        #: them: its next RoundStart sends none ([Note: kept weights])
-        self._held: dict[int, tuple[int, tuple[int, int]]] = {}
+        #: per device, (its session, its stage: units, place, the pipeline's length) when
+        #: it holds, from the last round it completed, exactly the weights and momentum
+        #: the coordinator has for them: its next RoundStart sends none ([Note: kept
+        #: weights])
+        self._held: dict[int, tuple[int, tuple[int, int, int, int]]] = {}
         #: per device, the tensors its result must hold when it was sent none
         self._returns: dict[int, Mapping[str, Any]] = {}
         #: each parameter's momentum buffer (its stage's SGD state travels with its
@@ -176,7 +177,7 @@ class FTPipeHD(Pipeline):
         device = self.workers[p]
         self._returns.pop(device, None)
         if not self.recovered and self._held.get(device) == (rounds.session_of(device),
-                                                               (a, b)):
+                                                               self._stage_of(p)):
             self._returns[device], state = state, {}
         return RoundStart(round_no, epoch, first, 1, state, p, self.stages, a, b,
                           iterations, self.micro_batch_size, round_no,
@@ -206,9 +207,15 @@ class FTPipeHD(Pipeline):
                 self._held.clear()  # an attempt given up on left the devices' weights
                 round_no = await self._recover(rounds, lost, round_no, epoch, first)
                 continue
-            self._held = {w: (rounds.session_of(w), bounds)
-                          for w, bounds in zip(self.workers, self.bounds, strict=True)}
+            self._held = {w: (rounds.session_of(w), self._stage_of(p))
+                          for p, w in enumerate(self.workers)}
             return done
+
+    def _stage_of(self, p: int) -> tuple[int, int, int, int]:
+        """Stage p as a device's stage is the same one: its units, place and the
+        pipeline's length (`Assignment.same_stage`)."""
+        a, b = self.bounds[p]
+        return a, b, p, self.stages
 
     async def _play(self, rounds: Rounds, device: int, start: RoundStart) -> RoundResult:
         """Stage ``start.stage``'s part of the round, on ``device``.
