@@ -176,3 +176,25 @@ async def test_a_neighbour_s_next_round_may_come_before_ours_with_a_new_cut(
     assert change["after"][0] == 1
     assert second.changes == ()  # no replay: nothing was refused
     assert [e.samples for e in result.epochs] == [160, 160]
+
+
+def test_a_device_told_to_keep_weights_it_does_not_hold_refuses_the_round() -> None:
+    """[Note: kept weights]: a RoundStart with no tensors means "keep your stage's
+    weights"; a device that has not run that stage (a fresh process, another stage)
+    refuses the round instead of training from its untrained weights."""
+    from aiopipe.errors import RemoteProtocolError
+    from aiopipe.protocol import Plan, RoundStart
+    from aiopipe.runtime.holdings import Holdings
+
+    config = CONFIG
+    plan = Plan(1, "ftpipehd", {}, 1 << 63, in_shape=(3, 32, 32), num_classes=10)
+    holdings = Holdings.open(config, plan, None, torch.device("cpu"))
+    from aiopipe.scheduler import schedule
+
+    actions = " ".join(map(str, schedule.with_transfers(
+        schedule.one_f_one_b(3, 4, [3, 2, 1])).actions[1]))
+    start = RoundStart(0, 0, 0, 1, {}, 1, 3, 1, 3, 4, config.batch_size, 0, actions,
+                       {"device0": {"stage": 0, "address": "a"},
+                        "device2": {"stage": 2, "address": "b"}})
+    with pytest.raises(RemoteProtocolError, match="keep weights it does not hold"):
+        holdings.assign(start, None, None)
