@@ -371,18 +371,12 @@ class RunConfig:
             raise _fail("partition", partition, '"auto" or a list of cut points')
         if self.schedule not in SCHEDULES:
             raise _fail("schedule", self.schedule, f"one of {', '.join(SCHEDULES)}")
-        aggregation = self.version_aggregation
-        if isinstance(aggregation, bool) or not isinstance(aggregation, int) or aggregation < 0:
-            raise _fail("version_aggregation", aggregation, "an integer >= 0")
-        if self.mode != "ftpipehd" and aggregation != 1:
-            raise _fail("version_aggregation", aggregation,
-                        'its default: it is for mode "ftpipehd"')
-        every = self.global_replication_every
-        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
-            raise _fail("global_replication_every", every, "an integer >= 0")
-        if self.mode != "ftpipehd" and every != 100:
-            raise _fail("global_replication_every", every,
-                        'its default: it is for mode "ftpipehd"')
+        for name, initial in (("version_aggregation", 1), ("global_replication_every", 100)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise _fail(name, value, "an integer >= 0")
+            if self.mode != "ftpipehd" and value != initial:
+                raise _fail(name, value, 'its default: it is for mode "ftpipehd"')
         if self.mode == "ftpipehd" and self.optimizer != "sgd":
             raise _fail("optimizer", self.optimizer, 'its default, "sgd": ftpipehd applies SGD '
                         "(learning_rate, momentum) itself, to each stage's weight versions")

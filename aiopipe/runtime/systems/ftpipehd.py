@@ -236,7 +236,8 @@ class FTPipeHD(Pipeline):
         """The worker list is the devices alive, in id order (§III-F: a lost one's
         successors move up one place; one that came back takes its place again); when it
         changed, the model is re-partitioned among them by the planner, with the
-        capacities they measured (1 where none was). Whether it changed.
+        capacities they measured (1 where none was). Whether it changed (what it was is
+        kept for the record: `_recovery`).
 
         Raises:
             TrainingError: device 0 (the data) is gone.
@@ -245,9 +246,9 @@ class FTPipeHD(Pipeline):
         if 0 not in workers:
             raise TrainingError("device 0 is gone: it holds the data (FTPipeHD's central "
                                 "node), so the run cannot go on without it")
+        self._before = (list(self.workers), self._cuts())
         if workers == self.workers:
             return False
-        self._before = (list(self.workers), self._cuts())
         capacities = [self.capacity.get(w, 1.0) for w in workers]
         cuts = self.planner().cuts(capacities, workers).cuts
         self.workers, self.stages = workers, len(workers)
@@ -281,7 +282,6 @@ class FTPipeHD(Pipeline):
             log.warning("round %d: device %d (stage %d) was lost; playing the round again "
                         "without it", round_no + 1, lost.device, lost.stage)
         self.recovered = True
-        self._before = (list(self.workers), self._cuts())
         if lost.stalled:
             # a neighbour's link may break a moment before the coordinator's own link to
             # a dead device does: give that a heartbeat interval (at most 1 s) to show
