@@ -98,6 +98,10 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                      help="mode ftpipehd: batches between global replications (a flush; "
                           "where re-partitioning happens and a fault's replay starts; "
                           "0: once per epoch; default 100)")
+    run.add_argument("--chain-replication-every", type=int,
+                     help="mode ftpipehd: batches between chain replications (each stage's "
+                          "weights to the next stage's device; a fault's replay starts from "
+                          "the latest one that survived; 0: none; default 50)")
     run.add_argument("--network", help="network preset: 4g, 4g+, wifi or lan")
     run.add_argument("--device-timeout", type=float,
                      help="seconds of silence before a device connection is given up "
@@ -158,7 +162,8 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "optimizer", "dataset", "test_sample
                    "learning_rate", "seed", "out_dir", "shape_links", "device_timeout",
                    "heartbeat_interval", "reconnect_grace", "replan", "device_memory_mb",
                    "partition", "schedule", "profile_devices", "aggregation", "outliers",
-                   "version_aggregation", "momentum", "global_replication_every")
+                   "version_aggregation", "momentum", "global_replication_every",
+                   "chain_replication_every")
 
 
 def config_from_args(args: argparse.Namespace, **defaults: Any) -> RunConfig:

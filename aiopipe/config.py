@@ -114,6 +114,10 @@ class RunConfig:
             pipeline flushes and the coordinator takes every stage's weights and
             momentum: a round ends; re-partitioning happens there, and a round lost to
             a fault is played again from there); 0: once per epoch.
+        chain_replication_every: ftpipehd: batches between chain replications (each
+            stage sends its weights and momentum to the next stage's device, the last
+            stage to the coordinator; a round lost to a fault is played again from the
+            latest point every stage's state survived); 0: none.
         network: a preset ("4g", "4g+", "wifi", "lan") or a table with ``up_mbps``,
             ``down_mbps`` and optional ``latency_ms``; or a list of those, one per
             device (each device's own links, PiPar Eqs. 9-10).
@@ -213,6 +217,7 @@ class RunConfig:
     outlier_limit: float = 10.0
     version_aggregation: int = 1
     global_replication_every: int = 100
+    chain_replication_every: int = 50
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -371,7 +376,8 @@ class RunConfig:
             raise _fail("partition", partition, '"auto" or a list of cut points')
         if self.schedule not in SCHEDULES:
             raise _fail("schedule", self.schedule, f"one of {', '.join(SCHEDULES)}")
-        for name, initial in (("version_aggregation", 1), ("global_replication_every", 100)):
+        for name, initial in (("version_aggregation", 1), ("global_replication_every", 100),
+                              ("chain_replication_every", 50)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise _fail(name, value, "an integer >= 0")

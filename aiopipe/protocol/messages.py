@@ -30,6 +30,12 @@ Conversation of a device ``k`` with the coordinator ``C`` (the server)::
       k → C  RoundResult(round, samples, loss_sum, correct, tensors)
       k → C  RoundReport(round, report)
       k → C  RoundStalled(round, reason)   (ftpipehd: the round cannot finish here)
+      ftpipehd's chain replication, every ``chain_replication_every`` batches:
+        p → p+1  Replica(round, stage, batches, loss_sum, correct, tensors)
+        S-1 → C  Replica(...)                  (the last stage's, to the coordinator)
+      and when the coordinator recovers a round from them:
+        C → k    ReplicaRequest(round, batches, stages)
+        k → C    Replica(...) for each stage asked (no tensors: not held)
     C → k  Bye(reason)
     either way, any time: Heartbeat(seq); ErrorMessage(code, message) before closing.
 
@@ -72,6 +78,8 @@ __all__ = [
     "Profile",
     "ProfileRequest",
     "Ready",
+    "Replica",
+    "ReplicaRequest",
     "RoundReport",
     "RoundResult",
     "RoundStalled",
@@ -80,7 +88,7 @@ __all__ = [
     "check_node_name",
 ]
 
-PROTOCOL_VERSION: Final = 4
+PROTOCOL_VERSION: Final = 5
 
 #: Training modes a plan can name.
 MODES: Final = ("fl", "sl", "sfl", "pipar", "pipeline", "ftpipehd")
@@ -509,6 +517,45 @@ class RoundStalled:
 
 
 @dataclass(frozen=True, slots=True)
+class Replica:
+    """FTPipeHD's chain replication (§III-E): stage ``stage``'s weights, buffers and
+    momentum (``tensors``) once the first ``batches`` batches of round ``round`` were
+    applied there, with the loss summed and the samples classified right over those
+    batches (the last stage's; 0 elsewhere). Sent to the next stage's device (the last
+    stage's to the coordinator), and to the coordinator when it asks (`ReplicaRequest`):
+    then no tensors says the device holds none."""
+
+    round: int
+    stage: int
+    batches: int
+    loss_sum: float
+    correct: int
+    tensors: Mapping[str, TensorData]
+
+    def __post_init__(self) -> None:
+        for name in ("round", "stage", "batches", "correct"):
+            _check_index(name, getattr(self, name))
+        if not isinstance(self.loss_sum, float) or not math.isfinite(self.loss_sum):
+            raise LocalProtocolError(f"loss_sum must be a finite float, got {self.loss_sum!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRequest:
+    """The coordinator recovers round ``round`` from its chain replicas: send the
+    `Replica` of each stage in ``stages`` after its first ``batches`` batches."""
+
+    round: int
+    batches: int
+    stages: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        _check_index("round", self.round)
+        _check_index("batches", self.batches)
+        for stage in self.stages:
+            _check_index("stage", stage)
+
+
+@dataclass(frozen=True, slots=True)
 class Heartbeat:
     """Liveness signal, either direction."""
 
@@ -553,6 +600,8 @@ Message = (
     | RoundResult
     | RoundReport
     | RoundStalled
+    | Replica
+    | ReplicaRequest
     | Heartbeat
     | Bye
     | ErrorMessage

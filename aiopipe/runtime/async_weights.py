@@ -25,11 +25,12 @@ from torch import nn
 from torch.func import functional_call
 
 from aiopipe.errors import RemoteProtocolError
+from aiopipe.protocol import TensorData, state_to_wire
 from aiopipe.runtime.factories import Loss
 from aiopipe.runtime.stage import StageWork, checked_gradient, checked_input_gradient
 from aiopipe.scheduler.async_pipeline import aggregates_before, forward_weights, version_of
 
-__all__ = ["MOMENTUM", "AsyncStageWork", "StageWeights", "split_momentum"]
+__all__ = ["MOMENTUM", "AsyncStageWork", "ChainSnapshot", "StageWeights", "split_momentum"]
 
 #: How a parameter's momentum buffer is named in a round's tensors (no parameter name
 #: holds a colon).
@@ -157,6 +158,11 @@ class StageWeights:
         return {n: t.clone() for n, t in self.versions[self.applied].items()}
 
 
+#: A stage's state after a round's first ``batches`` batches (FTPipeHD's chain
+#: replication): (batches, its state dict and momentum on the wire, loss_sum, correct).
+ChainSnapshot = tuple[int, dict[str, TensorData], float, int]
+
+
 class AsyncStageWork(StageWork):
     """A stage of FTPipeHD's asynchronous pipeline as the stage executor drives it: a round
     (``global_replication_every`` batches) is one iteration whose micro-batches are its
@@ -164,27 +170,69 @@ class AsyncStageWork(StageWork):
     through `StageWeights`, and the closing STEP writes the latest weights into the
     module (what the round returns). Inputs are checked as in `StageWork`.
 
+    [Note: chain snapshots] Every ``chain_every`` batches of a round but its last, the
+    stage snapshots its state as it would be had the round ended there: the weights
+    just after that batch's update, their momentum, and the module's buffers (batch
+    norm's running statistics) as that batch's forward left them: the forwards of later
+    batches, already run by then, are not in it. Played again from there, a round
+    computes exactly what the rounds it would split into compute (the device sends the
+    snapshots on: `take_snapshots`).
+
     Args:
         module, first, last, num_classes, loss: as `StageWork`'s.
         stages, stage: the pipeline's length and this stage's place.
         lr, momentum, aggregate_every: as `StageWeights`'.
+        chain_every: batches between chain snapshots (0: none).
     """
 
     def __init__(self, module: nn.Sequential, *, first: bool, last: bool, num_classes: int,
                  loss: Loss, stages: int, stage: int, lr: float, momentum: float,
-                 aggregate_every: int) -> None:
+                 aggregate_every: int, chain_every: int = 0) -> None:
         optimizer = torch.optim.SGD(module.parameters(), lr=lr)  # unused: StageWeights steps
         super().__init__(module, optimizer, first=first, last=last, parallel_batches=1,
                          num_classes=num_classes, loss=loss)
         self.weights = StageWeights(module, stages, stage, lr=lr, momentum=momentum,
                                     aggregate_every=aggregate_every)
         self._losses: dict[int, torch.Tensor] = {}
+        self.chain_every = chain_every
+        self._round_batches = 0
+        #: a chain point's buffers, from its forward until its update
+        self._buffers_at: dict[int, dict[str, torch.Tensor]] = {}
+        self._snapshots: list[ChainSnapshot] = []
 
     def clear(self) -> None:
         """A new round: the module's weights, just loaded, are version 0 again (the
         momentum buffers come with the round: `load_momentum`)."""
         self.weights.restart()
         self._losses.clear()
+        self._buffers_at.clear()
+        self._snapshots.clear()
+
+    def plan_snapshots(self, batches: int) -> None:
+        """The round has ``batches`` batches: snapshot after every ``chain_every`` of them
+        but the last (the round's end returns the state anyway)."""
+        self._round_batches = batches
+
+    def _chain_point(self, batch: int) -> bool:
+        done = batch + 1
+        return self.chain_every > 0 and done % self.chain_every == 0 and (
+            done < self._round_batches)
+
+    def take_snapshots(self) -> list[ChainSnapshot]:
+        """The chain snapshots made since the last call ([Note: chain snapshots])."""
+        taken, self._snapshots = self._snapshots, []
+        return taken
+
+    def _snapshot(self, batch: int) -> None:
+        weights = self.weights.versions[batch]
+        buffers = self._buffers_at.pop(batch)
+        state = {name: (weights[name] if name in weights else buffers[name])
+                 for name in self.module.state_dict()}
+        state = {name: t.detach().to("cpu", copy=True) for name, t in state.items()}
+        for name, buf in self.weights.momentum_buffers.items():
+            state[MOMENTUM + name] = buf.detach().to("cpu", copy=True)
+        self._snapshots.append((batch + 1, state_to_wire(state), float(self.loss_sum),
+                                int(self.correct)))
 
     def load_momentum(self, buffers: Mapping[str, torch.Tensor]) -> None:
         """The round's momentum buffers (by parameter name; copies are kept).
@@ -220,6 +268,9 @@ class AsyncStageWork(StageWork):
         """
         x, labels, _ = self._inputs((iteration, micro_batch), received)
         out = self.weights.forward(micro_batch, x)
+        if self._chain_point(micro_batch):
+            self._buffers_at[micro_batch] = {n: b.detach().clone()
+                                             for n, b in self.module.named_buffers()}
         self.peak_live = max(self.peak_live, len(self.weights.stashes))
         if self.last:
             self._losses[micro_batch] = self._loss(out, labels)
@@ -235,14 +286,18 @@ class AsyncStageWork(StageWork):
             RemoteProtocolError: the gradient is not finite, or does not fit the output.
         """
         if self.last:
-            return self.weights.backward(micro_batch, loss=self._losses.pop(micro_batch),
-                                         check=checked_input_gradient)
-        if gradient is None:
+            grad_input = self.weights.backward(
+                micro_batch, loss=self._losses.pop(micro_batch), check=checked_input_gradient)
+        elif gradient is None:
             raise ValueError("a backward before the last stage needs a gradient")
-        output = self.weights.stashes[micro_batch][2]
-        return self.weights.backward(
-            micro_batch, checked_gradient(gradient.to(output.device), output),
-            check=checked_input_gradient)
+        else:
+            output = self.weights.stashes[micro_batch][2]
+            grad_input = self.weights.backward(
+                micro_batch, checked_gradient(gradient.to(output.device), output),
+                check=checked_input_gradient)
+        if self._chain_point(micro_batch):
+            self._snapshot(micro_batch)
+        return grad_input
 
     def step(self) -> None:
         """The round is over (every update applied): the module takes the latest weights."""

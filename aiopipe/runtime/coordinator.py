@@ -65,12 +65,15 @@ from aiopipe.protocol import (
     Hello,
     Plan,
     Ready,
+    Replica,
+    ReplicaRequest,
     RoundResult,
     RoundStart,
     TensorData,
     state_to_wire,
 )
 from aiopipe.runtime.admission import Admission
+from aiopipe.runtime.chain import KEPT
 from aiopipe.runtime.checkpoint import Checkpoints, load_checkpoint
 from aiopipe.runtime.compute import Compute, resolve_torch_device, warm_up_torch
 from aiopipe.runtime.evaluation import held_out_accuracy, test_accuracy
@@ -158,6 +161,8 @@ class Coordinator:
         self.rounds = 0
         self.epochs: list[EpochMetrics] = []
         self.replans: list[dict[str, Any]] = []
+        #: the last stage's chain replicas of the latest round it sent any of, by batches
+        self._chained: tuple[int, dict[int, Replica]] = (-1, {})
         self.origin = clock.now()  # the trace's zero: training's start
         self._served_before_round = 0  # micro-batches of the epoch's earlier rounds
         #: per device, in this process: rounds completed, and for the current and the
@@ -280,6 +285,33 @@ class Coordinator:
                               epoch=int(change.get("epoch", -1)))
             change["noticed_s"], change["resumed_s"] = start - self.origin, end - self.origin
         self.replans.append(change)
+
+    def chain_replica(self, device_id: int, replica: Replica) -> None:
+        """Keep the last stage's chain replica (the latest `chain.KEPT` of its round)."""
+        round_no, held = self._chained
+        if replica.round != round_no:
+            round_no, held = replica.round, {}
+            self._chained = (round_no, held)
+        held[replica.batches] = replica
+        while len(held) > KEPT:
+            del held[min(held)]
+
+    def chained(self, round_no: int) -> Mapping[int, Replica]:
+        """The chain replicas the last stage sent in round ``round_no``, by batches."""
+        held_round, held = self._chained
+        return dict(held) if held_round == round_no else {}
+
+    async def replicas(self, device_id: int, request: ReplicaRequest) -> list[Replica]:
+        """Device ``device_id``'s answer to ``request`` (empty when it was lost, or did
+        not answer within ``device_timeout``)."""
+        session = self.sessions.get(device_id)
+        if session is None:
+            return []
+        try:
+            return await wait_for(self.clock, session.replicas(request),
+                                  self.config.device_timeout)
+        except (DeviceLostError, TimeoutError):
+            return []
 
     def server_failed(self, device_id: int, error: BaseException) -> None:
         """[Note: server faults] The coordinator's own work for a device failed (a pass

@@ -58,6 +58,8 @@ from aiopipe.protocol import (
     Profile,
     ProfileRequest,
     Ready,
+    Replica,
+    ReplicaRequest,
     RoundReport,
     RoundResult,
     RoundStalled,
@@ -65,12 +67,14 @@ from aiopipe.protocol import (
     state_to_wire,
 )
 from aiopipe.runtime.assignment import Assignment, check_data_message, data_frame_limit
+from aiopipe.runtime.async_weights import AsyncStageWork
+from aiopipe.runtime.chain import ChainReplicas
 from aiopipe.runtime.compute import Compute, resolve_torch_device, warm_up_torch
 from aiopipe.runtime.executor import Identity, Inbox, Key, Route, StageExecutor
 from aiopipe.runtime.holdings import Holdings
 from aiopipe.runtime.liveness import Liveness
 from aiopipe.runtime.peer import Peer
-from aiopipe.runtime.peer_links import PeerLinks
+from aiopipe.runtime.peer_links import PeerLinks, PeerRoute
 from aiopipe.runtime.plan import measure_planning_costs
 from aiopipe.runtime.profiling import answer_request
 from aiopipe.runtime.stage import StageWork
@@ -222,6 +226,8 @@ class _DeviceNode:
         self.liveness: Liveness | None = None
         self.random = random.Random(device_id)
         self.peers: PeerLinks | None = None
+        #: ftpipehd: what this device holds of the chain replication
+        self.chain: ChainReplicas | None = None
         #: set when the server said Bye: the run is over, mid-round or not
         self.ended: TrainingError | None = None
 
@@ -409,6 +415,11 @@ class _DeviceNode:
                 self.control.put_nowait(message)
             elif isinstance(message, EvalRequest):
                 self.control.put_nowait(message)
+            elif isinstance(message, ReplicaRequest):
+                if self.chain is None:
+                    raise RemoteProtocolError("a replica request outside mode ftpipehd")
+                for replica in self.chain.answer(message):
+                    self.peer.post(replica, "replica", epoch=self.epoch)
             elif isinstance(message, ProfileRequest):
                 # its probe follows at once: how much later it arrives times the downlink
                 asked_at = self.clock.now()
@@ -436,7 +447,7 @@ class _DeviceNode:
             elif not isinstance(message, Heartbeat):
                 raise RemoteProtocolError(f"a device does not accept {type(message).__name__}")
 
-    def _deliver(self, sender: str, message: Activation | Gradient) -> None:
+    def _deliver(self, sender: str, message: Activation | Gradient | Replica) -> None:
         """Check a data message from ``sender`` against the round and hand it to the stage.
 
         [Note: early activations] The coordinator starts a round on every device at
@@ -451,12 +462,18 @@ class _DeviceNode:
             RemoteProtocolError: it breaks the plan.
         """
         assignment = self.assignment
+        if isinstance(message, Replica):
+            if self.chain is None or sender == COORDINATOR:
+                raise RemoteProtocolError(f"{sender} sent a replica outside the chain")
+            self.chain.accept(sender, message, assignment)
+            return
         if isinstance(message, Gradient) and sender == COORDINATOR:
             if _key(message) not in self.sent_activations:
                 return  # a gradient sent again after a reconnection; we have it already
             del self.sent_activations[_key(message)]
         running = self.round_task is not None and not self.round_task.done()
-        if assignment is not None and _earlier_attempt(message, assignment):
+        if assignment is not None and _earlier_attempt(message, assignment,
+                                                       resumed=self.chain is not None):
             return  # of an attempt at the round that the coordinator gave up on
         if isinstance(message, Activation) and sender != COORDINATOR and (
                 not running or _after(message, assignment)) and not _before(message,
@@ -522,6 +539,9 @@ class _DeviceNode:
             self.held_out))
         self.compute.slowdown = self.config.device_slowdown_of(self.device_id)
         self.ready = self.holdings.ready()
+        if self.config.mode == "ftpipehd":
+            self.chain = ChainReplicas(self.holdings.whole, momentum=bool(self.config.momentum),
+                                       every=self.config.chain_replication_every)
         self.peer.post(self.ready, "ready")
         rounds = samples = 0
         while True:
@@ -587,9 +607,10 @@ class _DeviceNode:
         if self.peers is not None:
             # FTPipeHD re-partitions: a neighbour may send the next round's activations
             # (of another cut) before our RoundStart comes ([Note: early activations])
-            self.peers.limit(data_frame_limit(self.holdings.activation_shapes,
-                                              assignment.micro_batch_size)
-                             if self.config.mode == "ftpipehd" else assignment.frame_limit())
+            self.peers.limit(max(data_frame_limit(self.holdings.activation_shapes,
+                                                  assignment.micro_batch_size),
+                                 self.chain.frame_limit)
+                             if self.chain is not None else assignment.frame_limit())
         await self._deliver_early()
         routes = await self._routes(assignment)
         micro, n = assignment.micro_batch_size, assignment.parallel_batches
@@ -598,7 +619,9 @@ class _DeviceNode:
             work, self.compute, stage=assignment.stage, actions=assignment.actions,
             identity=Identity(self.run_id, self.name), inbox=self.inbox,
             previous=routes.get(assignment.stage - 1), next=routes.get(assignment.stage + 1),
-            costs=assignment.charges(self.costs))
+            costs=assignment.charges(self.costs),
+            after_backward=(partial(self._send_snapshots, work, assignment, routes)
+                            if isinstance(work, AsyncStageWork) else None))
         timer = (asyncio.ensure_future(self._gradient_timer())
                  if self.config.mode == "ftpipehd" and assignment.stage == 0 else None)
         try:
@@ -633,6 +656,22 @@ class _DeviceNode:
         self.unacked.append(report)
         self._post_round_message(report)
         return samples
+
+    def _send_snapshots(self, work: AsyncStageWork, assignment: Assignment,
+                        routes: dict[int, Route]) -> None:
+        """Chain replication (aiopipe.runtime.chain [Note: chain replication]): keep the
+        stage's new snapshots and send them on, to the next stage's device (from the
+        last stage, to the coordinator)."""
+        assert self.chain is not None
+        for batches, tensors, loss_sum, correct in work.take_snapshots():
+            replica = Replica(assignment.version, assignment.stage, batches, loss_sum,
+                              correct, tensors)
+            self.chain.keep(replica)
+            route = routes.get(assignment.stage + 1)
+            if isinstance(route, PeerRoute):
+                route.peer.post(replica, "replica", epoch=assignment.epoch)
+            else:
+                self.peer.post(replica, "replica", epoch=assignment.epoch)
 
     async def _gradient_timer(self) -> None:
         """FTPipeHD's timer (§III-F), on the first stage: when the round has waited
@@ -689,12 +728,18 @@ def _after(message: Activation, assignment: Assignment | None) -> bool:
         assignment.epoch, last, assignment.version_of(last))
 
 
-def _earlier_attempt(message: Activation | Gradient, assignment: Assignment) -> bool:
-    """Whether ``message`` is of the same iterations as ``assignment`` but an earlier
-    attempt at them (FTPipeHD plays a round again after a fault; each attempt's weights
-    have their own version, `Assignment.version`)."""
-    return (message.epoch, message.iteration) == (assignment.epoch, assignment.first_iteration
-                                                  ) and message.version < assignment.version
+def _earlier_attempt(message: Activation | Gradient, assignment: Assignment, *,
+                     resumed: bool) -> bool:
+    """Whether ``message`` is of an earlier attempt at ``assignment``'s round (FTPipeHD
+    plays a round again after a fault; each attempt's weights have their own version,
+    `Assignment.version`). With ``resumed`` (FTPipeHD's chain replication) an attempt
+    may start after the batch an earlier one started at."""
+    if (message.epoch, message.iteration) != (assignment.epoch, assignment.first_iteration
+                                              ) and not (
+            resumed and message.epoch == assignment.epoch
+            and message.iteration < assignment.first_iteration):
+        return False
+    return message.version < assignment.version
 
 
 def _before(message: Activation, assignment: Assignment | None) -> bool:

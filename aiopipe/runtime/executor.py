@@ -174,12 +174,15 @@ class StageExecutor:
         next: the route to stage + 1 (None on the last stage).
         costs: seconds each compute action is charged (virtual time), or None to run on
             the real clock.
+        after_backward: called after each backward (FTPipeHD's device sends the chain
+            snapshots the update made, if any).
     """
 
     def __init__(self, work: StageWork, compute: Compute, *, stage: int,
                  actions: tuple[Action, ...], identity: Identity, inbox: Inbox,
                  previous: Route | None, next: Route | None,
-                 costs: Callable[[Action], float] | None = None) -> None:
+                 costs: Callable[[Action], float] | None = None,
+                 after_backward: Callable[[], None] | None = None) -> None:
         self.work = work
         self.compute = compute
         self.stage = stage
@@ -189,6 +192,7 @@ class StageExecutor:
         self.previous = previous
         self.next = next
         self.costs = costs
+        self.after_backward = after_backward
 
     async def run(self, epoch: int, iteration: int, version: int) -> None:
         """Run the actions of one iteration.
@@ -245,6 +249,8 @@ class StageExecutor:
                 made[("F", n)] = result
             elif kind in ("B", "FB") and result is not None:
                 made[("B", n)] = result
+            if kind in ("B", "FB") and self.after_backward is not None:
+                self.after_backward()
 
     def _work(self, kind: str, iteration: int, n: int,
               received: dict[tuple[str, int], Any]) -> Callable[[], Any]:

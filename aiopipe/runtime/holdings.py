@@ -163,7 +163,8 @@ class Holdings:
                     num_classes=self.plan.num_classes, loss=self.loss,
                     stages=assignment.stages, stage=assignment.stage,
                     lr=self.config.learning_rate, momentum=self.config.momentum,
-                    aggregate_every=self.config.version_aggregation)
+                    aggregate_every=self.config.version_aggregation,
+                    chain_every=self.config.chain_replication_every)
             else:
                 work = StageWork(
                     module, make_optimizer(module, self.config, previous=kept),
@@ -181,8 +182,10 @@ class Holdings:
             state, momentum = split_momentum(state_from_wire(message.tensors))
             work.module.load_state_dict(state)
         work.clear()
-        if isinstance(work, AsyncStageWork) and not keep:
-            work.load_momentum(momentum)
+        if isinstance(work, AsyncStageWork):
+            work.plan_snapshots(assignment.parallel_batches)
+            if not keep:
+                work.load_momentum(momentum)
         work.reset_totals()
         # [Note: a redone round] a round started again begins where it began before
         start = self.round_starts.get(message.round)

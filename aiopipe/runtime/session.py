@@ -63,6 +63,8 @@ from aiopipe.protocol import (
     Profile,
     ProfileRequest,
     Ready,
+    Replica,
+    ReplicaRequest,
     RoundReport,
     RoundResult,
     RoundStalled,
@@ -101,6 +103,11 @@ class SessionHost(Protocol):
 
     def server_failed(self, device_id: int, error: BaseException) -> None:
         """The coordinator's own work for ``device_id`` failed ([Note: server faults])."""
+        ...
+
+    def chain_replica(self, device_id: int, replica: Replica) -> None:
+        """Device ``device_id``, on the last stage, sent its chain replica
+        (aiopipe.runtime.chain [Note: chain replication])."""
         ...
 
     def announce(self, device_id: int, ready: Ready) -> None:
@@ -194,6 +201,8 @@ class DeviceSession:
         self._answer: tuple[Profile, float] | None = None
         #: the held-out evaluation asked for (the device's answer)
         self._evaluation: asyncio.Future[EvalResult] | None = None
+        #: the replicas asked for: the stages not answered yet, the answers
+        self._asked: tuple[set[int], list[Replica], asyncio.Future[list[Replica]]] | None = None
 
     # -- driven by the coordinator -----------------------------------------------------
 
@@ -268,6 +277,45 @@ class DeviceSession:
             return await future
         finally:
             self._evaluation = None
+
+    async def replicas(self, request: ReplicaRequest) -> list[Replica]:
+        """Ask the device for the chain replicas ``request`` names; its answers, one per
+        stage (aiopipe.runtime.chain).
+
+        Raises:
+            DeviceLostError: the device was lost meanwhile.
+        """
+        if self.ended:
+            raise DeviceLostError(f"device {self.device_id} is gone")
+        future: asyncio.Future[list[Replica]] = asyncio.get_running_loop().create_future()
+        self._asked = (set(request.stages), [], future)
+        self.peer.post(request, "m")
+        try:
+            return await future
+        finally:
+            self._asked = None
+
+    def _accept_replica(self, message: Replica) -> None:
+        """An answer to a `ReplicaRequest`, or the last stage's chain replica (checked
+        against the round here, its tensors where it is used)."""
+        if self._asked is not None and message.stage in self._asked[0]:
+            waiting, answers, future = self._asked
+            waiting.discard(message.stage)
+            answers.append(message)
+            if not waiting and not future.done():
+                future.set_result(answers)
+            return
+        window = self.window
+        if window is not None and message.round < window.round:
+            return  # of an attempt given up on
+        start = window.start if window is not None else None
+        if start is None or message.round != start.round or not (
+                message.stage == start.stage == start.stages - 1
+                and 0 < message.batches < start.parallel_batches):
+            raise RemoteProtocolError(f"a replica of stage {message.stage} after "
+                                      f"{message.batches} batches of round {message.round} "
+                                      "that nobody asked for")
+        self.host.chain_replica(self.device_id, message)
 
     def _accept_evaluation(self, message: EvalResult) -> None:
         future = self._evaluation
@@ -430,6 +478,8 @@ class DeviceSession:
                 self._accept_profile(message)
             elif isinstance(message, EvalResult):
                 self._accept_evaluation(message)
+            elif isinstance(message, Replica):
+                self._accept_replica(message)
             elif isinstance(message, Heartbeat):
                 continue
             elif isinstance(message, Bye):

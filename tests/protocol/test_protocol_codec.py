@@ -38,6 +38,8 @@ from aiopipe.protocol import (
     Profile,
     ProfileRequest,
     Ready,
+    Replica,
+    ReplicaRequest,
     RoundReport,
     RoundResult,
     RoundStalled,
@@ -101,6 +103,11 @@ SAMPLES: list[Message] = [
     RoundReport(0, {}),
     RoundStalled(3, "the link to device2 failed"),
     RoundStalled(0, ""),
+    Replica(4, 1, 50, 12.25, 37, {"0.weight": td("float32", (8, 3, 3, 3)),
+                                  "momentum:0.weight": td("float32", (8, 3, 3, 3), 1)}),
+    Replica(0, 3, 0, 0.0, 0, {}),
+    ReplicaRequest(4, 50, (0, 2)),
+    ReplicaRequest(0, 0, ()),
     RoundResult(0, 1, 1.0, 0, {"a": td("int16", (2, 2)), "b": td("int32", (1, 1, 1))}),
     Heartbeat(0),
     Heartbeat(123456789),
@@ -788,3 +795,10 @@ def test_a_stall_s_reason_is_bounded() -> None:
     RoundStalled(0, "x" * MAX_REASON_CHARS)
     with pytest.raises(LocalProtocolError, match="longer than 500"):
         RoundStalled(0, "x" * (MAX_REASON_CHARS + 1))
+
+
+def test_a_replica_s_counts_are_checked() -> None:
+    with pytest.raises(LocalProtocolError, match="loss_sum"):
+        Replica(0, 0, 1, math.nan, 0, {})
+    with pytest.raises(LocalProtocolError, match="stage"):
+        ReplicaRequest(0, 50, (1, -1))

@@ -39,9 +39,10 @@ class _Run:
     """A coordinator and its devices over memory links, each device a task to cancel
     (a process killed: its links break, it says nothing)."""
 
-    def __init__(self, config: RunConfig, clock: VirtualClock) -> None:
+    def __init__(self, config: RunConfig, clock: VirtualClock,
+                 costs: CostTable = COSTS) -> None:
         self.config, self.clock = config, clock
-        self.node = Coordinator(config, clock=clock, cost_table=COSTS)
+        self.node = Coordinator(config, clock=clock, cost_table=costs)
         self.fabric = MemoryFabric(clock)
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.outcomes: dict[int, BaseException | None] = {}
@@ -85,9 +86,11 @@ class _Run:
         await self.clock.sleep(into)
 
 
-def _reference(config: RunConfig, cuts_by_round: list[list[int]]) -> dict[str, torch.Tensor]:
+def _reference(config: RunConfig, cuts_by_round: list[list[int]],
+               split: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
     """One process applying the rules round by round: each epoch's batches in rounds of
-    ``global_replication_every``, round r under ``cuts_by_round[r]``."""
+    ``global_replication_every``, round r under ``cuts_by_round[r]``; ``split`` = (r, c):
+    round r is two, its first c batches and the others (a replay from a chain point)."""
     dataset = train_dataset(config)
     model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
     batch, every = config.batch_size, config.global_replication_every
@@ -99,7 +102,11 @@ def _reference(config: RunConfig, cuts_by_round: list[list[int]]) -> dict[str, t
                    for b in range(len(order) // batch)]
         step = every or len(batches)
         for first in range(0, len(batches), step):
-            rounds.append((cuts_by_round[len(rounds)], batches[first:first + step]))
+            part = batches[first:first + step]
+            if split is not None and split[0] == len(rounds):
+                rounds.append((cuts_by_round[len(rounds)], part[:split[1]]))
+                split, part = None, part[split[1]:]
+            rounds.append((cuts_by_round[len(rounds)], part))
     assert len(rounds) == len(cuts_by_round)
     delayed_sgd_rounds(model, rounds, lr=config.learning_rate, momentum=config.momentum,
                        every=config.version_aggregation)
@@ -170,8 +177,68 @@ async def test_a_killed_worker_s_round_is_played_again_by_the_others(killed: int
     _assert_same(result.model.state_dict(), _reference(CONFIG, [[1, 2, 3], recovery["after"]]))
 
 
+@pytest.mark.parametrize("killed", [2, 3])
+async def test_a_round_is_played_again_from_its_latest_chain_replica(killed: int) -> None:
+    """Chain replication every 3 batches: when a worker is killed mid-round, every stage's
+    state after the same 3, 6 or 9 batches survived (the killed stage's on the next
+    stage's device, the last stage's on the coordinator), so only the batches after that
+    are played again. The run ends with the weights of the reference whose epoch 2 is
+    two rounds split there, and every batch counted once (loss and correct too)."""
+    config = CONFIG.replace(chain_replication_every=3)
+    run = _Run(config, VirtualClock())
+
+    async def kill(run: _Run) -> None:
+        await run.mid_round(1, into=0.5)
+        run.tasks[killed].cancel()
+
+    result = await run.train(kill)
+    assert not isinstance(result, Exception), result
+    (recovery,) = run.node.replans
+    assert recovery["from_chain"] is True
+    resumed, end = recovery["batches"]
+    assert resumed in (3, 6, 9)
+    assert end == 10
+    first, second = result.epochs
+    assert [first.samples, second.samples] == [80, 80]
+    _assert_same(result.model.state_dict(),
+                 _reference(config, [[1, 2, 3], [1, 2, 3], recovery["after"]],
+                            split=(1, resumed)))
+    undisturbed = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
+    # the replicas travelled: device to device, and from the last stage to the coordinator
+    sent = {s.track for s in result.trace if s.name == "replica"}
+    assert {"device0->device1", "device3/uplink"} <= sent
+    # the batches before the chain point count with the loss the first attempt saw
+    assert second.loss == pytest.approx(undisturbed.epochs[1].loss, rel=0.05)
+    assert second.train_accuracy >= 0.0
+
+
+async def test_a_chain_replica_keeps_batch_norm_s_statistics_exact() -> None:
+    """MobileNetV3 (batch norm: its running statistics are buffers that every forward
+    moves): the snapshot holds them as the chain point's forward left them, not as the
+    later forwards already run by then did, so the replay is exact."""
+    config = CONFIG.replace(model="mobilenetv3-small", chain_replication_every=3,
+                            partition=(2, 5, 8), epochs=1)
+    run = _Run(config, VirtualClock(),
+               CostTable.uniform(15, forward=0.01, backward=0.02, batch=8))
+
+    async def kill(run: _Run) -> None:
+        await run.mid_round(0, into=1.5)
+        run.tasks[2].cancel()
+
+    result = await run.train(kill)
+    assert not isinstance(result, Exception), result
+    (recovery,) = run.node.replans
+    assert recovery["from_chain"] is True
+    resumed = recovery["batches"][0]
+    _assert_same(result.model.state_dict(),
+                 _reference(config, [[2, 5, 8], recovery["after"]], split=(0, resumed)))
+
+
 async def test_two_workers_killed_at_once_leave_a_two_stage_pipeline() -> None:
-    run = _Run(CONFIG, VirtualClock())
+    """Devices 1 and 2 killed together: stage 1's chain replicas were on both, so no
+    point of the round survived whole, and it is played again from its start."""
+    config = CONFIG.replace(chain_replication_every=3)
+    run = _Run(config, VirtualClock())
 
     async def kill(run: _Run) -> None:
         await run.mid_round(1)
@@ -184,8 +251,10 @@ async def test_two_workers_killed_at_once_leave_a_two_stage_pipeline() -> None:
     assert recoveries[-1]["workers"] == [0, 3]
     cuts = recoveries[-1]["after"]
     assert len(cuts) == 1
+    assert recoveries[-1]["from_chain"] is False
+    assert recoveries[-1]["batches"] == [0, 10]
     assert result.epochs[1].samples == 80
-    _assert_same(result.model.state_dict(), _reference(CONFIG, [[1, 2, 3], cuts]))
+    _assert_same(result.model.state_dict(), _reference(config, [[1, 2, 3], cuts]))
 
 
 async def test_a_worker_restarted_at_once_takes_its_stage_in_the_replay() -> None:

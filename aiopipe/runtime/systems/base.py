@@ -13,7 +13,7 @@ from aiopipe import data as datasets
 from aiopipe.clock import Clock
 from aiopipe.config import RunConfig
 from aiopipe.metrics.trace import Slice
-from aiopipe.protocol import Hello, RoundResult, RoundStart, TensorData
+from aiopipe.protocol import Hello, Replica, ReplicaRequest, RoundResult, RoundStart, TensorData
 from aiopipe.runtime.compute import Compute
 from aiopipe.runtime.stage import ServerStage
 from aiopipe.scheduler.costs import CostTable
@@ -82,6 +82,15 @@ class Rounds(Protocol):
 
     def record_change(self, change: dict[str, Any]) -> None:
         """Keep what the system changed mid-round (a recovery) with its re-plans."""
+        ...
+
+    def chained(self, round_no: int) -> Mapping[int, Replica]:
+        """The chain replicas the last stage sent in round ``round_no``, by batches
+        (aiopipe.runtime.chain)."""
+        ...
+
+    async def replicas(self, device_id: int, request: ReplicaRequest) -> list[Replica]:
+        """Device ``device_id``'s answer to ``request`` (empty when it was lost)."""
         ...
 
 

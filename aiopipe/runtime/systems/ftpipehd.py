@@ -26,17 +26,19 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import torch
 
 from aiopipe import models
 from aiopipe.config import RunConfig
-from aiopipe.errors import ConfigError, RoundStalledError, TrainingError
+from aiopipe.errors import ConfigError, RemoteProtocolError, RoundStalledError, TrainingError
 from aiopipe.metrics.trace import Slice
-from aiopipe.protocol import RoundResult, RoundStart
+from aiopipe.protocol import Replica, RoundResult, RoundStart, state_from_wire
 from aiopipe.runtime.async_weights import MOMENTUM, split_momentum
+from aiopipe.runtime.chain import check_tensors, expected_tensors, gather
 from aiopipe.runtime.plan import measure_planning_costs, unit_output_shapes
 from aiopipe.runtime.systems.base import Rounds, Setup
 from aiopipe.runtime.systems.pipeline import Pipeline
@@ -200,16 +202,19 @@ class FTPipeHD(Pipeline):
         self._round_of(work[0])
         if self._enlist(participants):
             rounds.record_change(self._recovery(round_no, epoch, "at its start"))
+        attempt = _Attempt(first, work[0])
         while True:
             try:
-                done = await self._play_round(rounds, round_no, epoch, first, work)
+                done = await self._play_round(rounds, round_no, epoch, attempt.first,
+                                              [attempt.batches] * len(work))
             except _StageLost as lost:
                 self._held.clear()  # an attempt given up on left the devices' weights
-                round_no = await self._recover(rounds, lost, round_no, epoch, first)
+                round_no, attempt = await self._recover(rounds, lost, round_no, epoch, first,
+                                                        attempt)
                 continue
             self._held = {w: (rounds.session_of(w), self._stage_of(p))
                           for p, w in enumerate(self.workers)}
-            return done
+            return attempt.with_carried(done, self.workers, self.micro_batch_size)
 
     def _stage_of(self, p: int) -> tuple[int, int, int, int]:
         """Stage p as a device's stage is the same one: its units, place and the
@@ -267,11 +272,13 @@ class FTPipeHD(Pipeline):
                 "after": after, **more}
 
     async def _recover(self, rounds: Rounds, lost: _StageLost, round_no: int,
-                       epoch: int, first: int) -> int:
+                       epoch: int, first: int, attempt: _Attempt) -> tuple[int, _Attempt]:
         """FTPipeHD's recovery (§III-F, with the choice of DESIGN §FTPipeHD): the round
-        is played again from its start, every stage from the weights and momentum the
-        coordinator sent it, by the devices still there (re-partitioned when they
-        changed); the round number of the new attempt.
+        (from batch ``first``) is played again by the devices still there
+        (re-partitioned when they changed): from the latest point of ``attempt`` every
+        stage's state survived in the chain replication (aiopipe.runtime.chain), else
+        from the attempt's start, from the weights and momentum the coordinator sent.
+        The round number of the new attempt, and what it plays.
 
         Raises:
             TrainingError: device 0 is gone, or the round stopped once too often.
@@ -286,7 +293,9 @@ class FTPipeHD(Pipeline):
             # a neighbour's link may break a moment before the coordinator's own link to
             # a dead device does: give that a heartbeat interval (at most 1 s) to show
             await rounds.clock.sleep(min(1.0, self.config.heartbeat_interval))
-        changed = self._enlist(await rounds.settled_alive())
+        workers, bounds = list(self.workers), list(self.bounds)
+        alive = await rounds.settled_alive()
+        changed = self._enlist(alive)
         key = (epoch, first)
         self._replays = self._replays + 1 if key == self._replayed and not changed else 0
         self._replayed = key
@@ -295,14 +304,57 @@ class FTPipeHD(Pipeline):
                 f"the round of batches {first + 1}..{first + self.parallel_batches} of epoch "
                 f"{epoch + 1} stopped {MAX_REPLAYS + 1} times with the same devices; the "
                 f"last time: {lost}")
+        point = await self._chain_point(rounds, round_no, workers, bounds, alive)
+        if point is not None:
+            attempt = attempt.resumed(*point)
+            self._round_of(attempt.batches)
         again = rounds.new_round()
         gone = sorted(set(self._before[0]) - set(self.workers))
         rounds.record_change(self._recovery(
             round_no, epoch, "devices lost" if gone else "stalled", lost=gone,
             stopped=lost.stalled or str(lost), noticed_at=lost.at,
             resumed_at=rounds.clock.now(), replayed_as=again,
-            batches=[first, first + self.parallel_batches]))
-        return again
+            batches=[attempt.first, attempt.first + attempt.batches],
+            from_chain=point is not None))
+        return again, attempt
+
+    async def _chain_point(self, rounds: Rounds, round_no: int, workers: Sequence[int],
+                           bounds: Sequence[tuple[int, int]], alive: Sequence[int]
+                           ) -> tuple[int, float, int] | None:
+        """Load the latest state of every stage of round ``round_no`` (its stage p: units
+        ``bounds[p]`` on ``workers[p]``) that the chain replication kept (batches after
+        which it was taken, the last stage's loss and correct count until then); None
+        when none survived whole."""
+        if not self.config.chain_replication_every:
+            return None
+        momentum = bool(self.config.momentum)
+        expected = [expected_tensors(models.units_of(self.model, a, b), momentum=momentum)
+                    for a, b in bounds]
+        limit = self.micro_batch_size
+
+        def sound(stage: int, replica: Replica) -> bool:
+            try:
+                if replica.round != round_no or replica.correct > replica.batches * limit:
+                    raise RemoteProtocolError(f"it claims {replica.correct} right of "
+                                              f"{replica.batches} batches of round "
+                                              f"{replica.round + 1}")
+                check_tensors(replica.tensors, expected[stage], f"the replica of stage {stage}")
+            except RemoteProtocolError as exc:
+                log.warning("round %d: left out a replica of stage %d: %s", round_no + 1,
+                            stage, exc)
+                return False
+            return True
+
+        found = await gather(rounds, round_no, workers, alive, sound)
+        if found is None:
+            return None
+        batches, replicas = found
+        await rounds.compute.call(partial(self._absorb, models.merge_states(
+            *(state_from_wire(r.tensors) for r in replicas))))
+        log.warning("round %d: every stage's state after %d of its batches survived in the "
+                    "chain replication: playing the round again from there", round_no + 1,
+                    batches)
+        return batches, replicas[-1].loss_sum, replicas[-1].correct
 
     def _stage_state(self, stage: torch.nn.Module) -> dict[str, torch.Tensor]:
         state = super()._stage_state(stage)
@@ -363,6 +415,37 @@ class FTPipeHD(Pipeline):
                               if k.startswith(MOMENTUM)})
         if self.planned_keys:
             self._place(tuple(int(c) for c in config["partition"]))
+
+
+@dataclass(frozen=True, slots=True)
+class _Attempt:
+    """What an attempt at a round plays: ``batches`` batches from batch ``first``, after
+    ``carried`` batches of the round applied in an earlier attempt (kept by the chain
+    replication), whose loss and correct count they carry."""
+
+    first: int
+    batches: int
+    carried: int = 0
+    loss_sum: float = 0.0
+    correct: int = 0
+
+    def resumed(self, batches: int, loss_sum: float, correct: int) -> _Attempt:
+        """The attempt after the first ``batches`` of this one survived."""
+        return _Attempt(self.first + batches, self.batches - batches, self.carried + batches,
+                        self.loss_sum + loss_sum, self.correct + correct)
+
+    def with_carried(self, done: dict[int, RoundResult], workers: Sequence[int],
+                     batch_size: int) -> dict[int, RoundResult]:
+        """The round's results: the attempt's, with what it carried counted (device 0's
+        samples, the last stage's loss and correct count)."""
+        if not self.carried:
+            return done
+        first, last = workers[0], workers[-1]
+        done[first] = replace(done[first], samples=done[first].samples
+                              + self.carried * batch_size)
+        done[last] = replace(done[last], loss_sum=done[last].loss_sum + self.loss_sum,
+                             correct=done[last].correct + self.correct)
+        return done
 
 
 class _StageLost(Exception):
