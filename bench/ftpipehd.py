@@ -27,6 +27,7 @@ shaping), not a measurement of real devices; a slowdown factor is not a slow dev
     .venv/bin/python bench/ftpipehd.py --replication-cost 0 100 50 25 [--samples 4000]
     .venv/bin/python bench/ftpipehd.py --capacity-change 200 [--replication-every 50]
         [--samples 10000] [--out DIR]
+    .venv/bin/python bench/ftpipehd.py --chain-cost 0 50 25 10 [--samples 4000]
 
 ``--processes``: the same two partitions also as ``python -m aiopipe`` with four device
 processes over real websockets (links paced to ``--network``; the slowdown makes a
@@ -37,6 +38,11 @@ slow each other by it): the last epoch's time of each.
 (0: one an epoch), on lan and wifi links (virtual time): the epoch's time (the flush's
 fill and drain, and moving the weights and momentum both ways) and the bytes the
 coordinator moved.
+
+``--chain-cost EVERY...``: one epoch with a chain replication every EVERY batches (0:
+none) and the default global replication (every 100), on lan and wifi links (virtual
+time): the epoch's time, the bytes the replicas moved (each stage's weights, buffers
+and momentum per chain point) and the seconds they held the links.
 
 ``--capacity-change BATCH``: every device declared alike, device 3 turns 10x slower at
 batch BATCH; the homogeneous cuts kept against FTPipeHD's re-partitioning at every
@@ -235,6 +241,37 @@ async def replication_cost(model: str, samples: int, batch: int,
                   f"{moved / 1e6:7.2f} MB")
 
 
+async def chain_cost(model: str, samples: int, batch: int, intervals: list[int]) -> None:
+    """What chain replication costs: the same epoch with a chain replication every
+    ``intervals`` batches (0: none), in virtual time on lan and wifi links: epoch time,
+    the replicas' bytes and their seconds on the links (trace slices named "replica")."""
+    base = RunConfig(mode="ftpipehd", model=model, devices=4, samples_per_device=samples,
+                     batch_size=batch, epochs=1, test_samples=100, seed=3, momentum=0.5,
+                     learning_rate=0.02)
+    costs = _measure(base, None)
+    whole = build_model(base, num_classes=10, in_shape=(3, 32, 32))
+    replica_bytes = (sum(t.numel() * t.element_size() for t in whole.state_dict().values())
+                     + sum(p.numel() * p.element_size() for p in whole.parameters()))
+    batches = samples // batch
+    print(f"{model}: 4 stages, {batches} batches, global replication every 100; a chain "
+          f"point moves every stage's state and momentum: {replica_bytes / 1e6:.2f} MB")
+    for network in ("lan", "wifi"):
+        rows = []
+        for every in intervals:
+            config = base.replace(chain_replication_every=every, network=network)
+            result = await simulate(config, clock=VirtualClock(), cost_table=costs)
+            wire = sum(s.duration for s in result.trace if s.name == "replica")
+            points = sum(len(range(every, min(100, batches - r), every)) if every else 0
+                         for r in range(0, batches, 100))
+            rows.append((every, result.epochs[0].time_s, points * replica_bytes, wire))
+        reference = rows[0][1]
+        for every, seconds, moved, wire in rows:
+            print(f"  {network:<5} every {every or 'never':>5}: epoch {seconds:7.3f} s "
+                  f"(+{(seconds / reference - 1) * 100:5.1f}%), replicas {moved / 1e6:7.2f} MB "
+                  f"({moved / batches / 1e3:7.1f} kB a batch), on the links "
+                  f"{wire:6.3f} s ({wire / batches * 1e3:6.2f} ms a batch)")
+
+
 async def main() -> None:
     """Run every variant and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -259,7 +296,14 @@ async def main() -> None:
     parser.add_argument("--replication-cost", type=int, nargs="+", metavar="EVERY",
                         help="epoch time and bytes with a global replication every "
                              "EVERY batches (0: one an epoch)")
+    parser.add_argument("--chain-cost", type=int, nargs="+", metavar="EVERY",
+                        help="epoch time, bytes and link time with a chain replication "
+                             "every EVERY batches (0: none)")
     args = parser.parse_args()
+    if args.chain_cost:
+        for model in args.models:
+            await chain_cost(model, args.samples, args.batch_size, args.chain_cost)
+        return
     if args.replication_cost:
         for model in args.models:
             await replication_cost(model, args.samples, args.batch_size,

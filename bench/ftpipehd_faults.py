@@ -21,8 +21,10 @@ Per scenario it reports:
   node waits for a gradient's timer. The *recovery*: from then until device 0 computes
   the first forward of the replayed round (re-partition, `RoundStart`s, weights to every
   stage, relinking). The paper reports 2.24 s for its recovery.
-- the batches played again: the round under way when the fault struck (the work lost
-  is what its first attempt had done of them; an abandoned attempt reports no trace);
+- the batches played again: from the latest chain replica every stage's state survived
+  in (``--chain-replication-every``) to the round's end, or the whole round under way
+  when none did (the work lost is what its first attempt had done of them; an abandoned
+  attempt reports no trace);
 - the throughput over time: batches per second through the pipeline (device 0's
   backward passes, from ``trace.json``), plotted around the fault (``--out``).
 
@@ -35,7 +37,8 @@ is not a device's; the links are loopback (unshaped), so moving weights costs wh
 costs on this machine, not on Wi-Fi.
 
     .venv/bin/python bench/ftpipehd_faults.py [--scenarios none worker last two restart]
-        [--samples 2400] [--epochs 4] [--out bench/results/DIR]
+        [--samples 2400] [--epochs 4] [--global-replication-every 30]
+        [--chain-replication-every 50] [--out bench/results/DIR]
 """
 
 from __future__ import annotations
@@ -86,7 +89,8 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
     return {"mode": "ftpipehd", "devices": 4, "model": args.model,
             "samples_per_device": args.samples, "batch_size": args.batch_size,
             "epochs": args.epochs, "momentum": 0.5, "learning_rate": 0.02,
-            "global_replication_every": args.global_replication_every, "test_samples": 1000,
+            "global_replication_every": args.global_replication_every,
+            "chain_replication_every": args.chain_replication_every, "test_samples": 1000,
             "heartbeat_interval": 0.5, "device_timeout": 5.0,
             "reconnect_grace": args.reconnect_grace}
 
@@ -236,6 +240,8 @@ async def main() -> None:
     parser.add_argument("--batch-size", type=int, default=20)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--global-replication-every", type=int, default=30)
+    parser.add_argument("--chain-replication-every", type=int, default=50,
+                        help="batches between chain replications (0: none)")
     parser.add_argument("--reconnect-grace", type=float, default=2.0)
     parser.add_argument("--into-epoch", type=float, default=0.5,
                         help="seconds into epoch 2 when the fault strikes")

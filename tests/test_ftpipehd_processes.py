@@ -1,8 +1,9 @@
 """FTPipeHD's recovery between real processes over real websockets (paper §IV-E): a
 server and four device processes linked device to device; workers are SIGKILLed
 mid-round. Training resumes on the devices left (the round under way is played again,
-re-partitioned among them), every epoch trains each of device 0's batches once, and the
-recovery is in ``metrics.jsonl`` and on the timeline."""
+re-partitioned among them, from its latest chain replica that survived whole or else
+from its start), every epoch trains each of device 0's batches once, and the recovery
+is in ``metrics.jsonl`` and on the timeline."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 RUN = {"mode": "ftpipehd", "devices": 4, "model": "vgg5", "samples_per_device": 1600,
        "batch_size": 20, "epochs": 3, "momentum": 0.5, "learning_rate": 0.02,
-       "global_replication_every": 20, "test_samples": 200, "heartbeat_interval": 0.5,
+       "global_replication_every": 20, "chain_replication_every": 5, "test_samples": 200,
+       "heartbeat_interval": 0.5,
        "device_timeout": 5.0, "reconnect_grace": 2.0}
 
 
@@ -61,6 +63,8 @@ async def test_a_sigkilled_worker_s_round_is_played_again_by_the_others(tmp_path
     assert epochs[1]["devices_lost"] == [2]
     assert [p["device"] for p in epochs[2]["plan"]] == [0, 1, 3]
     assert len(recovery["after"]) == 2
+    # from a chain point (every 5 batches) or, before the first, the round's start
+    assert recovery["batches"][0] % RUN["chain_replication_every"] == 0
     # a neighbour said its round stopped (its link to device 2 broke, or could not be
     # made if the kill fell between rounds); the round was played again once the
     # coordinator had given device 2 up, at most reconnect_grace later
@@ -77,7 +81,11 @@ async def test_the_last_stage_sigkilled(tmp_path: Any) -> None:
 
 async def test_two_workers_sigkilled_at_once(tmp_path: Any) -> None:
     epochs, _ = await _run(tmp_path, (1, 2))
-    assert _recovery(epochs)["workers"] == [0, 3]
+    recovery = _recovery(epochs)
+    assert recovery["workers"] == [0, 3]
+    # stage 1's chain replicas were on devices 1 and 2: the round starts again
+    assert recovery["from_chain"] is False
+    assert recovery["batches"][0] % RUN["global_replication_every"] == 0
     assert [p["device"] for p in epochs[2]["plan"]] == [0, 3]
 
 

@@ -147,12 +147,17 @@ class ChainReplicas:
     def answer(self, request: ReplicaRequest) -> list[Replica]:
         """One `Replica` per stage asked: held after the batches asked, else without
         tensors (none held)."""
-        answers = []
-        for stage in request.stages:
-            held = (self.held.get(stage, {}).get(request.batches)
-                    if request.round == self.round else None)
-            answers.append(held or Replica(request.round, stage, request.batches, 0.0, 0, {}))
-        return answers
+        nothing = self.none_held(request)
+        if request.round != self.round:
+            return nothing
+        return [self.held.get(stage, {}).get(request.batches) or none
+                for stage, none in zip(request.stages, nothing, strict=True)]
+
+    @staticmethod
+    def none_held(request: ReplicaRequest) -> list[Replica]:
+        """The answer of a device that holds nothing ``request`` asks for."""
+        return [Replica(request.round, stage, request.batches, 0.0, 0, {})
+                for stage in request.stages]
 
 
 def _first_unit(tensors: Mapping[str, TensorData], stop: int) -> int:

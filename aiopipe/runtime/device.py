@@ -416,10 +416,12 @@ class _DeviceNode:
             elif isinstance(message, EvalRequest):
                 self.control.put_nowait(message)
             elif isinstance(message, ReplicaRequest):
-                if self.chain is None:
+                if self.config.mode != "ftpipehd":
                     raise RemoteProtocolError("a replica request outside mode ftpipehd")
-                for replica in self.chain.answer(message):
-                    self.peer.post(replica, "replica", epoch=self.epoch)
+                # (a process started afresh may be asked before it has set up: none held)
+                for replica in (self.chain.answer(message) if self.chain is not None
+                                else ChainReplicas.none_held(message)):
+                    self.peer.post(replica, "replica")
             elif isinstance(message, ProfileRequest):
                 # its probe follows at once: how much later it arrives times the downlink
                 asked_at = self.clock.now()

@@ -262,8 +262,10 @@ async def test_a_worker_restarted_at_once_takes_its_stage_in_the_replay() -> Non
     neighbours say their round stopped; the coordinator waits until the old connection is
     given up, by when the new process has said hello, so the round is played again on
     the same four devices with the same cuts (the new process gets its stage's weights
-    with the round)."""
-    run = _Run(CONFIG, VirtualClock())
+    with the round). It holds no chain replica (it is asked before it has set up): its
+    stage's comes from device 3, so the round goes on from its latest chain point."""
+    config = CONFIG.replace(chain_replication_every=3)
+    run = _Run(config, VirtualClock())
 
     async def restart(run: _Run) -> None:
         await run.mid_round(1)
@@ -279,7 +281,9 @@ async def test_a_worker_restarted_at_once_takes_its_stage_in_the_replay() -> Non
     assert recovery["after"] == recovery["before"] == [1, 2, 3]
     assert [e.samples for e in result.epochs] == [80, 80]
     assert run.outcomes[2] is None  # the new process trained to the end
-    _assert_same(result.model.state_dict(), _reference(CONFIG, [[1, 2, 3], [1, 2, 3]]))
+    assert recovery["from_chain"] is True
+    _assert_same(result.model.state_dict(),
+                 _reference(config, [[1, 2, 3]] * 3, split=(1, recovery["batches"][0])))
 
 
 async def test_a_worker_back_after_the_grace_takes_part_from_the_next_round() -> None:

@@ -48,6 +48,8 @@ from aiopipe.protocol import (
     Message,
     Plan,
     Ready,
+    Replica,
+    ReplicaRequest,
     RoundReport,
     RoundResult,
     RoundStart,
@@ -723,6 +725,8 @@ STRAY_MESSAGES: list[Message] = [
     Gradient(0, 1, 0, 0, 0, 0, "server", "device0", tensor((2,))),
     RoundResult(HUGE, ROUND_SAMPLES, 0.0, 0, STATE),
     RoundReport(HUGE, {"slices": []}),
+    Replica(HUGE, 0, 1, 0.0, 0, {}),  # (a chain replica nobody asked for)
+    ReplicaRequest(0, 1, (0,)),
     Plan(0, "pipar", {}, 1),
     RoundStart(0, 0, 0, 1, {}, 0, 2, 0, 2, 1, 1, 0, "0F0 0SEND_F0 0RECV_B0 0B0 0STEP"),
     stage_addressed(HUGE, 0, 0, tensor((2, 3)), labels(2)),
