@@ -98,6 +98,10 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                      help="mode ftpipehd: batches between global replications (a flush; "
                           "where re-partitioning happens and a fault's replay starts; "
                           "0: once per epoch; default 100)")
+    run.add_argument("--first-repartition-after", type=int,
+                     help="mode ftpipehd with auto cuts: batches before the first "
+                          "re-partition (then at each global replication; 0: none before "
+                          "the first global replication; default 10)")
     run.add_argument("--chain-replication-every", type=int,
                      help="mode ftpipehd: batches between chain replications (each stage's "
                           "weights to the next stage's device; a fault's replay starts from "
@@ -163,7 +167,7 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "optimizer", "dataset", "test_sample
                    "heartbeat_interval", "reconnect_grace", "replan", "device_memory_mb",
                    "partition", "schedule", "profile_devices", "aggregation", "outliers",
                    "version_aggregation", "momentum", "global_replication_every",
-                   "chain_replication_every")
+                   "chain_replication_every", "first_repartition_after")
 
 
 def config_from_args(args: argparse.Namespace, **defaults: Any) -> RunConfig:

@@ -114,6 +114,10 @@ class RunConfig:
             pipeline flushes and the coordinator takes every stage's weights and
             momentum: a round ends; re-partitioning happens there, and a round lost to
             a fault is played again from there); 0: once per epoch.
+        first_repartition_after: ftpipehd with "auto" cuts: the run's first
+            re-partition comes after this many batches (the paper's 10: the pipeline
+            flushes there, and the planner takes the capacities they measured), the
+            next ones at each global replication; 0: at the first global replication.
         chain_replication_every: ftpipehd: batches between chain replications (each
             stage sends its weights and momentum to the next stage's device, the last
             stage to the coordinator; a round lost to a fault is played again from the
@@ -218,6 +222,7 @@ class RunConfig:
     version_aggregation: int = 1
     global_replication_every: int = 100
     chain_replication_every: int = 50
+    first_repartition_after: int = 10
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -377,7 +382,7 @@ class RunConfig:
         if self.schedule not in SCHEDULES:
             raise _fail("schedule", self.schedule, f"one of {', '.join(SCHEDULES)}")
         for name, initial in (("version_aggregation", 1), ("global_replication_every", 100),
-                              ("chain_replication_every", 50)):
+                              ("chain_replication_every", 50), ("first_repartition_after", 10)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise _fail(name, value, "an integer >= 0")

@@ -135,7 +135,7 @@ async def test_a_device_slower_than_declared_gets_less_from_the_next_epoch(
 
     monkeypatch.setattr(device_module._DeviceNode, "_run_config", slow_device_3)
     config = CONFIG.replace(devices=4, partition="auto", samples_per_device=160, epochs=3,
-                            momentum=0.0)
+                            momentum=0.0, first_repartition_after=0)
     with caplog.at_level(logging.INFO, logger="aiopipe.server"):
         result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
     first, second, third = result.epochs

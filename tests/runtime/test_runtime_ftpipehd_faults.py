@@ -336,6 +336,38 @@ async def test_only_the_round_under_way_is_played_again() -> None:
                  _reference(config, [before] * 4 + [after] * 2))
 
 
+async def test_the_first_re_partition_comes_after_the_first_batches(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """§III-D: with "auto" cuts the run re-partitions first after
+    ``first_repartition_after`` batches (here 4; the paper's 10), not at the first global
+    replication: device 3, declared alike but really 10x slower, loses units from batch
+    5 on. The pipeline flushes there: the run ends with the weights of the reference
+    whose first round is split after 4 batches, and every batch counted once."""
+    from aiopipe.runtime import device as device_module
+
+    honest = device_module._DeviceNode._run_config
+
+    def slow_device_3(self: Any, plan: Any) -> RunConfig:
+        config = honest(self, plan)
+        return config.replace(device_slowdown=(1.0, 1.0, 1.0, 10.0))
+
+    monkeypatch.setattr(device_module._DeviceNode, "_run_config", slow_device_3)
+    config = CONFIG.replace(partition="auto", first_repartition_after=4)
+    result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
+    (change, *later) = result.epochs[0].changes
+    assert change["round"] == 0
+    assert change["batches"] == 4
+    assert change["before"] != change["after"]
+    assert not later  # (epoch 1's end measured no better cuts: no flapping)
+    assert [e.samples for e in result.epochs] == [80, 80]
+    # the weights: round 1 split after 4 batches, the rest under the new cuts
+    rounds = [change["before"], change["after"], change["after"]]
+    _assert_same(result.model.state_dict(), _reference(config, rounds, split=(0, 4)))
+    slower = await simulate(config.replace(first_repartition_after=0), clock=VirtualClock(),
+                            cost_table=COSTS)
+    assert result.epochs[0].time_s < slower.epochs[0].time_s
+
+
 async def test_without_device_0_the_run_ends_with_an_error_naming_it() -> None:
     run = _Run(CONFIG, VirtualClock())
 

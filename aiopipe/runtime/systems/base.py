@@ -12,7 +12,7 @@ from torch import nn
 from aiopipe import data as datasets
 from aiopipe.clock import Clock
 from aiopipe.config import RunConfig
-from aiopipe.metrics.trace import Slice
+from aiopipe.metrics.trace import Recorder, Slice
 from aiopipe.protocol import Hello, Replica, ReplicaRequest, RoundResult, RoundStart, TensorData
 from aiopipe.runtime.compute import Compute
 from aiopipe.runtime.stage import ServerStage
@@ -50,6 +50,7 @@ class Rounds(Protocol):
     clock: Clock
     compute: Compute
     cost_table: CostTable | None
+    recorder: Recorder  # the run's trace so far
 
     async def play(self, device_id: int, start: RoundStart, stage: ServerStage | None, *,
                    returns: Mapping[str, TensorData] | None = None) -> RoundResult | None:

@@ -75,6 +75,8 @@ class FTPipeHD(Pipeline):
         self.round_iterations = 0  # a round's batches, once `prepare` knows
         #: whether the round under way was played again after a fault
         self.recovered = False
+        #: whether the round under way re-partitioned after its first batches
+        self._replanned_early = False
         #: the round last played again, (epoch, first batch), and how many times in a
         #: row with the same devices
         self._replayed: tuple[int, int] | None = None
@@ -203,18 +205,36 @@ class FTPipeHD(Pipeline):
         if self._enlist(participants):
             rounds.record_change(self._recovery(round_no, epoch, "at its start"))
         attempt = _Attempt(first, work[0])
+        # the run's first re-partition, a few batches in (§III-D: after 10)
+        early = self.config.first_repartition_after if (
+            self.replanning and (epoch, first) == (0, 0)) else 0
+        self._replanned_early = False
         while True:
+            part = early if 0 < early < attempt.batches else attempt.batches
+            self._round_of(part)
+            mark = len(rounds.recorder.slices)
             try:
                 done = await self._play_round(rounds, round_no, epoch, attempt.first,
-                                              [attempt.batches] * len(work))
+                                              [part] * len(work))
             except _StageLost as lost:
                 self._held.clear()  # an attempt given up on left the devices' weights
+                early = 0
                 round_no, attempt = await self._recover(rounds, lost, round_no, epoch, first,
                                                         attempt)
                 continue
             self._held = {w: (rounds.session_of(w), self._stage_of(p))
                           for p, w in enumerate(self.workers)}
-            return attempt.with_carried(done, self.workers, self.micro_batch_size)
+            if part == attempt.batches:
+                return attempt.with_carried(done, self.workers, self.micro_batch_size)
+            # the pipeline was flushed after the first `early` batches: re-partition from
+            # what they measured, and play the rest of the round
+            early, self._replanned_early = 0, True
+            last = done[self.workers[-1]]
+            attempt = attempt.resumed(part, last.loss_sum, last.correct)
+            change = self._replan(rounds.recorder.take(mark), part, round_no, epoch)
+            if change is not None:
+                rounds.record_change({**change, "batches": part})
+            round_no = rounds.new_round()
 
     def _stage_of(self, p: int) -> tuple[int, int, int, int]:
         """Stage p as a device's stage is the same one: its units, place and the
@@ -377,12 +397,18 @@ class FTPipeHD(Pipeline):
         when they promise at least 5% less time per batch. The next round hands each
         device its new units' weights (from the global model). A round that was played
         again after a fault measured nothing reliable: its record is the recovery's."""
-        if self.recovered or not self.replanning:
+        if self.recovered or self._replanned_early or not self.replanning:
             return None
+        return self._replan(slices, self.parallel_batches, round_no, epoch)
+
+    def _replan(self, slices: Sequence[Slice], batches: int, round_no: int, epoch: int
+                ) -> dict[str, Any] | None:
+        """Re-partition from ``slices``, the trace of ``batches`` batches under the
+        current cuts (`after_round`); the record of the change, if any."""
         planner = self.planner()
         measured = [math.fsum(s.duration for s in slices if s.track == f"device{w}/compute"
                               and s.name in ("f", "b", "s")) for w in self.workers]
-        capacities = planner.capacities(self.bounds, measured, self.parallel_batches)
+        capacities = planner.capacities(self.bounds, measured, batches)
         self.capacity.update(zip(self.workers, capacities, strict=True))
         cuts = tuple(self._cuts())
         current = planner.time(cuts, capacities, self.workers)
@@ -420,8 +446,9 @@ class FTPipeHD(Pipeline):
 @dataclass(frozen=True, slots=True)
 class _Attempt:
     """What an attempt at a round plays: ``batches`` batches from batch ``first``, after
-    ``carried`` batches of the round applied in an earlier attempt (kept by the chain
-    replication), whose loss and correct count they carry."""
+    ``carried`` batches of the round applied before (by an attempt whose state the chain
+    replication kept, or before the run's first re-partition), whose loss and correct
+    count they carry."""
 
     first: int
     batches: int
