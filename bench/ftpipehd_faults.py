@@ -138,7 +138,9 @@ def _outcome(scenario: str, epochs: list[dict[str, Any]], trace: dict[str, Any],
                e["args"]) for e in trace["traceEvents"] if e.get("ph") == "X"]
     stage0 = sorted((s for s in slices if s[0] == "device0/compute"), key=lambda s: s[2])
     recoveries = [c for e in epochs for c in e["changes"] if "stopped" in c]
-    lost = [s for s in slices if s[0].endswith("/connection") and s[1] == "lost"]
+    # given up, or replaced by its restarted process within the grace
+    lost = [s for s in slices if s[0].endswith("/connection")
+            and s[1] in ("lost", "reconnected")]
     if given_up_at is not None and recoveries and lost:
         # the trace's frame: a killed process's socket closes at once, so its connection
         # broke (the "lost" slice's start) at the kill; given up at the slice's end

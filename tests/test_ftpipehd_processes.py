@@ -8,9 +8,11 @@ is in ``metrics.jsonl`` and on the timeline."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import re
 import signal
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -44,9 +46,31 @@ async def _run(tmp_path: Any, killed: tuple[int, ...], *, restart: bool = False
         await fleet.finish(server, left, within=240)
     epochs = fleet.metrics()
     assert [e["samples"] for e in epochs] == [1600] * 3  # each batch once, every epoch
+    _each_batch_committed_once(fleet, epochs)
     assert all(math.isfinite(e["loss"]) for e in epochs)
     assert epochs[-1]["loss"] < epochs[0]["loss"]
     return epochs, fleet
+
+
+def _each_batch_committed_once(fleet: ProcessFleet, epochs: list[dict[str, Any]]) -> None:
+    """The committed ids: every batch's backward on the first stage (its update is then
+    applied everywhere) is in the trace exactly once, but for the batches a recovery kept
+    from the attempt it gave up on (``committed``: an abandoned attempt reports no trace)."""
+    trace = json.loads((fleet.out_dir / "trace.json").read_text())
+    names = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"]
+             if e.get("name") == "thread_name"}
+    batches = RUN["samples_per_device"] // RUN["batch_size"]
+    for epoch, metrics in enumerate(epochs):
+        committed = Counter(e["args"]["iteration"] + e["args"]["micro_batch"]
+                            for e in trace["traceEvents"] if e.get("ph") == "X"
+                            and names[e["tid"]] == "device0/compute" and e["cat"] == "b"
+                            and e["args"]["epoch"] == epoch)
+        for change in metrics["changes"]:
+            first, stop = change.get("committed", (0, 0))
+            committed.update(range(first, stop))
+        assert committed == Counter(range(batches)), (epoch, sorted(
+            b for b, n in (Counter(range(batches)) - committed).items() if n), sorted(
+            b for b, n in (committed - Counter(range(batches))).items() if n))
 
 
 def _recovery(epochs: list[dict[str, Any]]) -> dict[str, Any]:

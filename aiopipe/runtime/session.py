@@ -359,7 +359,8 @@ class DeviceSession:
         self.attached.set()  # a connection waiting to be re-attached stops waiting
         lost = DeviceLostError(f"device {self.device_id} was lost: {reason}")
         self.inbox.close(lost)
-        for waiting in (self.result, self._profile, self._evaluation):
+        asked = self._asked[2] if self._asked is not None else None
+        for waiting in (self.result, self._profile, self._evaluation, asked):
             if waiting is not None and not waiting.done():
                 waiting.set_exception(lost)
 

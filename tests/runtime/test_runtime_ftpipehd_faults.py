@@ -196,6 +196,7 @@ async def test_a_round_is_played_again_from_its_latest_chain_replica(killed: int
     (recovery,) = run.node.replans
     assert recovery["from_chain"] is True
     resumed, end = recovery["batches"]
+    assert recovery["committed"] == [0, resumed]  # applied by the attempt given up on
     assert resumed in (3, 6, 9)
     assert end == 10
     first, second = result.epochs
@@ -356,7 +357,7 @@ async def test_the_first_re_partition_comes_after_the_first_batches(
     result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
     (change, *later) = result.epochs[0].changes
     assert change["round"] == 0
-    assert change["batches"] == 4
+    assert change["after_batches"] == 4
     assert change["before"] != change["after"]
     assert not later  # (epoch 1's end measured no better cuts: no flapping)
     assert [e.samples for e in result.epochs] == [80, 80]

@@ -233,7 +233,7 @@ class FTPipeHD(Pipeline):
             attempt = attempt.resumed(part, last.loss_sum, last.correct)
             change = self._replan(rounds.recorder.take(mark), part, round_no, epoch)
             if change is not None:
-                rounds.record_change({**change, "batches": part})
+                rounds.record_change({**change, "after_batches": part})
             round_no = rounds.new_round()
 
     def _stage_of(self, p: int) -> tuple[int, int, int, int]:
@@ -335,7 +335,7 @@ class FTPipeHD(Pipeline):
             stopped=lost.stalled or str(lost), noticed_at=lost.at,
             resumed_at=rounds.clock.now(), replayed_as=again,
             batches=[attempt.first, attempt.first + attempt.batches],
-            from_chain=point is not None))
+            committed=[first, attempt.first], from_chain=point is not None))
         return again, attempt
 
     async def _chain_point(self, rounds: Rounds, round_no: int, workers: Sequence[int],
