@@ -197,7 +197,7 @@ async def capacity_change(model: str, samples: int, batch: int, every: int, at: 
 
 
 def _plot(curves: dict[str, list[tuple[float, float]]], ylabel: str, title: str,
-          path: Path) -> None:
+          path: Path, xlabel: str = "virtual seconds") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -206,7 +206,7 @@ def _plot(curves: dict[str, list[tuple[float, float]]], ylabel: str, title: str,
     fig, ax = plt.subplots(figsize=(8, 3.5))
     for name, curve in curves.items():
         ax.plot(*zip(*curve, strict=True), marker=".", label=name)
-    ax.set_xlabel("virtual seconds")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=8)
