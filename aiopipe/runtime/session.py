@@ -297,7 +297,13 @@ class DeviceSession:
 
     def _accept_replica(self, message: Replica) -> None:
         """An answer to a `ReplicaRequest`, or the last stage's chain replica (checked
-        against the round here, its tensors where it is used)."""
+        against the round here, its tensors where it is used).
+
+        Raises:
+            RemoteProtocolError: nobody asked for it, or the run is not ftpipehd's.
+        """
+        if self.host.config.mode != "ftpipehd":
+            raise RemoteProtocolError(f"a replica in mode {self.host.config.mode}")
         if self._asked is not None and message.stage in self._asked[0]:
             waiting, answers, future = self._asked
             waiting.discard(message.stage)

@@ -371,7 +371,7 @@ def _align(n: int) -> int:
 
 # --- the oracle ---------------------------------------------------------------------------
 
-NEVER_ACCEPTED = (Hello, Plan, RoundStart, Gradient, ErrorMessage, Bye)
+NEVER_ACCEPTED = (Hello, Plan, RoundStart, Gradient, ErrorMessage, Bye, Replica, ReplicaRequest)
 
 
 def known_bug(message: Message, ctx: Context) -> bool:
