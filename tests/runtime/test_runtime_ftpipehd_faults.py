@@ -25,7 +25,7 @@ from aiopipe.runtime.checkpoint import load_checkpoint
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.device import run_device
 from aiopipe.runtime.plan import build_model, device_indices, train_dataset
-from aiopipe.transport import open_memory_link_pair
+from aiopipe.transport import LinkSpec, open_memory_link_pair
 from aiopipe.transport.fabric import MemoryFabric
 
 COSTS = CostTable.uniform(5, forward=0.01, backward=0.02, batch=8)
@@ -40,10 +40,11 @@ class _Run:
     (a process killed: its links break, it says nothing)."""
 
     def __init__(self, config: RunConfig, clock: VirtualClock,
-                 costs: CostTable = COSTS) -> None:
+                 costs: CostTable = COSTS, links: dict[tuple[str, str], LinkSpec] | None = None
+                 ) -> None:
         self.config, self.clock = config, clock
         self.node = Coordinator(config, clock=clock, cost_table=costs)
-        self.fabric = MemoryFabric(clock)
+        self.fabric = MemoryFabric(clock, links=links or {})
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.outcomes: dict[int, BaseException | None] = {}
 
@@ -367,6 +368,27 @@ async def test_the_first_re_partition_comes_after_the_first_batches(
     slower = await simulate(config.replace(first_repartition_after=0), clock=VirtualClock(),
                             cost_table=COSTS)
     assert result.epochs[0].time_s < slower.epochs[0].time_s
+
+
+async def test_a_re_partition_takes_the_links_as_measured() -> None:
+    """§III-B: each worker measures its bandwidth to the next. Declared unshaped ("lan"),
+    but device 0's link to device 1 really carries 20 Mbit/s: the first re-partition
+    (after 4 batches) knows the link's rate from how long device 0's activations took on
+    it, and cuts where stage 0's output is smaller."""
+    config = CONFIG.replace(partition="auto", first_repartition_after=4, epochs=1)
+    run = _Run(config, VirtualClock(), links={("device0", "device1"): LinkSpec(2e7)})
+
+    async def nothing(run: _Run) -> None:
+        return None
+
+    result = await run.train(nothing)
+    assert not isinstance(result, Exception), result
+    (change,) = result.epochs[0].changes
+    first_link, *others = change["link_rates"]
+    assert first_link == pytest.approx(2e7 / 8, rel=0.01)
+    assert others == [None, None]  # unshaped: nothing to measure
+    sizes = run.node.system.planner().sizes
+    assert sizes[change["after"][0] - 1] < sizes[change["before"][0] - 1]
 
 
 async def test_without_device_0_the_run_ends_with_an_error_naming_it() -> None:

@@ -404,7 +404,13 @@ class FTPipeHD(Pipeline):
     def _replan(self, slices: Sequence[Slice], batches: int, round_no: int, epoch: int
                 ) -> dict[str, Any] | None:
         """Re-partition from ``slices``, the trace of ``batches`` batches under the
-        current cuts (`after_round`); the record of the change, if any."""
+        current cuts (`after_round`): the capacities, and the links to the next stage
+        where they were measured; the record of the change, if any."""
+        links = self._measured_links(slices)
+        measured_links = {w: rate for w, rate in zip(self.workers, links, strict=False)
+                          if rate is not None}
+        if measured_links:
+            self._planner = self.planner().with_uplinks(measured_links)
         planner = self.planner()
         measured = [math.fsum(s.duration for s in slices if s.track == f"device{w}/compute"
                               and s.name in ("f", "b", "s")) for w in self.workers]
@@ -421,8 +427,23 @@ class FTPipeHD(Pipeline):
                  list(cuts), list(chosen.cuts), [round(c, 2) for c in capacities], current,
                  chosen.time_s)
         return {"round": round_no, "epoch": epoch, "before": list(cuts),
-                "after": list(chosen.cuts), "capacities": capacities,
+                "after": list(chosen.cuts), "capacities": capacities, "link_rates": links,
                 "estimated_s": [current, chosen.time_s]}
+
+    def _measured_links(self, slices: Sequence[Slice]) -> list[float | None]:
+        """Each stage's link to the next as ``slices`` measured it (§III-B: each worker
+        measures its bandwidth to the next): the bytes of its activations over the
+        seconds their sends held the link; None where they took no time (an unshaped
+        link in virtual time)."""
+        sizes = self.planner().sizes
+        rates: list[float | None] = []
+        for p, w in enumerate(self.workers[:-1]):
+            track = f"device{w}->device{self.workers[p + 1]}"
+            sends = [s.duration for s in slices if s.track == track and s.name == "u"]
+            seconds = math.fsum(sends)
+            size = sizes[self.bounds[p][1] - 1]
+            rates.append(len(sends) * size / seconds if sends and seconds > 0 else None)
+        return rates
 
     # -- checkpoints ---------------------------------------------------------------------
 
@@ -505,6 +526,12 @@ class Planner:
         sizes = tuple(4.0 * math.prod(shapes[u]) * batch for u in range(units))
         rates = [config.device_network(k).up.bandwidth_bps for k in range(config.devices)]
         return cls(times, sizes, tuple(r / 8 if r is not None else math.inf for r in rates))
+
+    def with_uplinks(self, measured: Mapping[int, float]) -> Planner:
+        """This planner with the uplinks ``measured`` (bytes/s, by device) in place of the
+        declared ones."""
+        return replace(self, uplinks=tuple(measured.get(k, rate)
+                                           for k, rate in enumerate(self.uplinks)))
 
     def _links(self, workers: Sequence[int]) -> list[float]:
         return [self.uplinks[w] for w in workers[:-1]]
