@@ -411,6 +411,9 @@ class FTPipeHD(Pipeline):
                           if rate is not None}
         if measured_links:
             self._planner = self.planner().with_uplinks(measured_links)
+            log.info("round %d: links to the next stage measured at %s MB/s", round_no + 1,
+                     ", ".join(f"device {w}: {rate / 1e6:.3g}"
+                               for w, rate in measured_links.items()))
         planner = self.planner()
         measured = [math.fsum(s.duration for s in slices if s.track == f"device{w}/compute"
                               and s.name in ("f", "b", "s")) for w in self.workers]
