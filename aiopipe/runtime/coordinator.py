@@ -273,14 +273,15 @@ class Coordinator:
         self.rounds += 1
         return self.rounds - 1
 
-    def record_change(self, change: dict[str, Any]) -> None:
-        """Keep what the system changed mid-round (a recovery) with its re-plans. One
-        with ``noticed_at`` and ``resumed_at`` (clock times) is a recovery: its span goes
-        into the trace (track ``server/recovery``) and the record keeps it as
-        ``noticed_s`` and ``resumed_s``, seconds in the trace."""
+    def record_change(self, change: dict[str, Any], *,
+                      recovery: tuple[float, float] | None = None) -> None:
+        """Keep what the system changed mid-round with its re-plans. A ``recovery``'s
+        span (clock times: the fault noticed, training resumed) goes into the trace
+        (track ``server/recovery``) and into the record as ``noticed_s`` and
+        ``resumed_s``, seconds in the trace."""
         change = dict(change)
-        start, end = change.pop("noticed_at", None), change.pop("resumed_at", None)
-        if start is not None and end is not None:
+        if recovery is not None:
+            start, end = recovery
             self.recorder.add("server/recovery", "recover", start, end,
                               epoch=int(change.get("epoch", -1)))
             change["noticed_s"], change["resumed_s"] = start - self.origin, end - self.origin

@@ -81,8 +81,10 @@ class Rounds(Protocol):
         """A fresh round number (a round played again after a fault takes one)."""
         ...
 
-    def record_change(self, change: dict[str, Any]) -> None:
-        """Keep what the system changed mid-round (a recovery) with its re-plans."""
+    def record_change(self, change: dict[str, Any], *,
+                      recovery: tuple[float, float] | None = None) -> None:
+        """Keep what the system changed mid-round with its re-plans (a ``recovery``: with
+        its span, from the fault noticed to training resumed, clock times)."""
         ...
 
     def chained(self, round_no: int) -> Mapping[int, Replica]:

@@ -332,10 +332,10 @@ class FTPipeHD(Pipeline):
         gone = sorted(set(self._before[0]) - set(self.workers))
         rounds.record_change(self._recovery(
             round_no, epoch, "devices lost" if gone else "stalled", lost=gone,
-            stopped=lost.stalled or str(lost), noticed_at=lost.at,
-            resumed_at=rounds.clock.now(), replayed_as=again,
+            stopped=lost.stalled or str(lost), replayed_as=again,
             batches=[attempt.first, attempt.first + attempt.batches],
-            committed=[first, attempt.first], from_chain=point is not None))
+            committed=[first, attempt.first], from_chain=point is not None),
+            recovery=(lost.at, rounds.clock.now()))
         return again, attempt
 
     async def _chain_point(self, rounds: Rounds, round_no: int, workers: Sequence[int],
