@@ -90,8 +90,9 @@ class ModelProfile:
                 list(itertools.accumulate(self.activation, initial=0.0)))
 
     @cached_property
-    def _times(self) -> dict[int, tuple[list[float], list[float]]]:
-        return {}  # samples -> prefix sums of the units' forward and backward seconds
+    def _times(self) -> dict[int, tuple[list[float], list[float], list[float], list[float]]]:
+        # samples -> each unit's forward and backward seconds, and their prefix sums
+        return {}
 
     def memory(self, first: int, stop: int, samples: int, in_flight: int) -> float:
         """Eq. 3: a member of a stage of units ``first..stop-1`` computing ``samples`` of
@@ -111,17 +112,19 @@ class ModelProfile:
         on ``device`` (0 for none)."""
         if samples <= 0:
             return 0.0, 0.0
-        sums = self._times.get(samples)
-        if sums is None:
+        known = self._times.get(samples)
+        if known is None:
             units = range(self.units)
-            sums = self._times[samples] = (
-                list(itertools.accumulate((self.costs.forward_time(u, u + 1, samples)
-                                           for u in units), initial=0.0)),
-                list(itertools.accumulate((self.costs.backward_time(u, u + 1, samples)
-                                           for u in units), initial=0.0)))
-        forward, backward = sums
-        return ((forward[stop] - forward[first]) * device.slowdown,
-                (backward[stop] - backward[first]) * device.slowdown)
+            forward = [self.costs.forward_time(u, u + 1, samples) for u in units]
+            backward = [self.costs.backward_time(u, u + 1, samples) for u in units]
+            known = self._times[samples] = (
+                forward, backward, list(itertools.accumulate(forward, initial=0.0)),
+                list(itertools.accumulate(backward, initial=0.0)))
+        forward, backward, forward_sums, backward_sums = known
+        f, b = forward_sums[stop] - forward_sums[first], backward_sums[stop] - backward_sums[first]
+        if not (math.isfinite(f) and math.isfinite(b)):  # a unit that cannot run at this
+            f, b = math.fsum(forward[first:stop]), math.fsum(backward[first:stop])  # size
+        return f * device.slowdown, b * device.slowdown
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +180,7 @@ def allocate(model: ModelProfile, fleet: Sequence[Device], group: Sequence[int],
 
     times = [time(i) for i in range(len(group))]
     members = range(len(group))
-    while True:  # straggler offloading: one sample at a time
+    for _ in range(batch * len(group)):  # straggler offloading: a sample at a time
         slowest = max(members, key=times.__getitem__)
         others = [i for i in members if i != slowest and samples[i] < room[i]]
         if not others or samples[slowest] == 0:
@@ -187,7 +190,7 @@ def allocate(model: ModelProfile, fleet: Sequence[Device], group: Sequence[int],
         samples[slowest] -= 1
         samples[fastest] += 1
         times[slowest], times[fastest] = time(slowest), time(fastest)
-        if max(times) >= before[0]:  # the straggler is no faster: undo, done
+        if not max(times) < before[0]:  # the straggler is no faster: undo, done
             samples[slowest] += 1
             samples[fastest] -= 1
             times[slowest], times[fastest] = before

@@ -170,3 +170,20 @@ def test_a_faster_device_group_takes_more_of_the_model() -> None:
              Device(4.0, 32 * MB, FAST)]
     chosen = plan(model, fleet, 8, 16)
     assert chosen.round_s == pytest.approx(exhaustive_plan(model, fleet, 8, 16).round_s)  # type: ignore[union-attr]
+
+
+def test_a_unit_that_cannot_run_at_a_batch_size_is_planned_around() -> None:
+    """A unit whose time at one sample is infinite (batch norm cannot train on one
+    sample: [Note: infeasible] in aiopipe/scheduler/costs.py): no member computes it on
+    one sample, and planning ends (a NaN from inf - inf once made it loop for ever)."""
+    model = _model([0.01, 0.01, 0.01])
+    forward = {u: dict(row) for u, row in model.costs.forward.items()}
+    forward[1][1] = float("inf")
+    table = CostTable(forward, model.costs.backward, model.costs.step)
+    model = ModelProfile(table, model.activation, model.weights)
+    fleet = [Device(1.0, 64 * MB, FAST), Device(1.0, 64 * MB, FAST), Device(9.0, 64 * MB, FAST)]
+    chosen = plan(model, fleet, 4, 3)
+    assert chosen.round_s < float("inf")
+    for stage in chosen.stages:
+        if stage.first <= 1 < stage.stop:
+            assert 1 not in stage.samples
