@@ -36,6 +36,7 @@ DESIGN §Asteroid records the choices.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -302,11 +303,21 @@ def plan(model: ModelProfile, fleet: Sequence[Device], micro_batches: int,
     for p in range(1, min(units, n_devices) + 1):
         for n in range(p, n_devices + 1):
             for last in range(p, units + 1):
-                candidates = _extensions(best, stage, units, n_devices, last, n, p)
-                scored = sorted((HppPlan(s, estimator.round_time(s, micro_batches))
-                                 for s in candidates), key=lambda c: c.round_s)
-                if scored:
-                    best[(last, n, p)] = scored[:keep]
+                kept: list[HppPlan] = []  # the best so far, fastest first
+                for head, sub in _extensions(best, stage, units, n_devices, last, n, p):
+                    # a head stage only adds to a pipeline's round, which is at least
+                    # its dominant step's: skip what cannot beat the kept ones
+                    f, b, _ = estimator.execution(head)
+                    bound = max(sub.round_s if sub else 0.0, micro_batches * (f + b))
+                    if len(kept) == keep and bound >= kept[-1].round_s:
+                        continue
+                    stages = (head, *sub.stages) if sub else (head,)
+                    candidate = HppPlan(stages, estimator.round_time(stages, micro_batches))
+                    at = bisect.bisect_right([c.round_s for c in kept], candidate.round_s)
+                    kept.insert(at, candidate)
+                    del kept[keep:]
+                if kept:
+                    best[(last, n, p)] = kept
     whole = [plans[0] for key, plans in best.items()
              if key[0] == units and key[1] == n_devices]
     if not whole:
@@ -315,14 +326,16 @@ def plan(model: ModelProfile, fleet: Sequence[Device], micro_batches: int,
 
 
 def _extensions(best: dict[tuple[int, int, int], list[HppPlan]], stage: _StageOf, units: int,
-                n_devices: int, last: int, n: int, p: int) -> Iterator[tuple[HppStage, ...]]:
+                n_devices: int, last: int, n: int, p: int
+                ) -> Iterator[tuple[HppStage, HppPlan | None]]:
     """The pipelines of the last ``last`` units over the last ``n`` devices in ``p``
-    stages: one stage at the head of each best sub-pipeline (Eq. 10)."""
+    stages: one stage at the head of each best sub-pipeline (Eq. 10), as (head, the
+    sub-pipeline; None for a pipeline of one stage)."""
     head_first, head_lo = units - last, n_devices - n
     if p == 1:
         head = stage(head_first, units, head_lo, n_devices, 1)
         if head is not None:
-            yield (head,)
+            yield head, None
         return
     for rest_units in range(p - 1, last):
         for rest_devices in range(p - 1, n):
@@ -332,7 +345,7 @@ def _extensions(best: dict[tuple[int, int, int], list[HppPlan]], stage: _StageOf
             head = stage(head_first, units - rest_units, head_lo, n_devices - rest_devices, p)
             if head is not None:
                 for sub in subs:
-                    yield (head, *sub.stages)
+                    yield head, sub
 
 
 def exhaustive_plan(model: ModelProfile, fleet: Sequence[Device], micro_batches: int,
