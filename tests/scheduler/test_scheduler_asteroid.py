@@ -187,3 +187,27 @@ def test_a_unit_that_cannot_run_at_a_batch_size_is_planned_around() -> None:
     for stage in chosen.stages:
         if stage.first <= 1 < stage.stop:
             assert 1 not in stage.samples
+
+
+def test_a_stage_at_the_head_only_adds_to_a_round() -> None:
+    """What the planner's pruning rests on: a pipeline's round is at least its tail's and
+    at least its first stage's M (E_f + E_b)."""
+    rng = random.Random(3)
+    checked = 0
+    while checked < 300:
+        model, fleet, m, b = _random_case(rng)
+        if len(fleet) < 2 or model.units < 2:
+            continue
+        cut, split = rng.randint(1, model.units - 1), rng.randint(1, len(fleet) - 1)
+        head = allocate(model, fleet, tuple(range(split)), 0, cut, b, 3)
+        tail = allocate(model, fleet, tuple(range(split, len(fleet))), cut, model.units, b, 1)
+        if head is None or tail is None:
+            continue
+        first = HppStage(0, cut, tuple(range(split)), head)
+        rest = HppStage(cut, model.units, tuple(range(split, len(fleet))), tail)
+        whole = estimate(model, fleet, [first, rest], m, b)
+        assert whole >= estimate(model, fleet, [rest], m, b) - 1e-12
+        times = [model.times(0, cut, n, fleet[d])
+                 for d, n in zip(first.devices, head, strict=True)]
+        assert whole >= m * (max(f for f, _ in times) + max(b for _, b in times)) - 1e-12
+        checked += 1
