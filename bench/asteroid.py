@@ -10,7 +10,8 @@ how long it takes.
   the same estimate: the share of cases where it is the best, and the worst ratio. Run
   with the paper's one sub-pipeline per state (``keep = 1``) and with the default.
 - **Planning time**: resnet101 (35 units) on 8 devices, its compute measured on this
-  machine at a few batch sizes, its activations and weights from the model.
+  machine at a few batch sizes, its outputs and state from the model (the profile every
+  planner shares, `aiopipe.runtime.plan.model_profile`).
 
 The estimates are the planner's model (Eqs. 3–11 of the paper), not measured rounds.
 
@@ -20,7 +21,6 @@ The estimates are the planner's model (Eqs. 3–11 of the paper), not measured r
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import random
 import sys
@@ -33,11 +33,11 @@ sys.path.insert(0, str(REPO / "tests" / "scheduler"))
 from test_scheduler_asteroid import _random_case  # noqa: E402
 
 from aiopipe import models  # noqa: E402
-from aiopipe.runtime.plan import unit_output_shapes  # noqa: E402
+from aiopipe.runtime.plan import model_profile  # noqa: E402
 from aiopipe.scheduler.asteroid import (  # noqa: E402
     KEEP,
     Device,
-    ModelProfile,
+    HppModel,
     exhaustive_plan,
     plan,
 )
@@ -70,11 +70,7 @@ def planning_time(model_name: str, batch: int, micro_batches: int) -> None:
     started = time.perf_counter()
     costs = measure_costs(model, (3, 32, 32), [1, 4, batch], repeats=2, warmup=1)
     measured = time.perf_counter() - started
-    shapes = unit_output_shapes(model, (3, 32, 32))  # (per sample, after each unit)
-    profile = ModelProfile(
-        costs, tuple(4.0 * math.prod(s) for s in shapes),
-        tuple(4.0 * sum(p.numel() for p in models.units_of(model, u, u + 1).parameters())
-              for u in range(units)))
+    profile = HppModel.of(model_profile(model, (3, 32, 32), costs))  # SGD with momentum
     fleet = [Device(s, m * MIB, 6.25e6) for s, m in
              zip([1, 2, 4, 4, 8, 1, 2, 2], [1024, 512, 512, 256, 256, 1024, 512, 256],
                  strict=True)]

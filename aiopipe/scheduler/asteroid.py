@@ -45,6 +45,7 @@ from functools import cache, cached_property
 
 from aiopipe.errors import ConfigError
 from aiopipe.scheduler.costs import CostTable
+from aiopipe.scheduler.estimate import ModelProfile
 
 #: Builds the stage of units ``first..stop-1`` on the sorted devices ``lo..hi-1`` at
 #: ``position`` from the pipeline's end (None: they cannot hold it).
@@ -53,8 +54,17 @@ _StageOf = Callable[[int, int, int, int, int], "HppStage | None"]
 #: How many sub-pipelines `plan` keeps per state of its dynamic program.
 KEEP = 2
 
-__all__ = ["KEEP", "Device", "HppPlan", "HppStage", "ModelProfile", "allocate", "estimate",
-           "exhaustive_plan", "plan"]
+__all__ = [
+    "KEEP",
+    "Device",
+    "HppModel",
+    "HppPlan",
+    "HppStage",
+    "allocate",
+    "exhaustive_plan",
+    "plan",
+    "round_time",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +79,7 @@ class Device:
 
 
 @dataclass(frozen=True)
-class ModelProfile:
+class HppModel:
     """The model as the planner sees it: each unit's compute (the cost table, per batch
     size), its output per sample and its parameters (bytes); the optimizer's state per
     parameter byte (SGD with momentum: 1). Sums over unit ranges come from prefix sums
@@ -79,6 +89,13 @@ class ModelProfile:
     activation: tuple[float, ...]
     weights: tuple[float, ...]
     optimizer: float = 1.0
+
+    @classmethod
+    def of(cls, profile: ModelProfile, *, optimizer: float = 1.0) -> HppModel:
+        """The planners' shared profile of a model (`aiopipe.runtime.plan.model_profile`)
+        as this planner's: its units' outputs, and their state as the weights."""
+        return cls(profile.costs, tuple(map(float, profile.activation_bytes)),
+                   tuple(map(float, profile.state_bytes)), optimizer)
 
     @property
     def units(self) -> int:
@@ -147,7 +164,7 @@ class HppPlan:
     round_s: float
 
 
-def allocate(model: ModelProfile, fleet: Sequence[Device], group: Sequence[int], first: int,
+def allocate(model: HppModel, fleet: Sequence[Device], group: Sequence[int], first: int,
              stop: int, batch: int, in_flight: int) -> tuple[int, ...] | None:
     """Algorithm 1: the samples of a ``batch``-sample micro-batch each member of ``group``
     computes for units ``first..stop-1`` (None: the group cannot hold them)."""
@@ -199,7 +216,7 @@ def allocate(model: ModelProfile, fleet: Sequence[Device], group: Sequence[int],
     return tuple(samples)
 
 
-def _room(model: ModelProfile, device: Device, first: int, stop: int, in_flight: int) -> int:
+def _room(model: HppModel, device: Device, first: int, stop: int, in_flight: int) -> int:
     """The most samples of a micro-batch ``device`` can hold for units ``first..stop-1``
     (-1: not even the stage's weights)."""
     fixed = model.memory(first, stop, 0, in_flight)
@@ -211,17 +228,17 @@ def _room(model: ModelProfile, device: Device, first: int, stop: int, in_flight:
     return int((device.memory - fixed) / per_sample)
 
 
-def estimate(model: ModelProfile, fleet: Sequence[Device], stages: Sequence[HppStage],
+def round_time(model: HppModel, fleet: Sequence[Device], stages: Sequence[HppStage],
              micro_batches: int, batch: int) -> float:
     """The estimated round time of ``stages`` (module docstring: Eqs. 4–6, 8, 11)."""
     return _Estimator(model, fleet, batch).round_time(stages, micro_batches)
 
 
 class _Estimator:
-    """`estimate` with each step's times kept (the planner estimates many plans that
+    """`round_time` with each step's times kept (the planner estimates many plans that
     share stages)."""
 
-    def __init__(self, model: ModelProfile, fleet: Sequence[Device], batch: int) -> None:
+    def __init__(self, model: HppModel, fleet: Sequence[Device], batch: int) -> None:
         self.model, self.fleet, self.batch = model, fleet, batch
         self._steps: dict[HppStage, tuple[float, float, float]] = {}
 
@@ -280,7 +297,7 @@ def _order(fleet: Sequence[Device]) -> list[int]:
     return sorted(range(len(fleet)), key=lambda d: (-fleet[d].memory, d))
 
 
-def plan(model: ModelProfile, fleet: Sequence[Device], micro_batches: int,
+def plan(model: HppModel, fleet: Sequence[Device], micro_batches: int,
          batch: int, *, keep: int = KEEP) -> HppPlan:
     """Algorithm 2 (module docstring): the plan of least estimated round time, keeping
     the ``keep`` best sub-pipelines of each state (the paper keeps one).
@@ -348,7 +365,7 @@ def _extensions(best: dict[tuple[int, int, int], list[HppPlan]], stage: _StageOf
                     yield head, sub
 
 
-def exhaustive_plan(model: ModelProfile, fleet: Sequence[Device], micro_batches: int,
+def exhaustive_plan(model: HppModel, fleet: Sequence[Device], micro_batches: int,
                     batch: int) -> HppPlan | None:
     """Every plan of `plan`'s shape (the devices by memory in consecutive groups, one
     group per stage of consecutive units), each allocated by Algorithm 1 and estimated:
@@ -371,13 +388,13 @@ def exhaustive_plan(model: ModelProfile, fleet: Sequence[Device], micro_batches:
                     stages.append(HppStage(first, stop, group, samples))
                 else:
                     candidate = HppPlan(tuple(stages),
-                                        estimate(model, fleet, stages, micro_batches, batch))
+                                        round_time(model, fleet, stages, micro_batches, batch))
                     if best is None or candidate.round_s < best.round_s:
                         best = candidate
     return best
 
 
-def _no_fit(model: ModelProfile, fleet: Sequence[Device], batch: int) -> str:
+def _no_fit(model: HppModel, fleet: Sequence[Device], batch: int) -> str:
     """Why no plan fits, naming a device: one that cannot hold even the smallest stage
     (one unit, one sample), else the one with the least memory."""
     smallest = min(model.memory(u, u + 1, 1, 1) for u in range(model.units))

@@ -10,12 +10,12 @@ import pytest
 from aiopipe.errors import ConfigError
 from aiopipe.scheduler.asteroid import (
     Device,
+    HppModel,
     HppStage,
-    ModelProfile,
     allocate,
-    estimate,
     exhaustive_plan,
     plan,
+    round_time,
 )
 from aiopipe.scheduler.costs import CostTable
 
@@ -24,7 +24,7 @@ FAST = 1e12  # bytes/s: links that cost nothing
 
 
 def _model(forward: list[float], activation: list[float] | None = None,
-           weights: list[float] | None = None, *, exponent: float = 1.0) -> ModelProfile:
+           weights: list[float] | None = None, *, exponent: float = 1.0) -> HppModel:
     """Units whose forward at batch b takes forward[u] * (b / 8) ** exponent (backward
     twice that), measured at batch sizes 1..32."""
     sizes = [1, 2, 4, 8, 16, 32]
@@ -33,7 +33,7 @@ def _model(forward: list[float], activation: list[float] | None = None,
         {u: {b: 2 * f * (b / 8) ** exponent for b in sizes} for u, f in enumerate(forward)},
         {u: 0.0 for u in range(len(forward))})
     n = len(forward)
-    return ModelProfile(table, tuple(activation or [1000.0] * n), tuple(weights or [1e4] * n))
+    return HppModel(table, tuple(activation or [1000.0] * n), tuple(weights or [1e4] * n))
 
 
 def test_equal_devices_share_a_micro_batch_equally() -> None:
@@ -77,7 +77,7 @@ def test_one_device_s_round_is_its_micro_batches_in_turn() -> None:
     model = _model([0.01, 0.02])
     fleet = [Device(2.0, 100 * MB, FAST)]
     stage = HppStage(0, 2, (0,), (8,))
-    assert estimate(model, fleet, [stage], 4, 8) == pytest.approx(4 * 2.0 * (0.03 + 0.06))
+    assert round_time(model, fleet, [stage], 4, 8) == pytest.approx(4 * 2.0 * (0.03 + 0.06))
 
 
 def test_a_pipeline_s_round_is_its_slowest_stage_plus_the_fill_and_drain() -> None:
@@ -86,7 +86,7 @@ def test_a_pipeline_s_round_is_its_slowest_stage_plus_the_fill_and_drain() -> No
     model = _model([0.01, 0.04])
     fleet = [Device(1.0, 100 * MB, FAST)] * 2
     stages = [HppStage(0, 1, (0,), (8,)), HppStage(1, 2, (1,), (8,))]
-    assert estimate(model, fleet, stages, 4, 8) == pytest.approx(
+    assert round_time(model, fleet, stages, 4, 8) == pytest.approx(
         0.01 + 4 * (0.04 + 0.08) + 0.02, rel=1e-6)
 
 
@@ -95,16 +95,16 @@ def test_links_and_the_all_reduce_cost_their_bytes() -> None:
     fleet = [Device(1.0, 100 * MB, 1e6)] * 3
     group = HppStage(0, 1, (0, 1), (4, 4))
     last = HppStage(1, 2, (2,), (8,))
-    free = estimate(model, [Device(1.0, 100 * MB, FAST)] * 3, [group, last], 2, 8)
+    free = round_time(model, [Device(1.0, 100 * MB, FAST)] * 3, [group, last], 2, 8)
     # the link moves 8 MB each way per micro-batch (the dominant step: 8 s + 8 s a
     # micro-batch); the group's all-reduce moves 2 * 1/2 * 4 MB at 1 MB/s: 4 s after it
-    costly = estimate(model, fleet, [group, last], 2, 8)
+    costly = round_time(model, fleet, [group, last], 2, 8)
     assert costly > free + 2 * 16
     assert costly == pytest.approx(
-        estimate(model, fleet, [group, last], 2, 8), rel=0)  # (deterministic)
+        round_time(model, fleet, [group, last], 2, 8), rel=0)  # (deterministic)
 
 
-def _random_case(rng: random.Random) -> tuple[ModelProfile, list[Device], int, int]:
+def _random_case(rng: random.Random) -> tuple[HppModel, list[Device], int, int]:
     units = rng.randint(2, 8)
     model = _model([rng.uniform(0.002, 0.03) for _ in range(units)],
                    [rng.choice([2e3, 2e4, 2e5]) for _ in range(units)],
@@ -180,7 +180,7 @@ def test_a_unit_that_cannot_run_at_a_batch_size_is_planned_around() -> None:
     forward = {u: dict(row) for u, row in model.costs.forward.items()}
     forward[1][1] = float("inf")
     table = CostTable(forward, model.costs.backward, model.costs.step)
-    model = ModelProfile(table, model.activation, model.weights)
+    model = HppModel(table, model.activation, model.weights)
     fleet = [Device(1.0, 64 * MB, FAST), Device(1.0, 64 * MB, FAST), Device(9.0, 64 * MB, FAST)]
     chosen = plan(model, fleet, 4, 3)
     assert chosen.round_s < float("inf")
@@ -205,8 +205,8 @@ def test_a_stage_at_the_head_only_adds_to_a_round() -> None:
             continue
         first = HppStage(0, cut, tuple(range(split)), head)
         rest = HppStage(cut, model.units, tuple(range(split, len(fleet))), tail)
-        whole = estimate(model, fleet, [first, rest], m, b)
-        assert whole >= estimate(model, fleet, [rest], m, b) - 1e-12
+        whole = round_time(model, fleet, [first, rest], m, b)
+        assert whole >= round_time(model, fleet, [rest], m, b) - 1e-12
         times = [model.times(0, cut, n, fleet[d])
                  for d, n in zip(first.devices, head, strict=True)]
         assert whole >= m * (max(f for f, _ in times) + max(b for _, b in times)) - 1e-12
