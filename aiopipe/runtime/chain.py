@@ -30,7 +30,6 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-import torch
 from torch import nn
 
 from aiopipe import models
@@ -41,21 +40,17 @@ from aiopipe.protocol import (
     Replica,
     ReplicaRequest,
     TensorData,
-    to_torch,
 )
 from aiopipe.runtime.assignment import Assignment
 from aiopipe.runtime.async_weights import MOMENTUM
+from aiopipe.runtime.stage import Expected, check_tensors
 
-__all__ = ["KEPT", "ChainReplicas", "Expected", "check_tensors", "expected_tensors", "gather"]
+__all__ = ["KEPT", "ChainReplicas", "expected_tensors", "gather"]
 
 #: How many snapshots of a stage a holder keeps (the latest ones).
 KEPT = 2
 
 log = logging.getLogger("aiopipe.runtime")
-
-#: A stage's tensors as they must be: name -> (dtype name, shape).
-Expected = dict[str, tuple[str, tuple[int, ...]]]
-
 
 def expected_tensors(module: nn.Module, *, momentum: bool) -> Expected:
     """What a replica of ``module`` (a stage's units) holds: its state dict, and each
@@ -67,27 +62,6 @@ def expected_tensors(module: nn.Module, *, momentum: bool) -> Expected:
                                            tuple(p.shape))
                          for name, p in module.named_parameters()})
     return expected
-
-
-def check_tensors(tensors: Mapping[str, TensorData], expected: Expected, what: str) -> None:
-    """``tensors`` are exactly ``expected``, floating ones finite.
-
-    Raises:
-        RemoteProtocolError: naming ``what`` and the first tensor that is not.
-    """
-    if set(tensors) != set(expected):
-        missing = sorted(set(expected) - set(tensors))[:3]
-        extra = sorted(set(tensors) - set(expected))[:3]
-        raise RemoteProtocolError(f"{what} does not hold its stage's tensors (missing "
-                                  f"{missing}, not the stage's {extra})")
-    for name, tensor in tensors.items():
-        if (tensor.dtype, tensor.shape) != expected[name]:
-            dtype, shape = expected[name]
-            raise RemoteProtocolError(f"{what}: {name} is {tensor.dtype} {tensor.shape}, "
-                                      f"the stage has {dtype} {shape}")
-        if tensor.dtype.startswith(("float", "bfloat")) and not bool(
-                torch.isfinite(to_torch(tensor)).all()):
-            raise RemoteProtocolError(f"{what}: {name} holds NaN or Inf")
 
 
 class ChainReplicas:

@@ -670,10 +670,8 @@ class _DeviceNode:
                               correct, tensors)
             self.chain.keep(replica)
             route = routes.get(assignment.stage + 1)
-            if isinstance(route, PeerRoute):
-                route.peer.post(replica, "replica", epoch=assignment.epoch)
-            else:
-                self.peer.post(replica, "replica", epoch=assignment.epoch)
+            link = route.peer if isinstance(route, PeerRoute) else self.peer  # (last stage)
+            link.post(replica, "replica", epoch=assignment.epoch)
 
     async def _gradient_timer(self) -> None:
         """FTPipeHD's timer (§III-F), on the first stage: when the round has waited

@@ -38,8 +38,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-import torch
-
 from aiopipe.clock import Clock, wait_for
 from aiopipe.config import RunConfig
 from aiopipe.errors import (
@@ -70,7 +68,6 @@ from aiopipe.protocol import (
     RoundStalled,
     RoundStart,
     TensorData,
-    to_torch,
 )
 from aiopipe.runtime.assignment import Assignment, check_data_message
 from aiopipe.runtime.compute import Compute
@@ -78,7 +75,7 @@ from aiopipe.runtime.executor import Identity, Inbox, StageExecutor
 from aiopipe.runtime.liveness import Liveness
 from aiopipe.runtime.peer import Peer
 from aiopipe.runtime.profiling import probe
-from aiopipe.runtime.stage import ServerStage
+from aiopipe.runtime.stage import ServerStage, check_tensors, expected_of
 from aiopipe.transport import Link
 
 __all__ = ["DeviceSession", "SessionHost"]
@@ -538,18 +535,8 @@ class DeviceSession:
         if message.round != window.round:
             raise RemoteProtocolError(f"result for round {message.round}, expected "
                                       f"{window.round}")
-        sent = window.returns  # the device returns the stage it was sent (or kept), trained
-        if set(message.tensors) != set(sent):
-            raise RemoteProtocolError("round result does not hold the device half's tensors")
-        for name, tensor in message.tensors.items():
-            expected = sent[name]
-            if (tensor.dtype, tensor.shape) != (expected.dtype, expected.shape):
-                raise RemoteProtocolError(
-                    f"round result {name} is {tensor.dtype} {tensor.shape}, the model has "
-                    f"{expected.dtype} {expected.shape}")
-            if tensor.dtype.startswith(("float", "bfloat")) and not bool(
-                    torch.isfinite(to_torch(tensor)).all()):
-                raise RemoteProtocolError(f"round result {name} holds NaN or Inf")
+        # the device returns the stage it was sent (or kept), trained
+        check_tensors(message.tensors, expected_of(window.returns), "round result")
         start = window.start
         samples = window.iterations * start.micro_batch_size * start.parallel_batches
         if window.stage is not None and len(self.seen) * start.micro_batch_size != samples:

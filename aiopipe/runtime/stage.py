@@ -20,18 +20,23 @@ raises `RemoteProtocolError`, and the stage's gradients from that pass are dropp
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from aiopipe.errors import RemoteProtocolError
+from aiopipe.protocol import TensorData, to_torch
 from aiopipe.runtime.assignment import Assignment
 from aiopipe.runtime.factories import Loss
 from aiopipe.scheduler.actions import Action
 
-__all__ = ["Batch", "ServerStage", "StageWork", "checked_gradient", "checked_input_gradient"]
+__all__ = ["Batch", "Expected", "ServerStage", "StageWork", "check_tensors", "checked_gradient",
+           "checked_input_gradient", "expected_of"]
+
+#: A stage's tensors as they must be: name -> (dtype name, shape).
+Expected = Mapping[str, tuple[str, tuple[int, ...]]]
 
 #: Reads micro-batch ``n`` of iteration ``i``: inputs and labels (the first stage's data).
 Batch = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
@@ -248,3 +253,29 @@ class ServerStage:
     work: StageWork
     assignment: Assignment
     costs: Callable[[Action], float] | None = None
+
+
+def check_tensors(tensors: Mapping[str, TensorData], expected: Expected, what: str) -> None:
+    """``tensors`` are exactly ``expected``, floating ones finite.
+
+    Raises:
+        RemoteProtocolError: naming ``what`` and the first tensor that is not.
+    """
+    if set(tensors) != set(expected):
+        missing = sorted(set(expected) - set(tensors))[:3]
+        extra = sorted(set(tensors) - set(expected))[:3]
+        raise RemoteProtocolError(f"{what} does not hold its stage's tensors (missing "
+                                  f"{missing}, not the stage's {extra})")
+    for name, tensor in tensors.items():
+        if (tensor.dtype, tensor.shape) != expected[name]:
+            dtype, shape = expected[name]
+            raise RemoteProtocolError(f"{what}: {name} is {tensor.dtype} {tensor.shape}, "
+                                      f"the stage has {dtype} {shape}")
+        if tensor.dtype.startswith(("float", "bfloat")) and not bool(
+                torch.isfinite(to_torch(tensor)).all()):
+            raise RemoteProtocolError(f"{what}: {name} holds NaN or Inf")
+
+
+def expected_of(tensors: Mapping[str, TensorData]) -> Expected:
+    """What tensors like ``tensors`` must be (names, dtypes, shapes)."""
+    return {name: (t.dtype, t.shape) for name, t in tensors.items()}

@@ -15,7 +15,8 @@ from torch import nn
 from aiopipe import models
 from aiopipe.errors import RemoteProtocolError
 from aiopipe.protocol import Replica, ReplicaRequest, state_to_wire
-from aiopipe.runtime.chain import ChainReplicas, check_tensors, expected_tensors, gather
+from aiopipe.runtime.chain import ChainReplicas, expected_tensors, gather
+from aiopipe.runtime.stage import check_tensors
 
 
 def _model() -> nn.Sequential:

@@ -38,8 +38,9 @@ from aiopipe.errors import ConfigError, RemoteProtocolError, RoundStalledError, 
 from aiopipe.metrics.trace import Slice
 from aiopipe.protocol import Replica, RoundResult, RoundStart, state_from_wire
 from aiopipe.runtime.async_weights import MOMENTUM, split_momentum
-from aiopipe.runtime.chain import check_tensors, expected_tensors, gather
+from aiopipe.runtime.chain import expected_tensors, gather
 from aiopipe.runtime.plan import measure_planning_costs, unit_output_shapes
+from aiopipe.runtime.stage import check_tensors
 from aiopipe.runtime.systems.base import Rounds, Setup
 from aiopipe.runtime.systems.pipeline import Pipeline
 from aiopipe.scheduler.costs import CostTable
@@ -327,7 +328,6 @@ class FTPipeHD(Pipeline):
         point = await self._chain_point(rounds, round_no, workers, bounds, alive)
         if point is not None:
             attempt = attempt.resumed(*point)
-            self._round_of(attempt.batches)
         again = rounds.new_round()
         gone = sorted(set(self._before[0]) - set(self.workers))
         rounds.record_change(self._recovery(
