@@ -48,6 +48,17 @@ def _int_list(text: str) -> int | str | list[int]:
     return values[0] if len(values) == 1 else values
 
 
+def _groups(text: str) -> str | list[list[int]]:
+    if text == "auto":
+        return text
+    try:
+        return [[int(v) for v in group.split(",")] for group in text.split("/")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or device ids per stage, e.g. "
+                                         f"0,1/2 (stage 0 on devices 0 and 1, stage 1 on "
+                                         f"device 2), got {text!r}") from None
+
+
 def _float_list(text: str) -> float | list[float]:
     try:
         values = [float(v) for v in text.split(",")]
@@ -88,9 +99,14 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                      help="micro-batches per iteration N: an integer, a comma list per "
                           "device, or auto (the planner picks; best with N dividing B)")
     run.add_argument("--partition", type=_int_list,
-                     help="mode pipeline: the S-1 cut points (comma list) or auto (balanced)")
+                     help="modes pipeline, ftpipehd, asteroid: the S-1 cut points (comma "
+                          "list) or auto (balanced; asteroid: its planner's)")
+    run.add_argument("--stage-groups", type=_groups,
+                     help="mode asteroid: the devices of each stage, e.g. 0,1/2 (stage 0 on "
+                          "devices 0 and 1, which split every micro-batch, stage 1 on "
+                          "device 2), or auto (the planner's, with --partition auto)")
     run.add_argument("--schedule", choices=SCHEDULES,
-                     help="mode pipeline: 1f1b (default) or gpipe")
+                     help="modes pipeline and asteroid: 1f1b (default) or gpipe")
     run.add_argument("--version-aggregation", type=int,
                      help="mode ftpipehd: stage p averages its S - p in-flight weight "
                           "versions every this many times S - p updates (0: never)")
@@ -165,7 +181,8 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "optimizer", "dataset", "test_sample
                    "parallel_batches", "network", "device_slowdown", "aggregation_every",
                    "learning_rate", "seed", "out_dir", "shape_links", "device_timeout",
                    "heartbeat_interval", "reconnect_grace", "replan", "device_memory_mb",
-                   "partition", "schedule", "profile_devices", "aggregation", "outliers",
+                   "partition", "stage_groups", "schedule", "profile_devices", "aggregation",
+                   "outliers",
                    "version_aggregation", "momentum", "global_replication_every",
                    "chain_replication_every", "first_repartition_after")
 

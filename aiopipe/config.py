@@ -26,9 +26,10 @@ if TYPE_CHECKING:
 __all__ = ["AGGREGATIONS", "DATA_PARTITIONS", "LOSSES", "MODES", "OPTIMIZERS", "OUTLIERS",
            "PIPELINE_MODES", "SCHEDULES", "RunConfig"]
 
-MODES = ("fl", "sl", "sfl", "pipar", "pipeline", "ftpipehd")
-#: The modes that chain the devices into one pipeline (device p runs stage p).
-PIPELINE_MODES = ("pipeline", "ftpipehd")
+MODES = ("fl", "sl", "sfl", "pipar", "pipeline", "ftpipehd", "asteroid")
+#: The modes whose devices form one pipeline and link to each other directly (a chain:
+#: device p runs stage p; asteroid: a group of devices per stage).
+PIPELINE_MODES = ("pipeline", "ftpipehd", "asteroid")
 LOSSES = ("cross-entropy",)
 AGGREGATIONS = ("fedavg", "fedmedian", "trimmed-mean", "krum")
 OUTLIERS = ("keep", "clip", "drop")
@@ -65,6 +66,12 @@ def _per_device(key: str, value: object, devices: int, *, allow_auto: bool) -> P
     raise _fail(key, value, "an integer or a list of integers")
 
 
+def _device_id(key: str, value: object, devices: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < devices:
+        raise _fail(key, value, f"device ids in 0..{devices - 1}")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class RunConfig:
     """What to train, how, on how many devices; see DESIGN §6.
@@ -76,7 +83,10 @@ class RunConfig:
             runs stage p, device 0 holds the data, the last computes the loss; no
             server stage) or "ftpipehd" (the same chain, asynchronous: FTPipeHD's 1F1B
             with weight stashing, vertical sync and weight aggregation; whole batches
-            stream through without a flush until the epoch ends).
+            stream through without a flush until the epoch ends) or "asteroid"
+            (Asteroid's hybrid pipeline: stages run by groups of devices that split
+            every micro-batch between them and all-reduce their stage's gradients
+            before each step; the first stage's members hold the data).
         model: a model name of `aiopipe.models.MODEL_NAMES`, ``module:function`` (a
             factory, called with ``num_classes`` and ``in_shape`` if it takes them, that
             returns the ``nn.Sequential`` of split units; every node imports it), or
@@ -103,7 +113,12 @@ class RunConfig:
         parallel_batches: micro-batches per iteration, N, per device as a list, or
             "auto" (a pipeline: one integer).
         partition: a pipeline's S - 1 cut points (stage p holds units cut[p-1]+1..cut[p];
-            increasing, in 1..Q-1), or "auto": stages of balanced compute.
+            increasing, in 1..Q-1), or "auto": stages of balanced compute (asteroid:
+            Asteroid's planner chooses them with ``stage_groups``).
+        stage_groups: asteroid: the devices of each stage, a list of S lists of device
+            ids (every device in one; each micro-batch is split between a stage's
+            devices by Asteroid's Algorithm 1), or "auto" (the planner, with
+            ``partition`` "auto").
         schedule: a pipeline's schedule, "1f1b" (K_p = 2(S - p) - 1 forwards on stage p
             before one forward, one backward) or "gpipe" (all forwards, then all
             backwards).
@@ -199,6 +214,7 @@ class RunConfig:
     learning_rate: float = 0.02
     momentum: float = 0.9
     partition: str | tuple[int, ...] = "auto"
+    stage_groups: str | tuple[tuple[int, ...], ...] = "auto"
     schedule: str = "1f1b"
     data_partition: str = "iid"
     dirichlet_alpha: float = 0.5
@@ -373,7 +389,7 @@ class RunConfig:
             cuts = tuple(_positive_int("partition", v) for v in partition)
             if any(b <= a for a, b in itertools.pairwise(cuts)):
                 raise _fail("partition", list(cuts), "increasing cut points")
-            if self.mode in PIPELINE_MODES and len(cuts) != self.devices - 1:
+            if self.mode in ("pipeline", "ftpipehd") and len(cuts) != self.devices - 1:
                 raise _fail("partition", list(cuts),
                             f"{self.devices - 1} cut points (one fewer than the devices)")
             object.__setattr__(self, "partition", cuts)
@@ -393,6 +409,7 @@ class RunConfig:
                         "(learning_rate, momentum) itself, to each stage's weight versions")
         if self.mode == "ftpipehd" and self.schedule != "1f1b":
             raise _fail("schedule", self.schedule, 'its default: ftpipehd runs 1F1B')
+        self._check_stage_groups()
         if self.mode not in PIPELINE_MODES:
             for key, default in (("partition", "auto"), ("schedule", "1f1b")):
                 if getattr(self, key) != default:
@@ -407,6 +424,33 @@ class RunConfig:
         if self.aggregation_every:
             raise _fail("aggregation_every", self.aggregation_every,
                         "0 for a pipeline (its rounds are epochs: it aggregates nothing)")
+
+    def _check_stage_groups(self) -> None:
+        """Asteroid's stage groups: "auto" with an "auto" partition, or every device in
+        exactly one of one more groups than cut points."""
+        groups = self.stage_groups
+        if groups == "auto":
+            if self.mode == "asteroid" and self.partition != "auto":
+                raise _fail("partition", list(self.partition), '"auto" when stage_groups '
+                            'is "auto" (the planner chooses both)')
+            return
+        if self.mode != "asteroid":
+            raise _fail("stage_groups", groups, 'its default, "auto": it is for mode '
+                        '"asteroid"')
+        if isinstance(groups, str) or not isinstance(groups, Sequence) or not groups or any(
+                isinstance(g, str) or not isinstance(g, Sequence) or not g for g in groups):
+            raise _fail("stage_groups", groups, '"auto" or a list of non-empty lists of '
+                        "device ids")
+        fixed = tuple(tuple(_device_id("stage_groups", d, self.devices) for d in g)
+                      for g in groups)
+        members = sorted(d for g in fixed for d in g)
+        if members != list(range(self.devices)):
+            raise _fail("stage_groups", [list(g) for g in fixed],
+                        f"every device of 0..{self.devices - 1} in exactly one group")
+        if self.partition == "auto" or len(self.partition) != len(fixed) - 1:
+            raise _fail("partition", self.partition, f"{len(fixed) - 1} cut points (one "
+                        "fewer than the stage groups)")
+        object.__setattr__(self, "stage_groups", fixed)
 
     # -- per-device views ------------------------------------------------------------
 
@@ -454,7 +498,7 @@ class RunConfig:
             if f.name == "model" and not isinstance(value, str):
                 value = "custom"
             if isinstance(value, tuple):
-                value = list(value)
+                value = [list(v) if isinstance(v, tuple) else v for v in value]
             if isinstance(value, Mapping):
                 value = dict(value)
             out[f.name] = value

@@ -15,25 +15,43 @@ how long it takes.
 
 The estimates are the planner's model (Eqs. 3–11 of the paper), not measured rounds.
 
+``--throughput``: training throughput (samples per second) of a heterogeneous fleet
+(by default 5 devices with slowdowns 1, 2, 4, 4, 8, memory budgets of 64, 32, 16, 12 and
+8 MiB, wifi links of 50 Mbit/s; vgg5, batches of 64 in 4 micro-batches), in virtual time
+with one cost table measured here for every run: Asteroid's plan ("auto"), pure data
+parallelism (one stage, every device the whole model on its rows of every micro-batch,
+all-reduce), pure pipeline parallelism (``mode = "pipeline"``: one device per stage,
+balanced by the slowdowns) and FL (FedAvg, each device its own data), side by side;
+and Asteroid's measured time per iteration against its planner's estimate.
+
     .venv/bin/python bench/asteroid.py [--cases 1000] [--seed 25]
+    .venv/bin/python bench/asteroid.py --throughput [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import os
 import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "scheduler"))
 
 from test_scheduler_asteroid import _random_case  # noqa: E402
 
-from aiopipe import models  # noqa: E402
-from aiopipe.runtime.plan import model_profile  # noqa: E402
+from aiopipe import RunConfig, VirtualClock, models, simulate  # noqa: E402
+from aiopipe.runtime.plan import (  # noqa: E402
+    build_model,
+    measure_planning_costs,
+    model_profile,
+    train_dataset,
+)
 from aiopipe.scheduler.asteroid import (  # noqa: E402
     KEEP,
     Device,
@@ -41,7 +59,7 @@ from aiopipe.scheduler.asteroid import (  # noqa: E402
     exhaustive_plan,
     plan,
 )
-from aiopipe.scheduler.costs import measure_costs  # noqa: E402
+from aiopipe.scheduler.costs import CostTable, measure_costs  # noqa: E402
 
 MIB = 2.0**20
 
@@ -85,6 +103,73 @@ def planning_time(model_name: str, batch: int, micro_batches: int) -> None:
     print(f"  (measuring its compute at batch sizes 1, 4, {batch} took {measured:.0f} s)")
 
 
+SLOWDOWNS = (1.0, 2.0, 4.0, 4.0, 8.0)
+BUDGETS_MB = (64.0, 32.0, 16.0, 12.0, 8.0)
+
+
+def _fleet_config(**changes: object) -> RunConfig:
+    base = RunConfig(mode="asteroid", model="vgg5", devices=len(SLOWDOWNS),
+                     samples_per_device=640, batch_size=64, parallel_batches=4, epochs=1,
+                     device_slowdown=SLOWDOWNS, device_memory_mb=BUDGETS_MB,
+                     network="wifi", test_samples=0, seed=1, learning_rate=0.02)
+    return base.replace(**changes)
+
+
+THROUGHPUT_RUNS: dict[str, dict[str, object]] = {
+    "asteroid (auto)": {},
+    "data parallel": {"stage_groups": [list(range(len(SLOWDOWNS)))], "partition": []},
+    "pipeline parallel": {"mode": "pipeline", "device_memory_mb": 0.0},
+    "fl": {"mode": "fl", "parallel_batches": 1, "split_point": 5, "device_memory_mb": 0.0},
+}
+
+
+async def _simulated(config: RunConfig, costs: CostTable) -> dict[str, Any]:
+    result = await simulate(config, clock=VirtualClock(), cost_table=costs)
+    epoch = result.final
+    return {"time_s": epoch.time_s, "samples": epoch.samples,
+            "samples_per_s": epoch.samples / epoch.time_s, "plan": epoch.plan}
+
+
+def throughput(out: Path | None) -> None:
+    """Asteroid against data, pipeline parallelism and FL (module docstring)."""
+    config = _fleet_config()
+    dataset = train_dataset(config)
+    model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
+    started = time.perf_counter()
+    costs = measure_planning_costs(config, model, dataset.in_shape, None,
+                                   sizes=[1, 2, 4, 8, 16, 32, 64])
+    print(f"  cost table measured in {time.perf_counter() - started:.0f} s")
+    rows: dict[str, dict[str, Any]] = {}
+    for name, changes in THROUGHPUT_RUNS.items():
+        started = time.perf_counter()
+        rows[name] = asyncio.run(_simulated(_fleet_config(**changes), costs))
+        rows[name]["wall_s"] = time.perf_counter() - started
+    ours = rows["asteroid (auto)"]
+    lines = ["| run | samples | epoch s (virtual) | samples/s | Asteroid ÷ it |",
+             "|---|---|---|---|---|"]
+    for name, row in rows.items():
+        lines.append(f"| {name} | {row['samples']} | {row['time_s']:.2f} | "
+                     f"{row['samples_per_s']:.1f} | "
+                     f"{ours['samples_per_s'] / row['samples_per_s']:.2f} |")
+    plan = ours["plan"]
+    iterations = ours["samples"] // config.batch_size
+    estimate = float(plan[0]["estimate_s"])
+    measured = ours["time_s"] / iterations
+    stages = sorted({(e["stage"], tuple(e["units"])) for e in plan})
+    groups = {p: [(e["device"], tuple(e["rows"])) for e in plan if e["stage"] == p]
+              for p, _ in stages}
+    lines += ["", "Asteroid's plan: " + "; ".join(
+        f"stage {p} units {u[0]}..{u[1] - 1} on {groups[p]}" for p, u in stages),
+        f"Iteration: measured {measured * 1e3:.1f} ms, planner's estimate "
+        f"{estimate * 1e3:.1f} ms (measured ÷ estimate {measured / estimate:.2f})"]
+    text = "\n".join(lines)
+    print(text)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "throughput.md").write_text(text + "\n")
+        (out / "throughput.json").write_text(json.dumps(rows, indent=1, default=str))
+
+
 def main() -> None:
     """Run and print."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -93,7 +178,14 @@ def main() -> None:
     parser.add_argument("--model", default="resnet101")
     parser.add_argument("--batch", type=int, default=32, help="micro-batch size")
     parser.add_argument("--micro-batches", type=int, default=8)
+    parser.add_argument("--throughput", action="store_true",
+                        help="compare training throughput in virtual time instead")
+    parser.add_argument("--out", type=Path, help="write the throughput table here")
     args = parser.parse_args()
+    if args.throughput:
+        print(f"Asteroid throughput, virtual time; load average {os.getloadavg()[0]:.2f}")
+        throughput(args.out)
+        return
     print(f"Asteroid planner; load average {os.getloadavg()[0]:.2f}")
     print(f"quality over {args.cases} random small cases (seed {args.seed}):")
     quality(args.cases, args.seed)

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiopipe.config import DATA_PARTITIONS, MODES, SCHEDULES, RunConfig
+from aiopipe.config import DATA_PARTITIONS, MODES, PIPELINE_MODES, SCHEDULES, RunConfig
 from aiopipe.errors import ConfigError
 
 
@@ -146,6 +146,13 @@ BAD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("partition", [2, 3], {"mode": "pipeline", "devices": 2}),  # one cut per two stages
     ("partition", [0], {"mode": "pipeline", "devices": 2}),
     ("partition", [2], {}),  # pipar splits at split_point
+    ("partition", [2], {"mode": "asteroid", "devices": 3}),  # with "auto" stage groups
+    ("stage_groups", [[0, 1], [2]], {}),  # for mode asteroid only
+    ("stage_groups", [[0, 1], [1]], {"mode": "asteroid", "devices": 2, "partition": [2]}),
+    ("stage_groups", [[0], [5]], {"mode": "asteroid", "devices": 2, "partition": [2]}),
+    ("partition", [2], {"mode": "asteroid", "devices": 2, "stage_groups": [[0, 1]]}),
+    ("stage_groups", [[], [0, 1]], {"mode": "asteroid", "devices": 2, "partition": [2]}),
+    ("stage_groups", "0,1/2", {"mode": "asteroid", "devices": 3}),
     ("schedule", "2f2b", {"mode": "pipeline", "devices": 2}),
     ("aggregation_every", 2, {"mode": "pipeline", "devices": 2}),  # it aggregates nothing
     ("schedule", "gpipe", {}),
@@ -194,6 +201,8 @@ GOOD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("outliers", "drop", {}),
     ("outlier_limit", 3, {}),
     ("mode", "ftpipehd", {"devices": 3}),
+    ("stage_groups", ((0, 1), (2,)), {"mode": "asteroid", "devices": 3, "partition": [2]}),
+    ("stage_groups", ((2, 0, 1),), {"mode": "asteroid", "devices": 3, "partition": []}),
     ("version_aggregation", 0, {"mode": "ftpipehd", "devices": 2}),
     ("version_aggregation", 4, {"mode": "ftpipehd", "devices": 2}),
     ("global_replication_every", 0, {"mode": "ftpipehd", "devices": 2}),
@@ -348,7 +357,7 @@ def configs(draw: st.DrawFn) -> RunConfig:
         )
     )
     return RunConfig(
-        mode=draw(st.sampled_from([m for m in MODES if m not in ("pipeline", "ftpipehd")])),
+        mode=draw(st.sampled_from([m for m in MODES if m not in PIPELINE_MODES])),
         model=draw(text_without_surrogates.filter(lambda t: bool(t) and ":" not in t)
                    | st.sampled_from(["mylab:net", "pkg.nets:small_cnn"])),
         dataset=draw(text_without_surrogates.filter(bool)),
@@ -460,3 +469,11 @@ def test_a_file_cannot_mix_top_level_keys_and_a_run_table(tmp_path: Path) -> Non
     path.write_text('epochs = 9\n[run]\nmode = "sl"\n', encoding="utf-8")
     with pytest.raises(ConfigError, match="not both"):
         RunConfig.from_toml(path)
+
+
+def test_asteroids_stage_groups_round_trip_through_toml(tmp_path: Path) -> None:
+    config = RunConfig(mode="asteroid", devices=3, partition=[2], stage_groups=[[0, 1], [2]],
+                       parallel_batches=2)
+    path = tmp_path / "run.toml"
+    path.write_text(config.to_toml())
+    assert RunConfig.from_toml(path) == config

@@ -79,3 +79,31 @@ def test_ftpipehd_trains_an_asynchronous_pipeline_of_four_processes(tmp_path: Pa
     assert [e["samples"] for e in epochs] == [400] * 2
     assert [p["in_flight"] for p in epochs[0]["plan"]] == [4, 3, 2, 1]
     assert epochs[1]["loss"] < epochs[0]["loss"]
+
+
+def test_asteroid_trains_a_hybrid_pipeline_of_three_processes(tmp_path: Path) -> None:
+    """``python -m aiopipe --mode asteroid``: devices 0 and 1 split every micro-batch of
+    the first stage between them (rows by their slowdowns) and all-reduce its gradients
+    over their own link; device 2 runs the second stage on the rows both send it."""
+    out_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "aiopipe", "--mode", "asteroid", "--devices", "3",
+         "--stage-groups", "0,1/2", "--partition", "2", "--device-slowdown", "1,2,1",
+         "--model", "vgg5", "--epochs", "2", "--samples-per-device", "480",
+         "--batch-size", "32", "--parallel-batches", "2", "--out-dir", str(out_dir)],
+        cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    epochs = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert epochs[-1]["loss"] < epochs[0]["loss"]
+    plan = {p["device"]: p for p in epochs[0]["plan"]}
+    assert [plan[d]["stage"] for d in range(3)] == [0, 0, 1]
+    rows = {d: plan[d]["rows"] for d in range(3)}
+    assert (rows[0][0], rows[0][1], rows[1][1], rows[2]) == (0, rows[1][0], 16, [0, 16])
+    assert rows[1][1] - rows[1][0] < rows[0][1] - rows[0][0]  # the slower computes fewer
+    iterations = 480 // ((rows[0][1] - rows[0][0]) * 2)
+    assert [e["samples"] for e in epochs] == [iterations * 32] * 2
+    for epoch in epochs:
+        assert {"device0->device2", "device1->device2", "device2->device0",
+                "device2->device1", "device0->device1", "device1->device0"} <= set(
+            epoch["links"])
+        assert all(s["busy_s"] > 0 for s in epoch["stages"])

@@ -72,6 +72,7 @@ from aiopipe.protocol.messages import (
     EvalRequest,
     EvalResult,
     Gradient,
+    GroupGradient,
     Heartbeat,
     Hello,
     Message,
@@ -187,10 +188,13 @@ _SCHEMAS: Final[dict[type[Any], tuple[str, _Schema]]] = {
             ("version", "int"),
             ("actions", "str"),
             ("peers", "tree"),
+            ("rows", "ints"),
         ),
     ),
     Activation: ("activation", (*_STAGE_ADDRESS, ("tensor", "tensor"), ("labels", "tensor"))),
     Gradient: ("gradient", (*_STAGE_ADDRESS, ("tensor", "tensor"))),
+    GroupGradient: ("group_gradient", (*_STAGE_ADDRESS[:4], *_STAGE_ADDRESS[5:],
+                                       ("tensors", "tensors"))),
     RoundResult: (
         "round_result",
         (

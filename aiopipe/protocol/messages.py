@@ -20,13 +20,17 @@ Conversation of a device ``k`` with the coordinator ``C`` (the server)::
     repeat per round (aggregation period, or epoch):
       C → k  RoundStart(round, epoch, first_iteration, iterations, tensors, stage, stages,
                         first_unit, stop_unit, parallel_batches, micro_batch_size,
-                        version, actions, peers)
+                        version, actions, peers, rows)
       per iteration, as the round's actions say, between neighbouring stages (the
       coordinator's own stage in the split modes, another device in a pipeline):
         p → p+1  Activation(run_id, stage, epoch, iteration, micro_batch, version,
                             source, destination, tensor, labels)
         p+1 → p  Gradient(run_id, stage, epoch, iteration, micro_batch, version,
                           source, destination, tensor)
+      asteroid's data-parallel groups, once per iteration (REDUCE), to each member
+      of the same stage:
+        k → k'   GroupGradient(run_id, stage, epoch, iteration, version, source,
+                               destination, tensors)
       k → C  RoundResult(round, samples, loss_sum, correct, tensors)
       k → C  RoundReport(round, report)
       k → C  RoundStalled(round, reason)   (ftpipehd: the round cannot finish here)
@@ -70,6 +74,7 @@ __all__ = [
     "EvalRequest",
     "EvalResult",
     "Gradient",
+    "GroupGradient",
     "Heartbeat",
     "Hello",
     "Message",
@@ -88,10 +93,10 @@ __all__ = [
     "check_node_name",
 ]
 
-PROTOCOL_VERSION: Final = 5
+PROTOCOL_VERSION: Final = 6
 
 #: Training modes a plan can name.
-MODES: Final = ("fl", "sl", "sfl", "pipar", "pipeline", "ftpipehd")
+MODES: Final = ("fl", "sl", "sfl", "pipar", "pipeline", "ftpipehd", "asteroid")
 
 #: Element size in bytes of every dtype that may travel.
 DTYPE_SIZES: Final[Mapping[str, int]] = {
@@ -368,6 +373,11 @@ class RoundStart:
     the name of every device the actions send to or receive from to ``{"stage": int,
     "address": str}``: which stage it runs and where to dial it (the stage next to
     this one is on the coordinator itself when no peer runs it: the split modes).
+
+    A stage run by a data-parallel group (Asteroid): ``rows`` = (start, stop), the rows
+    of every micro-batch this device computes (empty: all of them), and each peer also
+    maps ``"rows"`` to its [start, stop]; the members of this device's own stage are
+    peers too (they all-reduce the stage's gradients: `GroupGradient`).
     """
 
     round: int
@@ -384,6 +394,7 @@ class RoundStart:
     version: int
     actions: str
     peers: Mapping[str, Any] = field(default_factory=dict)
+    rows: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("round", "epoch", "first_iteration", "iterations", "stage", "stages",
@@ -404,10 +415,23 @@ class RoundStart:
             raise LocalProtocolError("peers must be a mapping")
         for name, peer in self.peers.items():
             check_node_name(name)
-            if not isinstance(peer, Mapping) or set(peer) != {"stage", "address"}:
-                raise LocalProtocolError(f"peer {name!r} must map stage and address")
+            if not isinstance(peer, Mapping) or set(peer) - {"rows"} != {"stage", "address"}:
+                raise LocalProtocolError(f"peer {name!r} must map stage and address (and "
+                                         "maybe rows)")
             _check_index(f"peer {name!r} stage", peer["stage"])
             _check_address(f"peer {name!r} address", peer["address"])
+            if "rows" in peer:
+                _check_rows(f"peer {name!r} rows", peer["rows"], self.micro_batch_size)
+        if self.rows:
+            _check_rows("rows", self.rows, self.micro_batch_size)
+
+
+def _check_rows(what: str, rows: object, micro_batch_size: int) -> None:
+    if not isinstance(rows, tuple | list) or len(rows) != 2 or any(
+            isinstance(r, bool) or not isinstance(r, int) for r in rows) or not (
+            0 <= rows[0] < rows[1] <= micro_batch_size):
+        raise LocalProtocolError(f"{what} must be [start, stop] with 0 <= start < stop <= "
+                                 f"{micro_batch_size}, got {rows!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -462,6 +486,29 @@ class Gradient:
 
     def __post_init__(self) -> None:
         for name in ("run_id", "stage", "epoch", "iteration", "micro_batch", "version"):
+            _check_index(name, getattr(self, name))
+        check_node_name(self.source)
+        check_node_name(self.destination)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupGradient:
+    """A data-parallel group's all-reduce (Asteroid): the gradients a member of stage
+    ``stage`` accumulated over iteration ``iteration`` (by parameter name), sent to each
+    other member; each sums every member's in member order, so all step alike.
+    Addressed like `Activation` (no micro-batch: it is the iteration's)."""
+
+    run_id: int
+    stage: int
+    epoch: int
+    iteration: int
+    version: int
+    source: str
+    destination: str
+    tensors: Mapping[str, TensorData]
+
+    def __post_init__(self) -> None:
+        for name in ("run_id", "stage", "epoch", "iteration", "version"):
             _check_index(name, getattr(self, name))
         check_node_name(self.source)
         check_node_name(self.destination)
@@ -597,6 +644,7 @@ Message = (
     | RoundStart
     | Activation
     | Gradient
+    | GroupGradient
     | RoundResult
     | RoundReport
     | RoundStalled

@@ -10,6 +10,7 @@ I/O, no torch.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,13 @@ class Assignment:
     peers: Mapping[str, Mapping[str, Any]]
     input_shape: tuple[int, ...]
     output_shape: tuple[int, ...]
+    #: the rows of every micro-batch this node computes (its share in a data-parallel
+    #: group); the default (0, 0) stands for all of them
+    rows: tuple[int, int] = (0, 0)
+
+    def __post_init__(self) -> None:
+        if self.rows == (0, 0):
+            object.__setattr__(self, "rows", (0, self.micro_batch_size))
 
     @classmethod
     def from_round_start(cls, message: RoundStart, *, units: int, batch_size: int,
@@ -75,23 +83,22 @@ class Assignment:
                        f"{batch_size}")
         if problem:
             raise RemoteProtocolError(f"round {message.round} asks for {problem}")
+        rows = (message.rows[0], message.rows[1]) if message.rows else (0, micro)
+        _check_groups(message, me, rows)
+        grouped = any(peer["stage"] == stage for peer in message.peers.values())
         try:
             actions = tuple(Action.parse(text) for text in message.actions.split())
             check_stage_actions(actions, stage, stages, n)
-            if any(a.kind == "REDUCE" for a in actions):
-                raise ConfigError("REDUCE (a data-parallel group) is not supported yet")
+            if grouped != any(a.kind == "REDUCE" for a in actions):
+                raise ConfigError("a data-parallel group's members all-reduce (REDUCE) "
+                                  "before their STEP, and only they do")
         except ConfigError as exc:
             raise RemoteProtocolError(f"round {message.round} has bad actions: {exc}"
                                       ) from None
-        neighbours = [peer["stage"] for peer in message.peers.values()]
-        if me in message.peers or any(abs(s - stage) != 1 for s in neighbours) or len(
-                set(neighbours)) != len(neighbours):
-            raise RemoteProtocolError(f"round {message.round} names peers {sorted(message.peers)} "
-                                      f"that are not one per neighbouring stage of {me}")
         return cls(me, message.round, message.epoch, message.first_iteration,
                    message.iterations, stage, stages, first, stop, n, micro, message.version,
                    actions, dict(message.peers), activation_shapes[first],
-                   activation_shapes[stop])
+                   activation_shapes[stop], rows)
 
     @property
     def last(self) -> bool:
@@ -107,11 +114,31 @@ class Assignment:
             whole_batches or self.parallel_batches == other.parallel_batches)
 
     def peer_at(self, stage: int) -> str | None:
-        """The peer device running ``stage``, or None (then the coordinator does)."""
-        for name, peer in self.peers.items():
-            if peer["stage"] == stage:
-                return name
-        return None
+        """The (first) peer device running ``stage``, or None (then the coordinator
+        does)."""
+        members = [m for m in self.members_at(stage) if m[0] != self.me]
+        return members[0][0] if members else None
+
+    def members_at(self, stage: int) -> list[tuple[str, tuple[int, int]]]:
+        """The nodes that run ``stage`` with the rows of each micro-batch each computes,
+        in row order: this node among them for its own stage, the peers for the others
+        (none: the coordinator runs it)."""
+        found = [(name, _rows_of(peer, self.micro_batch_size))
+                 for name, peer in self.peers.items() if peer["stage"] == stage]
+        if stage == self.stage:
+            found.append((self.me, self.rows))
+        return sorted(found, key=lambda member: member[1])
+
+    @property
+    def share(self) -> int:
+        """How many rows of each micro-batch this node computes."""
+        return self.rows[1] - self.rows[0]
+
+    def rows_with(self, peer: str) -> tuple[int, int]:
+        """The rows of each micro-batch this node exchanges with ``peer`` (of a
+        neighbouring stage), relative to its own first row: empty when none."""
+        first, stop = overlap(self.rows, _rows_of(self.peers[peer], self.micro_batch_size))
+        return first - self.rows[0], max(first, stop) - self.rows[0]
 
     def frame_limit(self) -> int:
         """The largest activation or gradient frame this stage's neighbours may send."""
@@ -125,7 +152,7 @@ class Assignment:
         """Seconds each compute action of this stage costs by ``costs`` (None: none)."""
         if costs is None:
             return None
-        first, stop, micro = self.first_unit, self.stop_unit, self.micro_batch_size
+        first, stop, micro = self.first_unit, self.stop_unit, self.share
 
         def charge(action: Action) -> float:
             kind = action.kind
@@ -141,6 +168,40 @@ class Assignment:
             return 0.0
 
         return charge
+
+
+def overlap(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    """The rows two ranges share (start >= stop: none)."""
+    return max(a[0], b[0]), min(a[1], b[1])
+
+
+def _rows_of(peer: Mapping[str, Any], micro: int) -> tuple[int, int]:
+    rows = peer.get("rows")
+    return (int(rows[0]), int(rows[1])) if rows else (0, micro)
+
+
+def _check_groups(message: RoundStart, me: str, rows: tuple[int, int]) -> None:
+    """The peers are members of this stage or the next to it, and each such stage's
+    members' rows split every micro-batch exactly.
+
+    Raises:
+        RemoteProtocolError: they do not.
+    """
+    stage, micro = message.stage, message.micro_batch_size
+    members: dict[int, list[tuple[int, int]]] = {stage: [rows]}
+    for name, peer in message.peers.items():
+        if name == me or abs(peer["stage"] - stage) > 1:
+            raise RemoteProtocolError(
+                f"round {message.round} names peers {sorted(message.peers)} that are not "
+                f"members of {me}'s stage or of those next to it")
+        members.setdefault(peer["stage"], []).append(_rows_of(peer, micro))
+    for p, ranges in members.items():
+        bounds = sorted(ranges)
+        if bounds[0][0] != 0 or bounds[-1][1] != micro or any(
+                a[1] != b[0] for a, b in itertools.pairwise(bounds)):
+            raise RemoteProtocolError(
+                f"round {message.round}: stage {p}'s members compute rows "
+                f"{[list(r) for r in bounds]}, which do not split a micro-batch of {micro}")
 
 
 def data_frame_limit(shapes: Sequence[Sequence[int]], micro_batch_size: int) -> int:
@@ -178,13 +239,14 @@ def check_data_message(message: Activation | Gradient, assignment: Assignment, *
     if message.version != a.version_of(message.iteration):
         raise RemoteProtocolError(f"{kind} {key} has weights of version {message.version}, "
                                   f"the plan says {a.version_of(message.iteration)}")
-    shape = (a.micro_batch_size,
-             *(a.input_shape if isinstance(message, Activation) else a.output_shape))
+    first, stop = a.rows_with(sender) if sender in a.peers else (0, a.share)
+    rows = stop - first
+    shape = (rows, *(a.input_shape if isinstance(message, Activation) else a.output_shape))
     if message.tensor.dtype != "float32" or message.tensor.shape != shape:
         raise RemoteProtocolError(f"{kind} {key} is {message.tensor.dtype} "
                                   f"{message.tensor.shape}, the plan says float32 {shape}")
     if isinstance(message, Activation) and (
-            message.labels.dtype != "int64" or message.labels.shape != (a.micro_batch_size,)):
+            message.labels.dtype != "int64" or message.labels.shape != (rows,)):
         raise RemoteProtocolError(
             f"labels {key} are {message.labels.dtype} {message.labels.shape}, the plan "
-            f"says int64 ({a.micro_batch_size},)")
+            f"says int64 ({rows},)")

@@ -12,7 +12,10 @@ One event loop, one compute thread. While training, these tasks run:
   the split modes; `RoundStart`, `Bye`), heartbeats and a silence watchdog (`Liveness`);
   when that link breaks the device reconnects with backoff ([Note: reconnection] in
   aiopipe/runtime/session.py) and re-sends what may have been lost;
-- links to peer devices, when the run has them (a pipeline): `PeerLinks`.
+- links to peer devices, when the run has them (a pipeline): `PeerLinks`; a member of a
+  data-parallel group (Asteroid) exchanges pieces of micro-batches with the members of
+  the neighbouring stages and all-reduces its gradients with its own group's
+  (`aiopipe.runtime.groups`).
 The data never leaves the device: only activations, labels and the stage's weights do.
 After its `Plan` the device opens its data (its own, or an emulated fleet's shard),
 builds the run's model and announces both (`Ready`: samples, input shape, classes, the
@@ -24,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -44,6 +48,7 @@ from aiopipe.errors import (
 )
 from aiopipe.metrics.trace import MAX_REPORT_SLICES, Recorder
 from aiopipe.protocol import (
+    HEADER_SLACK_BYTES,
     MAX_REASON_CHARS,
     PROTOCOL_VERSION,
     Activation,
@@ -51,6 +56,7 @@ from aiopipe.protocol import (
     ErrorMessage,
     EvalRequest,
     Gradient,
+    GroupGradient,
     Heartbeat,
     Hello,
     Plan,
@@ -71,6 +77,13 @@ from aiopipe.runtime.async_weights import AsyncStageWork
 from aiopipe.runtime.chain import ChainReplicas
 from aiopipe.runtime.compute import Compute, resolve_torch_device, warm_up_torch
 from aiopipe.runtime.executor import Identity, Inbox, Key, Route, StageExecutor
+from aiopipe.runtime.groups import (
+    GroupRoute,
+    Pieces,
+    check_group_gradient,
+    gradients_of,
+    sum_gradients,
+)
 from aiopipe.runtime.holdings import Holdings
 from aiopipe.runtime.liveness import Liveness
 from aiopipe.runtime.peer import Peer
@@ -212,8 +225,13 @@ class _DeviceNode:
             asyncio.Queue())
         self.inbox = Inbox()
         self.sent_activations: dict[tuple[int, int, int], Activation] = {}
-        #: activations from peers ahead of the round ([Note: early activations])
-        self._early: dict[str, list[Activation]] = {}
+        #: activations (and group gradients) from peers ahead of the round ([Note: early
+        #: activations])
+        self._early: dict[str, list[Activation | GroupGradient]] = {}
+        #: what the round's messages from a data-parallel group are joined by, and the
+        #: stage's parameters (names, dtypes, shapes) its group gradients must hold
+        self.pieces: Pieces | None = None
+        self.parameters: dict[str, tuple[str, tuple[int, ...]]] = {}
         self.assignment: Assignment | None = None  # the round being worked on
         self.work: StageWork | None = None
         self.round = -1  # the round being worked on (or last finished)
@@ -449,7 +467,8 @@ class _DeviceNode:
             elif not isinstance(message, Heartbeat):
                 raise RemoteProtocolError(f"a device does not accept {type(message).__name__}")
 
-    def _deliver(self, sender: str, message: Activation | Gradient | Replica) -> None:
+    def _deliver(self, sender: str,
+                 message: Activation | Gradient | GroupGradient | Replica) -> None:
         """Check a data message from ``sender`` against the round and hand it to the stage.
 
         [Note: early activations] The coordinator starts a round on every device at
@@ -477,7 +496,7 @@ class _DeviceNode:
         if assignment is not None and _earlier_attempt(message, assignment,
                                                        resumed=self.chain is not None):
             return  # of an attempt at the round that the coordinator gave up on
-        if isinstance(message, Activation) and sender != COORDINATOR and (
+        if isinstance(message, Activation | GroupGradient) and sender != COORDINATOR and (
                 not running or _after(message, assignment)) and not _before(message,
                                                                             assignment):
             early = self._early.setdefault(sender, [])
@@ -490,16 +509,36 @@ class _DeviceNode:
             if isinstance(message, Gradient):
                 return  # late: its round is over (or was dropped)
             raise RemoteProtocolError(f"{sender} sent an activation outside a round")
-        check_data_message(message, assignment, sender=sender, run_id=self.run_id)
-        kind = "F" if isinstance(message, Activation) else "B"
-        key = (kind, *_key(message))
-        if sender != COORDINATOR and self.inbox.seen(key):
-            raise RemoteProtocolError(f"{sender} sent {kind} {_key(message)} twice")
-        if self.inbox.held() >= 2 * assignment.parallel_batches:
+        key: Key
+        whole: Activation | Gradient | dict[str, GroupGradient] | None
+        assert self.pieces is not None  # (set with the assignment)
+        if isinstance(message, GroupGradient):
+            check_group_gradient(message, assignment, self.parameters, sender=sender,
+                                 run_id=self.run_id)
+            key = ("R", message.epoch, message.iteration, 0)
+            self._check_once(sender, key)
+            whole = self.pieces.gather(key, sender, message)
+        else:
+            check_data_message(message, assignment, sender=sender, run_id=self.run_id)
+            key = ("F" if isinstance(message, Activation) else "B", *_key(message))
+            self._check_once(sender, key)
+            whole = self.pieces.join(key, sender, message)
+        if whole is None:
+            return  # more pieces to come
+        if self.inbox.held() >= 2 * assignment.parallel_batches + 2:
             # an honest neighbour is never more than an iteration ahead of us
             raise RemoteProtocolError(f"{sender} sent more than two iterations' messages "
                                       "ahead of the schedule")
-        self.inbox.put(key, message)
+        self.inbox.put(key, whole)
+
+    def _check_once(self, sender: str, key: Key) -> None:
+        """A peer sends each message once.
+
+        Raises:
+            RemoteProtocolError: ``sender`` sent ``key``'s again.
+        """
+        if sender != COORDINATOR and self.inbox.seen(key):
+            raise RemoteProtocolError(f"{sender} sent {key[0]} {key[1:]} twice")
 
     async def _deliver_early(self) -> None:
         """Hand over the activations that came before this round started
@@ -606,16 +645,22 @@ class _DeviceNode:
         assignment, work = await self.compute.call(
             partial(self.holdings.assign, message, self.assignment, self.work))
         self.assignment, self.work = assignment, work
+        self.pieces = Pieces(assignment)
+        self.parameters = {name: (str(p.dtype).removeprefix("torch."), tuple(p.shape))
+                           for name, p in work.module.named_parameters()}
         if self.peers is not None:
             # FTPipeHD re-partitions: a neighbour may send the next round's activations
             # (of another cut) before our RoundStart comes ([Note: early activations])
             self.peers.limit(max(data_frame_limit(self.holdings.activation_shapes,
                                                   assignment.micro_batch_size),
                                  self.chain.frame_limit)
-                             if self.chain is not None else assignment.frame_limit())
+                             if self.chain is not None else max(
+                                 assignment.frame_limit(),
+                                 _group_frame_limit(self.parameters)))
         await self._deliver_early()
         routes = await self._routes(assignment)
-        micro, n = assignment.micro_batch_size, assignment.parallel_batches
+        group = await self._group_routes(assignment)
+        micro, n = assignment.share, assignment.parallel_batches
         work.batch = self.holdings.batches(assignment)
         executor = StageExecutor(
             work, self.compute, stage=assignment.stage, actions=assignment.actions,
@@ -623,7 +668,8 @@ class _DeviceNode:
             previous=routes.get(assignment.stage - 1), next=routes.get(assignment.stage + 1),
             costs=assignment.charges(self.costs),
             after_backward=(partial(self._send_snapshots, work, assignment, routes)
-                            if isinstance(work, AsyncStageWork) else None))
+                            if isinstance(work, AsyncStageWork) else None),
+            reduce=partial(self._reduce, work, assignment, group) if group else None)
         timer = (asyncio.ensure_future(self._gradient_timer())
                  if self.config.mode == "ftpipehd" and assignment.stage == 0 else None)
         try:
@@ -673,6 +719,25 @@ class _DeviceNode:
             link = route.peer if isinstance(route, PeerRoute) else self.peer  # (last stage)
             link.post(replica, "replica", epoch=assignment.epoch)
 
+    async def _reduce(self, work: StageWork, assignment: Assignment,
+                      group: dict[str, PeerRoute], epoch: int, iteration: int,
+                      version: int) -> None:
+        """A data-parallel group's all-reduce (aiopipe.runtime.groups [Note: direct
+        all-reduce]): send our accumulated gradients to every other member, then set
+        the sum of all members' (in row order) as the stage's."""
+        free = 0.0 if self.costs is not None else None  # (virtual time: the sum is free)
+        mine = await self.compute.run("r", partial(gradients_of, work.module), cost=free,
+                                      epoch=epoch, iteration=iteration)
+        for name, route in group.items():
+            route.peer.post(GroupGradient(self.run_id, assignment.stage, epoch, iteration,
+                                          version, self.name, name, mine),
+                            "g", epoch=epoch, iteration=iteration)
+        received = await self.inbox.wait(("R", epoch, iteration, 0))
+        members = [m for m, _ in assignment.members_at(assignment.stage)]
+        await self.compute.run("r", partial(sum_gradients, work.module, mine, members,
+                                            self.name, received),
+                               cost=free, epoch=epoch, iteration=iteration)
+
     async def _gradient_timer(self) -> None:
         """FTPipeHD's timer (§III-F), on the first stage: when the round has waited
         ``device_timeout`` seconds for the same gradients, it stops (and the coordinator
@@ -702,24 +767,46 @@ class _DeviceNode:
         for stage in (assignment.stage - 1, assignment.stage + 1):
             if not 0 <= stage < assignment.stages:
                 continue
-            name = assignment.peer_at(stage)
-            if name is None:
+            members = [(name, assignment.rows_with(name))
+                       for name, _ in assignment.members_at(stage)]
+            if not members:
                 routes[stage] = _ServerRoute(self)
                 continue
-            if self.peers is None:
-                raise TrainingError(f"device {self.device_id} runs stage {assignment.stage} "
-                                    f"next to {name} but listens for no peers (start it "
-                                    "with an endpoint: python -m aiopipe.device --listen)")
-            routes[stage] = await self.peers.route(name, assignment.peers[name]["address"],
-                                                   dial=stage > assignment.stage)
+            linked = [(await self._peer_route(assignment, name, dial=stage > assignment.stage),
+                       rows) for name, rows in members if rows[0] < rows[1]]
+            routes[stage] = linked[0][0] if len(linked) == 1 else GroupRoute(linked)
         return routes
+
+    async def _group_routes(self, assignment: Assignment) -> dict[str, PeerRoute]:
+        """The other members of our stage's data-parallel group (none: no group), linked
+        (the member whose name sorts first dials)."""
+        return {name: await self._peer_route(assignment, name, dial=self.name < name)
+                for name, _ in assignment.members_at(assignment.stage) if name != self.name}
+
+    async def _peer_route(self, assignment: Assignment, name: str, *, dial: bool) -> PeerRoute:
+        """The link to peer ``name`` (see `PeerLinks.route`).
+
+        Raises:
+            TrainingError: it cannot be linked, or this device listens for no peers.
+        """
+        if self.peers is None:
+            raise TrainingError(f"device {self.device_id} runs stage {assignment.stage} "
+                                f"next to {name} but listens for no peers (start it "
+                                "with an endpoint: python -m aiopipe.device --listen)")
+        return await self.peers.route(name, assignment.peers[name]["address"], dial=dial)
 
 
 def _key(message: Activation | Gradient) -> tuple[int, int, int]:
     return (message.epoch, message.iteration, message.micro_batch)
 
 
-def _after(message: Activation, assignment: Assignment | None) -> bool:
+def _group_frame_limit(parameters: dict[str, tuple[str, tuple[int, ...]]]) -> int:
+    """The largest `GroupGradient` a stage of these parameters can be sent."""
+    return sum(4 * math.prod(shape) + 256 for _, shape in parameters.values()
+               ) + HEADER_SLACK_BYTES
+
+
+def _after(message: Activation | GroupGradient, assignment: Assignment | None) -> bool:
     """Whether ``message`` belongs to an iteration after ``assignment``'s round."""
     if assignment is None:
         return True
@@ -728,7 +815,7 @@ def _after(message: Activation, assignment: Assignment | None) -> bool:
         assignment.epoch, last, assignment.version_of(last))
 
 
-def _earlier_attempt(message: Activation | Gradient, assignment: Assignment, *,
+def _earlier_attempt(message: Activation | Gradient | GroupGradient, assignment: Assignment, *,
                      resumed: bool) -> bool:
     """Whether ``message`` is of an earlier attempt at ``assignment``'s round (FTPipeHD
     plays a round again after a fault; each attempt's weights have their own version,
@@ -742,7 +829,7 @@ def _earlier_attempt(message: Activation | Gradient, assignment: Assignment, *,
     return message.version < assignment.version
 
 
-def _before(message: Activation, assignment: Assignment | None) -> bool:
+def _before(message: Activation | GroupGradient, assignment: Assignment | None) -> bool:
     """Whether ``message`` belongs to an iteration before ``assignment``'s round."""
     return assignment is not None and (message.epoch, message.iteration) < (
         assignment.epoch, assignment.first_iteration)

@@ -11,7 +11,10 @@ executor walks the list in order, exactly as the generic estimator
   node, shared by every stage the node hosts); the executor waits for it;
 - SEND_F / SEND_B post the activation or gradient that the compute before made to the
   neighbour's `Route` (a send queue, drained by the link's send loop) and go on at once;
-- RECV_F / RECV_B wait in the `Inbox` until the matching message has arrived.
+- RECV_F / RECV_B wait in the `Inbox` until the matching message has arrived;
+- REDUCE (a data-parallel group's member, right before its STEP) hands over to the
+  node's ``reduce``: the all-reduce of the stage's gradients within the group
+  (`aiopipe.runtime.groups`), which runs its compute on the same queue.
 
 [Note: a whole model's step] A stage that is the whole model (FL's device: ``0FB0
 0STEP``) runs its STEP in the same compute item as the FB before it: nothing can come
@@ -36,7 +39,7 @@ destination node.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
@@ -55,7 +58,8 @@ __all__ = ["SLICE_NAMES", "Identity", "Inbox", "Route", "StageExecutor"]
 SLICE_NAMES: Mapping[str, str] = {"F": "f", "B": "b", "FB": "s", "STEP": "step",
                                   "SEND_F": "u", "SEND_B": "d"}
 
-#: What a stage waits for: ("F" or "B", epoch, iteration, micro-batch).
+#: What a stage waits for: ("F" or "B", epoch, iteration, micro-batch); a group's
+#: all-reduce waits for ("R", epoch, iteration, 0).
 Key = tuple[str, int, int, int]
 
 
@@ -94,7 +98,7 @@ class Inbox:
                 future.exception()  # retrieved: a closed inbox's futures may go unawaited
         return future
 
-    def put(self, key: Key, message: Activation | Gradient) -> None:
+    def put(self, key: Key, message: object) -> None:
         """Deliver ``message`` for ``key`` (a second delivery of a key is ignored)."""
         self._seen.add(key)
         future = self._future(key)
@@ -176,13 +180,16 @@ class StageExecutor:
             the real clock.
         after_backward: called after each backward (FTPipeHD's device sends the chain
             snapshots the update made, if any).
+        reduce: runs a REDUCE action (epoch, iteration, version): a data-parallel
+            group's all-reduce.
     """
 
     def __init__(self, work: StageWork, compute: Compute, *, stage: int,
                  actions: tuple[Action, ...], identity: Identity, inbox: Inbox,
                  previous: Route | None, next: Route | None,
                  costs: Callable[[Action], float] | None = None,
-                 after_backward: Callable[[], None] | None = None) -> None:
+                 after_backward: Callable[[], None] | None = None,
+                 reduce: Callable[[int, int, int], Awaitable[None]] | None = None) -> None:
         self.work = work
         self.compute = compute
         self.stage = stage
@@ -193,6 +200,7 @@ class StageExecutor:
         self.next = next
         self.costs = costs
         self.after_backward = after_backward
+        self.reduce = reduce
 
     async def run(self, epoch: int, iteration: int, version: int) -> None:
         """Run the actions of one iteration.
@@ -230,6 +238,12 @@ class StageExecutor:
                     self.identity.run_id, self.stage, epoch, iteration, n, version,
                     self.identity.node, self._route(self.previous).node,
                     to_tensor_data(gradient)), SLICE_NAMES[kind], ready_at=compute.last_end)
+                continue
+            if kind == "REDUCE":
+                if self.reduce is None:
+                    raise TrainingError(f"stage {self.stage} is in no group to REDUCE with")
+                await self.reduce(epoch, iteration, version)
+                computed = waited = True  # the step's input came with the last member's
                 continue
             # [Note: emulated slow devices] (runtime/compute.py): work whose input was at
             # hand was ready when the previous item ended, not at this late wake-up

@@ -182,6 +182,7 @@ class Holdings:
             state, momentum = split_momentum(state_from_wire(message.tensors))
             work.module.load_state_dict(state)
         work.clear()
+        work.fraction = assignment.share / assignment.micro_batch_size
         if isinstance(work, AsyncStageWork):
             work.plan_snapshots(assignment.parallel_batches)
             if not keep:
@@ -202,12 +203,13 @@ class Holdings:
     def batches(self, assignment: Assignment) -> Batch:
         """The round's micro-batches: micro-batch n of iteration i in the epoch's order
         (PiPar Algorithm 1); in FTPipeHD's rounds of whole batches, batch i + n of the
-        epoch (the round's one iteration is numbered by its first batch)."""
+        epoch (the round's one iteration is numbered by its first batch). A member of a
+        data-parallel group reads its share of rows of each micro-batch from its own
+        data: the next ``share`` samples of its epoch's order."""
         order = datasets.epoch_order(np.arange(len(self.dataset)), epoch=assignment.epoch,
                                      seed=self.config.seed)
         per_iteration = 1 if self.config.mode == "ftpipehd" else assignment.parallel_batches
-        return partial(_micro_batch, self.dataset, order, assignment.micro_batch_size,
-                       per_iteration)
+        return partial(_micro_batch, self.dataset, order, assignment.share, per_iteration)
 
 
 def _micro_batch(dataset: datasets.Dataset, order: np.ndarray, micro: int, parallel: int,

@@ -37,7 +37,15 @@ from aiopipe.errors import (
     TrainingError,
 )
 from aiopipe.metrics.trace import Recorder
-from aiopipe.protocol import Activation, Bye, ErrorMessage, Gradient, Heartbeat, Replica
+from aiopipe.protocol import (
+    Activation,
+    Bye,
+    ErrorMessage,
+    Gradient,
+    GroupGradient,
+    Heartbeat,
+    Replica,
+)
 from aiopipe.runtime.liveness import Liveness
 from aiopipe.runtime.peer import Peer
 from aiopipe.runtime.tasks import first_error
@@ -50,7 +58,7 @@ __all__ = ["PeerLinks", "PeerRoute"]
 log = logging.getLogger("aiopipe.device")
 
 #: Hands a checked-by-the-caller data message from a peer to the device.
-Deliver = Callable[[str, Activation | Gradient | Replica], None]
+Deliver = Callable[[str, Activation | Gradient | GroupGradient | Replica], None]
 #: Told that the link to a peer failed.
 Failed = Callable[[str, Exception], None]
 
@@ -226,7 +234,7 @@ class PeerLinks:
         while True:
             message = await peer.receive()
             liveness.heard()
-            if isinstance(message, Activation | Gradient | Replica):
+            if isinstance(message, Activation | Gradient | GroupGradient | Replica):
                 self.deliver(name, message)
             elif isinstance(message, Bye):
                 return message.reason
@@ -234,7 +242,8 @@ class PeerLinks:
                 raise TrainingError(f"{name} refused us: {message.message}")
             elif not isinstance(message, Heartbeat):
                 raise RemoteProtocolError(f"{name} sent a {type(message).__name__}; peers "
-                                          "exchange activations, gradients and replicas only")
+                                          "exchange activations, gradients (their group's "
+                                          "too) and replicas only")
 
     async def _close(self) -> None:
         for route in list(self._routes.values()):

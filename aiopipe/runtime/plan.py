@@ -256,12 +256,17 @@ def planning_batch_sizes(config: RunConfig) -> list[int]:
 
 
 def profile_batch_sizes(config: RunConfig) -> list[int]:
-    """Batch sizes to measure costs at: B' = B/N for every N the planner may pick."""
-    return sorted({config.batch_size // n for n in _candidate_parallel_batches(config)})
+    """Batch sizes to measure costs at: B' = B/N for every N the planner may pick (and,
+    for Asteroid, which splits each micro-batch within a group, B'/2, B'/4 and B'/8
+    too: times are not linear in the samples, its Fig. 6)."""
+    sizes = {config.batch_size // n for n in _candidate_parallel_batches(config)}
+    if config.mode == "asteroid":
+        sizes |= {max(1, size // d) for size in sizes for d in (2, 4, 8)}
+    return sorted(sizes)
 
 
 def _candidate_parallel_batches(config: RunConfig) -> list[int]:
-    if config.mode == "pipeline" and isinstance(config.parallel_batches, int):
+    if config.mode in ("pipeline", "asteroid") and isinstance(config.parallel_batches, int):
         return [config.parallel_batches]  # one N (RunConfig checks)
     if config.mode == "ftpipehd":
         return [1]  # whole batches

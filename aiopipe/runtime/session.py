@@ -538,7 +538,8 @@ class DeviceSession:
         # the device returns the stage it was sent (or kept), trained
         check_tensors(message.tensors, expected_of(window.returns), "round result")
         start = window.start
-        samples = window.iterations * start.micro_batch_size * start.parallel_batches
+        rows = start.rows[1] - start.rows[0] if start.rows else start.micro_batch_size
+        samples = window.iterations * rows * start.parallel_batches
         if window.stage is not None and len(self.seen) * start.micro_batch_size != samples:
             # exactly what the coordinator's stage computed with this device this round
             raise RemoteProtocolError(

@@ -10,8 +10,10 @@ Positions: the first stage (0) reads its micro-batches from local data; a later 
 takes its input from the activation it received. The last stage computes the loss (the
 run's loss, by default the micro-batch's mean cross-entropy, divided by N, so that N
 accumulated micro-batch gradients are the gradient of the whole batch's mean loss:
-PiPar Eq. 26) and counts the round's loss and correct predictions. A stage that is both
-(a whole model: FL) does both.
+PiPar Eq. 26; a member of a data-parallel group that computes a ``fraction`` of each
+micro-batch's rows multiplies that by the fraction, so that the group's gradients summed
+are the whole micro-batch's) and counts the round's loss and correct predictions. A
+stage that is both (a whole model: FL) does both.
 
 Inputs from another node are checked before they touch the weights ([Note: hostile
 inputs]): labels in range, finite values, a finite loss and finite gradients; what fails
@@ -86,6 +88,9 @@ class StageWork:
         #: most micro-batches whose activations were alive at once (forwarded, not yet
         #: backwarded): the memory a schedule costs
         self.peak_live = 0
+        #: the fraction of each micro-batch's rows this stage computes (a member of a
+        #: data-parallel group: its share; 1 otherwise)
+        self.fraction = 1.0
 
     @property
     def live(self) -> int:
@@ -213,6 +218,8 @@ class StageWork:
                                       "out of range")
         self.loss_sum += float(loss.detach()) * labels.numel()
         self.correct += int((logits.detach().argmax(1) == labels).sum())
+        if self.fraction != 1.0:
+            return loss * self.fraction / self.parallel_batches
         return loss / self.parallel_batches
 
 

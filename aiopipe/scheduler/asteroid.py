@@ -167,7 +167,10 @@ class HppPlan:
 def allocate(model: HppModel, fleet: Sequence[Device], group: Sequence[int], first: int,
              stop: int, batch: int, in_flight: int) -> tuple[int, ...] | None:
     """Algorithm 1: the samples of a ``batch``-sample micro-batch each member of ``group``
-    computes for units ``first..stop-1`` (None: the group cannot hold them)."""
+    computes for units ``first..stop-1`` (None: the group cannot hold them, or has more
+    members than samples). Offloading leaves every member at least one sample: a plan
+    uses every device, and a member that computes nothing would only add to the
+    all-reduce."""
     room = [_room(model, fleet[d], first, stop, in_flight) for d in group]
     if min(room) < 0:
         return None  # a member cannot even hold the stage's weights
@@ -201,7 +204,7 @@ def allocate(model: HppModel, fleet: Sequence[Device], group: Sequence[int], fir
     for _ in range(batch * len(group)):  # straggler offloading: a sample at a time
         slowest = max(members, key=times.__getitem__)
         others = [i for i in members if i != slowest and samples[i] < room[i]]
-        if not others or samples[slowest] == 0:
+        if not others or samples[slowest] <= 1:  # every member keeps a sample
             break
         fastest = min(others, key=times.__getitem__)
         before = times[slowest], times[fastest]
@@ -213,7 +216,7 @@ def allocate(model: HppModel, fleet: Sequence[Device], group: Sequence[int], fir
             samples[fastest] -= 1
             times[slowest], times[fastest] = before
             break
-    return tuple(samples)
+    return tuple(samples) if min(samples) > 0 else None
 
 
 def _room(model: HppModel, device: Device, first: int, stop: int, in_flight: int) -> int:

@@ -30,6 +30,7 @@ from aiopipe.protocol import (
     EvalRequest,
     EvalResult,
     Gradient,
+    GroupGradient,
     Heartbeat,
     Hello,
     Message,
@@ -89,11 +90,17 @@ SAMPLES: list[Message] = [
             "2.bf": td("bfloat16", (3, 5), 2),
         }, 0, 2, 0, 2, 1, 1, 0, "0F0 0SEND_F0 0RECV_B0 0B0 0STEP"),
     RoundStart(0, 0, 0, 0, {}, 0, 2, 0, 2, 1, 1, 0, "0F0 0SEND_F0 0RECV_B0 0B0 0STEP"),
+    RoundStart(0, 0, 0, 1, {}, 0, 2, 0, 2, 1, 6, 0, "0F0 0SEND_F0 0RECV_B0 0B0 0REDUCE 0STEP",
+               {"device1": {"stage": 1, "address": "memory://device1"},
+                "device2": {"stage": 0, "address": "memory://device2", "rows": [4, 6]}},
+               (0, 4)),
     Activation(0, 0, 0, 1, 2, 0, "device0", "server", td("float32", (4, 2, 3, 3)),
                td("int64", (4,))),
     Activation(0, 0, 1, 0, 0, 0, "device0", "server", td("bfloat16", (0, 7)), td("int64", (0,))),
     Gradient(0, 1, 0, 1, 2, 0, "server", "device0", td("float32", (4, 2, 3, 3), 3)),
     Gradient(U64, U64, U64, U64, U64, U64, "m" * 64, "n" * 64, td("float64", (1,))),
+    GroupGradient(3, 1, 0, 7, 7, "device2", "device4", {"3.weight": td("float32", (4, 2)),
+                                                        "3.bias": td("float32", (4,))}),
     RoundResult(
         2, 100, 12.5, 80, {"w": td("int8", (5, 5)), "m": td("bool", (9,)), "u": td("uint8", (3,))}
     ),
@@ -418,7 +425,7 @@ BYE_FRAME = frame(["bye", {"reason": "done"}])
 
 #: RoundStart's assignment fields
 ROUND_PLAN = {"stage": 0, "stages": 2, "first_unit": 0, "stop_unit": 2, "parallel_batches": 1,
-              "micro_batch_size": 1, "version": 0, "actions": "", "peers": {}}
+              "micro_batch_size": 1, "version": 0, "actions": "", "peers": {}, "rows": []}
 
 BAD_FRAMES: list[tuple[str, bytes, str]] = [
     ("empty", b"", "truncated frame: 0 bytes"),
@@ -518,6 +525,22 @@ BAD_FRAMES: list[tuple[str, bytes, str]] = [
                                      "iterations": 0, "tensors": {},
                                      **ROUND_PLAN, "parallel_batches": 0}, b""),
         "invalid round_start: parallel_batches must be >= 1",
+    ),
+    (
+        "rows outside the micro-batch",
+        tensor_frame("round_start", {"round": 0, "epoch": 0, "first_iteration": 0,
+                                     "iterations": 0, "tensors": {},
+                                     **ROUND_PLAN, "rows": [0, 2]}, b""),
+        "invalid round_start: rows must be [start, stop] with 0 <= start < stop <= 1",
+    ),
+    (
+        "peer rows reversed",
+        tensor_frame("round_start", {"round": 0, "epoch": 0, "first_iteration": 0,
+                                     "iterations": 0, "tensors": {}, **ROUND_PLAN,
+                                     "micro_batch_size": 4,
+                                     "peers": {"device1": {"stage": 0, "address": "x",
+                                                           "rows": [3, 1]}}}, b""),
+        "invalid round_start: peer 'device1' rows must be [start, stop]",
     ),
     (
         "bad node name",

@@ -3,6 +3,8 @@ refuses one that cannot be this run's, naming why."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from aiopipe.errors import RemoteProtocolError
@@ -38,15 +40,39 @@ def test_a_first_stage_is_taken_with_its_shapes_and_neighbour() -> None:
 
 
 @pytest.mark.parametrize(("message", "reason"), [
-    (_start(FIRST.replace("0STEP", "0REDUCE 0STEP")), "REDUCE (a data-parallel group) is not "
-                                             "supported yet"),
+    (_start(FIRST.replace("0STEP", "0REDUCE 0STEP")), "all-reduce (REDUCE) before their "
+                                                      "STEP, and only they do"),
+    (_start(FIRST, rows=(0, 2), peers={"device1": {"stage": 1, "address": ""},
+                                       "device2": {"stage": 0, "address": "", "rows": [2, 4]}}),
+     "all-reduce"),  # a group without its REDUCE
+    (_start(FIRST.replace("0STEP", "0REDUCE 0STEP"), rows=(0, 2),
+            peers={"device1": {"stage": 1, "address": ""},
+                   "device2": {"stage": 0, "address": "", "rows": [3, 4]}}),
+     "stage 0's members compute rows [[0, 2], [3, 4]], which do not split"),
+    (_start(FIRST, peers={"device1": {"stage": 1, "address": "", "rows": [0, 3]}}),
+     "stage 1's members compute rows [[0, 3]]"),
     (_start("0F0 0B0 0STEP"), "bad actions"),  # one micro-batch of the two
     (_start("0F0", stop_unit=5), "cannot be stage 0 of 2"),
     (_start("0F0", micro_batch_size=3), "do not make the run's batch size 8"),
-    (_start(FIRST, peers={"device2": {"stage": 2, "address": ""}}), "not one per "
-                                                                    "neighbouring stage"),
+    (_start(FIRST, peers={"device2": {"stage": 2, "address": ""}}), "not members "
+                                                                    "of device0's stage"),
 ])
 def test_a_round_start_that_cannot_be_this_runs_is_refused(message: RoundStart,
                                                            reason: str) -> None:
-    with pytest.raises(RemoteProtocolError, match=reason.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(RemoteProtocolError, match=re.escape(reason)):
         _assign(message)
+
+
+def test_a_group_member_knows_its_rows_and_whom_it_exchanges_which_rows_with() -> None:
+    """Stage 0 of two, run by device0 (rows 0..2 of each micro-batch of 4) and device2
+    (2..4); stage 1 by device1 (0..1) and device3 (1..4)."""
+    assignment = _assign(_start(
+        FIRST.replace("0STEP", "0REDUCE 0STEP"), rows=(0, 2),
+        peers={"device1": {"stage": 1, "address": "", "rows": [0, 1]},
+               "device3": {"stage": 1, "address": "", "rows": [1, 4]},
+               "device2": {"stage": 0, "address": "", "rows": [2, 4]}}))
+    assert assignment.share == 2
+    assert [m for m, _ in assignment.members_at(0)] == ["device0", "device2"]
+    assert assignment.members_at(1) == [("device1", (0, 1)), ("device3", (1, 4))]
+    assert assignment.rows_with("device1") == (0, 1)
+    assert assignment.rows_with("device3") == (1, 2)

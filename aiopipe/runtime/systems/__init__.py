@@ -1,5 +1,5 @@
 """Training systems on the one runtime: what differs between fl / sl / sfl / pipar and a
-multi-device pipeline, chosen once per run (`system_for`).
+multi-device pipeline (synchronous, FTPipeHD's or Asteroid's), chosen once per run (`system_for`).
 
 A system decides the placement (which node runs which units), what each device is sent
 per round (`RoundStart`: its stage, units, actions, peers and weights), which stage the
@@ -11,12 +11,13 @@ admission, sessions, rounds and epochs, metrics, evaluation, checkpoints' writin
 
 from __future__ import annotations
 
+from aiopipe.runtime.systems.asteroid import Asteroid
 from aiopipe.runtime.systems.base import Rounds, Setup, System
 from aiopipe.runtime.systems.ftpipehd import FTPipeHD
 from aiopipe.runtime.systems.pipeline import Pipeline
 from aiopipe.runtime.systems.star import Star
 
-__all__ = ["FTPipeHD", "Pipeline", "Rounds", "Setup", "Star", "System", "system_for"]
+__all__ = ["Asteroid", "FTPipeHD", "Pipeline", "Rounds", "Setup", "Star", "System", "system_for"]
 
 
 def system_for(setup: Setup) -> System:
@@ -29,4 +30,6 @@ def system_for(setup: Setup) -> System:
         return Pipeline(setup)
     if setup.config.mode == "ftpipehd":
         return FTPipeHD(setup)
+    if setup.config.mode == "asteroid":
+        return Asteroid(setup)
     return Star(setup)

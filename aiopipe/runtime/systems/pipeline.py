@@ -244,18 +244,24 @@ class Pipeline:
         """
         states = await rounds.compute.call(self._stage_states)
         rounds.copy_checkpoint()
+        starts = self._starts(rounds, round_no, epoch, first, work, states)
         try:
             async with asyncio.TaskGroup() as tasks:  # the first stage lost ends them all
-                played = {w: tasks.create_task(self._play(
-                    rounds, w, self.round_start(rounds, p, round_no, epoch, first, work[w],
-                                                states[p])))
-                    for p, w in enumerate(self.workers)}
+                played = {w: tasks.create_task(self._play(rounds, w, start))
+                          for w, start in starts.items()}
         except BaseExceptionGroup as group:
             raise first_error(group) from None
         done = {w: task.result() for w, task in played.items()}
         await rounds.compute.run("agg", partial(self._merge, done),
                                  cost=0.0 if rounds.cost_table else None, epoch=epoch)
         return done
+
+    def _starts(self, rounds: Rounds, round_no: int, epoch: int, first: int,
+                work: Sequence[int], states: Sequence[Mapping[str, Any]]
+                ) -> dict[int, RoundStart]:
+        """Each worker's `RoundStart` of the round, by device."""
+        return {w: self.round_start(rounds, p, round_no, epoch, first, work[w], states[p])
+                for p, w in enumerate(self.workers)}
 
     async def _play(self, rounds: Rounds, device: int, start: RoundStart) -> RoundResult:
         """Stage ``start.stage``'s part of the round, on ``device``.

@@ -1,0 +1,287 @@
+"""Asteroid's hybrid pipeline (``mode = "asteroid"``, Asteroid §3.2).
+
+Placement: S stages, each run by a group of devices; every micro-batch of
+``batch_size // parallel_batches`` samples is split between a stage's members by rows
+(member d computes rows ``rows[d]`` of each), so a group is data-parallel within the
+stage and the groups form a pipeline. The first stage's members hold the data: each reads
+its share of every micro-batch from its own (the others' data is not used). The
+coordinator runs no stage and stays off the data path: activations and gradients go
+device to device, cut and joined by rows (`aiopipe.runtime.groups`).
+
+The plan: ``partition`` (S - 1 cut points) and ``stage_groups`` (each stage's device
+ids), with each group's rows allocated by Asteroid's Algorithm 1 (memory-aware
+balancing, then straggler offloading) on the cost table times each device's
+``device_slowdown`` within its ``device_memory_mb``; or both "auto": Asteroid's planner
+(`aiopipe.scheduler.asteroid.plan`, Algorithm 2) chooses stages, groups and rows for the
+fleet's slowdowns, memory budgets and uplinks.
+
+Each iteration runs 1F1B (``K_p = min(2(S - p) - 1, N)`` warm-up forwards on stage p) or
+GPipe over N micro-batches; the members of a group then all-reduce the gradients they
+accumulated (REDUCE, [Note: direct all-reduce] in aiopipe.runtime.groups) and step, so
+the step is unsplit training's on the whole batch. A round is an epoch; the coordinator
+puts the stages side by side (each stage's weights from its first member: they are
+identical; floating-point buffers, batch norm's statistics, averaged over the members).
+
+Faults: as the synchronous pipeline (`aiopipe.runtime.systems.pipeline`), a device lost
+mid-round ends the run with a `TrainingError` naming it (Asteroid's pipeline replay is
+not built yet); not resumable.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from aiopipe import models
+from aiopipe.config import RunConfig
+from aiopipe.errors import ConfigError
+from aiopipe.protocol import RoundResult, RoundStart, state_from_wire
+from aiopipe.runtime.plan import (
+    DevicePlan,
+    check_trainable,
+    measure_planning_costs,
+    model_profile,
+    unit_output_shapes,
+)
+from aiopipe.runtime.systems.base import Rounds, Setup
+from aiopipe.runtime.systems.pipeline import Pipeline
+from aiopipe.scheduler.actions import Action
+from aiopipe.scheduler.asteroid import Device, HppModel, HppStage, allocate, plan, round_time
+from aiopipe.scheduler.estimate import DeviceProfile
+from aiopipe.scheduler.placement import Pipeline as StagePipeline
+from aiopipe.scheduler.placement import Placement, Stage
+from aiopipe.scheduler.schedule import Schedule, check_schedule
+
+__all__ = ["Asteroid"]
+
+log = logging.getLogger("aiopipe.server")
+
+#: The budget of a device without one (bytes): effectively unlimited.
+_UNLIMITED = float(1 << 60)
+
+
+class Asteroid(Pipeline):
+    """Asteroid's hybrid pipeline (module docstring); a synchronous pipeline whose stages
+    are groups."""
+
+    def __init__(self, setup: Setup) -> None:  # (Pipeline's, for groups)
+        config = setup.config
+        self.setup, self.config = setup, config
+        self.model = setup.model
+        self.units = models.unit_count(self.model)
+        n = self._micro_batches()
+        self.parallel_batches = n
+        self.micro_batch_size = config.batch_size // n
+        self._secret = setup.run_secret
+        self.activation_shapes = unit_output_shapes(self.model, setup.in_shape)
+        costs = setup.cost_table or measure_planning_costs(
+            config, self.model, setup.in_shape, setup.test_set)
+        self._hpp = HppModel.of(model_profile(self.model, setup.in_shape, costs))
+        self._fleet = [Device(config.device_slowdown_of(k),
+                              float(config.device_memory_bytes_of(k) or _UNLIMITED),
+                              _bytes_per_second(config, k))
+                       for k in range(config.devices)]
+        stages = self._planned() if config.stage_groups == "auto" else self._given()
+        self._place(stages)
+        check_trainable(self.model, setup.in_shape,
+                        [DevicePlan(0, self.units, n, self.micro_batch_size, 0)], config)
+        self.schedule = self._schedule(n)
+        self.iterations_per_epoch = 0  # `prepare` knows: the first stage's data
+
+    def _planned(self) -> list[HppStage]:
+        """Asteroid's planner on the cost table and the fleet.
+
+        Raises:
+            ConfigError: no plan fits the devices' memory.
+        """
+        found = plan(self._hpp, self._fleet, self.parallel_batches, self.micro_batch_size)
+        return list(found.stages)
+
+    def _given(self) -> list[HppStage]:
+        """The configured stages and groups, each group's rows by Algorithm 1.
+
+        Raises:
+            ConfigError: a group cannot hold its stage (memory), or the cuts do not fit.
+        """
+        config = self.config
+        groups = config.stage_groups
+        assert isinstance(groups, tuple)
+        assert isinstance(config.partition, tuple)
+        bounds = [0, *config.partition, self.units]
+        if bounds[-2] >= self.units:
+            raise ConfigError(f"config key 'partition': cut points {list(config.partition)} "
+                              f"do not fit a model of {self.units} units")
+        stages = []
+        for p, group in enumerate(groups):
+            first, stop = bounds[p], bounds[p + 1]
+            rows = allocate(self._hpp, self._fleet, group, first, stop, self.micro_batch_size,
+                            2 * (len(groups) - p) - 1)
+            if rows is None:
+                raise ConfigError(f"config key 'stage_groups': devices {list(group)} cannot "
+                                  f"hold stage {p} (units {first}..{stop - 1}) within "
+                                  f"device_memory_mb, or it has more devices than the "
+                                  f"{self.micro_batch_size} samples of a micro-batch")
+            stages.append(HppStage(first, stop, tuple(group), rows))
+        return stages
+
+    def _place(self, stages: Sequence[HppStage]) -> None:  # type: ignore[override]
+        """The stages on their groups, each member's rows of a micro-batch."""
+        self.hpp_stages = list(stages)
+        self.groups: list[tuple[int, ...]] = []
+        self.rows: dict[int, tuple[int, int]] = {}
+        for stage in stages:
+            start = 0
+            for d, samples in zip(stage.devices, stage.samples, strict=True):
+                self.rows[d] = (start, start + samples)
+                start += samples
+            self.groups.append(tuple(stage.devices))
+        self.stages = len(stages)
+        self.workers = [d for group in self.groups for d in group]
+        self.bounds = [(s.first, s.stop) for s in stages]
+        self.placement = Placement(self.units, (StagePipeline(tuple(
+            Stage(s.first, s.stop, tuple(f"device{d}" for d in s.devices)) for s in stages)),))
+        self.pipeline = self.placement.pipelines[0]
+        self.config = self.config.replace(partition=tuple(s.stop for s in stages[:-1]),
+                                          stage_groups=tuple(self.groups))
+
+    def _schedule(self, n: int) -> Schedule:
+        """The pipeline's schedule, each group's REDUCE right before its STEP."""
+        schedule = super()._schedule(n)
+        actions = tuple(
+            tuple(a for b in stage_actions for a in (
+                (Action(p, "REDUCE"), b) if b.kind == "STEP" and len(self.groups[p]) > 1
+                else (b,)))
+            for p, stage_actions in enumerate(schedule.actions))
+        grouped = Schedule(schedule.name, schedule.micro_batches, actions)
+        check_schedule(grouped)
+        return grouped
+
+    def stage_of(self, device_id: int) -> int:
+        """The stage ``device_id`` is a member of."""
+        return next(p for p, group in enumerate(self.groups) if device_id in group)
+
+    def estimate_s(self) -> float:
+        """The planner's estimate of an iteration's time for this plan (Eqs. 4-6, 11)."""
+        return round_time(self._hpp, self._fleet, self.hpp_stages, self.parallel_batches,
+                          self.micro_batch_size)
+
+    def prepare(self, samples: Sequence[int],
+                devices: Sequence[DeviceProfile] | None = None) -> None:
+        """The first stage's members hold the data: each iteration takes ``N`` times its
+        rows from each; the epoch has as many as the one that runs out first holds.
+
+        Raises:
+            ConfigError: a member holds fewer than one iteration's samples.
+        """
+        n = self.parallel_batches
+        fits = {d: samples[d] // ((self.rows[d][1] - self.rows[d][0]) * n)
+                for d in self.groups[0]}
+        self.iterations_per_epoch = min(fits.values())
+        if self.iterations_per_epoch < 1:
+            d = min(fits, key=fits.__getitem__)
+            raise ConfigError(f"device {d} holds {samples[d]} samples, fewer than one "
+                              f"iteration of its rows ({(self.rows[d][1] - self.rows[d][0]) * n})")
+
+    # -- what devices are told -----------------------------------------------------------
+
+    def plan_entries(self) -> list[dict[str, Any]]:
+        """Per device: its stage, units (first, stop), rows of each micro-batch,
+        micro-batches and schedule; the first also the plan's estimated iteration time."""
+        entries = [{"stage": p, "device": d, "units": list(self.bounds[p]),
+                    "rows": list(self.rows[d]), "parallel_batches": self.parallel_batches,
+                    "schedule": self.config.schedule}
+                   for p, group in enumerate(self.groups) for d in group]
+        entries[0]["estimate_s"] = self.estimate_s()
+        return entries
+
+    def peer_keys(self, device_id: int) -> dict[str, str]:
+        """The keys of the device's pairs with its group's other members and the
+        members of the neighbouring stages."""
+        me = f"device{device_id}"
+        group = [f"device{d}" for d in self.groups[self.stage_of(device_id)]]
+        return self._pair_keys(device_id, [*(n for _, n in self.pipeline.neighbours(me)),
+                                           *(n for n in group if n != me)])
+
+    def _member_peers(self, rounds: Rounds, device: int) -> dict[str, dict[str, Any]]:
+        """A member's peers: its group's other members and the neighbouring stages',
+        each with its stage, address and rows."""
+        p = self.stage_of(device)
+        return {f"device{d}": {"stage": q, "address": rounds.address_of(d),
+                               "rows": list(self.rows[d])}
+                for q in (p - 1, p, p + 1) if 0 <= q < self.stages
+                for d in self.groups[q] if d != device}
+
+    def member_start(self, rounds: Rounds, device: int, round_no: int, epoch: int,
+                     first: int, iterations: int, state: Mapping[str, Any]) -> RoundStart:
+        """Member ``device``'s `RoundStart`: its stage's weights and actions, its rows,
+        its peers."""
+        p = self.stage_of(device)
+        a, b = self.bounds[p]
+        return RoundStart(round_no, epoch, first, iterations, state, p, self.stages, a, b,
+                          self.parallel_batches, self.micro_batch_size,
+                          epoch * self.iterations_per_epoch + first,
+                          " ".join(map(str, self.schedule.actions[p])),
+                          self._member_peers(rounds, device), self.rows[device])
+
+    def _starts(self, rounds: Rounds, round_no: int, epoch: int, first: int,
+                work: Sequence[int], states: Sequence[Mapping[str, Any]]
+                ) -> dict[int, RoundStart]:
+        return {d: self.member_start(rounds, d, round_no, epoch, first, work[d],
+                                     states[self.stage_of(d)])
+                for d in self.workers}
+
+    def _merge(self, results: Mapping[int, RoundResult]) -> None:
+        """Each stage's weights from its first member (its members' are the same);
+        floating-point buffers averaged over the members (compute thread)."""
+        stages = []
+        for group in self.groups:
+            states = [state_from_wire(results[d].tensors) for d in group]
+            merged = dict(states[0])
+            if len(states) > 1:
+                parameters = set(_parameter_names(states[0], self.model))
+                for name, tensor in states[0].items():
+                    if name not in parameters and tensor.is_floating_point():
+                        merged[name] = torch.stack([s[name] for s in states]).mean(0)
+            stages.append(merged)
+        self._absorb(models.merge_states(*stages))
+
+    def epoch_samples(self, device_samples: Sequence[int]) -> int:
+        """The samples that went through the whole pipeline: the first stage's members'."""
+        return sum(device_samples[d] for d in self.groups[0] if d < len(device_samples))
+
+    def stage_figures(self, busy: Mapping[str, float], elapsed: float,
+                      peaks: Mapping[int, int]) -> list[dict[str, Any]]:
+        """Per member: its stage, device, units, rows, compute busy and idle seconds, and
+        the most micro-batches whose activations it held at once."""
+        return [{"stage": p, "device": d, "units": list(self.bounds[p]),
+                 "rows": list(self.rows[d]),
+                 "busy_s": busy.get(f"device{d}/compute", 0.0),
+                 "idle_s": elapsed - busy.get(f"device{d}/compute", 0.0),
+                 "peak_live": peaks.get(d, 0)}
+                for p, group in enumerate(self.groups) for d in group]
+
+    def restore(self, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
+        """Refused (see the module docstring).
+
+        Raises:
+            ConfigError: always.
+        """
+        raise ConfigError("mode asteroid cannot resume from a checkpoint yet: its "
+                          "optimizer state lives on the devices")
+
+
+def _bytes_per_second(config: RunConfig, device: int) -> float:
+    """Device ``device``'s uplink in bytes per second (unshaped: effectively
+    unlimited)."""
+    bps = config.device_network(device).up.bandwidth_bps
+    return bps / 8 if bps else _UNLIMITED
+
+
+def _parameter_names(state: Mapping[str, torch.Tensor], model: torch.nn.Module) -> list[str]:
+    """The names in a stage's ``state`` that are parameters of the whole ``model`` (a
+    stage's state keys are the model's own: units keep their indices)."""
+    names = {name for name, _ in model.named_parameters()}
+    return [name for name in state if name in names]

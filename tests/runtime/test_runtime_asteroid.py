@@ -1,0 +1,130 @@
+"""Asteroid's hybrid pipeline (``mode = "asteroid"``), in virtual time.
+
+- equivalence: stages run by data-parallel groups, each member on its rows of every
+  micro-batch, train the weights unsplit training does on the whole mini-batch (one
+  forward of all its samples, one step), to 1e-5, for groups in the first stage, the last
+  or both, 1F1B and GPipe, N in {1, 2};
+- the plan: "auto" takes Asteroid's planner's stages, groups and rows; a fleet whose
+  memory cannot hold the model is refused naming a device;
+- a member's rows follow Algorithm 1: a slower device computes fewer of them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from aiopipe import RunConfig, VirtualClock, simulate
+from aiopipe import data as datasets
+from aiopipe.errors import ConfigError
+from aiopipe.runtime.coordinator import Coordinator
+from aiopipe.runtime.plan import device_indices, train_dataset
+
+BATCH = 16
+LR = 0.05
+
+
+def _model() -> nn.Sequential:
+    """Five units, no batch norm (whose statistics over a member's rows differ from the
+    whole micro-batch's by definition)."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()),
+        nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)),
+        nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)),
+        nn.Sequential(nn.Flatten(), nn.Linear(16 * 8 * 8, 32), nn.ReLU()),
+        nn.Linear(32, 10))
+
+
+def _config(**changes: object) -> RunConfig:
+    base = RunConfig(mode="asteroid", model=_model(), devices=3, samples_per_device=4 * BATCH,
+                     batch_size=BATCH, epochs=1, partition=[2], stage_groups=[[0, 1], [2]],
+                     parallel_batches=2, learning_rate=LR, momentum=0.9, test_samples=20,
+                     seed=3)
+    return base.replace(**changes)
+
+
+def _rows(plan: list[dict[str, object]]) -> dict[int, tuple[int, int]]:
+    return {int(e["device"]): tuple(e["rows"]) for e in plan}  # type: ignore[arg-type,misc]
+
+
+def _reference(config: RunConfig, rows: dict[int, tuple[int, int]], first_stage: list[int],
+               iterations: int) -> nn.Sequential:
+    """Unsplit training: per iteration, the whole mini-batch (micro-batch n is the first
+    stage's members' rows of it, each from its own data: its next ``share`` samples) in
+    one forward, its mean loss, one SGD step with momentum."""
+    dataset = train_dataset(config)
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate,
+                                momentum=config.momentum)
+    n = config.parallel_batches
+    assert isinstance(n, int)
+    for epoch in range(config.epochs):
+        orders = {d: datasets.epoch_order(device_indices(config, dataset, d), epoch=epoch,
+                                          seed=config.seed) for d in first_stage}
+        for i in range(iterations):
+            picked = []
+            for m in range(n):
+                for d in sorted(first_stage, key=lambda d: rows[d]):
+                    share = rows[d][1] - rows[d][0]
+                    start = i * share * n + m * share
+                    picked.extend(orders[d][start:start + share])
+            x, y = dataset.batch(picked)
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    return model
+
+
+@pytest.mark.parametrize(("groups", "cuts", "slowdowns"), [
+    ([[0, 1], [2]], [2], [1.0, 1.5, 1.0]),  # a group first
+    ([[0], [1, 2]], [3], [1.0, 1.0, 2.0]),  # a group last (it computes the loss)
+    ([[0, 1], [2, 3]], [1], [1.0, 2.0, 1.0, 1.0]),  # two groups: rows re-cut between them
+    ([[0, 1, 2]], [], [1.0, 1.0, 1.0]),  # one stage: pure data parallelism
+])
+@pytest.mark.parametrize(("schedule", "n"), [("1f1b", 2), ("gpipe", 2), ("1f1b", 1)])
+async def test_hybrid_pipeline_training_equals_unsplit_training(
+        groups: list[list[int]], cuts: list[int], slowdowns: list[float], schedule: str,
+        n: int) -> None:
+    config = _config(devices=len(slowdowns), stage_groups=groups, partition=cuts,
+                     device_slowdown=slowdowns, schedule=schedule, parallel_batches=n)
+    result = await simulate(config, clock=VirtualClock())
+    rows = _rows(result.final.plan)
+    iterations = result.final.samples // BATCH
+    assert iterations >= 3
+    assert result.final.samples == iterations * BATCH
+    want = _reference(config, rows, groups[0], iterations).state_dict()
+    got = result.model.state_dict()
+    for name, tensor in want.items():
+        torch.testing.assert_close(got[name], tensor, rtol=1e-5, atol=1e-5,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+
+
+async def test_a_slower_member_computes_fewer_rows() -> None:
+    result = await simulate(_config(device_slowdown=[1.0, 3.0, 1.0], batch_size=32),
+                            clock=VirtualClock())
+    rows = _rows(result.final.plan)
+    assert (rows[0][0], rows[0][1], rows[1][1]) == (0, rows[1][0], 16)
+    assert rows[1][1] - rows[1][0] < rows[0][1] - rows[0][0]
+    assert rows[2] == (0, 16)
+
+
+async def test_auto_takes_the_planners_stages_groups_and_rows() -> None:
+    config = _config(devices=4, partition="auto", stage_groups="auto",
+                     device_slowdown=[1.0, 1.0, 4.0, 4.0])
+    result = await simulate(config, clock=VirtualClock())
+    plan = result.final.plan
+    assert sorted(int(e["device"]) for e in plan) == [0, 1, 2, 3]
+    assert float(plan[0]["estimate_s"]) > 0  # type: ignore[arg-type]
+    for stage in {int(e["stage"]) for e in plan}:  # type: ignore[call-overload]
+        members = sorted(tuple(e["rows"]) for e in plan if e["stage"] == stage)  # type: ignore[misc]
+        assert (members[0][0], members[-1][1]) == (0, BATCH // 2)
+    assert result.final.samples > 0
+
+
+def test_a_fleet_whose_memory_cannot_hold_the_model_is_refused_naming_a_device() -> None:
+    config = _config(devices=2, partition="auto", stage_groups="auto",
+                     device_memory_mb=[0.01, 0.01])
+    with pytest.raises(ConfigError, match="device"):
+        Coordinator(config, clock=VirtualClock())
