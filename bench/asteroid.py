@@ -16,16 +16,17 @@ how long it takes.
 The estimates are the planner's model (Eqs. 3–11 of the paper), not measured rounds.
 
 ``--throughput``: training throughput (samples per second) of a heterogeneous fleet
-(by default 5 devices with slowdowns 1, 2, 4, 4, 8, memory budgets of 64, 32, 16, 12 and
-8 MiB, wifi links of 50 Mbit/s; vgg5, batches of 64 in 4 micro-batches), in virtual time
-with one cost table measured here for every run: Asteroid's plan ("auto"), pure data
-parallelism (one stage, every device the whole model on its rows of every micro-batch,
-all-reduce), pure pipeline parallelism (``mode = "pipeline"``: one device per stage,
-balanced by the slowdowns) and FL (FedAvg, each device its own data), side by side;
-and Asteroid's measured time per iteration against its planner's estimate.
+(by default 5 devices with slowdowns 1, 2, 4, 4, 8, times ``--scale``, memory budgets
+of 64, 32, 16, 12 and 8 MiB, wifi-like links of ``--mbps`` 50 Mbit/s and 2 ms; vgg5,
+batches of 64 in 4 micro-batches), in virtual time with one cost table measured here
+for every run: Asteroid's plan ("auto"), pure data parallelism (one stage, every device
+the whole model on its rows of every micro-batch, all-reduce), pure pipeline
+parallelism (``mode = "pipeline"``: one device per stage, balanced by the slowdowns) and
+FL (FedAvg, each device its own data), side by side; and Asteroid's measured time per
+iteration against its planner's estimate.
 
     .venv/bin/python bench/asteroid.py [--cases 1000] [--seed 25]
-    .venv/bin/python bench/asteroid.py --throughput [--out DIR]
+    .venv/bin/python bench/asteroid.py --throughput [--scale 1] [--mbps 50] [--out DIR]
 """
 
 from __future__ import annotations
@@ -107,11 +108,13 @@ SLOWDOWNS = (1.0, 2.0, 4.0, 4.0, 8.0)
 BUDGETS_MB = (64.0, 32.0, 16.0, 12.0, 8.0)
 
 
-def _fleet_config(**changes: object) -> RunConfig:
+def _fleet_config(scale: float, mbps: float, **changes: object) -> RunConfig:
     base = RunConfig(mode="asteroid", model="vgg5", devices=len(SLOWDOWNS),
-                     samples_per_device=640, batch_size=64, parallel_batches=4, epochs=1,
-                     device_slowdown=SLOWDOWNS, device_memory_mb=BUDGETS_MB,
-                     network="wifi", test_samples=0, seed=1, learning_rate=0.02)
+                     samples_per_device=1280, batch_size=64, parallel_batches=4, epochs=1,
+                     device_slowdown=tuple(scale * s for s in SLOWDOWNS),
+                     device_memory_mb=BUDGETS_MB,
+                     network={"up_mbps": mbps, "down_mbps": mbps, "latency_ms": 2},
+                     test_samples=0, seed=1, learning_rate=0.02)
     return base.replace(**changes)
 
 
@@ -124,15 +127,23 @@ THROUGHPUT_RUNS: dict[str, dict[str, object]] = {
 
 
 async def _simulated(config: RunConfig, costs: CostTable) -> dict[str, Any]:
+    """One epoch in virtual time; and the time an iteration adds (an epoch of half the
+    samples run too: the difference leaves out what a round costs once, the weights
+    sent down and the trained stages up)."""
     result = await simulate(config, clock=VirtualClock(), cost_table=costs)
+    half = await simulate(config.replace(samples_per_device=config.device_samples_of(0) // 2),
+                          clock=VirtualClock(), cost_table=costs)
     epoch = result.final
+    batch = config.batch_size
+    added = (epoch.time_s - half.final.time_s) / ((epoch.samples - half.final.samples) / batch)
     return {"time_s": epoch.time_s, "samples": epoch.samples,
-            "samples_per_s": epoch.samples / epoch.time_s, "plan": epoch.plan}
+            "samples_per_s": epoch.samples / epoch.time_s, "iteration_s": added,
+            "plan": epoch.plan}
 
 
-def throughput(out: Path | None) -> None:
+def throughput(out: Path | None, scale: float, mbps: float) -> None:
     """Asteroid against data, pipeline parallelism and FL (module docstring)."""
-    config = _fleet_config()
+    config = _fleet_config(scale, mbps)
     dataset = train_dataset(config)
     model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
     started = time.perf_counter()
@@ -142,19 +153,22 @@ def throughput(out: Path | None) -> None:
     rows: dict[str, dict[str, Any]] = {}
     for name, changes in THROUGHPUT_RUNS.items():
         started = time.perf_counter()
-        rows[name] = asyncio.run(_simulated(_fleet_config(**changes), costs))
+        rows[name] = asyncio.run(_simulated(_fleet_config(scale, mbps, **changes), costs))
         rows[name]["wall_s"] = time.perf_counter() - started
     ours = rows["asteroid (auto)"]
-    lines = ["| run | samples | epoch s (virtual) | samples/s | Asteroid ÷ it |",
-             "|---|---|---|---|---|"]
+    lines = [f"Slowdowns {list(config.device_slowdown)}, budgets {list(BUDGETS_MB)} MiB, "
+             f"links of {mbps:g} Mbit/s (2 ms), vgg5, batches of {config.batch_size} in "
+             f"{config.parallel_batches} micro-batches.", "",
+             "| run | samples | epoch s (virtual) | samples/s | Asteroid ÷ it | "
+             "s per iteration (batch) |", "|---|---|---|---|---|---|"]
     for name, row in rows.items():
         lines.append(f"| {name} | {row['samples']} | {row['time_s']:.2f} | "
                      f"{row['samples_per_s']:.1f} | "
-                     f"{ours['samples_per_s'] / row['samples_per_s']:.2f} |")
+                     f"{ours['samples_per_s'] / row['samples_per_s']:.2f} | "
+                     f"{row['iteration_s']:.3f} |")
     plan = ours["plan"]
-    iterations = ours["samples"] // config.batch_size
     estimate = float(plan[0]["estimate_s"])
-    measured = ours["time_s"] / iterations
+    measured = ours["iteration_s"]
     stages = sorted({(e["stage"], tuple(e["units"])) for e in plan})
     groups = {p: [(e["device"], tuple(e["rows"])) for e in plan if e["stage"] == p]
               for p, _ in stages}
@@ -166,8 +180,28 @@ def throughput(out: Path | None) -> None:
     print(text)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "throughput.md").write_text(text + "\n")
-        (out / "throughput.json").write_text(json.dumps(rows, indent=1, default=str))
+        name = f"throughput-x{scale:g}-{mbps:g}mbps"
+        (out / f"{name}.md").write_text(text + "\n")
+        (out / f"{name}.json").write_text(json.dumps(rows, indent=1, default=str))
+        _plot(rows, out / f"{name}.png", lines[0])
+
+
+def _plot(rows: dict[str, dict[str, Any]], path: Path, title: str) -> None:
+    """Samples per second of each run, as bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    names = list(rows)
+    ax.bar(names, [rows[n]["samples_per_s"] for n in names],
+           color=["tab:green", "tab:blue", "tab:orange", "tab:grey"])
+    ax.set_ylabel("samples / s (virtual time)")
+    ax.set_title(title.split(", vgg5")[0], fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main() -> None:
@@ -181,10 +215,15 @@ def main() -> None:
     parser.add_argument("--throughput", action="store_true",
                         help="compare training throughput in virtual time instead")
     parser.add_argument("--out", type=Path, help="write the throughput table here")
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="multiply the fleet's slowdowns (10: devices ten times "
+                             "slower than this host at the fastest)")
+    parser.add_argument("--mbps", type=float, default=50.0,
+                        help="every link's rate, both ways (default 50: wifi-like)")
     args = parser.parse_args()
     if args.throughput:
         print(f"Asteroid throughput, virtual time; load average {os.getloadavg()[0]:.2f}")
-        throughput(args.out)
+        throughput(args.out, args.scale, args.mbps)
         return
     print(f"Asteroid planner; load average {os.getloadavg()[0]:.2f}")
     print(f"quality over {args.cases} random small cases (seed {args.seed}):")

@@ -168,9 +168,9 @@ def allocate(model: HppModel, fleet: Sequence[Device], group: Sequence[int], fir
              stop: int, batch: int, in_flight: int) -> tuple[int, ...] | None:
     """Algorithm 1: the samples of a ``batch``-sample micro-batch each member of ``group``
     computes for units ``first..stop-1`` (None: the group cannot hold them, or has more
-    members than samples). Offloading leaves every member at least one sample: a plan
-    uses every device, and a member that computes nothing would only add to the
-    all-reduce."""
+    members than samples). Every member computes at least one sample: a plan uses
+    every device, and a member that computes nothing would only add to the all-reduce;
+    the rest are balanced by capacity, then offloaded from the straggler."""
     room = [_room(model, fleet[d], first, stop, in_flight) for d in group]
     if min(room) < 0:
         return None  # a member cannot even hold the stage's weights
@@ -178,8 +178,10 @@ def allocate(model: HppModel, fleet: Sequence[Device], group: Sequence[int], fir
         return (batch,) if room[0] >= batch else None
     capacity = [1.0 / max(sum(model.times(first, stop, batch, fleet[d])), 1e-12)
                 for d in group]
-    samples = [0] * len(group)
-    left = batch
+    if len(group) > batch or min(room) < 1:
+        return None  # a member would compute nothing
+    samples = [1] * len(group)  # every member computes (docstring), the rest by capacity
+    left = batch - len(group)
     while left > 0:  # memory-aware balancing
         open_ = [i for i in range(len(group)) if samples[i] < room[i]]
         if not open_:
@@ -216,7 +218,7 @@ def allocate(model: HppModel, fleet: Sequence[Device], group: Sequence[int], fir
             samples[fastest] -= 1
             times[slowest], times[fastest] = before
             break
-    return tuple(samples) if min(samples) > 0 else None
+    return tuple(samples)
 
 
 def _room(model: HppModel, device: Device, first: int, stop: int, in_flight: int) -> int:
