@@ -27,6 +27,9 @@ iteration against its planner's estimate.
 
     .venv/bin/python bench/asteroid.py [--cases 1000] [--seed 25]
     .venv/bin/python bench/asteroid.py --throughput [--scale 1] [--mbps 50] [--out DIR]
+    .venv/bin/python bench/asteroid.py --processes [--scale 1] [--mbps 50] [--samples 640]
+
+``--processes``: the same four runs between real processes (``python -m aiopipe``).
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ import asyncio
 import json
 import os
 import random
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -186,6 +191,52 @@ def throughput(out: Path | None, scale: float, mbps: float) -> None:
         _plot(rows, out / f"{name}.png", lines[0])
 
 
+def processes(out: Path | None, scale: float, mbps: float, samples: int) -> None:
+    """The same runs between real processes (``python -m aiopipe``: a server and one
+    process per device over loopback websockets, each sender paced at the links' rate,
+    each device's compute stretched by its slowdown), side by side."""
+    rows: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for name, changes in THROUGHPUT_RUNS.items():
+            config = _fleet_config(scale, mbps, samples_per_device=samples, **changes)
+            path = Path(scratch) / f"{len(rows)}.toml"
+            path.write_text(config.replace(out_dir="").to_toml())
+            run_dir = Path(scratch) / f"run{len(rows)}"
+            started = time.perf_counter()
+            done = subprocess.run([sys.executable, "-m", "aiopipe", "--config", str(path),
+                                   "--out-dir", str(run_dir)], cwd=REPO, capture_output=True,
+                                  text=True, timeout=1200, check=False)
+            if done.returncode != 0:
+                raise SystemExit(f"{name} failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
+            epoch = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+            rows[name] = {"time_s": epoch["time_s"], "samples": epoch["samples"],
+                          "samples_per_s": epoch["samples"] / epoch["time_s"],
+                          "wall_s": time.perf_counter() - started, "plan": epoch["plan"]}
+            print(f"  {name}: {epoch['samples']} samples in {epoch['time_s']:.2f} s",
+                  flush=True)
+    ours = rows["asteroid (auto)"]
+    lines = [f"Between processes: slowdowns {[scale * s for s in SLOWDOWNS]}, budgets "
+             f"{list(BUDGETS_MB)} MiB, links of {mbps:g} Mbit/s (2 ms, paced by each "
+             f"sender), vgg5, {samples} samples per device.", "",
+             "| run | samples | epoch s | samples/s | Asteroid ÷ it |", "|---|---|---|---|---|"]
+    for name, row in rows.items():
+        lines.append(f"| {name} | {row['samples']} | {row['time_s']:.2f} | "
+                     f"{row['samples_per_s']:.1f} | "
+                     f"{ours['samples_per_s'] / row['samples_per_s']:.2f} |")
+    plan = ours["plan"]
+    lines.append("")
+    lines.append("Asteroid's plan: " + "; ".join(
+        f"device {e['device']} stage {e['stage']} units {e['units']} rows {e['rows']}"
+        for e in plan))
+    text = "\n".join(lines)
+    print(text)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        name = f"processes-x{scale:g}-{mbps:g}mbps"
+        (out / f"{name}.md").write_text(text + "\n")
+        (out / f"{name}.json").write_text(json.dumps(rows, indent=1, default=str))
+
+
 def _plot(rows: dict[str, dict[str, Any]], path: Path, title: str) -> None:
     """Samples per second of each run, as bars."""
     import matplotlib
@@ -214,6 +265,10 @@ def main() -> None:
     parser.add_argument("--micro-batches", type=int, default=8)
     parser.add_argument("--throughput", action="store_true",
                         help="compare training throughput in virtual time instead")
+    parser.add_argument("--processes", action="store_true",
+                        help="compare training throughput between real processes instead")
+    parser.add_argument("--samples", type=int, default=640,
+                        help="--processes: samples per device")
     parser.add_argument("--out", type=Path, help="write the throughput table here")
     parser.add_argument("--scale", type=float, default=1.0,
                         help="multiply the fleet's slowdowns (10: devices ten times "
@@ -221,6 +276,10 @@ def main() -> None:
     parser.add_argument("--mbps", type=float, default=50.0,
                         help="every link's rate, both ways (default 50: wifi-like)")
     args = parser.parse_args()
+    if args.processes:
+        print(f"Asteroid throughput, processes; load average {os.getloadavg()[0]:.2f}")
+        processes(args.out, args.scale, args.mbps, args.samples)
+        return
     if args.throughput:
         print(f"Asteroid throughput, virtual time; load average {os.getloadavg()[0]:.2f}")
         throughput(args.out, args.scale, args.mbps)

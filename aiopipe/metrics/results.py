@@ -43,7 +43,10 @@ class EpochMetrics:
     whose update was clipped or dropped as an outlier (``RunConfig.outliers``). In a
     multi-device pipeline,
     ``stages`` has one entry per stage (its device, units, compute busy and idle seconds,
-    and ``peak_live``: the most micro-batches whose activations it held at once) and
+    and ``peak_live``: the most micro-batches whose activations it held at once; in
+    asteroid one per device, with its ``rows`` and, in MiB, ``peak_memory_mb``: the most
+    its training held, measured, ``planned_memory_mb``: the planner's Eq. 3 for it, and
+    ``budget_mb``: its ``device_memory_mb``) and
     ``links`` the busy and idle seconds of each directed device-to-device link
     (``"device0->device1"``). ``held_out_accuracy``: the epoch's global model on the
     devices' own held-out data, over all of it (NaN when no device has any);

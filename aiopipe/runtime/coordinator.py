@@ -529,8 +529,9 @@ class Coordinator:
             bytes_up=int(up), bytes_down=int(down), plan=system.plan_entries(),
             device_samples=device_samples, devices_lost=tuple(tally["lost"]),
             updates_refused=tuple(tally.get("refused", [])),
-            stages=system.stage_figures(by_track, elapsed, {
-                k: s.peak_live for k, s in self.sessions.items()}),
+            stages=system.stage_figures(
+                by_track, elapsed, {k: s.peak_live for k, s in self.sessions.items()},
+                {k: s.peak_memory for k, s in self.sessions.items()}),
             links={track: {"busy_s": seconds, "idle_s": elapsed - seconds}
                    for track, seconds in sorted(by_track.items()) if "->" in track},
             held_out_accuracy=held_out, device_accuracy=per_device,

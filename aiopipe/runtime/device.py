@@ -700,6 +700,7 @@ class _DeviceNode:
         report = RoundReport(message.round, {
             "slices": [s.shifted(offset).to_list() for s in slices[:MAX_REPORT_SLICES]],
             "peak_live": work.peak_live,
+            "peak_memory_bytes": await self.compute.call(work.peak_memory),
         })
         self.unacked.append(report)
         self._post_round_message(report)

@@ -183,6 +183,7 @@ class Holdings:
             work.module.load_state_dict(state)
         work.clear()
         work.fraction = assignment.share / assignment.micro_batch_size
+        work.measure_memory = self.config.mode == "asteroid"  # its budgets are checked
         if isinstance(work, AsyncStageWork):
             work.plan_snapshots(assignment.parallel_batches)
             if not keep:

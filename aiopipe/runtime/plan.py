@@ -19,6 +19,7 @@ import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -29,6 +30,7 @@ from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
 from aiopipe.runtime.aggregation import fedavg
 from aiopipe.runtime.factories import build_model
+from aiopipe.runtime.memory import saved_bytes
 from aiopipe.runtime.overheads import measure_runtime_overheads
 from aiopipe.scheduler.costs import CostTable, measure_costs
 from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
@@ -300,7 +302,25 @@ def model_profile(model: nn.Sequential, in_shape: tuple[int, ...],
     state_bytes = tuple(sum(t.numel() * t.element_size() for t in unit.state_dict().values())
                         for unit in model.children())
     return ModelProfile(costs, activation_bytes, state_bytes,
-                        frame_overhead=grad_overhead, activation_frame_overhead=act_overhead)
+                        frame_overhead=grad_overhead, activation_frame_overhead=act_overhead,
+                        saved_bytes=saved_bytes_per_sample(model, in_shape))
+
+
+def saved_bytes_per_sample(model: nn.Sequential, in_shape: tuple[int, ...], *,
+                           samples: int = 4) -> tuple[int, ...]:
+    """Per unit, the bytes per sample autograd keeps from its forward for the backward,
+    its input included (`aiopipe.runtime.memory.saved_bytes`), measured on ``samples``
+    zeros in training mode on a copy (the model's batch-norm statistics stay as
+    they are)."""
+    twin = copy.deepcopy(model).train()
+    x = torch.zeros(samples, *in_shape)
+    out: list[int] = []
+    for u, unit in enumerate(twin.children()):
+        x = x.detach().requires_grad_(u > 0)
+        y, held = saved_bytes(partial(unit, x), list(unit.parameters()), [x])
+        out.append(math.ceil(held / samples))
+        x = y
+    return tuple(out)
 
 
 def declared_devices(config: RunConfig, samples: list[int]) -> list[DeviceProfile]:

@@ -180,6 +180,9 @@ class DeviceSession:
         self.served = 0  # micro-batches the coordinator's stage computed this round
         #: most activations the device held at once in its last round (its report)
         self.peak_live = 0
+        #: the most bytes its training held in its last round, measured (its report; 0:
+        #: not measured)
+        self.peak_memory = 0
         self.closing = False  # we said goodbye: the connection may end
         self.bye: Bye | None = None  # what we said
         self.ended = False  # the session is over (goodbye, or the device was lost)
@@ -585,6 +588,11 @@ class DeviceSession:
         if isinstance(peak, bool) or not isinstance(peak, int) or peak < 0:
             raise RemoteProtocolError(f"round report's peak_live is {peak!r}, not a count")
         self.peak_live = peak
+        memory = message.report.get("peak_memory_bytes", 0)
+        if isinstance(memory, bool) or not isinstance(memory, int) or memory < 0:
+            raise RemoteProtocolError(f"round report's peak_memory_bytes is {memory!r}, not "
+                                      "a count")
+        self.peak_memory = memory
         self.host.recorder.extend(slices)
         if window.stage is not None:  # the coordinator computed the loss, not the device
             work = window.stage.work

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
@@ -32,6 +33,7 @@ from aiopipe.errors import RemoteProtocolError
 from aiopipe.protocol import TensorData, to_torch
 from aiopipe.runtime.assignment import Assignment
 from aiopipe.runtime.factories import Loss
+from aiopipe.runtime.memory import saved_bytes, state_bytes
 from aiopipe.scheduler.actions import Action
 
 __all__ = ["Batch", "Expected", "ServerStage", "StageWork", "check_tensors", "checked_gradient",
@@ -91,6 +93,11 @@ class StageWork:
         #: the fraction of each micro-batch's rows this stage computes (a member of a
         #: data-parallel group: its share; 1 otherwise)
         self.fraction = 1.0
+        #: measure what the micro-batches in flight hold (`aiopipe.runtime.memory`)
+        self.measure_memory = False
+        self._held: dict[tuple[int, int], int] = {}
+        #: most bytes the micro-batches in flight held at once this round (measured)
+        self.peak_held = 0
 
     @property
     def live(self) -> int:
@@ -99,7 +106,15 @@ class StageWork:
 
     def reset_totals(self) -> None:
         """Start counting a new round's loss, predictions and peak."""
-        self.loss_sum, self.correct, self.peak_live = 0.0, 0, 0
+        self.loss_sum, self.correct, self.peak_live, self.peak_held = 0.0, 0, 0, 0
+
+    def peak_memory(self) -> int:
+        """The round's peak of what training held, measured: the stage's weights, their
+        gradients and the optimizer's state, and the most the micro-batches in flight
+        held at once (0 when not measured)."""
+        if not self.measure_memory:
+            return 0
+        return state_bytes(self.module, self.optimizer) + self.peak_held
 
     def trained_state(self) -> dict[str, torch.Tensor]:
         """What the device returns at the round's end: a CPU copy of the stage's state."""
@@ -109,6 +124,7 @@ class StageWork:
         """Forget every micro-batch in flight (a dropped round) and their gradients."""
         self._saved.clear()
         self._labels.clear()
+        self._held.clear()
         self.optimizer.zero_grad(set_to_none=True)
 
     def forward(self, iteration: int, micro_batch: int,
@@ -124,15 +140,24 @@ class StageWork:
         """
         key = (iteration, micro_batch)
         x, labels, inputs = self._inputs(key, received)
-        out = self.module(x)
-        if self.last:
-            out = self._loss(out, labels)
+        if self.measure_memory:
+            out, held = saved_bytes(partial(self._through, x, labels),
+                                    self.module.parameters(), [x])
+            self._held[key] = held
+            self.peak_held = max(self.peak_held, sum(self._held.values()))
+        else:
+            out = self._through(x, labels)
         self._saved[key] = _Saved(out, inputs)
         self._labels[key] = labels
         self.peak_live = max(self.peak_live, len(self._saved))
         if self.last:
             return None
         return out.detach().cpu(), labels.cpu()
+
+    def _through(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The stage's output for ``x`` (the last stage's: the loss)."""
+        out = self.module(x)
+        return self._loss(out, labels) if self.last else out
 
     def backward(self, iteration: int, micro_batch: int,
                  gradient: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -148,6 +173,7 @@ class StageWork:
         key = (iteration, micro_batch)
         saved = self._saved.pop(key)
         self._labels.pop(key, None)
+        self._held.pop(key, None)
         if self.last:
             torch.autograd.backward(saved.output)
         else:

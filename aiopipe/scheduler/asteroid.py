@@ -81,21 +81,27 @@ class Device:
 @dataclass(frozen=True)
 class HppModel:
     """The model as the planner sees it: each unit's compute (the cost table, per batch
-    size), its output per sample and its parameters (bytes); the optimizer's state per
-    parameter byte (SGD with momentum: 1). Sums over unit ranges come from prefix sums
-    (the planner asks for them hundreds of thousands of times)."""
+    size), its output per sample (what a stage sends on) and its parameters (bytes);
+    the optimizer's state per parameter byte (SGD with momentum: 1); per sample, what
+    a unit's forward keeps for its backward (``saved``; None: its output, an
+    underestimate). Sums over unit ranges come from prefix sums (the planner asks for
+    them hundreds of thousands of times)."""
 
     costs: CostTable
     activation: tuple[float, ...]
     weights: tuple[float, ...]
     optimizer: float = 1.0
+    saved: tuple[float, ...] | None = None
 
     @classmethod
     def of(cls, profile: ModelProfile, *, optimizer: float = 1.0) -> HppModel:
         """The planners' shared profile of a model (`aiopipe.runtime.plan.model_profile`)
-        as this planner's: its units' outputs, and their state as the weights."""
+        as this planner's: its units' outputs, their state as the weights, and what
+        their forwards keep, when measured."""
+        saved = profile.saved_bytes
         return cls(profile.costs, tuple(map(float, profile.activation_bytes)),
-                   tuple(map(float, profile.state_bytes)), optimizer)
+                   tuple(map(float, profile.state_bytes)), optimizer,
+                   tuple(map(float, saved)) if saved is not None else None)
 
     @property
     def units(self) -> int:
@@ -105,7 +111,7 @@ class HppModel:
     @cached_property
     def _sums(self) -> tuple[list[float], list[float]]:
         return (list(itertools.accumulate(self.weights, initial=0.0)),
-                list(itertools.accumulate(self.activation, initial=0.0)))
+                list(itertools.accumulate(self.saved or self.activation, initial=0.0)))
 
     @cached_property
     def _times(self) -> dict[int, tuple[list[float], list[float], list[float], list[float]]]:
@@ -115,7 +121,7 @@ class HppModel:
     def memory(self, first: int, stop: int, samples: int, in_flight: int) -> float:
         """Eq. 3: a member of a stage of units ``first..stop-1`` computing ``samples`` of
         each micro-batch with ``in_flight`` micro-batches' activations held: weights and
-        their gradients, the optimizer's state, the activations."""
+        their gradients, the optimizer's state, what the forwards keep (``saved``)."""
         weights, activation = self._sums
         held = in_flight * samples * (activation[stop] - activation[first])
         return (weights[stop] - weights[first]) * (2.0 + self.optimizer) + held

@@ -173,6 +173,9 @@ class ModelProfile:
     ``state_bytes[q]``: parameter + buffer bytes of unit q (model transfer and memory).
     ``activation_frame_overhead``: the same for activation frames, which carry a second
     tensor (the labels); None means ``frame_overhead``.
+    ``saved_bytes[q]``: per-sample bytes autograd keeps from unit q's forward for its
+    backward (its input, intermediate tensors; `aiopipe.runtime.memory`), or None when
+    not measured: the memory of a micro-batch in flight (Asteroid's Eq. 3).
 
     Frame sizes for split point P at micro-batch size B'::
 
@@ -191,13 +194,16 @@ class ModelProfile:
     label_bytes_per_sample: int = 8
     frame_overhead: int = DEFAULT_FRAME_OVERHEAD
     activation_frame_overhead: int | None = None
+    saved_bytes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         q = self.costs.units
         if q < 2:
             raise ConfigError(f"a model needs at least 2 units to split, got {q}")
-        for name in ("activation_bytes", "state_bytes"):
+        for name in ("activation_bytes", "state_bytes", "saved_bytes"):
             values = getattr(self, name)
+            if values is None:
+                continue
             if len(values) != q:
                 raise ConfigError(
                     f"ModelProfile.{name} has {len(values)} entries, the cost table has {q} units"

@@ -128,3 +128,23 @@ def test_a_fleet_whose_memory_cannot_hold_the_model_is_refused_naming_a_device()
                      device_memory_mb=[0.01, 0.01])
     with pytest.raises(ConfigError, match="device"):
         Coordinator(config, clock=VirtualClock())
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+async def test_each_members_measured_memory_is_within_its_budget_and_the_planners_model(
+        schedule: str) -> None:
+    """What training held at most on each device (its weights, gradients, momentum and
+    the tensors autograd kept for the micro-batches in flight, `aiopipe.runtime.memory`)
+    stays within its budget and within 5% of the planner's Eq. 3 for its stage (the
+    loss's own tensors, on the last stage, are not in Eq. 3), and Eq. 3 is no more than
+    15% above it."""
+    config = RunConfig(mode="asteroid", model="vgg5", devices=4, samples_per_device=128,
+                       batch_size=32, epochs=1, parallel_batches=4, test_samples=0, seed=3,
+                       schedule=schedule, device_slowdown=[1.0, 2.0, 2.0, 4.0],
+                       device_memory_mb=[40.0, 24.0, 16.0, 12.0])
+    result = await simulate(config, clock=VirtualClock())
+    for stage in result.final.stages:
+        peak, planned = stage["peak_memory_mb"], stage["planned_memory_mb"]
+        assert 0 < peak <= stage["budget_mb"]
+        assert peak <= 1.05 * planned, stage
+        assert planned <= 1.15 * peak, stage

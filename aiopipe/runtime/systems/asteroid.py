@@ -118,7 +118,7 @@ class Asteroid(Pipeline):
         for p, group in enumerate(groups):
             first, stop = bounds[p], bounds[p + 1]
             rows = allocate(self._hpp, self._fleet, group, first, stop, self.micro_batch_size,
-                            2 * (len(groups) - p) - 1)
+                            self._in_flight(p, len(groups)))
             if rows is None:
                 raise ConfigError(f"config key 'stage_groups': devices {list(group)} cannot "
                                   f"hold stage {p} (units {first}..{stop - 1}) within "
@@ -126,6 +126,12 @@ class Asteroid(Pipeline):
                                   f"{self.micro_batch_size} samples of a micro-batch")
             stages.append(HppStage(first, stop, tuple(group), rows))
         return stages
+
+    def _in_flight(self, p: int, stages: int) -> int:
+        """The most micro-batches stage p of ``stages`` holds at once: K_p under 1F1B,
+        all N under GPipe."""
+        n = self.parallel_batches
+        return n if self.config.schedule == "gpipe" else min(2 * (stages - p) - 1, n)
 
     def _place(self, stages: Sequence[HppStage]) -> None:  # type: ignore[override]
         """The stages on their groups, each member's rows of a micro-batch."""
@@ -253,15 +259,26 @@ class Asteroid(Pipeline):
         return sum(device_samples[d] for d in self.groups[0] if d < len(device_samples))
 
     def stage_figures(self, busy: Mapping[str, float], elapsed: float,
-                      peaks: Mapping[int, int]) -> list[dict[str, Any]]:
-        """Per member: its stage, device, units, rows, compute busy and idle seconds, and
-        the most micro-batches whose activations it held at once."""
-        return [{"stage": p, "device": d, "units": list(self.bounds[p]),
-                 "rows": list(self.rows[d]),
-                 "busy_s": busy.get(f"device{d}/compute", 0.0),
-                 "idle_s": elapsed - busy.get(f"device{d}/compute", 0.0),
-                 "peak_live": peaks.get(d, 0)}
-                for p, group in enumerate(self.groups) for d in group]
+                      peaks: Mapping[int, int], memory: Mapping[int, int]
+                      ) -> list[dict[str, Any]]:
+        """Per member: its stage, device, units, rows, compute busy and idle seconds, the
+        most micro-batches whose activations it held at once, and what its training held
+        at most, measured, against the planner's Eq. 3 and the device's budget (MiB;
+        budget 0: none)."""
+        figures = []
+        for p, group in enumerate(self.groups):
+            for d in group:
+                track = f"device{d}/compute"
+                planned = self._hpp.memory(*self.bounds[p], self.rows[d][1] - self.rows[d][0],
+                                           self._in_flight(p, self.stages))
+                figures.append({
+                    "stage": p, "device": d, "units": list(self.bounds[p]),
+                    "rows": list(self.rows[d]), "busy_s": busy.get(track, 0.0),
+                    "idle_s": elapsed - busy.get(track, 0.0), "peak_live": peaks.get(d, 0),
+                    "peak_memory_mb": memory.get(d, 0) / 2**20,
+                    "planned_memory_mb": planned / 2**20,
+                    "budget_mb": (self.config.device_memory_bytes_of(d) or 0) / 2**20})
+        return figures
 
     def restore(self, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
         """Refused (see the module docstring).

@@ -171,9 +171,11 @@ class System(Protocol):
         ...
 
     def stage_figures(self, busy: Mapping[str, float], elapsed: float,
-                      peaks: Mapping[int, int]) -> list[dict[str, Any]]:
+                      peaks: Mapping[int, int], memory: Mapping[int, int]
+                      ) -> list[dict[str, Any]]:
         """Per-stage figures of an epoch (``EpochMetrics.stages``) from the busy seconds
-        per trace track, the epoch's length and each device's peak of live activations."""
+        per trace track, the epoch's length, each device's peak of live activations and
+        the most bytes its training held, measured (0: not measured)."""
         ...
 
     async def after_round(self, rounds: Rounds, round_no: int, epoch: int,

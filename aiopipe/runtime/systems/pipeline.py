@@ -302,7 +302,8 @@ class Pipeline:
         return device_samples[0] if device_samples else 0
 
     def stage_figures(self, busy: Mapping[str, float], elapsed: float,
-                      peaks: Mapping[int, int]) -> list[dict[str, Any]]:
+                      peaks: Mapping[int, int], memory: Mapping[int, int]
+                      ) -> list[dict[str, Any]]:
         """Per stage: its device, units, compute busy and idle seconds, and the most
         micro-batches whose activations it held at once."""
         return [{"stage": p, "device": w, "units": [a, b],

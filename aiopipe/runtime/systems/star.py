@@ -287,7 +287,8 @@ class Star:
         return sum(device_samples)
 
     def stage_figures(self, busy: Mapping[str, float], elapsed: float,
-                      peaks: Mapping[int, int]) -> list[dict[str, Any]]:
+                      peaks: Mapping[int, int], memory: Mapping[int, int]
+                      ) -> list[dict[str, Any]]:
         """The star's figures are per resource kind (`EpochMetrics.busy_s`)."""
         return []
 
