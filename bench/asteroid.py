@@ -143,7 +143,7 @@ async def _simulated(config: RunConfig, costs: CostTable) -> dict[str, Any]:
     added = (epoch.time_s - half.final.time_s) / ((epoch.samples - half.final.samples) / batch)
     return {"time_s": epoch.time_s, "samples": epoch.samples,
             "samples_per_s": epoch.samples / epoch.time_s, "iteration_s": added,
-            "plan": epoch.plan}
+            "plan": epoch.plan, "stages": epoch.stages}
 
 
 def throughput(out: Path | None, scale: float, mbps: float) -> None:
@@ -180,7 +180,12 @@ def throughput(out: Path | None, scale: float, mbps: float) -> None:
     lines += ["", "Asteroid's plan: " + "; ".join(
         f"stage {p} units {u[0]}..{u[1] - 1} on {groups[p]}" for p, u in stages),
         f"Iteration: measured {measured * 1e3:.1f} ms, planner's estimate "
-        f"{estimate * 1e3:.1f} ms (measured ÷ estimate {measured / estimate:.2f})"]
+        f"{estimate * 1e3:.1f} ms (measured ÷ estimate {measured / estimate:.2f})", "",
+        "Asteroid's memory per device (MiB): what training held at most, measured; the "
+        "planner's Eq. 3; the budget", "",
+        "| device | stage | rows | measured | Eq. 3 | budget |", "|---|---|---|---|---|---|"]
+    lines += [f"| {s['device']} | {s['stage']} | {s['rows']} | {s['peak_memory_mb']:.2f} | "
+              f"{s['planned_memory_mb']:.2f} | {s['budget_mb']:g} |" for s in ours["stages"]]
     text = "\n".join(lines)
     print(text)
     if out is not None:

@@ -55,16 +55,23 @@ async def _run(tmp_path: Any, killed: tuple[int, ...], *, restart: bool = False
 def _each_batch_committed_once(fleet: ProcessFleet, epochs: list[dict[str, Any]]) -> None:
     """The committed ids: every batch's backward on the first stage (its update is then
     applied everywhere) is in the trace exactly once, but for the batches a recovery kept
-    from the attempt it gave up on (``committed``: an abandoned attempt reports no trace)."""
+    from the attempt it gave up on (``committed``). The first stage's backwards of a
+    round's batches from before a recovery noticed its fault are not counted: they are
+    of an attempt given up on (which reports its trace when the first stage finished its
+    part before a later stage died), and ``committed`` counts what was kept of it."""
     trace = json.loads((fleet.out_dir / "trace.json").read_text())
     names = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"]
              if e.get("name") == "thread_name"}
     batches = RUN["samples_per_device"] // RUN["batch_size"]
     for epoch, metrics in enumerate(epochs):
-        committed = Counter(e["args"]["iteration"] + e["args"]["micro_batch"]
-                            for e in trace["traceEvents"] if e.get("ph") == "X"
-                            and names[e["tid"]] == "device0/compute" and e["cat"] == "b"
-                            and e["args"]["epoch"] == epoch)
+        backwards = [(e["ts"] / 1e6, e["args"]["iteration"] + e["args"]["micro_batch"])
+                     for e in trace["traceEvents"] if e.get("ph") == "X"
+                     and names[e["tid"]] == "device0/compute" and e["cat"] == "b"
+                     and e["args"]["epoch"] == epoch]
+        given_up = [(change["noticed_s"], change["committed"][0], change["batches"][1])
+                    for change in metrics["changes"] if "noticed_s" in change]
+        committed = Counter(batch for at, batch in backwards if not any(
+            at < noticed and first <= batch < stop for noticed, first, stop in given_up))
         for change in metrics["changes"]:
             first, stop = change.get("committed", (0, 0))
             committed.update(range(first, stop))
