@@ -493,12 +493,13 @@ class _DeviceNode:
                 return  # a gradient sent again after a reconnection; we have it already
             del self.sent_activations[_key(message)]
         running = self.round_task is not None and not self.round_task.done()
-        if assignment is not None and _earlier_attempt(message, assignment,
-                                                       resumed=self.chain is not None):
+        replayed = self.config.mode == "asteroid"
+        if assignment is not None and _earlier_attempt(
+                message, assignment, resumed=self.chain is not None, replayed=replayed):
             return  # of an attempt at the round that the coordinator gave up on
         if isinstance(message, Activation | GroupGradient) and sender != COORDINATOR and (
-                not running or _after(message, assignment)) and not _before(message,
-                                                                            assignment):
+                not running or _after(message, assignment, replayed=replayed)
+        ) and not _before(message, assignment):
             early = self._early.setdefault(sender, [])
             if len(early) >= self.config.batch_size:
                 raise RemoteProtocolError(f"{sender} sent more activations ahead of the "
@@ -607,10 +608,11 @@ class _DeviceNode:
                 self.round_dropped = False
                 continue
             except TrainingError as exc:
-                if self.ended is not None or self.config.mode != "ftpipehd":
+                if self.ended is not None or self.config.mode not in ("ftpipehd",
+                                                                      "asteroid"):
                     raise
-                # FTPipeHD recovers: the coordinator, told, plays the round again (or
-                # ends the run)
+                # FTPipeHD and Asteroid recover: the coordinator, told, plays the round
+                # again (or ends the run)
                 log.warning("device %d: round %d stopped (%s); waiting for the "
                             "coordinator's recovery", self.device_id, message.round + 1, exc)
                 self.peer.post(RoundStalled(message.round, str(exc)[:MAX_REASON_CHARS]),
@@ -807,21 +809,29 @@ def _group_frame_limit(parameters: dict[str, tuple[str, tuple[int, ...]]]) -> in
                ) + HEADER_SLACK_BYTES
 
 
-def _after(message: Activation | GroupGradient, assignment: Assignment | None) -> bool:
-    """Whether ``message`` belongs to an iteration after ``assignment``'s round."""
+def _after(message: Activation | GroupGradient, assignment: Assignment | None, *,
+           replayed: bool = False) -> bool:
+    """Whether ``message`` belongs to an iteration after ``assignment``'s round (with
+    ``replayed``, Asteroid's: to a later attempt, or round, whose versions lie above)."""
     if assignment is None:
         return True
     last = assignment.first_iteration + assignment.iterations - 1
+    if replayed:
+        return message.version > assignment.version_of(last)
     return (message.epoch, message.iteration, message.version) > (
         assignment.epoch, last, assignment.version_of(last))
 
 
-def _earlier_attempt(message: Activation | Gradient | GroupGradient, assignment: Assignment, *,
-                     resumed: bool) -> bool:
+def _earlier_attempt(message: Activation | Gradient | GroupGradient,
+                     assignment: Assignment, *, resumed: bool,
+                     replayed: bool = False) -> bool:
     """Whether ``message`` is of an earlier attempt at ``assignment``'s round (FTPipeHD
     plays a round again after a fault; each attempt's weights have their own version,
     `Assignment.version`). With ``resumed`` (FTPipeHD's chain replication) an attempt
-    may start after the batch an earlier one started at."""
+    may start after the batch an earlier one started at. With ``replayed`` (Asteroid) a
+    replay's versions lie above every earlier attempt's, at any iteration."""
+    if replayed:
+        return message.version < assignment.version
     if (message.epoch, message.iteration) != (assignment.epoch, assignment.first_iteration
                                               ) and not (
             resumed and message.epoch == assignment.epoch

@@ -11,8 +11,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import math
+
 import pytest
 import torch
+from fleet import Fleet
 from torch import nn
 
 from aiopipe import RunConfig, VirtualClock, simulate
@@ -20,6 +24,7 @@ from aiopipe import data as datasets
 from aiopipe.errors import ConfigError
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.plan import device_indices, train_dataset
+from aiopipe.transport.fabric import MemoryFabric
 
 BATCH = 16
 LR = 0.05
@@ -148,3 +153,43 @@ async def test_each_members_measured_memory_is_within_its_budget_and_the_planner
         assert 0 < peak <= stage["budget_mb"]
         assert peak <= 1.05 * planned, stage
         assert planned <= 1.15 * peak, stage
+
+
+@pytest.mark.parametrize(("groups", "cuts", "killed"), [
+    ([[0, 1], [2]], [2], 1),  # a member of a group
+    ([[0, 1], [2]], [2], 2),  # a stage's only device
+])
+async def test_a_lost_device_is_re_planned_around_and_its_round_played_again(
+        groups: list[list[int]], cuts: list[int], killed: int) -> None:
+    """Killed mid-round, the device's neighbours' links to it and its connection are
+    given up; the devices left wait, the coordinator re-plans over them and plays the
+    round again from its start: the run ends, the lost device out of the plan, every
+    epoch's samples counted once by the plan that completed it."""
+    config = _config(model="vgg5", devices=3, stage_groups=groups, partition=cuts, epochs=3,
+                     samples_per_device=6 * BATCH, heartbeat_interval=0.5,
+                     device_timeout=2.0, reconnect_grace=1.0)
+    clock = VirtualClock()
+    async with asyncio.TaskGroup() as tasks:
+        fleet = Fleet(config, clock, tasks, fabric=MemoryFabric(clock))
+        for k in range(3):
+            fleet.start_device(k)
+        training = tasks.create_task(fleet.node.train())
+        await fleet.until(lambda: fleet.node.rounds == 2 and fleet.node.epoch == 1)
+        await clock.sleep(0.05)  # into epoch 2's round
+        fleet.kill(killed)
+        result = await training
+    await clock.aclose()
+    assert not fleet.crashes
+    first, second, third = result.epochs
+    assert killed not in [e["device"] for e in third.plan]
+    [recovery] = [c for c in second.changes if c.get("kind") == "recovery"]
+    assert recovery["lost"] == [killed]
+    assert recovery["resumed_s"] > recovery["noticed_s"]
+    assert recovery["noticed_s"] - first.time_s <= (config.device_timeout
+                                                    + config.reconnect_grace + 1.0)
+    for epoch in (second, third):  # played by the plan that completed it
+        stage0 = [e for e in epoch.plan if e["stage"] == 0]
+        per_iteration = sum(e["rows"][1] - e["rows"][0] for e in stage0) * 2
+        assert epoch.samples % per_iteration == 0
+        assert epoch.samples == sum(epoch.device_samples[e["device"]] for e in stage0)
+    assert math.isfinite(third.loss)

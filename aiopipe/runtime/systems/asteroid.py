@@ -22,9 +22,15 @@ the step is unsplit training's on the whole batch. A round is an epoch; the coor
 puts the stages side by side (each stage's weights from its first member: they are
 identical; floating-point buffers, batch norm's statistics, averaged over the members).
 
-Faults: as the synchronous pipeline (`aiopipe.runtime.systems.pipeline`), a device lost
-mid-round ends the run with a `TrainingError` naming it (Asteroid's pipeline replay is
-not built yet); not resumable.
+Faults (a first step towards Asteroid's replay, §3.4): a device lost mid-round (its
+connection, or a neighbour's link to it, given up: heartbeats and ``device_timeout``)
+stops the round; the devices still there wait (`RoundStalled`), and the coordinator
+re-plans over them from scratch (the planner, as "auto" does) and plays the round again
+from its start, every stage's weights sent again from the coordinator: the paper's
+straw-man, against which its lightweight re-planning is measured. A replay's weight
+versions (and those of every round after a re-plan) are ``REPLAY_VERSIONS`` above the
+attempt's before, so the devices drop what an attempt given up on still sends. Not
+resumable from a checkpoint.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import torch
 
 from aiopipe import models
 from aiopipe.config import RunConfig
-from aiopipe.errors import ConfigError
+from aiopipe.errors import ConfigError, RoundStalledError, TrainingError
 from aiopipe.protocol import RoundResult, RoundStart, state_from_wire
 from aiopipe.runtime.plan import (
     DevicePlan,
@@ -61,6 +67,11 @@ log = logging.getLogger("aiopipe.server")
 
 #: The budget of a device without one (bytes): effectively unlimited.
 _UNLIMITED = float(1 << 60)
+#: How far a replay's weight versions are above the attempt's before (see the module
+#: docstring): more than any run's optimizer steps.
+REPLAY_VERSIONS = 1 << 32
+#: Replays of one round with the same devices before the run is given up.
+MAX_REPLAYS = 3
 
 
 class Asteroid(Pipeline):
@@ -90,6 +101,8 @@ class Asteroid(Pipeline):
                         [DevicePlan(0, self.units, n, self.micro_batch_size, 0)], config)
         self.schedule = self._schedule(n)
         self.iterations_per_epoch = 0  # `prepare` knows: the first stage's data
+        self._samples: list[int] = []  # what each device announced
+        self._replays = 0  # re-plans in the run (each lifts the versions: module doc)
 
     def _planned(self) -> list[HppStage]:
         """Asteroid's planner on the cost table and the fleet.
@@ -150,8 +163,9 @@ class Asteroid(Pipeline):
         self.placement = Placement(self.units, (StagePipeline(tuple(
             Stage(s.first, s.stop, tuple(f"device{d}" for d in s.devices)) for s in stages)),))
         self.pipeline = self.placement.pipelines[0]
-        self.config = self.config.replace(partition=tuple(s.stop for s in stages[:-1]),
-                                          stage_groups=tuple(self.groups))
+        if len(self.workers) == self.config.devices:  # (after a loss, the plan tells)
+            self.config = self.config.replace(partition=tuple(s.stop for s in stages[:-1]),
+                                              stage_groups=tuple(self.groups))
 
     def _schedule(self, n: int) -> Schedule:
         """The pipeline's schedule, each group's REDUCE right before its STEP."""
@@ -182,6 +196,7 @@ class Asteroid(Pipeline):
         Raises:
             ConfigError: a member holds fewer than one iteration's samples.
         """
+        self._samples = list(samples)
         n = self.parallel_batches
         fits = {d: samples[d] // ((self.rows[d][1] - self.rows[d][0]) * n)
                 for d in self.groups[0]}
@@ -204,12 +219,10 @@ class Asteroid(Pipeline):
         return entries
 
     def peer_keys(self, device_id: int) -> dict[str, str]:
-        """The keys of the device's pairs with its group's other members and the
-        members of the neighbouring stages."""
-        me = f"device{device_id}"
-        group = [f"device{d}" for d in self.groups[self.stage_of(device_id)]]
-        return self._pair_keys(device_id, [*(n for _, n in self.pipeline.neighbours(me)),
-                                           *(n for n in group if n != me)])
+        """The keys of the device's pairs with every other device (a re-plan after a
+        loss may put any of them in its group or next to it)."""
+        return self._pair_keys(device_id, [f"device{k}" for k in range(self.config.devices)
+                                           if k != device_id])
 
     def _member_peers(self, rounds: Rounds, device: int) -> dict[str, dict[str, Any]]:
         """A member's peers: its group's other members and the neighbouring stages',
@@ -228,7 +241,8 @@ class Asteroid(Pipeline):
         a, b = self.bounds[p]
         return RoundStart(round_no, epoch, first, iterations, state, p, self.stages, a, b,
                           self.parallel_batches, self.micro_batch_size,
-                          epoch * self.iterations_per_epoch + first,
+                          epoch * self.iterations_per_epoch + first
+                          + self._replays * REPLAY_VERSIONS,
                           " ".join(map(str, self.schedule.actions[p])),
                           self._member_peers(rounds, device), self.rows[device])
 
@@ -238,6 +252,91 @@ class Asteroid(Pipeline):
         return {d: self.member_start(rounds, d, round_no, epoch, first, work[d],
                                      states[self.stage_of(d)])
                 for d in self.workers}
+
+    async def run_round(self, rounds: Rounds, round_no: int, epoch: int, first: int,
+                        work: Sequence[int], participants: Sequence[int]
+                        ) -> dict[int, RoundResult]:
+        """Every member trains the round; their stages make the model. A device missing
+        at the start, or lost meanwhile: re-planned over the devices still there, and the
+        round played again from its start (module docstring).
+
+        Raises:
+            TrainingError: the devices left cannot hold the model, or the round stopped
+                `MAX_REPLAYS` + 1 times with the same devices.
+        """
+        alive, tries = sorted(participants), 0
+        if set(self.workers) != set(alive):
+            self._replan(rounds, round_no, epoch, alive, "at its start")
+        while True:
+            try:
+                return await self._play_round(rounds, round_no, epoch, first,
+                                              [self.iterations_per_epoch] * len(work))
+            except _Lost as lost:
+                log.warning("round %d: %s; playing the round again", round_no + 1, lost)
+                # a neighbour's link may break a moment before the coordinator's own link
+                # to a dead device does: give that a heartbeat interval (at most 1 s)
+                await rounds.clock.sleep(min(1.0, self.config.heartbeat_interval))
+                alive = sorted(await rounds.settled_alive())
+                tries = tries + 1 if set(alive) == set(self.workers) else 0
+                if tries > MAX_REPLAYS:
+                    raise TrainingError(f"round {round_no + 1} stopped {tries} times with "
+                                        f"the same devices; the last time: {lost}") from None
+                again = rounds.new_round()
+                self._replan(rounds, round_no, epoch, alive, "devices lost", lost=lost,
+                             replayed_as=again)
+                round_no = again
+
+    def _replan(self, rounds: Rounds, round_no: int, epoch: int, alive: Sequence[int],
+                when: str, *, lost: _Lost | None = None, replayed_as: int = -1) -> None:
+        """Plan again over ``alive`` from scratch (the planner) and record it.
+
+        Raises:
+            TrainingError: they cannot hold the model.
+        """
+        before = self.plan_entries()
+        workers = sorted(alive)
+        self._replays += 1  # versions above the last attempt's (module docstring)
+        if workers != sorted(self.workers):
+            try:
+                found = plan(self._hpp, [self._fleet[d] for d in workers],
+                             self.parallel_batches, self.micro_batch_size)
+            except ConfigError as exc:
+                raise TrainingError(f"devices {workers} cannot go on: {exc}") from None
+            self._place([HppStage(s.first, s.stop, tuple(workers[i] for i in s.devices),
+                                  s.samples) for s in found.stages])
+            self.schedule = self._schedule(self.parallel_batches)
+            try:
+                self.prepare(self._samples)
+            except ConfigError as exc:
+                raise TrainingError(f"devices {workers} cannot go on: {exc}") from None
+        log.warning("round %d (%s): the plan runs on devices %s: %s", round_no + 1, when,
+                    workers, [(e["device"], e["stage"], e["units"], e["rows"])
+                              for e in self.plan_entries()])
+        change = {"round": round_no, "epoch": epoch, "kind": "recovery",
+                  "workers": workers, "lost": sorted(
+                      {int(e["device"]) for e in before} - set(workers)),
+                  "before": [[e["device"], e["stage"], e["units"], e["rows"]] for e in before],
+                  "after": [[e["device"], e["stage"], e["units"], e["rows"]]
+                            for e in self.plan_entries()]}
+        if lost is None:
+            rounds.record_change(change)
+        else:
+            rounds.record_change({**change, "stopped": str(lost), "replayed_as": replayed_as},
+                                 recovery=(lost.at, rounds.clock.now()))
+
+    async def _play(self, rounds: Rounds, device: int, start: RoundStart) -> RoundResult:
+        """Member ``device``'s part of the round.
+
+        Raises:
+            _Lost: it was lost, or said its round stopped.
+        """
+        try:
+            result = await rounds.play(device, start, None)
+        except RoundStalledError as exc:
+            raise _Lost(str(exc), rounds.clock.now()) from None
+        if result is None:
+            raise _Lost(f"device {device} (stage {start.stage}) was lost", rounds.clock.now())
+        return result
 
     def _merge(self, results: Mapping[int, RoundResult]) -> None:
         """Each stage's weights from its first member (its members' are the same);
@@ -288,6 +387,14 @@ class Asteroid(Pipeline):
         """
         raise ConfigError("mode asteroid cannot resume from a checkpoint yet: its "
                           "optimizer state lives on the devices")
+
+
+class _Lost(TrainingError):
+    """A member was lost mid-round, or said its round stopped; noticed ``at``."""
+
+    def __init__(self, reason: str, at: float) -> None:
+        super().__init__(reason)
+        self.at = at
 
 
 def _bytes_per_second(config: RunConfig, device: int) -> float:
