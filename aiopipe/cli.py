@@ -15,7 +15,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from aiopipe.config import AGGREGATIONS, MODES, OUTLIERS, SCHEDULES, RunConfig
+from aiopipe.config import AGGREGATIONS, MODES, OUTLIERS, RESCHEDULINGS, SCHEDULES, RunConfig
 from aiopipe.errors import AiopipeError, ConfigError
 from aiopipe.metrics.results import EpochMetrics
 
@@ -105,6 +105,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                      help="mode asteroid: the devices of each stage, e.g. 0,1/2 (stage 0 on "
                           "devices 0 and 1, which split every micro-batch, stage 1 on "
                           "device 2), or auto (the planner's, with --partition auto)")
+    run.add_argument("--rescheduling", choices=RESCHEDULINGS,
+                     help="mode asteroid: how to re-plan when a device is lost: lightweight "
+                          "(default: adjust the plan) or heavy (plan again from scratch)")
     run.add_argument("--schedule", choices=SCHEDULES,
                      help="modes pipeline and asteroid: 1f1b (default) or gpipe")
     run.add_argument("--version-aggregation", type=int,
@@ -181,8 +184,8 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "optimizer", "dataset", "test_sample
                    "parallel_batches", "network", "device_slowdown", "aggregation_every",
                    "learning_rate", "seed", "out_dir", "shape_links", "device_timeout",
                    "heartbeat_interval", "reconnect_grace", "replan", "device_memory_mb",
-                   "partition", "stage_groups", "schedule", "profile_devices", "aggregation",
-                   "outliers",
+                   "partition", "stage_groups", "rescheduling", "schedule", "profile_devices",
+                   "aggregation", "outliers",
                    "version_aggregation", "momentum", "global_replication_every",
                    "chain_replication_every", "first_repartition_after")
 

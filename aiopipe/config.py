@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from aiopipe.transport.network import NetworkSpec
 
 __all__ = ["AGGREGATIONS", "DATA_PARTITIONS", "LOSSES", "MODES", "OPTIMIZERS", "OUTLIERS",
-           "PIPELINE_MODES", "SCHEDULES", "RunConfig"]
+           "PIPELINE_MODES", "RESCHEDULINGS", "SCHEDULES", "RunConfig"]
 
 MODES = ("fl", "sl", "sfl", "pipar", "pipeline", "ftpipehd", "asteroid")
 #: The modes whose devices form one pipeline and link to each other directly (a chain:
@@ -36,6 +36,8 @@ OUTLIERS = ("keep", "clip", "drop")
 OPTIMIZERS = ("sgd",)
 DATA_PARTITIONS = ("iid", "dirichlet")
 SCHEDULES = ("1f1b", "gpipe")
+#: How Asteroid re-plans after a device is lost (docs/design.md §Asteroid).
+RESCHEDULINGS = ("lightweight", "heavy")
 
 PerDevice = int | str | tuple[int, ...]
 
@@ -119,6 +121,11 @@ class RunConfig:
             ids (every device in one; each micro-batch is split between a stage's
             devices by Asteroid's Algorithm 1), or "auto" (the planner, with
             ``partition`` "auto").
+        rescheduling: asteroid: how the plan changes when a device is lost mid-round
+            (the round is then played again from its start): "lightweight" (§3.4: a
+            group keeps its units on the members left; a stage left without a device
+            gives its units to its neighbours) or "heavy" (the planner from scratch over
+            the devices left: the paper's straw-man).
         schedule: a pipeline's schedule, "1f1b" (K_p = 2(S - p) - 1 forwards on stage p
             before one forward, one backward) or "gpipe" (all forwards, then all
             backwards).
@@ -216,6 +223,7 @@ class RunConfig:
     partition: str | tuple[int, ...] = "auto"
     stage_groups: str | tuple[tuple[int, ...], ...] = "auto"
     schedule: str = "1f1b"
+    rescheduling: str = "lightweight"
     data_partition: str = "iid"
     dirichlet_alpha: float = 0.5
     test_samples: int = 1000
@@ -410,6 +418,11 @@ class RunConfig:
         if self.mode == "ftpipehd" and self.schedule != "1f1b":
             raise _fail("schedule", self.schedule, 'its default: ftpipehd runs 1F1B')
         self._check_stage_groups()
+        if self.rescheduling not in RESCHEDULINGS:
+            raise _fail("rescheduling", self.rescheduling, f"one of {', '.join(RESCHEDULINGS)}")
+        if self.mode != "asteroid" and self.rescheduling != "lightweight":
+            raise _fail("rescheduling", self.rescheduling, 'its default: it is for mode '
+                        '"asteroid"')
         if self.mode not in PIPELINE_MODES:
             for key, default in (("partition", "auto"), ("schedule", "1f1b")):
                 if getattr(self, key) != default:

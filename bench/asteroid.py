@@ -30,6 +30,18 @@ iteration against its planner's estimate.
     .venv/bin/python bench/asteroid.py --processes [--scale 1] [--mbps 50] [--samples 640]
 
 ``--processes``: the same four runs between real processes (``python -m aiopipe``).
+
+``--faults``: between real processes (a server and three ``python -m aiopipe.device``),
+stage 0 on devices 0 and 1, stage 1 on device 2; in epoch 2 device 1 (a group's member)
+or device 2 (a stage's only device) is SIGKILLed, with ``rescheduling`` "lightweight"
+(the plan adjusted) or "heavy" (planned from scratch); the time until the server gives
+it up, the time from the first stall a device reported to the replay sent (waiting for
+the server to give the dead device up, then re-planning, every stage's weights from the
+coordinator), the re-planning's own time, and the test accuracy against an undisturbed
+run. The planner bench (the default) also times both re-plannings on resnet101 over 8
+devices.
+
+    .venv/bin/python bench/asteroid.py --faults [--into 0.5] [--out DIR]
 """
 
 from __future__ import annotations
@@ -39,6 +51,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -62,6 +75,8 @@ from aiopipe.scheduler.asteroid import (  # noqa: E402
     KEEP,
     Device,
     HppModel,
+    HppStage,
+    adjusted_plan,
     exhaustive_plan,
     plan,
 )
@@ -107,6 +122,29 @@ def planning_time(model_name: str, batch: int, micro_batches: int) -> None:
               f"{seconds:.2f} s; {len(stages)} stages {stages}; estimated round "
               f"{chosen.round_s:.2f} s")
     print(f"  (measuring its compute at batch sizes 1, 4, {batch} took {measured:.0f} s)")
+    replanning(profile, fleet, chosen.stages, micro_batches, batch)
+
+
+def replanning(profile: HppModel, fleet: list[Device], stages: tuple[HppStage, ...],
+               micro_batches: int, batch: int) -> None:
+    """Each device of the plan lost in turn: lightweight re-planning (`adjusted_plan`)
+    against the planner from scratch over the devices left, time and estimated round."""
+    light_s, heavy_s, ratios = [], [], []
+    for lost in range(len(fleet)):
+        started = time.perf_counter()
+        adjusted = adjusted_plan(profile, fleet, stages, {lost}, micro_batches, batch)
+        light_s.append(time.perf_counter() - started)
+        left = [d for d in range(len(fleet)) if d != lost]
+        started = time.perf_counter()
+        scratch = plan(profile, [fleet[d] for d in left], micro_batches, batch)
+        heavy_s.append(time.perf_counter() - started)
+        if adjusted is not None:
+            ratios.append(scratch.round_s / adjusted.round_s)
+    print(f"  a device lost (each of the {len(fleet)} in turn): lightweight re-planning "
+          f"{1e3 * sum(light_s) / len(light_s):.1f} ms on average, from scratch "
+          f"{sum(heavy_s) / len(heavy_s):.2f} s ({sum(heavy_s) / sum(light_s):.0f}x); "
+          f"the adjusted plan's estimated throughput {min(ratios):.2f}-{max(ratios):.2f} "
+          f"of the new plan's ({len(ratios)} of {len(fleet)} could be adjusted)")
 
 
 SLOWDOWNS = (1.0, 2.0, 4.0, 4.0, 8.0)
@@ -242,6 +280,87 @@ def processes(out: Path | None, scale: float, mbps: float, samples: int) -> None
         (out / f"{name}.json").write_text(json.dumps(rows, indent=1, default=str))
 
 
+FAULT_RUN = {"mode": "asteroid", "devices": 3, "model": "vgg5", "stage_groups": [[0, 1], [2]],
+             "partition": [2], "samples_per_device": 960, "batch_size": 32,
+             "parallel_batches": 2, "epochs": 4, "learning_rate": 0.02, "momentum": 0.5,
+             "test_samples": 1000, "heartbeat_interval": 0.5, "device_timeout": 5.0,
+             "reconnect_grace": 2.0}
+#: who is killed (a member of stage 0's group, or stage 1's only device) and how the plan
+#: changes
+SCENARIOS = {"none": ((), "lightweight"), "member": ((1,), "lightweight"),
+             "member, heavy": ((1,), "heavy"), "single": ((2,), "lightweight"),
+             "single, heavy": ((2,), "heavy")}
+
+
+async def _fault_run(scenario: str, into: float) -> dict[str, Any]:
+    """One fresh run between real processes, ``SCENARIOS[scenario]``: who is SIGKILLed ``into``
+    seconds into epoch 2."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from real_processes import ProcessFleet
+
+    killed, rescheduling = SCENARIOS[scenario]
+    with tempfile.TemporaryDirectory() as tmp:
+        async with ProcessFleet(Path(tmp), {**FAULT_RUN, "rescheduling": rescheduling}
+                                ) as fleet:
+            server = await fleet.start_server()
+            devices = [await fleet.start_device(k, "--listen", "127.0.0.1:0")
+                       for k in range(3)]
+            await server.output.wait_for(r"^\s+1\s", within=600)  # epoch 2 has begun
+            await asyncio.sleep(into)
+            kill_at = time.monotonic()
+            for k in killed:
+                devices[k].send_signal(signal.SIGKILL)
+            lost_at = None
+            for k in killed:
+                await devices[k].wait(30)
+                line = await server.output.wait_for(rf"device {k} was lost", since=kill_at,
+                                                    within=120)
+                lost_at = line.at
+            await fleet.finish(server, [d for k, d in enumerate(devices) if k not in killed],
+                               within=1200)
+            epochs = fleet.metrics()
+    out: dict[str, Any] = {"scenario": scenario, "accuracy": float(epochs[-1]["accuracy"]),
+                           "epoch_s": [float(e["time_s"]) for e in epochs]}
+    recoveries = [c for e in epochs for c in e["changes"] if c.get("kind") == "recovery"]
+    if killed and recoveries:
+        last = recoveries[-1]
+        out.update(given_up_s=lost_at - kill_at if lost_at is not None else float("nan"),
+                   replan_s=last["resumed_s"] - last["noticed_s"], plan=last["after"],
+                   stopped=last["stopped"], planning_s=last["planning_s"],
+                   rescheduling=last["rescheduling"])
+    return out
+
+
+def faults(out: Path | None, into: float) -> None:
+    """Asteroid's recovery between real processes (``--faults``)."""
+    rows = [asyncio.run(_fault_run(scenario, into)) for scenario in SCENARIOS]
+    base = rows[0]["accuracy"]
+    lines = [f"Between processes: {FAULT_RUN['devices']} devices, stages "
+             f"{FAULT_RUN['stage_groups']}, vgg5, {FAULT_RUN['epochs']} epochs of "
+             f"{FAULT_RUN['samples_per_device']} samples per device; the kill {into:g} s "
+             "into epoch 2; reconnect_grace "
+             f"{FAULT_RUN['reconnect_grace']:g} s.", "",
+             "| scenario | test accuracy | Δ from none | kill → given up s | "
+             "stall noticed → replay sent s | re-planning ms | epoch times s |",
+             "|---|---|---|---|---|---|---|"]
+    nan = float("nan")
+    for row in rows:
+        lines.append(f"| {row['scenario']} | {row['accuracy']:.3f} | "
+                     f"{row['accuracy'] - base:+.3f} | {row.get('given_up_s', nan):.2f} "
+                     f"| {row.get('replan_s', nan):.2f} | "
+                     f"{1e3 * row.get('planning_s', nan):.2f} | "
+                     f"{', '.join(f'{t:.1f}' for t in row['epoch_s'])} |")
+    for row in rows[1:]:
+        lines.append(f"\n{row['scenario']}: {row.get('stopped', '?')}; re-planned to "
+                     f"{row.get('plan')}")
+    text = "\n".join(lines)
+    print(text)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "faults.md").write_text(text + "\n")
+        (out / "faults.json").write_text(json.dumps(rows, indent=1))
+
+
 def _plot(rows: dict[str, dict[str, Any]], path: Path, title: str) -> None:
     """Samples per second of each run, as bars."""
     import matplotlib
@@ -272,6 +391,11 @@ def main() -> None:
                         help="compare training throughput in virtual time instead")
     parser.add_argument("--processes", action="store_true",
                         help="compare training throughput between real processes instead")
+    parser.add_argument("--faults", action="store_true",
+                        help="kill a group's member, then a stage's only device, between "
+                             "real processes, against an undisturbed run")
+    parser.add_argument("--into", type=float, default=0.5,
+                        help="--faults: seconds into epoch 2 to kill")
     parser.add_argument("--samples", type=int, default=640,
                         help="--processes: samples per device")
     parser.add_argument("--out", type=Path, help="write the throughput table here")
@@ -281,6 +405,10 @@ def main() -> None:
     parser.add_argument("--mbps", type=float, default=50.0,
                         help="every link's rate, both ways (default 50: wifi-like)")
     args = parser.parse_args()
+    if args.faults:
+        print(f"Asteroid faults, processes; load average {os.getloadavg()[0]:.2f}")
+        faults(args.out, args.into)
+        return
     if args.processes:
         print(f"Asteroid throughput, processes; load average {os.getloadavg()[0]:.2f}")
         processes(args.out, args.scale, args.mbps, args.samples)

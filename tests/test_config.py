@@ -153,6 +153,8 @@ BAD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("partition", [2], {"mode": "asteroid", "devices": 2, "stage_groups": [[0, 1]]}),
     ("stage_groups", [[], [0, 1]], {"mode": "asteroid", "devices": 2, "partition": [2]}),
     ("stage_groups", "0,1/2", {"mode": "asteroid", "devices": 3}),
+    ("rescheduling", "quick", {"mode": "asteroid", "devices": 2}),
+    ("rescheduling", "heavy", {}),  # for mode asteroid only
     ("schedule", "2f2b", {"mode": "pipeline", "devices": 2}),
     ("aggregation_every", 2, {"mode": "pipeline", "devices": 2}),  # it aggregates nothing
     ("schedule", "gpipe", {}),
@@ -203,6 +205,7 @@ GOOD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("mode", "ftpipehd", {"devices": 3}),
     ("stage_groups", ((0, 1), (2,)), {"mode": "asteroid", "devices": 3, "partition": [2]}),
     ("stage_groups", ((2, 0, 1),), {"mode": "asteroid", "devices": 3, "partition": []}),
+    ("rescheduling", "heavy", {"mode": "asteroid", "devices": 2}),
     ("version_aggregation", 0, {"mode": "ftpipehd", "devices": 2}),
     ("version_aggregation", 4, {"mode": "ftpipehd", "devices": 2}),
     ("global_replication_every", 0, {"mode": "ftpipehd", "devices": 2}),

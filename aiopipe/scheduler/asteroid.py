@@ -39,7 +39,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache, cached_property
 
@@ -60,6 +60,7 @@ __all__ = [
     "HppModel",
     "HppPlan",
     "HppStage",
+    "adjusted_plan",
     "allocate",
     "exhaustive_plan",
     "plan",
@@ -374,6 +375,53 @@ def _extensions(best: dict[tuple[int, int, int], list[HppPlan]], stage: _StageOf
             if head is not None:
                 for sub in subs:
                     yield head, sub
+
+
+def adjusted_plan(model: HppModel, fleet: Sequence[Device], stages: Sequence[HppStage],
+                  lost: Iterable[int], micro_batches: int, batch: int) -> HppPlan | None:
+    """§3.4's layer-wise lightweight re-planning: ``stages`` without the ``lost`` devices,
+    by a small change of the plan rather than the dynamic program. A group that lost a
+    member keeps its units on the members left; a stage left without a device gives its
+    units to the stages next to it: all to its one neighbour at an end of the pipeline,
+    else cut between the two where the estimate is best (the paper splits by FLOPs and
+    capacity; the cost table's times are both). Every group's samples are allocated
+    again (Algorithm 1: the places from the pipeline's end, so the memory of a micro-batch
+    in flight, may have moved). None when the devices left cannot hold the result.
+    """
+    gone = set(lost)
+    layout = [(s.first, s.stop, tuple(d for d in s.devices if d not in gone)) for s in stages]
+    estimator = _Estimator(model, fleet, batch)
+
+    def allocated(candidate: Sequence[tuple[int, int, tuple[int, ...]]]) -> HppPlan | None:
+        out = []
+        for p, (first, stop, group) in enumerate(candidate):
+            samples = allocate(model, fleet, group, first, stop, batch,
+                               2 * (len(candidate) - p) - 1)
+            if samples is None:
+                return None
+            out.append(HppStage(first, stop, group, samples))
+        return HppPlan(tuple(out), estimator.round_time(out, micro_batches))
+
+    while any(not group for _, _, group in layout):
+        p = next(i for i, (_, _, group) in enumerate(layout) if not group)
+        first, stop, _ = layout[p]
+        if len(layout) == 1:
+            return None
+        if p in (0, len(layout) - 1):  # an end: its one neighbour takes its units
+            q = 1 if p == 0 else p - 1
+            a, b, group = layout[q]
+            layout[q] = (min(a, first), max(b, stop), group)
+            del layout[p]
+            continue
+        before, after = layout[p - 1], layout[p + 1]
+        options = [[*layout[:p - 1], (before[0], cut, before[2]), (cut, after[1], after[2]),
+                    *layout[p + 2:]] for cut in range(first, stop + 1)]
+        found = [(plan_.round_s, i) for i, option in enumerate(options)
+                 if (plan_ := allocated(option)) is not None]
+        if not found:
+            return None
+        layout = options[min(found)[1]]
+    return allocated(layout)
 
 
 def exhaustive_plan(model: HppModel, fleet: Sequence[Device], micro_batches: int,

@@ -155,19 +155,22 @@ async def test_each_members_measured_memory_is_within_its_budget_and_the_planner
         assert planned <= 1.15 * peak, stage
 
 
-@pytest.mark.parametrize(("groups", "cuts", "killed"), [
-    ([[0, 1], [2]], [2], 1),  # a member of a group
-    ([[0, 1], [2]], [2], 2),  # a stage's only device
+@pytest.mark.parametrize(("killed", "rescheduling", "after"), [
+    # a member of a group: lightweight keeps the stages, the group on the member left
+    (1, "lightweight", [[0, 0, [0, 2]], [2, 1, [2, 5]]]),
+    # the last stage's only device: lightweight gives its units to the stage before
+    (2, "lightweight", [[0, 0, [0, 5]], [1, 0, [0, 5]]]),
+    (1, "heavy", None),  # the planner from scratch: whatever it finds
 ])
 async def test_a_lost_device_is_re_planned_around_and_its_round_played_again(
-        groups: list[list[int]], cuts: list[int], killed: int) -> None:
+        killed: int, rescheduling: str, after: list[list[object]] | None) -> None:
     """Killed mid-round, the device's neighbours' links to it and its connection are
     given up; the devices left wait, the coordinator re-plans over them and plays the
     round again from its start: the run ends, the lost device out of the plan, every
     epoch's samples counted once by the plan that completed it."""
-    config = _config(model="vgg5", devices=3, stage_groups=groups, partition=cuts, epochs=3,
-                     samples_per_device=6 * BATCH, heartbeat_interval=0.5,
-                     device_timeout=2.0, reconnect_grace=1.0)
+    config = _config(model="vgg5", devices=3, stage_groups=[[0, 1], [2]], partition=[2],
+                     epochs=3, samples_per_device=6 * BATCH, heartbeat_interval=0.5,
+                     device_timeout=2.0, reconnect_grace=1.0, rescheduling=rescheduling)
     clock = VirtualClock()
     async with asyncio.TaskGroup() as tasks:
         fleet = Fleet(config, clock, tasks, fabric=MemoryFabric(clock))
@@ -184,6 +187,9 @@ async def test_a_lost_device_is_re_planned_around_and_its_round_played_again(
     assert killed not in [e["device"] for e in third.plan]
     [recovery] = [c for c in second.changes if c.get("kind") == "recovery"]
     assert recovery["lost"] == [killed]
+    assert recovery["rescheduling"] == rescheduling
+    if after is not None:
+        assert [entry[:3] for entry in recovery["after"]] == after
     assert recovery["resumed_s"] > recovery["noticed_s"]
     assert recovery["noticed_s"] - first.time_s <= (config.device_timeout
                                                     + config.reconnect_grace + 1.0)

@@ -12,6 +12,7 @@ from aiopipe.scheduler.asteroid import (
     Device,
     HppModel,
     HppStage,
+    adjusted_plan,
     allocate,
     exhaustive_plan,
     plan,
@@ -211,3 +212,55 @@ def test_a_stage_at_the_head_only_adds_to_a_round() -> None:
                  for d, n in zip(first.devices, head, strict=True)]
         assert whole >= m * (max(f for f, _ in times) + max(b for _, b in times)) - 1e-12
         checked += 1
+
+
+def test_a_group_that_loses_a_member_keeps_its_units_on_the_rest() -> None:
+    """Lightweight re-planning (§3.4): no stage moves; the group's samples go to the
+    members left."""
+    model = _model([0.01] * 4)
+    fleet = [Device(1.0, 100 * MB, FAST)] * 4
+    stages = [HppStage(0, 2, (0, 1), (4, 4)), HppStage(2, 4, (2, 3), (4, 4))]
+    adjusted = adjusted_plan(model, fleet, stages, {1}, 4, 8)
+    assert adjusted is not None
+    assert [(s.first, s.stop, s.devices, s.samples) for s in adjusted.stages] == [
+        (0, 2, (0,), (8,)), (2, 4, (2, 3), (4, 4))]
+
+
+@pytest.mark.parametrize("lost", [0, 2])  # the first stage, the last
+def test_a_lost_stage_at_an_end_gives_its_units_to_its_neighbour(lost: int) -> None:
+    model = _model([0.01] * 4)
+    fleet = [Device(1.0, 100 * MB, FAST)] * 3
+    stages = [HppStage(0, 1, (0,), (8,)), HppStage(1, 2, (1,), (8,)), HppStage(2, 4, (2,), (8,))]
+    adjusted = adjusted_plan(model, fleet, stages, {lost}, 4, 8)
+    assert adjusted is not None
+    got = [(s.first, s.stop, s.devices) for s in adjusted.stages]
+    assert got == ([(0, 2, (1,)), (2, 4, (2,))] if lost == 0
+                   else [(0, 1, (0,)), (1, 4, (1,))])
+
+
+def test_a_lost_middle_stage_is_cut_between_its_neighbours_by_their_speed() -> None:
+    """Stage 1 (units 2..5) lost between a device twice as fast as the other: the faster
+    one takes more of its units, and the result is the best cut by the estimate."""
+    model = _model([0.01] * 8)
+    fleet = [Device(1.0, 100 * MB, FAST), Device(1.0, 100 * MB, FAST),
+             Device(2.0, 100 * MB, FAST)]
+    stages = [HppStage(0, 2, (0,), (8,)), HppStage(2, 6, (1,), (8,)), HppStage(6, 8, (2,), (8,))]
+    adjusted = adjusted_plan(model, fleet, stages, {1}, 4, 8)
+    assert adjusted is not None
+    (a, b, first), (c, d, second) = [(s.first, s.stop, s.devices) for s in adjusted.stages]
+    assert (a, first, d, second, b) == (0, (0,), 8, (2,), c)
+    assert b - a > d - c  # the faster device holds more units
+    options = [round_time(model, fleet, [HppStage(0, cut, (0,), (8,)),
+                                         HppStage(cut, 8, (2,), (8,))], 4, 8)
+               for cut in range(2, 7)]
+    assert adjusted.round_s == pytest.approx(min(options))
+
+
+def test_lightweight_re_planning_gives_up_when_the_devices_left_cannot_hold_the_model(
+) -> None:
+    model = _model([0.01, 0.01], weights=[40 * MB, 40 * MB])
+    small = model.memory(0, 1, 8, 3) + 1  # one unit with its samples, not two
+    fleet = [Device(1.0, small, FAST)] * 2
+    stages = [HppStage(0, 1, (0,), (8,)), HppStage(1, 2, (1,), (8,))]
+    assert adjusted_plan(model, fleet, stages, {1}, 4, 8) is None
+    assert adjusted_plan(model, fleet, [HppStage(0, 2, (0,), (8,))], {0}, 4, 8) is None

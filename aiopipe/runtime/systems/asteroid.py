@@ -25,9 +25,13 @@ identical; floating-point buffers, batch norm's statistics, averaged over the me
 Faults (a first step towards Asteroid's replay, §3.4): a device lost mid-round (its
 connection, or a neighbour's link to it, given up: heartbeats and ``device_timeout``)
 stops the round; the devices still there wait (`RoundStalled`), and the coordinator
-re-plans over them from scratch (the planner, as "auto" does) and plays the round again
-from its start, every stage's weights sent again from the coordinator: the paper's
-straw-man, against which its lightweight re-planning is measured. A replay's weight
+re-plans over them and plays the round again from its start, every stage's weights sent
+again from the coordinator. ``rescheduling`` "lightweight" (the default) adjusts the
+plan (§3.4's layer-wise re-planning, `aiopipe.scheduler.asteroid.adjusted_plan`);
+"heavy" runs the planner from scratch over the devices left (the paper's straw-man).
+Neither keeps weights on the devices across the replay nor backs stages up to other
+devices yet (the paper's topology-driven replication): the coordinator's copy of the
+round's start is every stage's backup. A replay's weight
 versions (and those of every round after a re-plan) are ``REPLAY_VERSIONS`` above the
 attempt's before, so the devices drop what an attempt given up on still sends. Not
 resumable from a checkpoint.
@@ -36,6 +40,7 @@ resumable from a checkpoint.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -55,7 +60,15 @@ from aiopipe.runtime.plan import (
 from aiopipe.runtime.systems.base import Rounds, Setup
 from aiopipe.runtime.systems.pipeline import Pipeline
 from aiopipe.scheduler.actions import Action
-from aiopipe.scheduler.asteroid import Device, HppModel, HppStage, allocate, plan, round_time
+from aiopipe.scheduler.asteroid import (
+    Device,
+    HppModel,
+    HppStage,
+    adjusted_plan,
+    allocate,
+    plan,
+    round_time,
+)
 from aiopipe.scheduler.estimate import DeviceProfile
 from aiopipe.scheduler.placement import Pipeline as StagePipeline
 from aiopipe.scheduler.placement import Placement, Stage
@@ -296,14 +309,12 @@ class Asteroid(Pipeline):
         before = self.plan_entries()
         workers = sorted(alive)
         self._replays += 1  # versions above the last attempt's (module docstring)
+        how, planning_s = "", 0.0
         if workers != sorted(self.workers):
-            try:
-                found = plan(self._hpp, [self._fleet[d] for d in workers],
-                             self.parallel_batches, self.micro_batch_size)
-            except ConfigError as exc:
-                raise TrainingError(f"devices {workers} cannot go on: {exc}") from None
-            self._place([HppStage(s.first, s.stop, tuple(workers[i] for i in s.devices),
-                                  s.samples) for s in found.stages])
+            started = time.perf_counter()
+            how, stages = self._replanned(workers)
+            planning_s = time.perf_counter() - started
+            self._place(stages)
             self.schedule = self._schedule(self.parallel_batches)
             try:
                 self.prepare(self._samples)
@@ -313,6 +324,7 @@ class Asteroid(Pipeline):
                     workers, [(e["device"], e["stage"], e["units"], e["rows"])
                               for e in self.plan_entries()])
         change = {"round": round_no, "epoch": epoch, "kind": "recovery",
+                  "rescheduling": how, "planning_s": planning_s,
                   "workers": workers, "lost": sorted(
                       {int(e["device"]) for e in before} - set(workers)),
                   "before": [[e["device"], e["stage"], e["units"], e["rows"]] for e in before],
@@ -323,6 +335,27 @@ class Asteroid(Pipeline):
         else:
             rounds.record_change({**change, "stopped": str(lost), "replayed_as": replayed_as},
                                  recovery=(lost.at, rounds.clock.now()))
+
+    def _replanned(self, workers: Sequence[int]) -> tuple[str, list[HppStage]]:
+        """The plan over ``workers``: with only devices lost and ``rescheduling``
+        "lightweight", the current plan adjusted (`adjusted_plan`), else (or when that
+        cannot hold the model) the planner's from scratch; and which it was.
+
+        Raises:
+            TrainingError: ``workers`` cannot hold the model.
+        """
+        n, micro = self.parallel_batches, self.micro_batch_size
+        if self.config.rescheduling == "lightweight" and set(workers) <= set(self.workers):
+            adjusted = adjusted_plan(self._hpp, self._fleet, self.hpp_stages,
+                                     set(self.workers) - set(workers), n, micro)
+            if adjusted is not None:
+                return "lightweight", list(adjusted.stages)
+        try:
+            found = plan(self._hpp, [self._fleet[d] for d in workers], n, micro)
+        except ConfigError as exc:
+            raise TrainingError(f"devices {list(workers)} cannot go on: {exc}") from None
+        return "heavy", [HppStage(s.first, s.stop, tuple(workers[i] for i in s.devices),
+                                  s.samples) for s in found.stages]
 
     async def _play(self, rounds: Rounds, device: int, start: RoundStart) -> RoundResult:
         """Member ``device``'s part of the round.
