@@ -224,13 +224,9 @@ def throughput(out: Path | None, scale: float, mbps: float) -> None:
         "| device | stage | rows | measured | Eq. 3 | budget |", "|---|---|---|---|---|---|"]
     lines += [f"| {s['device']} | {s['stage']} | {s['rows']} | {s['peak_memory_mb']:.2f} | "
               f"{s['planned_memory_mb']:.2f} | {s['budget_mb']:g} |" for s in ours["stages"]]
-    text = "\n".join(lines)
-    print(text)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        name = f"throughput-x{scale:g}-{mbps:g}mbps"
-        (out / f"{name}.md").write_text(text + "\n")
-        (out / f"{name}.json").write_text(json.dumps(rows, indent=1, default=str))
+    name = f"throughput-x{scale:g}-{mbps:g}mbps"
+    if _written(out, name, lines, rows):
+        assert out is not None
         _plot(rows, out / f"{name}.png", lines[0])
 
 
@@ -271,13 +267,7 @@ def processes(out: Path | None, scale: float, mbps: float, samples: int) -> None
     lines.append("Asteroid's plan: " + "; ".join(
         f"device {e['device']} stage {e['stage']} units {e['units']} rows {e['rows']}"
         for e in plan))
-    text = "\n".join(lines)
-    print(text)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        name = f"processes-x{scale:g}-{mbps:g}mbps"
-        (out / f"{name}.md").write_text(text + "\n")
-        (out / f"{name}.json").write_text(json.dumps(rows, indent=1, default=str))
+    _written(out, f"processes-x{scale:g}-{mbps:g}mbps", lines, rows)
 
 
 FAULT_RUN = {"mode": "asteroid", "devices": 3, "model": "vgg5", "stage_groups": [[0, 1], [2]],
@@ -353,12 +343,20 @@ def faults(out: Path | None, into: float) -> None:
     for row in rows[1:]:
         lines.append(f"\n{row['scenario']}: {row.get('stopped', '?')}; re-planned to "
                      f"{row.get('plan')}")
+    _written(out, "faults", lines, rows)
+
+
+def _written(out: Path | None, name: str, lines: list[str], rows: Any) -> bool:
+    """Print ``lines``; with ``out``, write them as ``name``.md and ``rows`` as
+    ``name``.json there (whether it did)."""
     text = "\n".join(lines)
     print(text)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "faults.md").write_text(text + "\n")
-        (out / "faults.json").write_text(json.dumps(rows, indent=1))
+    if out is None:
+        return False
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.md").write_text(text + "\n")
+    (out / f"{name}.json").write_text(json.dumps(rows, indent=1, default=str))
+    return True
 
 
 def _plot(rows: dict[str, dict[str, Any]], path: Path, title: str) -> None:

@@ -422,6 +422,8 @@ class InRound:
         if isinstance(message, RoundResult):
             if message.round <= self.last_done or message.round == self.result_round:
                 return False  # taken for a re-send
+            if message.round < start.round:
+                return False  # of a round given up on (a pipeline played it again)
             if self.over:
                 return None
             if message.round != start.round or set(message.tensors) != set(start.tensors):
@@ -436,8 +438,8 @@ class InRound:
             self.result_round = message.round
             return False
         assert isinstance(message, RoundReport)
-        if message.round <= self.last_done:
-            return False
+        if message.round <= self.last_done or message.round < start.round:
+            return False  # a re-send, or of a round given up on
         if self.over:
             return None
         if (
