@@ -72,6 +72,9 @@ class Holdings:
     #: optimizer, and its state when each started
     round_starts: dict[int, tuple[torch.optim.Optimizer, dict[str, Any]]] = field(
         default_factory=dict)
+    #: asteroid: the stage's state as the last round with weights began (a replay of it
+    #: that keeps the stage starts from there: [Note: kept weights])
+    start_state: dict[str, torch.Tensor] | None = None
 
     @classmethod
     def open(cls, config: RunConfig, plan: Plan, own: datasets.Dataset | None,
@@ -173,14 +176,25 @@ class Holdings:
                     num_classes=self.plan.num_classes, loss=self.loss)
         assert work is not None
         # [Note: kept weights] FTPipeHD sends no tensors to a device that holds its stage
-        # from the last round: it keeps its weights and momentum
-        keep = asynchronous and not message.tensors
+        # from the last round: it keeps its weights and momentum; Asteroid none to one
+        # that holds its stage in a round played again: it takes them as they were at
+        # that round's start
+        replayed = self.config.mode == "asteroid"
+        keep = (asynchronous or replayed) and not message.tensors
         if keep and not kept_stage and next(work.module.parameters(), None) is not None:
             raise RemoteProtocolError(f"round {message.round} asks {name} to keep weights "
                                       "it does not hold")
         if not keep:
             state, momentum = split_momentum(state_from_wire(message.tensors))
             work.module.load_state_dict(state)
+            if replayed:
+                self.start_state = copy.deepcopy(work.module.state_dict())
+        elif replayed:
+            self._restart(work, name, message.round)
+        if replayed and kept_stage and previous is not None and (
+                previous.epoch, previous.first_iteration) == (message.epoch,
+                                                             message.first_iteration):
+            self._restart_optimizer(work)  # the round again: its momentum as it began
         work.clear()
         work.fraction = assignment.share / assignment.micro_batch_size
         work.measure_memory = self.config.mode == "asteroid"  # its budgets are checked
@@ -200,6 +214,25 @@ class Holdings:
         while len(self.round_starts) > KEPT_ROUNDS:
             del self.round_starts[min(self.round_starts)]
         return assignment, work
+
+    def _restart(self, work: StageWork, name: str, round_no: int) -> None:
+        """Asteroid's replay of a round on a kept stage: its weights and buffers as the
+        round's first attempt began with them (its optimizer: `_restart_optimizer`).
+
+        Raises:
+            RemoteProtocolError: this device holds no such start.
+        """
+        if self.start_state is None:
+            raise RemoteProtocolError(f"round {round_no} asks {name} to keep weights it "
+                                      "does not hold")
+        work.module.load_state_dict(self.start_state)
+
+    def _restart_optimizer(self, work: StageWork) -> None:
+        """The optimizer's state as the round this device started last began (Asteroid
+        plays a round again from its start)."""
+        latest = max(self.round_starts, default=None)
+        if latest is not None and self.round_starts[latest][0] is work.optimizer:
+            work.optimizer.load_state_dict(copy.deepcopy(self.round_starts[latest][1]))
 
     def batches(self, assignment: Assignment) -> Batch:
         """The round's micro-batches: micro-batch n of iteration i in the epoch's order

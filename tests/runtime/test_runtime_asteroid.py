@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import Any
 
 import pytest
 import torch
 from fleet import Fleet
 from torch import nn
 
-from aiopipe import RunConfig, VirtualClock, simulate
+from aiopipe import RunConfig, RunResult, VirtualClock, simulate
 from aiopipe import data as datasets
 from aiopipe.errors import ConfigError
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.plan import device_indices, train_dataset
+from aiopipe.runtime.systems.asteroid import Asteroid
 from aiopipe.transport.fabric import MemoryFabric
 
 BATCH = 16
@@ -199,3 +201,46 @@ async def test_a_lost_device_is_re_planned_around_and_its_round_played_again(
         assert epoch.samples % per_iteration == 0
         assert epoch.samples == sum(epoch.device_samples[e["device"]] for e in stage0)
     assert math.isfinite(third.loss)
+
+
+async def _killed_mid_round(config: RunConfig, killed: int, *, into: float = 0.05
+                            ) -> tuple[RunResult, Fleet]:
+    """Train ``config`` on three devices, ``killed`` killed ``into`` virtual seconds
+    into epoch 2's round."""
+    clock = VirtualClock()
+    async with asyncio.TaskGroup() as tasks:
+        fleet = Fleet(config, clock, tasks, fabric=MemoryFabric(clock))
+        for k in range(3):
+            fleet.start_device(k)
+        training = tasks.create_task(fleet.node.train())
+        await fleet.until(lambda: fleet.node.rounds == 2 and fleet.node.epoch == 1)
+        await clock.sleep(into)
+        fleet.kill(killed)
+        result = await training
+    await clock.aclose()
+    assert not fleet.crashes
+    return result, fleet
+
+
+async def test_a_lightweight_replay_keeps_the_stages_left_in_place_exactly(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Device 1 of stage 0's group is lost: devices 0 and 2 keep their stages, so the
+    replay sends them no weights; each starts again from the state it kept of the
+    round's start, and the run ends with the weights of a replay that sent them."""
+    config = _config(model="vgg5", devices=3, stage_groups=[[0, 1], [2]], partition=[2],
+                     epochs=3, samples_per_device=6 * BATCH, heartbeat_interval=0.5,
+                     device_timeout=2.0, reconnect_grace=1.0)
+    kept, _ = await _killed_mid_round(config, 1, into=1.0)  # a few steps in
+    original = Asteroid._starts
+
+    def sending(self: Asteroid, *args: Any) -> Any:
+        self._keep = False  # as if the devices held nothing: every stage's weights sent
+        return original(self, *args)
+
+    monkeypatch.setattr(Asteroid, "_starts", sending)
+    sent, _ = await _killed_mid_round(config, 1, into=1.0)
+    assert kept.epochs[1].changes[0]["lost"] == sent.epochs[1].changes[0]["lost"] == [1]
+    for name, tensor in sent.model.state_dict().items():
+        assert torch.equal(kept.model.state_dict()[name], tensor), name
+    # the replay's weights did not travel to the two devices that kept their stages
+    assert kept.epochs[1].bytes_down < sent.epochs[1].bytes_down

@@ -25,13 +25,16 @@ identical; floating-point buffers, batch norm's statistics, averaged over the me
 Faults (a first step towards Asteroid's replay, §3.4): a device lost mid-round (its
 connection, or a neighbour's link to it, given up: heartbeats and ``device_timeout``)
 stops the round; the devices still there wait (`RoundStalled`), and the coordinator
-re-plans over them and plays the round again from its start, every stage's weights sent
-again from the coordinator. ``rescheduling`` "lightweight" (the default) adjusts the
-plan (§3.4's layer-wise re-planning, `aiopipe.scheduler.asteroid.adjusted_plan`);
-"heavy" runs the planner from scratch over the devices left (the paper's straw-man).
-Neither keeps weights on the devices across the replay nor backs stages up to other
-devices yet (the paper's topology-driven replication): the coordinator's copy of the
-round's start is every stage's backup. A replay's weight
+re-plans over them and plays the round again from its start. ``rescheduling``
+"lightweight" (the default) adjusts the plan (§3.4's layer-wise re-planning,
+`aiopipe.scheduler.asteroid.adjusted_plan`), and a device that holds the same stage as
+in the attempt given up on (same process) is sent no weights: it starts again from the
+state it kept of that attempt's start ([Note: kept weights] in
+aiopipe/runtime/holdings.py); the others get their stage's weights from the
+coordinator's copy of the round's start. "heavy" runs the planner from scratch over the
+devices left and sends every stage's weights again (the paper's straw-man). Stages are
+not backed up to other devices (the paper's topology-driven replication): the
+coordinator's copy is every stage's backup. A replay's weight
 versions (and those of every round after a re-plan) are ``REPLAY_VERSIONS`` above the
 attempt's before, so the devices drop what an attempt given up on still sends. Not
 resumable from a checkpoint.
@@ -116,6 +119,12 @@ class Asteroid(Pipeline):
         self.iterations_per_epoch = 0  # `prepare` knows: the first stage's data
         self._samples: list[int] = []  # what each device announced
         self._replays = 0  # re-plans in the run (each lifts the versions: module doc)
+        #: per device, its session and stage when the round under way began (a replay
+        #: that leaves both sends it no weights: [Note: kept weights])
+        self._held: dict[int, tuple[int, tuple[int, int, int, int]]] = {}
+        self._keep = False  # the round is being played again, lightweight
+        #: the weights a device that keeps its stage must return (the session checks)
+        self._returns: dict[int, Mapping[str, Any]] = {}
 
     def _planned(self) -> list[HppStage]:
         """Asteroid's planner on the cost table and the fleet.
@@ -262,9 +271,20 @@ class Asteroid(Pipeline):
     def _starts(self, rounds: Rounds, round_no: int, epoch: int, first: int,
                 work: Sequence[int], states: Sequence[Mapping[str, Any]]
                 ) -> dict[int, RoundStart]:
-        return {d: self.member_start(rounds, d, round_no, epoch, first, work[d],
-                                     states[self.stage_of(d)])
-                for d in self.workers}
+        """Each member's `RoundStart`; in a lightweight replay, without weights for a
+        member that holds its stage from the attempt given up on, in the same session
+        (it starts again from that attempt's start, which it kept)."""
+        starts, held = {}, {}
+        self._returns.clear()
+        for d in self.workers:
+            p = self.stage_of(d)
+            state = states[p]
+            held[d] = (rounds.session_of(d), (p, self.stages, *self.bounds[p]))
+            if self._keep and self._held.get(d) == held[d]:
+                self._returns[d], state = state, {}
+            starts[d] = self.member_start(rounds, d, round_no, epoch, first, work[d], state)
+        self._held = held
+        return starts
 
     async def run_round(self, rounds: Rounds, round_no: int, epoch: int, first: int,
                         work: Sequence[int], participants: Sequence[int]
@@ -278,6 +298,7 @@ class Asteroid(Pipeline):
                 `MAX_REPLAYS` + 1 times with the same devices.
         """
         alive, tries = sorted(participants), 0
+        self._keep = False
         if set(self.workers) != set(alive):
             self._replan(rounds, round_no, epoch, alive, "at its start")
         while True:
@@ -285,6 +306,7 @@ class Asteroid(Pipeline):
                 return await self._play_round(rounds, round_no, epoch, first,
                                               [self.iterations_per_epoch] * len(work))
             except _Lost as lost:
+                self._keep = self.config.rescheduling == "lightweight"
                 log.warning("round %d: %s; playing the round again", round_no + 1, lost)
                 # a neighbour's link may break a moment before the coordinator's own link
                 # to a dead device does: give that a heartbeat interval (at most 1 s)
@@ -364,7 +386,8 @@ class Asteroid(Pipeline):
             _Lost: it was lost, or said its round stopped.
         """
         try:
-            result = await rounds.play(device, start, None)
+            result = await rounds.play(device, start, None,
+                                       returns=self._returns.pop(device, None))
         except RoundStalledError as exc:
             raise _Lost(str(exc), rounds.clock.now()) from None
         if result is None:
