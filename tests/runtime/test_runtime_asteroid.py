@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -26,6 +26,7 @@ from aiopipe.errors import ConfigError
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.plan import device_indices, train_dataset
 from aiopipe.runtime.systems.asteroid import Asteroid
+from aiopipe.transport import MemoryLink
 from aiopipe.transport.fabric import MemoryFabric
 
 BATCH = 16
@@ -244,3 +245,44 @@ async def test_a_lightweight_replay_keeps_the_stages_left_in_place_exactly(
         assert torch.equal(kept.model.state_dict()[name], tensor), name
     # the replay's weights did not travel to the two devices that kept their stages
     assert kept.epochs[1].bytes_down < sent.epochs[1].bytes_down
+
+
+async def test_a_round_stopped_by_a_broken_link_is_played_again_exactly() -> None:
+    """The link between device 0 (stage 0) and device 2 (stage 1) breaks mid-round, no
+    device lost: both say their round stopped, the coordinator plays it again with the
+    same plan, every device from the state it kept of the round's start (weights,
+    buffers, momentum), and the run ends bit for bit where an undisturbed one does."""
+    config = _config(model="vgg5", devices=3, stage_groups=[[0, 1], [2]], partition=[2],
+                     epochs=3, samples_per_device=6 * BATCH, heartbeat_interval=0.5,
+                     device_timeout=2.0, reconnect_grace=1.0)
+    undisturbed = await simulate(config, clock=VirtualClock())
+
+    class Recorded(MemoryFabric):
+        """A fabric that keeps each peer link's ends (to break one)."""
+
+        links: ClassVar[list[tuple[str, str, MemoryLink]]] = []
+
+        def _connect(self, dialer: str, address: str) -> tuple[Any, Any, Any]:
+            ours, theirs, target = super()._connect(dialer, address)
+            self.links.append((dialer, target.name, ours))
+            return ours, theirs, target
+
+    clock = VirtualClock()
+    async with asyncio.TaskGroup() as tasks:
+        fabric = Recorded(clock)
+        fleet = Fleet(config, clock, tasks, fabric=fabric)
+        for k in range(3):
+            fleet.start_device(k)
+        training = tasks.create_task(fleet.node.train())
+        await fleet.until(lambda: fleet.node.rounds == 2 and fleet.node.epoch == 1)
+        await clock.sleep(1.0)  # a few steps into epoch 2's round
+        [link] = [link for a, b, link in fabric.links if {a, b} == {"device0", "device2"}]
+        link.break_("cut")
+        result = await training
+    await clock.aclose()
+    assert not fleet.crashes
+    [change] = result.epochs[1].changes
+    assert (change["lost"], change["rescheduling"]) == ([], "")  # the plan stayed
+    assert change["replayed_as"] > change["round"]
+    for name, tensor in undisturbed.model.state_dict().items():
+        assert torch.equal(result.model.state_dict()[name], tensor), name
