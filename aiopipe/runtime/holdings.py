@@ -239,14 +239,21 @@ class Holdings:
         (PiPar Algorithm 1); in FTPipeHD's rounds of whole batches, batch i + n of the
         epoch (the round's one iteration is numbered by its first batch). A member of a
         data-parallel group reads its share of rows of each micro-batch from its own
-        data: the next ``share`` samples of its epoch's order."""
+        data: the next ``share`` samples of its epoch's order, going round it again when
+        an epoch re-planned after a loss needs more of them."""
         order = datasets.epoch_order(np.arange(len(self.dataset)), epoch=assignment.epoch,
                                      seed=self.config.seed)
         per_iteration = 1 if self.config.mode == "ftpipehd" else assignment.parallel_batches
-        return partial(_micro_batch, self.dataset, order, assignment.share, per_iteration)
+        return partial(_micro_batch, self.dataset, order, assignment.share, per_iteration,
+                       self.config.mode == "asteroid")
 
 
 def _micro_batch(dataset: datasets.Dataset, order: np.ndarray, micro: int, parallel: int,
-                 iteration: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    base = iteration * micro * parallel
-    return dataset.batch(order[base + n * micro: base + (n + 1) * micro])
+                 wrap: bool, iteration: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples ``micro`` of ``order`` for micro-batch n of ``iteration``; with ``wrap``
+    (Asteroid, whose epoch keeps its batches after a re-plan), going round ``order``
+    again past its end."""
+    first = iteration * micro * parallel + n * micro
+    if wrap:
+        return dataset.batch(np.take(order, np.arange(first, first + micro), mode="wrap"))
+    return dataset.batch(order[first:first + micro])

@@ -25,7 +25,9 @@ identical; floating-point buffers, batch norm's statistics, averaged over the me
 Faults (a first step towards Asteroid's replay, §3.4): a device lost mid-round (its
 connection, or a neighbour's link to it, given up: heartbeats and ``device_timeout``)
 stops the round; the devices still there wait (`RoundStalled`), and the coordinator
-re-plans over them and plays the round again from its start. ``rescheduling``
+re-plans over them and plays the round again from its start; the epoch keeps its number
+of batches (the first stage's devices go round their own data again if they now hold
+less of it). ``rescheduling``
 "lightweight" (the default) adjusts the plan (§3.4's layer-wise re-planning,
 `aiopipe.scheduler.asteroid.adjusted_plan`), and a device that holds the same stage as
 in the attempt given up on (same process) is sent no weights: it starts again from the
@@ -338,10 +340,7 @@ class Asteroid(Pipeline):
             planning_s = time.perf_counter() - started
             self._place(stages)
             self.schedule = self._schedule(self.parallel_batches)
-            try:
-                self.prepare(self._samples)
-            except ConfigError as exc:
-                raise TrainingError(f"devices {workers} cannot go on: {exc}") from None
+            self._check_first_stage(workers)
         log.warning("round %d (%s): the plan runs on devices %s: %s", round_no + 1, when,
                     workers, [(e["device"], e["stage"], e["units"], e["rows"])
                               for e in self.plan_entries()])
@@ -378,6 +377,21 @@ class Asteroid(Pipeline):
             raise TrainingError(f"devices {list(workers)} cannot go on: {exc}") from None
         return "heavy", [HppStage(s.first, s.stop, tuple(workers[i] for i in s.devices),
                                   s.samples) for s in found.stages]
+
+    def _check_first_stage(self, workers: Sequence[int]) -> None:
+        """An epoch keeps its batches after a re-plan (the first stage's members go round
+        their data again: aiopipe.runtime.holdings); each must hold one iteration's rows.
+
+        Raises:
+            TrainingError: one does not.
+        """
+        n = self.parallel_batches
+        for d in self.groups[0]:
+            rows = (self.rows[d][1] - self.rows[d][0]) * n
+            if self._samples[d] < rows:
+                raise TrainingError(f"devices {list(workers)} cannot go on: device {d} "
+                                    f"holds {self._samples[d]} samples, fewer than one "
+                                    f"iteration of its rows ({rows})")
 
     async def _play(self, rounds: Rounds, device: int, start: RoundStart) -> RoundResult:
         """Member ``device``'s part of the round.
