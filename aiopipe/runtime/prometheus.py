@@ -41,6 +41,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from aiopipe.config import PIPELINE_MODES
+
 if TYPE_CHECKING:
     from aiopipe.runtime.coordinator import Coordinator
 
@@ -228,13 +230,15 @@ def _devices(node: Coordinator) -> Iterator[Metric]:
 
 def _device_loss(node: Coordinator) -> dict[str, float]:
     """Each device's mean training loss in the last finished epoch, where known: in a
-    pipeline only the last stage computes the loss."""
+    pipeline only the last stage's devices compute the loss (by the epoch's plan)."""
     if not node.epochs:
         return {}
-    losses = node.device_loss.get(node.epochs[-1].epoch, {})
-    if node.config.mode in ("pipeline", "ftpipehd"):  # the last stage computes the loss
-        stage = node.config.devices - 1
-        losses = {stage: losses[stage]} if stage in losses else {}
+    last = node.epochs[-1]
+    losses = node.device_loss.get(last.epoch, {})
+    if node.config.mode in PIPELINE_MODES and last.plan:
+        stage = max(int(entry["stage"]) for entry in last.plan)
+        computing = {int(entry["device"]) for entry in last.plan if entry["stage"] == stage}
+        losses = {k: v for k, v in losses.items() if k in computing}
     return {str(k): loss_sum / n for k, (loss_sum, n) in sorted(losses.items()) if n > 0}
 
 

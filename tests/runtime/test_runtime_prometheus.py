@@ -201,3 +201,16 @@ async def test_lost_and_refused_devices_are_counted_per_finished_epoch() -> None
     assert _one(m, "aiopipe_epoch_devices_lost") == 1
     assert _one(m, "aiopipe_epoch_updates_refused") == 1
     assert "aiopipe_device_held_out_accuracy" not in m  # no family without a sample
+
+
+async def test_asteroid_reports_the_loss_of_its_last_stages_devices() -> None:
+    """The last stage is a group (devices 1 and 2): each reports the loss of its rows."""
+    config = RunConfig(mode="asteroid", devices=3, samples_per_device=32, batch_size=8,
+                       epochs=1, partition=[2], stage_groups=[[0], [1, 2]],
+                       parallel_batches=2, test_samples=0, seed=5)
+    result, m, _ = await _run_and_scrape(config, listen=True)
+    loss = _per_device(m, "aiopipe_device_train_loss")
+    assert set(loss) == {1, 2}
+    rows = {int(e["device"]): e["rows"][1] - e["rows"][0] for e in result.final.plan}
+    assert sum(loss[k] * rows[k] for k in loss) / sum(rows[k] for k in loss) == \
+        pytest.approx(result.final.loss)
