@@ -4,8 +4,11 @@ aiopipe.server`` with ``python -m aiopipe.device --listen`` processes started by
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
+import math
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -107,3 +110,29 @@ def test_asteroid_trains_a_hybrid_pipeline_of_three_processes(tmp_path: Path) ->
                 "device2->device1", "device0->device1", "device1->device0"} <= set(
             epoch["links"])
         assert all(s["busy_s"] > 0 for s in epoch["stages"])
+
+
+async def test_asteroid_goes_on_when_a_group_member_is_sigkilled(tmp_path: Path) -> None:
+    """Device 1, of stage 0's group, SIGKILLed in epoch 2: its neighbours' links fail,
+    the devices left wait, the server gives it up after ``reconnect_grace``, adjusts the
+    plan (stage 0 on device 0 alone; device 2 keeps its stage and its weights) and plays
+    the round again; the run ends, every epoch with its batches."""
+    run = {"mode": "asteroid", "devices": 3, "model": "vgg5", "stage_groups": [[0, 1], [2]],
+           "partition": [2], "samples_per_device": 320, "batch_size": 32,
+           "parallel_batches": 2, "epochs": 3, "test_samples": 100,
+           "heartbeat_interval": 0.5, "device_timeout": 5.0, "reconnect_grace": 1.0}
+    async with ProcessFleet(tmp_path, run) as fleet:
+        server = await fleet.start_server()
+        devices = [await fleet.start_device(k, "--listen", "127.0.0.1:0") for k in range(3)]
+        await server.output.wait_for(r"^\s+1\s", within=120)  # epoch 1's row: epoch 2 runs
+        await asyncio.sleep(0.3)
+        devices[1].send_signal(signal.SIGKILL)
+        assert await devices[1].wait(30) == -signal.SIGKILL
+        await fleet.finish(server, [devices[0], devices[2]], within=180)
+    epochs = fleet.metrics()
+    assert len({e["samples"] for e in epochs}) == 1  # an epoch keeps its batches
+    [recovery] = [c for e in epochs for c in e["changes"] if c.get("kind") == "recovery"]
+    assert (recovery["lost"], recovery["rescheduling"]) == ([1], "lightweight")
+    assert [entry[:3] for entry in recovery["after"]] == [[0, 0, [0, 2]], [2, 1, [2, 5]]]
+    assert all(math.isfinite(e["loss"]) for e in epochs)
+    assert sorted(p["device"] for p in epochs[-1]["plan"]) == [0, 2]
