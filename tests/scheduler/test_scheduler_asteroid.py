@@ -214,16 +214,39 @@ def test_a_stage_at_the_head_only_adds_to_a_round() -> None:
         checked += 1
 
 
-def test_a_group_that_loses_a_member_keeps_its_units_on_the_rest() -> None:
-    """Lightweight re-planning (§3.4): no stage moves; the group's samples go to the
-    members left."""
+def _no_single_cut_move_helps(model: HppModel, fleet: list[Device],
+                              stages: tuple[HppStage, ...], round_s: float) -> None:
+    """No move of one cut between two stages (their devices kept, samples allocated
+    again) has a better estimate than ``round_s``."""
+    for p in range(1, len(stages)):
+        for cut in range(stages[p - 1].first + 1, stages[p].stop):
+            layout = [(s.first, s.stop, s.devices) for s in stages]
+            layout[p - 1] = (layout[p - 1][0], cut, layout[p - 1][2])
+            layout[p] = (cut, layout[p][1], layout[p][2])
+            moved = []
+            for q, (first, stop, group) in enumerate(layout):
+                samples = allocate(model, fleet, group, first, stop, 8, 2 * (len(layout) - q) - 1)
+                assert samples is not None
+                moved.append(HppStage(first, stop, group, samples))
+            assert round_time(model, fleet, moved, 4, 8) >= round_s * (1 - 1e-9)
+
+
+def test_a_group_that_loses_a_member_keeps_its_devices_and_moves_a_cut_if_that_helps(
+) -> None:
+    """Lightweight re-planning (§3.4): no stage changes its devices; the group's samples
+    go to the members left, and the cut moves towards the faster stage."""
     model = _model([0.01] * 4)
     fleet = [Device(1.0, 100 * MB, FAST)] * 4
     stages = [HppStage(0, 2, (0, 1), (4, 4)), HppStage(2, 4, (2, 3), (4, 4))]
     adjusted = adjusted_plan(model, fleet, stages, {1}, 4, 8)
     assert adjusted is not None
-    assert [(s.first, s.stop, s.devices, s.samples) for s in adjusted.stages] == [
-        (0, 2, (0,), (8,)), (2, 4, (2, 3), (4, 4))]
+    assert [s.devices for s in adjusted.stages] == [(0,), (2, 3)]
+    assert adjusted.stages[0].samples == (8,)
+    unmoved = round_time(model, fleet, [HppStage(0, 2, (0,), (8,)),
+                                        HppStage(2, 4, (2, 3), (4, 4))], 4, 8)
+    assert adjusted.round_s < unmoved  # one device alone: the cut moved its way
+    assert adjusted.stages[0].stop < 2
+    _no_single_cut_move_helps(model, fleet, adjusted.stages, adjusted.round_s)
 
 
 @pytest.mark.parametrize("lost", [0, 2])  # the first stage, the last
@@ -233,9 +256,10 @@ def test_a_lost_stage_at_an_end_gives_its_units_to_its_neighbour(lost: int) -> N
     stages = [HppStage(0, 1, (0,), (8,)), HppStage(1, 2, (1,), (8,)), HppStage(2, 4, (2,), (8,))]
     adjusted = adjusted_plan(model, fleet, stages, {lost}, 4, 8)
     assert adjusted is not None
-    got = [(s.first, s.stop, s.devices) for s in adjusted.stages]
-    assert got == ([(0, 2, (1,)), (2, 4, (2,))] if lost == 0
-                   else [(0, 1, (0,)), (1, 4, (1,))])
+    assert [s.devices for s in adjusted.stages] == ([(1,), (2,)] if lost == 0
+                                                    else [(0,), (1,)])
+    assert (adjusted.stages[0].first, adjusted.stages[-1].stop) == (0, 4)
+    _no_single_cut_move_helps(model, fleet, adjusted.stages, adjusted.round_s)
 
 
 def test_a_lost_middle_stage_is_cut_between_its_neighbours_by_their_speed() -> None:
