@@ -90,7 +90,7 @@ from aiopipe.runtime.peer import Peer
 from aiopipe.runtime.peer_links import PeerLinks, PeerRoute
 from aiopipe.runtime.plan import measure_planning_costs
 from aiopipe.runtime.profiling import answer_request
-from aiopipe.runtime.stage import StageWork
+from aiopipe.runtime.stage import Expected, StageWork
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.transport import Link, LinkSpec, WebSocketLink
@@ -231,7 +231,7 @@ class _DeviceNode:
         #: what the round's messages from a data-parallel group are joined by, and the
         #: stage's parameters (names, dtypes, shapes) its group gradients must hold
         self.pieces: Pieces | None = None
-        self.parameters: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self.parameters: Expected = {}
         self.assignment: Assignment | None = None  # the round being worked on
         self.work: StageWork | None = None
         self.round = -1  # the round being worked on (or last finished)
@@ -803,7 +803,7 @@ def _key(message: Activation | Gradient) -> tuple[int, int, int]:
     return (message.epoch, message.iteration, message.micro_batch)
 
 
-def _group_frame_limit(parameters: dict[str, tuple[str, tuple[int, ...]]]) -> int:
+def _group_frame_limit(parameters: Expected) -> int:
     """The largest `GroupGradient` a stage of these parameters can be sent."""
     return sum(4 * math.prod(shape) + 256 for _, shape in parameters.values()
                ) + HEADER_SLACK_BYTES

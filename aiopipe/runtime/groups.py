@@ -45,7 +45,7 @@ from aiopipe.protocol import (
 )
 from aiopipe.runtime.assignment import Assignment
 from aiopipe.runtime.executor import Key, Route
-from aiopipe.runtime.stage import check_tensors
+from aiopipe.runtime.stage import Expected, check_tensors
 
 __all__ = ["GroupRoute", "Pieces", "check_group_gradient", "gradients_of", "rows_of",
            "sum_gradients"]
@@ -210,8 +210,7 @@ def sum_gradients(module: torch.nn.Module, mine: Mapping[str, TensorData],
         p.grad = total.to(p.device)
 
 
-def check_group_gradient(message: GroupGradient, assignment: Assignment,
-                         mine: Mapping[str, tuple[str, tuple[int, ...]]], *,
+def check_group_gradient(message: GroupGradient, assignment: Assignment, mine: Expected, *,
                          sender: str, run_id: int) -> None:
     """Check a `GroupGradient` from ``sender`` against the stage's assignment: from a
     member of the group, to us, for an iteration of the round at its version, with

@@ -53,7 +53,7 @@ import torch
 
 from aiopipe import models
 from aiopipe.config import RunConfig
-from aiopipe.errors import ConfigError, RoundStalledError, TrainingError
+from aiopipe.errors import ConfigError, TrainingError
 from aiopipe.protocol import RoundResult, RoundStart, state_from_wire
 from aiopipe.runtime.plan import (
     DevicePlan,
@@ -63,7 +63,7 @@ from aiopipe.runtime.plan import (
     unit_output_shapes,
 )
 from aiopipe.runtime.systems.base import Rounds, Setup
-from aiopipe.runtime.systems.pipeline import Pipeline
+from aiopipe.runtime.systems.pipeline import Pipeline, StageLost, play_or_lost
 from aiopipe.scheduler.actions import Action
 from aiopipe.scheduler.asteroid import (
     Device,
@@ -307,7 +307,7 @@ class Asteroid(Pipeline):
             try:
                 return await self._play_round(rounds, round_no, epoch, first,
                                               [self.iterations_per_epoch] * len(work))
-            except _Lost as lost:
+            except StageLost as lost:
                 self._keep = self.config.rescheduling == "lightweight"
                 log.warning("round %d: %s; playing the round again", round_no + 1, lost)
                 # a neighbour's link may break a moment before the coordinator's own link
@@ -324,7 +324,7 @@ class Asteroid(Pipeline):
                 round_no = again
 
     def _replan(self, rounds: Rounds, round_no: int, epoch: int, alive: Sequence[int],
-                when: str, *, lost: _Lost | None = None, replayed_as: int = -1) -> None:
+                when: str, *, lost: StageLost | None = None, replayed_as: int = -1) -> None:
         """Plan again over ``alive`` from scratch (the planner) and record it.
 
         Raises:
@@ -397,16 +397,9 @@ class Asteroid(Pipeline):
         """Member ``device``'s part of the round.
 
         Raises:
-            _Lost: it was lost, or said its round stopped.
+            StageLost: it was lost, or said its round stopped.
         """
-        try:
-            result = await rounds.play(device, start, None,
-                                       returns=self._returns.pop(device, None))
-        except RoundStalledError as exc:
-            raise _Lost(str(exc), rounds.clock.now()) from None
-        if result is None:
-            raise _Lost(f"device {device} (stage {start.stage}) was lost", rounds.clock.now())
-        return result
+        return await play_or_lost(rounds, device, start, self._returns.pop(device, None))
 
     def _merge(self, results: Mapping[int, RoundResult]) -> None:
         """Each stage's weights from its first member (its members' are the same);
@@ -457,14 +450,6 @@ class Asteroid(Pipeline):
         """
         raise ConfigError("mode asteroid cannot resume from a checkpoint yet: its "
                           "optimizer state lives on the devices")
-
-
-class _Lost(TrainingError):
-    """A member was lost mid-round, or said its round stopped; noticed ``at``."""
-
-    def __init__(self, reason: str, at: float) -> None:
-        super().__init__(reason)
-        self.at = at
 
 
 def _bytes_per_second(config: RunConfig, device: int) -> float:

@@ -34,7 +34,7 @@ import torch
 
 from aiopipe import models
 from aiopipe.config import RunConfig
-from aiopipe.errors import ConfigError, RemoteProtocolError, RoundStalledError, TrainingError
+from aiopipe.errors import ConfigError, RemoteProtocolError, TrainingError
 from aiopipe.metrics.trace import Slice
 from aiopipe.protocol import Replica, RoundResult, RoundStart, state_from_wire
 from aiopipe.runtime.async_weights import MOMENTUM, split_momentum
@@ -42,7 +42,7 @@ from aiopipe.runtime.chain import expected_tensors, gather
 from aiopipe.runtime.plan import measure_planning_costs, unit_output_shapes
 from aiopipe.runtime.stage import check_tensors
 from aiopipe.runtime.systems.base import Rounds, Setup
-from aiopipe.runtime.systems.pipeline import Pipeline
+from aiopipe.runtime.systems.pipeline import Pipeline, StageLost, play_or_lost
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.estimate import DeviceProfile
 from aiopipe.scheduler.ftpipehd import Partition, ftpipehd_partition, pipeline_time
@@ -217,7 +217,7 @@ class FTPipeHD(Pipeline):
             try:
                 done = await self._play_round(rounds, round_no, epoch, attempt.first,
                                               [part] * len(work))
-            except _StageLost as lost:
+            except StageLost as lost:
                 self._held.clear()  # an attempt given up on left the devices' weights
                 early = 0
                 round_no, attempt = await self._recover(rounds, lost, round_no, epoch, first,
@@ -247,16 +247,9 @@ class FTPipeHD(Pipeline):
         """Stage ``start.stage``'s part of the round, on ``device``.
 
         Raises:
-            _StageLost: its device was lost, or said its round stopped.
+            StageLost: its device was lost, or said its round stopped.
         """
-        try:
-            result = await rounds.play(device, start, None,
-                                       returns=self._returns.pop(device, None))
-        except RoundStalledError as exc:
-            raise _StageLost(device, start.stage, rounds.clock.now(), str(exc)) from None
-        if result is None:
-            raise _StageLost(device, start.stage, rounds.clock.now())
-        return result
+        return await play_or_lost(rounds, device, start, self._returns.pop(device, None))
 
     def _enlist(self, alive: Sequence[int]) -> bool:
         """The worker list is the devices alive, in id order (§III-F: a lost one's
@@ -292,7 +285,7 @@ class FTPipeHD(Pipeline):
                 "workers": list(self.workers), "workers_before": workers, "before": cuts,
                 "after": after, **more}
 
-    async def _recover(self, rounds: Rounds, lost: _StageLost, round_no: int,
+    async def _recover(self, rounds: Rounds, lost: StageLost, round_no: int,
                        epoch: int, first: int, attempt: _Attempt) -> tuple[int, _Attempt]:
         """FTPipeHD's recovery (§III-F, with the choice of DESIGN §FTPipeHD): the round
         (from batch ``first``) is played again by the devices still there
@@ -497,15 +490,6 @@ class _Attempt:
         done[last] = replace(done[last], loss_sum=done[last].loss_sum + self.loss_sum,
                              correct=done[last].correct + self.correct)
         return done
-
-
-class _StageLost(Exception):
-    """The device of a stage was lost mid-round, or said its round stopped (``stalled``:
-    why), noticed at ``at``."""
-
-    def __init__(self, device: int, stage: int, at: float, stalled: str = "") -> None:
-        super().__init__(stalled or f"device {device} (stage {stage}) was lost")
-        self.device, self.stage, self.at, self.stalled = device, stage, at, stalled
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ import torch
 
 from aiopipe import models
 from aiopipe.auth import pair_key
-from aiopipe.errors import ConfigError, TrainingError
+from aiopipe.errors import ConfigError, RoundStalledError, TrainingError
 from aiopipe.metrics.trace import Slice
 from aiopipe.protocol import (
     HEADER_SLACK_BYTES,
@@ -64,7 +64,7 @@ from aiopipe.scheduler.schedule import (
     with_transfers,
 )
 
-__all__ = ["Pipeline"]
+__all__ = ["Pipeline", "StageLost", "play_or_lost"]
 
 log = logging.getLogger("aiopipe.server")
 
@@ -332,3 +332,29 @@ class Pipeline:
         """
         raise ConfigError("mode pipeline cannot resume from a checkpoint: its optimizer "
                           "state lives on the devices")
+
+
+class StageLost(TrainingError):
+    """A stage's device was lost mid-round, or said its round stopped (``stalled``: why),
+    noticed at ``at``: a system that recovers (FTPipeHD, Asteroid) plays the round again."""
+
+    def __init__(self, device: int, stage: int, at: float, stalled: str = "") -> None:
+        super().__init__(stalled or f"device {device} (stage {stage}) was lost")
+        self.device, self.stage, self.at, self.stalled = device, stage, at, stalled
+
+
+async def play_or_lost(rounds: Rounds, device: int, start: RoundStart,
+                       returns: Mapping[str, Any] | None) -> RoundResult:
+    """Stage ``start.stage``'s part of the round on ``device`` (``returns``: as
+    `Rounds.play`'s).
+
+    Raises:
+        StageLost: its device was lost, or said its round stopped.
+    """
+    try:
+        result = await rounds.play(device, start, None, returns=returns)
+    except RoundStalledError as exc:
+        raise StageLost(device, start.stage, rounds.clock.now(), str(exc)) from None
+    if result is None:
+        raise StageLost(device, start.stage, rounds.clock.now())
+    return result
