@@ -138,9 +138,10 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                           "(experimental: off by default)")
     run.add_argument("--no-device-profiles", dest="profile_devices", action="store_false",
                      default=None,
-                     help='with "auto", plan from the server\'s own table times each '
-                          "device's --device-slowdown instead of the devices' own "
-                          "measurements (by default devices profile themselves)")
+                     help='with "auto" (asteroid: any plan), plan from the server\'s own '
+                          "table times each device's --device-slowdown instead of the "
+                          "devices' own measurements (by default devices profile "
+                          "themselves)")
     run.add_argument("--device-memory-mb", type=_float_list,
                      help='memory budget per device for "auto" plans, MB (0 = unlimited)')
     run.add_argument("--heartbeat-interval", type=float, help="seconds between heartbeats")

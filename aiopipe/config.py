@@ -195,8 +195,9 @@ class RunConfig:
             that norm) or "drop" (left out of the aggregation); clipped or dropped
             devices are named in the log and in ``EpochMetrics.updates_refused``.
         outlier_limit: see ``outliers``.
-        profile_devices: with "auto" on real clocks, plan from what each device
-            measures of itself where it runs (its units' times, its links' rates:
+        profile_devices: with "auto" (and in mode asteroid, any plan: its rows are
+            balanced by speed) on real clocks, plan from what each device measures of
+            itself where it runs (its units' times, its links' rates:
             aiopipe.runtime.profiling); false: from the server's own table times each
             device's ``device_slowdown`` and the ``network`` as declared.
 

@@ -87,7 +87,8 @@ def test_ftpipehd_trains_an_asynchronous_pipeline_of_four_processes(tmp_path: Pa
 def test_asteroid_trains_a_hybrid_pipeline_of_three_processes(tmp_path: Path) -> None:
     """``python -m aiopipe --mode asteroid``: devices 0 and 1 split every micro-batch of
     the first stage between them (rows by their slowdowns) and all-reduce its gradients
-    over their own link; device 2 runs the second stage on the rows both send it."""
+    over their own link; device 2 runs the second stage on the rows both send it. Each
+    device profiled itself first, and the rows come from its own table."""
     out_dir = tmp_path / "run"
     done = subprocess.run(
         [sys.executable, "-m", "aiopipe", "--mode", "asteroid", "--devices", "3",
@@ -96,6 +97,8 @@ def test_asteroid_trains_a_hybrid_pipeline_of_three_processes(tmp_path: Path) ->
          "--batch-size", "32", "--parallel-batches", "2", "--out-dir", str(out_dir)],
         cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+    for d in range(3):
+        assert f"device {d} profiled itself" in done.stdout + done.stderr
     epochs = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     assert epochs[-1]["loss"] < epochs[0]["loss"]
     plan = {p["device"]: p for p in epochs[0]["plan"]}

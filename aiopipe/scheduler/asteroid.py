@@ -40,7 +40,7 @@ import bisect
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache, cached_property
 
 from aiopipe.errors import ConfigError
@@ -70,13 +70,15 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Device:
-    """One device: its compute time against the cost table's (``slowdown``), its memory
-    budget (bytes) and the rate of its links (bytes/s; a link between two devices runs
-    at the slower one's)."""
+    """One device: its compute time against its cost table's (``slowdown``), its memory
+    budget (bytes), the rate of its links (bytes/s; a link between two devices runs at
+    the slower one's) and its own cost table, measured where it runs (``costs``; None:
+    the model's)."""
 
     slowdown: float
     memory: float
     bandwidth: float
+    costs: CostTable | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,10 @@ class HppModel:
                 list(itertools.accumulate(self.saved or self.activation, initial=0.0)))
 
     @cached_property
-    def _times(self) -> dict[int, tuple[list[float], list[float], list[float], list[float]]]:
-        # samples -> each unit's forward and backward seconds, and their prefix sums
+    def _times(self) -> dict[tuple[int, int], tuple[CostTable, list[float], list[float],
+                                                      list[float], list[float]]]:
+        # (the table's id, samples) -> the table, each unit's forward and backward
+        # seconds, and their prefix sums
         return {}
 
     def memory(self, first: int, stop: int, samples: int, in_flight: int) -> float:
@@ -134,18 +138,20 @@ class HppModel:
 
     def times(self, first: int, stop: int, samples: int, device: Device) -> tuple[float, float]:
         """Forward and backward seconds of units ``first..stop-1`` on ``samples`` samples
-        on ``device`` (0 for none)."""
+        on ``device`` (0 for none): its own table's, else the model's, times its
+        slowdown."""
         if samples <= 0:
             return 0.0, 0.0
-        known = self._times.get(samples)
+        costs = device.costs or self.costs
+        known = self._times.get((id(costs), samples))
         if known is None:
             units = range(self.units)
-            forward = [self.costs.forward_time(u, u + 1, samples) for u in units]
-            backward = [self.costs.backward_time(u, u + 1, samples) for u in units]
-            known = self._times[samples] = (
-                forward, backward, list(itertools.accumulate(forward, initial=0.0)),
+            forward = [costs.forward_time(u, u + 1, samples) for u in units]
+            backward = [costs.backward_time(u, u + 1, samples) for u in units]
+            known = self._times[id(costs), samples] = (
+                costs, forward, backward, list(itertools.accumulate(forward, initial=0.0)),
                 list(itertools.accumulate(backward, initial=0.0)))
-        forward, backward, forward_sums, backward_sums = known
+        _, forward, backward, forward_sums, backward_sums = known
         f, b = forward_sums[stop] - forward_sums[first], backward_sums[stop] - backward_sums[first]
         if not (math.isfinite(f) and math.isfinite(b)):  # a unit that cannot run at this
             f, b = math.fsum(forward[first:stop]), math.fsum(backward[first:stop])  # size

@@ -26,7 +26,9 @@ from aiopipe.errors import ConfigError
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.plan import device_indices, train_dataset
 from aiopipe.runtime.systems.asteroid import Asteroid
-from aiopipe.transport import MemoryLink
+from aiopipe.scheduler.costs import CostTable
+from aiopipe.scheduler.estimate import DeviceProfile
+from aiopipe.transport import LinkSpec, MemoryLink
 from aiopipe.transport.fabric import MemoryFabric
 
 BATCH = 16
@@ -129,6 +131,32 @@ async def test_auto_takes_the_planners_stages_groups_and_rows() -> None:
         members = sorted(tuple(e["rows"]) for e in plan if e["stage"] == stage)  # type: ignore[misc]
         assert (members[0][0], members[-1][1]) == (0, BATCH // 2)
     assert result.final.samples > 0
+
+
+def test_the_plan_follows_what_the_devices_measured_of_themselves() -> None:
+    """On real clocks the coordinator plans again from the devices' own profiles
+    ([Note: device profiles]): devices declared equal, of which device 1 measured
+    itself 3x slower, get rows by what they measured; with "auto", a device that
+    measured itself 50x slower than declared computes the least a member can."""
+    table = CostTable.uniform(5, forward=1e-3, backward=2e-3)
+    link = LinkSpec(None, 0.0)
+
+    def measured(*factors: float) -> list[DeviceProfile]:
+        return [DeviceProfile(1.0, link, link, 4 * BATCH, table.scaled(f)) for f in factors]
+
+    system = Coordinator(_config(), clock=VirtualClock(), cost_table=table).system
+    assert isinstance(system, Asteroid)
+    assert system.rows[0][1] - system.rows[0][0] == system.rows[1][1] - system.rows[1][0]
+    system.prepare([4 * BATCH] * 3, measured(1.0, 3.0, 1.0))
+    assert (system.rows[0], system.rows[1], system.rows[2]) == ((0, 6), (6, 8), (0, 8))
+    declared = _config(devices=4, partition="auto", stage_groups="auto")
+    system = Coordinator(declared, clock=VirtualClock(), cost_table=table).system
+    assert isinstance(system, Asteroid)
+    before, slow = system.estimate_s(), system.groups[0][0]
+    assert system.rows[slow][1] - system.rows[slow][0] > 1
+    system.prepare([4 * BATCH] * 4, measured(*[50.0 if d == slow else 1.0 for d in range(4)]))
+    assert system.rows[slow][1] - system.rows[slow][0] == 1  # the least a member computes
+    assert system.estimate_s() > before
 
 
 def test_a_fleet_whose_memory_cannot_hold_the_model_is_refused_naming_a_device() -> None:

@@ -50,6 +50,19 @@ def test_a_slower_device_computes_fewer_samples() -> None:
     assert (fast, slow) == (12, 4)
 
 
+def test_a_device_s_own_table_is_its_compute() -> None:
+    """A device that measured itself (its own cost table) is planned by that table, times
+    its slowdown, not by the model's: here device 1's own table is 3x the model's."""
+    model = _model([0.01, 0.01])
+    own = model.costs.scaled(3.0)
+    fleet = [Device(1.0, 100 * MB, FAST), Device(1.0, 100 * MB, FAST, own)]
+    assert model.times(0, 2, 8, fleet[1]) == pytest.approx(
+        tuple(3 * t for t in model.times(0, 2, 8, fleet[0])))
+    assert model.times(0, 2, 8, Device(2.0, 100 * MB, FAST, own)) == pytest.approx(
+        tuple(6 * t for t in model.times(0, 2, 8, fleet[0])))
+    assert allocate(model, fleet, (0, 1), 0, 2, 16, 1) == (12, 4)
+
+
 def test_a_device_takes_no_more_samples_than_its_memory_holds() -> None:
     """Device 0 is fastest but holds 3 samples' activations (3 in flight each)."""
     model = _model([0.01], activation=[1e5], weights=[1e4])

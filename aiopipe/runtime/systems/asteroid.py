@@ -10,10 +10,14 @@ device to device, cut and joined by rows (`aiopipe.runtime.groups`).
 
 The plan: ``partition`` (S - 1 cut points) and ``stage_groups`` (each stage's device
 ids), with each group's rows allocated by Asteroid's Algorithm 1 (memory-aware
-balancing, then straggler offloading) on the cost table times each device's
-``device_slowdown`` within its ``device_memory_mb``; or both "auto": Asteroid's planner
-(`aiopipe.scheduler.asteroid.plan`, Algorithm 2) chooses stages, groups and rows for the
-fleet's slowdowns, memory budgets and uplinks.
+balancing, then straggler offloading) within each device's ``device_memory_mb``; or
+both "auto": Asteroid's planner (`aiopipe.scheduler.asteroid.plan`, Algorithm 2) chooses
+stages, groups and rows for the fleet's compute, memory budgets and uplinks. A device's
+compute is its own cost table, measured where it runs, and its uplink the rate it was
+measured at, on real clocks (``profile_devices``, [Note: device profiles] in
+aiopipe.runtime.profiling: the coordinator plans once before devices join, from the
+declared fleet, to refuse what cannot fit, and again from the profiles); else, and in
+virtual time, the coordinator's table times its ``device_slowdown``.
 
 Each iteration runs 1F1B (``K_p = min(2(S - p) - 1, N)`` warm-up forwards on stage p) or
 GPipe over N micro-batches; the members of a group then all-reduce the gradients they
@@ -109,12 +113,12 @@ class Asteroid(Pipeline):
         costs = setup.cost_table or measure_planning_costs(
             config, self.model, setup.in_shape, setup.test_set)
         self._hpp = HppModel.of(model_profile(self.model, setup.in_shape, costs))
-        self._fleet = [Device(config.device_slowdown_of(k),
-                              float(config.device_memory_bytes_of(k) or _UNLIMITED),
-                              _bytes_per_second(config, k))
-                       for k in range(config.devices)]
-        stages = self._planned() if config.stage_groups == "auto" else self._given()
-        self._place(stages)
+        self._fleet = [_declared(config, k) for k in range(config.devices)]
+        #: real clocks plan from what the devices measure of themselves ([Note: device
+        #: profiles] in aiopipe.runtime.profiling): `prepare` plans again with it
+        self.wants_profiles = setup.cost_table is None and config.profile_devices
+        self._auto = config.stage_groups == "auto"
+        self._place(self._planned() if self._auto else self._given())
         check_trainable(self.model, setup.in_shape,
                         [DevicePlan(0, self.units, n, self.micro_batch_size, 0)], config)
         self.schedule = self._schedule(n)
@@ -214,14 +218,22 @@ class Asteroid(Pipeline):
 
     def prepare(self, samples: Sequence[int],
                 devices: Sequence[DeviceProfile] | None = None) -> None:
-        """The first stage's members hold the data: each iteration takes ``N`` times its
-        rows from each; the epoch has as many as the one that runs out first holds.
+        """Plan again from ``devices``, what the devices measured of themselves (their
+        own cost tables and uplinks; None: as declared). The first stage's members hold
+        the data: each iteration takes ``N`` times its rows from each; the epoch has as
+        many as the one that runs out first holds.
 
         Raises:
-            ConfigError: a member holds fewer than one iteration's samples.
+            ConfigError: no plan fits the measured devices, or a member holds fewer than
+                one iteration's samples.
         """
         self._samples = list(samples)
         n = self.parallel_batches
+        if devices is not None:
+            self._fleet = [_measured(self.config, k, profile)
+                           for k, profile in enumerate(devices)]
+            self._place(self._planned() if self._auto else self._given())
+            self.schedule = self._schedule(n)
         fits = {d: samples[d] // ((self.rows[d][1] - self.rows[d][0]) * n)
                 for d in self.groups[0]}
         self.iterations_per_epoch = min(fits.values())
@@ -452,11 +464,21 @@ class Asteroid(Pipeline):
                           "optimizer state lives on the devices")
 
 
-def _bytes_per_second(config: RunConfig, device: int) -> float:
-    """Device ``device``'s uplink in bytes per second (unshaped: effectively
-    unlimited)."""
-    bps = config.device_network(device).up.bandwidth_bps
-    return bps / 8 if bps else _UNLIMITED
+def _declared(config: RunConfig, device: int) -> Device:
+    """Device ``device`` as the config declares it: its ``device_slowdown`` times the
+    coordinator's table, its ``device_memory_mb`` and its uplink."""
+    return _measured(config, device, None)
+
+
+def _measured(config: RunConfig, device: int, profile: DeviceProfile | None) -> Device:
+    """Device ``device`` as it measured itself (``profile``: its own cost table and the
+    rate of its uplink, where it could time it), within its ``device_memory_mb``; what
+    it did not measure as declared (unshaped links: effectively unlimited)."""
+    memory = float(config.device_memory_bytes_of(device) or _UNLIMITED)
+    uplink = profile.uplink if profile is not None else config.device_network(device).up
+    bps = uplink.bandwidth_bps
+    return Device(config.device_slowdown_of(device), memory, bps / 8 if bps else _UNLIMITED,
+                  profile.costs if profile is not None else None)
 
 
 def _parameter_names(state: Mapping[str, torch.Tensor], model: torch.nn.Module) -> list[str]:
