@@ -122,9 +122,12 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                           "re-partition (then at each global replication; 0: none before "
                           "the first global replication; default 10)")
     run.add_argument("--chain-replication-every", type=int,
-                     help="mode ftpipehd: batches between chain replications (each stage's "
-                          "weights to the next stage's device; a fault's replay starts from "
-                          "the latest one that survived; 0: none; default 50)")
+                     help="modes ftpipehd and asteroid: batches between chain replications "
+                          "(ftpipehd: each stage's weights to the next stage's device; "
+                          "asteroid: a stage's only device backs its stage up to the next "
+                          "stage's first device, the last stage to the first); a fault's "
+                          "replay starts from the latest one that survived; 0: none; "
+                          "default 50")
     run.add_argument("--network", help="network preset: 4g, 4g+, wifi or lan")
     run.add_argument("--device-timeout", type=float,
                      help="seconds of silence before a device connection is given up "

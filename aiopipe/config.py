@@ -143,7 +143,11 @@ class RunConfig:
         chain_replication_every: ftpipehd: batches between chain replications (each
             stage sends its weights and momentum to the next stage's device, the last
             stage to the coordinator; a round lost to a fault is played again from the
-            latest point every stage's state survived); 0: none.
+            latest point every stage's state survived); asteroid: batches of an epoch
+            between stage backups (every device keeps its stage's state; a stage's
+            only device also sends it to the first device of the next stage, the last
+            stage's to the first stage's: a round lost to a fault is played again from
+            the latest point every stage survived); 0: none.
         network: a preset ("4g", "4g+", "wifi", "lan") or a table with ``up_mbps``,
             ``down_mbps`` and optional ``latency_ms``; or a list of those, one per
             device (each device's own links, PiPar Eqs. 9-10).
@@ -411,8 +415,11 @@ class RunConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise _fail(name, value, "an integer >= 0")
-            if self.mode != "ftpipehd" and value != initial:
-                raise _fail(name, value, 'its default: it is for mode "ftpipehd"')
+            modes = (("ftpipehd", "asteroid") if name == "chain_replication_every"
+                     else ("ftpipehd",))
+            if self.mode not in modes and value != initial:
+                raise _fail(name, value, f"its default: it is for mode "
+                            f"{' and '.join(map(repr, modes))}".replace("'", '"'))
         if self.mode == "ftpipehd" and self.optimizer != "sgd":
             raise _fail("optimizer", self.optimizer, 'its default, "sgd": ftpipehd applies SGD '
                         "(learning_rate, momentum) itself, to each stage's weight versions")

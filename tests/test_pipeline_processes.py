@@ -115,27 +115,34 @@ def test_asteroid_trains_a_hybrid_pipeline_of_three_processes(tmp_path: Path) ->
         assert all(s["busy_s"] > 0 for s in epoch["stages"])
 
 
-async def test_asteroid_goes_on_when_a_group_member_is_sigkilled(tmp_path: Path) -> None:
-    """Device 1, of stage 0's group, SIGKILLed in epoch 2: its neighbours' links fail,
-    the devices left wait, the server gives it up after ``reconnect_grace``, adjusts the
-    plan (stage 0 on device 0 alone, stage 1 on device 2) and plays the round again; the
-    run ends, every epoch with its batches."""
+@pytest.mark.parametrize("killed", [1, 2])
+async def test_asteroid_goes_on_when_a_device_is_sigkilled(tmp_path: Path, killed: int) -> None:
+    """Device 1 (of stage 0's group) or device 2 (stage 1's only device) SIGKILLed in
+    epoch 2: its neighbours' links fail, the devices left wait, the server gives it up
+    after ``reconnect_grace``, adjusts the plan and plays the round again from the
+    latest stage backup point (stage 1's state from its backup node, device 0, when
+    device 2 is gone); the run ends, every epoch with its batches."""
     run = {"mode": "asteroid", "devices": 3, "model": "vgg5", "stage_groups": [[0, 1], [2]],
            "partition": [2], "samples_per_device": 320, "batch_size": 32,
            "parallel_batches": 2, "epochs": 3, "test_samples": 100,
-           "heartbeat_interval": 0.5, "device_timeout": 5.0, "reconnect_grace": 1.0}
+           "heartbeat_interval": 0.5, "device_timeout": 5.0, "reconnect_grace": 1.0,
+           "chain_replication_every": 2}
     async with ProcessFleet(tmp_path, run) as fleet:
         server = await fleet.start_server()
         devices = [await fleet.start_device(k, "--listen", "127.0.0.1:0") for k in range(3)]
         await server.output.wait_for(r"^\s+1\s", within=120)  # epoch 1's row: epoch 2 runs
         await asyncio.sleep(0.3)
-        devices[1].send_signal(signal.SIGKILL)
-        assert await devices[1].wait(30) == -signal.SIGKILL
-        await fleet.finish(server, [devices[0], devices[2]], within=180)
+        devices[killed].send_signal(signal.SIGKILL)
+        assert await devices[killed].wait(30) == -signal.SIGKILL
+        await fleet.finish(server, [d for k, d in enumerate(devices) if k != killed],
+                           within=180)
     epochs = fleet.metrics()
     assert len({e["samples"] for e in epochs}) == 1  # an epoch keeps its batches
     [recovery] = [c for e in epochs for c in e["changes"] if c.get("kind") == "recovery"]
-    assert (recovery["lost"], recovery["rescheduling"]) == ([1], "lightweight")
-    assert [entry[:2] for entry in recovery["after"]] == [[0, 0], [2, 1]]
+    assert (recovery["lost"], recovery["rescheduling"]) == ([killed], "lightweight")
+    assert recovery["from_iteration"] > 0
+    assert recovery["from_iteration"] % 2 == 0
+    after = [[0, 0], [2, 1]] if killed == 1 else [[0, 0], [1, 0]]
+    assert [entry[:2] for entry in recovery["after"]] == after
     assert all(math.isfinite(e["loss"]) for e in epochs)
-    assert sorted(p["device"] for p in epochs[-1]["plan"]) == [0, 2]
+    assert sorted(p["device"] for p in epochs[-1]["plan"]) == sorted({0, 1, 2} - {killed})

@@ -181,8 +181,9 @@ def _rows_of(peer: Mapping[str, Any], micro: int) -> tuple[int, int]:
 
 
 def _check_groups(message: RoundStart, me: str, rows: tuple[int, int]) -> None:
-    """The peers are members of this stage or the next to it, and each such stage's
-    members' rows split every micro-batch exactly.
+    """The peers are members of this stage or the next to it (the first and the last
+    stages are next to each other too: Asteroid's stage backups, aiopipe.runtime.chain),
+    and each such stage's members' rows split every micro-batch exactly.
 
     Raises:
         RemoteProtocolError: they do not.
@@ -190,7 +191,8 @@ def _check_groups(message: RoundStart, me: str, rows: tuple[int, int]) -> None:
     stage, micro = message.stage, message.micro_batch_size
     members: dict[int, list[tuple[int, int]]] = {stage: [rows]}
     for name, peer in message.peers.items():
-        if name == me or abs(peer["stage"] - stage) > 1:
+        if name == me or (abs(peer["stage"] - stage) > 1
+                          and {peer["stage"], stage} != {0, message.stages - 1}):
             raise RemoteProtocolError(
                 f"round {message.round} names peers {sorted(message.peers)} that are not "
                 f"members of {me}'s stage or of those next to it")

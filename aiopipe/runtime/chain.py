@@ -16,6 +16,22 @@ batches after the stages behind it, so the first stage may not have reached the
 latest). Found, the round is played again from there, so only the batches after it are
 computed again; else from the round's start (the global replication).
 
+[Note: stage backups] Asteroid's topology-driven replication (§3.4) on the same
+parts: every ``chain_replication_every`` batches of an epoch (the round's last but one
+at most), after the step, every device keeps its stage's state (weights, buffers and,
+with SGD, momentum: `stage_snapshot`) and, when it is its stage's only device, sends it
+to the stage's backup node: the first member of the next stage, the last stage's to
+the first's (`backup_node`; the backup node checks it: `ChainReplicas.accept_backup`).
+A group's members need no backup node: each keeps its own, and the members are the same.
+When a round stops, the coordinator asks each stage's members alive, then its backup
+node, for the stage's state at the latest backup point of the given-up attempt, down to
+its start (`gather_from`); found whole, the round is played again from there: a device
+that keeps its stage and answered with its own snapshot starts from it (no weights
+sent: `Holdings.assign`), the others get their stage's weights and momentum from the
+coordinator, which loaded the point. What the attempt trained before the point is
+counted in its epoch (samples; the last stage's loss, scaled from the answering
+member's rows when that stage is a group).
+
 Nothing a device sends here is trusted: a replica must come from where the plan says,
 for the round and stage it names, and hold exactly the tensors of that stage's units,
 finite (`check_tensors`); one that does not is a protocol error from a peer, and is
@@ -30,9 +46,11 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
+import torch
 from torch import nn
 
 from aiopipe import models
+from aiopipe.config import RunConfig
 from aiopipe.errors import RemoteProtocolError
 from aiopipe.protocol import (
     DTYPE_SIZES,
@@ -43,9 +61,20 @@ from aiopipe.protocol import (
 )
 from aiopipe.runtime.assignment import Assignment
 from aiopipe.runtime.async_weights import MOMENTUM
-from aiopipe.runtime.stage import Expected, check_tensors
+from aiopipe.runtime.stage import Expected, StageWork, check_tensors
 
-__all__ = ["KEPT", "ChainReplicas", "expected_tensors", "gather"]
+__all__ = [
+    "KEPT",
+    "ChainReplicas",
+    "backed_up_by",
+    "backs_up_momentum",
+    "backup_node",
+    "expected_tensors",
+    "gather",
+    "gather_from",
+    "load_momentum",
+    "stage_snapshot",
+]
 
 #: How many snapshots of a stage a holder keeps (the latest ones).
 KEPT = 2
@@ -118,6 +147,43 @@ class ChainReplicas:
         check_tensors(replica.tensors, expected_tensors(units, momentum=self.momentum), what)
         self.keep(replica)
 
+    def accept_backup(self, sender: str, replica: Replica, assignment: Assignment | None
+                      ) -> None:
+        """Asteroid: ``sender``, the only device of the stage before ours (the last
+        stage's, when ours is the first), backed its stage up to us, its stage's backup
+        node ([Note: stage backups]): check it against the round, then hold it (one of an
+        attempt given up on, or of one we have not started yet, is dropped).
+
+        Raises:
+            RemoteProtocolError: it breaks the plan.
+        """
+        if assignment is None or sender != backed_up_by(assignment):
+            raise RemoteProtocolError(f"{sender} sent a stage backup but we are not its "
+                                      "backup node")
+        if replica.round != assignment.round:
+            return
+        stage = (assignment.stage - 1) % assignment.stages
+        what = f"{sender}'s backup"
+        start, stop = assignment.first_iteration, (assignment.first_iteration
+                                                   + assignment.iterations)
+        if replica.stage != stage or not (
+                start < replica.batches < stop and replica.batches % self.every == 0):
+            raise RemoteProtocolError(f"{what} is of stage {replica.stage} after "
+                                      f"{replica.batches} batches, not of stage {stage} at "
+                                      f"a backup point of batches {start}..{stop - 1}")
+        last = models.unit_count(self.model)
+        stop_unit = assignment.first_unit if stage < assignment.stage else last
+        units = models.units_of(self.model, _first_unit(replica.tensors, stop_unit), stop_unit)
+        check_tensors(replica.tensors, expected_tensors(units, momentum=self.momentum), what)
+        self.keep(replica)
+
+    def own(self, stage: int, batches: int, round_no: int) -> Replica | None:
+        """Our snapshot of ``stage`` after ``batches`` batches of round ``round_no``, if
+        we hold it."""
+        if round_no != self.round:
+            return None
+        return self.held.get(stage, {}).get(batches)
+
     def answer(self, request: ReplicaRequest) -> list[Replica]:
         """One `Replica` per stage asked: held after the batches asked, else without
         tensors (none held)."""
@@ -132,6 +198,55 @@ class ChainReplicas:
         """The answer of a device that holds nothing ``request`` asks for."""
         return [Replica(request.round, stage, request.batches, 0.0, 0, {})
                 for stage in request.stages]
+
+
+def backs_up_momentum(config: RunConfig) -> bool:
+    """Whether replicas and backups hold SGD's momentum buffers: with momentum, when
+    the run's optimizer is SGD (another optimizer's state is not backed up: a stage
+    restored from a backup restarts it)."""
+    return bool(config.momentum) and config.optimizer == "sgd"
+
+
+def stage_snapshot(work: StageWork, *, momentum: bool) -> dict[str, torch.Tensor]:
+    """A CPU copy of a stage's state, and with ``momentum`` each parameter's SGD
+    momentum buffer (zeros where it has none yet): what a stage backup holds
+    (`expected_tensors`)."""
+    state = work.trained_state()
+    if momentum:
+        for name, param in work.module.named_parameters():
+            buffer = work.optimizer.state.get(param, {}).get("momentum_buffer")
+            state[MOMENTUM + name] = (buffer.detach().to("cpu", copy=True)
+                                      if isinstance(buffer, torch.Tensor)
+                                      else torch.zeros_like(param, device="cpu"))
+    return state
+
+
+def load_momentum(work: StageWork, momentum: Mapping[str, torch.Tensor]) -> None:
+    """Set a stage's SGD momentum buffers, by parameter name, from a snapshot
+    (`stage_snapshot`)."""
+    for name, param in work.module.named_parameters():
+        if name in momentum:
+            work.optimizer.state[param]["momentum_buffer"] = momentum[name].to(
+                param.device, copy=True)
+
+
+def backup_node(assignment: Assignment) -> str | None:
+    """Asteroid's topology-driven replication ([Note: stage backups]): where this
+    device sends its stage's backups: the first member of the next stage (the last
+    stage's: of the first), when ours is its only device; else None (a group's members
+    back each other up; a one-stage plan has nowhere to go)."""
+    if assignment.stages < 2 or len(assignment.members_at(assignment.stage)) > 1:
+        return None
+    members = assignment.members_at((assignment.stage + 1) % assignment.stages)
+    return members[0][0] if members else None
+
+
+def backed_up_by(assignment: Assignment) -> str | None:
+    """The device whose stage this one is the backup node of (`backup_node`), if any."""
+    if assignment.stages < 2 or assignment.members_at(assignment.stage)[0][0] != assignment.me:
+        return None
+    members = assignment.members_at((assignment.stage - 1) % assignment.stages)
+    return members[0][0] if len(members) == 1 else None
 
 
 def _first_unit(tensors: Mapping[str, TensorData], stop: int) -> int:
@@ -172,24 +287,48 @@ async def gather(source: ReplicaSource, round_no: int, workers: Sequence[int],
     (batches, the replicas by stage), or None when no point survived."""
     stages = len(workers)
     last = source.chained(round_no)
-    for batches in sorted(last, reverse=True)[:KEPT]:
-        found = {stages - 1: last[batches]} if check(stages - 1, last[batches]) else {}
-        for offset in (0, 1):  # the stage's own device, then the next stage's
+    holders = [[workers[p], workers[p + 1]] if p + 1 < stages else [workers[p]]
+               for p in range(stages)]
+    found = await gather_from(
+        source, round_no, sorted(last, reverse=True)[:KEPT], holders, alive, check,
+        held=lambda batches: ({stages - 1: last[batches]}
+                              if check(stages - 1, last[batches]) else {}))
+    if found is None:
+        return None
+    batches, replicas = found
+    return batches, [replicas[p][1] for p in range(stages)]
+
+
+async def gather_from(source: ReplicaSource, round_no: int, points: Sequence[int],
+                      holders: Sequence[Sequence[int]], alive: Sequence[int],
+                      check: Callable[[int, Replica], bool],
+                      held: Callable[[int], Mapping[int, Replica]] | None = None
+                      ) -> tuple[int, dict[int, tuple[int, Replica]]] | None:
+    """Every stage's replica after the same batches of round ``round_no``: the first of
+    ``points`` (batches, in the order to try) for which one survived of every stage,
+    asking stage p's ``holders[p]`` that are ``alive``, one after the other (each
+    holder's turn asks every stage still missing at once); ``held(batches)``: the
+    replicas the coordinator holds itself. (batches, by stage: the device that held it
+    (-1: the coordinator) and its replica), or None when no point survived whole."""
+    stages = len(holders)
+    for batches in points:
+        found = {p: (-1, r) for p, r in (held(batches) if held else {}).items()}
+        for turn in range(max(map(len, holders), default=0)):
             asked: dict[int, list[int]] = {}
             for p in range(stages):
-                holder = workers[p + offset] if p + offset < stages else None
+                holder = holders[p][turn] if turn < len(holders[p]) else None
                 if p not in found and holder is not None and holder in alive:
                     asked.setdefault(holder, []).append(p)
             answers = await asyncio.gather(*(
                 source.replicas(d, ReplicaRequest(round_no, batches, tuple(ps)))
                 for d, ps in asked.items()))
-            for ps, replies in zip(asked.values(), answers, strict=True):
+            for (d, ps), replies in zip(asked.items(), answers, strict=True):
                 for replica in replies:
                     if (replica.tensors and replica.stage in ps and replica.batches == batches
                             and replica.stage not in found and check(replica.stage, replica)):
-                        found[replica.stage] = replica
+                        found[replica.stage] = (d, replica)
         if len(found) == stages:
-            return batches, [found[p] for p in range(stages)]
+            return batches, found
         log.info("round %d: no whole state after %d batches (stages %s missing)",
                  round_no + 1, batches, sorted(set(range(stages)) - set(found)))
     return None

@@ -74,7 +74,12 @@ from aiopipe.protocol import (
 )
 from aiopipe.runtime.assignment import Assignment, check_data_message, data_frame_limit
 from aiopipe.runtime.async_weights import AsyncStageWork
-from aiopipe.runtime.chain import ChainReplicas
+from aiopipe.runtime.chain import (
+    ChainReplicas,
+    backs_up_momentum,
+    backup_node,
+    stage_snapshot,
+)
 from aiopipe.runtime.compute import Compute, resolve_torch_device, warm_up_torch
 from aiopipe.runtime.executor import Identity, Inbox, Key, Route, StageExecutor
 from aiopipe.runtime.groups import (
@@ -434,8 +439,8 @@ class _DeviceNode:
             elif isinstance(message, EvalRequest):
                 self.control.put_nowait(message)
             elif isinstance(message, ReplicaRequest):
-                if self.config.mode != "ftpipehd":
-                    raise RemoteProtocolError("a replica request outside mode ftpipehd")
+                if self.config.mode not in ("ftpipehd", "asteroid"):
+                    raise RemoteProtocolError(f"a replica request in mode {self.config.mode}")
                 # (a process started afresh may be asked before it has set up: none held)
                 for replica in (self.chain.answer(message) if self.chain is not None
                                 else ChainReplicas.none_held(message)):
@@ -486,7 +491,10 @@ class _DeviceNode:
         if isinstance(message, Replica):
             if self.chain is None or sender == COORDINATOR:
                 raise RemoteProtocolError(f"{sender} sent a replica outside the chain")
-            self.chain.accept(sender, message, assignment)
+            if self.config.mode == "asteroid":
+                self.chain.accept_backup(sender, message, assignment)
+            else:
+                self.chain.accept(sender, message, assignment)
             return
         if isinstance(message, Gradient) and sender == COORDINATOR:
             if _key(message) not in self.sent_activations:
@@ -581,8 +589,9 @@ class _DeviceNode:
             self.held_out))
         self.compute.slowdown = self.config.device_slowdown_of(self.device_id)
         self.ready = self.holdings.ready()
-        if self.config.mode == "ftpipehd":
-            self.chain = ChainReplicas(self.holdings.whole, momentum=bool(self.config.momentum),
+        if self.config.mode == "ftpipehd" or (self.config.mode == "asteroid"
+                                              and self.config.chain_replication_every):
+            self.chain = ChainReplicas(self.holdings.whole, momentum=backs_up_momentum(self.config),
                                        every=self.config.chain_replication_every)
         self.peer.post(self.ready, "ready")
         rounds = samples = 0
@@ -645,7 +654,8 @@ class _DeviceNode:
         mark = len(self.recorder.slices)
         self.inbox.reopen()
         assignment, work = await self.compute.call(
-            partial(self.holdings.assign, message, self.assignment, self.work))
+            partial(self.holdings.assign, message, self.assignment, self.work,
+                    self._own_backup(message)))
         self.assignment, self.work = assignment, work
         self.pieces = Pieces(assignment)
         self.parameters = {name: (str(p.dtype).removeprefix("torch."), tuple(p.shape))
@@ -653,12 +663,12 @@ class _DeviceNode:
         if self.peers is not None:
             # FTPipeHD re-partitions: a neighbour may send the next round's activations
             # (of another cut) before our RoundStart comes ([Note: early activations])
+            backups = self.chain.frame_limit if self.chain is not None else 0
             self.peers.limit(max(data_frame_limit(self.holdings.activation_shapes,
-                                                  assignment.micro_batch_size),
-                                 self.chain.frame_limit)
-                             if self.chain is not None else max(
+                                                  assignment.micro_batch_size), backups)
+                             if self.config.mode == "ftpipehd" else max(
                                  assignment.frame_limit(),
-                                 _group_frame_limit(self.parameters)))
+                                 _group_frame_limit(self.parameters), backups))
         await self._deliver_early()
         routes = await self._routes(assignment)
         group = await self._group_routes(assignment)
@@ -682,6 +692,8 @@ class _DeviceNode:
                 await executor.run(message.epoch, iteration,
                                    assignment.version_of(iteration))
                 self.sent_activations.clear()  # every gradient of the iteration has arrived
+                if self.chain is not None and self.config.mode == "asteroid":
+                    await self._back_up(work, assignment, iteration + 1)
         finally:
             if timer is not None:
                 timer.cancel()
@@ -721,6 +733,36 @@ class _DeviceNode:
             route = routes.get(assignment.stage + 1)
             link = route.peer if isinstance(route, PeerRoute) else self.peer  # (last stage)
             link.post(replica, "replica", epoch=assignment.epoch)
+
+    def _own_backup(self, message: RoundStart) -> Replica | None:
+        """Asteroid's replay from a backup point ([Note: stage backups]): our own
+        snapshot of the stage ``message`` keeps (sent no weights), after its first
+        iteration, taken in the attempt we last worked on; None when we hold none."""
+        previous = self.assignment
+        if (self.chain is None or message.tensors or previous is None
+                or message.epoch != previous.epoch):
+            return None
+        return self.chain.own(message.stage, message.first_iteration, previous.round)
+
+    async def _back_up(self, work: StageWork, assignment: Assignment, batches: int) -> None:
+        """Asteroid's topology-driven replication ([Note: stage backups]): at a backup
+        point (every ``chain_replication_every`` batches of the epoch, the round's last
+        but one at most) keep our stage's state and, when we are its only device, send
+        it to its backup node."""
+        assert self.chain is not None
+        end = assignment.first_iteration + assignment.iterations
+        if batches % self.chain.every or batches >= end:
+            return
+        momentum = self.chain.momentum
+        tensors = await self.compute.call(
+            lambda: state_to_wire(stage_snapshot(work, momentum=momentum)))
+        replica = Replica(assignment.round, assignment.stage, batches, float(work.loss_sum),
+                          int(work.correct), tensors)
+        self.chain.keep(replica)
+        node = backup_node(assignment)
+        if node is not None:
+            route = await self._peer_route(assignment, node, dial=True)
+            route.peer.post(replica, "backup", epoch=assignment.epoch)
 
     async def _reduce(self, work: StageWork, assignment: Assignment,
                       group: dict[str, PeerRoute], epoch: int, iteration: int,

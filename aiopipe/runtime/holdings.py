@@ -37,11 +37,13 @@ from aiopipe.protocol import (
     EvalResult,
     Plan,
     Ready,
+    Replica,
     RoundStart,
     state_from_wire,
 )
 from aiopipe.runtime.assignment import Assignment
 from aiopipe.runtime.async_weights import AsyncStageWork, split_momentum
+from aiopipe.runtime.chain import load_momentum
 from aiopipe.runtime.factories import Loss, build_model, make_loss, make_optimizer
 from aiopipe.runtime.plan import device_data, unit_output_shapes
 from aiopipe.runtime.profiling import host_fingerprint
@@ -136,11 +138,13 @@ class Holdings:
         return EvalResult(request.epoch, len(held), max(loss_sum, 0.0), correct)
 
     def assign(self, message: RoundStart, previous: Assignment | None,
-               work: StageWork | None) -> tuple[Assignment, StageWork]:
+               work: StageWork | None, backup: Replica | None = None
+               ) -> tuple[Assignment, StageWork]:
         """The round's assignment and its stage: ``work`` with the round's weights, or a
         new stage when the assignment changed (the optimizer state of the parameters it
-        keeps carries over, see aiopipe.runtime.replan [Note: switching]). Compute
-        thread.
+        keeps carries over, see aiopipe.runtime.replan [Note: switching]). ``backup``:
+        Asteroid's own snapshot of the stage to start from when sent no weights
+        (aiopipe.runtime.chain [Note: stage backups]). Compute thread.
 
         Raises:
             RemoteProtocolError: the assignment cannot be this run's.
@@ -184,17 +188,23 @@ class Holdings:
         if keep and not kept_stage and next(work.module.parameters(), None) is not None:
             raise RemoteProtocolError(f"round {message.round} asks {name} to keep weights "
                                       "it does not hold")
+        momentum: dict[str, torch.Tensor] = {}
         if not keep:
             state, momentum = split_momentum(state_from_wire(message.tensors))
             work.module.load_state_dict(state)
-            if replayed:
-                self.start_state = copy.deepcopy(work.module.state_dict())
+        elif replayed and backup is not None and kept_stage:
+            state, momentum = split_momentum(state_from_wire(backup.tensors))
+            work.module.load_state_dict(state)
         elif replayed:
             self._restart(work, name, message.round)
-        if replayed and kept_stage and previous is not None and (
+        if replayed and momentum:  # a replay from a backup point: the point's momentum
+            load_momentum(work, momentum)
+        elif replayed and kept_stage and previous is not None and (
                 previous.epoch, previous.first_iteration) == (message.epoch,
                                                              message.first_iteration):
             self._restart_optimizer(work)  # the round again: its momentum as it began
+        if replayed:  # where this attempt starts: a replay from here restarts from it
+            self.start_state = copy.deepcopy(work.module.state_dict())
         work.clear()
         work.fraction = assignment.share / assignment.micro_batch_size
         work.measure_memory = self.config.mode == "asteroid"  # its budgets are checked

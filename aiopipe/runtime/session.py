@@ -302,7 +302,7 @@ class DeviceSession:
         Raises:
             RemoteProtocolError: nobody asked for it, or the run is not ftpipehd's.
         """
-        if self.host.config.mode != "ftpipehd":
+        if self.host.config.mode not in ("ftpipehd", "asteroid"):
             raise RemoteProtocolError(f"a replica in mode {self.host.config.mode}")
         if self._asked is not None and message.stage in self._asked[0]:
             waiting, answers, future = self._asked
@@ -314,6 +314,9 @@ class DeviceSession:
         window = self.window
         if window is not None and message.round < window.round:
             return  # of an attempt given up on
+        if self.host.config.mode == "asteroid":  # its backups go to devices
+            raise RemoteProtocolError(f"a replica of stage {message.stage} that nobody "
+                                      "asked for")
         start = window.start if window is not None else None
         if start is None or message.round != start.round or not (
                 message.stage == start.stage == start.stages - 1

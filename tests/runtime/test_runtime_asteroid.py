@@ -271,14 +271,48 @@ async def test_a_lightweight_replay_keeps_the_stages_left_in_place_exactly(
     assert kept.epochs[1].bytes_down < sent.epochs[1].bytes_down
 
 
-async def test_a_round_stopped_by_a_broken_link_is_played_again_exactly() -> None:
+@pytest.mark.parametrize("killed", [1, 2])
+async def test_a_lost_device_s_stage_is_restored_from_the_latest_backup_point(
+        killed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stage backups every 2 batches ([Note: stage backups]): device 1 (a member of
+    stage 0's group: its stage survives on device 0) or device 2 (stage 1's only device:
+    its stage survives on its backup node, device 0) is lost mid-round; the round is
+    played again from the latest backup point, not from its start, the epoch keeps its
+    samples, and the devices that kept their own snapshot start from it, ending bit for
+    bit where a replay that sent every stage its weights and momentum ends."""
+    config = _config(model="vgg5", devices=3, stage_groups=[[0, 1], [2]], partition=[2],
+                     epochs=3, samples_per_device=6 * BATCH, heartbeat_interval=0.5,
+                     device_timeout=2.0, reconnect_grace=1.0, chain_replication_every=2)
+    kept, _ = await _killed_mid_round(config, killed, into=1.0)
+    original = Asteroid._starts
+
+    def sending(self: Asteroid, *args: Any) -> Any:
+        self._keep = False  # every stage's weights (and momentum) sent
+        return original(self, *args)
+
+    monkeypatch.setattr(Asteroid, "_starts", sending)
+    sent, _ = await _killed_mid_round(config, killed, into=1.0)
+    [change] = kept.epochs[1].changes
+    assert change["lost"] == [killed]
+    assert change["from_iteration"] > 0
+    assert change["from_iteration"] % 2 == 0
+    assert len({e.samples for e in kept.epochs}) == 1  # the epoch kept its samples
+    for name, tensor in sent.model.state_dict().items():
+        assert torch.equal(kept.model.state_dict()[name], tensor), name
+    assert [e.loss for e in kept.epochs] == [e.loss for e in sent.epochs]
+
+
+@pytest.mark.parametrize("backups", [0, 2])
+async def test_a_round_stopped_by_a_broken_link_is_played_again_exactly(backups: int) -> None:
     """The link between device 0 (stage 0) and device 2 (stage 1) breaks mid-round, no
     device lost: both say their round stopped, the coordinator plays it again with the
     same plan, every device from the state it kept of the round's start (weights,
-    buffers, momentum), and the run ends bit for bit where an undisturbed one does."""
+    buffers, momentum) or, with stage backups every 2 batches, from its own snapshot at
+    the latest backup point, and the run ends bit for bit where an undisturbed one does."""
     config = _config(model="vgg5", devices=3, stage_groups=[[0, 1], [2]], partition=[2],
                      epochs=3, samples_per_device=6 * BATCH, heartbeat_interval=0.5,
-                     device_timeout=2.0, reconnect_grace=1.0)
+                     device_timeout=2.0, reconnect_grace=1.0,
+                     chain_replication_every=backups)
     undisturbed = await simulate(config, clock=VirtualClock())
 
     class Recorded(MemoryFabric):
@@ -308,5 +342,8 @@ async def test_a_round_stopped_by_a_broken_link_is_played_again_exactly() -> Non
     [change] = result.epochs[1].changes
     assert (change["lost"], change["rescheduling"]) == ([], "")  # the plan stayed
     assert change["replayed_as"] > change["round"]
+    assert (change["from_iteration"] > 0) == (backups > 0)
+    assert change["from_iteration"] % 2 == 0
+    assert [e.samples for e in result.epochs] == [e.samples for e in undisturbed.epochs]
     for name, tensor in undisturbed.model.state_dict().items():
         assert torch.equal(result.model.state_dict()[name], tensor), name

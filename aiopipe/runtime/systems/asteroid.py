@@ -26,21 +26,23 @@ the step is unsplit training's on the whole batch. A round is an epoch; the coor
 puts the stages side by side (each stage's weights from its first member: they are
 identical; floating-point buffers, batch norm's statistics, averaged over the members).
 
-Faults (a first step towards Asteroid's replay, §3.4): a device lost mid-round (its
-connection, or a neighbour's link to it, given up: heartbeats and ``device_timeout``)
-stops the round; the devices still there wait (`RoundStalled`), and the coordinator
-re-plans over them and plays the round again from its start; the epoch keeps its number
-of batches (the first stage's devices go round their own data again if they now hold
-less of it). ``rescheduling``
+Faults (Asteroid's replay, §3.4): a device lost mid-round (its connection, or a
+neighbour's link to it, given up: heartbeats and ``device_timeout``) stops the round;
+the devices still there wait (`RoundStalled`), and the coordinator re-plans over them and
+plays the round again from the latest stage backup point every stage survived
+(aiopipe.runtime.chain [Note: stage backups]: a stage's state kept by its members, and a
+single-device stage's sent to its backup node every ``chain_replication_every``
+batches), else from its start; the epoch keeps its number of batches (the first stage's
+devices go round their own data again if they now hold less of it). ``rescheduling``
 "lightweight" (the default) adjusts the plan (§3.4's layer-wise re-planning,
 `aiopipe.scheduler.asteroid.adjusted_plan`), and a device that holds the same stage as
 in the attempt given up on (same process) is sent no weights: it starts again from the
 state it kept of that attempt's start ([Note: kept weights] in
-aiopipe/runtime/holdings.py); the others get their stage's weights from the
-coordinator's copy of the round's start. "heavy" runs the planner from scratch over the
-devices left and sends every stage's weights again (the paper's straw-man). Stages are
-not backed up to other devices (the paper's topology-driven replication): the
-coordinator's copy is every stage's backup. A replay's weight
+aiopipe/runtime/holdings.py), or of the backup point when it answered with its own
+snapshot there; the others get their stage's weights from the
+coordinator's copy of the round's start (or of the backup point, with its momentum).
+"heavy" runs the planner from scratch over the devices left and sends every stage's
+weights again (the paper's straw-man). A replay's weight
 versions (and those of every round after a re-plan) are ``REPLAY_VERSIONS`` above the
 attempt's before, so the devices drop what an attempt given up on still sends. Not
 resumable from a checkpoint.
@@ -51,14 +53,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import torch
 
 from aiopipe import models
 from aiopipe.config import RunConfig
-from aiopipe.errors import ConfigError, TrainingError
-from aiopipe.protocol import RoundResult, RoundStart, state_from_wire
+from aiopipe.errors import ConfigError, RemoteProtocolError, TrainingError
+from aiopipe.protocol import Replica, RoundResult, RoundStart, state_from_wire
+from aiopipe.runtime.async_weights import MOMENTUM, split_momentum
+from aiopipe.runtime.chain import backs_up_momentum, expected_tensors, gather_from
 from aiopipe.runtime.plan import (
     DevicePlan,
     check_trainable,
@@ -66,6 +72,7 @@ from aiopipe.runtime.plan import (
     model_profile,
     unit_output_shapes,
 )
+from aiopipe.runtime.stage import check_tensors
 from aiopipe.runtime.systems.base import Rounds, Setup
 from aiopipe.runtime.systems.pipeline import Pipeline, StageLost, play_or_lost
 from aiopipe.scheduler.actions import Action
@@ -131,6 +138,13 @@ class Asteroid(Pipeline):
         self._keep = False  # the round is being played again, lightweight
         #: the weights a device that keeps its stage must return (the session checks)
         self._returns: dict[int, Mapping[str, Any]] = {}
+        #: the devices that can start a replay from what they kept (all of them when it
+        #: starts where the given-up attempt did; from a backup point, those that held
+        #: their own stage's snapshot there)
+        self._restorable: set[int] = set()
+        #: each parameter's momentum at the backup point a replay starts from (sent with
+        #: the weights then); empty otherwise
+        self._momentum: dict[str, torch.Tensor] = {}
 
     def _planned(self) -> list[HppStage]:
         """Asteroid's planner on the cost table and the fleet.
@@ -262,12 +276,15 @@ class Asteroid(Pipeline):
 
     def _member_peers(self, rounds: Rounds, device: int) -> dict[str, dict[str, Any]]:
         """A member's peers: its group's other members and the neighbouring stages',
-        each with its stage, address and rows."""
-        p = self.stage_of(device)
+        each with its stage, address and rows; with stage backups, the first and the
+        last stage are neighbours too (the last backs up to the first)."""
+        p, last = self.stage_of(device), self.stages - 1
+        near = {q for q in (p - 1, p, p + 1) if 0 <= q <= last}
+        if self.config.chain_replication_every and p in (0, last):
+            near.add(last - p)
         return {f"device{d}": {"stage": q, "address": rounds.address_of(d),
                                "rows": list(self.rows[d])}
-                for q in (p - 1, p, p + 1) if 0 <= q < self.stages
-                for d in self.groups[q] if d != device}
+                for q in sorted(near) for d in self.groups[q] if d != device}
 
     def member_start(self, rounds: Rounds, device: int, round_no: int, epoch: int,
                      first: int, iterations: int, state: Mapping[str, Any]) -> RoundStart:
@@ -294,8 +311,11 @@ class Asteroid(Pipeline):
             p = self.stage_of(d)
             state = states[p]
             held[d] = (rounds.session_of(d), (p, self.stages, *self.bounds[p]))
-            if self._keep and self._held.get(d) == held[d]:
-                self._returns[d], state = state, {}
+            weights = {k: v for k, v in state.items() if not k.startswith(MOMENTUM)}
+            if len(weights) < len(state):  # (momentum goes out, not back)
+                self._returns[d] = weights
+            if self._keep and self._held.get(d) == held[d] and d in self._restorable:
+                self._returns[d], state = weights, {}
             starts[d] = self.member_start(rounds, d, round_no, epoch, first, work[d], state)
         self._held = held
         return starts
@@ -315,10 +335,14 @@ class Asteroid(Pipeline):
         self._keep = False
         if set(self.workers) != set(alive):
             self._replan(rounds, round_no, epoch, alive, "at its start")
+        start, carried = 0, _Carried()  # where the attempt starts; what came before
         while True:
             try:
-                return await self._play_round(rounds, round_no, epoch, first,
-                                              [self.iterations_per_epoch] * len(work))
+                done = await self._play_round(
+                    rounds, round_no, epoch, start,
+                    [self.iterations_per_epoch - start] * len(work))
+                self._momentum = {}
+                return carried.added_to(done, self.groups)
             except StageLost as lost:
                 self._keep = self.config.rescheduling == "lightweight"
                 log.warning("round %d: %s; playing the round again", round_no + 1, lost)
@@ -330,13 +354,20 @@ class Asteroid(Pipeline):
                 if tries > MAX_REPLAYS:
                     raise TrainingError(f"round {round_no + 1} stopped {tries} times with "
                                         f"the same devices; the last time: {lost}") from None
+                point = await self._backup_point(rounds, round_no, start, alive)
+                self._restorable = set(range(self.config.devices))
+                if point is not None:
+                    self._restorable = {d for p, (d, _) in point[1].items()
+                                        if d in self.groups[p]}
+                    start = carried.add(point, start, self)
                 again = rounds.new_round()
                 self._replan(rounds, round_no, epoch, alive, "devices lost", lost=lost,
-                             replayed_as=again)
+                             replayed_as=again, start=start)
                 round_no = again
 
     def _replan(self, rounds: Rounds, round_no: int, epoch: int, alive: Sequence[int],
-                when: str, *, lost: StageLost | None = None, replayed_as: int = -1) -> None:
+                when: str, *, lost: StageLost | None = None, replayed_as: int = -1,
+                start: int = 0) -> None:
         """Plan again over ``alive`` from scratch (the planner) and record it.
 
         Raises:
@@ -366,8 +397,79 @@ class Asteroid(Pipeline):
         if lost is None:
             rounds.record_change(change)
         else:
-            rounds.record_change({**change, "stopped": str(lost), "replayed_as": replayed_as},
+            rounds.record_change({**change, "stopped": str(lost), "replayed_as": replayed_as,
+                                  "from_iteration": start},
                                  recovery=(lost.at, rounds.clock.now()))
+
+    async def _backup_point(self, rounds: Rounds, round_no: int, start: int,
+                            alive: Sequence[int]
+                            ) -> tuple[int, dict[int, tuple[int, Replica]]] | None:
+        """The latest backup point of the given-up attempt (round ``round_no``, from
+        iteration ``start``, on the current plan) at which every stage survived
+        (aiopipe.runtime.chain [Note: stage backups]): each stage asked of its members
+        alive, then of its backup node; that state loaded here (the weights into the
+        model, the momentum kept to send). (batches, by stage: its holder and replica),
+        or None when none survived whole (or there are no backups)."""
+        every = self.config.chain_replication_every
+        if not every:
+            return None
+        momentum = backs_up_momentum(self.config)
+        expected = [expected_tensors(models.units_of(self.model, a, b), momentum=momentum)
+                    for a, b in self.bounds]
+        holders = []
+        for p, group in enumerate(self.groups):
+            backup = self.groups[(p + 1) % self.stages][0]
+            holders.append([*group, backup] if len(group) == 1 and self.stages > 1
+                           else list(group))
+        limit = self.micro_batch_size
+
+        def sound(stage: int, replica: Replica) -> bool:
+            try:
+                if replica.round != round_no or replica.correct > replica.batches * limit:
+                    raise RemoteProtocolError(f"it claims {replica.correct} right after "
+                                              f"{replica.batches} batches of round "
+                                              f"{replica.round + 1}")
+                check_tensors(replica.tensors, expected[stage], f"the backup of stage {stage}")
+            except RemoteProtocolError as exc:
+                log.warning("round %d: left out a backup of stage %d: %s", round_no + 1,
+                            stage, exc)
+                return False
+            return True
+
+        points = [b for b in range(self.iterations_per_epoch - 1, start, -1) if b % every == 0]
+        found = await gather_from(rounds, round_no, points, holders, alive, sound)
+        if found is None:
+            return None
+        batches, replicas = found
+        self._momentum = await rounds.compute.call(
+            partial(self._load_point, [replicas[p][1] for p in range(self.stages)]))
+        log.warning("round %d: every stage's state after %d batches of the epoch survived "
+                    "in the stage backups: playing the round again from there",
+                    round_no + 1, batches)
+        return found
+
+    def _load_point(self, replicas: Sequence[Replica]) -> dict[str, torch.Tensor]:
+        """The stages' backups side by side as the model; their momentum, by parameter
+        (compute thread)."""
+        weights, momentum = split_momentum(models.merge_states(
+            *(state_from_wire(r.tensors) for r in replicas)))
+        self._absorb(weights)
+        return momentum
+
+    def _stage_state(self, stage: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """A stage's weights, and its momentum when the round starts from a backup
+        point."""
+        state = super()._stage_state(stage)
+        if self._momentum:
+            state.update({MOMENTUM + name: self._momentum[name].clone()
+                          for name, _ in stage.named_parameters()})
+        return state
+
+    def frame_limit(self) -> int:
+        """The whole model's state, with momentum when stage backups may send it."""
+        backups = self.config.chain_replication_every and backs_up_momentum(self.config)
+        return self._frame_limit(self.iterations_per_epoch, extra_tensors=list(
+            self.model.parameters()) if backups else ())
 
     def _replanned(self, workers: Sequence[int]) -> tuple[str, list[HppStage]]:
         """The plan over ``workers``: with only devices lost and ``rescheduling``
@@ -462,6 +564,49 @@ class Asteroid(Pipeline):
         """
         raise ConfigError("mode asteroid cannot resume from a checkpoint yet: its "
                           "optimizer state lives on the devices")
+
+
+class _Carried:
+    """What a round's attempts given up on trained before the backup point the round
+    goes on from: samples through the first stage (by device), and the last stage's
+    loss and correct predictions."""
+
+    def __init__(self) -> None:
+        self.samples: dict[int, int] = {}
+        self.loss_sum, self.correct = 0.0, 0
+
+    def add(self, point: tuple[int, dict[int, tuple[int, Replica]]], start: int,
+            plan: Asteroid) -> int:
+        """Count the given-up attempt (from iteration ``start``, on ``plan`` as it was)
+        up to ``point``; the point's batches. A group's last stage: the holder's share
+        of the loss, scaled to the whole micro-batch (an estimate)."""
+        batches, found = point
+        n, micro = plan.parallel_batches, plan.micro_batch_size
+        for d in plan.groups[0]:
+            first, stop = plan.rows[d]
+            self.samples[d] = self.samples.get(d, 0) + (batches - start) * (stop - first) * n
+        holder, replica = found[plan.stages - 1]
+        first, stop = plan.rows.get(holder, (0, micro))
+        scale = micro / (stop - first) if holder in plan.groups[-1] else 1.0
+        self.loss_sum += replica.loss_sum * scale
+        self.correct += round(replica.correct * scale)
+        return batches
+
+    def added_to(self, results: dict[int, RoundResult], groups: Sequence[Sequence[int]]
+                 ) -> dict[int, RoundResult]:
+        """``results`` with what came before counted in: each device's samples (a lost
+        device's by the first stage's first member), the loss and correct by the last
+        stage's first member."""
+        if not self.samples and not self.loss_sum and not self.correct:
+            return results
+        results = dict(results)
+        first, last = groups[0][0], groups[-1][0]
+        for d, samples in self.samples.items():
+            k = d if d in results else first
+            results[k] = replace(results[k], samples=results[k].samples + samples)
+        results[last] = replace(results[last], loss_sum=results[last].loss_sum + self.loss_sum,
+                                correct=results[last].correct + self.correct)
+        return results
 
 
 def _declared(config: RunConfig, device: int) -> Device:
