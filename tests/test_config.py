@@ -73,7 +73,7 @@ BAD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("global_replication_every", 50, {}),  # for mode ftpipehd only
     ("chain_replication_every", -1, {"mode": "ftpipehd", "devices": 2}),
     ("chain_replication_every", True, {"mode": "ftpipehd", "devices": 2}),
-    ("chain_replication_every", 25, {}),
+    ("chain_replication_every", 25, {}),  # for modes ftpipehd and asteroid only
     ("first_repartition_after", -3, {"mode": "ftpipehd", "devices": 2}),
     ("first_repartition_after", 5, {}),
     ("outlier_limit", math.inf, {}),
@@ -211,6 +211,7 @@ GOOD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("global_replication_every", 0, {"mode": "ftpipehd", "devices": 2}),
     ("global_replication_every", 7, {"mode": "ftpipehd", "devices": 2}),
     ("chain_replication_every", 0, {"mode": "ftpipehd", "devices": 2}),
+    ("chain_replication_every", 4, {"mode": "asteroid", "devices": 2}),
     ("first_repartition_after", 0, {"mode": "ftpipehd", "devices": 2}),
     ("network", {"up_mbps": 10, "down_mbps": 25, "latency_ms": 20}, {}),
     ("device_slowdown", 1, {}),

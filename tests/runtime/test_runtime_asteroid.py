@@ -302,6 +302,21 @@ async def test_a_lost_device_s_stage_is_restored_from_the_latest_backup_point(
     assert [e.loss for e in kept.epochs] == [e.loss for e in sent.epochs]
 
 
+async def test_the_last_stage_is_backed_up_to_the_first() -> None:
+    """Three one-device stages: the last stage's only device (2) backs its stage up to
+    the first stage's (0), over a link of their own; lost, its stage is restored from
+    there and the round goes on from the latest backup point."""
+    config = _config(model="vgg5", devices=3, stage_groups=[[0], [1], [2]], partition=[2, 3],
+                     epochs=2, samples_per_device=6 * BATCH, heartbeat_interval=0.5,
+                     device_timeout=2.0, reconnect_grace=1.0, chain_replication_every=2)
+    result, _ = await _killed_mid_round(config, 2, into=1.0)
+    [change] = result.epochs[1].changes
+    assert change["lost"] == [2]
+    assert change["from_iteration"] > 0  # stage 2's state: on device 0 alone
+    assert len({e.samples for e in result.epochs}) == 1
+    assert math.isfinite(result.epochs[1].loss)
+
+
 @pytest.mark.parametrize("backups", [0, 2])
 async def test_a_round_stopped_by_a_broken_link_is_played_again_exactly(backups: int) -> None:
     """The link between device 0 (stage 0) and device 2 (stage 1) breaks mid-round, no

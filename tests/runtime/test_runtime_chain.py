@@ -99,6 +99,64 @@ def test_a_replica_whose_tensors_are_not_the_stage_s_is_refused(how: str, match:
         chain.accept("device0", Replica(7, 0, 3, 0.0, 0, _tampered(model, how)), _assignment())
 
 
+def _member(**fields: Any) -> Any:
+    """Asteroid: device1, the first member of stage 1 (units 2..3) of 2, in round 7 of
+    iterations 4..13; ``groups``: each stage's members (default device0 alone runs
+    stage 0, devices 1 and 2 stage 1)."""
+    groups = fields.pop("groups", {0: ["device0"], 1: ["device1", "device2"]})
+    values = {"me": "device1", "round": 7, "stage": 1, "stages": 2, "first_unit": 2,
+              "first_iteration": 4, "iterations": 10, **fields}
+    return SimpleNamespace(**values, members_at=lambda stage: [
+        (name, (i, i + 1)) for i, name in enumerate(groups.get(stage, []))])
+
+
+def test_a_backup_of_the_stage_before_is_held_by_its_backup_node() -> None:
+    """Asteroid's stage backups ([Note: stage backups]): the only device of the stage
+    before ours backs it up to us, the first member of ours; the last stage's goes to
+    the first stage's first member."""
+    model = _model()
+    chain = ChainReplicas(model, momentum=True, every=3)
+    chain.accept_backup("device0", Replica(7, 0, 6, 0.0, 0, _state(model, 0, 2)), _member())
+    assert sorted(chain.held[0]) == [6]
+    first = _member(me="device0", stage=0, first_unit=0,
+                    groups={0: ["device0", "device3"], 1: ["device1"]})
+    chain.accept_backup("device1", Replica(7, 1, 9, 0.0, 0, _state(model, 2, 4)), first)
+    assert sorted(chain.held[1]) == [9]
+    chain.accept_backup("device1", Replica(6, 1, 12, 0.0, 0, _state(model, 2, 4)), first)
+    assert sorted(chain.held[1]) == [9]  # of an attempt given up on: dropped
+    assert chain.own(1, 9, 7) is not None
+    assert chain.own(1, 9, 6) is None
+
+
+@pytest.mark.parametrize(("sender", "member", "replica", "match"), [
+    ("device2", {}, Replica(7, 0, 6, 0.0, 0, {}), "not its backup node"),
+    ("device0", {"me": "device2"}, Replica(7, 0, 6, 0.0, 0, {}), "not its backup node"),
+    ("device0", {"groups": {0: ["device0", "device5"], 1: ["device1"]}},
+     Replica(7, 0, 6, 0.0, 0, {}), "not its backup node"),
+    ("device0", {}, Replica(7, 1, 6, 0.0, 0, {}), "not of stage 0"),
+    ("device0", {}, Replica(7, 0, 4, 0.0, 0, {}), "at a backup point of batches 4..13"),
+    ("device0", {}, Replica(7, 0, 5, 0.0, 0, {}), "at a backup point"),
+    ("device0", {}, Replica(7, 0, 15, 0.0, 0, {}), "at a backup point"),
+])
+def test_a_backup_that_breaks_the_plan_is_refused(sender: str, member: dict[str, Any],
+                                                  replica: Replica, match: str) -> None:
+    chain = ChainReplicas(_model(), momentum=True, every=3)
+    with pytest.raises(RemoteProtocolError, match=match):
+        chain.accept_backup(sender, replica, _member(**member))
+    assert chain.held == {}
+
+
+@pytest.mark.parametrize(("how", "match"), [
+    ("ours", "not of a unit before unit 2"), ("missing", "does not hold its stage's tensors"),
+    ("nan", "NaN or Inf")])
+def test_a_backup_whose_tensors_are_not_the_stage_s_is_refused(how: str, match: str) -> None:
+    model = _model()
+    chain = ChainReplicas(model, momentum=True, every=3)
+    with pytest.raises(RemoteProtocolError, match=match):
+        chain.accept_backup("device0", Replica(7, 0, 6, 0.0, 0, _tampered(model, how)),
+                            _member())
+
+
 def test_the_frame_limit_fits_the_whole_model_and_momentum() -> None:
     model = _model()
     chain = ChainReplicas(model, momentum=True, every=3)
