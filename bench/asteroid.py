@@ -34,12 +34,12 @@ iteration against its planner's estimate.
 ``--faults``: between real processes (a server and three ``python -m aiopipe.device``),
 stage 0 on devices 0 and 1, stage 1 on device 2; in epoch 2 device 1 (a group's member)
 or device 2 (a stage's only device) is SIGKILLed, with ``rescheduling`` "lightweight"
-(the plan adjusted) or "heavy" (planned from scratch); the time until the server gives
-it up, the time from the first stall a device reported to the replay sent (waiting for
-the server to give the dead device up, then re-planning, every stage's weights from the
-coordinator), the re-planning's own time, and the test accuracy against an undisturbed
-run. The planner bench (the default) also times both re-plannings on resnet101 over 8
-devices.
+(the plan adjusted) or "heavy" (planned from scratch), with stage backups every 5
+batches or none; the time until the server gives it up, the time from the first stall a
+device reported to the replay sent (waiting for the server to give the dead device up,
+gathering the latest backup point, re-planning), the re-planning's own time, the batch
+the replay starts from, and the test accuracy against an undisturbed run. The planner
+bench (the default) also times both re-plannings on resnet101 over 8 devices.
 
     .venv/bin/python bench/asteroid.py --faults [--into 0.5] [--out DIR]
 """
@@ -274,12 +274,14 @@ FAULT_RUN = {"mode": "asteroid", "devices": 3, "model": "vgg5", "stage_groups": 
              "partition": [2], "samples_per_device": 960, "batch_size": 32, "network": "wifi",
              "parallel_batches": 2, "epochs": 4, "learning_rate": 0.02, "momentum": 0.5,
              "test_samples": 1000, "heartbeat_interval": 0.5, "device_timeout": 5.0,
-             "reconnect_grace": 2.0}
-#: who is killed (a member of stage 0's group, or stage 1's only device) and how the plan
-#: changes
-SCENARIOS = {"none": ((), "lightweight"), "member": ((1,), "lightweight"),
-             "member, heavy": ((1,), "heavy"), "single": ((2,), "lightweight"),
-             "single, heavy": ((2,), "heavy")}
+             "reconnect_grace": 2.0, "chain_replication_every": 5}
+#: who is killed (a member of stage 0's group, or stage 1's only device), how the plan
+#: changes, and whether stages are backed up (every 5 batches) or not
+SCENARIOS = {"none": ((), "lightweight", True), "member": ((1,), "lightweight", True),
+             "member, heavy": ((1,), "heavy", True), "single": ((2,), "lightweight", True),
+             "single, heavy": ((2,), "heavy", True),
+             "member, no backups": ((1,), "lightweight", False),
+             "single, no backups": ((2,), "lightweight", False)}
 
 
 async def _fault_run(scenario: str, into: float) -> dict[str, Any]:
@@ -288,10 +290,12 @@ async def _fault_run(scenario: str, into: float) -> dict[str, Any]:
     sys.path.insert(0, str(REPO / "tests"))
     from real_processes import ProcessFleet
 
-    killed, rescheduling = SCENARIOS[scenario]
+    killed, rescheduling, backups = SCENARIOS[scenario]
+    run = {**FAULT_RUN, "rescheduling": rescheduling}
+    if not backups:
+        run["chain_replication_every"] = 0
     with tempfile.TemporaryDirectory() as tmp:
-        async with ProcessFleet(Path(tmp), {**FAULT_RUN, "rescheduling": rescheduling}
-                                ) as fleet:
+        async with ProcessFleet(Path(tmp), run) as fleet:
             server = await fleet.start_server()
             devices = [await fleet.start_device(k, "--listen", "127.0.0.1:0")
                        for k in range(3)]
@@ -324,7 +328,7 @@ async def _fault_run(scenario: str, into: float) -> dict[str, Any]:
                    replan_s=last["resumed_s"] - last["noticed_s"], plan=last["after"],
                    first_forward_s=min(computed) - last["resumed_s"],
                    stopped=last["stopped"], planning_s=last["planning_s"],
-                   rescheduling=last["rescheduling"])
+                   rescheduling=last["rescheduling"], from_iteration=last["from_iteration"])
     return out
 
 
@@ -337,16 +341,19 @@ def faults(out: Path | None, into: float) -> None:
              f"vgg5, {FAULT_RUN['epochs']} epochs of "
              f"{FAULT_RUN['samples_per_device']} samples per device; the kill {into:g} s "
              "into epoch 2; reconnect_grace "
-             f"{FAULT_RUN['reconnect_grace']:g} s.", "",
+             f"{FAULT_RUN['reconnect_grace']:g} s; stage backups every "
+             f"{FAULT_RUN['chain_replication_every']} batches (but where it says none).", "",
              "| scenario | test accuracy | Δ from none | kill → given up s | "
-             "stall noticed → replay sent s | re-planning ms | replay sent → first forward "
-             "s | epoch times s |", "|---|---|---|---|---|---|---|---|"]
+             "stall noticed → replay sent s | re-planning ms | replay from batch | "
+             "replay sent → first forward s | epoch times s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     nan = float("nan")
     for row in rows:
         lines.append(f"| {row['scenario']} | {row['accuracy']:.3f} | "
                      f"{row['accuracy'] - base:+.3f} | {row.get('given_up_s', nan):.2f} "
                      f"| {row.get('replan_s', nan):.2f} | "
                      f"{1e3 * row.get('planning_s', nan):.2f} | "
+                     f"{row.get('from_iteration', '')} | "
                      f"{row.get('first_forward_s', nan):.3f} | "
                      f"{', '.join(f'{t:.1f}' for t in row['epoch_s'])} |")
     for row in rows[1:]:
