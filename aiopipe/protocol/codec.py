@@ -71,6 +71,7 @@ from aiopipe.protocol.messages import (
     ErrorMessage,
     EvalRequest,
     EvalResult,
+    FramePart,
     Gradient,
     GroupGradient,
     Heartbeat,
@@ -171,6 +172,7 @@ _SCHEMAS: Final[dict[type[Any], tuple[str, _Schema]]] = {
     ProfileRequest: ("profile_request", (("batch_sizes", "ints"),)),
     Profile: ("profile", (("costs", "tree"), ("seconds", "float"), ("downlink_bps", "float"))),
     Probe: ("probe", (("data", "tensor"),)),
+    FramePart: ("frame_part", (("index", "int"), ("count", "int"), ("data", "tensor"))),
     RoundStart: (
         "round_start",
         (

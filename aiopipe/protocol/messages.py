@@ -73,6 +73,7 @@ __all__ = [
     "ErrorMessage",
     "EvalRequest",
     "EvalResult",
+    "FramePart",
     "Gradient",
     "GroupGradient",
     "Heartbeat",
@@ -93,7 +94,7 @@ __all__ = [
     "check_node_name",
 ]
 
-PROTOCOL_VERSION: Final = 6
+PROTOCOL_VERSION: Final = 7
 
 #: Training modes a plan can name.
 MODES: Final = ("fl", "sl", "sfl", "pipar", "pipeline", "ftpipehd", "asteroid")
@@ -358,6 +359,26 @@ class Probe:
     """Bytes whose arrival right after the message before times a link."""
 
     data: TensorData
+
+
+@dataclass(frozen=True, slots=True)
+class FramePart:
+    """Part ``index`` of ``count`` of one frame too large to send at once in the
+    background (aiopipe.runtime.peer [Note: background sends]): its bytes ``data`` (a
+    1-D uint8 tensor). The parts go in order; the receiver joins and decodes them."""
+
+    index: int
+    count: int
+    data: TensorData
+
+    def __post_init__(self) -> None:
+        _check_index("index", self.index)
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or not (
+                self.index < self.count):
+            raise LocalProtocolError(f"count must be an int above index {self.index}, got "
+                                     f"{self.count!r}")
+        if self.data.dtype != "uint8" or len(self.data.shape) != 1:
+            raise LocalProtocolError("a frame part's data must be a 1-D uint8 tensor")
 
 
 @dataclass(frozen=True, slots=True)
@@ -641,6 +662,7 @@ Message = (
     | ProfileRequest
     | Profile
     | Probe
+    | FramePart
     | RoundStart
     | Activation
     | Gradient

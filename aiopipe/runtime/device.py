@@ -748,7 +748,8 @@ class _DeviceNode:
         """Asteroid's topology-driven replication ([Note: stage backups]): at a backup
         point (every ``chain_replication_every`` batches of the epoch, the round's last
         but one at most) keep our stage's state and, when we are its only device, send
-        it to its backup node."""
+        it to its backup node, in the link's idle time (aiopipe.runtime.peer [Note:
+        background sends])."""
         assert self.chain is not None
         end = assignment.first_iteration + assignment.iterations
         if batches % self.chain.every or batches >= end:
@@ -762,7 +763,7 @@ class _DeviceNode:
         node = backup_node(assignment)
         if node is not None:
             route = await self._peer_route(assignment, node, dial=True)
-            route.peer.post(replica, "backup", epoch=assignment.epoch)
+            route.peer.post(replica, "backup", epoch=assignment.epoch, background=True)
 
     async def _reduce(self, work: StageWork, assignment: Assignment,
                       group: dict[str, PeerRoute], epoch: int, iteration: int,

@@ -4,19 +4,37 @@ Sends that belong to the pipeline (activations, gradients, models) are *posted*:
 into a FIFO queue that one send loop drains, so compute never waits for the wire and the
 wire is a serial resource (DESIGN §4). Each transmission is recorded as a slice on the
 link's trace track, e.g. ``u`` for an activation on ``device0/uplink``.
+
+[Note: background sends] What the pipeline does not wait for (Asteroid's stage backups)
+may be posted to the *background*: its frame is cut into `FramePart` messages of at most
+`PART_BYTES`, queued in a second FIFO queue that the send loop drains only while the
+first is empty, so such bytes travel in the link's idle time and delay a pipeline
+message by at most one part's wire time (10 ms at 50 Mbit/s). A background frame
+replaces the parts not yet sent of an earlier one of the same name (a newer backup
+supersedes an older one the link had no time for). The receiving `Peer` joins
+the parts (they arrive in order, other messages between them) and hands on the message
+they make; a part out of order, or parts that outgrow the frame limit, are a protocol
+error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 from dataclasses import dataclass
 
+import torch
+
 from aiopipe.clock import Clock, ready_time
+from aiopipe.errors import RemoteProtocolError
 from aiopipe.metrics.trace import Recorder
-from aiopipe.protocol import Message, decode, encode
+from aiopipe.protocol import FramePart, Message, decode, encode, to_tensor_data
 from aiopipe.transport import Link
 
-__all__ = ["Peer"]
+__all__ = ["PART_BYTES", "Peer"]
+
+#: The most bytes of a frame one background part carries.
+PART_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,15 +65,49 @@ class Peer:
         self._clock = clock
         self._recorder = recorder
         self._queue: asyncio.Queue[_Posted | None] = asyncio.Queue()
+        self._background: collections.deque[_Posted] = collections.deque()
+        self._waiting = asyncio.Event()  # something was posted to the background
+        self._joining: list[bytes] = []  # the parts of a background frame received so far
 
     async def receive(self) -> Message:
         """Next message from the peer.
 
         Raises:
-            RemoteProtocolError: the frame is not a valid message.
+            RemoteProtocolError: the frame is not a valid message, or background parts
+                break [Note: background sends].
             TransportError: the link is closed or broken.
         """
-        return decode(await self.link.receive(), max_frame_bytes=self.max_frame_bytes)
+        while True:
+            message = decode(await self.link.receive(), max_frame_bytes=self.max_frame_bytes)
+            if not isinstance(message, FramePart):
+                return message
+            frame = self._join(message)
+            if frame is not None:
+                whole = decode(frame, max_frame_bytes=self.max_frame_bytes)
+                if isinstance(whole, FramePart):
+                    raise RemoteProtocolError("a frame part made of frame parts")
+                return whole
+
+    def _join(self, part: FramePart) -> bytes | None:
+        """Add a background part; the whole frame once its last part came.
+
+        Raises:
+            RemoteProtocolError: out of order, or larger than the frame limit.
+        """
+        if part.index == 0:
+            self._joining = []  # (a frame whose parts stopped coming, e.g. a dropped queue)
+        elif part.index != len(self._joining):
+            raise RemoteProtocolError(f"frame part {part.index} of {part.count} after "
+                                      f"{len(self._joining)} parts")
+        self._joining.append(bytes(part.data.data))
+        size = sum(map(len, self._joining))
+        if self.max_frame_bytes is not None and size > self.max_frame_bytes:
+            self._joining = []
+            raise RemoteProtocolError(f"frame parts of over {self.max_frame_bytes} bytes")
+        if part.index + 1 < part.count:
+            return None
+        frame, self._joining = b"".join(self._joining), []
+        return frame
 
     async def send(self, message: Message) -> None:
         """Send at once, outside the queue (handshake and control messages).
@@ -66,25 +118,43 @@ class Peer:
         await self.link.send(encode(message))
 
     def post(self, message: Message, name: str, *, epoch: int = -1, iteration: int = -1,
-             micro_batch: int = -1, ready_at: float | None = None) -> asyncio.Future[None]:
+             micro_batch: int = -1, ready_at: float | None = None,
+             background: bool = False) -> asyncio.Future[None]:
         """Queue a message for the send loop; the slice ``name`` records its transfer.
 
         ``ready_at``: the clock time the message was ready, when before now (an emulated
         slow device's item ended then and woke its caller late); by default, now. A
-        shaped link starts its wire slot no earlier (see `Link.send`).
+        shaped link starts its wire slot no earlier (see `Link.send`). ``background``:
+        send it only while nothing else is queued, in parts, instead of what is still
+        queued of an earlier background ``name`` ([Note: background sends]).
 
         Returns a future that resolves once the message has been sent (awaiting it is
         optional; it stays pending if the send failed).
         """
         sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Posted(message, name, epoch, iteration, micro_batch, sent,
-                                       ready_time(self._clock, ready_at)))
+        ready = ready_time(self._clock, ready_at)
+        if not background:
+            self._queue.put_nowait(_Posted(message, name, epoch, iteration, micro_batch, sent,
+                                           ready))
+            return sent
+        self._background = collections.deque(
+            item for item in self._background if item.name != name)
+        frame = encode(message)
+        count = max(1, -(-len(frame) // PART_BYTES))
+        for k in range(count):
+            data = torch.frombuffer(bytearray(frame[k * PART_BYTES:(k + 1) * PART_BYTES]),
+                                    dtype=torch.uint8)
+            part = FramePart(k, count, to_tensor_data(data))
+            self._background.append(_Posted(part, name, epoch, iteration, micro_batch,
+                                            sent if k == count - 1 else _done(), ready))
+        self._waiting.set()
         return sent
 
     def clear(self) -> None:
         """Drop everything still queued (before re-posting it after a reconnection)."""
         while not self._queue.empty():
             self._queue.get_nowait()
+        self._background.clear()
 
     def finish(self) -> None:
         """Let the send loop end after what is already queued."""
@@ -96,7 +166,7 @@ class Peer:
         Raises:
             TransportError: the link is closed or broken.
         """
-        while (item := await self._queue.get()) is not None:
+        while (item := await self._next()) is not None:
             frame = encode(item.message)
             start = self._clock.now()
             # a shaped link's wire slot may start when the frame was posted, not after
@@ -108,3 +178,28 @@ class Peer:
                                micro_batch=item.micro_batch)
             if not item.sent.done():
                 item.sent.set_result(None)
+
+    async def _next(self) -> _Posted | None:
+        """The next message to send: the queue's first, else the background's (module
+        docstring); None once `finish` was called."""
+        if self._queue.empty() and self._background:
+            return self._background.popleft()
+        if not self._queue.empty():
+            return self._queue.get_nowait()
+        self._waiting.clear()
+        getting = asyncio.ensure_future(self._queue.get())
+        waiting = asyncio.ensure_future(self._waiting.wait())
+        try:
+            await asyncio.wait({getting, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+            if not getting.done():
+                getting.cancel()
+        if getting.done() and not getting.cancelled():
+            return getting.result()
+        return await self._next()
+
+
+def _done() -> asyncio.Future[None]:
+    """A future nobody awaits (a background part's but the last)."""
+    return asyncio.get_running_loop().create_future()

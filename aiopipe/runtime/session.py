@@ -314,7 +314,9 @@ class DeviceSession:
         window = self.window
         if window is not None and message.round < window.round:
             return  # of an attempt given up on
-        if self.host.config.mode == "asteroid":  # its backups go to devices
+        if self.host.config.mode == "asteroid":  # its backups go to devices: a late answer
+            if window is not None and message.round <= window.round:
+                return
             raise RemoteProtocolError(f"a replica of stage {message.stage} that nobody "
                                       "asked for")
         start = window.start if window is not None else None

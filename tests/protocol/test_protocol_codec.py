@@ -29,6 +29,7 @@ from aiopipe.protocol import (
     ErrorMessage,
     EvalRequest,
     EvalResult,
+    FramePart,
     Gradient,
     GroupGradient,
     Heartbeat,
@@ -127,6 +128,7 @@ SAMPLES: list[Message] = [
     Profile({"forward": {"0": {"1": 0.5}}, "backward": {}, "step": {}}, 1.5, 10e6),
     Profile({}, 0.0, 0.0),
     Probe(td("uint8", (1024,))),
+    FramePart(2, 5, td("uint8", (64,))),
     EvalRequest(3, {"0.weight": td("float32", (2, 2))}),
     EvalResult(3, 500, 812.25, 401),
 ]

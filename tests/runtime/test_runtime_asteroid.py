@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from fleet import Fleet
+from fleet import COSTS, Fleet
 from torch import nn
 
 from aiopipe import RunConfig, RunResult, VirtualClock, simulate
@@ -224,13 +224,13 @@ async def test_a_lost_device_is_re_planned_around_and_its_round_played_again(
     assert math.isfinite(third.loss)
 
 
-async def _killed_mid_round(config: RunConfig, killed: int, *, into: float = 0.05
-                            ) -> tuple[RunResult, Fleet]:
+async def _killed_mid_round(config: RunConfig, killed: int, *, into: float = 0.05,
+                            costs: CostTable = COSTS) -> tuple[RunResult, Fleet]:
     """Train ``config`` on three devices, ``killed`` killed ``into`` virtual seconds
-    into epoch 2's round."""
+    into epoch 2's round; compute charged by ``costs``."""
     clock = VirtualClock()
     async with asyncio.TaskGroup() as tasks:
-        fleet = Fleet(config, clock, tasks, fabric=MemoryFabric(clock))
+        fleet = Fleet(config, clock, tasks, fabric=MemoryFabric(clock), cost_table=costs)
         for k in range(3):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
@@ -300,6 +300,21 @@ async def test_a_lost_device_s_stage_is_restored_from_the_latest_backup_point(
     for name, tensor in sent.model.state_dict().items():
         assert torch.equal(kept.model.state_dict()[name], tensor), name
     assert [e.loss for e in kept.epochs] == [e.loss for e in sent.epochs]
+
+
+async def test_a_much_worse_adjustment_falls_back_to_the_planner() -> None:
+    """Over wifi, losing stage 1's only device leaves the adjustment one choice: stage 0's
+    group takes every unit and all-reduces the whole model every batch, far slower than
+    the devices left should manage; the planner's plan (a pipeline) is taken instead."""
+    config = _config(model="vgg5", devices=3, stage_groups=[[0, 1], [2]], partition=[2],
+                     epochs=2, samples_per_device=6 * BATCH, heartbeat_interval=0.5,
+                     device_timeout=2.0, reconnect_grace=1.0, network="wifi")
+    fast = CostTable.uniform(5, forward=1e-4, backward=2e-4, batch=10)  # links dominate
+    result, _ = await _killed_mid_round(config, 2, into=0.3, costs=fast)
+    [change] = result.epochs[1].changes
+    assert change["rescheduling"] == "lightweight+planner"
+    assert len({entry[1] for entry in change["after"]}) == 2  # two stages: a pipeline
+    assert len({e.samples for e in result.epochs}) == 1
 
 
 async def test_the_last_stage_is_backed_up_to_the_first() -> None:

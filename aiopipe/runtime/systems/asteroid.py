@@ -35,8 +35,10 @@ single-device stage's sent to its backup node every ``chain_replication_every``
 batches), else from its start; the epoch keeps its number of batches (the first stage's
 devices go round their own data again if they now hold less of it). ``rescheduling``
 "lightweight" (the default) adjusts the plan (§3.4's layer-wise re-planning,
-`aiopipe.scheduler.asteroid.adjusted_plan`), and a device that holds the same stage as
-in the attempt given up on (same process) is sent no weights: it starts again from the
+`aiopipe.scheduler.asteroid.adjusted_plan`; when that is estimated much slower than the
+devices left should be, `FALLBACK`, the planner's plan if better), and a device that
+holds the same stage as in the attempt given up on (same process) is sent no weights:
+it starts again from the
 state it kept of that attempt's start ([Note: kept weights] in
 aiopipe/runtime/holdings.py), or of the backup point when it answered with its own
 snapshot there; the others get their stage's weights from the
@@ -51,6 +53,7 @@ resumable from a checkpoint.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -79,6 +82,7 @@ from aiopipe.scheduler.actions import Action
 from aiopipe.scheduler.asteroid import (
     Device,
     HppModel,
+    HppPlan,
     HppStage,
     adjusted_plan,
     allocate,
@@ -99,6 +103,10 @@ _UNLIMITED = float(1 << 60)
 #: How far a replay's weight versions are above the attempt's before (see the module
 #: docstring): more than any run's optimizer steps.
 REPLAY_VERSIONS = 1 << 32
+#: A lightweight re-plan whose estimated iteration is more than this many times what the
+#: devices left should take (the plan's estimate before, scaled by the compute lost)
+#: is checked against the planner's, and the better taken.
+FALLBACK = 1.5
 #: Replays of one round with the same devices before the run is given up.
 MAX_REPLAYS = 3
 
@@ -484,13 +492,39 @@ class Asteroid(Pipeline):
             adjusted = adjusted_plan(self._hpp, self._fleet, self.hpp_stages,
                                      set(self.workers) - set(workers), n, micro)
             if adjusted is not None:
+                expected = (self.estimate_s() * self._capacity(self.workers)
+                            / self._capacity(workers))
+                if adjusted.round_s <= FALLBACK * expected:
+                    return "lightweight", list(adjusted.stages)
+                planned = self._from_scratch(workers)
+                log.warning("the adjusted plan's iteration (%.3g s) is %.1fx what the devices "
+                            "left should take (%.3g s); the planner's: %.3g s", adjusted.round_s,
+                            adjusted.round_s / expected, expected, planned.round_s)
+                if planned.round_s < adjusted.round_s:
+                    return "lightweight+planner", list(planned.stages)
                 return "lightweight", list(adjusted.stages)
+        return "heavy", list(self._from_scratch(workers).stages)
+
+    def _from_scratch(self, workers: Sequence[int]) -> HppPlan:
+        """The planner's plan over ``workers`` (devices by their ids).
+
+        Raises:
+            TrainingError: they cannot hold the model.
+        """
         try:
-            found = plan(self._hpp, [self._fleet[d] for d in workers], n, micro)
+            found = plan(self._hpp, [self._fleet[d] for d in workers], self.parallel_batches,
+                         self.micro_batch_size)
         except ConfigError as exc:
             raise TrainingError(f"devices {list(workers)} cannot go on: {exc}") from None
-        return "heavy", [HppStage(s.first, s.stop, tuple(workers[i] for i in s.devices),
-                                  s.samples) for s in found.stages]
+        return HppPlan(tuple(HppStage(s.first, s.stop, tuple(workers[i] for i in s.devices),
+                                      s.samples) for s in found.stages), found.round_s)
+
+    def _capacity(self, devices: Sequence[int]) -> float:
+        """What ``devices`` compute together: the sum of each one's micro-batches of the
+        whole model per second."""
+        return math.fsum(1.0 / max(sum(self._hpp.times(0, self.units, self.micro_batch_size,
+                                                       self._fleet[d])), 1e-12)
+                         for d in devices)
 
     def _check_first_stage(self, workers: Sequence[int]) -> None:
         """An epoch keeps its batches after a re-plan (the first stage's members go round
