@@ -42,6 +42,11 @@ the replay starts from, and the test accuracy against an undisturbed run. The pl
 bench (the default) also times both re-plannings on resnet101 over 8 devices.
 
     .venv/bin/python bench/asteroid.py --faults [--into 0.5] [--out DIR]
+
+``--backups``: what stage backups cost (virtual time): vgg5 on two one-device stages over
+wifi, backups every 1, 5 or 20 batches against none.
+
+    .venv/bin/python bench/asteroid.py --backups [--out DIR]
 """
 
 from __future__ import annotations
@@ -332,9 +337,11 @@ async def _fault_run(scenario: str, into: float) -> dict[str, Any]:
     return out
 
 
-def faults(out: Path | None, into: float) -> None:
-    """Asteroid's recovery between real processes (``--faults``)."""
-    rows = [asyncio.run(_fault_run(scenario, into)) for scenario in SCENARIOS]
+def faults(out: Path | None, into: float, only: list[str] | None = None) -> None:
+    """Asteroid's recovery between real processes (``--faults``): every scenario, or
+    the undisturbed run and ``only`` these."""
+    chosen = ["none", *(only or [s for s in SCENARIOS if s != "none"])]
+    rows = [asyncio.run(_fault_run(scenario, into)) for scenario in chosen]
     base = rows[0]["accuracy"]
     lines = [f"Between processes: {FAULT_RUN['devices']} devices, stages "
              f"{FAULT_RUN['stage_groups']}, wifi links (50 Mbit/s, paced by each sender), "
@@ -360,6 +367,27 @@ def faults(out: Path | None, into: float) -> None:
         lines.append(f"\n{row['scenario']}: {row.get('stopped', '?')}; re-planned to "
                      f"{row.get('plan')}")
     _written(out, "faults", lines, rows)
+
+
+def backups(out: Path | None) -> None:
+    """What stage backups cost training (``--backups``), in virtual time."""
+    rows = {}
+    for every in (0, 20, 5, 1):
+        config = RunConfig(mode="asteroid", devices=2, model="vgg5", stage_groups=[[0], [1]],
+                           partition=[4], samples_per_device=960, batch_size=32,
+                           parallel_batches=2, epochs=1, network="wifi", test_samples=0,
+                           chain_replication_every=every)
+        result = asyncio.run(simulate(config, clock=VirtualClock()))
+        rows[every] = {"every": every, "epoch_s": result.epochs[0].time_s}
+    base = rows[0]["epoch_s"]
+    lines = ["vgg5, stage 0 (units 0-3) on device 0, stage 1 (unit 4) on device 1, wifi "
+             "(50 Mbit/s, 2 ms), 30 batches of 32 in 2 micro-batches, one epoch, virtual "
+             "time (this host's cost table).", "",
+             "| backups every | epoch s | ÷ none |", "|---|---|---|"]
+    for row in rows.values():
+        lines.append(f"| {row['every'] or 'none'} | {row['epoch_s']:.2f} | "
+                     f"{row['epoch_s'] / base:.2f} |")
+    _written(out, "backups", lines, list(rows.values()))
 
 
 def _written(out: Path | None, name: str, lines: list[str], rows: Any) -> bool:
@@ -408,6 +436,9 @@ def main() -> None:
     parser.add_argument("--faults", action="store_true",
                         help="kill a group's member, then a stage's only device, between "
                              "real processes, against an undisturbed run")
+    parser.add_argument("--scenario", action="append", choices=list(SCENARIOS)[1:],
+                        help="--faults: run only this scenario (and the undisturbed run); "
+                             "may be repeated")
     parser.add_argument("--into", type=float, default=0.5,
                         help="--faults: seconds into epoch 2 to kill")
     parser.add_argument("--samples", type=int, default=640,
@@ -418,10 +449,16 @@ def main() -> None:
                              "slower than this host at the fastest)")
     parser.add_argument("--mbps", type=float, default=50.0,
                         help="every link's rate, both ways (default 50: wifi-like)")
+    parser.add_argument("--backups", action="store_true",
+                        help="what stage backups cost training, in virtual time")
     args = parser.parse_args()
+    if args.backups:
+        print(f"Asteroid stage backups, virtual time; load average {os.getloadavg()[0]:.2f}")
+        backups(args.out)
+        return
     if args.faults:
         print(f"Asteroid faults, processes; load average {os.getloadavg()[0]:.2f}")
-        faults(args.out, args.into)
+        faults(args.out, args.into, args.scenario)
         return
     if args.processes:
         print(f"Asteroid throughput, processes; load average {os.getloadavg()[0]:.2f}")

@@ -200,6 +200,33 @@ class ChainReplicas:
                 for stage in request.stages]
 
 
+def replica_check(model: nn.Sequential, bounds: Sequence[tuple[int, int]], round_no: int,
+                  micro_batch_size: int, *, momentum: bool, what: str
+                  ) -> Callable[[int, Replica], bool]:
+    """Whether a replica of stage p (units ``bounds[p]`` of ``model``) is sound for
+    `gather_from`: of round ``round_no``, claiming no more right than its batches hold,
+    holding exactly the stage's tensors, finite; one that is not is logged (``what``:
+    "replica" or "backup") and left out."""
+    expected = [expected_tensors(models.units_of(model, a, b), momentum=momentum)
+                for a, b in bounds]
+
+    def sound(stage: int, replica: Replica) -> bool:
+        try:
+            if (replica.round != round_no
+                    or replica.correct > replica.batches * micro_batch_size):
+                raise RemoteProtocolError(f"it claims {replica.correct} right after "
+                                          f"{replica.batches} batches of round "
+                                          f"{replica.round + 1}")
+            check_tensors(replica.tensors, expected[stage], f"the {what} of stage {stage}")
+        except RemoteProtocolError as exc:
+            log.warning("round %d: left out a %s of stage %d: %s", round_no + 1, what, stage,
+                        exc)
+            return False
+        return True
+
+    return sound
+
+
 def backs_up_momentum(config: RunConfig) -> bool:
     """Whether replicas and backups hold SGD's momentum buffers: with momentum, when
     the run's optimizer is SGD (another optimizer's state is not backed up: a stage

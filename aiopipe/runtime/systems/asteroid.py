@@ -64,10 +64,10 @@ import torch
 
 from aiopipe import models
 from aiopipe.config import RunConfig
-from aiopipe.errors import ConfigError, RemoteProtocolError, TrainingError
+from aiopipe.errors import ConfigError, TrainingError
 from aiopipe.protocol import Replica, RoundResult, RoundStart, state_from_wire
 from aiopipe.runtime.async_weights import MOMENTUM, split_momentum
-from aiopipe.runtime.chain import backs_up_momentum, expected_tensors, gather_from
+from aiopipe.runtime.chain import backs_up_momentum, gather_from, replica_check
 from aiopipe.runtime.plan import (
     DevicePlan,
     check_trainable,
@@ -75,7 +75,6 @@ from aiopipe.runtime.plan import (
     model_profile,
     unit_output_shapes,
 )
-from aiopipe.runtime.stage import check_tensors
 from aiopipe.runtime.systems.base import Rounds, Setup
 from aiopipe.runtime.systems.pipeline import Pipeline, StageLost, play_or_lost
 from aiopipe.scheduler.actions import Action
@@ -106,7 +105,7 @@ REPLAY_VERSIONS = 1 << 32
 #: A lightweight re-plan whose estimated iteration is more than this many times what the
 #: devices left should take (the plan's estimate before, scaled by the compute lost)
 #: is checked against the planner's, and the better taken.
-FALLBACK = 1.5
+FALLBACK = 1.25
 #: Replays of one round with the same devices before the run is given up.
 MAX_REPLAYS = 3
 
@@ -421,29 +420,13 @@ class Asteroid(Pipeline):
         every = self.config.chain_replication_every
         if not every:
             return None
-        momentum = backs_up_momentum(self.config)
-        expected = [expected_tensors(models.units_of(self.model, a, b), momentum=momentum)
-                    for a, b in self.bounds]
         holders = []
         for p, group in enumerate(self.groups):
             backup = self.groups[(p + 1) % self.stages][0]
             holders.append([*group, backup] if len(group) == 1 and self.stages > 1
                            else list(group))
-        limit = self.micro_batch_size
-
-        def sound(stage: int, replica: Replica) -> bool:
-            try:
-                if replica.round != round_no or replica.correct > replica.batches * limit:
-                    raise RemoteProtocolError(f"it claims {replica.correct} right after "
-                                              f"{replica.batches} batches of round "
-                                              f"{replica.round + 1}")
-                check_tensors(replica.tensors, expected[stage], f"the backup of stage {stage}")
-            except RemoteProtocolError as exc:
-                log.warning("round %d: left out a backup of stage %d: %s", round_no + 1,
-                            stage, exc)
-                return False
-            return True
-
+        sound = replica_check(self.model, self.bounds, round_no, self.micro_batch_size,
+                              momentum=backs_up_momentum(self.config), what="backup")
         points = [b for b in range(self.iterations_per_epoch - 1, start, -1) if b % every == 0]
         found = await gather_from(rounds, round_no, points, holders, alive, sound)
         if found is None:

@@ -34,13 +34,12 @@ import torch
 
 from aiopipe import models
 from aiopipe.config import RunConfig
-from aiopipe.errors import ConfigError, RemoteProtocolError, TrainingError
+from aiopipe.errors import ConfigError, TrainingError
 from aiopipe.metrics.trace import Slice
-from aiopipe.protocol import Replica, RoundResult, RoundStart, state_from_wire
+from aiopipe.protocol import RoundResult, RoundStart, state_from_wire
 from aiopipe.runtime.async_weights import MOMENTUM, split_momentum
-from aiopipe.runtime.chain import expected_tensors, gather
+from aiopipe.runtime.chain import gather, replica_check
 from aiopipe.runtime.plan import measure_planning_costs, unit_output_shapes
-from aiopipe.runtime.stage import check_tensors
 from aiopipe.runtime.systems.base import Rounds, Setup
 from aiopipe.runtime.systems.pipeline import Pipeline, StageLost, play_or_lost
 from aiopipe.scheduler.costs import CostTable
@@ -340,24 +339,8 @@ class FTPipeHD(Pipeline):
         when none survived whole."""
         if not self.config.chain_replication_every:
             return None
-        momentum = bool(self.config.momentum)
-        expected = [expected_tensors(models.units_of(self.model, a, b), momentum=momentum)
-                    for a, b in bounds]
-        limit = self.micro_batch_size
-
-        def sound(stage: int, replica: Replica) -> bool:
-            try:
-                if replica.round != round_no or replica.correct > replica.batches * limit:
-                    raise RemoteProtocolError(f"it claims {replica.correct} right of "
-                                              f"{replica.batches} batches of round "
-                                              f"{replica.round + 1}")
-                check_tensors(replica.tensors, expected[stage], f"the replica of stage {stage}")
-            except RemoteProtocolError as exc:
-                log.warning("round %d: left out a replica of stage %d: %s", round_no + 1,
-                            stage, exc)
-                return False
-            return True
-
+        sound = replica_check(self.model, bounds, round_no, self.micro_batch_size,
+                              momentum=bool(self.config.momentum), what="replica")
         found = await gather(rounds, round_no, workers, alive, sound)
         if found is None:
             return None
