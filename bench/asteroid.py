@@ -41,7 +41,8 @@ gathering the latest backup point, re-planning), the re-planning's own time, the
 the replay starts from, and the test accuracy against an undisturbed run. The planner
 bench (the default) also times both re-plannings on resnet101 over 8 devices.
 
-    .venv/bin/python bench/asteroid.py --faults [--into 0.5] [--out DIR]
+    .venv/bin/python bench/asteroid.py --faults [--into 0.5] [--scale 1] [--samples 960]
+        [--scenario NAME ...] [--out DIR]
 
 ``--backups``: what stage backups cost (virtual time): vgg5 on two one-device stages over
 wifi, backups every 1, 5 or 20 batches against none.
@@ -289,14 +290,14 @@ SCENARIOS = {"none": ((), "lightweight", True), "member": ((1,), "lightweight", 
              "single, no backups": ((2,), "lightweight", False)}
 
 
-async def _fault_run(scenario: str, into: float) -> dict[str, Any]:
+async def _fault_run(scenario: str, into: float, changes: dict[str, Any]) -> dict[str, Any]:
     """One fresh run between real processes, ``SCENARIOS[scenario]``: who is SIGKILLed ``into``
-    seconds into epoch 2."""
+    seconds into epoch 2; ``FAULT_RUN`` with ``changes``."""
     sys.path.insert(0, str(REPO / "tests"))
     from real_processes import ProcessFleet
 
     killed, rescheduling, backups = SCENARIOS[scenario]
-    run = {**FAULT_RUN, "rescheduling": rescheduling}
+    run = {**FAULT_RUN, **changes, "rescheduling": rescheduling}
     if not backups:
         run["chain_replication_every"] = 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -337,16 +338,19 @@ async def _fault_run(scenario: str, into: float) -> dict[str, Any]:
     return out
 
 
-def faults(out: Path | None, into: float, only: list[str] | None = None) -> None:
+def faults(out: Path | None, into: float, only: list[str] | None = None, *,
+           slowdown: float = 1.0, samples: int = 960) -> None:
     """Asteroid's recovery between real processes (``--faults``): every scenario, or
-    the undisturbed run and ``only`` these."""
+    the undisturbed run and ``only`` these; every device's compute ``slowdown`` times
+    this host's, ``samples`` a device."""
     chosen = ["none", *(only or [s for s in SCENARIOS if s != "none"])]
-    rows = [asyncio.run(_fault_run(scenario, into)) for scenario in chosen]
+    changes = {"device_slowdown": slowdown, "samples_per_device": samples}
+    rows = [asyncio.run(_fault_run(scenario, into, changes)) for scenario in chosen]
     base = rows[0]["accuracy"]
     lines = [f"Between processes: {FAULT_RUN['devices']} devices, stages "
              f"{FAULT_RUN['stage_groups']}, wifi links (50 Mbit/s, paced by each sender), "
-             f"vgg5, {FAULT_RUN['epochs']} epochs of "
-             f"{FAULT_RUN['samples_per_device']} samples per device; the kill {into:g} s "
+             f"vgg5, {FAULT_RUN['epochs']} epochs of {samples} samples per device, "
+             f"compute {slowdown:g}x this host's; the kill {into:g} s "
              "into epoch 2; reconnect_grace "
              f"{FAULT_RUN['reconnect_grace']:g} s; stage backups every "
              f"{FAULT_RUN['chain_replication_every']} batches (but where it says none).", "",
@@ -372,17 +376,19 @@ def faults(out: Path | None, into: float, only: list[str] | None = None) -> None
 def backups(out: Path | None) -> None:
     """What stage backups cost training (``--backups``), in virtual time."""
     rows = {}
+    base_config = RunConfig(mode="asteroid", devices=2, model="vgg5", stage_groups=[[0], [1]],
+                            partition=[4], samples_per_device=960, batch_size=32,
+                            parallel_batches=2, epochs=1, network="wifi", test_samples=0)
+    model = build_model(base_config, num_classes=10, in_shape=(3, 32, 32))
+    costs = measure_planning_costs(base_config, model, (3, 32, 32), None)  # one table
     for every in (0, 20, 5, 1):
-        config = RunConfig(mode="asteroid", devices=2, model="vgg5", stage_groups=[[0], [1]],
-                           partition=[4], samples_per_device=960, batch_size=32,
-                           parallel_batches=2, epochs=1, network="wifi", test_samples=0,
-                           chain_replication_every=every)
-        result = asyncio.run(simulate(config, clock=VirtualClock()))
+        config = base_config.replace(chain_replication_every=every)
+        result = asyncio.run(simulate(config, clock=VirtualClock(), cost_table=costs))
         rows[every] = {"every": every, "epoch_s": result.epochs[0].time_s}
     base = rows[0]["epoch_s"]
     lines = ["vgg5, stage 0 (units 0-3) on device 0, stage 1 (unit 4) on device 1, wifi "
              "(50 Mbit/s, 2 ms), 30 batches of 32 in 2 micro-batches, one epoch, virtual "
-             "time (this host's cost table).", "",
+             "time (one cost table of this host for every run).", "",
              "| backups every | epoch s | ÷ none |", "|---|---|---|"]
     for row in rows.values():
         lines.append(f"| {row['every'] or 'none'} | {row['epoch_s']:.2f} | "
@@ -441,12 +447,13 @@ def main() -> None:
                              "may be repeated")
     parser.add_argument("--into", type=float, default=0.5,
                         help="--faults: seconds into epoch 2 to kill")
-    parser.add_argument("--samples", type=int, default=640,
-                        help="--processes: samples per device")
+    parser.add_argument("--samples", type=int,
+                        help="samples per device (--processes: default 640; --faults: 960)")
     parser.add_argument("--out", type=Path, help="write the throughput table here")
     parser.add_argument("--scale", type=float, default=1.0,
                         help="multiply the fleet's slowdowns (10: devices ten times "
-                             "slower than this host at the fastest)")
+                             "slower than this host at the fastest; --faults: every "
+                             "device's)")
     parser.add_argument("--mbps", type=float, default=50.0,
                         help="every link's rate, both ways (default 50: wifi-like)")
     parser.add_argument("--backups", action="store_true",
@@ -458,11 +465,12 @@ def main() -> None:
         return
     if args.faults:
         print(f"Asteroid faults, processes; load average {os.getloadavg()[0]:.2f}")
-        faults(args.out, args.into, args.scenario)
+        faults(args.out, args.into, args.scenario, slowdown=args.scale,
+               samples=args.samples or 960)
         return
     if args.processes:
         print(f"Asteroid throughput, processes; load average {os.getloadavg()[0]:.2f}")
-        processes(args.out, args.scale, args.mbps, args.samples)
+        processes(args.out, args.scale, args.mbps, args.samples or 640)
         return
     if args.throughput:
         print(f"Asteroid throughput, virtual time; load average {os.getloadavg()[0]:.2f}")
