@@ -64,9 +64,9 @@ class Peer:
         self.max_frame_bytes = max_frame_bytes
         self._clock = clock
         self._recorder = recorder
-        self._queue: asyncio.Queue[_Posted | None] = asyncio.Queue()
+        self._queue: collections.deque[_Posted | None] = collections.deque()
         self._background: collections.deque[_Posted] = collections.deque()
-        self._waiting = asyncio.Event()  # something was posted to the background
+        self._posted = asyncio.Event()  # something was queued since the loop last looked
         self._joining: list[bytes] = []  # the parts of a background frame received so far
 
     async def receive(self) -> Message:
@@ -134,8 +134,9 @@ class Peer:
         sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         ready = ready_time(self._clock, ready_at)
         if not background:
-            self._queue.put_nowait(_Posted(message, name, epoch, iteration, micro_batch, sent,
-                                           ready))
+            self._queue.append(_Posted(message, name, epoch, iteration, micro_batch, sent,
+                                       ready))
+            self._posted.set()
             return sent
         self._background = collections.deque(
             item for item in self._background if item.name != name)
@@ -147,18 +148,18 @@ class Peer:
             part = FramePart(k, count, to_tensor_data(data))
             self._background.append(_Posted(part, name, epoch, iteration, micro_batch,
                                             sent if k == count - 1 else _done(), ready))
-        self._waiting.set()
+        self._posted.set()
         return sent
 
     def clear(self) -> None:
         """Drop everything still queued (before re-posting it after a reconnection)."""
-        while not self._queue.empty():
-            self._queue.get_nowait()
+        self._queue.clear()
         self._background.clear()
 
     def finish(self) -> None:
         """Let the send loop end after what is already queued."""
-        self._queue.put_nowait(None)
+        self._queue.append(None)
+        self._posted.set()
 
     async def send_loop(self) -> None:
         """Send posted messages in order until `finish` is called.
@@ -182,22 +183,10 @@ class Peer:
     async def _next(self) -> _Posted | None:
         """The next message to send: the queue's first, else the background's (module
         docstring); None once `finish` was called."""
-        if self._queue.empty() and self._background:
-            return self._background.popleft()
-        if not self._queue.empty():
-            return self._queue.get_nowait()
-        self._waiting.clear()
-        getting = asyncio.ensure_future(self._queue.get())
-        waiting = asyncio.ensure_future(self._waiting.wait())
-        try:
-            await asyncio.wait({getting, waiting}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiting.cancel()
-            if not getting.done():
-                getting.cancel()
-        if getting.done() and not getting.cancelled():
-            return getting.result()
-        return await self._next()
+        while not self._queue and not self._background:
+            self._posted.clear()
+            await self._posted.wait()
+        return self._queue.popleft() if self._queue else self._background.popleft()
 
 
 def _done() -> asyncio.Future[None]:
