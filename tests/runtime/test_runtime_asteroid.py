@@ -305,14 +305,18 @@ async def test_a_lost_device_s_stage_is_restored_from_the_latest_backup_point(
 async def test_a_much_worse_adjustment_falls_back_to_the_planner() -> None:
     """Over wifi, losing stage 1's only device leaves the adjustment one choice: stage 0's
     group takes every unit and all-reduces the whole model every batch, far slower than
-    the devices left should manage; the planner's plan (a pipeline) is taken instead."""
+    the devices left should manage; the planner's plan (a pipeline) is taken instead.
+    The round goes on from a backup point; the samples before it count, device 1's too,
+    though it no longer runs the first stage."""
     config = _config(model="vgg5", devices=3, stage_groups=[[0, 1], [2]], partition=[2],
                      epochs=2, samples_per_device=6 * BATCH, heartbeat_interval=0.5,
-                     device_timeout=2.0, reconnect_grace=1.0, network="wifi")
+                     device_timeout=2.0, reconnect_grace=1.0, network="wifi",
+                     chain_replication_every=2)
     fast = CostTable.uniform(5, forward=1e-4, backward=2e-4, batch=10)  # links dominate
-    result, _ = await _killed_mid_round(config, 2, into=0.3, costs=fast)
+    result, _ = await _killed_mid_round(config, 2, into=0.6, costs=fast)
     [change] = result.epochs[1].changes
     assert change["rescheduling"] == "lightweight+planner"
+    assert change["from_iteration"] > 0  # device 1's samples before it: still counted
     assert len({entry[1] for entry in change["after"]}) == 2  # two stages: a pipeline
     assert len({e.samples for e in result.epochs}) == 1
 

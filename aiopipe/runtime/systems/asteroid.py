@@ -611,15 +611,16 @@ class _Carried:
 
     def added_to(self, results: dict[int, RoundResult], groups: Sequence[Sequence[int]]
                  ) -> dict[int, RoundResult]:
-        """``results`` with what came before counted in: each device's samples (a lost
-        device's by the first stage's first member), the loss and correct by the last
-        stage's first member."""
+        """``results`` with what came before counted in: each device's samples (those of
+        one no longer in the first stage, whose samples count as the epoch's, by the
+        first stage's first member), the loss and correct by the last stage's first
+        member."""
         if not self.samples and not self.loss_sum and not self.correct:
             return results
         results = dict(results)
         first, last = groups[0][0], groups[-1][0]
         for d, samples in self.samples.items():
-            k = d if d in results else first
+            k = d if d in groups[0] else first
             results[k] = replace(results[k], samples=results[k].samples + samples)
         results[last] = replace(results[last], loss_sum=results[last].loss_sum + self.loss_sum,
                                 correct=results[last].correct + self.correct)
