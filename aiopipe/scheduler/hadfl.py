@@ -39,12 +39,15 @@ import math
 import random
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from aiopipe.errors import ConfigError
 
 __all__ = [
     "MAX_HYPERPERIOD",
     "Holt",
+    "Round",
+    "StrategyGenerator",
     "expected_versions",
     "hyperperiod",
     "local_steps",
@@ -180,3 +183,80 @@ def ring(devices: Sequence[int], rng: random.Random) -> tuple[int, ...]:
     order = list(devices)
     rng.shuffle(order)
     return tuple(order)
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """One synchronisation round's configuration: the period (seconds of training
+    between synchronisations), each device's local steps in it, the versions the
+    devices are expected to reach, and the devices chosen, in ring order (each sends to
+    the next, the last to the first)."""
+
+    period_s: float
+    steps: tuple[int, ...]
+    expected: tuple[float, ...]
+    ring: tuple[int, ...]
+
+
+class StrategyGenerator:
+    """HADFL's strategy generator and runtime supervisor (§III-A to §III-C): from the
+    mutual negotiation's times, each round's period, local steps and ring; from the
+    versions each synchronisation saw, the next round's predicted versions (`Holt`),
+    and so its selection.
+
+    Args:
+        warmup_times: seconds each device took for the warm-up.
+        warmup_epochs: ``E_warmup``.
+        batches: each device's mini-batches per epoch.
+        periods: ``T_sync``, hyperperiods between synchronisations (>= 1).
+        selected: ``N_p``, devices in each ring (1..devices).
+        alpha: Holt's smoothing factor.
+        seed: the selections' and rings' random stream.
+
+    Raises:
+        ConfigError: a value is out of its range.
+    """
+
+    def __init__(self, warmup_times: Sequence[float], warmup_epochs: int,
+                 batches: Sequence[int], *, periods: int, selected: int, alpha: float,
+                 seed: int) -> None:
+        _check_times(warmup_times, "warm-up times")
+        if len(batches) != len(warmup_times) or any(b < 1 for b in batches):
+            raise ConfigError(f"batches per epoch must be at least 1 for each of the "
+                              f"{len(warmup_times)} devices, got {list(batches)}")
+        if not 0 < alpha < 1:
+            raise ConfigError(f"the smoothing factor must lie in (0, 1), got {alpha}")
+        if periods < 1 or not 1 <= selected <= len(warmup_times):
+            raise ConfigError(f"T_sync must be at least 1 and N_p in 1..{len(warmup_times)}"
+                              f", got {periods} and {selected}")
+        epoch_times = [t / warmup_epochs for t in warmup_times]
+        self.period_s = periods * hyperperiod(epoch_times)
+        self.steps = local_steps([t / b for t, b in zip(epoch_times, batches, strict=True)],
+                                 self.period_s)
+        self.selected = selected
+        self._rng = random.Random(seed)
+        self._expected = expected_versions(warmup_times, warmup_epochs, self.period_s)
+        self._holt: list[Holt] | None = None
+        self._alpha = alpha
+
+    def next_round(self, versions: Sequence[float] | None = None) -> Round:
+        """The next round: with ``versions`` (each device's parameter version, in
+        epochs, at the synchronisation that ended the last round), predicted by Holt's
+        smoothing; before any (the first round), Eq. 6's expectation.
+
+        Raises:
+            ConfigError: ``versions`` does not hold one finite version per device.
+        """
+        if versions is not None:
+            if len(versions) != len(self.steps) or any(not math.isfinite(v)
+                                                       for v in versions):
+                raise ConfigError(f"one finite version per device, got {list(versions)}")
+            if self._holt is None:
+                self._holt = [Holt(self._alpha, v) for v in versions]
+            else:
+                for holt, v in zip(self._holt, versions, strict=True):
+                    holt.update(v)
+        expected = (tuple(h.predict() for h in self._holt) if self._holt is not None
+                    else self._expected)
+        chosen = select(expected, self.selected, self._rng)
+        return Round(self.period_s, self.steps, expected, ring(chosen, self._rng))

@@ -14,6 +14,7 @@ from aiopipe.errors import ConfigError
 from aiopipe.scheduler.hadfl import (
     MAX_HYPERPERIOD,
     Holt,
+    StrategyGenerator,
     expected_versions,
     hyperperiod,
     local_steps,
@@ -115,3 +116,28 @@ def test_the_ring_is_a_random_order_of_the_chosen() -> None:
     orders = {ring([3, 5, 8], rng) for _ in range(200)}
     assert all(sorted(order) == [3, 5, 8] for order in orders)
     assert len(orders) == 6  # every directed ring of three appears
+
+
+def test_the_strategy_generator_plans_rounds_by_capacity_and_prediction() -> None:
+    """Devices 2x and 4x slower than device 0 (warm-up of 2 epochs; 10 batches an
+    epoch): the period is 2 hyperperiods of 4 fastest epochs; each device's steps fill
+    it at its speed; the first round expects Eq. 6's versions; later ones Holt's
+    predictions of the versions the synchronisations saw; every ring holds N_p devices."""
+    generator = StrategyGenerator([2.0, 4.0, 8.0], 2, [10, 10, 10], periods=2, selected=2,
+                                  alpha=0.5, seed=3)
+    first = generator.next_round()
+    assert first.period_s == pytest.approx(8.0)  # 2 x lcm(1, 2, 4) x 1 s
+    assert first.steps == (80, 40, 20)
+    assert first.expected == pytest.approx((8.0, 4.0, 2.0))
+    assert len(first.ring) == 2
+    seen = [8.0, 4.0, 2.0]
+    for _ in range(30):
+        seen = [v + d for v, d in zip(seen, (8.0, 4.0, 1.0), strict=True)]  # 2 slows down
+        later = generator.next_round(seen)
+        assert len(set(later.ring)) == 2
+    assert later.expected == pytest.approx([v + d for v, d in zip(seen, (8.0, 4.0, 1.0),
+                                                                  strict=True)], abs=1e-3)
+    with pytest.raises(ConfigError):
+        generator.next_round([1.0, math.inf, 2.0])
+    with pytest.raises(ConfigError):
+        StrategyGenerator([2.0, 4.0], 2, [10, 10], periods=1, selected=3, alpha=0.5, seed=0)
