@@ -38,16 +38,14 @@ devices go round their own data again if they now hold less of it). ``rescheduli
 `aiopipe.scheduler.asteroid.adjusted_plan`; when that is estimated much slower than the
 devices left should be, `FALLBACK`, the planner's plan if better), and a device that
 holds the same stage as in the attempt given up on (same process) is sent no weights:
-it starts again from the
-state it kept of that attempt's start ([Note: kept weights] in
+it starts again from the state it kept of that attempt's start ([Note: kept weights] in
 aiopipe/runtime/holdings.py), or of the backup point when it answered with its own
-snapshot there; the others get their stage's weights from the
-coordinator's copy of the round's start (or of the backup point, with its momentum).
-"heavy" runs the planner from scratch over the devices left and sends every stage's
-weights again (the paper's straw-man). A replay's weight
-versions (and those of every round after a re-plan) are ``REPLAY_VERSIONS`` above the
-attempt's before, so the devices drop what an attempt given up on still sends. Not
-resumable from a checkpoint.
+snapshot there; the others get their stage's weights from the coordinator's copy of
+the round's start (or of the backup point, with its momentum). "heavy" runs the planner
+from scratch over the devices left and sends every stage's weights again (the paper's
+straw-man). A replay's weight versions (and those of every round after a re-plan) are
+``REPLAY_VERSIONS`` above the attempt's before, so the devices drop what an attempt
+given up on still sends. Not resumable from a checkpoint.
 """
 
 from __future__ import annotations
