@@ -25,7 +25,8 @@ the first's (`backup_node`; the backup node checks it: `ChainReplicas.accept_bac
 A group's members need no backup node: each keeps its own, and the members are the same.
 When a round stops, the coordinator asks each stage's members alive, then its backup
 node, for the stage's state at the latest backup point of the given-up attempt, down to
-its start (`gather_from`); found whole, the round is played again from there: a device
+its start (`gather_from`; a holder that lacks a point says the latest it has below it,
+and the points between are skipped); found whole, the round is played again from there: a device
 that keeps its stage and answered with its own snapshot starts from it (no weights
 sent: `Holdings.assign`), the others get their stage's weights and momentum from the
 coordinator, which loaded the point. What the attempt trained before the point is
@@ -186,18 +187,23 @@ class ChainReplicas:
 
     def answer(self, request: ReplicaRequest) -> list[Replica]:
         """One `Replica` per stage asked: held after the batches asked, else without
-        tensors (none held)."""
-        nothing = self.none_held(request)
+        tensors, its ``batches`` the latest point held below the one asked (0: none), so
+        the coordinator need not ask for the points between."""
         if request.round != self.round:
-            return nothing
-        return [self.held.get(stage, {}).get(request.batches) or none
-                for stage, none in zip(request.stages, nothing, strict=True)]
+            return self.none_held(request)
+        answers = []
+        for stage in request.stages:
+            held = self.held.get(stage, {})
+            below = max((b for b in held if b < request.batches), default=0)
+            answers.append(held.get(request.batches) or Replica(
+                request.round, stage, below, 0.0, 0, {}))
+        return answers
 
     @staticmethod
     def none_held(request: ReplicaRequest) -> list[Replica]:
-        """The answer of a device that holds nothing ``request`` asks for."""
-        return [Replica(request.round, stage, request.batches, 0.0, 0, {})
-                for stage in request.stages]
+        """The answer of a device that holds nothing of the round ``request`` asks
+        about."""
+        return [Replica(request.round, stage, 0, 0.0, 0, {}) for stage in request.stages]
 
 
 def replica_check(model: nn.Sequential, bounds: Sequence[tuple[int, int]], round_no: int,
@@ -335,11 +341,17 @@ async def gather_from(source: ReplicaSource, round_no: int, points: Sequence[int
     ``points`` (batches, in the order to try) for which one survived of every stage,
     asking stage p's ``holders[p]`` that are ``alive``, one after the other (each
     holder's turn asks every stage still missing at once); ``held(batches)``: the
-    replicas the coordinator holds itself. (batches, by stage: the device that held it
-    (-1: the coordinator) and its replica), or None when no point survived whole."""
+    replicas the coordinator holds itself. A holder that lacks a point says the latest
+    it holds below it (`ChainReplicas.answer`): the points above the lowest of the
+    missing stages' best are skipped. (batches, by stage: the device that held it (-1:
+    the coordinator) and its replica), or None when no point survived whole."""
     stages = len(holders)
+    bound = math.inf  # no point above this one can be whole
     for batches in points:
+        if batches > bound:
+            continue
         found = {p: (-1, r) for p, r in (held(batches) if held else {}).items()}
+        best: dict[int, int] = {}  # per missing stage, the latest point a holder has below
         for turn in range(max(map(len, holders), default=0)):
             asked: dict[int, list[int]] = {}
             for p in range(stages):
@@ -351,11 +363,18 @@ async def gather_from(source: ReplicaSource, round_no: int, points: Sequence[int
                 for d, ps in asked.items()))
             for (d, ps), replies in zip(asked.items(), answers, strict=True):
                 for replica in replies:
-                    if (replica.tensors and replica.stage in ps and replica.batches == batches
-                            and replica.stage not in found and check(replica.stage, replica)):
+                    if replica.stage not in ps:
+                        continue
+                    if not replica.tensors and replica.batches < batches:
+                        best[replica.stage] = max(best.get(replica.stage, 0), replica.batches)
+                    elif (replica.tensors and replica.batches == batches
+                          and replica.stage not in found and check(replica.stage, replica)):
                         found[replica.stage] = (d, replica)
         if len(found) == stages:
             return batches, found
+        missing = set(range(stages)) - set(found)
+        bound = min(best.get(p, 0) for p in missing) if all(
+            p in best for p in missing) else batches - 1
         log.info("round %d: no whole state after %d batches (stages %s missing)",
                  round_no + 1, batches, sorted(set(range(stages)) - set(found)))
     return None

@@ -15,7 +15,7 @@ from torch import nn
 from aiopipe import models
 from aiopipe.errors import RemoteProtocolError
 from aiopipe.protocol import Replica, ReplicaRequest, state_to_wire
-from aiopipe.runtime.chain import ChainReplicas, expected_tensors, gather
+from aiopipe.runtime.chain import ChainReplicas, expected_tensors, gather, gather_from
 from aiopipe.runtime.stage import check_tensors
 
 
@@ -239,3 +239,30 @@ def test_check_tensors_names_what_differs() -> None:
     expected = expected_tensors(models.units_of(model, 0, 2), momentum=False)
     with pytest.raises(RemoteProtocolError, match="missing"):
         check_tensors({}, expected, "it")
+
+
+def test_gather_skips_to_the_latest_point_the_holders_say_they_have() -> None:
+    """A holder that lacks a point answers with the latest it holds below it: after one
+    miss the coordinator asks for that point at once, not for every one between."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 3))
+    bounds = [(0, 1), (1, 2)]
+    chains = {d: ChainReplicas(model, momentum=True, every=5) for d in (0, 1)}
+    for d in (0, 1):
+        for batches in (15, 20):
+            chains[d].keep(Replica(7, d, batches, 0.0, 0, _state(model, *bounds[d])))
+    asked: list[int] = []
+
+    class Devices:
+        def chained(self, round_no: int) -> Mapping[int, Replica]:
+            return {}
+
+        async def replicas(self, device_id: int, request: ReplicaRequest) -> list[Replica]:
+            asked.append(request.batches)
+            return chains[device_id].answer(request)
+
+    points = list(range(95, 0, -5))
+    found = asyncio.run(gather_from(Devices(), 7, points, [[0], [1]], [0, 1],
+                                    lambda stage, replica: True))
+    assert found is not None
+    assert found[0] == 20
+    assert sorted(set(asked)) == [20, 95]  # one miss, then the point they hold
