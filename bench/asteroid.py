@@ -370,7 +370,10 @@ def faults(out: Path | None, into: float, only: list[str] | None = None, *,
     for row in rows[1:]:
         lines.append(f"\n{row['scenario']}: {row.get('stopped', '?')}; re-planned to "
                      f"{row.get('plan')}")
-    _written(out, "faults", lines, rows)
+    if _written(out, "faults", lines, rows):
+        assert out is not None
+        plot_faults(rows, out / "faults.png", f"Asteroid recovery between processes, "
+                    f"compute {slowdown:g}x this host's, kill {into:g} s into epoch 2")
 
 
 def backups(out: Path | None) -> None:
@@ -422,6 +425,29 @@ def _plot(rows: dict[str, dict[str, Any]], path: Path, title: str) -> None:
            color=["tab:green", "tab:blue", "tab:orange", "tab:grey"])
     ax.set_ylabel("samples / s (virtual time)")
     ax.set_title(title.split(", vgg5")[0], fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_faults(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Each scenario's epoch times, as grouped bars (epoch 2 holds the fault)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    epochs = len(rows[0]["epoch_s"])
+    width = 0.8 / epochs
+    for e in range(epochs):
+        ax.bar([i + e * width for i in range(len(rows))],
+               [row["epoch_s"][e] for row in rows], width, label=f"epoch {e + 1}")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))])
+    ax.set_xticklabels([row["scenario"] for row in rows], fontsize=7, rotation=15)
+    ax.set_ylabel("epoch time (s)")
+    ax.set_title(title, fontsize=8)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
