@@ -48,12 +48,14 @@ __all__ = [
     "Holt",
     "Round",
     "StrategyGenerator",
+    "bypass",
     "expected_versions",
     "hyperperiod",
     "local_steps",
     "ring",
     "select",
     "selection_probabilities",
+    "upstream",
 ]
 
 #: The most fastest-device epochs a hyperperiod may last (`hyperperiod`).
@@ -183,6 +185,28 @@ def ring(devices: Sequence[int], rng: random.Random) -> tuple[int, ...]:
     order = list(devices)
     rng.shuffle(order)
     return tuple(order)
+
+
+def upstream(order: Sequence[int], device: int) -> int:
+    """Who sends to ``device`` in the ring ``order``.
+
+    Raises:
+        ValueError: ``device`` is not in the ring.
+    """
+    return order[order.index(device) - 1]
+
+
+def bypass(order: Sequence[int], dead: int) -> tuple[int, ...]:
+    """The ring without ``dead`` (§III-D's fault tolerance: its downstream, hearing
+    nothing within the waiting time, asks it, then warns its upstream, which sends to the
+    downstream from then on); the others keep their order.
+
+    Raises:
+        ValueError: ``dead`` is not in the ring.
+    """
+    if dead not in order:
+        raise ValueError(f"device {dead} is not in the ring {list(order)}")
+    return tuple(d for d in order if d != dead)
 
 
 @dataclass(frozen=True, slots=True)

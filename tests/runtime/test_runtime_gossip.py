@@ -62,3 +62,4 @@ def test_no_message_after_the_last_step() -> None:
     assert torch.equal(member.average(), torch.ones(4))
     with pytest.raises(RemoteProtocolError):
         member.incoming(0, torch.zeros(4))
+

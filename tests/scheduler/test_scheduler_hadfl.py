@@ -15,12 +15,14 @@ from aiopipe.scheduler.hadfl import (
     MAX_HYPERPERIOD,
     Holt,
     StrategyGenerator,
+    bypass,
     expected_versions,
     hyperperiod,
     local_steps,
     ring,
     select,
     selection_probabilities,
+    upstream,
 )
 
 
@@ -141,3 +143,17 @@ def test_the_strategy_generator_plans_rounds_by_capacity_and_prediction() -> Non
         generator.next_round([1.0, math.inf, 2.0])
     with pytest.raises(ConfigError):
         StrategyGenerator([2.0, 4.0], 2, [10, 10], periods=1, selected=3, alpha=0.5, seed=0)
+
+
+def test_a_dead_peer_is_bypassed_by_its_upstream() -> None:
+    """Ring 4 -> 1 -> 7 -> 2 -> 4: device 7 dies; its downstream (2) warns its upstream
+    (1), which sends to 2 from then on; the others keep their order."""
+    order = (4, 1, 7, 2)
+    assert upstream(order, 2) == 7
+    assert upstream(order, 7) == 1
+    assert upstream(order, 4) == 2  # the last sends to the first
+    repaired = bypass(order, 7)
+    assert repaired == (4, 1, 2)
+    assert upstream(repaired, 2) == 1
+    with pytest.raises(ValueError, match="not in the ring"):
+        bypass(order, 9)
