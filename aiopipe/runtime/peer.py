@@ -23,12 +23,10 @@ import asyncio
 import collections
 from dataclasses import dataclass
 
-import torch
-
 from aiopipe.clock import Clock, ready_time
 from aiopipe.errors import RemoteProtocolError
 from aiopipe.metrics.trace import Recorder
-from aiopipe.protocol import FramePart, Message, decode, encode, to_tensor_data
+from aiopipe.protocol import FramePart, Message, TensorData, decode, encode
 from aiopipe.transport import Link
 
 __all__ = ["PART_BYTES", "Peer"]
@@ -68,6 +66,7 @@ class Peer:
         self._background: collections.deque[_Posted] = collections.deque()
         self._posted = asyncio.Event()  # something was queued since the loop last looked
         self._joining: list[bytes] = []  # the parts of a background frame received so far
+        self._joined = 0  # their bytes
 
     async def receive(self) -> Message:
         """Next message from the peer.
@@ -94,19 +93,19 @@ class Peer:
         Raises:
             RemoteProtocolError: out of order, or larger than the frame limit.
         """
-        if part.index == 0:
-            self._joining = []  # (a frame whose parts stopped coming, e.g. a dropped queue)
+        if part.index == 0:  # (a frame whose parts stopped coming, e.g. a dropped queue)
+            self._joining, self._joined = [], 0
         elif part.index != len(self._joining):
             raise RemoteProtocolError(f"frame part {part.index} of {part.count} after "
                                       f"{len(self._joining)} parts")
         self._joining.append(bytes(part.data.data))
-        size = sum(map(len, self._joining))
-        if self.max_frame_bytes is not None and size > self.max_frame_bytes:
-            self._joining = []
+        self._joined += part.data.nbytes
+        if self.max_frame_bytes is not None and self._joined > self.max_frame_bytes:
+            self._joining, self._joined = [], 0
             raise RemoteProtocolError(f"frame parts of over {self.max_frame_bytes} bytes")
         if part.index + 1 < part.count:
             return None
-        frame, self._joining = b"".join(self._joining), []
+        frame, self._joining, self._joined = b"".join(self._joining), [], 0
         return frame
 
     async def send(self, message: Message) -> None:
@@ -140,12 +139,11 @@ class Peer:
             return sent
         self._background = collections.deque(
             item for item in self._background if item.name != name)
-        frame = encode(message)
+        frame = memoryview(encode(message))
         count = max(1, -(-len(frame) // PART_BYTES))
         for k in range(count):
-            data = torch.frombuffer(bytearray(frame[k * PART_BYTES:(k + 1) * PART_BYTES]),
-                                    dtype=torch.uint8)
-            part = FramePart(k, count, to_tensor_data(data))
+            piece = frame[k * PART_BYTES:(k + 1) * PART_BYTES]
+            part = FramePart(k, count, TensorData("uint8", (len(piece),), piece))
             self._background.append(_Posted(part, name, epoch, iteration, micro_batch,
                                             sent if k == count - 1 else _done(), ready))
         self._posted.set()

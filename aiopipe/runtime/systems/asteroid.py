@@ -149,7 +149,7 @@ class Asteroid(Pipeline):
         self._restorable: set[int] = set()
         #: each parameter's momentum at the backup point a replay starts from (sent with
         #: the weights then); empty otherwise
-        self._momentum: dict[str, torch.Tensor] = {}
+        self.momentum: dict[str, torch.Tensor] = {}
 
     def _planned(self) -> list[HppStage]:
         """Asteroid's planner on the cost table and the fleet.
@@ -346,7 +346,7 @@ class Asteroid(Pipeline):
                 done = await self._play_round(
                     rounds, round_no, epoch, start,
                     [self.iterations_per_epoch - start] * len(work))
-                self._momentum = {}
+                self.momentum = {}
                 return carried.added_to(done, self.groups)
             except StageLost as lost:
                 self._keep = self.config.rescheduling == "lightweight"
@@ -430,7 +430,7 @@ class Asteroid(Pipeline):
         if found is None:
             return None
         batches, replicas = found
-        self._momentum = await rounds.compute.call(
+        self.momentum = await rounds.compute.call(
             partial(self._load_point, [replicas[p][1] for p in range(self.stages)]))
         log.warning("round %d: every stage's state after %d batches of the epoch survived "
                     "in the stage backups: playing the round again from there",
@@ -444,15 +444,6 @@ class Asteroid(Pipeline):
             *(state_from_wire(r.tensors) for r in replicas)))
         self._absorb(weights)
         return momentum
-
-    def _stage_state(self, stage: torch.nn.Module) -> dict[str, torch.Tensor]:
-        """A stage's weights, and its momentum when the round starts from a backup
-        point."""
-        state = super()._stage_state(stage)
-        if self._momentum:
-            state.update({MOMENTUM + name: self._momentum[name].clone()
-                          for name, _ in stage.named_parameters()})
-        return state
 
     def frame_limit(self) -> int:
         """The whole model's state, with momentum when stage backups may send it."""

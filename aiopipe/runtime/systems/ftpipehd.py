@@ -352,13 +352,6 @@ class FTPipeHD(Pipeline):
                     batches)
         return batches, replicas[-1].loss_sum, replicas[-1].correct
 
-    def _stage_state(self, stage: torch.nn.Module) -> dict[str, torch.Tensor]:
-        state = super()._stage_state(stage)
-        if self.momentum:
-            state.update({MOMENTUM + name: self.momentum[name].clone()
-                          for name, _ in stage.named_parameters()})
-        return state
-
     def _absorb(self, state: dict[str, torch.Tensor]) -> None:
         weights, momentum = split_momentum(state)
         super()._absorb(weights)

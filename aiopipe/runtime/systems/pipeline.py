@@ -45,6 +45,7 @@ from aiopipe.protocol import (
     state_from_wire,
     state_to_wire,
 )
+from aiopipe.runtime.async_weights import MOMENTUM
 from aiopipe.runtime.plan import (
     DevicePlan,
     check_trainable,
@@ -81,6 +82,8 @@ class Pipeline:
         config = setup.config
         self.setup, self.config = setup, config
         self.model = setup.model
+        #: each parameter's momentum, sent with the stages' weights when not empty
+        self.momentum: dict[str, torch.Tensor] = {}
         self.units = models.unit_count(self.model)
         self.stages = config.devices
         #: the device of each stage
@@ -282,7 +285,13 @@ class Pipeline:
         return [state_to_wire(self._stage_state(stage)) for stage in stages]
 
     def _stage_state(self, stage: torch.nn.Module) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in stage.state_dict().items()}
+        """A stage's weights, and each parameter's momentum when the coordinator holds
+        it (``momentum``: FTPipeHD always, Asteroid for a replay from a backup point)."""
+        state = {k: v.detach().clone() for k, v in stage.state_dict().items()}
+        if self.momentum:
+            state.update({MOMENTUM + name: self.momentum[name].clone()
+                          for name, _ in stage.named_parameters()})
+        return state
 
     def _merge(self, results: Mapping[int, RoundResult]) -> None:
         """The stages side by side are the whole model (compute thread)."""
