@@ -22,7 +22,7 @@ from aiopipe.cli import (
     epoch_row,
     run_command,
 )
-from aiopipe.config import PIPELINE_MODES, RunConfig
+from aiopipe.config import LINKED_MODES, RunConfig
 from aiopipe.errors import TrainingError
 from aiopipe.metrics.results import own_out_dir
 from aiopipe.progress import RunDisplay
@@ -59,7 +59,7 @@ async def _train(config: RunConfig, port: int) -> int:
                       join_timeout=120.0,
                       progress=lambda m: display.row(epoch_row(m))) as server:
         # a pipeline's devices link to each other: each listens on a free port
-        listen = ["--listen", "127.0.0.1:0"] if config.mode in PIPELINE_MODES else []
+        listen = ["--listen", "127.0.0.1:0"] if config.mode in LINKED_MODES else []
         devices = [await asyncio.create_subprocess_exec(
             sys.executable, "-m", "aiopipe.device", "--server", server.url,
             "--device-id", str(k), *listen, env=_device_env(mint_token(secret, k)),

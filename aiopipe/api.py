@@ -28,7 +28,7 @@ from torch import nn
 
 from aiopipe.auth import Revocations, check_secret
 from aiopipe.clock import Clock, SystemClock, VirtualClock
-from aiopipe.config import PIPELINE_MODES, RunConfig
+from aiopipe.config import LINKED_MODES, RunConfig
 from aiopipe.data import Dataset, as_dataset
 from aiopipe.errors import AiopipeError, ConfigError, TrainingError, TransportError
 from aiopipe.metrics.results import (
@@ -93,7 +93,7 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
     custom = None if isinstance(config.model, str) else config.model
     networks = [config.device_network(k) for k in range(config.devices)]
     fabric = None
-    if config.mode in PIPELINE_MODES:  # what device a sends device b goes at a's uplink
+    if config.mode in LINKED_MODES:  # what device a sends device b goes at a's uplink
         fabric = MemoryFabric(clock, links={
             (f"device{a}", f"device{b}"): networks[a].up
             for a in range(config.devices) for b in range(config.devices) if a != b})

@@ -23,13 +23,16 @@ from aiopipe.errors import ConfigError
 if TYPE_CHECKING:
     from aiopipe.transport.network import NetworkSpec
 
-__all__ = ["AGGREGATIONS", "DATA_PARTITIONS", "LOSSES", "MODES", "OPTIMIZERS", "OUTLIERS",
+__all__ = ["AGGREGATIONS", "DATA_PARTITIONS", "LINKED_MODES", "LOSSES", "MODES", "OPTIMIZERS",
+           "OUTLIERS",
            "PIPELINE_MODES", "RESCHEDULINGS", "SCHEDULES", "RunConfig"]
 
-MODES = ("fl", "sl", "sfl", "pipar", "pipeline", "ftpipehd", "asteroid")
+MODES = ("fl", "sl", "sfl", "pipar", "pipeline", "ftpipehd", "asteroid", "hadfl")
 #: The modes whose devices form one pipeline and link to each other directly (a chain:
 #: device p runs stage p; asteroid: a group of devices per stage).
 PIPELINE_MODES = ("pipeline", "ftpipehd", "asteroid")
+#: The modes whose devices link to each other directly (every device listens for peers).
+LINKED_MODES = (*PIPELINE_MODES, "hadfl")
 LOSSES = ("cross-entropy",)
 AGGREGATIONS = ("fedavg", "fedmedian", "trimmed-mean", "krum")
 OUTLIERS = ("keep", "clip", "drop")
@@ -88,7 +91,12 @@ class RunConfig:
             stream through without a flush until the epoch ends) or "asteroid"
             (Asteroid's hybrid pipeline: stages run by groups of devices that split
             every micro-batch between them and all-reduce their stage's gradients
-            before each step; the first stage's members hold the data).
+            before each step; the first stage's members hold the data) or "hadfl"
+            (HADFL: every device trains the whole model on its own data, as many local
+            steps as its speed allows in a period; then a few devices, chosen by their
+            predicted versions, average their models over a ring of device-to-device
+            links and one of them sends the average to the others; the coordinator
+            plans and keeps a backup, off the data path).
         model: a model name of `aiopipe.models.MODEL_NAMES`, ``module:function`` (a
             factory, called with ``num_classes`` and ``in_shape`` if it takes them, that
             returns the ``nn.Sequential`` of split units; every node imports it), or
@@ -199,6 +207,23 @@ class RunConfig:
             that norm) or "drop" (left out of the aggregation); clipped or dropped
             devices are named in the log and in ``EpochMetrics.updates_refused``.
         outlier_limit: see ``outliers``.
+        warmup_epochs: hadfl: epochs of the mutual negotiation (§III-B), E_warmup: each
+            is one round in which every device trains one epoch of its data at
+            ``warmup_learning_rate`` and the whole fleet averages; the strategy comes
+            from the seconds they took. 0: none (only with a fixed ``local_steps``).
+        warmup_learning_rate: hadfl: the negotiation's (small) learning rate.
+        local_steps: hadfl: "capacity" (Algorithm 1: each device trains as many
+            mini-batches as fit its speed in a period of ``sync_periods``
+            hyperperiods) or a number of mini-batches every device trains per round
+            (with ``ring_size`` = devices: synchronous decentralized FedAvg; 1: every
+            step all-reduced, as PyTorch DDP).
+        sync_periods: hadfl: T_sync, hyperperiods between synchronisations.
+        ring_size: hadfl: N_p, the devices that average their models each round (0:
+            half the devices, at least 2).
+        version_smoothing: hadfl: Holt's smoothing factor alpha (Eq. 7), in (0, 1).
+        ring_timeout: hadfl: seconds a ring member waits for its upstream before it
+            asks whether it is alive (a handshake); an upstream that does not answer
+            within as long again (or whose link broke) is bypassed.
         profile_devices: with "auto" (and in mode asteroid, any plan: its rows are
             balanced by speed) on real clocks, plan from what each device measures of
             itself where it runs (its units' times, its links' rates:
@@ -252,6 +277,13 @@ class RunConfig:
     global_replication_every: int = 100
     chain_replication_every: int = 50
     first_repartition_after: int = 10
+    warmup_epochs: int = 1
+    warmup_learning_rate: float = 0.002
+    local_steps: int | str = "capacity"
+    sync_periods: int = 1
+    ring_size: int = 0
+    version_smoothing: float = 0.5
+    ring_timeout: float = 5.0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -367,6 +399,46 @@ class RunConfig:
         if not isinstance(self.out_dir, str):
             raise _fail("out_dir", self.out_dir, "a path string")
         self._check_aggregation()
+        self._check_hadfl()
+
+    def _check_hadfl(self) -> None:
+        """HADFL's keys: valid, and given only in mode hadfl."""
+        defaults = {"warmup_epochs": 1, "warmup_learning_rate": 0.002,
+                    "local_steps": "capacity", "sync_periods": 1, "ring_size": 0,
+                    "version_smoothing": 0.5, "ring_timeout": 5.0}
+        if self.mode != "hadfl":
+            for key, default in defaults.items():
+                if getattr(self, key) != default:
+                    raise _fail(key, getattr(self, key), 'its default: it is for mode "hadfl"')
+            return
+        warmup = self.warmup_epochs
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise _fail("warmup_epochs", warmup, "an integer >= 0")
+        steps = self.local_steps
+        if steps != "capacity":
+            _positive_int("local_steps", steps)
+        elif warmup == 0:
+            raise _fail("warmup_epochs", 0, '>= 1 with local_steps "capacity" (its times '
+                        "size the local steps)")
+        _positive_int("sync_periods", self.sync_periods)
+        size = self.ring_size
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= self.devices:
+            raise _fail("ring_size", size, f"an integer in 0..{self.devices} (0: half the "
+                        "devices)")
+        for key, low, high in (("warmup_learning_rate", 0.0, math.inf),
+                               ("version_smoothing", 0.0, 1.0), ("ring_timeout", 0.0, math.inf)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not (
+                    low < value < high):
+                raise _fail(key, value, f"a number in ({low:g}, {high:g})")
+            object.__setattr__(self, key, float(value))
+        if self.aggregation_every:
+            raise _fail("aggregation_every", self.aggregation_every,
+                        "0 for hadfl (its rounds are its synchronisation periods)")
+
+    def ring_members(self) -> int:
+        """HADFL's N_p: ``ring_size``, or half the devices (at least 2, at most all)."""
+        return self.ring_size or min(self.devices, max(2, math.ceil(self.devices / 2)))
 
     def _check_aggregation(self) -> None:
         """The aggregation's keys."""

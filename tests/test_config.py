@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiopipe.config import DATA_PARTITIONS, MODES, PIPELINE_MODES, SCHEDULES, RunConfig
+from aiopipe.config import DATA_PARTITIONS, LINKED_MODES, MODES, SCHEDULES, RunConfig
 from aiopipe.errors import ConfigError
 
 
@@ -163,6 +163,21 @@ BAD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("seed", True, {}),
     ("out_dir", 3, {}),
     ("out_dir", None, {}),
+    ("warmup_epochs", 2, {}),  # for mode hadfl only
+    ("warmup_epochs", -1, {"mode": "hadfl"}),
+    ("warmup_epochs", 0, {"mode": "hadfl"}),  # "capacity" steps need the negotiation
+    ("warmup_learning_rate", 0.0, {"mode": "hadfl"}),
+    ("warmup_learning_rate", 0.1, {}),
+    ("local_steps", "fast", {"mode": "hadfl"}),
+    ("local_steps", 0, {"mode": "hadfl"}),
+    ("local_steps", 5, {}),
+    ("sync_periods", 0, {"mode": "hadfl"}),
+    ("ring_size", 3, {"mode": "hadfl", "devices": 2}),
+    ("ring_size", 2, {}),
+    ("version_smoothing", 1.0, {"mode": "hadfl"}),
+    ("version_smoothing", math.nan, {"mode": "hadfl"}),
+    ("ring_timeout", 0, {"mode": "hadfl"}),
+    ("aggregation_every", 2, {"mode": "hadfl"}),  # its rounds are its periods
 ]
 
 
@@ -187,6 +202,8 @@ GOOD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("mode", "fl", {}),
     ("mode", "sl", {}),
     ("mode", "sfl", {}),
+    ("mode", "hadfl", {}),
+    ("local_steps", 1, {"mode": "hadfl", "warmup_epochs": 0, "ring_size": 2}),
     ("split_point", "auto", {}),
     ("parallel_batches", "auto", {}),
     ("parallel_batches", 10, {"batch_size": 10}),
@@ -361,7 +378,7 @@ def configs(draw: st.DrawFn) -> RunConfig:
         )
     )
     return RunConfig(
-        mode=draw(st.sampled_from([m for m in MODES if m not in PIPELINE_MODES])),
+        mode=draw(st.sampled_from([m for m in MODES if m not in LINKED_MODES])),
         model=draw(text_without_surrogates.filter(lambda t: bool(t) and ":" not in t)
                    | st.sampled_from(["mylab:net", "pkg.nets:small_cnn"])),
         dataset=draw(text_without_surrogates.filter(bool)),

@@ -86,18 +86,22 @@ __all__ = [
     "Ready",
     "Replica",
     "ReplicaRequest",
+    "RingBypass",
+    "RingChunk",
+    "RingHandshake",
     "RoundReport",
     "RoundResult",
     "RoundStalled",
     "RoundStart",
+    "SyncedModel",
     "TensorData",
     "check_node_name",
 ]
 
-PROTOCOL_VERSION: Final = 7
+PROTOCOL_VERSION: Final = 8
 
 #: Training modes a plan can name.
-MODES: Final = ("fl", "sl", "sfl", "pipar", "pipeline", "ftpipehd", "asteroid")
+MODES: Final = ("fl", "sl", "sfl", "pipar", "pipeline", "ftpipehd", "asteroid", "hadfl")
 
 #: Element size in bytes of every dtype that may travel.
 DTYPE_SIZES: Final[Mapping[str, int]] = {
@@ -416,6 +420,7 @@ class RoundStart:
     actions: str
     peers: Mapping[str, Any] = field(default_factory=dict)
     rows: tuple[int, ...] = ()
+    sync: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("round", "epoch", "first_iteration", "iterations", "stage", "stages",
@@ -537,16 +542,23 @@ class GroupGradient:
 
 @dataclass(frozen=True, slots=True)
 class RoundResult:
-    """A device's trained weights at the end of a round, with what it saw."""
+    """A device's trained weights at the end of a round, with what it saw. HADFL: no
+    weights (but the model's backup, when asked), and ``version``: the version its model
+    reached, in epochs of training (0.0 in every other mode)."""
 
     round: int
     samples: int
     loss_sum: float
     correct: int
     tensors: Mapping[str, TensorData]
+    version: float = 0.0
 
     def __post_init__(self) -> None:
         _check_index("round", self.round)
+        if not isinstance(self.version, float) or not (math.isfinite(self.version)
+                                                       and self.version >= 0):
+            raise LocalProtocolError(f"version must be a finite float >= 0, got "
+                                     f"{self.version!r}")
         _check_index("samples", self.samples)
         _check_index("correct", self.correct)
         if not isinstance(self.loss_sum, float) or not math.isfinite(self.loss_sum):
@@ -624,6 +636,87 @@ class ReplicaRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class RingChunk:
+    """HADFL's ring average (aiopipe.runtime.gossip): step ``step`` of round ``round``'s
+    average among ``ring`` (device ids in ring order: the attempt, which a bypass
+    shortens), chunk ``chunk`` of the flat model, sent to the ring successor."""
+
+    run_id: int
+    round: int
+    ring: tuple[int, ...]
+    step: int
+    chunk: int
+    values: TensorData
+
+    def __post_init__(self) -> None:
+        for name in ("run_id", "round", "step", "chunk"):
+            _check_index(name, getattr(self, name))
+        _check_ring(self.ring)
+        if len(self.values.shape) != 1:
+            raise LocalProtocolError("a ring chunk is a 1-D tensor")
+
+
+@dataclass(frozen=True, slots=True)
+class RingBypass:
+    """HADFL's fault tolerance (§III-D): a member of round ``round``'s ring found a
+    member dead; the average starts again among ``ring`` (the survivors, in ring order),
+    each from its own model."""
+
+    run_id: int
+    round: int
+    ring: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        _check_index("run_id", self.run_id)
+        _check_index("round", self.round)
+        _check_ring(self.ring)
+
+
+@dataclass(frozen=True, slots=True)
+class RingHandshake:
+    """HADFL's handshake (§III-D): a ring member that heard nothing from its upstream
+    within ``ring_timeout`` asks it (``reply`` 0); a live upstream answers (``reply``
+    1)."""
+
+    run_id: int
+    round: int
+    reply: int
+
+    def __post_init__(self) -> None:
+        _check_index("run_id", self.run_id)
+        _check_index("round", self.round)
+        if self.reply not in (0, 1):
+            raise LocalProtocolError(f"reply must be 0 or 1, got {self.reply!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class SyncedModel:
+    """HADFL's non-blocking broadcast (§III-D): round ``round``'s ring average (the
+    model's floating-point state, ``tensors``) at version ``version`` (epochs), sent by
+    a ring member to a device the round left out, which merges it into its own."""
+
+    run_id: int
+    round: int
+    version: float
+    tensors: Mapping[str, TensorData]
+
+    def __post_init__(self) -> None:
+        _check_index("run_id", self.run_id)
+        _check_index("round", self.round)
+        if not isinstance(self.version, float) or not (math.isfinite(self.version)
+                                                       and self.version >= 0):
+            raise LocalProtocolError(f"version must be a finite float >= 0, got "
+                                     f"{self.version!r}")
+
+
+def _check_ring(ring: tuple[int, ...]) -> None:
+    if not ring or len(set(ring)) != len(ring):
+        raise LocalProtocolError(f"a ring is distinct device ids, got {list(ring)}")
+    for device in ring:
+        _check_index("ring member", device)
+
+
+@dataclass(frozen=True, slots=True)
 class Heartbeat:
     """Liveness signal, either direction."""
 
@@ -672,6 +765,10 @@ Message = (
     | RoundStalled
     | Replica
     | ReplicaRequest
+    | RingChunk
+    | RingBypass
+    | RingHandshake
+    | SyncedModel
     | Heartbeat
     | Bye
     | ErrorMessage

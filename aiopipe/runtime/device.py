@@ -33,7 +33,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from functools import partial
-from typing import TypeAlias, cast
+from typing import Any, TypeAlias, cast
 
 import torch
 
@@ -66,10 +66,14 @@ from aiopipe.protocol import (
     Ready,
     Replica,
     ReplicaRequest,
+    RingBypass,
+    RingChunk,
+    RingHandshake,
     RoundReport,
     RoundResult,
     RoundStalled,
     RoundStart,
+    SyncedModel,
     state_to_wire,
 )
 from aiopipe.runtime.assignment import Assignment, check_data_message, data_frame_limit
@@ -91,8 +95,9 @@ from aiopipe.runtime.groups import (
 )
 from aiopipe.runtime.holdings import Holdings
 from aiopipe.runtime.liveness import Liveness
+from aiopipe.runtime.partial_sync import PartialSync
 from aiopipe.runtime.peer import Peer
-from aiopipe.runtime.peer_links import PeerLinks, PeerRoute
+from aiopipe.runtime.peer_links import PeerLinks, PeerMessage, PeerRoute
 from aiopipe.runtime.plan import measure_planning_costs
 from aiopipe.runtime.profiling import answer_request
 from aiopipe.runtime.stage import Expected, StageWork
@@ -177,6 +182,8 @@ async def run_device(server: Link | Connector, device_id: int, *, clock: Clock |
     try:
         return await node.run()
     finally:
+        if node.sync is not None:
+            node.sync.close()
         node.compute.close()
 
 
@@ -251,6 +258,9 @@ class _DeviceNode:
         self.peers: PeerLinks | None = None
         #: ftpipehd: what this device holds of the chain replication
         self.chain: ChainReplicas | None = None
+        #: hadfl: the device's side of the partial synchronisation
+        self.sync: PartialSync | None = None
+        self._linking: set[asyncio.Future[None]] = set()  # hadfl: links made ahead of need
         #: set when the server said Bye: the run is over, mid-round or not
         self.ended: TrainingError | None = None
 
@@ -472,8 +482,7 @@ class _DeviceNode:
             elif not isinstance(message, Heartbeat):
                 raise RemoteProtocolError(f"a device does not accept {type(message).__name__}")
 
-    def _deliver(self, sender: str,
-                 message: Activation | Gradient | GroupGradient | Replica) -> None:
+    def _deliver(self, sender: str, message: PeerMessage) -> None:
         """Check a data message from ``sender`` against the round and hand it to the stage.
 
         [Note: early activations] The coordinator starts a round on every device at
@@ -488,6 +497,12 @@ class _DeviceNode:
             RemoteProtocolError: it breaks the plan.
         """
         assignment = self.assignment
+        if isinstance(message, RingChunk | RingBypass | RingHandshake | SyncedModel):
+            if self.sync is None:
+                raise RemoteProtocolError(f"{sender} sent HADFL's {type(message).__name__} "
+                                          f"in mode {self.config.mode}")
+            self.sync.deliver(sender, message)
+            return
         if isinstance(message, Replica):
             if self.chain is None or sender == COORDINATOR:
                 raise RemoteProtocolError(f"{sender} sent a replica outside the chain")
@@ -564,7 +579,11 @@ class _DeviceNode:
                     raise TrainingError(f"{sender} broke the protocol: {exc}") from None
 
     def _peer_failed(self, name: str, error: Exception) -> None:
-        """A peer link broke: the round in progress cannot finish."""
+        """A peer link broke: the round in progress cannot finish (HADFL's ring
+        bypasses the peer: aiopipe.runtime.partial_sync)."""
+        if self.sync is not None:
+            self.sync.peer_failed(name, error)
+            return
         if self.ended is None and self.round_task is not None and not self.round_task.done():
             self.inbox.close(TrainingError(f"the link to {name} failed: {error}"))
 
@@ -593,6 +612,11 @@ class _DeviceNode:
                                               and self.config.chain_replication_every):
             self.chain = ChainReplicas(self.holdings.whole, momentum=backs_up_momentum(self.config),
                                        every=self.config.chain_replication_every)
+        if self.config.mode == "hadfl":
+            self.sync = PartialSync(me=self.device_id, holdings=self.holdings,
+                                    compute=self.compute, clock=self.clock, costs=self.costs,
+                                    config=self.config, run_id=self.run_id,
+                                    recorder=self.recorder)
         self.peer.post(self.ready, "ready")
         rounds = samples = 0
         while True:
@@ -651,6 +675,8 @@ class _DeviceNode:
 
     async def _run_round(self, message: RoundStart) -> int:
         """Train the round's iterations, upload the weights, then the report; samples."""
+        if self.sync is not None:
+            return await self._run_sync_round(message)
         mark = len(self.recorder.slices)
         self.inbox.reopen()
         assignment, work = await self.compute.call(
@@ -701,24 +727,75 @@ class _DeviceNode:
         weights = await self.compute.call(lambda: state_to_wire(work.trained_state()))
         result = RoundResult(message.round, samples, float(work.loss_sum), int(work.correct),
                              weights)
+        await self._report(result, mark, work)
+        return samples
+
+    async def _report(self, result: RoundResult, mark: int, work: StageWork) -> None:
+        """Send the round's result, then, once it is sent, its report: the trace
+        slices from ``mark`` on (so that it includes the result's upload)."""
         self.unacked = [result]
         self.result_sent.clear()
         self._post_round_message(result)
         await self.result_sent.wait()
-        # the report follows the weights so that it can include their upload
         offset = self.clock_offset or 0.0
         slices = self.recorder.take(mark)
         if len(slices) > MAX_REPORT_SLICES:
             log.warning("device %d: round %d made %d trace slices; reporting the first %d",
-                        self.device_id, message.round + 1, len(slices), MAX_REPORT_SLICES)
-        report = RoundReport(message.round, {
+                        self.device_id, result.round + 1, len(slices), MAX_REPORT_SLICES)
+        report = RoundReport(result.round, {
             "slices": [s.shifted(offset).to_list() for s in slices[:MAX_REPORT_SLICES]],
             "peak_live": work.peak_live,
             "peak_memory_bytes": await self.compute.call(work.peak_memory),
         })
         self.unacked.append(report)
         self._post_round_message(report)
-        return samples
+
+    async def _run_sync_round(self, message: RoundStart) -> int:
+        """HADFL's round (aiopipe.runtime.partial_sync [Note: HADFL rounds]): local
+        steps, the ring's average over peer links, then the result and report; samples.
+
+        Raises:
+            TrainingError: this device listens for no peers.
+        """
+        sync = self.sync
+        assert sync is not None
+        if self.peers is None:
+            raise TrainingError(f"device {self.device_id} runs mode hadfl but listens for "
+                                "no peers (start it with an endpoint: python -m "
+                                "aiopipe.device --listen)")
+        mark = len(self.recorder.slices)
+        state = self.holdings.whole.state_dict()
+        self.peers.limit(sum(t.numel() * t.element_size() + 256 for t in state.values())
+                         + HEADER_SLACK_BYTES)
+        peers = dict(message.peers)
+        for name in peers:  # the side whose name sorts first dials
+            if self.name < name:
+                task = asyncio.ensure_future(self._link_quietly(name, peers))
+                self._linking.add(task)
+                task.add_done_callback(self._linking.discard)
+        result = await sync.run_round(message, partial(self._sync_route, peers))
+        await self._report(result, mark, sync.work)
+        return result.samples
+
+    async def _sync_route(self, peers: dict[str, Any], device: int) -> PeerRoute:
+        """The link to ring peer ``device`` this round (see `PeerLinks.route`).
+
+        Raises:
+            TrainingError: it is not a peer of the round, or cannot be linked.
+        """
+        name = f"device{device}"
+        if name not in peers or self.peers is None:
+            raise TrainingError(f"device{device} is not a peer of {self.name}'s round")
+        return await self.peers.route(name, str(peers[name].get("address", "")),
+                                      dial=self.name < name)
+
+    async def _link_quietly(self, name: str, peers: dict[str, Any]) -> None:
+        """Link to ``name`` ahead of need; a peer that cannot be reached is the ring's
+        business ([Note: HADFL bypass])."""
+        try:
+            await self._sync_route(peers, int(name.removeprefix("device")))
+        except TrainingError as exc:
+            log.info("device %d: %s", self.device_id, exc)
 
     def _send_snapshots(self, work: AsyncStageWork, assignment: Assignment,
                         routes: dict[int, Route]) -> None:

@@ -25,7 +25,7 @@ import torch
 
 from aiopipe.errors import RemoteProtocolError
 
-__all__ = ["RingAverage", "chunk_bounds"]
+__all__ = ["RingAverage", "chunk_bounds", "chunk_sent"]
 
 
 def chunk_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
@@ -38,6 +38,15 @@ def chunk_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
         bounds.append((start, stop))
         start = stop
     return bounds
+
+
+def chunk_sent(position: int, members: int, step: int) -> int:
+    """The chunk the member at ``position`` of a ring of ``members`` sends at ``step``
+    (it receives chunk ``chunk_sent(...) - 1`` mod ``members`` from its predecessor)."""
+    n = members
+    if step < n - 1:
+        return (position - step) % n
+    return (position + 1 - (step - (n - 1))) % n
 
 
 class RingAverage:
@@ -70,10 +79,7 @@ class RingAverage:
         return self.step >= self.steps
 
     def _chunk_sent(self, step: int) -> int:
-        n, r = self.members, self.position
-        if step < n - 1:
-            return (r - step) % n
-        return (r + 1 - (step - (n - 1))) % n
+        return chunk_sent(self.position, self.members, step)
 
     def outgoing(self) -> tuple[int, torch.Tensor]:
         """This step's message to the successor: which chunk, and its values.

@@ -45,6 +45,10 @@ from aiopipe.protocol import (
     GroupGradient,
     Heartbeat,
     Replica,
+    RingBypass,
+    RingChunk,
+    RingHandshake,
+    SyncedModel,
 )
 from aiopipe.runtime.liveness import Liveness
 from aiopipe.runtime.peer import Peer
@@ -53,12 +57,15 @@ from aiopipe.transport import Link, LinkSpec, WebSocketLink
 from aiopipe.transport.fabric import Endpoint
 from aiopipe.transport.peering import accept_peer, dial_peer
 
-__all__ = ["PeerLinks", "PeerRoute"]
+__all__ = ["PeerLinks", "PeerMessage", "PeerRoute"]
 
 log = logging.getLogger("aiopipe.device")
 
-#: Hands a checked-by-the-caller data message from a peer to the device.
-Deliver = Callable[[str, Activation | Gradient | GroupGradient | Replica], None]
+#: What peers send each other: a pipeline's data, replicas, HADFL's synchronisation.
+PeerMessage = (Activation | Gradient | GroupGradient | Replica | RingChunk | RingBypass
+               | RingHandshake | SyncedModel)
+#: Hands a message from a peer to the device (which checks it).
+Deliver = Callable[[str, PeerMessage], None]
 #: Told that the link to a peer failed.
 Failed = Callable[[str, Exception], None]
 
@@ -234,7 +241,8 @@ class PeerLinks:
         while True:
             message = await peer.receive()
             liveness.heard()
-            if isinstance(message, Activation | Gradient | GroupGradient | Replica):
+            if isinstance(message, Activation | Gradient | GroupGradient | Replica | RingChunk
+                          | RingBypass | RingHandshake | SyncedModel):
                 self.deliver(name, message)
             elif isinstance(message, Bye):
                 return message.reason
@@ -243,7 +251,7 @@ class PeerLinks:
             elif not isinstance(message, Heartbeat):
                 raise RemoteProtocolError(f"{name} sent a {type(message).__name__}; peers "
                                           "exchange activations, gradients (their group's "
-                                          "too) and replicas only")
+                                          "too), replicas and HADFL's ring messages only")
 
     async def _close(self) -> None:
         for route in list(self._routes.values()):

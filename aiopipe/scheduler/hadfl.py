@@ -236,6 +236,8 @@ class StrategyGenerator:
         selected: ``N_p``, devices in each ring (1..devices).
         alpha: Holt's smoothing factor.
         seed: the selections' and rings' random stream.
+        fixed_steps: every device takes this many steps per round instead of Algorithm
+            1's (the synchronous baselines: decentralized FedAvg, DDP).
 
     Raises:
         ConfigError: a value is out of its range.
@@ -243,7 +245,7 @@ class StrategyGenerator:
 
     def __init__(self, warmup_times: Sequence[float], warmup_epochs: int,
                  batches: Sequence[int], *, periods: int, selected: int, alpha: float,
-                 seed: int) -> None:
+                 seed: int, fixed_steps: int | None = None) -> None:
         _check_times(warmup_times, "warm-up times")
         if len(batches) != len(warmup_times) or any(b < 1 for b in batches):
             raise ConfigError(f"batches per epoch must be at least 1 for each of the "
@@ -257,19 +259,28 @@ class StrategyGenerator:
         self.period_s = periods * hyperperiod(epoch_times)
         self.steps = local_steps([t / b for t, b in zip(epoch_times, batches, strict=True)],
                                  self.period_s)
+        self._expected = expected_versions(warmup_times, warmup_epochs, self.period_s)
+        if fixed_steps is not None:
+            if fixed_steps < 1:
+                raise ConfigError(f"fixed local steps must be at least 1, got {fixed_steps}")
+            self.steps = (fixed_steps,) * len(batches)
+            self._expected = tuple(fixed_steps / b for b in batches)
         self.selected = selected
         self._rng = random.Random(seed)
-        self._expected = expected_versions(warmup_times, warmup_epochs, self.period_s)
         self._holt: list[Holt] | None = None
         self._alpha = alpha
 
-    def next_round(self, versions: Sequence[float] | None = None) -> Round:
+    def next_round(self, versions: Sequence[float] | None = None,
+                   available: Sequence[int] | None = None) -> Round:
         """The next round: with ``versions`` (each device's parameter version, in
         epochs, at the synchronisation that ended the last round), predicted by Holt's
-        smoothing; before any (the first round), Eq. 6's expectation.
+        smoothing; before any (the first round), Eq. 6's expectation. The ring is drawn
+        among ``available`` (the liveness monitor's; None: every device), of at most
+        ``selected`` of them.
 
         Raises:
-            ConfigError: ``versions`` does not hold one finite version per device.
+            ConfigError: ``versions`` does not hold one finite version per device, or
+                no device is available.
         """
         if versions is not None:
             if len(versions) != len(self.steps) or any(not math.isfinite(v)
@@ -282,5 +293,9 @@ class StrategyGenerator:
                     holt.update(v)
         expected = (tuple(h.predict() for h in self._holt) if self._holt is not None
                     else self._expected)
-        chosen = select(expected, self.selected, self._rng)
-        return Round(self.period_s, self.steps, expected, ring(chosen, self._rng))
+        pool = list(range(len(self.steps))) if available is None else sorted(available)
+        if not pool or any(not 0 <= d < len(self.steps) for d in pool):
+            raise ConfigError(f"no devices of 0..{len(self.steps) - 1} available: {pool}")
+        picked = select([expected[d] for d in pool], min(self.selected, len(pool)), self._rng)
+        return Round(self.period_s, self.steps, expected,
+                     ring([pool[i] for i in picked], self._rng))

@@ -42,10 +42,14 @@ from aiopipe.protocol import (
     Ready,
     Replica,
     ReplicaRequest,
+    RingBypass,
+    RingChunk,
+    RingHandshake,
     RoundReport,
     RoundResult,
     RoundStalled,
     RoundStart,
+    SyncedModel,
     TensorData,
     codec,
     decode,
@@ -131,6 +135,16 @@ SAMPLES: list[Message] = [
     FramePart(2, 5, td("uint8", (64,))),
     EvalRequest(3, {"0.weight": td("float32", (2, 2))}),
     EvalResult(3, 500, 812.25, 401),
+    RoundStart(4, 1, 0, 40, {}, 0, 1, 0, 5, 1, 48, 0, "",
+               {"device2": {"stage": 0, "address": "memory://device2"}},
+               sync={"ring": [2, 0], "sender": 2, "receivers": [1], "learning_rate": 0.02,
+                     "backup": False, "version": 0.0}),
+    RoundResult(4, 1920, 80.5, 700, {}, version=6.25),
+    RingChunk(2**62, 4, (2, 0, 1), 3, 1, td("float32", (17,))),
+    RingBypass(7, 4, (2, 1)),
+    RingHandshake(7, 4, 0),
+    RingHandshake(7, 4, 1),
+    SyncedModel(7, 4, 3.5, {"0.weight": td("float32", (8, 3, 3, 3))}),
 ]
 
 
@@ -418,7 +432,8 @@ PLAN = {
 }
 READY = {"samples": 10, "in_shape": [1, 28, 28], "num_classes": 10,
          "model_digest": "ab" * 16, "host": "", "held_out": 0}
-RESULT = {"round": 0, "samples": 0, "loss_sum": 0.0, "correct": 0, "tensors": {}}
+RESULT = {"round": 0, "samples": 0, "loss_sum": 0.0, "correct": 0, "tensors": {},
+          "version": 0.0}
 REPORT = {"round": 0, "report": {}}
 F32 = ["float32", [2], 0, 8]
 EIGHT = bytes(8)
@@ -427,7 +442,8 @@ BYE_FRAME = frame(["bye", {"reason": "done"}])
 
 #: RoundStart's assignment fields
 ROUND_PLAN = {"stage": 0, "stages": 2, "first_unit": 0, "stop_unit": 2, "parallel_batches": 1,
-              "micro_batch_size": 1, "version": 0, "actions": "", "peers": {}, "rows": []}
+              "micro_batch_size": 1, "version": 0, "actions": "", "peers": {}, "rows": [],
+              "sync": {}}
 
 BAD_FRAMES: list[tuple[str, bytes, str]] = [
     ("empty", b"", "truncated frame: 0 bytes"),
@@ -492,6 +508,18 @@ BAD_FRAMES: list[tuple[str, bytes, str]] = [
         frame(["round_result", {**RESULT, "loss_sum": math.nan}]),
         "invalid round_result: loss_sum must be a finite float",
     ),
+    ("negative version", frame(["round_result", {**RESULT, "version": -1.0}]),
+     "invalid round_result: version must be a finite float >= 0"),
+    ("ring repeats a device", tensor_frame("ring_chunk", {
+        "run_id": 1, "round": 0, "ring": [1, 1], "step": 0, "chunk": 0, "values": F32}, EIGHT),
+     "invalid ring_chunk: a ring is distinct device ids"),
+    ("empty bypass ring", frame(["ring_bypass", {"run_id": 1, "round": 0, "ring": []}]),
+     "invalid ring_bypass: a ring is distinct device ids"),
+    ("handshake reply 2", frame(["ring_handshake", {"run_id": 1, "round": 0, "reply": 2}]),
+     "invalid ring_handshake: reply must be 0 or 1"),
+    ("synced model nan version", frame(["synced_model", {
+        "run_id": 1, "round": 0, "version": math.inf, "tensors": {}}]),
+     "invalid synced_model: version must be a finite float >= 0"),
     (
         "int for str",
         frame(["bye", {"reason": 1}]),

@@ -1,5 +1,6 @@
 """Training systems on the one runtime: what differs between fl / sl / sfl / pipar and a
-multi-device pipeline (synchronous, FTPipeHD's or Asteroid's), chosen once per run (`system_for`).
+multi-device pipeline (synchronous, FTPipeHD's or Asteroid's) and HADFL's decentralized
+rounds, chosen once per run (`system_for`).
 
 A system decides the placement (which node runs which units), what each device is sent
 per round (`RoundStart`: its stage, units, actions, peers and weights), which stage the
@@ -14,10 +15,12 @@ from __future__ import annotations
 from aiopipe.runtime.systems.asteroid import Asteroid
 from aiopipe.runtime.systems.base import Rounds, Setup, System
 from aiopipe.runtime.systems.ftpipehd import FTPipeHD
+from aiopipe.runtime.systems.hadfl import HADFL
 from aiopipe.runtime.systems.pipeline import Pipeline
 from aiopipe.runtime.systems.star import Star
 
-__all__ = ["Asteroid", "FTPipeHD", "Pipeline", "Rounds", "Setup", "Star", "System", "system_for"]
+__all__ = ["HADFL", "Asteroid", "FTPipeHD", "Pipeline", "Rounds", "Setup", "Star", "System",
+           "system_for"]
 
 
 def system_for(setup: Setup) -> System:
@@ -32,4 +35,6 @@ def system_for(setup: Setup) -> System:
         return FTPipeHD(setup)
     if setup.config.mode == "asteroid":
         return Asteroid(setup)
+    if setup.config.mode == "hadfl":
+        return HADFL(setup)
     return Star(setup)

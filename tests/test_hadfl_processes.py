@@ -1,0 +1,67 @@
+"""HADFL between real processes over real websockets (paper §III-D): a server and four
+device processes that average their models over device-to-device links. A device
+SIGKILLed mid-training is bypassed by its ring, training goes on without a deadlock, and
+the device, started again, rejoins from the coordinator's backup; a device stopped
+(SIGSTOP: its links silent, not broken) is asked by its downstream and bypassed after
+twice the ring's waiting time."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import signal
+from typing import Any
+
+import pytest
+from real_processes import ProcessFleet
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+RUN = {"mode": "hadfl", "devices": 4, "model": "vgg5", "samples_per_device": 960,
+       "batch_size": 48, "epochs": 6, "device_slowdown": [1, 1, 2, 2], "ring_size": 4,
+       "test_samples": 200, "heartbeat_interval": 0.5, "device_timeout": 8.0,
+       "reconnect_grace": 2.0, "ring_timeout": 1.0}
+
+
+async def test_a_sigkilled_device_is_bypassed_and_rejoins_from_the_backup(tmp_path: Any
+                                                                          ) -> None:
+    async with ProcessFleet(tmp_path, RUN) as fleet:
+        server = await fleet.start_server()
+        devices = [await fleet.start_device(k, "--listen", "127.0.0.1:0") for k in range(4)]
+        await server.output.wait_for(r"^\s+2\s", within=120)  # epoch 2's row: epoch 3 runs
+        await asyncio.sleep(0.2)
+        devices[2].send_signal(signal.SIGKILL)
+        assert await devices[2].wait(30) == -signal.SIGKILL
+        killed_at = asyncio.get_running_loop().time()
+        survivors = [d for d in devices if d is not devices[2]]
+        await asyncio.wait([asyncio.ensure_future(d.output.wait_for(r"bypassing", within=60))
+                            for d in survivors], return_when=asyncio.FIRST_COMPLETED)
+        bypassed = [line for d in survivors for line in d.output.find(r"bypassing")]
+        restarted = await fleet.start_device(2, "--listen", "127.0.0.1:0")
+        await restarted.output.wait_for(r"starts from the coordinator's backup", within=120)
+        await fleet.finish(server, [*devices[:2], devices[3], restarted], within=240)
+    epochs = fleet.metrics()
+    assert len(epochs) == 6
+    assert all(math.isfinite(float(str(e["loss"]))) for e in epochs)
+    assert any(2 in e["devices_lost"] for e in epochs)  # type: ignore[operator]
+    rounds = [c for e in epochs for c in e["changes"]]  # type: ignore[attr-defined]
+    assert any(2 in r["ring"] for r in rounds[-2:])  # back in the rings
+    print(f"bypass logged {min(line.at for line in bypassed) - killed_at:+.2f} s "
+          "after the kill was seen")
+
+
+async def test_a_stopped_device_is_asked_then_bypassed(tmp_path: Any) -> None:
+    async with ProcessFleet(tmp_path, RUN | {"epochs": 4}) as fleet:
+        server = await fleet.start_server()
+        devices = [await fleet.start_device(k, "--listen", "127.0.0.1:0") for k in range(4)]
+        await server.output.wait_for(r"^\s+2\s", within=120)
+        devices[1].send_signal(signal.SIGSTOP)
+        stopped_at = asyncio.get_running_loop().time()
+        line = await devices[0].output.wait_for(r"ring member device\d is dead|bypassing",
+                                                within=60)
+        found = [d.output.find(r"ring member device1 is dead") for d in devices]
+        devices[1].send_signal(signal.SIGKILL)
+        await fleet.finish(server, [devices[0], *devices[2:]], within=240)
+    assert any(found), fleet.all_output()
+    assert line.at - stopped_at >= 2 * RUN["ring_timeout"] - 0.5  # waited, then asked
+    assert len(fleet.metrics()) == 4
