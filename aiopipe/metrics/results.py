@@ -55,7 +55,9 @@ class EpochMetrics:
     rounds; FTPipeHD's recoveries, with when the loss was noticed and when the round was
     played again, in the trace's seconds). ``loss`` and ``train_accuracy`` are NaN (null
     in ``metrics.jsonl``) for an epoch in which no round completed; ``accuracy`` is NaN
-    without a test set.
+    without a test set. ``peer_bytes``: per device, the bytes it sent to other devices
+    over their direct links in the epoch's rounds, as it measured and reported them
+    (empty where devices do not link: the star modes).
     """
 
     epoch: int
@@ -77,6 +79,7 @@ class EpochMetrics:
     held_out_accuracy: float = math.nan
     device_accuracy: Mapping[str, float] = field(default_factory=dict)
     changes: Sequence[Mapping[str, Any]] = ()
+    peer_bytes: Sequence[int] = ()
 
     def to_mapping(self) -> dict[str, Any]:
         """Plain JSON-able form (one line of ``metrics.jsonl``)."""
@@ -90,6 +93,7 @@ class EpochMetrics:
         out["links"] = {k: dict(v) for k, v in self.links.items()}
         out["device_accuracy"] = dict(self.device_accuracy)
         out["changes"] = [dict(c) for c in self.changes]
+        out["peer_bytes"] = list(self.peer_bytes)
         return out
 
 

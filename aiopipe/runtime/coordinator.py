@@ -44,7 +44,7 @@ from aiopipe import data as datasets
 from aiopipe import models
 from aiopipe.auth import new_run_secret
 from aiopipe.clock import Clock, wait_for
-from aiopipe.config import RunConfig
+from aiopipe.config import LINKED_MODES, RunConfig
 from aiopipe.errors import (
     ConfigError,
     DeviceLostError,
@@ -479,6 +479,7 @@ class Coordinator:
         self.epoch = epoch
         start = self._epoch_start = self.clock.now()
         stats_before = self._link_bytes()
+        peers_before = self._peer_bytes()
         system, devices = self.system, self.config.devices
         iterations = [system.iterations(k) for k in range(devices)]
         period = (system.round_iterations or self.config.aggregation_every
@@ -536,6 +537,9 @@ class Coordinator:
                    for track, seconds in sorted(by_track.items()) if "->" in track},
             held_out_accuracy=held_out, device_accuracy=per_device,
             changes=tuple(self.replans[changes_before:]),
+            peer_bytes=(tuple(a - b for a, b in zip(self._peer_bytes(), peers_before,
+                                                     strict=True))
+                        if self.config.mode in LINKED_MODES else ()),
         )
 
     def epoch_progress(self) -> tuple[int, int]:
@@ -610,6 +614,12 @@ class Coordinator:
         k = self.config.devices
         return {kind: value if kind == "server" else value / k
                 for kind, value in totals.items()}
+
+    def _peer_bytes(self) -> list[int]:
+        """Per device, the bytes it reported sending to its peers so far (this process's
+        sessions: a device that restarted counts from its new session)."""
+        return [self.sessions[k].peer_bytes if k in self.sessions else 0
+                for k in range(self.config.devices)]
 
     def _link_bytes(self) -> tuple[int, int]:
         up = down = 0
@@ -742,6 +752,7 @@ def _epoch_from(values: Mapping[str, Any]) -> EpochMetrics:
     fields["links"] = dict(fields.get("links", {}))
     fields["device_accuracy"] = dict(fields.get("device_accuracy", {}))
     fields["changes"] = tuple(fields.get("changes", ()))
+    fields["peer_bytes"] = tuple(fields.get("peer_bytes", ()))
     for name in ("held_out_accuracy", "accuracy", "loss", "train_accuracy"):
         if fields.get(name) is None:  # NaN is null in JSON
             fields[name] = math.nan

@@ -261,6 +261,7 @@ class _DeviceNode:
         #: hadfl: the device's side of the partial synchronisation
         self.sync: PartialSync | None = None
         self._linking: set[asyncio.Future[None]] = set()  # hadfl: links made ahead of need
+        self._peer_bytes_reported = 0  # bytes sent to peers, as the last report said
         #: set when the server said Bye: the run is over, mid-round or not
         self.ended: TrainingError | None = None
 
@@ -742,11 +743,14 @@ class _DeviceNode:
         if len(slices) > MAX_REPORT_SLICES:
             log.warning("device %d: round %d made %d trace slices; reporting the first %d",
                         self.device_id, result.round + 1, len(slices), MAX_REPORT_SLICES)
+        sent = self.peers.bytes_sent() if self.peers is not None else 0
         report = RoundReport(result.round, {
             "slices": [s.shifted(offset).to_list() for s in slices[:MAX_REPORT_SLICES]],
             "peak_live": work.peak_live,
             "peak_memory_bytes": await self.compute.call(work.peak_memory),
+            "peer_bytes": sent - self._peer_bytes_reported,
         })
+        self._peer_bytes_reported = sent
         self.unacked.append(report)
         self._post_round_message(report)
 

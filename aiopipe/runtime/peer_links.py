@@ -109,6 +109,7 @@ class PeerLinks:
         #: what the peers are told when the links close
         self.goodbye = "the run is over"
         self._routes: dict[str, PeerRoute] = {}
+        self._closed_sent = 0  # bytes sent over links that have ended
         self._linked = asyncio.Event()  # set whenever a link comes up
         self._stack = contextlib.AsyncExitStack()
         self._tasks: asyncio.TaskGroup | None = None
@@ -215,8 +216,14 @@ class PeerLinks:
         else:
             self.failed(name, LinkBrokenError(f"{name} left: {reason}"))
         finally:
+            self._closed_sent += peer.link.statistics().sent.bytes
             if self._routes.get(name) is not None and self._routes[name].peer is peer:
                 del self._routes[name]
+
+    def bytes_sent(self) -> int:
+        """Bytes sent to peers so far, over every link (those that ended too)."""
+        return self._closed_sent + sum(route.peer.link.statistics().sent.bytes
+                                       for route in self._routes.values())
 
     async def reject(self, name: str, error: Exception) -> None:
         """``name`` broke the protocol: tell it why and close its link (which ends the

@@ -183,6 +183,8 @@ class DeviceSession:
         #: the most bytes its training held in its last round, measured (its report; 0:
         #: not measured)
         self.peak_memory = 0
+        #: bytes the device said it sent to its peers, over the rounds it reported
+        self.peer_bytes = 0
         self.closing = False  # we said goodbye: the connection may end
         self.bye: Bye | None = None  # what we said
         self.ended = False  # the session is over (goodbye, or the device was lost)
@@ -598,6 +600,10 @@ class DeviceSession:
             raise RemoteProtocolError(f"round report's peak_memory_bytes is {memory!r}, not "
                                       "a count")
         self.peak_memory = memory
+        sent = message.report.get("peer_bytes", 0)
+        if isinstance(sent, bool) or not isinstance(sent, int) or sent < 0:
+            raise RemoteProtocolError(f"round report's peer_bytes is {sent!r}, not a count")
+        self.peer_bytes += sent
         self.host.recorder.extend(slices)
         if window.stage is not None:  # the coordinator computed the loss, not the device
             work = window.stage.work

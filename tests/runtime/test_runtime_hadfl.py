@@ -129,6 +129,14 @@ async def test_local_steps_follow_speed_and_the_coordinator_carries_no_models_bu
     for epoch in first.epochs:
         assert epoch.bytes_down < 8 * 1024  # control messages only
         assert model_bytes <= epoch.bytes_up < model_bytes + 64 * 1024  # one backup
+    # device to device: a ring of N moves 2 (N - 1) models, its sender one to each of
+    # the K - N others: the negotiation's ring of four 6, a ring of two and two
+    # broadcasts 4 (the paper's bound, 2 K M, is 8), frames included
+    flat = sum(v.numel() * v.element_size() for v in first.model.state_dict().values()
+               if v.is_floating_point())
+    assert math.isclose(sum(first.epochs[0].peer_bytes), 6 * flat, rel_tol=0.01)
+    for epoch in first.epochs[1:-1]:
+        assert math.isclose(sum(epoch.peer_bytes), 4 * flat, rel_tol=0.01)
     # a device left out merges the average: its version moves towards the ring's
     versions = [r["versions"] for r in rounds]
     left_out = [d for d in range(4) if d not in rounds[1]["ring"]]
