@@ -59,6 +59,10 @@ def _groups(text: str) -> str | list[list[int]]:
                                          f"device 2), got {text!r}") from None
 
 
+def _steps(text: str) -> int | str:
+    return text if text == "capacity" else int(text) if text.isdigit() else text
+
+
 def _float_list(text: str) -> float | list[float]:
     try:
         values = [float(v) for v in text.split(",")]
@@ -128,6 +132,29 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                           "stage's first device, the last stage to the first); a fault's "
                           "replay starts from the latest one that survived; 0: none; "
                           "default 50")
+    run.add_argument("--warmup-epochs", type=int,
+                     help="mode hadfl: epochs of the mutual negotiation (each device one "
+                          "epoch at --warmup-learning-rate, then the whole fleet averages); "
+                          "its times size the local steps")
+    run.add_argument("--warmup-learning-rate", type=float,
+                     help="mode hadfl: the negotiation's small learning rate")
+    run.add_argument("--local-steps", type=_steps,
+                     help="mode hadfl: capacity (each device as many mini-batches as fit "
+                          "its speed in a period) or a number every device trains a round")
+    run.add_argument("--sync-periods", type=int,
+                     help="mode hadfl: T_sync, hyperperiods between synchronisations")
+    run.add_argument("--ring-size", type=int,
+                     help="mode hadfl: N_p, devices that average each round (0: half)")
+    run.add_argument("--version-smoothing", type=float,
+                     help="mode hadfl: Holt's smoothing factor for version prediction")
+    run.add_argument("--group-size", type=int,
+                     help="mode hadfl: devices per group, each averaging within itself "
+                          "(0: one group)")
+    run.add_argument("--inter-group-every", type=int,
+                     help="mode hadfl with groups: rounds between inter-group averages")
+    run.add_argument("--ring-timeout", type=float,
+                     help="mode hadfl: seconds a ring member waits for its upstream before "
+                          "it asks it; as long again without an answer and it is bypassed")
     run.add_argument("--network", help="network preset: 4g, 4g+, wifi or lan")
     run.add_argument("--device-timeout", type=float,
                      help="seconds of silence before a device connection is given up "
@@ -191,7 +218,9 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "optimizer", "dataset", "test_sample
                    "partition", "stage_groups", "rescheduling", "schedule", "profile_devices",
                    "aggregation", "outliers",
                    "version_aggregation", "momentum", "global_replication_every",
-                   "chain_replication_every", "first_repartition_after")
+                   "chain_replication_every", "first_repartition_after", "warmup_epochs",
+                   "warmup_learning_rate", "local_steps", "sync_periods", "ring_size",
+                   "version_smoothing", "ring_timeout", "group_size", "inter_group_every")
 
 
 def config_from_args(args: argparse.Namespace, **defaults: Any) -> RunConfig:

@@ -221,6 +221,12 @@ class RunConfig:
         ring_size: hadfl: N_p, the devices that average their models each round (0:
             half the devices, at least 2).
         version_smoothing: hadfl: Holt's smoothing factor alpha (Eq. 7), in (0, 1).
+        group_size: hadfl: devices per group when there are many (§III-C): each round
+            every group averages within itself (``ring_size`` of its devices, its
+            sender sending on to the rest of the group); 0: one group of all.
+        inter_group_every: hadfl with groups: every this many rounds the round is an
+            inter-group synchronisation instead: one device of each group (drawn as
+            rings are) average, and the average goes to every other device.
         ring_timeout: hadfl: seconds a ring member waits for its upstream before it
             asks whether it is alive (a handshake); an upstream that does not answer
             within as long again (or whose link broke) is bypassed.
@@ -284,6 +290,8 @@ class RunConfig:
     ring_size: int = 0
     version_smoothing: float = 0.5
     ring_timeout: float = 5.0
+    group_size: int = 0
+    inter_group_every: int = 4
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -405,7 +413,8 @@ class RunConfig:
         """HADFL's keys: valid, and given only in mode hadfl."""
         defaults = {"warmup_epochs": 1, "warmup_learning_rate": 0.002,
                     "local_steps": "capacity", "sync_periods": 1, "ring_size": 0,
-                    "version_smoothing": 0.5, "ring_timeout": 5.0}
+                    "version_smoothing": 0.5, "ring_timeout": 5.0, "group_size": 0,
+                    "inter_group_every": 4}
         if self.mode != "hadfl":
             for key, default in defaults.items():
                 if getattr(self, key) != default:
@@ -421,6 +430,10 @@ class RunConfig:
             raise _fail("warmup_epochs", 0, '>= 1 with local_steps "capacity" (its times '
                         "size the local steps)")
         _positive_int("sync_periods", self.sync_periods)
+        _positive_int("inter_group_every", self.inter_group_every)
+        group = self.group_size
+        if isinstance(group, bool) or not isinstance(group, int) or group < 0:
+            raise _fail("group_size", group, "an integer >= 0 (0: one group)")
         size = self.ring_size
         if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= self.devices:
             raise _fail("ring_size", size, f"an integer in 0..{self.devices} (0: half the "
@@ -436,9 +449,11 @@ class RunConfig:
             raise _fail("aggregation_every", self.aggregation_every,
                         "0 for hadfl (its rounds are its synchronisation periods)")
 
-    def ring_members(self) -> int:
-        """HADFL's N_p: ``ring_size``, or half the devices (at least 2, at most all)."""
-        return self.ring_size or min(self.devices, max(2, math.ceil(self.devices / 2)))
+    def ring_members(self, devices: int | None = None) -> int:
+        """HADFL's N_p among ``devices`` (default: the fleet; a group's size): ``ring_size``,
+        or half of them (at least 2, at most all)."""
+        n = self.devices if devices is None else devices
+        return min(n, self.ring_size or max(2, math.ceil(n / 2)))
 
     def _check_aggregation(self) -> None:
         """The aggregation's keys."""

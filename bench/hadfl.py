@@ -16,8 +16,8 @@ on the same runtime, side by side:
 
 Every run evaluates its model on the same 1000 test samples after each epoch (HADFL and
 the baselines on the ring's average, which the coordinator backs up then). Reported:
-accuracy over time (a plot), the time each first reaches ``--target`` test accuracy,
-and the speedups; bytes device to device per round against the paper's 2·K·M; bytes
+accuracy over time (a plot), the time each first reaches each of ``--targets`` test
+accuracies, and HADFL's speedups; bytes device to device per round against the paper's 2·K·M; bytes
 through the coordinator; Holt's predicted versions against those that happened.
 
 ``--virtual`` (the default): in virtual time, compute charged from one cost table
@@ -28,7 +28,7 @@ by its slowdown: 4 devices emulated on this machine's cores, so the figures show
 schedule, not a Raspberry Pi).
 
     .venv/bin/python bench/hadfl.py [--virtual] [--processes] [--epochs 10]
-        [--target 0.45] [--samples 960] [--scale 1] [--network wifi] [--out DIR]
+        [--targets 0.6,0.7,0.8,0.85] [--samples 960] [--scale 1] [--network wifi] [--out DIR]
 """
 
 from __future__ import annotations
@@ -74,15 +74,18 @@ def fleet_config(name: str, changes: dict[str, Any], *, epochs: int, samples: in
                      heartbeat_interval=5.0, device_timeout=120.0, **changes)
 
 
-def summary(name: str, epochs: list[dict[str, Any]], target: float) -> dict[str, Any]:
-    """A run's curve (cumulative seconds, accuracy), time to ``target``, traffic."""
+def summary(name: str, epochs: list[dict[str, Any]], targets: list[float]
+            ) -> dict[str, Any]:
+    """A run's curve (cumulative seconds, accuracy), time to each of ``targets``
+    (None: not reached), traffic."""
     elapsed, curve = 0.0, []
     for e in epochs:
         elapsed += float(e["time_s"])
         curve.append((round(elapsed, 3), float(e["accuracy"])))
-    reached = next((t for t, a in curve if a >= target), None)
+    reached = {str(target): next((t for t, a in curve if a >= target), None)
+               for target in targets}
     rounds = [c for e in epochs for c in e.get("changes", []) if c.get("kind") == "hadfl-round"]
-    return {"run": name, "curve": curve, "time_to_target_s": reached,
+    return {"run": name, "curve": curve, "time_to_s": reached,
             "best_accuracy": max(a for _, a in curve), "time_s": elapsed,
             "samples": sum(int(e["samples"]) for e in epochs),
             "peer_bytes": [sum(e.get("peer_bytes", []) or [0]) for e in epochs],
@@ -106,7 +109,7 @@ def prediction_errors(rounds: list[dict[str, Any]]) -> dict[str, float]:
             "max_abs_epochs": max(errors), "mean_relative": statistics.fmean(relative)}
 
 
-def virtual(epochs: int, samples: int, scale: float, network: str, target: float
+def virtual(epochs: int, samples: int, scale: float, network: str, targets: list[float]
             ) -> list[dict[str, Any]]:
     """Every run in virtual time, charged from one cost table measured here."""
     base = fleet_config("hadfl", {"mode": "hadfl"}, epochs=epochs, samples=samples,
@@ -120,7 +123,7 @@ def virtual(epochs: int, samples: int, scale: float, network: str, target: float
                               network=network)
         started = time.perf_counter()
         result = asyncio.run(simulate(config, clock=VirtualClock(), cost_table=costs))
-        row = summary(name, [e.to_mapping() for e in result.epochs], target)
+        row = summary(name, [e.to_mapping() for e in result.epochs], targets)
         row["wall_s"] = time.perf_counter() - started
         rows.append(row)
         print(f"  {name}: best {row['best_accuracy']:.3f} in {row['time_s']:.1f} s "
@@ -128,7 +131,7 @@ def virtual(epochs: int, samples: int, scale: float, network: str, target: float
     return rows
 
 
-def processes(epochs: int, samples: int, scale: float, network: str, target: float
+def processes(epochs: int, samples: int, scale: float, network: str, targets: list[float]
               ) -> list[dict[str, Any]]:
     """Every run between real processes (``python -m aiopipe``)."""
     rows = []
@@ -147,7 +150,7 @@ def processes(epochs: int, samples: int, scale: float, network: str, target: flo
                 raise SystemExit(f"{name} failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
             metrics = [json.loads(line)
                        for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-            row = summary(name, metrics, target)
+            row = summary(name, metrics, targets)
             row["wall_s"] = time.perf_counter() - started
             rows.append(row)
             print(f"  {name}: best {row['best_accuracy']:.3f} in {row['time_s']:.1f} s",
@@ -155,23 +158,31 @@ def processes(epochs: int, samples: int, scale: float, network: str, target: flo
     return rows
 
 
-def table(rows: list[dict[str, Any]], target: float, model_bytes: int) -> list[str]:
-    """The side-by-side table, traffic and prediction lines."""
+def table(rows: list[dict[str, Any]], targets: list[float], model_bytes: int) -> list[str]:
+    """The side-by-side tables, traffic and prediction lines."""
     ours = rows[0]
-    lines = [f"| run | samples | time s | best acc | time to {target:.2f} s | "
-             "HADFL speedup | device→device MB/round | coordinator MB/epoch (up, down) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| run | samples | time s | best acc | device→device MB/round | "
+             "coordinator MB/epoch (up, down) |", "|---|---|---|---|---|---|"]
     for row in rows:
-        t, mine = row["time_to_target_s"], ours["time_to_target_s"]
-        speedup = f"{t / mine:.2f}×" if t is not None and mine else "—"
-        reached = f"{t:.1f}" if t is not None else "not reached"
         rounds = max(1, len(row["rounds"]))
         peer = sum(row["peer_bytes"]) / rounds / 1e6 if row["rounds"] else 0.0
         up = statistics.fmean(row["bytes_up"]) / 1e6
         down = statistics.fmean(row["bytes_down"]) / 1e6
         lines.append(f"| {row['run']} | {row['samples']} | {row['time_s']:.1f} | "
-                     f"{row['best_accuracy']:.3f} | {reached} | {speedup} | {peer:.2f} | "
-                     f"{up:.2f}, {down:.3f} |")
+                     f"{row['best_accuracy']:.3f} | {peer:.2f} | {up:.2f}, {down:.3f} |")
+    lines += ["", "Seconds to each test accuracy (HADFL's speedup: the run's time ÷ "
+              "HADFL's):", "",
+              "| run | " + " | ".join(f"to {t:.2f}" for t in targets) + " |",
+              "|---|" + "---|" * len(targets)]
+    for row in rows:
+        cells = []
+        for target in targets:
+            t, mine = row["time_to_s"][str(target)], ours["time_to_s"][str(target)]
+            if t is None:
+                cells.append("not reached")
+            else:
+                cells.append(f"{t:.1f}" + (f" ({t / mine:.2f}×)" if mine else ""))
+        lines.append(f"| {row['run']} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(f"M (the model's floating-point state) = {model_bytes / 1e6:.2f} MB; the "
                  f"paper's 2·K·M for K = 4 is {8 * model_bytes / 1e6:.2f} MB a round.")
@@ -184,7 +195,7 @@ def table(rows: list[dict[str, Any]], target: float, model_bytes: int) -> list[s
     return lines
 
 
-def plot(rows: list[dict[str, Any]], path: Path, title: str, target: float) -> None:
+def plot(rows: list[dict[str, Any]], path: Path, title: str, targets: list[float]) -> None:
     """Test accuracy over time, one line per run."""
     import matplotlib
 
@@ -195,7 +206,8 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str, target: float) -> N
     for row in rows:
         ax.plot([0.0, *(t for t, _ in row["curve"])], [0.1, *(a for _, a in row["curve"])],
                 marker="o", markersize=3, label=row["run"])
-    ax.axhline(target, color="grey", linestyle=":", linewidth=1)
+    for target in targets:
+        ax.axhline(target, color="grey", linestyle=":", linewidth=0.8)
     ax.set_xlabel("seconds")
     ax.set_ylabel("test accuracy")
     ax.set_title(title, fontsize=8)
@@ -214,7 +226,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=960)
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--network", default="wifi")
-    parser.add_argument("--target", type=float, default=0.45)
+    parser.add_argument("--targets", default="0.6,0.7,0.8,0.85",
+                        help="test accuracies to time (comma list)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     config = fleet_config("hadfl", {"mode": "hadfl"}, epochs=args.epochs,
@@ -222,20 +235,21 @@ def main() -> None:
     model = build_model(config, num_classes=10, in_shape=(3, 32, 32))
     model_bytes = sum(v.numel() * v.element_size() for v in model.state_dict().values()
                       if v.is_floating_point())
+    targets = [float(t) for t in args.targets.split(",")]
     kinds = [k for k in ("virtual", "processes") if getattr(args, k)] or ["virtual"]
     for kind in kinds:
         title = (f"{kind}: 4 devices, slowdowns {[args.scale * s for s in SLOWDOWNS]}, "
                  f"{args.samples} samples each, vgg5, {args.network}, {args.epochs} epochs")
         print(title, flush=True)
         rows = (virtual if kind == "virtual" else processes)(
-            args.epochs, args.samples, args.scale, args.network, args.target)
-        lines = [title, "", *table(rows, args.target, model_bytes)]
+            args.epochs, args.samples, args.scale, args.network, targets)
+        lines = [title, "", *table(rows, targets, model_bytes)]
         print("\n".join(lines), flush=True)
         if args.out is not None:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / f"{kind}.md").write_text("\n".join(lines) + "\n")
             (args.out / f"{kind}.json").write_text(json.dumps(rows, indent=1))
-            plot(rows, args.out / f"{kind}.png", title, args.target)
+            plot(rows, args.out / f"{kind}.png", title, targets)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ __all__ = [
     "StrategyGenerator",
     "bypass",
     "expected_versions",
+    "groups_of",
     "hyperperiod",
     "local_steps",
     "ring",
@@ -282,6 +283,18 @@ class StrategyGenerator:
             ConfigError: ``versions`` does not hold one finite version per device, or
                 no device is available.
         """
+        expected = self.predict(versions)
+        pool = list(range(len(self.steps))) if available is None else available
+        return Round(self.period_s, self.steps, expected,
+                     self.draw(expected, pool, self.selected))
+
+    def predict(self, versions: Sequence[float] | None = None) -> tuple[float, ...]:
+        """Each device's version expected at the next synchronisation: Holt's
+        prediction once it has seen ``versions`` (the last round's), Eq. 6's before.
+
+        Raises:
+            ConfigError: ``versions`` does not hold one finite version per device.
+        """
         if versions is not None:
             if len(versions) != len(self.steps) or any(not math.isfinite(v)
                                                        for v in versions):
@@ -291,11 +304,28 @@ class StrategyGenerator:
             else:
                 for holt, v in zip(self._holt, versions, strict=True):
                     holt.update(v)
-        expected = (tuple(h.predict() for h in self._holt) if self._holt is not None
-                    else self._expected)
-        pool = list(range(len(self.steps))) if available is None else sorted(available)
+        return (tuple(h.predict() for h in self._holt) if self._holt is not None
+                else self._expected)
+
+    def draw(self, expected: Sequence[float], pool: Sequence[int], count: int
+             ) -> tuple[int, ...]:
+        """A random ring of at most ``count`` of ``pool``'s devices, drawn by Eq. 8 on
+        their ``expected`` versions.
+
+        Raises:
+            ConfigError: ``pool`` is empty or names a device that is not the fleet's.
+        """
+        pool = sorted(pool)
         if not pool or any(not 0 <= d < len(self.steps) for d in pool):
             raise ConfigError(f"no devices of 0..{len(self.steps) - 1} available: {pool}")
-        picked = select([expected[d] for d in pool], min(self.selected, len(pool)), self._rng)
-        return Round(self.period_s, self.steps, expected,
-                     ring([pool[i] for i in picked], self._rng))
+        picked = select([expected[d] for d in pool], min(count, len(pool)), self._rng)
+        return ring([pool[i] for i in picked], self._rng)
+
+
+def groups_of(devices: int, size: int) -> list[list[int]]:
+    """The fleet's groups (§III-C, many devices): consecutive ids, ``size`` each (the
+    last the rest); one group of all when ``size`` is 0 or at least ``devices``."""
+    if size <= 0 or size >= devices:
+        return [list(range(devices))]
+    return [list(range(first, min(first + size, devices)))
+            for first in range(0, devices, size)]

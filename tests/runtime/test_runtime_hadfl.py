@@ -6,7 +6,9 @@ from the backup."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,6 +18,7 @@ from fleet import COSTS, Fleet
 
 from aiopipe import RunConfig, RunResult, VirtualClock, simulate
 from aiopipe import data as datasets
+from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.factories import build_model, make_loss, make_optimizer
 from aiopipe.runtime.gossip import chunk_bounds
 from aiopipe.runtime.partial_sync import PartialSync
@@ -99,8 +102,8 @@ async def test_rings_of_every_device_average_what_plain_pytorch_trains_bit_for_b
     result = await simulate(config, clock=VirtualClock())
     rounds = _rounds(result)
     assert [r["steps"] for r in rounds] == [[4, 4, 4]] * 3  # ceil(9 / 12): a round an epoch
-    assert all(sorted(r["ring"]) == [0, 1, 2] for r in rounds)
-    reference = _reference(config, [r["ring"] for r in rounds], 4)
+    assert all(sorted(r["rings"][0]) == [0, 1, 2] for r in rounds)
+    reference = _reference(config, [r["rings"][0] for r in rounds], 4)
     for name, value in reference.state_dict().items():
         if value.is_floating_point():
             assert torch.equal(result.model.state_dict()[name], value), name
@@ -121,9 +124,9 @@ async def test_local_steps_follow_speed_and_the_coordinator_carries_no_models_bu
     assert rounds == _rounds(again)
     assert [e.time_s for e in first.epochs] == [e.time_s for e in again.epochs]
     assert rounds[0]["steps"] == [3, 3, 3, 3]
-    assert sorted(rounds[0]["ring"]) == [0, 1, 2, 3]
+    assert sorted(rounds[0]["rings"][0]) == [0, 1, 2, 3]
     assert all(r["steps"] == [12, 12, 6, 3] for r in rounds[1:])
-    assert all(len(r["ring"]) == 2 for r in rounds[1:])
+    assert all(len(r["rings"][0]) == 2 for r in rounds[1:])
     model_bytes = sum(v.numel() * v.element_size()
                       for v in first.model.state_dict().values())
     for epoch in first.epochs:
@@ -139,11 +142,11 @@ async def test_local_steps_follow_speed_and_the_coordinator_carries_no_models_bu
         assert math.isclose(sum(epoch.peer_bytes), 4 * flat, rel_tol=0.01)
     # a device left out merges the average: its version moves towards the ring's
     versions = [r["versions"] for r in rounds]
-    left_out = [d for d in range(4) if d not in rounds[1]["ring"]]
-    ring = rounds[1]["ring"]
+    left_out = [d for d in range(4) if d not in rounds[1]["rings"][0]]
+    ring = rounds[1]["rings"][0]
     steps = rounds[2]["steps"]
     for d in left_out:
-        if d not in rounds[2]["ring"]:
+        if d not in rounds[2]["rings"][0]:
             merged = (versions[1][d] + versions[1][ring[0]]) / 2 + steps[d] / 3
             assert math.isclose(versions[2][d], merged, abs_tol=1e-5)
     for name, value in first.model.state_dict().items():
@@ -174,10 +177,10 @@ async def test_a_dead_ring_member_is_bypassed_and_comes_back_from_the_backup() -
     assert not fleet.crashes
     rounds = _rounds(result)
     assert rounds[1]["lost"] == [2]
-    assert rounds[1]["ring"] != []
-    assert 2 in rounds[1]["ring"]
-    assert 2 not in rounds[2]["ring"]  # the liveness monitor knows
-    back = [r for r in rounds[3:] if 2 in r["ring"]]
+    assert rounds[1]["rings"][0] != []
+    assert 2 in rounds[1]["rings"][0]
+    assert 2 not in rounds[2]["rings"][0]  # the liveness monitor knows
+    back = [r for r in rounds[3:] if 2 in r["rings"][0]]
     assert back, "the restarted device never joined a ring again"
     assert result.epochs[1].devices_lost == (2,)
     assert all(math.isfinite(e.loss) for e in result.epochs)
@@ -203,11 +206,84 @@ async def test_a_silent_ring_member_is_asked_then_bypassed(
     result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
     rounds = _rounds(result)
     assert [r["lost"] for r in rounds] == [[], [], []]
-    upstream_of_2 = rounds[1]["ring"][rounds[1]["ring"].index(2) - 1]
-    downstream_of_2 = rounds[1]["ring"][(rounds[1]["ring"].index(2) + 1) % 4]
+    upstream_of_2 = rounds[1]["rings"][0][rounds[1]["rings"][0].index(2) - 1]
+    downstream_of_2 = rounds[1]["rings"][0][(rounds[1]["rings"][0].index(2) + 1) % 4]
     assert f"device{downstream_of_2}: ring member device2 is dead" in caplog.text
     # device 2 heard nothing either (its asks went nowhere): it averaged with nobody
     assert f"device2: ring member device{upstream_of_2} is dead" in caplog.text
     # the round took the two waits (the wait, then the handshake's)
     assert result.epochs[1].time_s >= 2 * config.ring_timeout
     assert result.epochs[1].time_s > result.epochs[2].time_s + 2 * config.ring_timeout - 0.2
+
+
+async def test_a_resumed_run_goes_on_from_the_backup_with_the_negotiated_strategy(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The server stops after two epochs (negotiation and one) and is started again
+    from its checkpoint with new device processes: every device starts from the backup,
+    the strategy is the negotiated one (no second negotiation), and the run ends."""
+    config = _config(devices=3, device_slowdown=(1, 2, 2), ring_size=2, epochs=4)
+
+    async def run(resume: bool, stop_after: int | None) -> Coordinator:
+        clock = VirtualClock()
+        async with asyncio.TaskGroup() as tasks:
+            fleet = Fleet(config, clock, tasks, fabric=MemoryFabric(clock))
+            fleet.node = Coordinator(config, clock=clock, cost_table=COSTS,
+                                     checkpoint_dir=tmp_path, resume=resume)
+            for k in range(3):
+                fleet.start_device(k)
+            training = tasks.create_task(fleet.node.train())
+            if stop_after is None:
+                await training
+            else:
+                await fleet.until(lambda: len(fleet.node.epochs) == stop_after)
+                await fleet.node.checkpoints.written()
+                training.cancel()
+                for k in range(3):
+                    fleet.kill(k)
+                for task in fleet.helpers:
+                    task.cancel()
+        await clock.aclose()
+        return fleet.node
+
+    caplog.set_level(logging.INFO, "aiopipe.device")
+    first = await run(False, 2)
+    negotiated = list(first.system.warmup_times)  # type: ignore[attr-defined]
+    steps = [c["steps"] for c in first.epochs[1].changes]
+    assert steps == [[6, 3, 3]]  # a hyperperiod of two fast epochs
+    caplog.clear()
+    node = await run(True, None)
+    assert len(node.epochs) == 4
+    assert node.system.warmup_times == negotiated  # type: ignore[attr-defined]
+    later = [c for e in node.epochs[2:] for c in e.changes if c.get("kind") == "hadfl-round"]
+    assert later
+    assert all(r["steps"] == steps[0] for r in later)  # no negotiation again
+    assert caplog.text.count("starts from the coordinator's backup") == 3
+
+
+async def test_groups_average_within_themselves_and_across_every_few_rounds() -> None:
+    """Six devices in groups of three: rings of two within each group (its sender
+    serving the group's third device), and every second round, and each epoch's last,
+    a ring of one device per group whose average reaches everyone."""
+    config = _config(devices=6, warmup_epochs=0, local_steps=1, ring_size=2, group_size=3,
+                     inter_group_every=2, epochs=3, samples_per_device=2 * BATCH)
+    result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
+    rounds = _rounds(result)
+    assert len(rounds) == 6  # ceil(12 batches / 6 steps) = 2 rounds an epoch
+    groups = [{0, 1, 2}, {3, 4, 5}]
+    for r in rounds:
+        rings = r["rings"]
+        if r["round"] % 2 == 0:  # the epoch's first: within the groups
+            assert len(rings) == 2
+            assert [len(ring) for ring in rings] == [2, 2]
+            assert [set(ring) <= group for ring, group in zip(rings, groups, strict=True)]
+        else:  # the epoch's last: across them (its average is the backup)
+            assert len(rings) == 1
+            assert sorted(len(set(rings[0]) & g) for g in groups) == [1, 1]
+    flat = sum(v.numel() * v.element_size() for v in result.model.state_dict().values()
+               if v.is_floating_point())
+    # within: two rings of two (2 models each) and a broadcast each (1); across: a ring
+    # of two (2) and four broadcasts (4): 12 models an epoch (a device counts what it
+    # sent at each report: a broadcast may go on past it, and the last one's past the
+    # run's end)
+    total = sum(sum(epoch.peer_bytes) for epoch in result.epochs) / flat
+    assert 12 * 3 - 4 <= total <= 12 * 3 * 1.01

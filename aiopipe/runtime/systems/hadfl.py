@@ -59,7 +59,7 @@ from aiopipe.protocol import (
 from aiopipe.runtime.systems.base import Rounds, Setup
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.estimate import DeviceProfile
-from aiopipe.scheduler.hadfl import StrategyGenerator
+from aiopipe.scheduler.hadfl import StrategyGenerator, groups_of
 
 __all__ = ["HADFL"]
 
@@ -90,6 +90,7 @@ class HADFL:
         self._sessions: dict[int, int] = {}
         #: devices whose next round starts from the backup (all, after a resume)
         self._from_backup: set[int] = set()
+        self._rounds_run = 0  # rounds since the negotiation (groups: which are inter-group)
         self._rng = random.Random(self.config.seed)  # the negotiation's rings
         self._secret = setup.run_secret
         #: the last round's plan, per device (`plan_entries`)
@@ -162,7 +163,7 @@ class HADFL:
         return int(max(state_bytes + 256 * len(state), report) + HEADER_SLACK_BYTES
                    + 256 * self.config.devices)
 
-    def _start(self, rounds: Rounds, k: int, round_no: int, epoch: int, steps: int,
+    def _start(self, rounds: Rounds, round_no: int, epoch: int, steps: int,
                sync: dict[str, Any], tensors: Mapping[str, TensorData],
                peers: Sequence[int]) -> RoundStart:
         return RoundStart(round_no, epoch, 0, steps, tensors, 0, 1, 0, self.units, 1,
@@ -177,37 +178,31 @@ class HADFL:
                         work: Sequence[int], participants: Sequence[int]
                         ) -> dict[int, RoundResult]:
         """Plan the round among ``participants``, play it on every one of them, keep
-        the versions they reached and, in a backup round, the sender's average."""
+        the versions they reached and, in a backup round, the first ring's average."""
         config = self.config
         alive = sorted(participants)
-        generator = self.generator
-        if generator is None:  # the mutual negotiation: everyone, one epoch each
-            ring = list(alive)
-            self._rng.shuffle(ring)
-            steps = {k: self.batches[k] for k in alive}
-            lr, backup, predicted = config.warmup_learning_rate, True, None
-        else:
-            plan = generator.next_round(self.versions if self._holt_started else None, alive)
-            self._holt_started = True
-            ring, steps = list(plan.ring), {k: plan.steps[k] for k in alive}
-            lr, backup = config.learning_rate, first == self.rounds_per_epoch() - 1
-            predicted = [round(v, 6) for v in plan.expected]
-        sender, receivers = ring[0], [k for k in alive if k not in ring]
+        backup = self.generator is None or first == self.rounds_per_epoch() - 1
+        rings, predicted = self._rings(alive, backup)
+        steps = ({k: self.batches[k] for k in alive} if self.generator is None
+                 else {k: self.generator.steps[k] for k in alive})
+        lr = config.warmup_learning_rate if self.generator is None else config.learning_rate
+        # each ring's sender sends its average to the devices of its pool left out
+        receivers = {ring[0]: [k for k in pool if k not in ring] for ring, pool in rings}
+        sender = rings[0][0][0]  # (its average is the backup)
         template = await rounds.compute.call(lambda: state_to_wire(
             {k: v.detach().clone() for k, v in self.model.state_dict().items()}))
         starts: dict[int, RoundStart] = {}
-        for k in alive:
-            session = rounds.session_of(k)
-            rejoined = (k in self._sessions and self._sessions[k] != session
-                        ) or k in self._from_backup
-            self._sessions[k] = session
-            self._from_backup.discard(k)
-            sync = {"ring": ring, "sender": sender, "receivers": receivers if k == ring[0]
-                    or k in ring else [], "learning_rate": lr, "backup": backup,
-                    "version": self.backup_version if rejoined else 0.0}
-            peers = alive if k in ring else ring
-            starts[k] = self._start(rounds, k, round_no, epoch, steps[k], sync,
-                                    template if rejoined else {}, [d for d in peers if d != k])
+        for ring, pool in rings:
+            for k in pool:
+                rejoined = self._rejoined(rounds, k)
+                sync = {"ring": ring, "sender": ring[0],
+                        "receivers": receivers[ring[0]] if k in ring else [],
+                        "learning_rate": lr, "backup": backup and k == sender,
+                        "version": self.backup_version if rejoined else 0.0}
+                peers = [*ring, *receivers[ring[0]]] if k in ring else ring
+                starts[k] = self._start(rounds, round_no, epoch, steps[k], sync,
+                                        template if rejoined else {},
+                                        [d for d in peers if d != k])
         rounds.copy_checkpoint()
         try:
             async with asyncio.TaskGroup() as tasks:
@@ -222,17 +217,60 @@ class HADFL:
         if sender in done and done[sender].tensors:
             await rounds.compute.run("backup", partial(self._keep_backup, done[sender]),
                                      cost=0.0 if rounds.cost_table else None, epoch=epoch)
-        if generator is None:
+        if self.generator is None:
             self._negotiated(rounds, epoch, alive)
-        self._last = [{"device": k, "local_steps": steps[k], "in_ring": k in ring,
-                       "sender": k == sender, "version": round(self.versions[k], 6)}
+        in_ring = {k for ring, _ in rings for k in ring}
+        self._last = [{"device": k, "local_steps": steps[k], "in_ring": k in in_ring,
+                       "sender": k in receivers, "version": round(self.versions[k], 6)}
                       for k in alive]
         rounds.record_change({
-            "kind": "hadfl-round", "round": round_no, "epoch": epoch, "ring": ring,
+            "kind": "hadfl-round", "round": round_no, "epoch": epoch,
+            "rings": [ring for ring, _ in rings],
             "steps": [steps.get(k, 0) for k in range(config.devices)], "predicted": predicted,
             "lost": sorted(set(alive) - set(done)),
             "versions": [round(v, 6) for v in self.versions]})
         return done
+
+    def _rings(self, alive: list[int], backup: bool
+               ) -> tuple[list[tuple[list[int], list[int]]], list[float] | None]:
+        """The round's rings, each with the devices its sender serves (its pool), and the
+        versions the strategy predicted (None in the negotiation).
+
+        In the negotiation, one ring of every device. Then, with one group (or in an
+        inter-group round: every ``inter_group_every``-th, and each epoch's last, whose
+        average is the backup), one ring drawn among all and the rest served; with
+        groups, one ring per group, drawn within it, serving the group's rest."""
+        generator = self.generator
+        if generator is None:
+            ring = list(alive)
+            self._rng.shuffle(ring)
+            return [(ring, alive)], None
+        config = self.config
+        expected = generator.predict(self.versions if self._holt_started else None)
+        self._holt_started = True
+        groups = [[k for k in g if k in alive]
+                  for g in groups_of(config.devices, config.group_size)]
+        groups = [g for g in groups if g]
+        self._rounds_run += 1
+        if len(groups) == 1:
+            drawn = generator.draw(expected, alive, config.ring_members())
+            return [(list(drawn), alive)], [round(v, 6) for v in expected]
+        if backup or self._rounds_run % config.inter_group_every == 0:
+            across = [generator.draw(expected, g, 1)[0] for g in groups]
+            self._rng.shuffle(across)
+            return [(across, alive)], [round(v, 6) for v in expected]
+        return ([(list(generator.draw(expected, g, config.ring_members(len(g)))), g)
+                 for g in groups], [round(v, 6) for v in expected])
+
+    def _rejoined(self, rounds: Rounds, k: int) -> bool:
+        """Whether device k starts this round from the backup: a new process since its
+        last round, or every device after a resume."""
+        session = rounds.session_of(k)
+        rejoined = (k in self._sessions and self._sessions[k] != session
+                    ) or k in self._from_backup
+        self._sessions[k] = session
+        self._from_backup.discard(k)
+        return rejoined
 
     def _keep_backup(self, result: RoundResult) -> None:
         """The sender's average is the model manager's backup (compute thread)."""
