@@ -10,7 +10,12 @@ it to the coordinator (the model manager's backup). A round:
 
 1. the device trains its E_i steps on its own data, one mini-batch after another, going
    round its data in epochs (its data order is its own: step s is batch s mod b of epoch
-   s // b, b its batches per epoch); its model's *version* grows by 1/b per step;
+   s // b, b its batches per epoch); its model's *version* grows by 1/b per step. With
+   steps by capacity the round also has a time budget (``budget_s``: E_i times its
+   seconds per step, as the negotiation measured, about the period): a device does not
+   start a step that would end (lasting as long as its last) past `PERIOD_SLACK` times
+   that (one step at least), so a device slower than it was reaches a lower version instead of holding
+   its ring up (§III-B: what Holt's prediction follows);
 2. a ring member averages its model (its floating-point state, and its version, as one
    flat vector) with the others' by scatter-reduce and all-gather
    (`aiopipe.runtime.gossip.RingAverage`), chunks travelling device to device
@@ -76,6 +81,11 @@ __all__ = ["PartialSync", "SyncMessage", "SyncPlan", "flat_state", "load_flat"]
 
 log = logging.getLogger("aiopipe.device")
 
+#: Local training stops once it has lasted this many times its budget (a device
+#: slower than it measured in the negotiation reaches a lower version instead of
+#: holding its ring up: [Note: HADFL rounds]).
+PERIOD_SLACK = 1.1
+
 #: What peers send each other for HADFL.
 SyncMessage = RingChunk | RingBypass | RingHandshake | SyncedModel
 #: The route to a peer device by id (linked now if need be).
@@ -92,6 +102,10 @@ class SyncPlan:
     learning_rate: float
     version: float
     backup: bool
+    #: the seconds the negotiation expects the local steps to take: local training
+    #: stops once it lasted `PERIOD_SLACK` times that; 0: no end (the negotiation,
+    #: fixed local steps)
+    budget_s: float = 0.0
 
     @classmethod
     def of(cls, start: RoundStart, devices: int) -> SyncPlan:
@@ -105,7 +119,8 @@ class SyncPlan:
             ring = tuple(int(d) for d in sync["ring"])
             receivers = tuple(int(d) for d in sync["receivers"])
             plan = cls(ring, int(sync["sender"]), receivers, float(sync["learning_rate"]),
-                       float(sync["version"]), bool(sync["backup"]))
+                       float(sync["version"]), bool(sync["backup"]),
+                       float(sync.get("budget_s", 0.0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise RemoteProtocolError(f"round {start.round}'s sync is not HADFL's: "
                                       f"{exc!r}") from None
@@ -114,7 +129,7 @@ class SyncPlan:
                 or any(not 0 <= d < devices for d in every)
                 or plan.sender not in ring or not plan.learning_rate > 0
                 or not np.isfinite(plan.learning_rate) or not plan.version >= 0
-                or not np.isfinite(plan.version)):
+                or not np.isfinite(plan.version) or not 0 <= plan.budget_s < np.inf):
             raise RemoteProtocolError(f"round {start.round}'s sync is not a ring of the "
                                       f"run's devices: {dict(sync)!r}")
         return plan
@@ -230,12 +245,20 @@ class PartialSync:
             group["lr"] = plan.learning_rate
         self.work.reset_totals()
         cost = self._step_cost()
+        deadline = self.clock.now() + PERIOD_SLACK * plan.budget_s if plan.budget_s else None
+        trained, step_s = 0, 0.0
         for _ in range(start.iterations):
+            if deadline is not None and trained and self.clock.now() + step_s > deadline:
+                log.info("%s: the period ended after %d of round %d's %d local steps",
+                         self.name, trained, start.round + 1, start.iterations)
+                break
             await self._merge_pending(start.epoch)
-            step = self.steps
+            step, began = self.steps, self.clock.now()
             await self.compute.run("FB", partial(self._train_step, step), cost=cost,
                                    epoch=start.epoch, iteration=step)
+            step_s = self.clock.now() - began
             self.steps += 1
+            trained += 1
             self.version += 1 / self.batches
         await self._merge_pending(start.epoch)
         tensors: Mapping[str, TensorData] = {}
@@ -248,7 +271,7 @@ class PartialSync:
                     tensors = await self.compute.call(lambda: state_to_wire(
                         {k: v.detach().to("cpu", copy=True)
                          for k, v in self.work.module.state_dict().items()}))
-        samples = start.iterations * self.batch_size
+        samples = trained * self.batch_size
         return RoundResult(start.round, samples, float(self.work.loss_sum),
                            int(self.work.correct), tensors, version=float(self.version))
 

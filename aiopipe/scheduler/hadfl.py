@@ -258,8 +258,9 @@ class StrategyGenerator:
                               f", got {periods} and {selected}")
         epoch_times = [t / warmup_epochs for t in warmup_times]
         self.period_s = periods * hyperperiod(epoch_times)
-        self.steps = local_steps([t / b for t, b in zip(epoch_times, batches, strict=True)],
-                                 self.period_s)
+        #: each device's seconds per mini-batch, as the negotiation measured
+        self.step_times = tuple(t / b for t, b in zip(epoch_times, batches, strict=True))
+        self.steps = local_steps(self.step_times, self.period_s)
         self._expected = expected_versions(warmup_times, warmup_epochs, self.period_s)
         if fixed_steps is not None:
             if fixed_steps < 1:

@@ -287,3 +287,30 @@ async def test_groups_average_within_themselves_and_across_every_few_rounds() ->
     # run's end)
     total = sum(sum(epoch.peer_bytes) for epoch in result.epochs) / flat
     assert 12 * 3 - 4 <= total <= 12 * 3 * 1.01
+
+
+async def test_a_device_slower_than_negotiated_stops_at_its_budget_not_holding_the_ring(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Device 3 turns twice as slow after the negotiation: it stops its local steps once
+    it has used 1.1 times the time they were to take, reaching a lower version, and its
+    rounds last about 1.1 periods instead of 2."""
+    original = PartialSync.run_round
+
+    async def disturbed(self: PartialSync, start: Any, route: Any) -> Any:
+        if self.me == 3 and start.round >= 2:
+            self.compute.slowdown = 8.0  # was 4
+        return await original(self, start, route)
+
+    config = _config(devices=4, device_slowdown=(1, 2, 2, 4), ring_size=4, epochs=4,
+                     samples_per_device=4 * BATCH)
+    calm = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
+    monkeypatch.setattr(PartialSync, "run_round", disturbed)
+    result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
+    calm_rounds, rounds = _rounds(calm), _rounds(result)
+    assert [r["trained"] for r in calm_rounds[1:]] == [r["steps"] for r in calm_rounds[1:]]
+    for r in rounds[2:]:
+        assert r["trained"][:3] == r["steps"][:3]
+        assert 0 < r["trained"][3] < r["steps"][3]  # cut at its budget
+    assert rounds[-1]["versions"][3] < calm_rounds[-1]["versions"][3]
+    for slow, usual in zip(result.epochs[2:], calm.epochs[2:], strict=True):
+        assert slow.time_s < 1.25 * usual.time_s

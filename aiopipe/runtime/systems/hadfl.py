@@ -198,7 +198,8 @@ class HADFL:
                 sync = {"ring": ring, "sender": ring[0],
                         "receivers": receivers[ring[0]] if k in ring else [],
                         "learning_rate": lr, "backup": backup and k == sender,
-                        "version": self.backup_version if rejoined else 0.0}
+                        "version": self.backup_version if rejoined else 0.0,
+                        "budget_s": self._budget(k)}
                 peers = [*ring, *receivers[ring[0]]] if k in ring else ring
                 starts[k] = self._start(rounds, round_no, epoch, steps[k], sync,
                                         template if rejoined else {},
@@ -226,7 +227,9 @@ class HADFL:
         rounds.record_change({
             "kind": "hadfl-round", "round": round_no, "epoch": epoch,
             "rings": [ring for ring, _ in rings],
-            "steps": [steps.get(k, 0) for k in range(config.devices)], "predicted": predicted,
+            "steps": [steps.get(k, 0) for k in range(config.devices)],
+            "trained": [done[k].samples // config.batch_size if k in done else 0
+                        for k in range(config.devices)], "predicted": predicted,
             "lost": sorted(set(alive) - set(done)),
             "versions": [round(v, 6) for v in self.versions]})
         return done
@@ -261,6 +264,14 @@ class HADFL:
             return [(across, alive)], [round(v, 6) for v in expected]
         return ([(list(generator.draw(expected, g, config.ring_members(len(g)))), g)
                  for g in groups], [round(v, 6) for v in expected])
+
+    def _budget(self, k: int) -> float:
+        """The seconds device k's local steps should take, by the negotiation (0: no
+        limit: the negotiation itself, or fixed local steps)."""
+        generator = self.generator
+        if generator is None or not isinstance(self.config.local_steps, str):
+            return 0.0
+        return generator.steps[k] * generator.step_times[k]
 
     def _rejoined(self, rounds: Rounds, k: int) -> bool:
         """Whether device k starts this round from the backup: a new process since its
