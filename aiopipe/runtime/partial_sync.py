@@ -14,8 +14,8 @@ it to the coordinator (the model manager's backup). A round:
    steps by capacity the round also has a time budget (``budget_s``: E_i times its
    seconds per step, as the negotiation measured, about the period): a device does not
    start a step that would end (lasting as long as its last) past `PERIOD_SLACK` times
-   that (one step at least), so a device slower than it was reaches a lower version instead of holding
-   its ring up (§III-B: what Holt's prediction follows);
+   that (one step at least), so a device slower than it was reaches a lower version
+   instead of holding its ring up (§III-B: what Holt's prediction follows);
 2. a ring member averages its model (its floating-point state, and its version, as one
    flat vector) with the others' by scatter-reduce and all-gather
    (`aiopipe.runtime.gossip.RingAverage`), chunks travelling device to device
