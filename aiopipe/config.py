@@ -39,6 +39,10 @@ OUTLIERS = ("keep", "clip", "drop")
 OPTIMIZERS = ("sgd",)
 DATA_PARTITIONS = ("iid", "dirichlet")
 SCHEDULES = ("1f1b", "gpipe")
+#: The keys only mode "hadfl" takes.
+HADFL_KEYS = ("warmup_epochs", "warmup_learning_rate", "local_steps", "sync_periods",
+              "ring_size", "version_smoothing", "ring_timeout", "group_size",
+              "inter_group_every")
 #: How Asteroid re-plans after a device is lost (docs/design.md §Asteroid).
 RESCHEDULINGS = ("lightweight", "heavy")
 
@@ -411,13 +415,10 @@ class RunConfig:
 
     def _check_hadfl(self) -> None:
         """HADFL's keys: valid, and given only in mode hadfl."""
-        defaults = {"warmup_epochs": 1, "warmup_learning_rate": 0.002,
-                    "local_steps": "capacity", "sync_periods": 1, "ring_size": 0,
-                    "version_smoothing": 0.5, "ring_timeout": 5.0, "group_size": 0,
-                    "inter_group_every": 4}
         if self.mode != "hadfl":
-            for key, default in defaults.items():
-                if getattr(self, key) != default:
+            defaults = {f.name: f.default for f in dataclasses.fields(self)}
+            for key in HADFL_KEYS:
+                if getattr(self, key) != defaults[key]:
                     raise _fail(key, getattr(self, key), 'its default: it is for mode "hadfl"')
             return
         warmup = self.warmup_epochs
