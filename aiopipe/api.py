@@ -319,7 +319,8 @@ class Device:
             map-style torch dataset of ``(input tensor, integer label)``; None: its
             shard of the run's ``dataset`` (an emulated fleet).
         listen: ``(host, port)`` where this device accepts its peer devices' links (runs
-            that link devices directly: ``mode = "pipeline"``); port 0 picks a free one.
+            that link devices directly: modes pipeline, ftpipehd, asteroid and hadfl);
+            port 0 picks a free one.
             None: it takes no peer links.
         advertise: the address peers dial (default: the endpoint's own,
             ``ws://host:port/peer``; give one when ``host`` is 0.0.0.0 or behind NAT).

@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
                         help="with --data: the seed synthetic data is drawn with "
                              "(default 0)")
     peers = parser.add_argument_group("peer links (runs that link devices directly: "
-                                      "mode pipeline)")
+                                      "modes pipeline, ftpipehd, asteroid, hadfl)")
     peers.add_argument("--listen", metavar="HOST:PORT", type=_host_port,
                        help="accept peer devices' links here (port 0: any free port)")
     peers.add_argument("--advertise", metavar="URL",
