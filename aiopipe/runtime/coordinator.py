@@ -91,6 +91,9 @@ __all__ = ["Coordinator"]
 
 log = logging.getLogger("aiopipe.server")
 
+#: The latest changes ``/status`` lists (re-plans, recoveries, HADFL's rounds).
+STATUS_CHANGES = 50
+
 #: `Bye.reason` when the server's run is cancelled (Ctrl-C of ``python -m aiopipe.server``).
 INTERRUPTED = "the server was interrupted"
 
@@ -693,7 +696,7 @@ class Coordinator:
             "busy_fraction": live,
             "plan": self.system.plan_entries(),
             "profiles": {str(k): v for k, v in sorted(self.profiled.items())},
-            "replans": list(self.replans),
+            "replans": self.replans[-STATUS_CHANGES:],  # (hadfl: one a round)
             "finished_epochs": [e.to_mapping() for e in self.epochs],
         }
 

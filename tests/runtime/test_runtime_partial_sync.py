@@ -129,6 +129,9 @@ def test_an_average_is_taken_only_from_the_ring_by_a_device_left_out() -> None:
         member.deliver("device2", _average(member))
     with pytest.raises(RemoteProtocolError, match="does not send to us"):
         sync.deliver("device3", _average(sync))
+    early = _average(sync)
+    sync.deliver("device2", SyncedModel(RUN, 5, 2.0, early.tensors))  # not begun: ignored
+    assert sync._synced[0] == 0
 
 
 @pytest.mark.parametrize(("changes", "error"), [
