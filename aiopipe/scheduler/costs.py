@@ -175,7 +175,8 @@ def measure_costs(model: nn.Sequential, in_shape: Sequence[int], batch_sizes: Se
                   aggregate: Callable[[int], object] | None = None,
                   handover: float = 0.0, message: float = 0.0,
                   stage_overheads: bool = True, clock: str = "auto") -> CostTable:
-    """Time each unit's forward and backward at each batch size, and each unit's step.
+    """Time each unit's forward and backward at each batch size, and each unit's step,
+    where the model's parameters are (the CPU or a CUDA GPU).
 
     Every figure is the median of ``repeats`` timed runs after ``warmup`` untimed ones
     (the first calls at a new shape are slow: allocator, kernel selection). The last
@@ -200,7 +201,9 @@ def measure_costs(model: nn.Sequential, in_shape: Sequence[int], batch_sizes: Se
     the calling thread's CPU time (its cost with a core to itself); "shared" by CPU time
     divided by the share of a core the profiling thread got over all the timed work
     (total CPU / total elapsed seconds); "auto" (the default) is "shared" when torch
-    runs on one thread, else "wall".
+    runs on one thread, else "wall". On a GPU every figure is elapsed time with the
+    device synchronised at each mark ("auto" is "wall"; "cpu" and "shared" are
+    refused: the work is not the calling thread's).
 
     Runs on the calling thread, with ``threads`` torch intra-op threads when given (the
     previous setting is restored) or the current setting. The model is left as it was:
@@ -224,6 +227,10 @@ def measure_costs(model: nn.Sequential, in_shape: Sequence[int], batch_sizes: Se
     if clock not in ("auto", "cpu", "shared", "wall"):
         raise ConfigError(f'profiling clock must be "auto", "cpu", "shared" or "wall", '
                           f"got {clock!r}")
+    device = next(model.parameters(), torch.empty(0)).device
+    if device.type != "cpu" and clock not in ("auto", "wall"):
+        raise ConfigError(f"profiling on {device} times elapsed seconds: clock must be "
+                          f'"auto" or "wall", got {clock!r}')
     units = list(model.children())
     saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
     was_training, previous_threads = model.training, torch.get_num_threads()
@@ -231,8 +238,12 @@ def measure_costs(model: nn.Sequential, in_shape: Sequence[int], batch_sizes: Se
         torch.set_num_threads(threads)
     model.train()
     if clock == "auto":
-        clock = "shared" if torch.get_num_threads() == 1 else "wall"
-    timer = _Timer(warmup, repeats, cpu=clock != "wall")
+        clock = ("shared" if torch.get_num_threads() == 1 and device.type == "cpu"
+                 else "wall")
+    timer = _Timer(warmup, repeats, cpu=clock != "wall", device=device)
+    if load_batch is not None and device.type != "cpu":
+        on_cpu = load_batch
+        load_batch = lambda size: on_cpu(size).to(device)  # noqa: E731 (as a stage loads)
     try:
         forward, backward = _unit_times(units, in_shape, sorted(set(batch_sizes)), timer,
                                         load_batch if stage_overheads else None)
@@ -286,17 +297,25 @@ class _Timer:
     each of them further.
     """
 
-    def __init__(self, warmup: int, repeats: int, *, cpu: bool) -> None:
+    def __init__(self, warmup: int, repeats: int, *, cpu: bool,
+                 device: torch.device | None = None) -> None:
         self.warmup, self.repeats, self.cpu = warmup, repeats, cpu
+        self.device = device or torch.device("cpu")
         self.wall_total = self.cpu_total = 0.0
 
-    @staticmethod
-    def mark() -> tuple[float, float]:
-        """Both clocks now."""
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def mark(self) -> tuple[float, float]:
+        """Both clocks now (on a GPU, once the work queued so far is done)."""
+        self._sync()
         return time.perf_counter(), time.thread_time()
 
     def since(self, mark: tuple[float, float]) -> float:
-        """Seconds since ``mark`` on this timer's clock (both clocks are totalled)."""
+        """Seconds since ``mark`` on this timer's clock (both clocks are totalled; on a
+        GPU, once the work queued since is done)."""
+        self._sync()
         wall, cpu = time.perf_counter() - mark[0], time.thread_time() - mark[1]
         self.wall_total += wall
         self.cpu_total += cpu
@@ -343,7 +362,7 @@ def _unit_times(units: Sequence[nn.Module], in_shape: Sequence[int], sizes: Sequ
     backward: dict[int, dict[int, float]] = {u: {} for u in range(len(units))}
     last = len(units) - 1
     for batch in sizes:
-        x = torch.randn(batch, *in_shape)
+        x = torch.randn(batch, *in_shape, device=timer.device)
         for u, unit in enumerate(units):
             try:
                 load = partial(load_batch, batch) if load_batch is not None and u == 0 else None
@@ -403,7 +422,8 @@ def _in_sequence(units: Sequence[nn.Module], in_shape: Sequence[int], timer: _Ti
 
     def one_pass(batch: int) -> tuple[float, float, float]:
         mark = timer.mark()
-        x = load_batch(batch) if load_batch is not None else torch.randn(batch, *in_shape)
+        x = (load_batch(batch) if load_batch is not None
+             else torch.randn(batch, *in_shape, device=timer.device))
         out = model(x)
         root = _root(out, loss=True)
         f = timer.since(mark)
@@ -487,7 +507,8 @@ def _root(out: torch.Tensor, *, loss: bool) -> torch.Tensor:
     """Where a timed backward starts: with ``loss`` and class scores, cross-entropy on
     random labels, as the server's pass does; otherwise ``out`` itself."""
     if loss and out.dim() == 2:
-        return nn.functional.cross_entropy(out, torch.randint(out.shape[1], (len(out),)))
+        return nn.functional.cross_entropy(
+            out, torch.randint(out.shape[1], (len(out),), device=out.device))
     return out
 
 
@@ -522,7 +543,7 @@ def _step_times(units: Sequence[nn.Module], timer: _Timer, learning_rate: float,
                 times.append(spent)
         return statistics.median(times)
 
-    overhead = median_step([nn.Parameter(torch.zeros(1))])
+    overhead = median_step([nn.Parameter(torch.zeros(1, device=timer.device))])
     step: dict[int, float] = {}
     for u, unit in enumerate(units):
         params = [p for p in unit.parameters() if p.requires_grad]
@@ -534,7 +555,7 @@ def _aggregate_times(aggregate: Callable[[int], object], timer: _Timer) -> tuple
     """Fixed and per-device seconds of ``aggregate(k)``, from its medians at k = 1 and 2
     (three timed calls each after one untimed, whatever the unit timings use: on a large
     model one call takes a fraction of a second)."""
-    quick = _Timer(1, 3, cpu=timer.cpu)
+    quick = _Timer(1, 3, cpu=timer.cpu, device=timer.device)
     one = quick.median(partial(aggregate, 1))
     two = quick.median(partial(aggregate, 2))
     timer.wall_total += quick.wall_total

@@ -675,3 +675,12 @@ def test_the_aggregation_is_timed_fixed_and_per_device() -> None:
     assert set(calls) == {1, 2}
     assert 0 < fixed < per_device
     assert measure_costs(model, (12,), [2], repeats=1, warmup=0).aggregate == (0.0, 0.0)
+
+
+def test_profiling_off_the_cpu_times_elapsed_seconds_only() -> None:
+    """Where the work is not the calling thread's (a GPU; here the meta device stands
+    in), CPU-time clocks cannot time it: refused, naming the clock."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4)).to("meta")
+    for clock in ("cpu", "shared"):
+        with pytest.raises(ConfigError, match='clock must be "auto" or "wall"'):
+            measure_costs(model, (4,), [1], clock=clock)
