@@ -61,7 +61,8 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
                    cost_table: CostTable | None = None,
                    progress: Progress | None = None,
                    datasets: Sequence[Any] | None = None,
-                   held_out: Sequence[Any] | None = None) -> RunResult:
+                   held_out: Sequence[Any] | None = None,
+                   server_cost_table: CostTable | None = None) -> RunResult:
     """Run server and devices in this event loop over memory links; the run's result.
 
     With a `VirtualClock`, compute is charged from ``cost_table`` (measured once at
@@ -74,7 +75,10 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
     it evaluates every epoch's global model (`EpochMetrics.held_out_accuracy`). Writes
     the results directory when ``config.out_dir`` is set. ``progress`` is called with each
     finished epoch's metrics; without it each epoch is logged at INFO on the
-    ``aiopipe.simulate`` logger.
+    ``aiopipe.simulate`` logger. ``server_cost_table``: in virtual time, charge the
+    server's own stages (PiPar's server halves) from this table, the devices from
+    ``cost_table`` (a server of other hardware, e.g. a GPU's table from
+    `bench/gpu_costs.py`); the planner plans each side with its own.
 
     Raises:
         ConfigError: the config cannot run, ``datasets`` or ``held_out`` is not one
@@ -89,7 +93,8 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
     if isinstance(clock, VirtualClock) and cost_table is None:
         cost_table = await asyncio.to_thread(_measure, config, own[0])
     node = Coordinator(config, clock=clock, cost_table=cost_table,
-                       progress=progress or partial(_log_epoch, config.epochs))
+                       progress=progress or partial(_log_epoch, config.epochs),
+                       server_cost_table=server_cost_table)
     custom = None if isinstance(config.model, str) else config.model
     networks = [config.device_network(k) for k in range(config.devices)]
     fabric = None

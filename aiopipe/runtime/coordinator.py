@@ -116,6 +116,9 @@ class Coordinator:
             the one it was written for.
         torch_device: where the coordinator's own stages compute (PiPar's server halves):
             "auto", "cpu", "cuda" or "cuda:N" (`resolve_torch_device`).
+        server_cost_table: with ``cost_table``, charge the coordinator's own stages
+            from this table instead (the server's hardware measured apart, e.g. a GPU's:
+            `bench/gpu_costs.py`); the devices keep ``cost_table``.
 
     Raises:
         ConfigError: the config cannot run, or there is no checkpoint to resume from.
@@ -124,7 +127,8 @@ class Coordinator:
     def __init__(self, config: RunConfig, *, clock: Clock, cost_table: CostTable | None = None,
                  join_timeout: float = 300.0,
                  progress: Any = None, checkpoint_dir: Path | None = None,
-                 resume: bool = False, torch_device: str = "cpu") -> None:
+                 resume: bool = False, torch_device: str = "cpu",
+                 server_cost_table: CostTable | None = None) -> None:
         warm_up_torch()
         torch.set_num_threads(config.torch_threads)  # as every device does
         self.clock = clock
@@ -135,13 +139,15 @@ class Coordinator:
         # its test split); training data is the devices' own
         self.in_shape, self.num_classes, self.test_set = _evaluation_data(config)
         model = build_model(config, num_classes=self.num_classes, in_shape=self.in_shape)
+        _check_tables(models.unit_count(model), cost_table=cost_table,
+                      server_cost_table=server_cost_table)
         self.model_digest = models.model_digest(model)
         #: names the run in every stage-addressed message
         self.run_id = (1 << 61) | secrets.randbits(61)  # 9 bytes in msgpack: frame sizes fixed
         self.torch_device = resolve_torch_device(torch_device)
         self.system: System = system_for(Setup(config, model, self.in_shape, self.num_classes,
                                                self.test_set, cost_table, new_run_secret(),
-                                               self.torch_device))
+                                               self.torch_device, server_cost_table))
         #: what each device announced it holds (`Ready`), by id
         self.announced: dict[int, Ready] = {}
         #: what each device measured of itself, by id (``/status``)
@@ -737,6 +743,20 @@ def _frame_cap(config: RunConfig, model: torch.nn.Sequential, in_shape: tuple[in
     actions = 16 * (6 * batch + 2)
     return int(max(state_bytes, activation) + HEADER_SLACK_BYTES + 256 * len(state) + actions
                + REPORT_SLICE_BYTES * MAX_REPORT_SLICES)
+
+
+def _check_tables(units: int, **tables: CostTable | None) -> None:
+    """Each given cost table is the model's: one row per split unit.
+
+    Raises:
+        ConfigError: one is not (naming it), or a server table comes without devices'.
+    """
+    if tables.get("server_cost_table") is not None and tables.get("cost_table") is None:
+        raise ConfigError("server_cost_table needs cost_table: the devices' own")
+    for name, table in tables.items():
+        if table is not None and table.units != units:
+            raise ConfigError(f"{name} has {table.units} units, the model {units}: it was "
+                              "measured for another model")
 
 
 def _new_tally(epoch: int, devices: int) -> dict[str, Any]:

@@ -323,11 +323,13 @@ def saved_bytes_per_sample(model: nn.Sequential, in_shape: tuple[int, ...], *,
     return tuple(out)
 
 
-def declared_devices(config: RunConfig, samples: list[int]) -> list[DeviceProfile]:
+def declared_devices(config: RunConfig, samples: list[int], *,
+                     costs: CostTable | None = None) -> list[DeviceProfile]:
     """Device profiles from the config: ``device_slowdown`` and each device's
-    ``network``."""
+    ``network``; ``costs``: their table (times their slowdown) when it is not the
+    server's."""
     return [DeviceProfile(config.device_slowdown_of(k), config.device_network(k).up,
-                          config.device_network(k).down, samples[k])
+                          config.device_network(k).down, samples[k], costs)
             for k in range(config.devices)]
 
 

@@ -31,7 +31,10 @@ class Setup:
     (profiling loads micro-batches of it: data of the run's kind); ``cost_table``: charge
     compute from it (virtual time) and plan with it; ``run_secret``: this run's secret,
     from which peer keys derive; ``torch_device``: where the coordinator's own stages
-    compute (the global model stays on the CPU).
+    compute (the global model stays on the CPU); ``server_costs``: charge the
+    coordinator's own stages from this table instead (virtual time with the server's
+    hardware measured apart, e.g. a GPU: `bench/gpu_costs.py`), and plan the server's
+    side with it, the devices' with ``cost_table``; None: ``cost_table`` for both.
     """
 
     config: RunConfig
@@ -42,6 +45,7 @@ class Setup:
     cost_table: CostTable | None
     run_secret: bytes
     torch_device: torch.device
+    server_costs: CostTable | None = None
 
 
 class Rounds(Protocol):

@@ -66,6 +66,7 @@ from aiopipe.runtime.stage import ServerStage, StageWork
 from aiopipe.runtime.systems.base import Rounds, Setup
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.actions import Action
+from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
 from aiopipe.scheduler.placement import star
 from aiopipe.scheduler.schedule import check_schedule, pipar, with_transfers
@@ -90,6 +91,8 @@ class Star:
         self.num_classes = setup.num_classes
         self.in_shape = setup.in_shape
         self.cost_table = setup.cost_table
+        #: what the coordinator's own stages cost (its own table, or everyone's)
+        self.server_costs = setup.server_costs or setup.cost_table
         self.loss = make_loss(config)
         self.samples: list[int] = []
         self.auto_config: RunConfig | None = config if needs_planner(config) else None
@@ -128,11 +131,12 @@ class Star:
         config = self.auto_config or self.config
         self.samples = list(samples)
         if self.auto_config is not None:
-            planning_costs = self.cost_table or measure_planning_costs(
+            planning_costs = self.server_costs or measure_planning_costs(
                 config, self.model, self.in_shape, self.setup.test_set)
             self.planning = model_profile(self.model, self.in_shape, planning_costs)
             self.live = (list(devices) if devices is not None
-                         else declared_devices(config, self.samples))
+                         else declared_devices(config, self.samples,
+                                               costs=self._device_costs()))
             config = with_plans(config, choose_plans(config, self.planning, self.live))
         self.config = config
         self.plans = device_plans(config, self.units, self.samples)
@@ -217,7 +221,7 @@ class Star:
             "server", start.round, start.epoch, start.first_iteration, start.iterations, 1, 2,
             p, self.units, plan.parallel_batches, plan.micro_batch_size, start.version,
             self._actions(plan)[1], {}, self.activation_shapes[p - 1], ())
-        return ServerStage(work, assignment, assignment.charges(self.cost_table))
+        return ServerStage(work, assignment, assignment.charges(self.server_costs))
 
     @staticmethod
     def _version(plan: DevicePlan, epoch: int, first: int) -> int:
@@ -262,6 +266,11 @@ class Star:
             await rounds.compute.run("agg", partial(self._aggregate, done), cost=cost,
                                      epoch=epoch)
         return done
+
+    def _device_costs(self) -> CostTable | None:
+        """The declared devices' own table when the server has another (virtual time
+        with the server measured apart), else None: the server's x their slowdown."""
+        return self.cost_table if self.setup.server_costs is not None else None
 
     def _roll_back(self, devices: Sequence[int]) -> None:
         """The round of ``devices`` was dropped: their replicas' optimizers go back to

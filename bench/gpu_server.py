@@ -1,0 +1,100 @@
+"""PiPar's server on a GPU against the same server on this machine's CPU, in virtual
+time (issue 27): the devices charged from this machine's table times ``--slowdown``, the
+server's passes from either the same table (a server of this CPU) or a GPU's table
+measured by `bench/gpu_costs.py` (``--gpu-costs``); everything else alike. "auto" plans
+(the planner plans the server with its own table). Reported per server: the epoch's
+seconds, the server's busy seconds, and the plans chosen.
+
+    .venv/bin/python bench/gpu_server.py --gpu-costs bench/results/.../costs-cuda.json \\
+        [--model vgg5] [--devices 100] [--samples 500] [--slowdown 10] [--network 4g]
+        [--epochs 1] [--out DIR]
+
+Honest about itself: in virtual time every pass is computed here (the weights are
+real), and charged from the tables; the GPU's figures are its measured passes at each
+batch size, one replica at a time (the server's compute queue runs one pass after
+another); the global model and its aggregation stay on the CPU, charged from this
+machine's table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from aiopipe import CostTable, RunConfig, VirtualClock, simulate
+from aiopipe.runtime.plan import build_model, measure_planning_costs, train_dataset
+
+
+def config_for(args: argparse.Namespace) -> RunConfig:
+    """The fleet of the run."""
+    return RunConfig(mode="pipar", model=args.model, devices=args.devices,
+                     samples_per_device=args.samples, batch_size=100, epochs=args.epochs,
+                     split_point="auto", parallel_batches="auto",
+                     device_slowdown=args.slowdown, network=args.network, test_samples=0,
+                     heartbeat_interval=30.0, device_timeout=600.0)
+
+
+def run(config: RunConfig, devices: CostTable, server: CostTable) -> dict[str, Any]:
+    """One virtual-time run; its figures."""
+    started = time.perf_counter()
+    result = asyncio.run(simulate(config, clock=VirtualClock(), cost_table=devices,
+                                  server_cost_table=server))
+    epochs = result.epochs
+    plans = collections.Counter(f"P{p['split_point']}N{p['parallel_batches']}"
+                                for p in epochs[-1].plan)
+    return {"epoch_s": [round(e.time_s, 3) for e in epochs],
+            "server_busy_s": [round(e.busy_s["server"], 3) for e in epochs],
+            "device_busy_s": [round(e.busy_s["device"], 3) for e in epochs],
+            "plans": dict(plans.most_common()), "wall_s": round(time.perf_counter() - started)}
+
+
+def main() -> None:
+    """Measure this machine's table, run both servers, print (and write)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpu-costs", type=Path, required=True)
+    parser.add_argument("--model", default="vgg5")
+    parser.add_argument("--devices", type=int, default=100)
+    parser.add_argument("--samples", type=int, default=500)
+    parser.add_argument("--slowdown", type=float, default=10.0)
+    parser.add_argument("--network", default="4g")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    config = config_for(args)
+    measured = json.loads(args.gpu_costs.read_text())[args.model]
+    gpu = CostTable.from_mapping(measured["table"])
+    dataset = train_dataset(config.replace(devices=1))
+    model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
+    cpu = measure_planning_costs(config, model, dataset.in_shape, dataset)
+    rows = {}
+    for name, server in (("CPU server (this machine)", cpu),
+                         (f"GPU server ({measured['device']})", gpu)):
+        rows[name] = run(config, cpu, server)
+        print(f"{name}: {rows[name]}", flush=True)
+    (cpu_row, gpu_row) = rows.values()
+    title = (f"{args.model}, {args.devices} devices x {args.samples} samples, B = 100, "
+             f"devices {args.slowdown:g}x this machine's CPU, {args.network}, pipar auto")
+    lines = [title, "", "| server | epoch s | server busy s | device busy s (mean) | plans |",
+             "|---|---|---|---|---|"]
+    for name, row in rows.items():
+        lines.append(f"| {name} | {row['epoch_s'][-1]:.2f} | {row['server_busy_s'][-1]:.2f} | "
+                     f"{row['device_busy_s'][-1]:.2f} | "
+                     f"{', '.join(f'{k} ×{v}' for k, v in row['plans'].items())} |")
+    lines.append("")
+    lines.append(f"CPU server ÷ GPU server, epoch time: "
+                 f"{cpu_row['epoch_s'][-1] / gpu_row['epoch_s'][-1]:.2f}×")
+    print("\n".join(lines))
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        stem = f"gpu-server-{args.model}-k{args.devices}"
+        (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+        (args.out / f"{stem}.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
