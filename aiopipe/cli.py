@@ -188,6 +188,12 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--outliers", choices=OUTLIERS,
                      help="a device update far above the round's median: keep (default), "
                           "clip or drop it")
+    run.add_argument("--privacy", choices=("none", "classic", "pixeldp"),
+                     help="modes fl, sl, sfl, pipar: differential privacy on the devices: "
+                          "classic (noise on the uploaded model half) or pixeldp (noise "
+                          "on every training input)")
+    run.add_argument("--privacy-noise", type=float,
+                     help="the privacy noise's standard deviation")
     run.add_argument("--learning-rate", type=float, help="SGD learning rate")
     run.add_argument("--momentum", type=float, help="SGD momentum")
     run.add_argument("--seed", type=int, help="random seed")
@@ -220,7 +226,8 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "optimizer", "dataset", "test_sample
                    "version_aggregation", "momentum", "global_replication_every",
                    "chain_replication_every", "first_repartition_after", "warmup_epochs",
                    "warmup_learning_rate", "local_steps", "sync_periods", "ring_size",
-                   "version_smoothing", "ring_timeout", "group_size", "inter_group_every")
+                   "version_smoothing", "ring_timeout", "group_size", "inter_group_every",
+                   "privacy", "privacy_noise")
 
 
 def config_from_args(args: argparse.Namespace, **defaults: Any) -> RunConfig:

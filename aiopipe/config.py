@@ -231,6 +231,12 @@ class RunConfig:
         inter_group_every: hadfl with groups: every this many rounds the round is an
             inter-group synchronisation instead: one device of each group (drawn as
             rings are) average, and the average goes to every other device.
+        privacy: differential privacy on the devices (fl, sl, sfl, pipar; PiPar §5.6.2):
+            "none", "classic" (Gaussian noise on the device's model half before it is
+            uploaded) or "pixeldp" (a noise layer before the device's first layer:
+            Gaussian noise on every training input); aiopipe.runtime.privacy.
+        privacy_noise: the noise's standard deviation (weights' units for classic,
+            inputs' for pixeldp: synthetic and normalised data have unit variance).
         ring_timeout: hadfl: seconds a ring member waits for its upstream before it
             asks whether it is alive (a handshake); an upstream that does not answer
             within as long again (or whose link broke) is bypassed.
@@ -296,6 +302,8 @@ class RunConfig:
     ring_timeout: float = 5.0
     group_size: int = 0
     inter_group_every: int = 4
+    privacy: str = "none"
+    privacy_noise: float = 0.01
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -412,6 +420,20 @@ class RunConfig:
             raise _fail("out_dir", self.out_dir, "a path string")
         self._check_aggregation()
         self._check_hadfl()
+        self._check_privacy()
+
+    def _check_privacy(self) -> None:
+        """The devices' differential privacy: a known method, in a star mode."""
+        if self.privacy not in ("none", "classic", "pixeldp"):
+            raise _fail("privacy", self.privacy, "one of none, classic, pixeldp")
+        if self.privacy != "none" and self.mode not in ("fl", "sl", "sfl", "pipar"):
+            raise _fail("privacy", self.privacy, f'"none" in mode {self.mode} (it is for '
+                        "fl, sl, sfl and pipar)")
+        noise = self.privacy_noise
+        if isinstance(noise, bool) or not isinstance(noise, int | float) or not (
+                math.isfinite(noise) and noise > 0):
+            raise _fail("privacy_noise", noise, "a finite number > 0")
+        object.__setattr__(self, "privacy_noise", float(noise))
 
     def _check_hadfl(self) -> None:
         """HADFL's keys: valid, and given only in mode hadfl."""

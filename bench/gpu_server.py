@@ -91,7 +91,7 @@ def main() -> None:
     print("\n".join(lines))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        stem = f"gpu-server-{args.model}-k{args.devices}"
+        stem = f"gpu-server-{args.model}-k{args.devices}-{args.network}"
         (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
         (args.out / f"{stem}.json").write_text(json.dumps(rows, indent=1))
 

@@ -178,6 +178,10 @@ BAD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("version_smoothing", math.nan, {"mode": "hadfl"}),
     ("ring_timeout", 0, {"mode": "hadfl"}),
     ("aggregation_every", 2, {"mode": "hadfl"}),  # its rounds are its periods
+    ("privacy", "gaussian", {}),
+    ("privacy", "classic", {"mode": "pipeline", "devices": 2}),
+    ("privacy_noise", 0.0, {"privacy": "classic"}),
+    ("privacy_noise", math.inf, {}),
     ("group_size", -1, {"mode": "hadfl"}),
     ("group_size", 2, {}),
     ("inter_group_every", 0, {"mode": "hadfl"}),

@@ -74,6 +74,7 @@ from aiopipe.protocol import (
     RoundStalled,
     RoundStart,
     SyncedModel,
+    TensorData,
     state_to_wire,
 )
 from aiopipe.runtime.assignment import Assignment, check_data_message, data_frame_limit
@@ -99,6 +100,7 @@ from aiopipe.runtime.partial_sync import PartialSync
 from aiopipe.runtime.peer import Peer
 from aiopipe.runtime.peer_links import PeerLinks, PeerMessage, PeerRoute
 from aiopipe.runtime.plan import measure_planning_costs
+from aiopipe.runtime.privacy import noisy_inputs, noisy_state, round_generator
 from aiopipe.runtime.profiling import answer_request
 from aiopipe.runtime.stage import Expected, StageWork
 from aiopipe.runtime.tasks import first_error
@@ -701,6 +703,10 @@ class _DeviceNode:
         group = await self._group_routes(assignment)
         micro, n = assignment.share, assignment.parallel_batches
         work.batch = self.holdings.batches(assignment)
+        if self.config.privacy == "pixeldp" and assignment.stage == 0:
+            work.batch = partial(_noisy_batch, work.batch, self.config.privacy_noise,
+                                 round_generator(self.config.seed, self.device_id,
+                                                 message.round))
         executor = StageExecutor(
             work, self.compute, stage=assignment.stage, actions=assignment.actions,
             identity=Identity(self.run_id, self.name), inbox=self.inbox,
@@ -725,11 +731,20 @@ class _DeviceNode:
             if timer is not None:
                 timer.cancel()
         samples = message.iterations * micro * n
-        weights = await self.compute.call(lambda: state_to_wire(work.trained_state()))
+        weights = await self.compute.call(partial(self._upload_state, work, message.round))
         result = RoundResult(message.round, samples, float(work.loss_sum), int(work.correct),
                              weights)
         await self._report(result, mark, work)
         return samples
+
+    def _upload_state(self, work: StageWork, round_no: int) -> dict[str, TensorData]:
+        """The trained stage as it leaves the device: with classic differential
+        privacy, noised (aiopipe.runtime.privacy). Compute thread."""
+        state = work.trained_state()
+        if self.config.privacy == "classic":
+            state = noisy_state(state, self.config.privacy_noise, round_generator(
+                self.config.seed, self.device_id, round_no))
+        return state_to_wire(state)
 
     async def _report(self, result: RoundResult, mark: int, work: StageWork) -> None:
         """Send the round's result, then, once it is sent, its report: the trace
@@ -921,6 +936,14 @@ class _DeviceNode:
                                 f"next to {name} but listens for no peers (start it "
                                 "with an endpoint: python -m aiopipe.device --listen)")
         return await self.peers.route(name, assignment.peers[name]["address"], dial=dial)
+
+
+def _noisy_batch(batch: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]],
+                 sigma: float, generator: torch.Generator, iteration: int, n: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """PixelDP's noise layer before the device's first layer (aiopipe.runtime.privacy)."""
+    x, labels = batch(iteration, n)
+    return noisy_inputs(x, sigma, generator), labels
 
 
 def _key(message: Activation | Gradient) -> tuple[int, int, int]:
