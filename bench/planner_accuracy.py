@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import math
 import os
@@ -223,6 +224,43 @@ class Candidate:
 
 
 # -- planning ---------------------------------------------------------------------------
+
+
+def stability(models: Sequence[str], networks: Sequence[str], settings: Settings,
+              times: int, out: Path | None) -> None:
+    """Issue 27's planner stability: each case profiled and planned ``times`` times in
+    a row, as separate runs would (a fresh cost table each time); the plans chosen and
+    how often, and each chosen plan's estimated epoch under every profile (how near the
+    tie the noise had to move)."""
+    lines = [f"Planner stability: {times} profiles per case, {settings.devices} devices "
+             f"x {settings.slowdown:g}, B = {settings.batch_size} (load "
+             f"{os.getloadavg()[0]:.2f} at the start)", "",
+             "| model | network | plans chosen (times) | spread of the chosen plans' "
+             "estimates within each profile |", "|---|---|---|---|"]
+    rows = []
+    for model in models:
+        for network in networks:
+            config = settings.config(model, network)
+            planned = [plan_case(config, settings) for _ in range(times)]
+            chosen = collections.Counter(format_plan(p.plan) for p in planned)
+            plans = sorted({p.plan for p in planned})
+            spreads = []
+            for p in planned:  # within one profile: how far apart the chosen plans are
+                estimates = [p.estimate(plan)[1] for plan in plans]
+                spreads.append(max(estimates) / min(estimates) - 1)
+            row = {"model": model, "network": network, "chosen": dict(chosen),
+                   "spread": max(spreads)}
+            rows.append(row)
+            lines.append(f"| {model} | {network} | "
+                         f"{', '.join(f'{k} ×{v}' for k, v in chosen.most_common())} | "
+                         f"{100 * row['spread']:.1f}% |")
+            print(lines[-1], flush=True)
+    text = "\n".join(lines)
+    print(text)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "planner_stability.md").write_text(text + "\n")
+        (out / "planner_stability.json").write_text(json.dumps(rows, indent=1))
 
 
 def divisors(n: int) -> list[int]:
@@ -713,8 +751,17 @@ def main() -> None:
                         help="estimator accuracy only: run the planner's choice, no sweep")
     parser.add_argument("--out", type=Path, default=RESULTS,
                         help="directory for planner_accuracy.md and .json")
+    parser.add_argument("--stability", type=int, default=0, metavar="TIMES",
+                        help="only profile and plan each case TIMES times: which plans "
+                             "are chosen, how often (issue 27)")
     args = parser.parse_args()
     models, networks = args.models.split(","), args.networks.split(",")
+    if args.stability:
+        stability(models, networks, Settings(devices=args.devices, slowdown=args.slowdown,
+                                             batch_size=args.batch_size,
+                                             samples_per_device=args.samples_per_device),
+                  args.stability, args.out)
+        return
     repeats, finalists = args.repeats, args.finalists
     if args.quick:
         models, networks, repeats, finalists = ["vgg5"], ["wifi"], 2, 2
