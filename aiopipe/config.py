@@ -59,6 +59,18 @@ def _positive_int(key: str, value: object) -> int:
     return value
 
 
+def _above(key: str, value: object, low: float) -> float:
+    """``value`` as a float, once it is a finite number above ``low``.
+
+    Raises:
+        ConfigError: it is not (the message names the key).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            math.isfinite(value) and value > low):
+        raise _fail(key, value, f"a finite number > {low:g}")
+    return float(value)
+
+
 def _per_device(key: str, value: object, devices: int, *, allow_auto: bool) -> PerDevice:
     if isinstance(value, str):
         if allow_auto and value == "auto":
@@ -429,11 +441,7 @@ class RunConfig:
         if self.privacy != "none" and self.mode not in ("fl", "sl", "sfl", "pipar"):
             raise _fail("privacy", self.privacy, f'"none" in mode {self.mode} (it is for '
                         "fl, sl, sfl and pipar)")
-        noise = self.privacy_noise
-        if isinstance(noise, bool) or not isinstance(noise, int | float) or not (
-                math.isfinite(noise) and noise > 0):
-            raise _fail("privacy_noise", noise, "a finite number > 0")
-        object.__setattr__(self, "privacy_noise", float(noise))
+        object.__setattr__(self, "privacy_noise", _above("privacy_noise", self.privacy_noise, 0))
 
     def _check_hadfl(self) -> None:
         """HADFL's keys: valid, and given only in mode hadfl."""
@@ -494,11 +502,7 @@ class RunConfig:
                         "for krum")
         if self.outliers not in OUTLIERS:
             raise _fail("outliers", self.outliers, f"one of {', '.join(OUTLIERS)}")
-        limit = self.outlier_limit
-        if isinstance(limit, bool) or not isinstance(limit, int | float) or not (
-                math.isfinite(limit) and limit > 1):
-            raise _fail("outlier_limit", limit, "a finite number > 1")
-        object.__setattr__(self, "outlier_limit", float(limit))
+        object.__setattr__(self, "outlier_limit", _above("outlier_limit", self.outlier_limit, 1))
 
     def _check_pipeline(self) -> None:
         """The pipeline's keys: valid, and given only where they mean something."""
