@@ -186,6 +186,8 @@ async def run_device(server: Link | Connector, device_id: int, *, clock: Clock |
     finally:
         if node.sync is not None:
             node.sync.close()
+        for task in node._linking:
+            task.cancel()
         node.compute.close()
 
 
