@@ -15,7 +15,15 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from aiopipe.config import AGGREGATIONS, MODES, OUTLIERS, RESCHEDULINGS, SCHEDULES, RunConfig
+from aiopipe.config import (
+    AGGREGATIONS,
+    MODES,
+    OUTLIERS,
+    PRIVACY_METHODS,
+    RESCHEDULINGS,
+    SCHEDULES,
+    RunConfig,
+)
 from aiopipe.errors import AiopipeError, ConfigError
 from aiopipe.metrics.results import EpochMetrics
 
@@ -188,7 +196,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--outliers", choices=OUTLIERS,
                      help="a device update far above the round's median: keep (default), "
                           "clip or drop it")
-    run.add_argument("--privacy", choices=("none", "classic", "pixeldp"),
+    run.add_argument("--privacy", choices=PRIVACY_METHODS,
                      help="modes fl, sl, sfl, pipar: differential privacy on the devices: "
                           "classic (noise on the uploaded model half) or pixeldp (noise "
                           "on every training input)")

@@ -23,9 +23,21 @@ from aiopipe.errors import ConfigError
 if TYPE_CHECKING:
     from aiopipe.transport.network import NetworkSpec
 
-__all__ = ["AGGREGATIONS", "DATA_PARTITIONS", "LINKED_MODES", "LOSSES", "MODES", "OPTIMIZERS",
-           "OUTLIERS",
-           "PIPELINE_MODES", "RESCHEDULINGS", "SCHEDULES", "RunConfig"]
+__all__ = [
+    "AGGREGATIONS",
+    "DATA_PARTITIONS",
+    "LINKED_MODES",
+    "LOSSES",
+    "MODES",
+    "OPTIMIZERS",
+    "OUTLIERS",
+    "PIPELINE_MODES",
+    "PRIVACY_METHODS",
+    "RESCHEDULINGS",
+    "SCHEDULES",
+    "STAR_MODES",
+    "RunConfig",
+]
 
 MODES = ("fl", "sl", "sfl", "pipar", "pipeline", "ftpipehd", "asteroid", "hadfl")
 #: The modes whose devices form one pipeline and link to each other directly (a chain:
@@ -39,6 +51,10 @@ OUTLIERS = ("keep", "clip", "drop")
 OPTIMIZERS = ("sgd",)
 DATA_PARTITIONS = ("iid", "dirichlet")
 SCHEDULES = ("1f1b", "gpipe")
+#: The modes whose devices talk only to the server (the star: fl, sl, sfl, pipar).
+STAR_MODES = ("fl", "sl", "sfl", "pipar")
+#: Differential privacy on the devices (aiopipe.runtime.privacy).
+PRIVACY_METHODS = ("none", "classic", "pixeldp")
 #: The keys only mode "hadfl" takes.
 HADFL_KEYS = ("warmup_epochs", "warmup_learning_rate", "local_steps", "sync_periods",
               "ring_size", "version_smoothing", "ring_timeout", "group_size",
@@ -436,9 +452,9 @@ class RunConfig:
 
     def _check_privacy(self) -> None:
         """The devices' differential privacy: a known method, in a star mode."""
-        if self.privacy not in ("none", "classic", "pixeldp"):
-            raise _fail("privacy", self.privacy, "one of none, classic, pixeldp")
-        if self.privacy != "none" and self.mode not in ("fl", "sl", "sfl", "pipar"):
+        if self.privacy not in PRIVACY_METHODS:
+            raise _fail("privacy", self.privacy, f"one of {', '.join(PRIVACY_METHODS)}")
+        if self.privacy != "none" and self.mode not in STAR_MODES:
             raise _fail("privacy", self.privacy, f'"none" in mode {self.mode} (it is for '
                         "fl, sl, sfl and pipar)")
         object.__setattr__(self, "privacy_noise", _above("privacy_noise", self.privacy_noise, 0))

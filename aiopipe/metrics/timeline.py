@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aiopipe.metrics.trace import device_of
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
@@ -116,7 +118,7 @@ def _server_devices(bars: Sequence[_Bar]) -> dict[int, int]:
     ups: dict[tuple[int, int, int], dict[int, list[float]]] = {}
     downs: dict[tuple[int, int, int], dict[int, list[float]]] = {}
     for bar in bars:
-        device = _device_of(bar.track)
+        device = device_of(bar.track)
         key = (bar.epoch, bar.iteration, bar.micro_batch)
         if device is not None and bar.kind == "u" and bar.track.endswith("/uplink"):
             ups.setdefault(key, {}).setdefault(device, []).append(bar.end)
@@ -191,7 +193,7 @@ def representative_window(trace: Mapping[str, Any]) -> tuple[dict[str, Any], str
             span = float(round(max(b.end for b in cluster) - min(b.start for b in cluster)))
             candidates.append((span, iteration, min(b.index for b in cluster), cluster))
         for bar in members:
-            device = owners.get(bar.index, _device_of(bar.track))
+            device = owners.get(bar.index, device_of(bar.track))
             if device is not None:
                 devices_per_iteration.setdefault(device, set()).add(iteration)
     candidates.sort(key=lambda c: c[:3])
@@ -202,8 +204,8 @@ def representative_window(trace: Mapping[str, Any]) -> tuple[dict[str, Any], str
     window = [e if i not in chosen else {**e, "ts": e["ts"] - origin}
               for i, e in enumerate(events) if e.get("ph") != "X" or i in chosen]
     count = max((len(its) for its in devices_per_iteration.values()), default=len(groups))
-    own = {owners.get(b.index, _device_of(b.track)) for b in cluster} - {None}
-    everyone = {owners.get(b.index, _device_of(b.track)) for b in groups[(last, iteration)]}
+    own = {owners.get(b.index, device_of(b.track)) for b in cluster} - {None}
+    everyone = {owners.get(b.index, device_of(b.track)) for b in groups[(last, iteration)]}
     who = f"device {own.pop()}, " if len(own) == 1 and len(everyone - {None}) > 1 else ""
     total = len(candidates)
     caption = f"epoch {last + 1} of {last + 1}, {who}iteration {iteration + 1} of {count}"
@@ -242,7 +244,7 @@ def draw_timeline(trace: Mapping[str, Any], path: str | Path, *, max_events: int
     rows = {tid: sum(heights[:i]) + h / 2 for i, (tid, h) in enumerate(zip(tids, heights,
                                                                            strict=True))}
     size = dict(zip(tids, heights, strict=True))
-    devices = sorted({d for d in (_device_of(names[t]) for t in tids) if d is not None}
+    devices = sorted({d for d in (device_of(names[t]) for t in tids) if d is not None}
                      | set(owners.values()))
     tint = _device_colors(devices)
     unit_in = 0.42 if sum(heights) <= 12 else max(0.22, 6.0 / sum(heights))
@@ -267,7 +269,7 @@ def draw_timeline(trace: Mapping[str, Any], path: str | Path, *, max_events: int
                   fontsize=8 if len(tids) <= 24 else 7)
     ax.tick_params(axis="y", length=0)
     for tid, label in zip(tids, ax.get_yticklabels(), strict=True):
-        device = _device_of(names[tid])
+        device = device_of(names[tid])
         if device is not None:
             label.set_bbox({"facecolor": tint[device], "alpha": 0.35, "edgecolor": "none",
                             "pad": 1.0})
@@ -457,13 +459,6 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) else -1
 
 
-def _device_of(track: str) -> int | None:
-    """The device a track belongs to (a link: its sender), None for the server's."""
-    node = track.partition("->")[0].partition("/")[0]
-    number = node.removeprefix("device")
-    return int(number) if node.startswith("device") and number.isdigit() else None
-
-
 def _row_name(track: str) -> str:
     """"device3/uplink" -> "device3 uplink", "device0->device1" -> "device0 → device1"."""
     return track.replace("->", " → ").replace("/", " ")
@@ -479,7 +474,7 @@ def _clusters(members: Sequence[_Bar], owners: Mapping[int, int]) -> list[list[_
     own: dict[int, list[_Bar]] = {}
     loose: list[_Bar] = []
     for bar in members:
-        device = owners.get(bar.index, _device_of(bar.track))
+        device = owners.get(bar.index, device_of(bar.track))
         if device is None:
             loose.append(bar)
         else:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["MAX_REPORT_SLICES", "REPORT_SLICE_BYTES", "RESOURCE_KINDS", "Recorder", "Slice",
-           "chrome_trace", "resource_kind"]
+           "chrome_trace", "device_of", "resource_kind"]
 
 #: Resource kinds reported per epoch (DESIGN §6).
 RESOURCE_KINDS = ("device", "uplink", "server", "downlink")
@@ -67,6 +67,14 @@ class Slice:
         track, name, start, end, epoch, iteration, micro_batch = item
         return cls(str(track), str(name), float(start), float(end), int(epoch),
                    int(iteration), int(micro_batch))
+
+
+def device_of(track: str) -> int | None:
+    """The device a node name or trace track belongs to ("device3", "device3/compute";
+    a link "device3->device1": its sender), None for the server's or another name."""
+    node = track.partition("->")[0].partition("/")[0]
+    number = node.removeprefix("device")
+    return int(number) if node.startswith("device") and number.isdigit() else None
 
 
 def resource_kind(track: str) -> str:

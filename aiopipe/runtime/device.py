@@ -100,7 +100,7 @@ from aiopipe.runtime.partial_sync import PartialSync
 from aiopipe.runtime.peer import Peer
 from aiopipe.runtime.peer_links import PeerLinks, PeerMessage, PeerRoute
 from aiopipe.runtime.plan import measure_planning_costs
-from aiopipe.runtime.privacy import noisy_inputs, noisy_state, round_generator
+from aiopipe.runtime.privacy import noisy_batch, noisy_state, round_generator
 from aiopipe.runtime.profiling import answer_request
 from aiopipe.runtime.stage import Expected, StageWork
 from aiopipe.runtime.tasks import first_error
@@ -620,8 +620,7 @@ class _DeviceNode:
         if self.config.mode == "hadfl":
             self.sync = PartialSync(me=self.device_id, holdings=self.holdings,
                                     compute=self.compute, clock=self.clock, costs=self.costs,
-                                    config=self.config, run_id=self.run_id,
-                                    recorder=self.recorder)
+                                    config=self.config, run_id=self.run_id)
         self.peer.post(self.ready, "ready")
         rounds = samples = 0
         while True:
@@ -706,7 +705,7 @@ class _DeviceNode:
         micro, n = assignment.share, assignment.parallel_batches
         work.batch = self.holdings.batches(assignment)
         if self.config.privacy == "pixeldp" and assignment.stage == 0:
-            work.batch = partial(_noisy_batch, work.batch, self.config.privacy_noise,
+            work.batch = partial(noisy_batch, work.batch, self.config.privacy_noise,
                                  round_generator(self.config.seed, self.device_id,
                                                  message.round))
         executor = StageExecutor(
@@ -785,9 +784,7 @@ class _DeviceNode:
                                 "no peers (start it with an endpoint: python -m "
                                 "aiopipe.device --listen)")
         mark = len(self.recorder.slices)
-        state = self.holdings.whole.state_dict()
-        self.peers.limit(sum(t.numel() * t.element_size() + 256 for t in state.values())
-                         + HEADER_SLACK_BYTES)
+        self.peers.limit(sync.frame_limit)
         peers = dict(message.peers)
         for name in peers:  # the side whose name sorts first dials
             if self.name < name:
@@ -938,14 +935,6 @@ class _DeviceNode:
                                 f"next to {name} but listens for no peers (start it "
                                 "with an endpoint: python -m aiopipe.device --listen)")
         return await self.peers.route(name, assignment.peers[name]["address"], dial=dial)
-
-
-def _noisy_batch(batch: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]],
-                 sigma: float, generator: torch.Generator, iteration: int, n: int
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """PixelDP's noise layer before the device's first layer (aiopipe.runtime.privacy)."""
-    x, labels = batch(iteration, n)
-    return noisy_inputs(x, sigma, generator), labels
 
 
 def _key(message: Activation | Gradient) -> tuple[int, int, int]:

@@ -55,8 +55,9 @@ from aiopipe import data as datasets
 from aiopipe.clock import Clock, wait_for
 from aiopipe.config import RunConfig
 from aiopipe.errors import AiopipeError, RemoteProtocolError
-from aiopipe.metrics.trace import Recorder
+from aiopipe.metrics.trace import device_of
 from aiopipe.protocol import (
+    HEADER_SLACK_BYTES,
     RingBypass,
     RingChunk,
     RingHandshake,
@@ -177,16 +178,13 @@ class PartialSync:
         costs: charge compute from this table (virtual time), or None.
         config: the run's.
         run_id: the run's (every peer message carries it).
-        recorder: the device's trace.
     """
 
     def __init__(self, *, me: int, holdings: Holdings, compute: Compute, clock: Clock,
-                 costs: CostTable | None, config: RunConfig, run_id: int,
-                 recorder: Recorder) -> None:
+                 costs: CostTable | None, config: RunConfig, run_id: int) -> None:
         self.me, self.name = me, f"device{me}"
         self.holdings, self.compute, self.clock = holdings, compute, clock
         self.costs, self.config, self.run_id = costs, config, run_id
-        self.recorder = recorder
         model = holdings.whole
         self.work = StageWork(model, make_optimizer(model, config), first=True, last=True,
                               parallel_batches=1, num_classes=holdings.plan.num_classes,
@@ -211,15 +209,15 @@ class PartialSync:
         #: per round, the shortest ring heard of ([Note: HADFL bypass])
         self._news: dict[int, tuple[int, ...]] = {}
         self._flat_size = int(flat_state(model, 0.0).numel())
+        #: the largest frame a peer may send us: the model's state (an average)
+        self.frame_limit = sum(t.numel() * t.element_size() + 256
+                               for t in model.state_dict().values()) + HEADER_SLACK_BYTES
         self._replied: set[tuple[int, int]] = set()  # (round, upstream) that answered
         self._dead: set[int] = set()  # peers whose link broke
         self._wake = asyncio.Event()
         self._route: RouteTo | None = None
         self._outboxes: dict[int, asyncio.Queue[tuple[Any, str, bool]]] = {}
         self._senders: list[asyncio.Task[None]] = []
-        #: what the last rounds' bypasses took, for the record: (round, dead, seconds
-        #: from the first wait to the restart)
-        self.bypasses: list[tuple[int, int, float]] = []
 
     # -- a round ----------------------------------------------------------------------
 
@@ -419,7 +417,6 @@ class PartialSync:
         log.warning("%s: ring member device%d is dead; bypassing it (round %d, %.3g s "
                     "after the wait began)", self.name, dead, self._round + 1,
                     self.clock.now() - since)
-        self.bypasses.append((self._round, dead, self.clock.now() - since))
         self._dead.add(dead)
         self._news[self._round] = self._ring = ring
         self._announce(ring)
@@ -466,7 +463,7 @@ class PartialSync:
 
     def peer_failed(self, name: str, error: Exception) -> None:
         """The link to peer ``name`` broke: a ring member waiting for it bypasses it."""
-        device = _device_of(name)
+        device = device_of(name)
         if device is not None:
             self._dead.add(device)
             self._wake.set()
@@ -477,7 +474,7 @@ class PartialSync:
         Raises:
             RemoteProtocolError: it breaks the plan.
         """
-        source = _device_of(sender)
+        source = device_of(sender)
         if source is None or message.run_id != self.run_id:
             raise RemoteProtocolError(f"{sender} sent a message of another run")
         self._dead.discard(source)  # (it is alive after all)
@@ -572,8 +569,3 @@ class PartialSync:
         if self._synced is None or self._synced[0] < message.round:
             self._synced = (message.round, sender, message.version, dict(tensors))
 
-
-def _device_of(name: str) -> int | None:
-    if name.startswith("device") and name[6:].isdigit():
-        return int(name[6:])
-    return None

@@ -17,14 +17,11 @@ again draws the same noise, and runs are reproducible.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
-__all__ = ["PRIVACY_METHODS", "noisy_inputs", "noisy_state", "round_generator"]
-
-#: The methods ``RunConfig.privacy`` names.
-PRIVACY_METHODS = ("none", "classic", "pixeldp")
+__all__ = ["noisy_batch", "noisy_inputs", "noisy_state", "round_generator"]
 
 
 def round_generator(seed: int, device_id: int, round_no: int) -> torch.Generator:
@@ -51,3 +48,12 @@ def noisy_inputs(x: torch.Tensor, sigma: float, generator: torch.Generator) -> t
     ``sigma``."""
     noise = torch.randn(x.shape, generator=generator, dtype=x.dtype)
     return x + sigma * noise.to(x.device)
+
+
+def noisy_batch(batch: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]],
+                sigma: float, generator: torch.Generator, iteration: int, n: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Micro-batch n of ``iteration`` as ``batch`` loads it, through PixelDP's noise
+    layer (bind the first three with ``functools.partial``: a stage's ``batch``)."""
+    x, labels = batch(iteration, n)
+    return noisy_inputs(x, sigma, generator), labels

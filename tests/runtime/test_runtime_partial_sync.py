@@ -38,9 +38,8 @@ def _device(me: int = 1) -> PartialSync:
     plan = Plan(me, "hadfl", CONFIG.to_mapping(), RUN, in_shape=(3, 32, 32), num_classes=10)
     holdings = Holdings.open(CONFIG, plan, None, torch.device("cpu"))
     clock = VirtualClock()
-    recorder = Recorder()
-    sync = PartialSync(me=me, holdings=holdings, compute=Compute(clock, recorder, "c"),
-                       clock=clock, costs=None, config=CONFIG, run_id=RUN, recorder=recorder)
+    sync = PartialSync(me=me, holdings=holdings, compute=Compute(clock, Recorder(), "c"),
+                       clock=clock, costs=None, config=CONFIG, run_id=RUN)
     sync._round, sync._rings[0] = 0, (0, 1, 2)
     sync._ring = (0, 1, 2)  # averaging
     return sync

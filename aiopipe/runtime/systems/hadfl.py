@@ -46,7 +46,7 @@ import torch
 from aiopipe import models
 from aiopipe.auth import pair_key
 from aiopipe.errors import ConfigError
-from aiopipe.metrics.trace import MAX_REPORT_SLICES, REPORT_SLICE_BYTES, Slice
+from aiopipe.metrics.trace import MAX_REPORT_SLICES, REPORT_SLICE_BYTES, Slice, device_of
 from aiopipe.protocol import (
     HEADER_SLACK_BYTES,
     Hello,
@@ -292,8 +292,9 @@ class HADFL:
         """Add each device's seconds of compute in the negotiation's round (its trace's
         training steps); after the last one, the strategy."""
         for s in rounds.recorder.slices:
-            if s.epoch == epoch and s.name == "FB" and s.track.endswith("/compute"):
-                k = int(s.track.split("/")[0].removeprefix("device"))
+            k = device_of(s.track)
+            if s.epoch == epoch and s.name == "FB" and s.track.endswith("/compute") and (
+                    k is not None):
                 self.warmup_times[k] += s.end - s.start
         if epoch + 1 >= self.config.warmup_epochs:
             missing = [k for k, t in enumerate(self.warmup_times) if t <= 0]
