@@ -78,10 +78,19 @@ def mode_runs(config: dict[str, Any]) -> dict[str, tuple[str, Run]]:
     sfl = [(label, r) for label, r in runs.items() if label.startswith("sfl") and ok(r)]
     if sfl:
         out["sfl"] = min(sfl, key=lambda item: _epoch(item[1]))
-    fixed = [label for label in runs if label.startswith("pipar P=")]
-    if fixed:
-        out["fixed"] = (fixed[0], runs[fixed[0]])
+    fixed = [(label, r) for label, r in runs.items() if label.startswith("pipar P=") and ok(r)]
+    if fixed:  # the best of the fixed plans run
+        out["fixed"] = min(fixed, key=lambda item: _epoch(item[1]))
     return out
+
+
+def fixed_plans(setting: Any) -> str:
+    """The ``--pipar-fixed`` setting as text: one [P, N] (earlier raw.json), a list of
+    them, or none."""
+    if not setting:
+        return "none"
+    pairs = [setting] if isinstance(setting[0], int) else setting
+    return "; ".join(f"P={p} N={n}" for p, n in pairs)
 
 
 def _label(mode: str, label: str) -> str:
@@ -424,7 +433,7 @@ def write_report(out: Path) -> Path:
         f"- modes: FL (FedAvg, whole model on the devices); SFL at split points "
         f"{s['sfl_splits']} (the best is reported, all are listed); PiPar with "
         "`--split-point auto --parallel-batches auto` (the planner's choice); PiPar with a "
-        f"fixed plan ({'P={} N={}'.format(*s['pipar_fixed']) if s['pipar_fixed'] else 'none'}"
+        f"fixed plans ({fixed_plans(s['pipar_fixed'])}"
         "); Flower FedAvg as a peer of FL",
         f"- figures: means over {measured_note} (the first epoch holds warm-up and the first "
         "model transfer); accuracy: test accuracy after the last epoch",

@@ -249,6 +249,8 @@ class Bench:
             [py, "-m", "aiopipe.device", "--server", url, "--device-id", str(k)]
             for k in range(self.args.devices)
         ]
+        if self.args.pin:
+            server, devices = pinned(server), [pinned(d, server=False) for d in devices]
         if top is not None:
             server = top.in_server(server)
             devices = [top.in_device(k, d) for k, d in enumerate(devices)]
@@ -451,8 +453,7 @@ class Bench:
         if "pipar" in self.args.modes:
             auto = ["--split-point", "auto", "--parallel-batches", "auto"]
             run("pipar", "pipar", [*auto, "--replan"] if self.args.replan else auto)
-            if self.args.pipar_fixed:  # a hand-picked plan beside the planner's choice
-                p, n = self.args.pipar_fixed
+            for p, n in self.args.pipar_fixed:  # hand-picked plans beside the planner's
                 if 0 < p < units:
                     run(
                         f"pipar P={p} N={n}",
@@ -548,14 +549,27 @@ def machine() -> dict[str, Any]:
     }
 
 
-def _pair(text: str) -> tuple[int, int] | None:
+def pinned(command: Sequence[str], *, server: bool = True) -> list[str]:
+    """``command`` under ``taskset``: the server on CPU 0, a device on every other CPU
+    (``--pin``: the devices' compute and event loops never take the server's core)."""
+    cores = os.cpu_count() or 1
+    if cores < 2:
+        raise RuntimeError("--pin needs at least 2 CPUs (the server's and the devices')")
+    return ["taskset", "-c", "0" if server else f"1-{cores - 1}", *command]
+
+
+def _pairs(text: str) -> list[tuple[int, int]]:
     if text == "none":
-        return None
+        return []
     try:
-        p, n = (int(v) for v in text.split(","))
+        return [
+            (int(p), int(n))
+            for p, n in (pair.split(",") for pair in text.split(";") if pair.strip())
+        ]
     except ValueError:
-        raise argparse.ArgumentTypeError(f'expected P,N or "none", got {text!r}') from None
-    return p, n
+        raise argparse.ArgumentTypeError(
+            f'expected P,N[;P,N...] or "none", got {text!r}'
+        ) from None
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -575,10 +589,15 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--pipar-fixed",
-        type=_pair,
-        default=(2, 4),
-        metavar="P,N",
-        help='also run PiPar with this fixed plan (default 2,4; "none" to skip)',
+        type=_pairs,
+        default=[(2, 4)],
+        metavar="P,N[;P,N...]",
+        help='also run PiPar with these fixed plans (default 2,4; "none" to skip)',
+    )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="taskset: the server on CPU 0, the devices on the other CPUs",
     )
     parser.add_argument(
         "--replan", action="store_true", help="PiPar auto re-plans between rounds (--replan)"
