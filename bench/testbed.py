@@ -260,6 +260,20 @@ def virtual_table(rows: Sequence[dict[str, Any]], models: Sequence[str],
     return lines, cells
 
 
+def _cell(mode: str, runs: dict[str, Any], times: dict[str, float | None]) -> str:
+    """One mode's seconds (and plan) in the processes' table."""
+    import report
+
+    t = times.get(mode)
+    if t is None:
+        return "–"
+    label, run = runs[mode]
+    if mode == "fl":
+        return f"{t:.1f}"
+    plan = report._plan(run) if mode == "pipar" else label.split(" ", 1)[-1]
+    return f"{t:.1f} ({plan})"
+
+
 def process_table(out: Path, models: Sequence[str], networks: Sequence[str]
                   ) -> tuple[list[str], dict[tuple[str, str], Any]]:
     """The real processes' table (markdown lines) and their runs per cell."""
@@ -289,18 +303,10 @@ def process_table(out: Path, models: Sequence[str], networks: Sequence[str]
                         for r in report.RESOURCES}
                 top = max(busy, key=lambda r: busy[r])
                 bound = f"{top}: {busy[top]:.1f} ({busy[top] / t['pipar']:.2f})"
-
-            def cell(mode: str) -> str:
-                if mode not in t:
-                    return "–"
-                label = runs[mode][0]
-                plan = report._plan(runs[mode][1]) if mode == "pipar" else label.split(
-                    " ", 1)[-1]
-                return f"{t[mode]:.1f} ({plan})" if mode != "fl" else f"{t[mode]:.1f}"
-
+            shown = [_cell(mode, runs, t) for mode in ("fl", "sfl", "pipar", "fixed")]
             lines.append(
-                f"| {model} | {network} | {cell('fl')} | {cell('sfl')} | {cell('pipar')} | "
-                f"{cell('fixed')} | {_ratio(t.get('fl'), t.get('pipar'))} | "
+                f"| {model} | {network} | {' | '.join(shown)} | "
+                f"{_ratio(t.get('fl'), t.get('pipar'))} | "
                 f"{_ratio(t.get('sfl'), t.get('pipar'))} | {paper['fl'][0]}–{paper['fl'][1]}× | "
                 f"{paper['sfl'][0]}–{paper['sfl'][1]}× | {idle} | {bound} |")
     return lines, cells
@@ -316,7 +322,6 @@ def plot(cells: dict[tuple[str, str], Any], models: Sequence[str], networks: Seq
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
     import report
 
     shown = [m for m in models if any((m, n) in cells for n in networks)]
