@@ -202,6 +202,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                           "on every training input)")
     run.add_argument("--privacy-noise", type=float,
                      help="the privacy noise's standard deviation")
+    run.add_argument("--server-lanes", type=int,
+                     help="modes sfl, pipar: server passes of different devices' replicas "
+                          "run at once (threads; for a server with that many cores or a GPU)")
     run.add_argument("--learning-rate", type=float, help="SGD learning rate")
     run.add_argument("--momentum", type=float, help="SGD momentum")
     run.add_argument("--seed", type=int, help="random seed")
@@ -235,7 +238,7 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "optimizer", "dataset", "test_sample
                    "chain_replication_every", "first_repartition_after", "warmup_epochs",
                    "warmup_learning_rate", "local_steps", "sync_periods", "ring_size",
                    "version_smoothing", "ring_timeout", "group_size", "inter_group_every",
-                   "privacy", "privacy_noise")
+                   "privacy", "privacy_noise", "server_lanes")
 
 
 def config_from_args(args: argparse.Namespace, **defaults: Any) -> RunConfig:

@@ -33,6 +33,7 @@ __all__ = [
     "OUTLIERS",
     "PIPELINE_MODES",
     "PRIVACY_METHODS",
+    "REPLICA_MODES",
     "RESCHEDULINGS",
     "SCHEDULES",
     "STAR_MODES",
@@ -53,6 +54,8 @@ DATA_PARTITIONS = ("iid", "dirichlet")
 SCHEDULES = ("1f1b", "gpipe")
 #: The modes whose devices talk only to the server (the star: fl, sl, sfl, pipar).
 STAR_MODES = ("fl", "sl", "sfl", "pipar")
+#: The modes whose server holds a replica of its half per device (``server_lanes``).
+REPLICA_MODES = ("sfl", "pipar")
 #: Differential privacy on the devices (aiopipe.runtime.privacy).
 PRIVACY_METHODS = ("none", "classic", "pixeldp")
 #: The keys only mode "hadfl" takes.
@@ -265,6 +268,10 @@ class RunConfig:
             Gaussian noise on every training input); aiopipe.runtime.privacy.
         privacy_noise: the noise's standard deviation (weights' units for classic,
             inputs' for pixeldp: synthetic and normalised data have unit variance).
+        server_lanes: sfl, pipar: passes of different devices' server replicas the server
+            runs at once (PiPar §3.2.3 Fig. 3c): its compute threads, for a server with
+            that many cores or a GPU; 1 runs every pass in turn. The planner plans with
+            it ([Note: server lanes]); each device's own passes stay in order.
         ring_timeout: hadfl: seconds a ring member waits for its upstream before it
             asks whether it is alive (a handshake); an upstream that does not answer
             within as long again (or whose link broke) is bypassed.
@@ -332,6 +339,7 @@ class RunConfig:
     inter_group_every: int = 4
     privacy: str = "none"
     privacy_noise: float = 0.01
+    server_lanes: int = 1
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -449,6 +457,17 @@ class RunConfig:
         self._check_aggregation()
         self._check_hadfl()
         self._check_privacy()
+        self._check_server_lanes()
+
+    def _check_server_lanes(self) -> None:
+        """Concurrent server passes: a count >= 1, above 1 only where the server holds a
+        replica per device (sfl, pipar)."""
+        lanes = self.server_lanes
+        if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
+            raise _fail("server_lanes", lanes, "an int >= 1")
+        if lanes > 1 and self.mode not in REPLICA_MODES:
+            raise _fail("server_lanes", lanes, f"1 in mode {self.mode} (the server runs "
+                        "one replica per device only in sfl and pipar)")
 
     def _check_privacy(self) -> None:
         """The devices' differential privacy: a known method, in a star mode."""

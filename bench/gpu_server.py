@@ -6,8 +6,9 @@ measured by `bench/gpu_costs.py` (``--gpu-costs``); everything else alike. "auto
 seconds, the server's busy seconds, and the plans chosen.
 
     .venv/bin/python bench/gpu_server.py --gpu-costs bench/results/.../costs-cuda.json \\
-        [--model vgg5] [--devices 100] [--samples 500] [--slowdown 10] [--network 4g]
-        [--epochs 1] [--out DIR]
+        [--cpu-costs bench/results/.../costs-cpu-this-host.json] [--model vgg5]
+        [--devices 100] [--samples 500] [--slowdown 10] [--network 4g] [--epochs 1]
+        [--out DIR]
 
 Honest about itself: in virtual time every pass is computed here (the weights are
 real), and charged from the tables; the GPU's figures are its measured passes at each
@@ -57,6 +58,9 @@ def main() -> None:
     """Measure this machine's table, run both servers, print (and write)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu-costs", type=Path, required=True)
+    parser.add_argument("--cpu-costs", type=Path,
+                        help="the CPU's tables (bench/gpu_costs.py --device cpu) instead of "
+                             "measuring this machine's: e.g. to run where memory allows")
     parser.add_argument("--model", default="vgg5")
     parser.add_argument("--devices", type=int, default=100)
     parser.add_argument("--samples", type=int, default=500)
@@ -68,9 +72,12 @@ def main() -> None:
     config = config_for(args)
     measured = json.loads(args.gpu_costs.read_text())[args.model]
     gpu = CostTable.from_mapping(measured["table"])
-    dataset = train_dataset(config.replace(devices=1))
-    model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
-    cpu = measure_planning_costs(config, model, dataset.in_shape, dataset)
+    if args.cpu_costs is not None:
+        cpu = CostTable.from_mapping(json.loads(args.cpu_costs.read_text())[args.model]["table"])
+    else:
+        dataset = train_dataset(config.replace(devices=1))
+        model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
+        cpu = measure_planning_costs(config, model, dataset.in_shape, dataset)
     rows = {}
     for name, server in (("CPU server (this machine)", cpu),
                          (f"GPU server ({measured['device']})", gpu)):

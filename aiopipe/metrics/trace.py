@@ -105,24 +105,34 @@ class Recorder:
 
     def busy(self, track: str, start: float, end: float) -> float:
         """Seconds ``track`` was busy within ``[start, end]``."""
-        total = 0.0
-        for s in self.slices:
-            if s.track == track:
-                total += max(0.0, min(end, s.end) - max(start, s.start))
-        return total
+        return self.busy_by_track(start, end).get(track, 0.0)
 
     def busy_by_track(self, start: float, end: float) -> dict[str, float]:
-        """Seconds each track was busy within ``[start, end]`` (one pass over the slices)."""
-        totals: dict[str, float] = {}
+        """Seconds each track was busy within ``[start, end]``: the union of its slices
+        there (a server's compute with several lanes runs slices at once)."""
+        spans: dict[str, list[tuple[float, float]]] = {}
         for s in self.slices:
-            overlap = min(end, s.end) - max(start, s.start)
-            if overlap > 0:
-                totals[s.track] = totals.get(s.track, 0.0) + overlap
-        return totals
+            lo, hi = max(start, s.start), min(end, s.end)
+            if hi > lo:
+                spans.setdefault(s.track, []).append((lo, hi))
+        return {track: _union(pieces) for track, pieces in spans.items()}
 
     def take(self, since: int = 0) -> list[Slice]:
         """Slices recorded from index ``since`` on."""
         return self.slices[since:]
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    """Length of the union of ``spans``; in order (a serial track's) in one pass."""
+    if any(spans[i][0] < spans[i - 1][0] for i in range(1, len(spans))):
+        spans = sorted(spans)
+    total, lo, hi = 0.0, spans[0][0], spans[0][1]
+    for a, b in spans[1:]:
+        if a > hi:
+            total, lo, hi = total + hi - lo, a, b
+        elif b > hi:
+            hi = b
+    return total + hi - lo
 
 
 def chrome_trace(slices: Iterable[Slice], *, origin: float = 0.0) -> dict[str, Any]:

@@ -165,7 +165,7 @@ class Checkpoints:
 
     async def _copy_and_write(self, meta: dict[str, Any], epoch: int) -> None:
         assert self.directory is not None
-        tensors = await self._compute.run("ckpt", self._tensors, epoch=epoch)
+        tensors = await self._compute.run("ckpt", self._tensors, epoch=epoch, exclusive=True)
         with self._clock.hold():
             await asyncio.to_thread(save_checkpoint, self.directory, tensors, meta)
 

@@ -1,9 +1,13 @@
-"""A node's compute resource: one dedicated thread and one FIFO queue.
+"""A node's compute resource: dedicated threads and one FIFO queue.
 
-Torch work runs in the node's single compute thread, so the event loop keeps moving
-bytes while a forward or backward pass runs. Work items run one at a time in the order
-they were submitted (asyncio.Lock is FIFO), which is the "one compute queue shared by all
-devices" of the server (DESIGN §4).
+Torch work runs in the node's compute thread, so the event loop keeps moving bytes while
+a forward or backward pass runs. Work items run one at a time in the order they were
+submitted (first come, first served), which is the "one compute queue shared
+by all devices" of the server (DESIGN §4). A server with ``lanes`` > 1 (PiPar's replicas
+trained in parallel, `RunConfig.server_lanes`) runs up to that many items at once, each
+on a thread of its own; its callers keep each replica's items in order (a session awaits
+each of its items before it submits the next) ([Note: server lanes] in
+aiopipe/scheduler/estimate.py).
 
 Two ways time is charged:
 - real time (`SystemClock`): the work runs in the thread and takes what it takes; with a
@@ -18,9 +22,10 @@ Two ways time is charged:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, TypeVar
 
@@ -46,16 +51,25 @@ class Compute:
         slowdown: factor >= 1 applied to every work item's time.
         charge_costs: run work inline and charge the given costs (virtual time) instead
             of measuring real durations.
+        lanes: items run at once (threads), >= 1; above 1 only without a slowdown.
+
+    Raises:
+        ValueError: ``lanes`` < 1, or lanes with a slowdown (an emulated device is one
+            serial resource).
     """
 
     def __init__(self, clock: Clock, recorder: Recorder, track: str, *, slowdown: float = 1.0,
-                 charge_costs: bool = False) -> None:
+                 charge_costs: bool = False, lanes: int = 1) -> None:
+        if lanes < 1 or (lanes > 1 and slowdown > 1.0):
+            raise ValueError(f"{track}: lanes must be >= 1, and 1 with a slowdown "
+                             f"(got {lanes} lanes, slowdown {slowdown:g})")
         self._clock = clock
         self._recorder = recorder
         self.track = track
         self.slowdown = slowdown
         self.charge_costs = charge_costs
-        self._lock = asyncio.Lock()
+        self.lanes = lanes
+        self._lanes = _Lanes(lanes)
         self._executor: ThreadPoolExecutor | None = None
         self._free_at = float("-inf")  # when the emulated slow device finished its last item
         self._last_end = float("-inf")
@@ -69,10 +83,12 @@ class Compute:
 
     async def run(self, name: str, work: Callable[[], T], *, cost: float | None = None,
                   epoch: int = -1, iteration: int = -1, micro_batch: int = -1,
-                  ready_at: float | None = None) -> T:
+                  ready_at: float | None = None, exclusive: bool = False) -> T:
         """Run ``work`` on this resource when its turn comes; return its result.
 
         ``cost`` (seconds before slowdown) is required when the resource charges costs.
+        ``exclusive``: with several lanes, run it alone (it reads what the other items
+        change: a checkpoint's copy of every replica).
         ``ready_at``: the clock time the work was ready, when that was before this call
         (typically `last_end`: the caller submits it right after the previous item);
         an emulated slow device starts it from then, not from the late wake-up that
@@ -85,7 +101,7 @@ class Compute:
         if self.charge_costs and cost is None:
             raise ValueError(f"{self.track}: work {name!r} needs a cost in cost-time mode")
         submitted = ready_time(self._clock, ready_at)
-        async with self._lock:
+        async with self._taken(exclusive):
             start = self._clock.now()
             if self.charge_costs:
                 result = work()
@@ -110,6 +126,16 @@ class Compute:
                                iteration=iteration, micro_batch=micro_batch)
         return result
 
+    @contextlib.asynccontextmanager
+    async def _taken(self, exclusive: bool) -> AsyncIterator[None]:
+        """Hold a lane (every lane, when ``exclusive``) while the block runs."""
+        count = self.lanes if exclusive else 1
+        await self._lanes.take(count)
+        try:
+            yield
+        finally:
+            self._lanes.give(count)
+
     async def call(self, work: Callable[[], T]) -> T:
         """Run ``work`` in the compute thread without charging or recording it.
 
@@ -129,9 +155,49 @@ class Compute:
 
     def _thread(self) -> ThreadPoolExecutor:
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1,
+            self._executor = ThreadPoolExecutor(max_workers=self.lanes,
                                                 thread_name_prefix=f"aiopipe-{self.track}")
         return self._executor
+
+
+class _Lanes:
+    """A node's compute lanes, granted strictly first come, first served: an item that
+    needs every lane (``exclusive``) is not overtaken by later items while it waits for
+    the lanes to free (a semaphore taken lane by lane would let them)."""
+
+    def __init__(self, lanes: int) -> None:
+        self.free = lanes
+        self._waiting: collections.deque[tuple[int, asyncio.Future[None]]] = (
+            collections.deque())
+
+    async def take(self, count: int) -> None:
+        """Wait for ``count`` lanes, after everyone who asked before."""
+        if not self._waiting and self.free >= count:
+            self.free -= count
+            return
+        granted = asyncio.get_running_loop().create_future()
+        self._waiting.append((count, granted))
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self.give(count)  # granted, then cancelled before it could run
+            else:
+                self._waiting.remove((count, granted))
+                self._grant()
+            raise
+
+    def give(self, count: int) -> None:
+        """Free ``count`` lanes; grant them in order."""
+        self.free += count
+        self._grant()
+
+    def _grant(self) -> None:
+        while self._waiting and self.free >= self._waiting[0][0]:
+            count, granted = self._waiting.popleft()
+            if not granted.done():
+                self.free -= count
+                granted.set_result(None)
 
 
 def _timed(work: Callable[[], T]) -> tuple[T, float]:

@@ -156,7 +156,7 @@ class Coordinator:
         self.max_frame_bytes = _frame_cap(config, model, self.in_shape)
         self.recorder = Recorder()
         self.compute = Compute(clock, self.recorder, "server/compute",
-                               charge_costs=cost_table is not None)
+                               charge_costs=cost_table is not None, lanes=config.server_lanes)
         self.admission = Admission(self)
         self.sessions = self.admission.sessions
         self.connected = self.admission.connected

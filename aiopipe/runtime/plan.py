@@ -286,9 +286,10 @@ _TYPICAL_RUN_ID = 2**62 - 1
 
 
 def model_profile(model: nn.Sequential, in_shape: tuple[int, ...],
-                  costs: CostTable) -> ModelProfile:
+                  costs: CostTable, *, server_lanes: int = 1) -> ModelProfile:
     """What the planner knows about ``model``: ``costs`` plus the activation, frame and
-    state sizes of every split unit (frame overheads are the codec's own figures)."""
+    state sizes of every split unit (frame overheads are the codec's own figures), and
+    the server's ``server_lanes``."""
     from aiopipe.protocol import Activation, Gradient, encode, to_tensor_data
 
     shapes = unit_output_shapes(model, in_shape)
@@ -303,7 +304,8 @@ def model_profile(model: nn.Sequential, in_shape: tuple[int, ...],
                         for unit in model.children())
     return ModelProfile(costs, activation_bytes, state_bytes,
                         frame_overhead=grad_overhead, activation_frame_overhead=act_overhead,
-                        saved_bytes=saved_bytes_per_sample(model, in_shape))
+                        saved_bytes=saved_bytes_per_sample(model, in_shape),
+                        server_lanes=server_lanes)
 
 
 def saved_bytes_per_sample(model: nn.Sequential, in_shape: tuple[int, ...], *,
@@ -376,5 +378,5 @@ def resolve_auto(config: RunConfig, model: nn.Sequential, in_shape: tuple[int, .
     Raises:
         ConfigError: no plan fits (e.g. a device with fewer samples than one iteration).
     """
-    profile = model_profile(model, in_shape, costs)
+    profile = model_profile(model, in_shape, costs, server_lanes=config.server_lanes)
     return with_plans(config, choose_plans(config, profile, declared_devices(config, samples)))

@@ -176,6 +176,9 @@ class ModelProfile:
     ``saved_bytes[q]``: per-sample bytes autograd keeps from unit q's forward for its
     backward (its input, intermediate tensors; `aiopipe.runtime.memory`), or None when
     not measured: the memory of a micro-batch in flight (Asteroid's Eq. 3).
+    ``server_lanes``: server passes of different devices' replicas the server runs at
+    once (its compute threads, or concurrent passes on a GPU: ``RunConfig.server_lanes``);
+    each lane runs a pass in the table's time ([Note: server lanes]).
 
     Frame sizes for split point P at micro-batch size B'::
 
@@ -195,9 +198,14 @@ class ModelProfile:
     frame_overhead: int = DEFAULT_FRAME_OVERHEAD
     activation_frame_overhead: int | None = None
     saved_bytes: tuple[int, ...] | None = None
+    server_lanes: int = 1
 
     def __post_init__(self) -> None:
         q = self.costs.units
+        if (isinstance(self.server_lanes, bool) or not isinstance(self.server_lanes, int)
+                or self.server_lanes < 1):
+            raise ConfigError(f"ModelProfile.server_lanes must be an int >= 1, got "
+                              f"{self.server_lanes!r}")
         if q < 2:
             raise ConfigError(f"a model needs at least 2 units to split, got {q}")
         for name in ("activation_bytes", "state_bytes", "saved_bytes"):
@@ -380,18 +388,20 @@ def fleet_stages(model: ModelProfile, devices: Sequence[DeviceProfile],
 CHAINED_ITERATIONS = 6
 
 
-def schedule_ends(fleet: Sequence[Stages]) -> tuple[list[float], list[float]]:
+def schedule_ends(fleet: Sequence[Stages], lanes: int = 1
+                  ) -> tuple[list[float], list[float]]:
     """Per device: when its own step ends, and when the server's step of its replica ends,
     in one iteration that every device starts at 0.
 
-    The event-driven list schedule of the module docs, with the shared FIFO server.
+    The event-driven list schedule of the module docs, with the shared FIFO server
+    (``lanes`` passes at once).
     """
-    device_ends, replica_ends = chained_schedule(fleet, 1)
+    device_ends, replica_ends = chained_schedule(fleet, 1, lanes=lanes)
     return [d[0] for d in device_ends], [r[0] for r in replica_ends]
 
 
 def chained_schedule(fleet: Sequence[Stages], rounds: int,
-                     starts: Sequence[float] | None = None,
+                     starts: Sequence[float] | None = None, *, lanes: int = 1,
                      ) -> tuple[list[list[float]], list[list[float]]]:
     """``rounds`` iterations back to back, device k starting its first at ``starts[k]``
     (default 0): per device and iteration, when its own step ends and when its replica's
@@ -408,6 +418,13 @@ def chained_schedule(fleet: Sequence[Stages], rounds: int,
     made (ties by device, then micro-batch; the step counts as micro-batch N). A device's
     next iteration is planned when its replica's step is taken off the heap: by then all
     its server passes have ended, and every request it makes is later than that step.
+
+    [Note: server lanes] A server with ``lanes`` > 1 runs up to that many passes at once,
+    each as long as the table says (threads on cores of their own; a GPU's concurrent
+    passes are slower than that, `bench/gpu_concurrency.py`): the request taken off the
+    heap starts on the lane that frees first. A replica's passes stay in order, one at a
+    time (its next request is made after its previous pass ended), as the runtime runs
+    them: a device's session awaits each of its passes.
     """
     count = len(fleet)
     device_ends: list[list[float]] = [[] for _ in range(count)]
@@ -436,13 +453,18 @@ def chained_schedule(fleet: Sequence[Stages], rounds: int,
         heap.append((forwards(k, starts[k] if starts is not None else 0.0), k, 0))
     heapq.heapify(heap)
     free = 0.0
+    lane_free = [0.0] * lanes  # a heap of when each lane frees (lanes > 1)
     pop, push = heapq.heappop, heapq.heappush
     while heap:
         ready, k, i = pop(heap)
         st = fleet[k]
+        if lanes > 1:
+            free = lane_free[0]
         start = ready if ready > free else free
         if i < st.n:
             free = start + st.s
+            if lanes > 1:
+                heapq.heapreplace(lane_free, free)
             s_end[k][i] = free
             if i + 1 < st.n:
                 a = arrivals[k][i + 1]
@@ -451,6 +473,8 @@ def chained_schedule(fleet: Sequence[Stages], rounds: int,
                 push(heap, (free, k, st.n))
             continue
         free = start + st.server_step
+        if lanes > 1:
+            heapq.heapreplace(lane_free, free)
         replica_ends[k].append(free)
         d_end, b_end = down_free[k], forwards_end[k]
         for se in s_end[k]:
@@ -548,7 +572,7 @@ def estimate_iteration(
     """
     _check_plans(model, devices, plans, batch_size)
     fleet = fleet_stages(model, devices, plans, batch_size)
-    device_end, replica_end = schedule_ends(fleet)
+    device_end, replica_end = schedule_ends(fleet, model.server_lanes)
     return FleetEstimate(
         time_s=max(cycles(device_end, replica_end)),
         device_end_s=tuple(device_end),
@@ -618,18 +642,18 @@ def estimate_steady_iteration(
     """
     _check_plans(model, devices, plans, batch_size)
     fleet = fleet_stages(model, devices, plans, batch_size)
-    device_ends, _ = chained_schedule(fleet, CHAINED_ITERATIONS)
+    device_ends, _ = chained_schedule(fleet, CHAINED_ITERATIONS, lanes=model.server_lanes)
     return max(steady_spacing(ends) for ends in device_ends)
 
 
 def device_epochs(
     fleet: Sequence[Stages], iterations: Sequence[int], transfers: Sequence[tuple[float, float]],
-    starts: Sequence[float],
+    starts: Sequence[float], lanes: int = 1,
 ) -> tuple[list[float], int, float]:
     """Each device's epoch by phases ([Note: epoch approximation]), the number of
     micro-batches the schedules simulated (what a search spends), and the server's busy
-    seconds over the epoch (a floor for the fleet's epoch: the phases do not carry the
-    server's backlog from one to the next).
+    seconds over the epoch, over its ``lanes`` (a floor for the fleet's epoch: the phases
+    do not carry the server's backlog from one to the next).
 
     ``transfers[k]``: device k's download and upload seconds over the epoch;
     ``starts[k]``: when it starts its first iteration (its first download, part of
@@ -637,14 +661,14 @@ def device_epochs(
     spent = [0.0] * len(fleet)
     work = done = 0
     server = sum(i * (st.n * st.s + st.server_step) for st, i in zip(fleet, iterations,
-                                                                     strict=True))
+                                                                     strict=True)) / lanes
     for count in sorted(set(iterations)):
         active = [k for k, i in enumerate(iterations) if i >= count]
         phase = [fleet[k] for k in active]
         length = count - done
         rounds = min(length, CHAINED_ITERATIONS)
         device_ends, replica_ends = chained_schedule(
-            phase, rounds, [starts[k] for k in active] if done == 0 else None)
+            phase, rounds, [starts[k] for k in active] if done == 0 else None, lanes=lanes)
         for k, dev, rep in zip(active, device_ends, replica_ends, strict=True):
             last = dev[-1] if dev[-1] > rep[-1] else rep[-1]
             if math.isinf(last):  # a plan that cannot run (inf - inf is no period)
@@ -674,7 +698,8 @@ def fleet_epoch(
     (`device_epochs`, same arguments), at least the server's busy seconds over the epoch,
     plus the server's aggregation of each round. The one place both `estimate_epoch` and
     the plan search form it."""
-    per_device, work, server = device_epochs(fleet, iterations, transfers, starts)
+    per_device, work, server = device_epochs(fleet, iterations, transfers, starts,
+                                             model.server_lanes)
     rounds = aggregations_per_epoch(max(iterations), aggregation_every)
     aggregation = rounds * model.costs.aggregate_time(len(fleet))
     return FleetEpoch(max(*per_device, server) + aggregation, per_device, work)

@@ -133,7 +133,8 @@ class Star:
         if self.auto_config is not None:
             planning_costs = self.server_costs or measure_planning_costs(
                 config, self.model, self.in_shape, self.setup.test_set)
-            self.planning = model_profile(self.model, self.in_shape, planning_costs)
+            self.planning = model_profile(self.model, self.in_shape, planning_costs,
+                                          server_lanes=config.server_lanes)
             self.live = (list(devices) if devices is not None
                          else declared_devices(config, self.samples,
                                                costs=self._device_costs()))
