@@ -97,10 +97,15 @@ def main() -> None:
                  f"{cpu_row['epoch_s'][-1] / gpu_row['epoch_s'][-1]:.2f}×")
     print("\n".join(lines))
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        stem = f"gpu-server-{args.model}-k{args.devices}-{args.network}"
-        (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-        (args.out / f"{stem}.json").write_text(json.dumps(rows, indent=1))
+        write_table(args.out, f"gpu-server-{args.model}-k{args.devices}-{args.network}",
+                    lines, rows)
+
+
+def write_table(out: Path, stem: str, lines: list[str], rows: Any) -> None:
+    """``out/stem.md`` (the table's ``lines``) and ``out/stem.json`` (the raw ``rows``)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    (out / f"{stem}.json").write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ Three steps, each its own subcommand:
         fixed plan; results under ``DIR/processes/<model>-<network>-<modes>/`` (``--modes``:
         a part of them per call; the report merges the calls).
     .venv/bin/python bench/testbed.py report --out DIR
-        ``DIR/report.md`` and plots like the paper's Figs. 4 and 6.
+        ``DIR/report.md`` and plots like the paper's Figs. 4 and 6 (``DIR/notes.md``, the
+        figures' reading written by hand, goes first).
 
 The devices' slowdown (``--slowdown``, default 15.5 x K) is derived from the paper's
 own figures, as a lower bound: with ResNet-18 PiPar's server runs nearly the whole model
@@ -379,8 +380,11 @@ def write_report(args: argparse.Namespace) -> Path:
                         f"{label}: {name}", figure)
             if path is not None:
                 figures.append(f"![{label}: {name}]({path.name})")
+    notes = args.out / "notes.md"  # the reading of the figures, written by hand
     lines = ["# PiPar's paper testbed, emulated (issue 27)", "",
-             f"Settings: {json.dumps(settings)}", "", "## Virtual time (every plan)", "",
+             *([notes.read_text().rstrip(), ""] if notes.exists() else []),
+             f"Settings of the virtual sweep: {json.dumps(settings)}", "",
+             "## Virtual time (every plan)", "",
              *vlines, "", "## Real processes over tc-shaped links", "", *plines, "",
              f"Paper: {PAPER_IDLE}.", "", *figures, ""]
     path = args.out / "report.md"
