@@ -95,7 +95,8 @@ def main() -> None:
     print("\n".join(lines))
     if args.out is not None:
         plan = args.plan.replace(",", "n")
-        write_table(args.out, f"lanes-{args.model}-k{args.devices}-{args.network}-{plan}",
+        write_table(args.out, f"lanes-{args.model}-k{args.devices}-{args.network}-{plan}"
+                    f"-s{args.slowdown:g}",
                     lines, rows)
 
 

@@ -44,6 +44,7 @@ import os
 import platform
 import secrets
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -289,6 +290,7 @@ class Bench:
             procs.kill_all()
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
         (run_dir / "model.safetensors").unlink(missing_ok=True)
+        shutil.rmtree(run_dir / "checkpoint", ignore_errors=True)  # GBs for deep models
         return {
             **record,
             "epochs": [json.loads(line) for line in lines if line.strip()],
