@@ -48,6 +48,7 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
+sys.path.insert(0, str(BENCH))  # report.py and shaped.py beside it (bench/ is no package)
 COSTS = BENCH / "results" / "2026-11-26-s18-gpu-costs" / "costs-cpu-this-host.json"
 MODELS = ("vgg5", "resnet18", "mobilenetv3-small")
 NETWORKS = ("4g", "4g+", "wifi")
@@ -214,11 +215,21 @@ def _process_runs(out: Path, model: str, network: str) -> dict[str, Any] | None:
 
 
 def _ratio(a: float | None, b: float | None) -> str:
-    return "–" if a is None or b is None or not b else f"{a / b:.2f}×"
+    import report
+
+    return str(report._ratio(a, b))
 
 
 def _s(value: float | None) -> str:
-    return "–" if value is None else f"{value:.1f}"
+    import report
+
+    return str(report._fmt(value, ".1f"))
+
+
+def _paper(model: str) -> str:
+    """The paper's FL÷PiPar and SFL÷PiPar ranges for ``model``, as two table cells."""
+    fl, sfl = PAPER[model]["fl"], PAPER[model]["sfl"]
+    return f"{fl[0]}–{fl[1]}× | {sfl[0]}–{sfl[1]}×"
 
 
 def _plan(row: dict[str, Any] | None) -> str:
@@ -248,7 +259,6 @@ def virtual_table(rows: Sequence[dict[str, Any]], models: Sequence[str],
             if not (fl and sfl and auto and fixed):
                 continue
             cells[model, network] = {"fl": fl, "sfl": sfl, "pipar": auto, "fixed": fixed}
-            paper = PAPER[model]
             idle = " / ".join(_s(r["idle_s"]["server"]) for r in (fl, sfl, auto))
             lines.append(
                 f"| {model} | {network} | {_s(fl['epoch_s'])} | {_s(sfl['epoch_s'])} "
@@ -256,8 +266,7 @@ def virtual_table(rows: Sequence[dict[str, Any]], models: Sequence[str],
                 f"{_s(fixed['epoch_s'])} ({_plan(fixed)}) | "
                 f"{_ratio(fl['epoch_s'], auto['epoch_s'])} | "
                 f"{_ratio(sfl['epoch_s'], auto['epoch_s'])} | "
-                f"{paper['fl'][0]}–{paper['fl'][1]}× | {paper['sfl'][0]}–{paper['sfl'][1]}× | "
-                f"{auto['epoch_s'] / fixed['epoch_s']:.2f} | {idle} |")
+                f"{_paper(model)} | {auto['epoch_s'] / fixed['epoch_s']:.2f} | {idle} |")
     return lines, cells
 
 
@@ -295,7 +304,6 @@ def process_table(out: Path, models: Sequence[str], networks: Sequence[str]
             t = {m: report.mean(run, "time_s") for m, (_, run) in runs.items()
                  if report.ok(run)}
             cells[model, network] = {m: run for m, (_, run) in runs.items()}
-            paper = PAPER[model]
             idle = " / ".join(_s(report.mean(runs[m][1], "idle_s", "server"))
                               if m in runs else "–" for m in ("fl", "sfl", "pipar"))
             bound = "–"
@@ -308,8 +316,7 @@ def process_table(out: Path, models: Sequence[str], networks: Sequence[str]
             lines.append(
                 f"| {model} | {network} | {' | '.join(shown)} | "
                 f"{_ratio(t.get('fl'), t.get('pipar'))} | "
-                f"{_ratio(t.get('sfl'), t.get('pipar'))} | {paper['fl'][0]}–{paper['fl'][1]}× | "
-                f"{paper['sfl'][0]}–{paper['sfl'][1]}× | {idle} | {bound} |")
+                f"{_ratio(t.get('sfl'), t.get('pipar'))} | {_paper(model)} | {idle} | {bound} |")
     return lines, cells
 
 
@@ -365,7 +372,6 @@ def plot(cells: dict[tuple[str, str], Any], models: Sequence[str], networks: Seq
 
 def write_report(args: argparse.Namespace) -> Path:
     """Tables and plots from what is in ``args.out``; the report's path."""
-    sys.path.insert(0, str(BENCH))
     rows = _rows(args.out / "virtual.jsonl")
     vlines, vcells = virtual_table(rows, args.models, args.networks)
     plines, pcells = process_table(args.out, args.models, args.networks)

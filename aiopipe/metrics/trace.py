@@ -105,7 +105,9 @@ class Recorder:
 
     def busy(self, track: str, start: float, end: float) -> float:
         """Seconds ``track`` was busy within ``[start, end]``."""
-        return self.busy_by_track(start, end).get(track, 0.0)
+        spans = [(max(start, s.start), min(end, s.end)) for s in self.slices
+                 if s.track == track and min(end, s.end) > max(start, s.start)]
+        return _union(spans) if spans else 0.0
 
     def busy_by_track(self, start: float, end: float) -> dict[str, float]:
         """Seconds each track was busy within ``[start, end]``: the union of its slices
