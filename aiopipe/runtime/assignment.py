@@ -153,16 +153,19 @@ class Assignment:
         if costs is None:
             return None
         first, stop, micro = self.first_unit, self.stop_unit, self.share
+        accumulate = costs.accumulate_time(first, stop)
 
         def charge(action: Action) -> float:
             kind = action.kind
             if kind == "F":
                 return costs.forward_time(first, stop, micro)
+            # [Note: accumulated gradients] every backward but an iteration's first
+            added = accumulate if action.micro_batch > 0 else 0.0
             if kind == "B":
-                return costs.backward_time(first, stop, micro)
+                return costs.backward_time(first, stop, micro) + added
             if kind == "FB":
                 return costs.forward_time(first, stop, micro) + costs.backward_time(
-                    first, stop, micro)
+                    first, stop, micro) + added
             if kind == "STEP":
                 return costs.step_time(first, stop)
             return 0.0

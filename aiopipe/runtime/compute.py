@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, TypeVar
 from aiopipe.clock import Clock, ready_time
 from aiopipe.errors import ConfigError
 from aiopipe.metrics.trace import Recorder
+from aiopipe.runtime.allocator import tune_malloc
 
 if TYPE_CHECKING:
     import torch
@@ -231,13 +232,16 @@ _thread_seconds = time.thread_time
 
 
 def warm_up_torch() -> None:
-    """Do torch's lazy first-use imports now (about 800 modules, seconds under load).
+    """Do torch's lazy first-use imports now (about 800 modules, seconds under load),
+    and let freed tensor memory be reused (`aiopipe.runtime.allocator.tune_malloc`).
 
     The first optimizer call imports ``torch._dynamo``; imports hold the GIL, so doing
     this mid-run, even in the compute thread, would freeze the event loop long enough to
     miss heartbeats. Nodes call this before they connect or serve.
     """
     import torch
+
+    tune_malloc()
 
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     optimizer.zero_grad()

@@ -336,8 +336,10 @@ def declared_devices(config: RunConfig, samples: list[int], *,
 
 
 def choose_plans(config: RunConfig, profile: ModelProfile,
-                 devices: list[DeviceProfile]) -> list[tuple[int, int]]:
-    """The planner's (P_k, N_k) for an "auto" ``config`` (see `resolve_auto`).
+                 devices: list[DeviceProfile], *, speed_band: float | None = None,
+                 ) -> list[tuple[int, int]]:
+    """The planner's (P_k, N_k) for an "auto" ``config`` (see `resolve_auto`);
+    ``speed_band`` as `select_plans` takes it (None: its default).
 
     Candidates: every split point 1..Q-1 for "auto" P, else the configured ones; for
     "auto" N the divisors of B, else the configured ones (N = 1 outside pipar); each
@@ -348,6 +350,7 @@ def choose_plans(config: RunConfig, profile: ModelProfile,
             or a memory budget no plan meets).
     """
     from aiopipe.scheduler import select_plans
+    from aiopipe.scheduler.select import SPEED_BAND
 
     split_points = (list(range(1, profile.units)) if config.split_point == "auto"
                     else sorted({int(config.device_split_point(k))
@@ -356,7 +359,8 @@ def choose_plans(config: RunConfig, profile: ModelProfile,
                         parallel_batches=_candidate_parallel_batches(config),
                         memory_budget_bytes=[config.device_memory_bytes_of(k)
                                              for k in range(config.devices)],
-                        aggregation_every=config.aggregation_every)
+                        aggregation_every=config.aggregation_every,
+                        speed_band=SPEED_BAND if speed_band is None else speed_band)
 
 
 def with_plans(config: RunConfig, chosen: list[tuple[int, int]]) -> RunConfig:

@@ -92,6 +92,7 @@ def live_profiles(slices: Sequence[Slice], plans: Sequence[DevicePlan],
     q = costs.units
     expected = sum(n * (costs.forward_time(p.split_point, q, p.micro_batch_size)
                         + costs.backward_time(p.split_point, q, p.micro_batch_size))
+                   + _accumulations(n, p) * costs.accumulate_time(p.split_point, q)
                    for p, n in zip(plans, served, strict=True))
     busy: dict[tuple[str, str], list[float]] = {}
     for s in slices:
@@ -107,7 +108,8 @@ def live_profiles(slices: Sequence[Slice], plans: Sequence[DevicePlan],
         # against the device's own table when it has one, else the server's as it ran
         base, factor = (before.costs, 1.0) if before.costs is not None else (costs, scale)
         table = factor * (len(forwards) * base.forward_time(0, p, micro)
-                          + len(backwards) * base.backward_time(0, p, micro))
+                          + len(backwards) * base.backward_time(0, p, micro)
+                          + _accumulations(len(backwards), plan) * base.accumulate_time(0, p))
         slowdown = (sum(forwards) + sum(backwards)) / table if table > 0 and (
             forwards or backwards) else before.slowdown
         uplink, downlink = before.uplink, before.downlink
@@ -121,6 +123,12 @@ def live_profiles(slices: Sequence[Slice], plans: Sequence[DevicePlan],
     return live, devices
 
 
+def _accumulations(backwards: int, plan: DevicePlan) -> int:
+    """Of ``backwards`` of a stage's backwards in whole iterations of ``plan``, those that
+    add into an earlier micro-batch's gradients ([Note: accumulated gradients])."""
+    return backwards - -(-backwards // plan.parallel_batches)
+
+
 def reselect(auto: RunConfig, profile: ModelProfile, devices: Sequence[DeviceProfile],
              current: Sequence[tuple[int, int]],
              ) -> tuple[list[tuple[int, int]], float, float]:
@@ -129,9 +137,11 @@ def reselect(auto: RunConfig, profile: ModelProfile, devices: Sequence[DevicePro
     ``auto``: the run's config with its "auto" fields; ``current``: the (P_k, N_k) run
     so far. Returns (plans, estimated epoch under ``current``, under a fresh selection):
     the fresh selection when it is estimated better by more than
-    ``auto.replan_threshold``, else ``current``.
+    ``auto.replan_threshold``, else ``current``. The selection takes the estimate's own
+    N (no speed band, [Note: speed band] in aiopipe/scheduler/select.py): the speeds are
+    the round's own, and the threshold is what guards a switch against their noise.
     """
-    chosen = choose_plans(auto, profile, list(devices))
+    chosen = choose_plans(auto, profile, list(devices), speed_band=1.0)
     b, every = auto.batch_size, auto.aggregation_every
     before = estimate_epoch(profile, list(devices), current, b, aggregation_every=every)
     after = estimate_epoch(profile, list(devices), chosen, b, aggregation_every=every)

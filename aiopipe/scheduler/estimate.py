@@ -23,7 +23,11 @@ pipar.txt Table 1 (Eqs. 11-13)::
 Stage seconds: f, b and the device step are the `CostTable`'s (server-side) times at B'
 multiplied by the device's slowdown; s is forward + backward of units P+1..Q at B' and
 the server step is ``step_time(P, Q)``, both unscaled; u and d are a frame's wire time
-(bytes x 8 / bandwidth, 0 when unshaped), see `ModelProfile` for frame sizes.
+(bytes x 8 / bandwidth, 0 when unshaped), see `ModelProfile` for frame sizes. A table
+that charges accumulated gradients ([Note: accumulated gradients] in costs.py) adds
+(N - 1) / N of them to every b and s: the runtime charges them to every backward but an
+iteration's first, so there the estimate and the virtual-time runtime differ by less
+than one accumulation per iteration (the exact figures below are for tables without).
 
 `estimate_iteration` is an event-driven list schedule of this DAG for the whole fleet,
 everyone starting at 0: per device the f/u chain is computed directly, the server is
@@ -312,18 +316,22 @@ class UnitTimes:
     same order), so estimates built from them equal estimates built from the table.
     """
 
-    __slots__ = ("device_b", "device_f", "device_step", "server_s", "server_step")
+    __slots__ = ("device_acc", "device_b", "device_f", "device_step", "server_acc", "server_s",
+                 "server_step")
 
     def __init__(self, costs: CostTable, batch: int) -> None:
         q = costs.units
         fwd = [costs.forward_time(u, u + 1, batch) for u in range(q)]
         bwd = [costs.backward_time(u, u + 1, batch) for u in range(q)]
         stp = [costs.step_time(u, u + 1) for u in range(q)]
+        acc = [costs.accumulate_time(u, u + 1) for u in range(q)]
         self.device_f = [sum(fwd[:p]) for p in range(q + 1)]
         self.device_b = [sum(bwd[:p]) for p in range(q + 1)]
         self.device_step = [sum(stp[:p]) for p in range(q + 1)]
+        self.device_acc = [sum(acc[:p]) for p in range(q + 1)]
         self.server_s = [sum(fwd[p:]) + sum(bwd[p:]) for p in range(q + 1)]
         self.server_step = [sum(stp[p:]) for p in range(q + 1)]
+        self.server_acc = [sum(acc[p:]) for p in range(q + 1)]
 
 
 class StageCache:
@@ -358,14 +366,17 @@ class StageCache:
         t = self.times(micro)
         own = t if device.costs is None else self.times(micro, device.costs)
         slow = device.slowdown
+        # [Note: accumulated gradients] (costs.py): N - 1 of the N backwards add into
+        # the gradients; spread evenly over the micro-batches
+        shared = (parallel - 1) / parallel
         return Stages(
             n=parallel,
             f=own.device_f[p] * slow,
-            b=own.device_b[p] * slow,
+            b=(own.device_b[p] + own.device_acc[p] * shared) * slow,
             device_step=own.device_step[p] * slow,
             u=device.uplink.wire_time(model.activation_frame_bytes(p, micro)),
             up_latency=device.uplink.latency_s,
-            s=t.server_s[p],
+            s=t.server_s[p] + t.server_acc[p] * shared,
             server_step=t.server_step[p],
             d=device.downlink.wire_time(model.gradient_frame_bytes(p, micro)),
             down_latency=device.downlink.latency_s,

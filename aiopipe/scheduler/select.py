@@ -37,7 +37,10 @@ Search. `select_plans` minimizes `estimate_epoch` over one candidate per device:
    `SYMMETRY_MARGIN` of the mixed choice (`_symmetric`, [Note: identical devices]);
 6. each device (each group of identical devices together) moves to the shallowest split
    point whose best plan keeps the fleet estimate within ``shallow_margin`` (default
-   `SHALLOW_MARGIN`) of step 5's (`_shallower`, [Note: shallow splits]).
+   `SHALLOW_MARGIN`) of step 5's (`_shallower`, [Note: shallow splits]);
+7. each group of identical devices on one plan takes, at its split point, the number of
+   micro-batches whose estimate stays nearest the best on average over a band of compute
+   speeds around the profile's (`_steady`, [Note: speed band]).
 
 Everything stops when the schedules run so far have simulated `WORK_BUDGET`
 micro-batches in total (about 0.5 us each). In small fleets this rarely binds and every
@@ -87,6 +90,15 @@ SYMMETRY_MARGIN = 0.10
 #: How much worse (relative) a plan with fewer layers on the device may be estimated than
 #: the search's and still be chosen ([Note: shallow splits]).
 SHALLOW_MARGIN = 0.02
+#: Compute speeds the plan must hold up across: devices' and server's seconds each
+#: divided and multiplied by this ([Note: speed band]).
+SPEED_BAND = 1.25
+#: How much worse (relative) at the profile's speeds a number of micro-batches may be
+#: estimated than the search's and still be taken for holding up better in the band.
+BAND_MARGIN = 0.10
+#: Mean regrets over the speed band this close (relative) count as a tie, which the
+#: fewest micro-batches win ([Note: speed band]).
+BAND_TIE = 0.03
 #: Most combinations `exhaustive_plans` accepts.
 MAX_COMBINATIONS = 1_000_000
 #: Relative improvement below which two estimates count as equal.
@@ -474,6 +486,7 @@ def select_plans(
     memory_budget_bytes: Sequence[int | None] | None = None,
     aggregation_every: int = 0,
     shallow_margin: float = SHALLOW_MARGIN,
+    speed_band: float = SPEED_BAND,
 ) -> list[tuple[int, int]]:
     """Choose (P_k, N_k) per device minimizing the estimated fleet epoch (see module docs).
 
@@ -482,7 +495,9 @@ def select_plans(
     candidates device k cannot hold ([Note: device memory]); ``aggregation_every`` as in
     `estimate_epoch`; ``shallow_margin``: how much worse (relative) an estimate may be
     for a plan with fewer layers on a device ([Note: shallow splits]; 0: the search's
-    plan, the estimate's optimum in small fleets).
+    plan, the estimate's optimum in small fleets); ``speed_band``: the factor the
+    compute speeds may be off by that the number of micro-batches must hold up across
+    ([Note: speed band]; 1: none).
 
     Raises:
         ConfigError: an empty fleet, a batch size < 1, candidates outside 1..Q-1 or
@@ -496,6 +511,8 @@ def select_plans(
     )
     if not (isinstance(shallow_margin, (int, float)) and 0 <= shallow_margin < math.inf):
         raise ConfigError(f"shallow margin must be a finite number >= 0, got {shallow_margin!r}")
+    if not (isinstance(speed_band, (int, float)) and 1 <= speed_band < math.inf):
+        raise ConfigError(f"speed band must be a finite number >= 1, got {speed_band!r}")
     objective = _Objective(model, candidates, aggregation_every)
     choice = [_alone_best(cs) for cs in candidates]  # exact for one device: alone is the fleet
     if len(devices) > 1:
@@ -506,6 +523,8 @@ def select_plans(
         choice = _symmetric(objective, choice)
     if shallow_margin > 0:
         choice = _shallower(objective, choice, shallow_margin)
+    if speed_band > 1 and (parallel_batches is None or len(set(parallel_batches)) > 1):
+        choice = _steady(objective, choice, speed_band)
     return [cs[i].plan for cs, i in zip(candidates, choice, strict=True)]
 
 
@@ -573,6 +592,83 @@ def _shallower(objective: _Objective, choice: list[int], margin: float) -> list[
                 choice = found[1]
                 break
     return choice
+
+
+def _steady(objective: _Objective, choice: list[int], band: float) -> list[int]:
+    """Step 7 of the search: each group of identical devices that shares one plan takes,
+    at its split point, the number of micro-batches with the least mean regret over the
+    speed band.
+
+    [Note: speed band] A profile measures the machine at one moment, and this machine's
+    speed moves: five profiles of mobilenetv3-small in a row put its server pass at 16
+    samples at 32.4-41.4 ms, every size alike. The best N weighs compute against the
+    links, so it moves with that speed: five profiles in a row chose P3 N1 three times
+    and P3 N2 twice for mobilenetv3-small on 4g, P2 N32 three times and N16 twice for
+    vgg5 on 4g+ (bench/results/2026-11-27-s20-planner/notes.md). Each candidate N at the
+    group's split point whose estimate at the profile's speeds is within `BAND_MARGIN`
+    of the choice's is estimated again with the devices' and the server's compute
+    seconds each scaled by 1 / ``band``, 1 and ``band`` (`SPEED_BAND`; nine points,
+    links as profiled); at each point its regret is its estimate over the best of the
+    candidates there. The least mean regret wins, and the Ns within `BAND_TIE` of it
+    count as a tie that the fewest micro-batches win (fewer items, messages and
+    activations in flight, whose costs the estimate knows least well), then the least
+    estimate at the profile's speeds. Only N is reconsidered: the split point already
+    keeps to the shallowest within `SHALLOW_MARGIN` ([Note: shallow splits]). Skipped
+    once the schedules have spent `WORK_BUDGET` micro-batches of this step's budget.
+    The rule and its constants were chosen on re-estimates of fresh profiles against
+    the measured epochs of the planner bench (the notes above): it steadies the choice
+    where the band covers the machine's swings, and cannot where one profile is slower
+    than the band (vgg5 on 4g+ once took N8, 5% slower than N16).
+    """
+    candidates = objective.candidates
+    base = objective(choice)[0]
+    budget = objective.work + WORK_BUDGET
+    points = [(server, device) for server in (1 / band, 1.0, band)
+              for device in (1 / band, 1.0, band)]
+    for members in _groups(candidates):
+        if len({choice[k] for k in members}) > 1:
+            continue
+        cs = candidates[members[0]]
+        split = cs[choice[members[0]]].plan[0]
+        trials: list[tuple[int, list[int], float]] = []
+        for i in range(len(cs)):
+            if cs[i].plan[0] != split or objective.work >= budget:
+                continue
+            trial = choice.copy()
+            for k in members:
+                trial[k] = i
+            value = base if i == choice[members[0]] else objective(trial)[0]
+            if value <= base * (1 + BAND_MARGIN):
+                trials.append((i, trial, value))
+        if len(trials) < 2:
+            continue
+        values = [[_at_speeds(objective, trial, point) for point in points]
+                  for _, trial, _ in trials]
+        best = [min(column) for column in zip(*values, strict=True)]
+        regrets = [sum(v / b for v, b in zip(row, best, strict=True)) / len(points)
+                   for row in values]
+        least = min(regrets)
+        near = [t for t in range(len(trials)) if regrets[t] <= least * (1 + BAND_TIE)]
+        pick = min(near, key=lambda t: (cs[trials[t][0]].plan[1], trials[t][2]))
+        choice = trials[pick][1]
+    return choice
+
+
+def _at_speeds(objective: _Objective, choice: Sequence[int], speeds: tuple[float, float]
+               ) -> float:
+    """The fleet estimate of ``choice`` with the server's compute seconds times
+    ``speeds[0]`` and the devices' times ``speeds[1]`` (links as they are)."""
+    server, device = speeds
+    chosen = [cs[i] for cs, i in zip(objective.candidates, choice, strict=True)]
+    fleet = [c.stages._replace(f=c.stages.f * device, b=c.stages.b * device,
+                               device_step=c.stages.device_step * device,
+                               s=c.stages.s * server, server_step=c.stages.server_step * server)
+             for c in chosen]
+    value, _, work = fleet_epoch(objective.model, fleet, [c.iterations for c in chosen],
+                                 [c.transfer for c in chosen], [c.start for c in chosen],
+                                 objective.aggregation_every)
+    objective.work += work
+    return value
 
 
 def _symmetric(objective: _Objective, choice: list[int]) -> list[int]:

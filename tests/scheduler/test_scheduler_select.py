@@ -131,7 +131,7 @@ def test_exhaustive_refuses_a_huge_space() -> None:
 def test_one_device_selection_is_the_exact_optimum(seed: int) -> None:
     rng = random.Random(seed)
     model, devices = random_model(rng, rng.choice([3, 5, 8])), random_fleet(rng, 1, 32)
-    chosen = select_plans(model, devices, 32, shallow_margin=0)
+    chosen = select_plans(model, devices, 32, shallow_margin=0, speed_band=1)
     best = exhaustive_plans(model, devices, 32)
     assert estimate_epoch(model, devices, chosen, 32) == pytest.approx(
         estimate_epoch(model, devices, best, 32), rel=1e-12
@@ -148,7 +148,8 @@ def test_selection_matches_the_exhaustive_search_on_small_fleets() -> None:
         units, devices, batch = rng.choice([3, 4, 5]), rng.choice([2, 3]), rng.choice([8, 16, 32])
         model, fleet = random_model(rng, units), random_fleet(rng, devices, batch)
         only = None if devices == 2 else [1, 2, 4, 8]
-        chosen = select_plans(model, fleet, batch, parallel_batches=only, shallow_margin=0)
+        chosen = select_plans(model, fleet, batch, parallel_batches=only, shallow_margin=0,
+                              speed_band=1)
         best = exhaustive_plans(model, fleet, batch, parallel_batches=only)
         ratios.append(
             estimate_epoch(model, fleet, chosen, batch) / estimate_epoch(model, fleet, best, batch)
@@ -267,12 +268,12 @@ def test_shallow_splits_cost_at_most_the_margin_and_never_deepen(seed: int) -> N
     model, fleet = random_model(rng, units), random_fleet(rng, devices, batch)
     if rng.random() < 0.5:
         fleet = fleet[:1] * devices  # identical devices move together
-    exact = select_plans(model, fleet, batch, shallow_margin=0)
-    shallow = select_plans(model, fleet, batch, shallow_margin=0.02)
+    exact = select_plans(model, fleet, batch, shallow_margin=0, speed_band=1)
+    shallow = select_plans(model, fleet, batch, shallow_margin=0.02, speed_band=1)
     assert estimate_epoch(model, fleet, shallow, batch) <= 1.02 * estimate_epoch(
         model, fleet, exact, batch) * (1 + 1e-12)
     assert all(p <= q for (p, _), (q, _) in zip(shallow, exact, strict=True))
-    assert select_plans(model, fleet, batch) == shallow  # 2% is the default
+    assert select_plans(model, fleet, batch, speed_band=1) == shallow  # 2% is the default
 
 
 def test_a_bad_shallow_margin_is_a_config_error() -> None:
@@ -313,7 +314,11 @@ def test_a_device_table_scaled_is_the_same_device_declared_slower() -> None:
     assert chosen == select_plans(model, declared, batch, parallel_batches=n)
     assert estimate_epoch(model, own, chosen, batch) == pytest.approx(
         estimate_epoch(model, declared, chosen, batch), rel=1e-12)
-    assert chosen[0] != chosen[1]  # the fast and the slow device get their own plans
+    # the fast and the slow device get their own plans (the estimate's own choice: in
+    # the speed band both hold up best at N = 4, [Note: speed band])
+    exact = select_plans(model, own, batch, parallel_batches=n, speed_band=1)
+    assert exact == select_plans(model, declared, batch, parallel_batches=n, speed_band=1)
+    assert exact[0] != exact[1]
 
 
 def test_a_device_whose_table_has_another_shape_gets_the_plan_its_table_calls_for() -> None:
@@ -342,3 +347,47 @@ def test_a_device_whose_table_has_another_shape_gets_the_plan_its_table_calls_fo
     assert guess != chosen
     real = estimate_epoch(model, profiled, chosen, batch)
     assert real < estimate_epoch(model, profiled, guess, batch)
+
+
+# -- the speed band ([Note: speed band]) ----------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_the_speed_band_changes_only_n_and_within_its_margin(seed: int) -> None:
+    rng = random.Random(seed)
+    units, devices, batch = rng.choice([3, 5, 8]), rng.choice([1, 2, 3]), rng.choice([8, 32])
+    model, fleet = random_model(rng, units), random_fleet(rng, devices, batch)
+    if rng.random() < 0.5:
+        fleet = fleet[:1] * devices
+    without = select_plans(model, fleet, batch, speed_band=1)
+    steady = select_plans(model, fleet, batch)
+    assert [p for p, _ in steady] == [p for p, _ in without]
+    assert estimate_epoch(model, fleet, steady, batch) <= (
+        (1 + select_module.BAND_MARGIN) * estimate_epoch(model, fleet, without, batch)
+        * (1 + 1e-12))
+
+
+def test_near_ties_in_the_band_go_to_the_fewest_micro_batches() -> None:
+    """A device 5x faster than the server on unshaped links at split 1: the server's
+    passes bound the epoch and more micro-batches overlap only the device's small share,
+    0.3% from N = 2 to N = 8 at any speed in the band: a tie, which N = 2 takes. Where
+    one N holds up best by far (a device 4x slower), the band keeps the estimate's N."""
+    costs = CostTable.uniform(4, forward=0.01, backward=0.02, step=0.001, batch=8)
+    model = ModelProfile(costs, (1000,) * 4, (0,) * 4)
+    fleet = [DeviceProfile(0.2, LinkSpec(None), LinkSpec(None), 64)]
+    assert select_plans(model, fleet, 8, split_points=[1], speed_band=1) == [(1, 8)]
+    steady = select_plans(model, fleet, 8, split_points=[1])
+    assert steady == [(1, 2)]
+    assert estimate_epoch(model, fleet, steady, 8) < 1.01 * estimate_epoch(
+        model, fleet, [(1, 8)], 8)
+    slow = [DeviceProfile(4.0, LinkSpec(None), LinkSpec(None), 64)]
+    assert select_plans(model, slow, 8, split_points=[1]) == select_plans(
+        model, slow, 8, split_points=[1], speed_band=1) == [(1, 5)]
+
+
+def test_a_bad_speed_band_is_a_config_error() -> None:
+    rng = random.Random(3)
+    model, devices = random_model(rng, 4), random_fleet(rng, 2, 8)
+    for bad in (0.5, math.inf, math.nan):
+        with pytest.raises(ConfigError, match="speed band"):
+            select_plans(model, devices, 8, speed_band=bad)
