@@ -621,12 +621,12 @@ def _steady(objective: _Objective, choice: list[int], band: float) -> list[int]:
     than the band (vgg5 on 4g+ once took N8, 5% slower than N16).
     """
     candidates = objective.candidates
-    base = objective(choice)[0]
+    limit = objective(choice)[0] * (1 + BAND_MARGIN)
     budget = objective.work + WORK_BUDGET
     points = [(server, device) for server in (1 / band, 1.0, band)
               for device in (1 / band, 1.0, band)]
     for members in _groups(candidates):
-        if len({choice[k] for k in members}) > 1:
+        if len({choice[k] for k in members}) > 1 or objective.work >= budget:
             continue
         cs = candidates[members[0]]
         split = cs[choice[members[0]]].plan[0]
@@ -637,8 +637,8 @@ def _steady(objective: _Objective, choice: list[int], band: float) -> list[int]:
             trial = choice.copy()
             for k in members:
                 trial[k] = i
-            value = base if i == choice[members[0]] else objective(trial)[0]
-            if value <= base * (1 + BAND_MARGIN):
+            value = objective(trial)[0]  # the fleet as chosen so far, this group on i
+            if value <= limit:
                 trials.append((i, trial, value))
         if len(trials) < 2:
             continue
