@@ -288,8 +288,25 @@ class _Objective:
 
     def __call__(self, choice: Sequence[int]) -> tuple[float, list[float]]:
         chosen = [cs[i] for cs, i in zip(self.candidates, choice, strict=True)]
+        return self._epoch(chosen, [c.stages for c in chosen])
+
+    def at_speeds(self, choice: Sequence[int], speeds: tuple[float, float]) -> float:
+        """The fleet estimate of ``choice`` with the server's compute seconds times
+        ``speeds[0]`` and the devices' times ``speeds[1]`` (links as they are; [Note:
+        speed band])."""
+        server, device = speeds
+        chosen = [cs[i] for cs, i in zip(self.candidates, choice, strict=True)]
+        fleet = [c.stages._replace(f=c.stages.f * device, b=c.stages.b * device,
+                                   device_step=c.stages.device_step * device,
+                                   s=c.stages.s * server,
+                                   server_step=c.stages.server_step * server)
+                 for c in chosen]
+        return self._epoch(chosen, fleet)[0]
+
+    def _epoch(self, chosen: Sequence[_Candidate], fleet: Sequence[Stages]
+               ) -> tuple[float, list[float]]:
         value, per_device, work = fleet_epoch(
-            self.model, [c.stages for c in chosen], [c.iterations for c in chosen],
+            self.model, fleet, [c.iterations for c in chosen],
             [c.transfer for c in chosen], [c.start for c in chosen], self.aggregation_every,
         )
         self.work += work
@@ -642,7 +659,7 @@ def _steady(objective: _Objective, choice: list[int], band: float) -> list[int]:
                 trials.append((i, trial, value))
         if len(trials) < 2:
             continue
-        values = [[_at_speeds(objective, trial, point) for point in points]
+        values = [[objective.at_speeds(trial, point) for point in points]
                   for _, trial, _ in trials]
         best = [min(column) for column in zip(*values, strict=True)]
         regrets = [sum(v / b for v, b in zip(row, best, strict=True)) / len(points)
@@ -652,23 +669,6 @@ def _steady(objective: _Objective, choice: list[int], band: float) -> list[int]:
         pick = min(near, key=lambda t: (cs[trials[t][0]].plan[1], trials[t][2]))
         choice = trials[pick][1]
     return choice
-
-
-def _at_speeds(objective: _Objective, choice: Sequence[int], speeds: tuple[float, float]
-               ) -> float:
-    """The fleet estimate of ``choice`` with the server's compute seconds times
-    ``speeds[0]`` and the devices' times ``speeds[1]`` (links as they are)."""
-    server, device = speeds
-    chosen = [cs[i] for cs, i in zip(objective.candidates, choice, strict=True)]
-    fleet = [c.stages._replace(f=c.stages.f * device, b=c.stages.b * device,
-                               device_step=c.stages.device_step * device,
-                               s=c.stages.s * server, server_step=c.stages.server_step * server)
-             for c in chosen]
-    value, _, work = fleet_epoch(objective.model, fleet, [c.iterations for c in chosen],
-                                 [c.transfer for c in chosen], [c.start for c in chosen],
-                                 objective.aggregation_every)
-    objective.work += work
-    return value
 
 
 def _symmetric(objective: _Objective, choice: list[int]) -> list[int]:
