@@ -62,7 +62,8 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
                    progress: Progress | None = None,
                    datasets: Sequence[Any] | None = None,
                    held_out: Sequence[Any] | None = None,
-                   server_cost_table: CostTable | None = None) -> RunResult:
+                   server_cost_table: CostTable | None = None,
+                   torch_device: str = "cpu") -> RunResult:
     """Run server and devices in this event loop over memory links; the run's result.
 
     With a `VirtualClock`, compute is charged from ``cost_table`` (measured once at
@@ -78,15 +79,21 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
     ``aiopipe.simulate`` logger. ``server_cost_table``: in virtual time, charge the
     server's own stages (PiPar's server halves) from this table, the devices from
     ``cost_table`` (a server of other hardware, e.g. a GPU's table from
-    `bench/gpu_costs.py`); the planner plans each side with its own.
+    `bench/gpu_costs.py`); the planner plans each side with its own. ``torch_device``:
+    where every node's stages compute, "cpu" (the default, so a simulation's figures do
+    not depend on the host), "auto", "cuda" or "cuda:N" (`resolve_torch_device`): on a
+    GPU host, a large fleet in virtual time computes its passes there, while the time it
+    is charged stays the tables'.
 
     Raises:
         ConfigError: the config cannot run, ``datasets`` or ``held_out`` is not one
-            entry per device, or ``config.out_dir`` holds an earlier run's results.
+            entry per device, ``torch_device`` is not one this machine has, or
+            ``config.out_dir`` holds an earlier run's results.
         TrainingError: training failed.
     """
     if config.out_dir:
         check_fresh_out_dir(config.out_dir)
+    resolve_torch_device(torch_device)  # refuse a device this machine lacks, first
     clock = clock or SystemClock()
     own = _per_device(config, "datasets", datasets)
     evaluate = _per_device(config, "held_out", held_out)
@@ -94,7 +101,7 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
         cost_table = await asyncio.to_thread(_measure, config, own[0])
     node = Coordinator(config, clock=clock, cost_table=cost_table,
                        progress=progress or partial(_log_epoch, config.epochs),
-                       server_cost_table=server_cost_table)
+                       server_cost_table=server_cost_table, torch_device=torch_device)
     custom = None if isinstance(config.model, str) else config.model
     networks = [config.device_network(k) for k in range(config.devices)]
     fabric = None
@@ -111,7 +118,8 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
                 endpoint = fabric.endpoint(f"device{k}") if fabric is not None else None
                 tasks.create_task(_serve(node, server_end))
                 tasks.create_task(_device(device_end, k, clock, cost_table, custom, endpoint,
-                                          own[k], evaluate[k], node.joined.is_set))
+                                          own[k], evaluate[k], node.joined.is_set,
+                                          torch_device))
             result = await node.train()
     except BaseExceptionGroup as group:
         raise first_error(group) from None
@@ -155,7 +163,8 @@ async def _serve(node: Coordinator, link: Link) -> None:
 async def _device(link: Link, k: int, clock: Clock, costs: CostTable | None,
                   model: nn.Sequential | None, endpoint: Endpoint | None,
                   dataset: Dataset | None, held_out: Dataset | None = None,
-                  joined: Callable[[], bool] = lambda: False) -> None:
+                  joined: Callable[[], bool] = lambda: False,
+                  torch_device: str = "cpu") -> None:
     """Run simulated device k. It fails the simulation if it fails before the fleet has
     joined (the set-up is wrong); later it ends alone (logged), as a real device would.
 
@@ -166,7 +175,7 @@ async def _device(link: Link, k: int, clock: Clock, costs: CostTable | None,
         # a simulated device shares this machine and its cost table: it profiles nothing
         await run_device(link, k, clock=clock, cost_table=costs, clock_offset=0.0, model=model,
                          endpoint=endpoint, dataset=dataset, profile=False,
-                         held_out=held_out)
+                         held_out=held_out, torch_device=torch_device)
     except AiopipeError as exc:
         if not joined():
             raise

@@ -162,3 +162,32 @@ async def test_a_whole_models_step_runs_in_the_item_of_its_forward_and_backward(
              + costs.step_time(0, 5))
     for item in items:
         assert item.duration == pytest.approx(whole, rel=1e-12)
+
+
+async def test_a_simulation_refuses_a_torch_device_this_machine_lacks() -> None:
+    from aiopipe.errors import ConfigError
+
+    config = RunConfig(mode="fl", devices=1, samples_per_device=20, batch_size=10, epochs=1)
+    with pytest.raises(ConfigError, match=r"cuda:99.*CUDA device"):
+        await simulate(config, clock=VirtualClock(), torch_device="cuda:99")
+
+
+@pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="no CUDA GPU here")
+async def test_a_simulation_computed_on_the_gpu_is_charged_the_tables_time() -> None:
+    """Where the passes compute changes the run's wall time, not its virtual time, and
+    the weights only by the GPU's rounding (runs where a GPU is at hand)."""
+    import torch
+
+    from aiopipe.scheduler.costs import CostTable
+
+    config = RunConfig(mode="pipar", model="vgg5", devices=2, samples_per_device=40,
+                       batch_size=20, epochs=2, split_point=2, parallel_batches=2,
+                       test_samples=20, network="4g")
+    costs = CostTable.uniform(5, forward=0.001, backward=0.002, step=0.0005, batch=1)
+    runs = [await simulate(config, clock=VirtualClock(), cost_table=costs, torch_device=where)
+            for where in ("cpu", "cuda")]
+    on_cpu, on_gpu = runs
+    assert [e.time_s for e in on_gpu.epochs] == [e.time_s for e in on_cpu.epochs]
+    for (name, a), (_, b) in zip(on_cpu.model.state_dict().items(),
+                                 on_gpu.model.state_dict().items(), strict=True):
+        assert torch.allclose(a.float().cpu(), b.float().cpu(), rtol=1e-3, atol=1e-4), name
