@@ -5,8 +5,9 @@ bench does what the runtime's "auto" does, then checks it against real runs:
 
 1. plan: build the model and data as the server does, measure the cost table
    (`measure_costs` at every micro-batch size B/N the planner may use, with the devices'
-   batch loading; torch threads as the runs use), and let `resolve_auto` choose (P_k,
-   N_k). The search time S is the profiling plus the selection seconds.
+   batch loading; torch threads as the runs use) in a fresh process, as a starting
+   server measures it, and let `resolve_auto` choose (P_k, N_k). The search time S is
+   the profiling plus the selection seconds.
 2. sweep (the exhaustive search): every candidate (P, N), the same for both devices, P in
    1..Q-1 and N among the divisors of B (the planner's own candidates), runs one epoch
    for real; candidates whose micro-batch the model cannot train at (batch norm at
@@ -229,7 +230,8 @@ class Candidate:
 def stability(models: Sequence[str], networks: Sequence[str], settings: Settings,
               times: int, out: Path | None) -> None:
     """Issue 27's planner stability: each case profiled and planned ``times`` times in
-    a row, as separate runs would (a fresh cost table each time); the plans chosen and
+    a row, as separate runs would (a fresh cost table each time, each measured in a new
+    process as a starting server measures it); the plans chosen and
     how often, and each chosen plan's estimated epoch under every profile (how near the
     tie the noise had to move)."""
     lines = [f"Planner stability: {times} profiles per case, {settings.devices} devices "
@@ -268,18 +270,48 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def plan_case(config: RunConfig, settings: Settings) -> Planned:
-    """Profile and plan as the server does for "auto" (see the module docs, step 1)."""
+def profile_case(config: RunConfig, settings: Settings) -> tuple[CostTable, float]:
+    """The case's cost table measured in this process as a server starting an "auto" run
+    measures it (fresh: `plan_case` calls this in a new process); the table and the
+    profiling seconds."""
     torch.set_num_threads(config.torch_threads)
     warm_up_torch()  # as the server does before it profiles
     dataset = train_dataset(config)
     model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
-    samples = [len(device_indices(config, dataset, k)) for k in range(config.devices)]
-
     started = time.perf_counter()
     costs = measure_planning_costs(config, model, dataset.in_shape, dataset,
                                    repeats=settings.profile_repeats,
                                    warmup=settings.profile_warmup)
+    return costs, time.perf_counter() - started
+
+
+def profile_in_a_fresh_process(config: RunConfig, settings: Settings
+                               ) -> tuple[CostTable, float]:
+    """`profile_case` in a new Python process, as each run's server profiles: what this
+    process ran before (sweeps, earlier profiles) leaves its heap, caches and threads
+    behind, and a profile measured after it is another machine's (session 21: vgg5's
+    server passes at 1-2 samples 10-20% slower in a process's later profiles than in its
+    first)."""
+    done = subprocess.run(
+        [sys.executable, __file__, "--profile-case", json.dumps(config.to_mapping()),
+         "--profile-settings", json.dumps(asdict(settings))],
+        capture_output=True, text=True, check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(Path(__file__).resolve().parents[1]),
+                          os.environ.get("PYTHONPATH")]))})
+    if done.returncode != 0:
+        raise RuntimeError(f"profiling in a fresh process failed: {done.stderr[-2000:]}")
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    return CostTable.from_mapping(answer["costs"]), float(answer["profile_s"])
+
+
+def plan_case(config: RunConfig, settings: Settings) -> Planned:
+    """Profile (in a fresh process) and plan as the server does for "auto" (see the
+    module docs, step 1)."""
+    costs, profile_s = profile_in_a_fresh_process(config, settings)
+    dataset = train_dataset(config)
+    model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
+    samples = [len(device_indices(config, dataset, k)) for k in range(config.devices)]
     profiled = time.perf_counter()
     resolved = resolve_auto(config, model, dataset.in_shape, samples, costs)
     selected = time.perf_counter()
@@ -292,8 +324,7 @@ def plan_case(config: RunConfig, settings: Settings) -> Planned:
     again = choose_plans(config, profile, list(devices))
     if tuple(again) != plan:
         raise RuntimeError(f"bench profile selects {again}, resolve_auto chose {plan}")
-    return Planned(resolved, costs, profile, devices, plan, profiled - started,
-                   selected - profiled)
+    return Planned(resolved, costs, profile, devices, plan, profile_s, selected - profiled)
 
 
 def candidates(planned: Planned) -> list[Plan]:
@@ -754,7 +785,14 @@ def main() -> None:
     parser.add_argument("--stability", type=int, default=0, metavar="TIMES",
                         help="only profile and plan each case TIMES times: which plans "
                              "are chosen, how often (issue 27)")
+    parser.add_argument("--profile-case", help=argparse.SUPPRESS)  # a fresh process's
+    parser.add_argument("--profile-settings", help=argparse.SUPPRESS)  # profile_case
     args = parser.parse_args()
+    if args.profile_case:
+        costs, seconds = profile_case(RunConfig.from_mapping(json.loads(args.profile_case)),
+                                      Settings(**json.loads(args.profile_settings)))
+        print(json.dumps({"costs": costs.to_mapping(), "profile_s": seconds}))
+        return
     models, networks = args.models.split(","), args.networks.split(",")
     if args.stability:
         stability(models, networks, Settings(devices=args.devices, slowdown=args.slowdown,
