@@ -40,10 +40,16 @@ from aiopipe.metrics.results import (
 )
 from aiopipe.runtime.compute import resolve_torch_device
 from aiopipe.runtime.coordinator import Coordinator
+from aiopipe.runtime.cost_cache import cached_costs, cost_key
 from aiopipe.runtime.device import Connector, DeviceSummary, run_device
 from aiopipe.runtime.guard import ConnectionGuard, ConnectionLimits, GuardedSite
 from aiopipe.runtime.http import add_routes
-from aiopipe.runtime.plan import build_model, measure_planning_costs, train_dataset
+from aiopipe.runtime.plan import (
+    build_model,
+    measure_planning_costs,
+    planning_batch_sizes,
+    train_dataset,
+)
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.transport import Link, open_memory_link_pair, open_websocket_link
@@ -66,9 +72,10 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
                    torch_device: str = "cpu") -> RunResult:
     """Run server and devices in this event loop over memory links; the run's result.
 
-    With a `VirtualClock`, compute is charged from ``cost_table`` (measured once at
-    start for the plan's batch sizes when not given) and transfers from the network's
-    bandwidth and latency: timing is deterministic. Devices that link to each other (a
+    With a `VirtualClock`, compute is charged from ``cost_table`` (when not given:
+    measured on this machine once per model and kept on disk, [Note: cost cache] in
+    `aiopipe.runtime.cost_cache`) and transfers from the network's bandwidth and
+    latency: the same config gives the same result, timing included. Devices that link to each other (a
     pipeline) do so over a memory fabric whose every directed link is shaped like the
     network's uplink. ``datasets``: each device's own training data (as
     `Device`'s ``dataset``); by default each trains on its shard of ``config.dataset``.
@@ -145,11 +152,18 @@ def _per_device(config: RunConfig, what: str, values: Sequence[Any] | None
 
 def _measure(config: RunConfig, dataset: Dataset | None) -> CostTable:
     """A cost table for every batch size the run (or its planner) may use, loading
-    micro-batches of ``dataset`` (default: the emulated fleet's training set)."""
+    micro-batches of ``dataset`` (default: the emulated fleet's training set): measured
+    once per machine and model, then read from the cache ([Note: cost cache])."""
+    data = (str(config.dataset) if dataset is None else  # the loading is charged
+            f"{type(dataset).__module__}.{type(dataset).__qualname__}")
     if dataset is None:
         dataset = train_dataset(config)
     model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
-    return measure_planning_costs(config, model, dataset.in_shape, dataset)
+    key = cost_key(model, dataset.in_shape, data, planning_batch_sizes(config),
+                   {"threads": config.torch_threads, "learning_rate": config.learning_rate,
+                    "momentum": config.momentum})
+    return cached_costs(key, partial(measure_planning_costs, config, model,
+                                     dataset.in_shape, dataset))
 
 
 async def _serve(node: Coordinator, link: Link) -> None:

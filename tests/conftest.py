@@ -1,16 +1,27 @@
-"""Shared test settings: one torch thread so tests do not fight over the two cores; a
+"""Shared test settings: one torch thread so tests do not fight over the two cores; the
+measured cost tables kept in this session's own directory, not the user's cache; a
 self-signed TLS certificate for the tests that need one."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
 torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_cost_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """[Note: cost cache] for the whole session (processes the tests start inherit it)."""
+    directory = tmp_path_factory.mktemp("cost-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AIOPIPE_COST_CACHE", str(directory))
+        yield directory
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,106 @@
+"""Cost tables measured once per machine and model, kept on disk: deterministic virtual
+time without a table from the caller.
+
+[Note: cost cache] A virtual-time simulation charges compute from a cost table. Without
+one from the caller, `simulate` measures it on the wall clock, and two calls of the same
+config then differ in every timing figure (weights and losses are the same: issue 28
+saw 0.8808 and 0.8331 s epochs). So the measured table is kept in a cache directory
+under a key of everything it depends on, and the next call on this machine reads it:
+the same config gives the same result in every field, timing included, from the first
+call on. The key holds the machine (host name, processor, CPU count), torch's and
+aiopipe's versions, torch threads, the model's units (their text and parameter shapes),
+the input shape and data type, the batch sizes, learning rate and momentum. What
+differs between machines is the table, so virtual times do too; the weights do not.
+
+The directory is ``$AIOPIPE_COST_CACHE``, else ``$XDG_CACHE_HOME/aiopipe/costs``, else
+``~/.cache/aiopipe/costs``; ``AIOPIPE_COST_CACHE=off`` measures every time. Delete a file
+(or the directory) to measure again, e.g. after the machine's load changed for good. A
+file that cannot be read is measured again and replaced (logged).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from aiopipe.errors import ConfigError
+from aiopipe.scheduler.costs import CostTable
+
+__all__ = ["cache_directory", "cached_costs", "cost_key"]
+
+log = logging.getLogger("aiopipe.runtime")
+
+
+def cache_directory(environ: Mapping[str, str] | None = None) -> Path | None:
+    """Where measured tables are kept; None when ``AIOPIPE_COST_CACHE=off``."""
+    env = os.environ if environ is None else environ
+    chosen = env.get("AIOPIPE_COST_CACHE", "")
+    if chosen.lower() == "off":
+        return None
+    if chosen:
+        return Path(chosen).expanduser()
+    base = env.get("XDG_CACHE_HOME") or str(Path("~/.cache").expanduser())
+    return Path(base) / "aiopipe" / "costs"
+
+
+def cost_key(model: nn.Sequential, in_shape: Sequence[int], data: str,
+             sizes: Sequence[int], settings: Mapping[str, Any]) -> str:
+    """A name for the table of ``model`` on this machine: a hash of what it depends on.
+
+    ``data``: what the micro-batches are loaded from (its loading is charged);
+    ``settings``: anything else the measurement used (threads, learning rate...).
+    """
+    from aiopipe import __version__
+
+    described = {
+        "machine": [platform.node(), platform.machine(), platform.processor(),
+                    os.cpu_count()],
+        "torch": torch.__version__, "aiopipe": __version__,
+        "units": [[repr(unit), [list(p.shape) for p in unit.parameters()]]
+                  for unit in model.children()],
+        "in_shape": list(in_shape), "data": data, "sizes": sorted(set(sizes)),
+        "settings": dict(sorted(settings.items())),
+    }
+    text = json.dumps(described, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def cached_costs(key: str, measure: Callable[[], CostTable],
+                 directory: Path | None = None) -> CostTable:
+    """The table kept under ``key`` in ``directory`` (default `cache_directory`), or
+    ``measure()``'s, then kept there. With no directory (caching off), ``measure()``.
+    A directory that cannot be written is logged, and the measured table returned.
+    """
+    directory = cache_directory() if directory is None else directory
+    if directory is None:
+        return measure()
+    path = directory / f"{key}.json"
+    if path.exists():
+        try:
+            table = CostTable.from_mapping(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError, ConfigError) as exc:
+            log.warning("cost table %s cannot be read (%s): measuring it again", path, exc)
+        else:
+            log.info("cost table read from %s", path)
+            return table
+    table = measure()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(table.to_mapping()))
+        partial.replace(path)  # whole or not at all, also with two writers
+    except OSError as exc:  # the run goes on; the next one measures again
+        log.warning("cannot keep the measured cost table in %s (%s): set "
+                    "AIOPIPE_COST_CACHE to a writable directory, or to off", directory, exc)
+        return table
+    log.info("cost table measured and kept in %s", path)
+    return table

@@ -1,0 +1,106 @@
+"""[Note: cost cache]: virtual time is deterministic without a table from the caller;
+the table is measured once per machine and model and kept on disk."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiopipe import RunConfig, VirtualClock, simulate
+from aiopipe import api as api_module
+from aiopipe.runtime.cost_cache import cache_directory, cached_costs, cost_key
+from aiopipe.runtime.plan import build_model
+from aiopipe.scheduler.costs import CostTable
+
+CONFIG = RunConfig(mode="pipar", model="vgg5", devices=2, samples_per_device=40,
+                   batch_size=20, epochs=2, split_point="auto", parallel_batches="auto",
+                   test_samples=20, network="4g")
+
+
+@pytest.fixture
+def measured(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many tables `simulate` measured."""
+    calls: list[int] = []
+    real = api_module.measure_planning_costs
+
+    def counting(*args: object, **kwargs: object) -> CostTable:
+        calls.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(api_module, "measure_planning_costs", counting)
+    return calls
+
+
+async def test_two_default_simulations_are_alike_in_every_field_timing_included(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, measured: list[int]) -> None:
+    monkeypatch.setenv("AIOPIPE_COST_CACHE", str(tmp_path / "cache"))
+    first = await simulate(CONFIG, clock=VirtualClock())
+    second = await simulate(CONFIG, clock=VirtualClock())
+    assert measured == [1]  # the second read the first's table
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 1
+    assert first.epochs == second.epochs
+    assert [e.time_s for e in first.epochs] == [e.time_s for e in second.epochs]
+    assert first.trace == second.trace
+    for (key, a), (_, b) in zip(first.model.state_dict().items(),
+                                second.model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), key
+
+
+async def test_off_measures_every_time(monkeypatch: pytest.MonkeyPatch,
+                                       measured: list[int]) -> None:
+    monkeypatch.setenv("AIOPIPE_COST_CACHE", "off")
+    config = CONFIG.replace(epochs=1, split_point=2, parallel_batches=2)
+    await simulate(config, clock=VirtualClock())
+    await simulate(config, clock=VirtualClock())
+    assert measured == [1, 1]
+
+
+def _table(seconds: float) -> CostTable:
+    return CostTable.uniform(3, forward=seconds, backward=seconds, step=seconds, batch=1)
+
+
+def test_a_kept_table_is_read_and_a_broken_one_replaced(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    assert cached_costs("k", lambda: _table(0.001), tmp_path) == _table(0.001)
+    # read, not measured again
+    assert cached_costs("k", lambda: _table(0.5), tmp_path) == _table(0.001)
+    (tmp_path / "k.json").write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="aiopipe.runtime"):
+        assert cached_costs("k", lambda: _table(0.002), tmp_path) == _table(0.002)
+    assert "cannot be read" in caplog.text
+    assert CostTable.from_mapping(json.loads((tmp_path / "k.json").read_text())) == _table(0.002)
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_directory_that_cannot_be_written_loses_nothing_but_the_cache(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with caplog.at_level(logging.WARNING, logger="aiopipe.runtime"):
+        assert cached_costs("k", lambda: _table(0.001), blocker / "costs") == _table(0.001)
+    assert "AIOPIPE_COST_CACHE" in caplog.text
+
+
+def test_the_directory_follows_the_environment(tmp_path: Path) -> None:
+    assert cache_directory({"AIOPIPE_COST_CACHE": "OFF"}) is None
+    assert cache_directory({"AIOPIPE_COST_CACHE": str(tmp_path)}) == tmp_path
+    assert cache_directory({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "aiopipe" / "costs"
+    assert cache_directory({}) == Path("~/.cache/aiopipe/costs").expanduser()
+
+
+def test_the_key_changes_with_what_the_table_depends_on() -> None:
+    vgg5 = build_model(RunConfig(model="vgg5"), num_classes=10, in_shape=(3, 32, 32))
+    resnet = build_model(RunConfig(model="resnet18"), num_classes=10, in_shape=(3, 32, 32))
+    settings = {"threads": 1, "learning_rate": 0.02, "momentum": 0.9}
+    key = cost_key(vgg5, (3, 32, 32), "synthetic-cifar10", [1, 2, 4], settings)
+    assert key == cost_key(vgg5, (3, 32, 32), "synthetic-cifar10", [4, 2, 1, 2], settings)
+    others = [cost_key(resnet, (3, 32, 32), "synthetic-cifar10", [1, 2, 4], settings),
+              cost_key(vgg5, (3, 32, 32), "synthetic-mnist", [1, 2, 4], settings),
+              cost_key(vgg5, (3, 32, 32), "synthetic-cifar10", [1, 2], settings),
+              cost_key(vgg5, (3, 32, 32), "synthetic-cifar10", [1, 2, 4],
+                       {**settings, "threads": 2})]
+    assert len({key, *others}) == 5
