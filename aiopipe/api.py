@@ -75,9 +75,9 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
     With a `VirtualClock`, compute is charged from ``cost_table`` (when not given:
     measured on this machine once per model and kept on disk, [Note: cost cache] in
     `aiopipe.runtime.cost_cache`) and transfers from the network's bandwidth and
-    latency: the same config gives the same result, timing included. Devices that link to each other (a
-    pipeline) do so over a memory fabric whose every directed link is shaped like the
-    network's uplink. ``datasets``: each device's own training data (as
+    latency: the same config gives the same result, timing included. Devices that link
+    to each other (a pipeline) do so over a memory fabric whose every directed link is
+    shaped like the network's uplink. ``datasets``: each device's own training data (as
     `Device`'s ``dataset``); by default each trains on its shard of ``config.dataset``.
     ``held_out``: each device's own held-out data (None for a device without), on which
     it evaluates every epoch's global model (`EpochMetrics.held_out_accuracy`). Writes

@@ -205,6 +205,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--server-lanes", type=int,
                      help="modes sfl, pipar: server passes of different devices' replicas "
                           "run at once (threads; for a server with that many cores or a GPU)")
+    run.add_argument("--devices-per-round", type=_count_or_fraction,
+                     help="modes fl, sl, sfl, pipar: devices sampled to train in each round: "
+                          "a count, or a fraction in (0, 1) of the devices; 0: every device")
     run.add_argument("--learning-rate", type=float, help="SGD learning rate")
     run.add_argument("--momentum", type=float, help="SGD momentum")
     run.add_argument("--seed", type=int, help="random seed")
@@ -215,6 +218,18 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         if (action.dest in RUN_OPTION_KEYS and action.help and "default" not in action.help
                 and not isinstance(action, argparse._StoreFalseAction)):
             action.help += f" (default {_shown(getattr(defaults, action.dest))})"
+
+
+def _count_or_fraction(text: str) -> int | float:
+    """``--devices-per-round``'s value: an integer count, or a fraction."""
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a count or a fraction, got {text!r}") from None
 
 
 def _shown(value: object) -> str:
@@ -238,7 +253,7 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "optimizer", "dataset", "test_sample
                    "chain_replication_every", "first_repartition_after", "warmup_epochs",
                    "warmup_learning_rate", "local_steps", "sync_periods", "ring_size",
                    "version_smoothing", "ring_timeout", "group_size", "inter_group_every",
-                   "privacy", "privacy_noise", "server_lanes")
+                   "privacy", "privacy_noise", "server_lanes", "devices_per_round")
 
 
 def config_from_args(args: argparse.Namespace, **defaults: Any) -> RunConfig:

@@ -272,6 +272,12 @@ class RunConfig:
             runs at once (PiPar §3.2.3 Fig. 3c): its compute threads, for a server with
             that many cores or a GPU; 1 runs every pass in turn. The planner plans with
             it ([Note: server lanes]); each device's own passes stay in order.
+        devices_per_round: fl, sl, sfl, pipar: how many devices train in each round,
+            sampled anew every round (Flower's fraction_fit in spirit): 0, every device;
+            an integer n >= 1, n of them; a fraction in (0, 1), that share of the
+            devices rounded up. The choice is seeded by ``seed``, the epoch and the round
+            (`sampled_devices`), among the devices alive then, and recorded in each
+            epoch's ``sampled``; FedAvg weighs the sampled devices' samples.
         ring_timeout: hadfl: seconds a ring member waits for its upstream before it
             asks whether it is alive (a handshake); an upstream that does not answer
             within as long again (or whose link broke) is bypassed.
@@ -340,6 +346,7 @@ class RunConfig:
     privacy: str = "none"
     privacy_noise: float = 0.01
     server_lanes: int = 1
+    devices_per_round: int | float = 0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -458,6 +465,29 @@ class RunConfig:
         self._check_hadfl()
         self._check_privacy()
         self._check_server_lanes()
+        self._check_devices_per_round()
+
+    def _check_devices_per_round(self) -> None:
+        """Sampling per round: 0, a count up to ``devices``, or a fraction in (0, 1); only
+        where a round is a set of devices training from the global model."""
+        value = self.devices_per_round
+        expected = f"0 (every device), an integer 1..{self.devices} or a fraction in (0, 1)"
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _fail("devices_per_round", value, expected)
+        if isinstance(value, int) and not 0 <= value <= self.devices:
+            raise _fail("devices_per_round", value, expected)
+        if isinstance(value, float) and not 0 < value < 1:
+            raise _fail("devices_per_round", value, expected)
+        if value and self.mode not in STAR_MODES:
+            raise _fail("devices_per_round", value, f"0 in mode {self.mode} (devices are "
+                        "sampled per round in fl, sl, sfl and pipar)")
+
+    def round_size(self, alive: int) -> int:
+        """Devices that train in a round when ``alive`` can (`devices_per_round`)."""
+        value = self.devices_per_round
+        wanted = (self.devices if not value else value if isinstance(value, int)
+                  else math.ceil(value * self.devices))
+        return min(wanted, alive)
 
     def _check_server_lanes(self) -> None:
         """Concurrent server passes: a count >= 1, above 1 only where the server holds a

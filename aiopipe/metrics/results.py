@@ -57,7 +57,9 @@ class EpochMetrics:
     in ``metrics.jsonl``) for an epoch in which no round completed; ``accuracy`` is NaN
     without a test set. ``peer_bytes``: per device, the bytes it sent to other devices
     over their direct links in the epoch's rounds, as it measured and reported them
-    (empty where devices do not link: the star modes).
+    (empty where devices do not link: the star modes). ``sampled``: with
+    ``devices_per_round``, the devices drawn for each of the epoch's rounds (empty when
+    every device trains).
     """
 
     epoch: int
@@ -80,6 +82,7 @@ class EpochMetrics:
     device_accuracy: Mapping[str, float] = field(default_factory=dict)
     changes: Sequence[Mapping[str, Any]] = ()
     peer_bytes: Sequence[int] = ()
+    sampled: Sequence[Sequence[int]] = ()
 
     def to_mapping(self) -> dict[str, Any]:
         """Plain JSON-able form (one line of ``metrics.jsonl``)."""
@@ -94,6 +97,7 @@ class EpochMetrics:
         out["device_accuracy"] = dict(self.device_accuracy)
         out["changes"] = [dict(c) for c in self.changes]
         out["peer_bytes"] = list(self.peer_bytes)
+        out["sampled"] = [list(r) for r in self.sampled]
         return out
 
 

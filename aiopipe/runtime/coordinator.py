@@ -80,6 +80,7 @@ from aiopipe.runtime.evaluation import held_out_accuracy, test_accuracy
 from aiopipe.runtime.factories import build_model
 from aiopipe.runtime.plan import declared_devices, planning_batch_sizes
 from aiopipe.runtime.profiling import profile_fleet
+from aiopipe.runtime.sampling import sampled_devices
 from aiopipe.runtime.stage import ServerStage
 from aiopipe.runtime.systems import Setup, System, system_for
 from aiopipe.runtime.tasks import first_error
@@ -502,7 +503,11 @@ class Coordinator:
             first = r * period
             round_no = self.new_round()
             work = [max(0, min(period, n - first)) for n in iterations]
-            participants = await self._participants()
+            alive = await self._participants()
+            participants = sampled_devices(self.config.seed, epoch, r, alive,
+                                           self.config.round_size(len(alive)))
+            if self.config.devices_per_round:  # [Note: sampling per round]
+                tally.setdefault("sampled", []).append(participants)
             mark = len(self.recorder.slices)
             done = await system.run_round(self, round_no, epoch, first, work, participants)
             tally["lost"] = sorted(set(tally["lost"]) | (set(participants) - set(done)))
@@ -546,6 +551,7 @@ class Coordinator:
                    for track, seconds in sorted(by_track.items()) if "->" in track},
             held_out_accuracy=held_out, device_accuracy=per_device,
             changes=tuple(self.replans[changes_before:]),
+            sampled=tuple(tuple(r) for r in tally.get("sampled", ())),
             peer_bytes=(tuple(a - b for a, b in zip(self._peer_bytes(), peers_before,
                                                      strict=True))
                         if self.config.mode in LINKED_MODES else ()),
@@ -559,6 +565,9 @@ class Coordinator:
             return 0, 0
         total = sum(self.system.iterations(int(p["device"])) * int(p.get("parallel_batches", 1))
                     for p in self.system.plan_entries())
+        if self.config.devices_per_round:  # about: the sampled devices' share of it
+            devices = self.config.devices
+            total = math.ceil(total * self.config.round_size(devices) / devices)
         done = self._served_before_round + sum(s.served for s in self.sessions.values())
         return min(done, total), total
 
@@ -776,6 +785,7 @@ def _epoch_from(values: Mapping[str, Any]) -> EpochMetrics:
     fields["device_accuracy"] = dict(fields.get("device_accuracy", {}))
     fields["changes"] = tuple(fields.get("changes", ()))
     fields["peer_bytes"] = tuple(fields.get("peer_bytes", ()))
+    fields["sampled"] = tuple(tuple(r) for r in fields.get("sampled", ()))
     for name in ("held_out_accuracy", "accuracy", "loss", "train_accuracy"):
         if fields.get(name) is None:  # NaN is null in JSON
             fields[name] = math.nan
