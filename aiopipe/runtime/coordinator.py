@@ -668,7 +668,9 @@ class Coordinator:
             ConfigError: none there, or it is another run's.
         """
         tensors, meta = load_checkpoint(directory)
-        saved = dict(meta.get("config", {}))
+        # a key the checkpoint's version did not have ran as its default does
+        meta["config"] = {**RunConfig().to_mapping(), **dict(meta.get("config", {}))}
+        saved = dict(meta["config"])
         current = self.config.to_mapping()
         for key in ("out_dir", *self.system.planned_keys):  # "auto" plans: the checkpoint's
             saved.pop(key, None)

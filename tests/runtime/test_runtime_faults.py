@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import torch
 from fleet import COSTS, NETWORK, Fleet, ready_for
 
 from aiopipe import RunConfig, TrainingError, VirtualClock, simulate
+from aiopipe.errors import ConfigError
 from aiopipe.protocol import PROTOCOL_VERSION, Hello, Plan, decode, encode
 from aiopipe.runtime.checkpoint import load_checkpoint
 from aiopipe.runtime.coordinator import Coordinator
@@ -334,3 +336,30 @@ async def test_an_epoch_in_which_nobody_trained_has_no_loss() -> None:
     assert b'"epoch":1' in line
     assert trained.samples == 240
     assert math.isfinite(trained.loss)
+
+
+async def test_a_checkpoint_of_an_earlier_version_resumes_with_its_new_keys_defaulted(
+        tmp_path: Path) -> None:
+    """A checkpoint written before a config key existed (here ``server_lanes`` and
+    ``devices_per_round``) ran as the key's default does: it resumes; one whose keys
+    differ from the run's is still another run's."""
+    config = CONFIG.replace(epochs=1)
+    clock = VirtualClock()
+    async with asyncio.TaskGroup() as tasks:
+        fleet = Fleet(config, clock, tasks)
+        fleet.node.checkpoints.directory = tmp_path
+        for k in range(3):
+            fleet.start_device(k)
+        await fleet.node.train()
+    await clock.aclose()
+    path = tmp_path / "checkpoint.json"
+    meta = json.loads(path.read_text())
+    for key in ("server_lanes", "devices_per_round"):
+        del meta["config"][key]
+    path.write_text(json.dumps(meta))
+    node = Coordinator(config, clock=VirtualClock(), cost_table=COSTS,
+                       checkpoint_dir=tmp_path, resume=True)
+    assert node.config == config
+    with pytest.raises(ConfigError, match=r"another run \(different devices_per_round\)"):
+        Coordinator(config.replace(devices_per_round=2), clock=VirtualClock(),
+                    cost_table=COSTS, checkpoint_dir=tmp_path, resume=True)
