@@ -1,33 +1,18 @@
-"""The test harness for faults in virtual time: a server node and devices that connect
-over fresh memory links, every task in the caller's task group.
-
-A device reconnects by itself when its link breaks (`Fleet.cut`); `Fleet.kill` ends the
-device itself, as SIGKILL would, and `Fleet.start_device` starts a new process with that
-id; `Fleet.block` makes the server unreachable for one device for a while (its connection
-attempts fail, so it retries with backoff). Failures of the harness's own tasks that are
-not aiopipe errors (the server and the devices must raise nothing else) are kept in
-``crashes`` and raised, so that they end the task group, and the test, at once.
-"""
+"""The suite's presets for `aiopipe.testing.Fleet`: one cost table and one wire for
+every fault test, whatever the config's network (the tests' timings were written
+against them)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from aiopipe import CostTable, RunConfig
 from aiopipe.clock import Clock
-from aiopipe.errors import AiopipeError, LinkBrokenError
-from aiopipe.models import model_digest
-from aiopipe.protocol import Plan, Ready
-from aiopipe.runtime.coordinator import Coordinator
-from aiopipe.runtime.device import run_device
-from aiopipe.runtime.factories import build_model
-from aiopipe.transport import Link, LinkSpec, MemoryLink, open_memory_link_pair
-from aiopipe.transport.fabric import MemoryFabric
+from aiopipe.testing import Fleet
+from aiopipe.transport import LinkSpec
 
-__all__ = ["COSTS", "NETWORK", "WIRE", "Fleet", "joined", "ready_for"]
+__all__ = ["COSTS", "NETWORK", "WIRE", "suite_fleet"]
 
 COSTS = CostTable.uniform(5, forward=0.01, backward=0.02, step=0.001, batch=10)
 #: the run's network, as config (what planning and shaping assume) ...
@@ -36,150 +21,7 @@ NETWORK = {"up_mbps": 50, "down_mbps": 50, "latency_ms": 5}
 WIRE = LinkSpec(50e6, 0.005)
 
 
-def ready_for(plan: Plan, samples: int) -> Ready:
-    """What an honest device that holds ``samples`` samples announces after ``plan``
-    (scripted devices send it by hand)."""
-    config = RunConfig.from_mapping(plan.run)
-    model = build_model(config, num_classes=plan.num_classes, in_shape=plan.in_shape)
-    return Ready(samples, plan.in_shape, plan.num_classes, model_digest(model))
-
-
-async def joined(node: Coordinator) -> Coordinator:
-    """``node`` as if every device of its emulated fleet had joined (announced its
-    shard): planned, and, when it resumes, restored from its checkpoint."""
-    config = node.config
-    for k in range(config.devices):
-        node.announced[k] = Ready(config.device_samples_of(k), node.in_shape,
-                                  node.num_classes, node.model_digest)
-    await node._prepare()
-    return node
-
-
-class Fleet:
-    """A server node and its devices over memory links, in virtual time (module docstring;
-    the system clock and real compute work too: ``cost_table=None``).
-
-    Attributes:
-        node: the server; a test may replace it (a restarted server).
-        device_links, server_links: device k's current link, device end and server end.
-        devices: device k's latest process (task).
-        started_at: when device k's latest process started.
-        outcomes: per device, what each of its processes ended with: its `DeviceSummary`,
-            the aiopipe error it failed with, or "killed".
-        crashes: exceptions other than aiopipe errors from the server or a device.
-    """
-
-    def __init__(self, config: RunConfig, clock: Clock, tasks: asyncio.TaskGroup, *,
-                 cost_table: CostTable | None = COSTS, wire: LinkSpec = WIRE,
-                 fabric: MemoryFabric | None = None) -> None:
-        self.node = Coordinator(config, clock=clock, cost_table=cost_table)
-        #: where devices listen for each other (runs that link devices: a pipeline)
-        self.fabric = fabric
-        self.clock, self.tasks = clock, tasks
-        self.cost_table, self.wire = cost_table, wire
-        self.device_links: dict[int, MemoryLink] = {}
-        self.server_links: dict[int, MemoryLink] = {}
-        self.devices: dict[int, asyncio.Task[None]] = {}
-        self.started_at: dict[int, float] = {}
-        self.outcomes: dict[int, list[object]] = {}
-        self.crashes: list[BaseException] = []
-        self.helpers: list[asyncio.Task[None]] = []
-        self._blocked_until: dict[int, float] = {}
-
-    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        """Run a helper in the fleet's task group (``helpers`` keeps it, to cancel it)."""
-        task = self.tasks.create_task(coroutine)
-        self.helpers.append(task)
-        return task
-
-    def connect(self) -> tuple[MemoryLink, MemoryLink]:
-        """A new connection to the server: (device end, server end); the server serves it."""
-        device_end, server_end = open_memory_link_pair(self.clock, a_to_b=self.wire,
-                                                       b_to_a=self.wire)
-        self.spawn(self._serve(server_end))
-        return device_end, server_end
-
-    async def _serve(self, link: MemoryLink) -> None:
-        try:
-            await self.node.serve_link(link)
-        except AiopipeError:
-            pass
-        except Exception as exc:
-            self.crashes.append(exc)
-            raise
-
-    def connector(self, k: int) -> Callable[[], contextlib.AbstractAsyncContextManager[Link]]:
-        """How device k opens a new connection (and the fleet learns of its links)."""
-
-        @contextlib.asynccontextmanager
-        async def open_link() -> AsyncIterator[Link]:
-            if self.clock.now() < self._blocked_until.get(k, -1.0):
-                raise LinkBrokenError(f"the server is unreachable for device {k}")
-            device_end, server_end = self.connect()
-            self.device_links[k], self.server_links[k] = device_end, server_end
-            try:
-                yield device_end
-            finally:
-                await device_end.aclose()
-
-        return open_link
-
-    def start_device(self, k: int) -> None:
-        """Start a device process with id k (a restart, if one ran before)."""
-        self.started_at[k] = self.clock.now()
-        self.devices[k] = self.tasks.create_task(self._device(k))
-
-    async def _device(self, k: int) -> None:
-        endpoint = self.fabric.endpoint(f"device{k}") if self.fabric is not None else None
-        try:
-            summary = await run_device(self.connector(k), k, clock=self.clock,
-                                       cost_table=self.cost_table, clock_offset=0.0,
-                                       endpoint=endpoint)
-        except AiopipeError as exc:
-            self.outcomes.setdefault(k, []).append(exc)
-        except asyncio.CancelledError:
-            self.outcomes.setdefault(k, []).append("killed")
-        except Exception as exc:
-            self.crashes.append(exc)
-            raise
-        else:
-            self.outcomes.setdefault(k, []).append(summary)
-        finally:
-            if endpoint is not None:
-                await endpoint.aclose()
-
-    def alive(self, k: int) -> bool:
-        """Whether device k's latest process is still running."""
-        return k in self.devices and not self.devices[k].done()
-
-    def kill(self, k: int) -> None:
-        """End device k's process, as SIGKILL would: its link breaks at once."""
-        self.devices[k].cancel()
-        if k in self.device_links:
-            self.device_links[k].break_(f"device {k} was killed")
-
-    def cut(self, k: int) -> None:
-        """Break device k's link; the device reconnects by itself."""
-        self.device_links[k].break_(f"the link of device {k} was cut")
-
-    def block(self, k: int, seconds: float) -> None:
-        """Make the server unreachable for device k's new connections for ``seconds``."""
-        self._blocked_until[k] = self.clock.now() + seconds
-
-    def activations_in(self, k: int, round_no: int) -> int:
-        """Activations the server accepted from device k in round ``round_no`` so far."""
-        session = self.node.sessions.get(k)
-        window = session.window if session else None
-        return len(session.seen) if session and window and window.round == round_no else 0
-
-    async def until(self, condition: Callable[[], bool], *, within: float = 600.0) -> None:
-        """Wait (polling every virtual millisecond) until ``condition()`` holds.
-
-        Raises:
-            TimeoutError: it did not hold within ``within`` virtual seconds.
-        """
-        deadline = self.clock.now() + within
-        while not condition():
-            if self.clock.now() > deadline:
-                raise TimeoutError(f"the condition did not hold within {within:g} s")
-            await self.clock.sleep(0.001)
+def suite_fleet(config: RunConfig, clock: Clock, tasks: asyncio.TaskGroup,
+                **options: Any) -> Fleet:
+    """A `Fleet` charged from `COSTS` over `WIRE` unless ``options`` say otherwise."""
+    return Fleet(config, clock, tasks, **{"cost_table": COSTS, "wire": WIRE, **options})

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from fleet import COSTS, Fleet
+from fleet import COSTS, suite_fleet
 from torch import nn
 
 from aiopipe import RunConfig, RunResult, VirtualClock, simulate
@@ -28,6 +28,7 @@ from aiopipe.runtime.plan import device_indices, train_dataset
 from aiopipe.runtime.systems.asteroid import Asteroid
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.estimate import DeviceProfile
+from aiopipe.testing import Fleet
 from aiopipe.transport import LinkSpec, MemoryLink
 from aiopipe.transport.fabric import MemoryFabric
 
@@ -230,7 +231,7 @@ async def _killed_mid_round(config: RunConfig, killed: int, *, into: float = 0.0
     into epoch 2's round; compute charged by ``costs``."""
     clock = VirtualClock()
     async with asyncio.TaskGroup() as tasks:
-        fleet = Fleet(config, clock, tasks, fabric=MemoryFabric(clock), cost_table=costs)
+        fleet = suite_fleet(config, clock, tasks, fabric=MemoryFabric(clock), cost_table=costs)
         for k in range(3):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
@@ -362,7 +363,7 @@ async def test_a_round_stopped_by_a_broken_link_is_played_again_exactly(backups:
     clock = VirtualClock()
     async with asyncio.TaskGroup() as tasks:
         fabric = Recorded(clock)
-        fleet = Fleet(config, clock, tasks, fabric=fabric)
+        fleet = suite_fleet(config, clock, tasks, fabric=fabric)
         for k in range(3):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())

@@ -5,10 +5,10 @@ least as fast as any fixed plan we try."""
 from __future__ import annotations
 
 import pytest
-from fleet import joined
 
 from aiopipe import CostTable, RunConfig, VirtualClock, simulate
 from aiopipe.api import _measure
+from aiopipe.testing import joined
 
 BASE = RunConfig(mode="pipar", model="vgg5", devices=2, samples_per_device=500, batch_size=50,
                  epochs=1, split_point="auto", parallel_batches="auto", network="4g",

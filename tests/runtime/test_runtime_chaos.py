@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from fleet import COSTS, NETWORK, WIRE, Fleet
+from fleet import COSTS, NETWORK, WIRE, suite_fleet
 
 from aiopipe import RunConfig, VirtualClock, models, simulate
 from aiopipe.metrics.results import RunResult
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.device import DeviceSummary
+from aiopipe.testing import Fleet
 from aiopipe.transport import LinkSpec, MemoryLink
 
 SLOW_BANDWIDTH_CAP = 10e6  # a slowed link carries at most this many bits per second
@@ -180,7 +181,7 @@ async def run_chaos(seed: int, *, kills: bool = True) -> ChaosRun:
     faults = Faults()
     try:
         async with asyncio.TaskGroup() as tasks:
-            fleet = Fleet(config, clock, tasks)
+            fleet = suite_fleet(config, clock, tasks)
             for k in range(config.devices):
                 fleet.start_device(k)
             cap = tasks.create_task(virtual_cap(clock, VIRTUAL_SECONDS_PER_RUN))

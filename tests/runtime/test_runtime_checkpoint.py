@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from fleet import Fleet, joined
+from fleet import suite_fleet
 
 from aiopipe import RunConfig, SystemClock
 from aiopipe.errors import TrainingError
@@ -23,6 +23,7 @@ from aiopipe.runtime import checkpoint as checkpoint_module
 from aiopipe.runtime.checkpoint import load_checkpoint, save_checkpoint
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.systems import Star
+from aiopipe.testing import joined
 
 CONFIG = RunConfig(mode="pipar", devices=2, samples_per_device=40, batch_size=20, epochs=2,
                    split_point=2, parallel_batches=2, aggregation_every=1, test_samples=20,
@@ -52,7 +53,7 @@ def write_now(node: Coordinator, directory: Path) -> None:
 async def train(tmp_path: Path) -> RunResult:
     """Train CONFIG with 2 devices over memory links, checkpointing to ``tmp_path``."""
     async with asyncio.TaskGroup() as tasks:
-        fleet = Fleet(CONFIG, SystemClock(), tasks, cost_table=None)
+        fleet = suite_fleet(CONFIG, SystemClock(), tasks, cost_table=None)
         fleet.node = real_node(tmp_path)
         for k in range(2):
             fleet.start_device(k)

@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 import pytest
 import torch
-from fleet import COSTS, NETWORK, Fleet, ready_for
+from fleet import COSTS, NETWORK, suite_fleet
 
 from aiopipe import RunConfig, TrainingError, VirtualClock, simulate
 from aiopipe.errors import ConfigError
@@ -23,6 +23,7 @@ from aiopipe.protocol import PROTOCOL_VERSION, Hello, Plan, decode, encode
 from aiopipe.runtime.checkpoint import load_checkpoint
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.device import DeviceSummary
+from aiopipe.testing import Fleet, ready_for
 
 # 3 devices x 80 samples, B=20: 4 iterations per epoch, 2 rounds of 2 iterations
 CONFIG = RunConfig(mode="pipar", devices=3, samples_per_device=80, batch_size=20, epochs=3,
@@ -39,7 +40,7 @@ def start_of(fleet: Fleet) -> float:
 async def test_a_killed_device_is_excluded_and_a_restarted_one_rejoins() -> None:
     clock = VirtualClock()
     async with asyncio.TaskGroup() as tasks:
-        fleet = Fleet(CONFIG, clock, tasks)
+        fleet = suite_fleet(CONFIG, clock, tasks)
         for k in range(3):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
@@ -72,7 +73,7 @@ async def test_a_restarted_device_drops_its_round_and_rejoins_at_the_next() -> N
     and it takes part again from the next round; nothing is counted twice."""
     clock = VirtualClock()
     async with asyncio.TaskGroup() as tasks:
-        fleet = Fleet(CONFIG, clock, tasks)
+        fleet = suite_fleet(CONFIG, clock, tasks)
         for k in range(3):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
@@ -90,7 +91,7 @@ async def test_a_silent_device_is_declared_lost_after_timeout_and_grace() -> Non
     config = CONFIG.replace(devices=2, epochs=1, aggregation_every=0, reconnect_grace=4.0)
     clock = VirtualClock()
     async with asyncio.TaskGroup() as tasks:
-        fleet = Fleet(config, clock, tasks)
+        fleet = suite_fleet(config, clock, tasks)
         fleet.start_device(0)
         silent, _ = fleet.connect()  # a device that never speaks after it joined
         await silent.send(encode(Hello(PROTOCOL_VERSION, 1)))
@@ -115,7 +116,7 @@ async def test_a_device_that_does_not_come_back_is_left_out_after_the_grace() ->
     config = CONFIG.replace(device_timeout=10.0, reconnect_grace=2.0)
     clock = VirtualClock()
     async with asyncio.TaskGroup() as tasks:
-        fleet = Fleet(config, clock, tasks)
+        fleet = suite_fleet(config, clock, tasks)
         for k in range(3):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
@@ -147,7 +148,7 @@ async def test_a_device_back_within_the_grace_keeps_its_round() -> None:
     away = 3.0  # > device_timeout; with the backoff, back well within reconnect_grace
     clock = VirtualClock()
     async with asyncio.TaskGroup() as tasks:
-        fleet = Fleet(config, clock, tasks)
+        fleet = suite_fleet(config, clock, tasks)
         for k in range(3):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
@@ -182,7 +183,7 @@ async def test_a_device_back_after_the_grace_rejoins_at_a_later_round() -> None:
                             reconnect_grace=1.0)
     clock = VirtualClock()
     async with asyncio.TaskGroup() as tasks:
-        fleet = Fleet(config, clock, tasks)
+        fleet = suite_fleet(config, clock, tasks)
         for k in range(3):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
@@ -212,7 +213,7 @@ async def test_the_run_fails_when_every_device_is_gone_for_good() -> None:
     config = CONFIG.replace(devices=1, epochs=2, aggregation_every=0)
     clock = VirtualClock()
     async with asyncio.TaskGroup() as tasks:
-        fleet = Fleet(config, clock, tasks)
+        fleet = suite_fleet(config, clock, tasks)
         fleet.node.join_timeout = 30.0
         fleet.start_device(0)
 
@@ -231,7 +232,7 @@ async def test_a_cut_link_is_repaired_and_nothing_is_lost_or_counted_twice() -> 
     run computes exactly what an undisturbed run computes."""
     clock = VirtualClock()
     async with asyncio.TaskGroup() as tasks:
-        fleet = Fleet(CONFIG, clock, tasks)
+        fleet = suite_fleet(CONFIG, clock, tasks)
         for k in range(3):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
@@ -264,7 +265,7 @@ async def test_a_restarted_server_resumes_from_its_checkpoint(tmp_path: Path) ->
     config = CONFIG
     clock = VirtualClock()
     async with asyncio.TaskGroup() as tasks:
-        fleet = Fleet(config, clock, tasks)
+        fleet = suite_fleet(config, clock, tasks)
         fleet.node.checkpoints.directory = tmp_path
         for k in range(3):
             fleet.start_device(k)
@@ -315,7 +316,7 @@ async def test_an_epoch_in_which_nobody_trained_has_no_loss() -> None:
     config = CONFIG.replace(aggregation_every=0, epochs=2)  # one round per epoch
     clock = VirtualClock()
     async with asyncio.TaskGroup() as tasks:
-        fleet = Fleet(config, clock, tasks)
+        fleet = suite_fleet(config, clock, tasks)
         for k in range(3):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
@@ -346,7 +347,7 @@ async def test_a_checkpoint_of_an_earlier_version_resumes_with_its_new_keys_defa
     config = CONFIG.replace(epochs=1)
     clock = VirtualClock()
     async with asyncio.TaskGroup() as tasks:
-        fleet = Fleet(config, clock, tasks)
+        fleet = suite_fleet(config, clock, tasks)
         fleet.node.checkpoints.directory = tmp_path
         for k in range(3):
             fleet.start_device(k)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 from async_reference import delayed_sgd_rounds
-from fleet import Fleet
+from fleet import suite_fleet
 
 from aiopipe import CostTable, RunConfig, TrainingError, VirtualClock, simulate
 from aiopipe import data as datasets
@@ -461,7 +461,7 @@ async def test_a_restarted_server_resumes_from_its_checkpoint(tmp_path: Path) ->
     config = CONFIG.replace(global_replication_every=4)
     clock = VirtualClock()
     async with asyncio.TaskGroup() as tasks:
-        fleet = Fleet(config, clock, tasks, cost_table=COSTS, fabric=MemoryFabric(clock))
+        fleet = suite_fleet(config, clock, tasks, cost_table=COSTS, fabric=MemoryFabric(clock))
         fleet.node.checkpoints.directory = tmp_path
         for k in range(4):
             fleet.start_device(k)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from fleet import COSTS, Fleet
+from fleet import COSTS, suite_fleet
 
 from aiopipe import RunConfig, RunResult, VirtualClock, simulate
 from aiopipe import data as datasets
@@ -163,7 +163,7 @@ async def test_a_dead_ring_member_is_bypassed_and_comes_back_from_the_backup() -
                      reconnect_grace=1.0)
     clock = VirtualClock()
     async with asyncio.TaskGroup() as tasks:
-        fleet = Fleet(config, clock, tasks, fabric=MemoryFabric(clock))
+        fleet = suite_fleet(config, clock, tasks, fabric=MemoryFabric(clock))
         for k in range(4):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
@@ -226,7 +226,7 @@ async def test_a_resumed_run_goes_on_from_the_backup_with_the_negotiated_strateg
     async def run(resume: bool, stop_after: int | None) -> Coordinator:
         clock = VirtualClock()
         async with asyncio.TaskGroup() as tasks:
-            fleet = Fleet(config, clock, tasks, fabric=MemoryFabric(clock))
+            fleet = suite_fleet(config, clock, tasks, fabric=MemoryFabric(clock))
             fleet.node = Coordinator(config, clock=clock, cost_table=COSTS,
                                      checkpoint_dir=tmp_path, resume=resume)
             for k in range(3):

@@ -16,7 +16,6 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from fleet import ready_for
 
 from aiopipe import RunConfig, TrainingError, VirtualClock
 from aiopipe.errors import AiopipeError
@@ -35,6 +34,7 @@ from aiopipe.protocol import (
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.device import run_device
 from aiopipe.scheduler.costs import CostTable
+from aiopipe.testing import ready_for
 from aiopipe.transport import MemoryLink, open_memory_link_pair
 from aiopipe.transport.fabric import MemoryEndpoint, MemoryFabric
 from aiopipe.transport.peering import dial_peer

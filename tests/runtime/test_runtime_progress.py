@@ -9,7 +9,7 @@ import io
 from types import SimpleNamespace
 
 import pytest
-from fleet import Fleet
+from fleet import suite_fleet
 from test_runtime_faults import CONFIG
 
 from aiopipe import RunConfig, VirtualClock
@@ -49,7 +49,7 @@ async def test_epoch_progress_counts_the_servers_micro_batches() -> None:
     clock = VirtualClock()
     seen: list[tuple[int, int]] = []
     async with asyncio.TaskGroup() as tasks:
-        fleet = Fleet(CONFIG, clock, tasks)
+        fleet = suite_fleet(CONFIG, clock, tasks)
         assert fleet.node.epoch_progress() == (0, 0)  # before planning
         for k in range(3):
             fleet.start_device(k)

@@ -8,7 +8,6 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from fleet import joined
 
 from aiopipe import RunConfig, VirtualClock
 from aiopipe.api import _device
@@ -20,6 +19,7 @@ from aiopipe.runtime.plan import DevicePlan, build_model, model_profile, train_d
 from aiopipe.runtime.replan import live_profiles
 from aiopipe.scheduler import CostTable, DeviceProfile
 from aiopipe.scheduler import select as select_module
+from aiopipe.testing import joined
 from aiopipe.transport import network_spec, open_memory_link_pair
 from aiopipe.transport.network import LinkSpec
 

@@ -9,12 +9,13 @@ import asyncio
 import contextlib
 
 import torch
-from fleet import COSTS, WIRE, Fleet
+from fleet import COSTS, WIRE, suite_fleet
 from test_runtime_faults import CONFIG
 
 from aiopipe import VirtualClock, simulate
 from aiopipe.errors import AiopipeError
 from aiopipe.protocol import PROTOCOL_VERSION, ErrorMessage, Hello, Plan, decode, encode
+from aiopipe.testing import Fleet
 from aiopipe.transport import open_memory_link_pair
 
 
@@ -37,7 +38,7 @@ async def test_ten_token_replays_while_the_device_trains_change_nothing() -> Non
     clock = VirtualClock()
     answers: list[object] = []
     async with asyncio.TaskGroup() as tasks:
-        fleet = Fleet(CONFIG, clock, tasks)
+        fleet = suite_fleet(CONFIG, clock, tasks)
         for k in range(3):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
@@ -60,7 +61,7 @@ async def test_a_hello_with_the_sessions_secret_takes_the_session_over() -> None
     """The device's own reconnection (it holds the secret) supersedes a stalled link."""
     clock = VirtualClock()
     async with asyncio.TaskGroup() as tasks:
-        fleet = Fleet(CONFIG.replace(epochs=1), clock, tasks)
+        fleet = suite_fleet(CONFIG.replace(epochs=1), clock, tasks)
         for k in range(3):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())

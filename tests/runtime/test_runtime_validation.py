@@ -11,7 +11,6 @@ import math
 
 import pytest
 import torch
-from fleet import ready_for
 
 from aiopipe import CostTable, RunConfig, VirtualClock
 from aiopipe.errors import AiopipeError, LinkBrokenError
@@ -28,6 +27,7 @@ from aiopipe.protocol import (
 )
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.device import run_device
+from aiopipe.testing import ready_for
 from aiopipe.transport import LinkSpec, MemoryLink, open_memory_link_pair
 
 CONFIG = RunConfig(mode="pipar", devices=2, samples_per_device=40, batch_size=20, epochs=1,
