@@ -20,7 +20,8 @@ Per K, side by side in one table:
   which leaves out the fixed costs of a run (server model, test set, lazy imports);
   ``flt/dev``: minor page faults during ``simulate`` per device;
 - ``est MiB``: the model's estimate of the peak (below); ``virt s``: the virtual epoch
-  time the run reports; ``samples``: samples trained (must be K x samples_per_device);
+  time the run reports; ``samples``: samples trained (must be K x samples_per_device
+  per epoch, or ``--devices-per-round`` x samples_per_device when devices are sampled);
 - ``slices``: slices in ``result.trace`` (one per f/u/s/d/b/step/model transfer) and
   ``slices/s`` per wall second; ``wakeups/s``: timed sleeps on the virtual clock per wall
   second (each is a future the clock's driver resolves).
@@ -110,6 +111,7 @@ def config_of(args: argparse.Namespace, devices: int) -> aiopipe.RunConfig:
         test_samples=args.test_samples,
         network=args.network,
         seed=0,
+        devices_per_round=min(args.devices_per_round, devices),
     )
 
 
@@ -256,6 +258,8 @@ def child_command(args: argparse.Namespace, devices: int, costs_file: Path) -> l
         str(args.test_samples),
         "--network",
         args.network,
+        "--devices-per-round",
+        str(args.devices_per_round),
     ]
 
 
@@ -434,6 +438,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--test-samples", type=int, default=100)
     parser.add_argument("--network", default="4g")
+    parser.add_argument("--devices-per-round", type=int, default=0,
+                        help="devices sampled to train in each round (0: every device; "
+                             "capped at K)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per child")
     parser.add_argument(
         "--keep-free-gib",
@@ -481,6 +488,11 @@ def main() -> None:
         + (
             f", MALLOC_MMAP_THRESHOLD_={args.malloc_mmap_threshold}"
             if args.malloc_mmap_threshold
+            else ""
+        )
+        + (
+            f", {args.devices_per_round} devices sampled per round"
+            if args.devices_per_round
             else ""
         )
     )
