@@ -503,10 +503,10 @@ class Coordinator:
             first = r * period
             round_no = self.new_round()
             work = [max(0, min(period, n - first)) for n in iterations]
-            alive = await self._participants()
-            participants = sampled_devices(self.config.seed, epoch, r, alive,
-                                           self.config.round_size(len(alive)))
+            participants = await self._participants()
             if self.config.devices_per_round:  # [Note: sampling per round]
+                participants = sampled_devices(self.config.seed, epoch, r, participants,
+                                               self.config.round_size(len(participants)))
                 tally.setdefault("sampled", []).append(participants)
             mark = len(self.recorder.slices)
             done = await system.run_round(self, round_no, epoch, first, work, participants)

@@ -9,8 +9,9 @@ under a key of everything it depends on, and the next call on this machine reads
 the same config gives the same result in every field, timing included, from the first
 call on. The key holds the machine (host name, processor, CPU count), torch's and
 aiopipe's versions, torch threads, the model's units (their text and parameter shapes),
-the input shape and data type, the batch sizes, learning rate and momentum. What
-differs between machines is the table, so virtual times do too; the weights do not.
+the input shape and what the batches are loaded from, the batch sizes, learning rate
+and momentum. What differs between machines is the table, so virtual times do too; the
+weights do not.
 
 The directory is ``$AIOPIPE_COST_CACHE``, else ``$XDG_CACHE_HOME/aiopipe/costs``, else
 ``~/.cache/aiopipe/costs``; ``AIOPIPE_COST_CACHE=off`` measures every time. Delete a file
