@@ -41,9 +41,11 @@ def main() -> None:
         node = Coordinator(config, clock=SystemClock(), checkpoint_dir=Path(tmp))
         node._tally = {"epoch": 0, "next_round": 0, "device_samples": [0] * args.devices,
                        "loss_sum": 0.0, "correct": 0, "lost": [], "elapsed_before": 0.0}
-        for half, optimizer in node.system.replicas.values():  # as after a round: momentum held
+        for k, plan in enumerate(node.system.plans):  # as after a round: momentum held
+            half, optimizer = node.system.replicas.open(k, plan.split_point, config)
             for param in half.parameters():
                 optimizer.state[param]["momentum_buffer"] = torch.randn_like(param)
+            node.system.replicas.close([k])
         copies, writes = [], []
         for _ in range(args.repeat):
             start = time.perf_counter()

@@ -38,6 +38,11 @@ skipped (``--force`` runs it anyway, still guarded), and a child is killed as so
 MemAvailable falls below it; ``--timeout`` bounds each child. The table then says so,
 and the figures are extrapolated from the largest K that ran.
 
+``--against REV`` runs every K twice, first with commit REV's aiopipe (extracted with
+``git archive``, first on the child's PYTHONPATH; the child reports which package it
+imported), then with this tree's: old and new side by side in one run, on one machine
+state. The costs, config and child script are this tree's for both.
+
 ``--profile K`` runs one more child with cProfile around its ``simulate`` call and
 prints the top functions by cumulative time (all, then aiopipe's) and by own time.
 ``--malloc-mmap-threshold BYTES`` sets glibc's ``MALLOC_MMAP_THRESHOLD_`` in the
@@ -49,6 +54,7 @@ heap, where they stay resident).
         [--split-point 2] [--epochs 1] [--test-samples 100] [--network 4g]
         [--timeout 900] [--keep-free-gib 2] [--force] [--profile K] [--top 15]
         [--profile-out FILE] [--malloc-mmap-threshold BYTES] [--save-costs FILE]
+        [--against REV]
 """
 
 from __future__ import annotations
@@ -151,6 +157,7 @@ def run_child(args: argparse.Namespace) -> None:
                 "user_s": after.ru_utime - before.ru_utime,
                 "sys_s": after.ru_stime - before.ru_stime,
                 "minor_faults": after.ru_minflt - before.ru_minflt,
+                "package": str(Path(aiopipe.__file__).parent),
             }
         ),
         flush=True,
@@ -263,12 +270,27 @@ def child_command(args: argparse.Namespace, devices: int, costs_file: Path) -> l
     ]
 
 
-def child_env(args: argparse.Namespace) -> dict[str, str]:
-    """The children's environment (with glibc's mmap threshold when asked)."""
+def child_env(args: argparse.Namespace, package_root: Path | None = None) -> dict[str, str]:
+    """The children's environment (with glibc's mmap threshold when asked; importing
+    aiopipe from ``package_root`` when given: another commit's)."""
     env = dict(os.environ)
     if args.malloc_mmap_threshold:
         env["MALLOC_MMAP_THRESHOLD_"] = str(args.malloc_mmap_threshold)
+    if package_root is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(package_root), *filter(None, [env.get("PYTHONPATH", "")])])
     return env
+
+
+def export_commit(rev: str, into: Path) -> Path:
+    """``rev``'s aiopipe package, extracted under ``into`` (``git archive``): the
+    directory to put first on a child's PYTHONPATH."""
+    repo = Path(__file__).resolve().parent.parent
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(repo), "archive", rev, "aiopipe"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
 
 
 def proc_status_mib(pid: int, key: str) -> float:
@@ -282,7 +304,8 @@ def proc_status_mib(pid: int, key: str) -> float:
     return 0.0
 
 
-def run_one(args: argparse.Namespace, devices: int, costs_file: Path) -> dict[str, Any]:
+def run_one(args: argparse.Namespace, devices: int, costs_file: Path,
+            package_root: Path | None = None) -> dict[str, Any]:
     """One child; its figures, or ``{"error": ...}`` when it failed or was stopped.
 
     The child is killed when it runs past ``--timeout`` or when MemAvailable falls below
@@ -292,7 +315,7 @@ def run_one(args: argparse.Namespace, devices: int, costs_file: Path) -> dict[st
     with tempfile.TemporaryFile("w+") as output:
         process = subprocess.Popen(
             child_command(args, devices, costs_file),
-            env=child_env(args),
+            env=child_env(args, package_root),
             stdout=output,
             stderr=subprocess.STDOUT,
             text=True,
@@ -334,19 +357,21 @@ def table(rows: list[dict[str, Any]], terms: dict[str, int], base_mib: float) ->
         f"{'base MiB':>8} {'peak MiB':>8} {'MiB/dev':>7} {'marg':>6} {'est MiB':>8} {'flt/dev':>7} "
         f"{'virt s':>7} {'samples':>7} {'slices':>7} {'slices/s':>8} {'wakeups/s':>9}"
     )
-    out = [head]
+    out = [head + (f" {'version':>10}" if any("version" in r for r in rows) else "")]
     previous: dict[str, Any] | None = None
     for row in rows:
         k = row["devices"]
+        version = f" {row['version']:>10}" if "version" in row else ""
         if "error" in row:
             est = estimate_mib(base_mib, k, terms)
-            out.append(f"{k:>5} {'-':>7} ... est {est:.0f} MiB: {row['error']}")
+            out.append(f"{k:>5} {'-':>7} ... est {est:.0f} MiB: {row['error']}{version}")
             continue
         wall = row["wall_s"]
         per_dev = (row["peak_mib"] - row["base_mib"]) / k
         marginal = (
             f"{(row['peak_mib'] - previous['peak_mib']) / (k - previous['devices']):>6.2f}"
             if previous is not None and k != previous["devices"]
+            and previous.get("version") == row.get("version")
             else f"{'-':>6}"
         )
         previous = row
@@ -357,7 +382,7 @@ def table(rows: list[dict[str, Any]], terms: dict[str, int], base_mib: float) ->
             f"{row['base_mib']:>8.0f} {row['peak_mib']:>8.0f} {per_dev:>7.2f} {marginal} "
             f"{est:>8.0f} {row['minor_faults'] / k:>7.0f} {row['virtual_s']:>7.3f} "
             f"{row['samples']:>7} {row['slices']:>7} {row['slices'] / wall:>8.0f} "
-            f"{row['wakeups'] / wall:>9.0f}"
+            f"{row['wakeups'] / wall:>9.0f}{version}"
         )
     return out
 
@@ -459,6 +484,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--profile-out", default="", help="keep the cProfile stats here")
     parser.add_argument("--malloc-mmap-threshold", type=int, default=0, metavar="BYTES")
+    parser.add_argument(
+        "--against", default="", metavar="REV",
+        help="also run each K with commit REV's aiopipe (git archive), side by side")
     parser.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--costs-file", default="", help=argparse.SUPPRESS)
     parser.add_argument("--child-profile", default="", help=argparse.SUPPRESS)
@@ -507,6 +535,10 @@ def main() -> None:
         costs_file.write_text(json.dumps(costs.to_mapping()))
         if args.save_costs:
             Path(args.save_costs).write_text(json.dumps(costs.to_mapping(), indent=1))
+        versions: list[tuple[str, Path | None]] = [("this tree", None)]
+        if args.against:  # the old commit first, then this tree, per K
+            old = export_commit(args.against, Path(tmp) / "against")
+            versions.insert(0, (args.against[:10], old))
         for k in ks:
             available = mem_available_mib()
             need = estimate_mib(base_mib, k, terms)
@@ -531,9 +563,13 @@ def main() -> None:
                 )
                 print(f"--- K = {k}: {rows[-1]['error']}", flush=True)
                 continue
-            print(f"--- K = {k} (MemAvailable {available / 1024:.1f} GiB) ...", flush=True)
-            rows.append(run_one(args, k, costs_file))
-            print("    " + json.dumps(rows[-1]), flush=True)
+            for version, root in versions:
+                print(f"--- K = {k}{f' ({version})' if args.against else ''} "
+                      f"(MemAvailable {mem_available_mib() / 1024:.1f} GiB) ...", flush=True)
+                rows.append(run_one(args, k, costs_file, root))
+                if args.against:
+                    rows[-1]["version"] = version
+                print("    " + json.dumps(rows[-1]), flush=True)
         print()
         for line in table(rows, terms, base_mib) + extrapolate(rows, terms):
             print(line)

@@ -351,7 +351,8 @@ class Coordinator:
         ``returns``: the tensors its result must hold, when not the ones ``start``
         sends."""
         session = self.sessions[device_id]
-        if session.window is None and start.round > 0:
+        if session.window is None and start.round > 0 and not self.config.devices_per_round:
+            # (sampled per round, a device's first round may be any one)
             log.warning("device %d takes part again from round %d", device_id,
                         start.round + 1)
         try:
@@ -395,7 +396,7 @@ class Coordinator:
                 self.epochs.append(await self._unless_failed(self._epoch(epoch)))
                 if self.progress is not None:
                     self.progress(self.epochs[-1])
-                await self.checkpoints.save(self._checkpoint_meta(epoch + 1, 0, 0.0), epoch)
+                await self._checkpoint(epoch + 1, 0, 0.0, epoch)
             await self.checkpoints.written()
         except asyncio.CancelledError:
             reason = INTERRUPTED  # Ctrl-C, or the embedding service cancelled the run
@@ -522,8 +523,7 @@ class Coordinator:
             if r + 1 < round_count or epoch + 1 < self.config.epochs:
                 await self._after_round(round_no, epoch, mark)
             if r + 1 < round_count:  # after the last one, `train` checkpoints the epoch
-                await self.checkpoints.save(
-                    self._checkpoint_meta(epoch, r + 1, self.clock.now() - start), epoch)
+                await self._checkpoint(epoch, r + 1, self.clock.now() - start, epoch)
         end = self.clock.now()
         up, down = (a - b for a, b in zip(self._link_bytes(), stats_before, strict=True))
         accuracy = await self.compute.call(partial(test_accuracy, self.model, self.test_set))
@@ -648,6 +648,14 @@ class Coordinator:
         return up, down
 
     # -- checkpoints ---------------------------------------------------------------------
+
+    async def _checkpoint(self, epoch: int, next_round: int, elapsed: float,
+                          traced_epoch: int) -> None:
+        """Checkpoint (when the run keeps checkpoints) before ``epoch``'s round
+        ``next_round``; the copy is traced in ``traced_epoch``."""
+        if self.checkpoints.directory is not None:  # (the meta is O(devices x epochs))
+            await self.checkpoints.save(self._checkpoint_meta(epoch, next_round, elapsed),
+                                        traced_epoch)
 
     def _checkpoint_meta(self, epoch: int, next_round: int, elapsed: float) -> dict[str, Any]:
         """What a checkpoint holds besides tensors: config, position, tally, epochs."""

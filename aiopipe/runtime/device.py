@@ -59,6 +59,7 @@ from aiopipe.protocol import (
     GroupGradient,
     Heartbeat,
     Hello,
+    Message,
     Plan,
     Probe,
     Profile,
@@ -440,7 +441,9 @@ class _DeviceNode:
 
     async def _receive_loop(self) -> None:
         assert self.liveness is not None
+        message: Message | None
         while True:
+            message = None  # the last one (a round's weights) is not kept while we wait
             message = await self.peer.receive()
             self.liveness.heard()
             if isinstance(message, Activation | Gradient):
@@ -615,7 +618,8 @@ class _DeviceNode:
         self.ready = self.holdings.ready()
         if self.config.mode == "ftpipehd" or (self.config.mode == "asteroid"
                                               and self.config.chain_replication_every):
-            self.chain = ChainReplicas(self.holdings.whole, momentum=backs_up_momentum(self.config),
+            self.chain = ChainReplicas(self.holdings.template.model,
+                                       momentum=backs_up_momentum(self.config),
                                        every=self.config.chain_replication_every)
         if self.config.mode == "hadfl":
             self.sync = PartialSync(me=self.device_id, holdings=self.holdings,
@@ -667,7 +671,7 @@ class _DeviceNode:
         async def measure(sizes: tuple[int, ...]) -> CostTable:
             held = self.holdings
             costs = await self.compute.call(partial(
-                measure_planning_costs, self.config, held.whole, self.plan.in_shape,
+                measure_planning_costs, self.config, held.model_copy(), self.plan.in_shape,
                 held.dataset, sizes=sizes))
             log.info("device %d: profiled itself", self.device_id)
             return costs

@@ -15,7 +15,8 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,7 +27,8 @@ from aiopipe.config import RunConfig
 from aiopipe.entrypoints import call_factory, is_entry_point, load_entry_point
 from aiopipe.errors import ConfigError
 
-__all__ = ["Loss", "build_model", "make_loss", "make_optimizer"]
+__all__ = ["Loss", "ModelTemplate", "build_model", "make_loss", "make_optimizer",
+           "model_template", "optimizer_states", "unit_output_shapes"]
 
 #: The mean loss of a micro-batch from its logits and labels.
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -60,6 +62,74 @@ def build_model(config: RunConfig, *, num_classes: int, in_shape: Sequence[int]
                                                                    shape[2]))
 
 
+@dataclass(frozen=True, slots=True)
+class ModelTemplate:
+    """The run's initial model, shared: read it or copy its units, never train it."""
+
+    model: nn.Sequential
+    #: `aiopipe.models.model_digest` of it
+    digest: str
+    #: per-sample shapes: the model's input, then after each unit
+    activation_shapes: tuple[tuple[int, ...], ...]
+
+
+#: [Note: shared templates] the templates built, newest last, each with the global
+#: generator's state right after it was built, and what it was built from (a user's
+#: model object stays alive while its identity is a key)
+_TEMPLATES: dict[tuple[Any, ...], tuple[ModelTemplate, torch.Tensor, object]] = {}
+_KEPT_TEMPLATES = 4
+
+
+def model_template(config: RunConfig, *, num_classes: int, in_shape: Sequence[int]
+                   ) -> ModelTemplate:
+    """The run's initial model as `build_model` builds it, shared by every caller in this
+    process with the same model, seed and shapes ([Note: shared templates]).
+
+    [Note: shared templates] Every device of an in-process simulation built its own
+    whole model, although it trains only its stage of it and the stage's weights come
+    with each round: 2.2 MiB of vgg5 per device, 22 GiB for 10,000 devices. A device
+    now copies its stage's units from the process's one template when it trains. A
+    template is built once per (model, seed, classes, input shape), and the global torch
+    generator is left as that build left it, on later calls too, so that what draws from
+    it next (dropout in training) draws the same numbers as when every device built its
+    own. A user's model object (not a name) is keyed by its identity (and kept alive
+    while its template is kept).
+
+    Raises:
+        ConfigError: as `build_model`.
+    """
+    model = config.model
+    shape = tuple(in_shape)
+    key = (model if isinstance(model, str) else id(model), config.seed, num_classes, shape)
+    found = _TEMPLATES.pop(key, None)
+    if found is None:
+        built = build_model(config, num_classes=num_classes, in_shape=shape)
+        template = ModelTemplate(built, models.model_digest(built),
+                                 (shape, *unit_output_shapes(built, shape)))
+        found = (template, torch.get_rng_state(), model)
+        while len(_TEMPLATES) >= _KEPT_TEMPLATES:
+            del _TEMPLATES[next(iter(_TEMPLATES))]
+    else:
+        torch.set_rng_state(found[1])
+    _TEMPLATES[key] = found  # newest last
+    return found[0]
+
+
+def unit_output_shapes(model: nn.Sequential, in_shape: tuple[int, ...]
+                        ) -> list[tuple[int, ...]]:
+    """Per-sample output shape of every unit (one dry forward pass of one sample)."""
+    shapes = []
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        x = torch.zeros(1, *in_shape)
+        for unit in model.children():
+            x = unit(x)
+            shapes.append(tuple(x.shape[1:]))
+    model.train(was_training)
+    return shapes
+
+
 def make_loss(config: RunConfig) -> Loss:
     """The run's loss.
 
@@ -76,11 +146,12 @@ def make_loss(config: RunConfig) -> Loss:
 
 
 def make_optimizer(module: nn.Module, config: RunConfig, *,
-                   previous: tuple[nn.Module, torch.optim.Optimizer] | None = None
+                   previous: Mapping[str, Mapping[str, Any]] | None = None
                    ) -> torch.optim.Optimizer:
-    """The run's optimizer for one stage; with ``previous`` (an older stage of the same
-    model and its optimizer), each parameter both hold by name keeps its state (SGD's
-    momentum; see aiopipe.runtime.replan [Note: switching]).
+    """The run's optimizer for one stage; with ``previous`` (an optimizer's state by
+    parameter name, `optimizer_states`), each parameter of ``module`` named there starts
+    from a copy of that state (SGD's momentum; see aiopipe.runtime.replan [Note:
+    switching]).
 
     Raises:
         ConfigError: the factory fails or returns no optimizer.
@@ -97,13 +168,17 @@ def make_optimizer(module: nn.Module, config: RunConfig, *,
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError(f"optimizer {config.optimizer!r} returned "
                               f"{type(optimizer).__name__}, not a torch.optim.Optimizer")
-    if previous is not None:
-        old_module, old_optimizer = previous
-        states = {name: old_optimizer.state.get(param)
-                  for name, param in old_module.named_parameters()}
-        for name, param in module.named_parameters():
-            state = states.get(name)
-            if state:
-                optimizer.state[param] = {key: value.clone() if isinstance(
-                    value, torch.Tensor) else value for key, value in state.items()}
+    for name, param in module.named_parameters() if previous else ():
+        state = previous.get(name) if previous else None
+        if state:
+            optimizer.state[param] = {key: value.clone() if isinstance(
+                value, torch.Tensor) else value for key, value in state.items()}
     return optimizer  # type: ignore[no-any-return]
+
+
+def optimizer_states(module: nn.Module, optimizer: torch.optim.Optimizer
+                     ) -> dict[str, dict[str, Any]]:
+    """``optimizer``'s state of each of ``module``'s parameters that has one, by the
+    parameter's name (not copied): what `make_optimizer` carries over."""
+    return {name: dict(state) for name, param in module.named_parameters()
+            if (state := optimizer.state.get(param))}

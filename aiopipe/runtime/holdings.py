@@ -2,10 +2,13 @@
 assigns it (built from them, or the last one reused).
 
 Opened once per run, after the device's `Plan` (in the compute thread): the data (the
-device's own, or an emulated fleet's shard), the run's model built for the plan's input
-shape and classes (`aiopipe.runtime.factories`), on the device's torch device, and what
-the device announces of them (`Ready`). Each round, `assign` takes the round's
-`RoundStart`: a checked `Assignment`, and the stage's torch side with the round's weights.
+device's own, or an emulated fleet's shard), the run's initial model for the plan's input
+shape and classes (`aiopipe.runtime.factories.model_template`, shared by the devices of
+one process: [Note: shared templates]), and what the device announces of them (`Ready`).
+Each round, `assign` takes the round's `RoundStart`: a checked `Assignment`, and the
+stage's torch side with the round's weights: a copy of the template's units on the
+device's torch device, built when the device first trains (or changes stage), so that a
+device that is not sampled holds no weights at all.
 
 [Note: a redone round] When the server restarts from its checkpoint, it starts again
 from the round after the checkpoint, with that round's number and the weights of its
@@ -44,8 +47,15 @@ from aiopipe.protocol import (
 from aiopipe.runtime.assignment import Assignment
 from aiopipe.runtime.async_weights import AsyncStageWork, split_momentum
 from aiopipe.runtime.chain import load_momentum
-from aiopipe.runtime.factories import Loss, build_model, make_loss, make_optimizer
-from aiopipe.runtime.plan import device_data, unit_output_shapes
+from aiopipe.runtime.factories import (
+    Loss,
+    ModelTemplate,
+    make_loss,
+    make_optimizer,
+    model_template,
+    optimizer_states,
+)
+from aiopipe.runtime.plan import device_data
 from aiopipe.runtime.profiling import host_fingerprint
 from aiopipe.runtime.stage import Batch, StageWork
 
@@ -64,7 +74,10 @@ class Holdings:
     config: RunConfig
     plan: Plan
     dataset: datasets.Dataset
-    whole: torch.nn.Sequential
+    #: the run's initial model, shared by the devices of this process
+    template: ModelTemplate
+    #: where the device's stages compute
+    torch_device: torch.device
     loss: Loss
     #: per-sample shapes: the model's input, then after each unit
     activation_shapes: tuple[tuple[int, ...], ...]
@@ -90,20 +103,27 @@ class Holdings:
         """
         torch.set_num_threads(config.torch_threads)
         dataset = own if own is not None else device_data(config, plan.device_id)
-        whole = build_model(config, num_classes=plan.num_classes, in_shape=plan.in_shape)
-        shapes = (tuple(plan.in_shape), *unit_output_shapes(whole, plan.in_shape))
-        whole.to(torch_device)
-        return cls(config, plan, dataset, whole, make_loss(config), shapes, held_out)
+        template = model_template(config, num_classes=plan.num_classes,
+                                  in_shape=plan.in_shape)
+        return cls(config, plan, dataset, template, torch_device, make_loss(config),
+                   template.activation_shapes, held_out)
 
     @property
     def units(self) -> int:
         """The model's split units."""
-        return models.unit_count(self.whole)
+        return models.unit_count(self.template.model)
+
+    def model_copy(self, first: int = 0, stop: int | None = None) -> torch.nn.Sequential:
+        """A trainable copy of the initial model's units ``first .. stop - 1`` (all by
+        default) on the device's torch device."""
+        stop = self.units if stop is None else stop
+        units = models.units_of(self.template.model, first, stop)
+        return copy.deepcopy(units).to(self.torch_device)
 
     def ready(self) -> Ready:
         """What the device announces: its data and the digest of the model it built."""
         samples, in_shape, num_classes = datasets.describe(self.dataset)
-        return Ready(samples, in_shape, num_classes, models.model_digest(self.whole),
+        return Ready(samples, in_shape, num_classes, self.template.digest,
                      host_fingerprint(), len(self.held_out) if self.held_out else 0)
 
     def evaluate(self, request: EvalRequest) -> EvalResult:
@@ -118,7 +138,7 @@ class Holdings:
         if held is None:
             raise RemoteProtocolError("an evaluation request to a device without held-out "
                                       "data")
-        model = copy.deepcopy(self.whole)
+        model = self.model_copy()
         try:
             model.load_state_dict(state_from_wire(request.tensors))
         except RuntimeError as exc:
@@ -157,8 +177,8 @@ class Holdings:
         kept_stage = (previous is not None and work is not None
                       and assignment.same_stage(previous, whole_batches=asynchronous))
         if not kept_stage:
-            module = models.units_of(self.whole, assignment.first_unit, assignment.stop_unit)
-            kept = (work.module, work.optimizer) if work is not None else None
+            module = self.model_copy(assignment.first_unit, assignment.stop_unit)
+            kept = optimizer_states(work.module, work.optimizer) if work is not None else None
             if previous is not None:
                 log.info("%s: round %d switches to units %d..%d of stage %d, %d "
                          "micro-batches", name, message.round + 1, assignment.first_unit,
@@ -267,3 +287,4 @@ def _micro_batch(dataset: datasets.Dataset, order: np.ndarray, micro: int, paral
     if wrap:
         return dataset.batch(np.take(order, np.arange(first, first + micro), mode="wrap"))
     return dataset.batch(order[first:first + micro])
+

@@ -185,7 +185,7 @@ class PartialSync:
         self.me, self.name = me, f"device{me}"
         self.holdings, self.compute, self.clock = holdings, compute, clock
         self.costs, self.config, self.run_id = costs, config, run_id
-        model = holdings.whole
+        model = holdings.model_copy()
         self.work = StageWork(model, make_optimizer(model, config), first=True, last=True,
                               parallel_batches=1, num_classes=holdings.plan.num_classes,
                               loss=holdings.loss)

@@ -44,6 +44,7 @@ from aiopipe.protocol import (
     Gradient,
     GroupGradient,
     Heartbeat,
+    Message,
     Replica,
     RingBypass,
     RingChunk,
@@ -245,7 +246,9 @@ class PeerLinks:
 
     async def _receive_loop(self, name: str, peer: Peer, liveness: Liveness) -> str:
         """Route the peer's messages until it says goodbye; its reason."""
+        message: Message | None
         while True:
+            message = None  # the last one is not kept while we wait
             message = await peer.receive()
             liveness.heard()
             if isinstance(message, Activation | Gradient | GroupGradient | Replica | RingChunk

@@ -29,7 +29,7 @@ from aiopipe import data as datasets
 from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
 from aiopipe.runtime.aggregation import fedavg
-from aiopipe.runtime.factories import build_model
+from aiopipe.runtime.factories import build_model, unit_output_shapes
 from aiopipe.runtime.memory import saved_bytes
 from aiopipe.runtime.overheads import measure_runtime_overheads
 from aiopipe.scheduler.costs import CostTable, measure_costs
@@ -79,9 +79,18 @@ def train_dataset(config: RunConfig) -> datasets.Dataset:
     Raises:
         ConfigError: unknown dataset or unreadable files.
     """
-    return datasets.open_dataset(
-        config.dataset, split="train", seed=config.seed,
-        size=sum(config.device_samples_of(k) for k in range(config.devices)))
+    key = (str(config.dataset), config.seed, config.devices, config.samples_per_device)
+    found = _TRAIN_SETS.get(key)
+    if found is None:
+        # cached: every device of an in-process simulation cuts its shard from it (and
+        # the total below is O(K))
+        found = datasets.open_dataset(
+            config.dataset, split="train", seed=config.seed,
+            size=sum(config.device_samples_of(k) for k in range(config.devices)))
+        if len(_TRAIN_SETS) >= 8:
+            _TRAIN_SETS.clear()
+        _TRAIN_SETS[key] = found
+    return found
 
 
 def device_data(config: RunConfig, device_id: int) -> datasets.Dataset:
@@ -116,6 +125,7 @@ def device_indices(config: RunConfig, dataset: datasets.Dataset, device_id: int)
 
 
 _SHARDS: dict[tuple[object, ...], tuple[np.ndarray, ...]] = {}
+_TRAIN_SETS: dict[tuple[object, ...], datasets.Dataset] = {}
 
 
 def device_plans(config: RunConfig, units: int, samples: list[int]) -> list[DevicePlan]:
@@ -188,20 +198,6 @@ def check_trainable(model: nn.Sequential, in_shape: tuple[int, ...], plans: list
                 f"micro-batch (device {smallest.device_id}: batch_size {config.batch_size} / "
                 f"parallel_batches {smallest.parallel_batches}): {reason}; use fewer "
                 "parallel_batches or a larger batch_size") from None
-
-
-def unit_output_shapes(model: nn.Sequential, in_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """Per-sample output shape of every unit (one dry forward pass of one sample)."""
-    shapes = []
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        x = torch.zeros(1, *in_shape)
-        for unit in model.children():
-            x = unit(x)
-            shapes.append(tuple(x.shape[1:]))
-    model.train(was_training)
-    return shapes
 
 
 def needs_planner(config: RunConfig) -> bool:

@@ -57,6 +57,7 @@ from aiopipe.protocol import (
     EvalResult,
     Gradient,
     Heartbeat,
+    Message,
     Probe,
     Profile,
     ProfileRequest,
@@ -118,16 +119,28 @@ class SessionHost(Protocol):
 
 @dataclass(slots=True)
 class RoundWindow:
-    """The round in progress: what the device was sent, and the coordinator's stage."""
+    """The round in progress (or last played): what the device was sent, and the
+    coordinator's stage. When the round ends, what it held of tensors is let go (the
+    stage's replica, the weights sent and expected back: [Note: replicas while training]
+    in aiopipe.runtime.replicas); what late messages are checked against stays."""
 
     round: int
     epoch: int
     first_iteration: int
     iterations: int
     start: RoundStart
+    #: the coordinator's stage while the round runs (None after it, or with none)
     stage: ServerStage | None
     #: the tensors the device's result must hold (what ``start`` sent, unless told)
     returns: Mapping[str, TensorData]
+    #: the coordinator's stage's assignment (None: it runs no stage for this device)
+    assignment: Assignment | None = None
+
+    def end(self) -> None:
+        """The round is over: drop its tensors and the stage's torch side."""
+        self.stage = None
+        self.returns = {}
+        self.start = dataclasses.replace(self.start, tensors={})
 
 
 class _DeviceRoute:
@@ -219,9 +232,10 @@ class DeviceSession:
         """
         if self.ended:
             raise DeviceLostError(f"device {self.device_id} is gone")
-        self.window = RoundWindow(start.round, start.epoch, start.first_iteration,
-                                  start.iterations, start, stage,
-                                  start.tensors if returns is None else returns)
+        self.window = window = RoundWindow(
+            start.round, start.epoch, start.first_iteration, start.iterations, start, stage,
+            start.tensors if returns is None else returns,
+            stage.assignment if stage is not None else None)
         self.seen.clear()
         self.gradients.clear()
         self.round_result = None  # of an attempt given up on, if any
@@ -230,18 +244,22 @@ class DeviceSession:
         result: asyncio.Future[RoundResult] = asyncio.get_running_loop().create_future()
         self.result = result
         self.peer.post(start, "m", epoch=start.epoch)
-        if stage is None:
-            return await result
-        serving = asyncio.ensure_future(self._serve_stage(self.window, stage))
         try:
-            done = await result
-        except BaseException:
-            serving.cancel()
-            await asyncio.wait([serving])
-            raise
-        # the result comes once every activation was served: what is left is the step
-        await serving
-        return done
+            if stage is None:
+                return await result
+            serving = asyncio.ensure_future(self._serve_stage(window, stage))
+            try:
+                done = await result
+            except BaseException:
+                serving.cancel()
+                await asyncio.wait([serving])
+                raise
+            # the result comes once every activation was served: what is left is the step
+            await serving
+            return done
+        finally:
+            window.end()
+            self.gradients.clear()  # the device has them all, or the round is given up
 
     async def profile(self, batch_sizes: tuple[int, ...]) -> tuple[Profile, float]:
         """Ask the device to profile itself at ``batch_sizes`` (a probe follows the
@@ -470,7 +488,9 @@ class DeviceSession:
             self.idle.set()
 
     async def _receive_loop(self) -> None:
+        message: Message | None
         while True:
+            message = None  # the last one (a round's weights) is not kept while we wait
             try:
                 message = await self.peer.receive()
             except TransportError:
@@ -516,15 +536,16 @@ class DeviceSession:
                 self.peer.post(self.gradients[key], "d", epoch=key[0], iteration=key[1],
                                micro_batch=key[2])
             return
-        if window is not None and window.stage is None:
+        if window is not None and window.assignment is None:
             raise RemoteProtocolError("the server runs no stage for this device: it takes "
                                       "no activations")
-        if window is None or window.stage is None or self.result is None or self.result.done():
-            if window is not None and window.stage is not None and _within(
-                    key, window.stage.assignment):
+        if window is None or window.assignment is None or self.result is None or (
+                self.result.done()):
+            if window is not None and window.assignment is not None and _within(
+                    key, window.assignment):
                 return  # a late re-send for the round that just ended
             raise RemoteProtocolError("activation outside a round")
-        assignment = window.stage.assignment
+        assignment = window.assignment
         check_data_message(message, assignment, sender=self.name, run_id=self.host.run_id)
         if self.inbox.held() >= 2 * assignment.parallel_batches:
             # an honest device is never more than an iteration ahead of the server
@@ -550,7 +571,7 @@ class DeviceSession:
         start = window.start
         rows = start.rows[1] - start.rows[0] if start.rows else start.micro_batch_size
         samples = window.iterations * rows * start.parallel_batches
-        if window.stage is not None and len(self.seen) * start.micro_batch_size != samples:
+        if window.assignment is not None and len(self.seen) * start.micro_batch_size != samples:
             # exactly what the coordinator's stage computed with this device this round
             raise RemoteProtocolError(
                 f"round result before the round's work was done ({len(self.seen)} of "

@@ -1,24 +1,52 @@
 """Testing a model, a plan or a deployment's settings with aiopipe, in pytest: a whole
-fleet in one event loop over memory links, in virtual time, with faults on cue.
+fleet in one event loop over memory links, in virtual time, with faults on cue and
+assertions on the result.
 
-    from aiopipe.testing import open_fleet
+    from aiopipe.testing import assert_exact_accounting, open_fleet
 
     async def test_a_killed_device_loses_only_its_round():
         async with open_fleet(config) as fleet:          # server + devices, virtual time
             training = fleet.train()
-            await fleet.until(lambda: fleet.activations_in(1, 0) > 0)   # mid-round
+            await fleet.at_iteration(1, 0)                 # device 1 mid-round 0
             fleet.kill(1)                                  # as SIGKILL would
             result = await training
-        assert result.final.devices_lost == (1,)
+        assert_exact_accounting(result, lost={1: [(0, 0)]})
 
-`Fleet` (kill, restart, cut, stall a device's reconnections, kill the server),
+`Fleet` (kill, restart, cut, stall or slow a device's link, block its reconnections,
+kill and restart the server; wait with `Fleet.until` and `Fleet.at_iteration`),
 `open_fleet`, `uniform_costs` (machine-independent virtual time), and for scripted,
-hand-written devices `ready_for` and `joined`. ``pytest_plugins =
+hand-written devices `ready_for` and `joined`. On the result: `assert_exact_accounting`
+(every sample counted once, a lost round's not at all; `expected_samples` per device),
+`assert_same_weights` (against `run_undisturbed`, say). ``pytest_plugins =
 ["aiopipe.testing.plugin"]`` in a conftest adds the `virtual_clock` fixture. The tests
 need pytest-asyncio (``asyncio_mode = "auto"``, or mark them). See
 ``examples/test_my_fleet.py``.
 """
 
-from aiopipe.testing.fleet import Fleet, joined, open_fleet, ready_for, uniform_costs
+from aiopipe.testing.checks import (
+    assert_exact_accounting,
+    assert_same_weights,
+    expected_samples,
+    run_undisturbed,
+)
+from aiopipe.testing.fleet import (
+    Direction,
+    Fleet,
+    joined,
+    open_fleet,
+    ready_for,
+    uniform_costs,
+)
 
-__all__ = ["Fleet", "joined", "open_fleet", "ready_for", "uniform_costs"]
+__all__ = [
+    "Direction",
+    "Fleet",
+    "assert_exact_accounting",
+    "assert_same_weights",
+    "expected_samples",
+    "joined",
+    "open_fleet",
+    "ready_for",
+    "run_undisturbed",
+    "uniform_costs",
+]

@@ -5,8 +5,11 @@ deployment's settings before real devices run them.
 Devices reconnect by themselves when their link breaks (`Fleet.cut`); `Fleet.kill` ends
 a device as SIGKILL would, and `Fleet.start_device` starts a new process with that id;
 `Fleet.block` makes the server unreachable for one device for a while (its connection
-attempts fail, so it retries with backoff); `Fleet.kill_server` ends the server (start
-another with `Fleet.restart_server`, which resumes from the checkpoint directory). Failures of the
+attempts fail, so it retries with backoff); `Fleet.stall` holds what a device's link
+carries for a while (delivered, in order, when it ends), and `Fleet.slow` divides its
+bandwidth; `Fleet.kill_server` ends the server (start another with
+`Fleet.restart_server`, which resumes from the checkpoint directory). `Fleet.until` and
+`Fleet.at_iteration` wait for the point of the run where a fault goes. Failures of the
 harness's own tasks that are not aiopipe errors (the server and the devices must raise
 nothing else) are kept in ``crashes`` and raised, so that they end the task group, and
 the test, at once.
@@ -16,9 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from aiopipe.clock import Clock, VirtualClock
 from aiopipe.config import RunConfig
@@ -34,7 +38,10 @@ from aiopipe.scheduler.costs import CostTable
 from aiopipe.transport import Link, LinkSpec, MemoryLink, open_memory_link_pair
 from aiopipe.transport.fabric import MemoryFabric
 
-__all__ = ["Fleet", "joined", "open_fleet", "ready_for", "uniform_costs"]
+__all__ = ["Direction", "Fleet", "joined", "open_fleet", "ready_for", "uniform_costs"]
+
+#: Which way of a device's link a fault takes: "up" (device to server), "down", "both".
+Direction = Literal["up", "down", "both"]
 
 
 def uniform_costs(config: RunConfig) -> CostTable:
@@ -115,6 +122,10 @@ class Fleet:
         self.crashes: list[BaseException] = []
         self.helpers: list[asyncio.Task[None]] = []
         self._blocked_until: dict[int, float] = {}
+        #: (device, "up" or "down") -> the shape `slow` gave it for good, and for a while
+        #: (until when): what its new connections get
+        self._shapes: dict[tuple[int, str], LinkSpec] = {}
+        self._temporary: dict[tuple[int, str], tuple[LinkSpec, float]] = {}
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run a helper in the fleet's task group (``helpers`` keeps it, to cancel it)."""
@@ -125,11 +136,22 @@ class Fleet:
     def connect(self, k: int = 0) -> tuple[MemoryLink, MemoryLink]:
         """A new connection to the server, paced as device k's: (device end, server end);
         the server serves it."""
-        network = self.node.config.device_network(k)
         device_end, server_end = open_memory_link_pair(
-            self.clock, a_to_b=self.wire or network.up, b_to_a=self.wire or network.down)
+            self.clock, a_to_b=self._pace(k, "up"), b_to_a=self._pace(k, "down"))
+        now = self.clock.now()
+        for way, end in (("up", device_end), ("down", server_end)):
+            if (k, way) in self._shapes:
+                end.reshape(self._shapes[k, way])
+            spec, until = self._temporary.get((k, way), (None, now))
+            if spec is not None and until > now:
+                end.reshape(spec, seconds=until - now)
         self.spawn(self._serve(server_end))
         return device_end, server_end
+
+    def _pace(self, k: int, way: str) -> LinkSpec:
+        """Device k's link in direction ``way`` ("up", "down") as the fleet was made."""
+        network = self.node.config.device_network(k)
+        return self.wire or (network.up if way == "up" else network.down)
 
     async def _serve(self, link: MemoryLink) -> None:
         try:
@@ -224,11 +246,130 @@ class Fleet:
         """Make the server unreachable for device k's new connections for ``seconds``."""
         self._blocked_until[k] = self.clock.now() + seconds
 
+    def stall(self, k: int, seconds: float | None = None, *,
+              direction: Direction = "both") -> None:
+        """Stall device k's link (in ``direction``): from now on what it carries waits at
+        the far end, and arrives in order when ``seconds`` of the fleet's clock have
+        passed, or at `Fleet.release` (None). Nothing is lost, and no side sees the
+        link fail; but the receiving side hears nothing meanwhile, so a stall longer
+        than ``device_timeout`` is a silent device (the server gives the connection up;
+        the device reconnects over a new, unstalled link). `MemoryLink.hold`.
+
+        Raises:
+            ConfigError: device k has no link yet, ``direction`` is not one, or
+                ``seconds`` is negative.
+        """
+        for end in self._ends(k, direction):
+            if end is None:
+                raise ConfigError(f"device {k} has no link yet")
+            end.hold(seconds)
+
+    def release(self, k: int, *, direction: Direction = "both") -> None:
+        """End a stall of device k's link now: what it held arrives at once, in order.
+
+        Raises:
+            ConfigError: device k has no link yet, or ``direction`` is not one.
+        """
+        for end in self._ends(k, direction):
+            if end is None:
+                raise ConfigError(f"device {k} has no link yet")
+            end.release()
+
+    def slow(self, k: int, factor: float | None = None, *, bandwidth_bps: float | None = None,
+             seconds: float | None = None, direction: Direction = "both") -> None:
+        """Slow device k's link (in ``direction``): its bandwidth divided by ``factor``
+        (of the fleet's own pace for it, so ``factor=1`` restores it), or set to
+        ``bandwidth_bps``; its latency stays. Frames whose wire slot starts from now on
+        get it, for good or for ``seconds`` of the fleet's clock, on this connection and
+        on any the device opens meanwhile. `MemoryLink.reshape`.
+
+        Raises:
+            ConfigError: not exactly one of ``factor`` and ``bandwidth_bps``, either not
+                a positive finite number, ``factor`` for an unshaped link (no bandwidth
+                to divide), ``direction`` is not one, or ``seconds`` is negative.
+        """
+        if (factor is None) == (bandwidth_bps is None):
+            raise ConfigError("slow takes either factor or bandwidth_bps")
+        value = factor if factor is not None else bandwidth_bps
+        if isinstance(value, bool) or not isinstance(value, int | float) or not (
+                0 < value < math.inf):
+            raise ConfigError(f"slow needs a positive finite number, got {value!r}")
+        if seconds is not None and not 0 <= seconds < math.inf:
+            raise ConfigError(f"seconds must be a finite number >= 0, got {seconds!r}")
+        ends = dict(zip(_ways(direction), self._ends(k, direction), strict=True))
+        for way, end in ends.items():
+            pace = self._pace(k, way)
+            if factor is None:
+                rate = bandwidth_bps
+            elif pace.bandwidth_bps is None:
+                raise ConfigError(f"device {k}'s {way}link is unshaped: give bandwidth_bps")
+            else:
+                rate = pace.bandwidth_bps / factor
+            spec = LinkSpec(rate, pace.latency_s)
+            if end is not None:
+                end.reshape(spec, seconds=seconds)
+            if seconds is None:  # as `MemoryLink.reshape`: a lasting shape ends a temporary one
+                self._shapes[k, way] = spec
+                self._temporary.pop((k, way), None)
+            else:
+                self._temporary[k, way] = (spec, self.clock.now() + seconds)
+
+    def _ends(self, k: int, direction: Direction) -> list[MemoryLink | None]:
+        """The ends of device k's current link that send in ``direction`` (device end:
+        up; server end: down), None before it has one.
+
+        Raises:
+            ConfigError: ``direction`` is not one.
+        """
+        links = {"up": self.device_links.get(k), "down": self.server_links.get(k)}
+        return [links[way] for way in _ways(direction)]
+
     def activations_in(self, k: int, round_no: int) -> int:
         """Activations the server accepted from device k in round ``round_no`` so far."""
         session = self.node.sessions.get(k)
         window = session.window if session else None
         return len(session.seen) if session and window and window.round == round_no else 0
+
+    def reached(self, k: int, iteration: int, *, epoch: int = 0) -> bool:
+        """Whether device k is in ``iteration`` of ``epoch``, or further in its round: the
+        server is serving the round that holds it and has accepted an activation of it
+        (its first micro-batch's forward is done and sent) or of a later iteration.
+
+        Raises:
+            AssertionError: device k's current round comes after that iteration (device
+                k sat out the round that held it, or was down).
+        """
+        session = self.node.sessions.get(k)
+        window = session.window if session else None
+        if session is None or window is None:
+            return False
+        if (window.epoch, window.first_iteration + window.iterations) <= (epoch, iteration):
+            return False  # not there yet
+        if (window.epoch, window.first_iteration) > (epoch, iteration):
+            raise AssertionError(
+                f"device {k} is in the round from iteration {window.first_iteration} of "
+                f"epoch {window.epoch}: past iteration {iteration} of epoch {epoch}")
+        return any(i >= iteration for e, i, _ in session.seen if e == epoch)
+
+    async def at_iteration(self, k: int, iteration: int, *, epoch: int = 0,
+                           within: float = 600.0) -> None:
+        """Wait until device k is in ``iteration`` of ``epoch`` (`Fleet.reached`):
+        where a scripted fault goes, e.g. ``await fleet.at_iteration(1, 3);
+        fleet.kill(1)``. Iterations count from 0 in each epoch, across its rounds: round
+        r holds iterations r * P to r * P + P - 1, P being ``aggregation_every`` (every
+        iteration of the epoch when it is 0). Modes whose devices send activations:
+        sl, sfl, pipar.
+
+        Raises:
+            ConfigError: the mode sends no activations to the server.
+            AssertionError: device k's rounds went past the iteration without it.
+            TimeoutError: it did not get there within ``within`` seconds of the clock.
+        """
+        mode = self.node.config.mode
+        if mode not in ("sl", "sfl", "pipar"):
+            raise ConfigError(f"at_iteration needs activations at the server; mode {mode} "
+                              "sends none (wait with Fleet.until)")
+        await self.until(lambda: self.reached(k, iteration, epoch=epoch), within=within)
 
     async def until(self, condition: Callable[[], bool], *, within: float = 600.0) -> None:
         """Wait (polling every virtual millisecond) until ``condition()`` holds.
@@ -241,6 +382,18 @@ class Fleet:
             if self.clock.now() > deadline:
                 raise TimeoutError(f"the condition did not hold within {within:g} s")
             await self.clock.sleep(0.001)
+
+
+def _ways(direction: str) -> tuple[str, ...]:
+    """"up", "down" or both for a `Direction`.
+
+    Raises:
+        ConfigError: ``direction`` is not one.
+    """
+    ways = {"up": ("up",), "down": ("down",), "both": ("up", "down")}.get(direction)
+    if ways is None:
+        raise ConfigError(f'direction must be "up", "down" or "both", got {direction!r}')
+    return ways
 
 
 @contextlib.asynccontextmanager

@@ -6,11 +6,17 @@ import asyncio
 
 from aiopipe.clock import Clock
 
-__all__ = ["sleep_unless_set"]
+__all__ = ["SHORT_SLEEP_S", "sleep_unless_set"]
+
+#: Sleeps up to this long are not cut short: watching the event costs two tasks, more
+#: than the sleep itself (a heartbeat's wire time is microseconds), and a sleep this
+#: short ending late changes nothing a caller can see
+SHORT_SLEEP_S = 1e-3
 
 
 async def sleep_unless_set(clock: Clock, seconds: float, event: asyncio.Event) -> bool:
-    """Sleep ``seconds`` on ``clock`` unless ``event`` is (or gets) set first.
+    """Sleep ``seconds`` on ``clock`` unless ``event`` is (or gets) set first; a sleep of
+    at most `SHORT_SLEEP_S` runs to its end either way.
 
     Returns True when the event was set (the sleep may have been cut short), False when
     the full time passed. Always yields to the loop at least once.
@@ -18,8 +24,8 @@ async def sleep_unless_set(clock: Clock, seconds: float, event: asyncio.Event) -
     if event.is_set():
         await clock.sleep(0)
         return True
-    if seconds <= 0:
-        await clock.sleep(0)
+    if seconds <= SHORT_SLEEP_S:
+        await clock.sleep(seconds)
         return event.is_set()
     sleeper = asyncio.ensure_future(clock.sleep(seconds))
     watcher = asyncio.ensure_future(event.wait())

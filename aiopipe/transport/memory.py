@@ -19,6 +19,13 @@ network: both ends fail at once and frames in flight are lost. A closure or brea
 every sender and receiver waiting on the affected directions (no hangs until the end of
 a long wire slot). The peer learns of a close immediately (not after ``latency_s``).
 
+Faults for tests (`aiopipe.testing`): `MemoryLink.hold` stalls a direction, frames
+that would arrive during the stall wait at the far end and are delivered, in order, when
+it ends (nothing is lost; the sender's wire keeps going, as if the network buffered
+them); `MemoryLink.reshape` with ``seconds`` changes a direction's shape for a while.
+Both are kept as clock times and read when a frame is sent or received, so they need no
+task of their own and work on any clock.
+
 [Note: wire slots do not drift] A frame's slot starts when the wire frees or when the
 frame was ready (its ``send`` was called, or the ``ready_at`` its sender gives),
 whichever is later, not when the send got going after the previous one. On the real
@@ -35,6 +42,7 @@ without adding up. Under a `VirtualClock`, sleeps are exact and nothing changes.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -60,7 +68,10 @@ class _Direction:
     """One direction of a memory link pair: the wire, the frames on it, its state."""
 
     def __init__(self, spec: LinkSpec) -> None:
-        self.spec = spec
+        self.base_spec = spec
+        self.temporary: tuple[LinkSpec, float] | None = None  # (spec, until) from reshape
+        self.held_since = math.inf  # frames arriving from then on wait ...
+        self.held_until = -math.inf  # ... until then (inf: until released)
         self.frames: deque[_InFlight] = deque()
         self.wire_free_at = float("-inf")
         self.on_wire_since: float | None = None  # wire slot start of the frame on it
@@ -73,6 +84,29 @@ class _Direction:
         self.stop_sending = asyncio.Event()  # any closure or break
         self.stop_receiving = asyncio.Event()  # receiver closed or broken
         self.changed = asyncio.Event()  # a frame was queued, or any closure or break
+        self.timing = asyncio.Event()  # a hold changed, or the receiver closed or broke
+
+    def spec_at(self, now: float) -> LinkSpec:
+        """The shape a frame whose wire slot starts at ``now`` gets."""
+        if self.temporary is not None and now < self.temporary[1]:
+            return self.temporary[0]
+        return self.base_spec
+
+    def holding(self, now: float) -> bool:
+        """Whether frames arriving at ``now`` are held."""
+        return self.held_since <= now < self.held_until
+
+    def due(self, frame: _InFlight) -> float:
+        """When ``frame`` is delivered: on arrival, or when the hold it arrived in ends."""
+        if self.held_since < frame.deliver_at < self.held_until:
+            return self.held_until
+        return frame.deliver_at
+
+    def hold(self, now: float, until: float) -> None:
+        if not self.holding(now):
+            self.held_since = now
+        self.held_until = until
+        self.timing.set()
 
     def close_sender(self, reason: str) -> None:
         self.sender_closed = True
@@ -86,6 +120,7 @@ class _Direction:
         self.stop_sending.set()
         self.stop_receiving.set()
         self.changed.set()
+        self.timing.set()
 
     def break_(self, reason: str) -> None:
         if self.broken is None:
@@ -94,6 +129,7 @@ class _Direction:
         self.stop_sending.set()
         self.stop_receiving.set()
         self.changed.set()
+        self.timing.set()
 
 
 class MemoryLink:
@@ -157,10 +193,11 @@ class MemoryLink:
         async with out.send_lock:
             self._check_sendable()
             clock = self._clock
-            wire_s = out.spec.wire_time(size)
             now = clock.now()
-            # [Note: wire slots do not drift]
-            end = max(called, out.wire_free_at) + wire_s
+            start = max(called, out.wire_free_at)  # [Note: wire slots do not drift]
+            spec = out.spec_at(start)
+            wire_s = spec.wire_time(size)
+            end = start + wire_s
             out.wire_free_at = end
             out.on_wire_since = end - wire_s
             try:
@@ -172,7 +209,7 @@ class MemoryLink:
                 out.on_wire_since = None
             if stopped:
                 self._check_sendable()
-            out.frames.append(_InFlight(end + out.spec.latency_s, frame, wire_s))
+            out.frames.append(_InFlight(end + spec.latency_s, frame, wire_s))
             out.changed.set()
             self._sent = _count(self._sent, size, wire_s)
 
@@ -193,13 +230,17 @@ class MemoryLink:
                 self._check_receivable()
                 if incoming.frames:
                     head = incoming.frames[0]
-                    now = clock.now()
-                    if head.deliver_at <= now:
+                    now, due = clock.now(), incoming.due(head)
+                    if due <= now:
                         incoming.frames.popleft()
-                        self._last_received = head.deliver_at
+                        self._last_received = due
                         self._received = _count(self._received, len(head.data), head.wire_s)
                         return head.data
-                    await sleep_unless_set(clock, head.deliver_at - now, incoming.stop_receiving)
+                    incoming.timing.clear()  # a release or a new hold moves ``due``
+                    if due == math.inf:  # held until released
+                        await incoming.timing.wait()
+                    else:
+                        await sleep_unless_set(clock, due - now, incoming.timing)
                 elif incoming.sender_closed:
                     raise LinkBrokenError(_closed_by_peer(incoming.close_reason))
                 else:
@@ -216,13 +257,15 @@ class MemoryLink:
         arriving (from its wire slot's start plus latency until its delivery), else when
         the last frame arrived."""
         incoming, now = self._in, self._clock.now()
-        latency = incoming.spec.latency_s
+        # a hold stops the bytes where they are: nothing arrives after it began
+        cutoff = min(now, incoming.held_since) if incoming.holding(now) else now
         starts = [incoming.frames[0].deliver_at - incoming.frames[0].wire_s] if (
             incoming.frames) else []
         if incoming.on_wire_since is not None:
-            starts.append(incoming.on_wire_since + latency)
-        if any(start <= now for start in starts):
-            return now
+            starts.append(incoming.on_wire_since + incoming.spec_at(incoming.on_wire_since)
+                          .latency_s)
+        if any(start <= cutoff for start in starts):
+            return max(cutoff, self._last_received)
         return self._last_received
 
     async def aclose(self, reason: str = "") -> None:
@@ -247,17 +290,50 @@ class MemoryLink:
         self._out.break_(reason)
         self._in.break_(reason)
 
-    def reshape(self, spec: LinkSpec) -> None:
+    @property
+    def spec(self) -> LinkSpec:
+        """The shape of this end's outgoing direction now (`reshape`)."""
+        return self._out.spec_at(self._clock.now())
+
+    def reshape(self, spec: LinkSpec, *, seconds: float | None = None) -> None:
         """Change the bandwidth and latency of this end's outgoing direction.
 
-        Applies to frames whose wire slot starts from now on (a slower or faster network).
+        Applies to frames whose wire slot starts from now on (a slower or faster network):
+        for good, or, with ``seconds``, to those whose slot starts in the next ``seconds``
+        of the clock; later ones get the shape it had before (a temporary shape replaces
+        the one under way; a lasting one ends it).
 
         Raises:
-            ConfigError: ``spec`` is not a `LinkSpec`.
+            ConfigError: ``spec`` is not a `LinkSpec`, or ``seconds`` is not a
+                non-negative number.
         """
         if not isinstance(spec, LinkSpec):
             raise ConfigError(f"reshape needs a LinkSpec, got {type(spec).__name__}")
-        self._out.spec = spec
+        if seconds is None:
+            self._out.base_spec, self._out.temporary = spec, None
+        else:
+            self._out.temporary = (spec, self._clock.now() + _duration(seconds))
+
+    def hold(self, seconds: float | None = None) -> None:
+        """Stall this end's outgoing direction: frames that reach the peer from now on
+        wait there, and are delivered in order, when ``seconds`` of the clock have passed
+        (None: when `release` is called). Nothing is lost; sends go on at the wire's pace
+        (the network buffers what it cannot deliver), and while held the peer's
+        `last_received` stands still. A hold while one is under way moves its end.
+
+        Raises:
+            ConfigError: ``seconds`` is not a non-negative number.
+        """
+        now = self._clock.now()
+        until = math.inf if seconds is None else now + _duration(seconds)
+        self._out.hold(now, until)
+
+    def release(self) -> None:
+        """End a `hold` of this end's outgoing direction now: the frames it held are
+        delivered at once, in order. Nothing happens when none is under way."""
+        now = self._clock.now()
+        if self._out.holding(now):
+            self._out.hold(now, now)
 
     def statistics(self) -> LinkStatistics:
         """Frames, bytes and wire seconds sent and received by this end.
@@ -311,6 +387,13 @@ def open_memory_link_pair(
     a = MemoryLink(clock, forward, backward, max_frame_bytes=max_frame_bytes, name="a")
     b = MemoryLink(clock, backward, forward, max_frame_bytes=max_frame_bytes, name="b")
     return a, b
+
+
+def _duration(seconds: object) -> float:
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not (
+            0 <= seconds < math.inf):
+        raise ConfigError(f"seconds must be a finite number >= 0, got {seconds!r}")
+    return float(seconds)
 
 
 def _count(stats: DirectionStatistics, size: int, wire_s: float) -> DirectionStatistics:

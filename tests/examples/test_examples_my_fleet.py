@@ -23,4 +23,4 @@ def test_the_testing_kit_example_passes(tmp_path: Path) -> None:
         cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "2 passed" in done.stdout
+    assert "3 passed" in done.stdout

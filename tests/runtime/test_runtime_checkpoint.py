@@ -155,8 +155,13 @@ async def test_training_returns_with_its_last_checkpoint_written(tmp_path: Path)
                                        resume=True))
     assert resumed.rounds == 4
     whole = result.model.state_dict()
-    for half, _ in resumed.system.replicas.values():
-        for name, value in half.state_dict().items():
+    for k, plan in enumerate(resumed.system.plans):  # each replica's momentum, restored
+        momentum = resumed.system.replicas.momentum(k, plan.split_point)
+        assert all(m is not None for m in momentum)
+        for i, buffer in enumerate(momentum):
+            torch.testing.assert_close(buffer, tensors[f"momentum/{k}/{i}"], rtol=0, atol=0)
+        half, _ = resumed.system.replicas.open(k, plan.split_point, resumed.system.config)
+        for name, value in half.state_dict().items():  # a round starts from the model
             torch.testing.assert_close(value, whole[name], rtol=0, atol=0)
 
 
@@ -199,23 +204,46 @@ async def test_a_pending_copy_is_saved_when_no_round_can_start(tmp_path: Path) -
     assert meta["epoch"] == 1
 
 
-async def test_a_replica_that_differs_from_the_global_model_is_restored(
-        tmp_path: Path) -> None:
+def test_a_replica_starts_every_round_from_the_global_model(tmp_path: Path) -> None:
+    """A replica left with weights of its own (a round that ended without aggregation)
+    is not kept: the device's next round starts from the global model, and checkpoints
+    store no replica weights."""
     node = real_node(tmp_path)
-    half = node.system.replicas[1][0]
+    system = node.system
+    half, _ = system.replicas.open(1, 2, system.config)
     with torch.no_grad():
         for p in half.parameters():
             p.mul_(2.0)
+    system.replicas.close([1])
+    assert 1 not in system.replicas
     write_now(node, tmp_path)
     tensors, _ = load_checkpoint(tmp_path)
-    assert any(name.startswith("replica/1/") for name in tensors)
-    assert not any(name.startswith("replica/0/") for name in tensors)
-    resumed = await joined(Coordinator(CONFIG, clock=SystemClock(), checkpoint_dir=tmp_path,
-                                       resume=True))
-    for k in (0, 1):
-        want = node.system.replicas[k][0].state_dict()
-        for name, value in resumed.system.replicas[k][0].state_dict().items():
-            torch.testing.assert_close(value, want[name], rtol=0, atol=0)
+    assert not any(name.startswith("replica/") for name in tensors)
+    again, _ = system.replicas.open(1, 2, system.config)
+    whole = system.model.state_dict()
+    for name, value in again.state_dict().items():
+        torch.testing.assert_close(value, whole[name], rtol=0, atol=0)
+
+
+def test_only_the_devices_in_a_round_hold_replicas(tmp_path: Path) -> None:
+    """[Note: replicas while training]: none before a round, one per device in it, none
+    after it; what a replica keeps between rounds is its momentum."""
+    node = real_node(tmp_path)
+    system = node.system
+    assert len(system.replicas) == 0
+    system._prepare(0)
+    assert 0 in system.replicas
+    assert len(system.replicas) == 1
+    half, optimizer = system.replicas[0]
+    for p in half.parameters():
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    system.replicas.close([0])
+    assert len(system.replicas) == 0
+    momentum = system.replicas.momentum(0, system.plans[0].split_point)
+    assert momentum
+    assert all(m is not None and torch.equal(m, torch.ones_like(m)) for m in momentum)
+    assert system.replicas.momentum(1, system.plans[1].split_point) == [None] * len(momentum)
 
 
 async def test_a_dropped_rounds_replica_optimizer_goes_back_to_the_rounds_start(
@@ -224,19 +252,23 @@ async def test_a_dropped_rounds_replica_optimizer_goes_back_to_the_rounds_start(
     (its momentum) is as it was when the round started, so the round leaves no trace."""
     node = await joined(Coordinator(CONFIG, clock=SystemClock(), checkpoint_dir=tmp_path))
     system = node.system
+    p1 = system.plans[1].split_point
+    system._prepare(1)  # an earlier round left momentum behind
     half, optimizer = system.replicas[1]
-    for p in half.parameters():  # an earlier round left momentum behind
+    for p in half.parameters():
         p.grad = torch.ones_like(p)
     optimizer.step()
+    system.replicas.close([1])
+    before = [m.clone() for m in system.replicas.momentum(1, p1) if m is not None]
     system._prepare(1)  # the round starts
-    before = {i: {k: v.clone() for k, v in state.items()}
-              for i, state in optimizer.state_dict()["state"].items()}
+    half, optimizer = system.replicas[1]
     for p in half.parameters():  # ... and the replica steps in it
         p.grad = torch.full_like(p, 3.0)
     optimizer.step()
-    assert not torch.equal(optimizer.state_dict()["state"][0]["momentum_buffer"],
-                           before[0]["momentum_buffer"])
-    system._roll_back([1])  # the device was lost: its round is dropped
-    after = optimizer.state_dict()["state"]
-    for i, state in before.items():
-        assert torch.equal(after[i]["momentum_buffer"], state["momentum_buffer"])
+    assert not torch.equal(optimizer.state_dict()["state"][0]["momentum_buffer"], before[0])
+    system.replicas.roll_back([1])  # the device was lost: its round is dropped
+    after = system.replicas.momentum(1, p1)
+    assert len(after) == len(before)
+    for was, now in zip(before, after, strict=True):
+        assert now is not None
+        assert torch.equal(now, was)

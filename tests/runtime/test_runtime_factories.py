@@ -13,7 +13,7 @@ from aiopipe import CostTable, RunConfig, VirtualClock, simulate
 from aiopipe import data as datasets
 from aiopipe.errors import ConfigError
 from aiopipe.models import model_digest
-from aiopipe.runtime.factories import build_model, make_loss, make_optimizer
+from aiopipe.runtime.factories import build_model, make_loss, make_optimizer, optimizer_states
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BATCH = 16
@@ -69,7 +69,7 @@ def test_the_factories_build_what_they_name() -> None:
     model(torch.randn(4, 12)).sum().backward()
     optimizer.step()
     again = copy.deepcopy(model)
-    moved = make_optimizer(again, config, previous=(model, optimizer))
+    moved = make_optimizer(again, config, previous=optimizer_states(model, optimizer))
     first = next(again.parameters())
     assert torch.equal(moved.state[first]["exp_avg"],
                        optimizer.state[next(model.parameters())]["exp_avg"])

@@ -3,12 +3,16 @@ from the seed, epoch and round; only they count, and the draw repeats run after 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
 from aiopipe import RunConfig, VirtualClock, simulate
 from aiopipe.errors import ConfigError
 from aiopipe.runtime.coordinator import _epoch_from
+from aiopipe.runtime.holdings import Holdings
+from aiopipe.runtime.replicas import ReplicaPool
 from aiopipe.runtime.sampling import sampled_devices
 from aiopipe.scheduler.costs import CostTable
 
@@ -84,3 +88,35 @@ def test_bad_sampling_is_refused_with_the_reason(changes: dict[str, object],
     values = {"mode": "fl", "devices": 6, **changes}
     with pytest.raises(ConfigError, match=message):
         RunConfig(**values)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", ["sl", "pipar"])
+async def test_only_the_devices_in_a_round_hold_weights(
+        mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """[Note: replicas while training] and [Note: shared templates]: a server replica
+    exists only while its device's round runs, and a device builds its stage only once
+    sampled; one never sampled holds no weights."""
+    opened: list[int] = []
+    most_open = 0
+    built: set[int] = set()
+    real_open, real_copy = ReplicaPool.open, Holdings.model_copy
+
+    def counting_open(pool: ReplicaPool, device_id: int, *args: Any) -> Any:
+        nonlocal most_open
+        opened.append(device_id)
+        found = real_open(pool, device_id, *args)
+        most_open = max(most_open, len(pool))
+        return found
+
+    def recording_copy(holdings: Holdings, *args: Any) -> Any:
+        built.add(holdings.plan.device_id)
+        return real_copy(holdings, *args)
+
+    monkeypatch.setattr(ReplicaPool, "open", counting_open)
+    monkeypatch.setattr(Holdings, "model_copy", recording_copy)
+    config = _config(mode, devices=8, epochs=3)
+    result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
+    trained = {k for epoch in result.epochs for chosen in epoch.sampled for k in chosen}
+    assert set(opened) == trained == built
+    assert len(trained) < config.devices  # some were never sampled
+    assert most_open == (1 if mode == "sl" else 2)  # sl: one turn at a time

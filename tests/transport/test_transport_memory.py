@@ -1,4 +1,4 @@
-"""Memory links: exact timing in virtual time, closing, breaking, reshaping."""
+"""Memory links: exact timing in virtual time, closing, breaking, reshaping, holding."""
 
 from __future__ import annotations
 
@@ -267,6 +267,102 @@ async def test_reshape_slows_the_next_frames(clock: VirtualClock) -> None:
     assert received.result() == pytest.approx([0.12, 1.6], abs=1e-12)
     with pytest.raises(ConfigError):
         a.reshape("4g")  # type: ignore[arg-type]
+
+
+async def test_a_temporary_shape_ends_on_its_own(clock: VirtualClock) -> None:
+    a, b = four_g(clock)
+    a.reshape(LinkSpec(1e6, 0.5), seconds=1.5)
+    assert a.spec == LinkSpec(1e6, 0.5)
+    received: list[float] = []
+
+    async def receive(n: int) -> None:
+        for _ in range(n):
+            await b.receive()
+            received.append(clock.now())
+
+    sent: list[float] = []
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(receive(3))
+        for _ in range(3):  # 1 s at 1 Mbit/s, slots from 0 and 1; 0.1 s at 10, from 2
+            await a.send(bytes(125_000))
+            sent.append(clock.now())
+    assert sent == pytest.approx([1.0, 2.0, 2.1], abs=1e-12)
+    # the third frame arrives at 2.12 but, in order, after the second (0.5 s latency)
+    assert received == pytest.approx([1.5, 2.5, 2.5], abs=1e-12)
+    assert a.spec == LinkSpec(10e6, 0.02)  # back to what it was
+    a.reshape(LinkSpec(1e6), seconds=10)
+    a.reshape(LinkSpec(2e6))  # a lasting shape ends the temporary one
+    assert a.spec == LinkSpec(2e6)
+    for bad in (-1, float("inf"), True):
+        with pytest.raises(ConfigError, match="seconds"):
+            a.reshape(LinkSpec(1e6), seconds=bad)
+
+
+async def test_a_hold_delivers_every_frame_in_order_when_it_ends(clock: VirtualClock) -> None:
+    a, b = four_g(clock)
+    await a.send(b"before")  # arrives at 0.02, before the hold: not held (6 bytes: ~0)
+    await clock.sleep(0.5)
+    a.hold(2.0)  # from 0.5 to 2.5
+    b.hold(0.1)  # the other direction's hold is its own
+    received: list[tuple[bytes, float]] = []
+
+    async def receive(n: int) -> None:
+        for _ in range(n):
+            received.append((await b.receive(), clock.now()))
+
+    async def watch() -> float:
+        await clock.sleep(1.0)
+        return b.last_received()
+
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(receive(4))
+        seen = tg.create_task(watch())
+        for tag in (b"x", b"y"):
+            await a.send(tag * 125_000)  # 0.1 s each: they arrive at 0.62 and 0.72
+        await clock.sleep(2.0)  # 2.7: after the hold
+        await a.send(b"z")
+    assert [data[:1] for data, _ in received] == [b"b", b"x", b"y", b"z"]
+    assert [at for _, at in received] == pytest.approx([0.5, 2.5, 2.5, 2.72], abs=1e-4)
+    assert seen.result() == pytest.approx(0.02, abs=1e-4)  # nothing arrived while held
+    assert a.statistics().sent.frames == b.statistics().received.frames == 4
+
+
+async def test_a_hold_until_released(clock: VirtualClock) -> None:
+    a, b = four_g(clock)
+    a.hold()
+    await a.send(b"x")
+    receiving = asyncio.ensure_future(b.receive())
+    await clock.sleep(100.0)
+    assert not receiving.done()
+    a.release()
+    assert await receiving == b"x"
+    assert clock.now() == pytest.approx(100.0, abs=1e-4)
+    a.release()  # none under way: nothing happens
+    a.hold()
+    b.break_("cut while held")
+    with pytest.raises(LinkBrokenError, match="cut while held"):
+        await b.receive()
+    with pytest.raises(ConfigError, match="seconds"):
+        a.hold(-1.0)
+
+
+async def test_a_hold_on_the_system_clock() -> None:
+    clock = SystemClock()
+    a, b = open_memory_link_pair(clock)
+    start = clock.now()
+    a.hold(0.05)
+    await a.send(b"x")
+    assert await b.receive() == b"x"
+    assert clock.now() - start >= 0.049  # asyncio may wake 1 ns early
+    a.hold()
+    await a.send(b"y")
+    receiving = asyncio.ensure_future(b.receive())
+    await asyncio.sleep(0.02)
+    assert not receiving.done()
+    a.release()
+    assert await wait_for(clock, receiving, 1.0) == b"y"
+    await a.aclose()
+    await b.aclose()
 
 
 async def test_bytes_like_frames_are_copied(clock: VirtualClock) -> None:

@@ -1,8 +1,9 @@
 """fl, sl, sfl and pipar: K two-stage pipelines that share the coordinator's node.
 
 Placement: device k runs stage 0, units 1..P_k, on its own data; the coordinator runs
-stage 1, units P_k+1..Q, on device k's replica of the server half (one replica per
-device, all on the coordinator's one compute queue). FL is the degenerate case P_k = Q:
+stage 1, units P_k+1..Q, on device k's replica of the server half (one per device in
+a round, all on the coordinator's one compute queue: aiopipe.runtime.replicas [Note:
+replicas while training]). FL is the degenerate case P_k = Q:
 one stage, the whole model on the device, nothing on the coordinator.
 
 Schedules (`aiopipe.scheduler.schedule.pipar`): the device forwards its N micro-batches
@@ -24,7 +25,6 @@ training ([Note: planning]) and, with ``replan``, reconsidered between rounds
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -32,7 +32,6 @@ from functools import partial
 from typing import Any
 
 import torch
-from torch import nn
 
 from aiopipe import models
 from aiopipe.config import RunConfig
@@ -48,7 +47,7 @@ from aiopipe.protocol import (
 )
 from aiopipe.runtime.aggregation import aggregate, screen_updates
 from aiopipe.runtime.assignment import Assignment
-from aiopipe.runtime.factories import make_loss, make_optimizer
+from aiopipe.runtime.factories import make_loss
 from aiopipe.runtime.plan import (
     DevicePlan,
     check_trainable,
@@ -62,6 +61,7 @@ from aiopipe.runtime.plan import (
     with_plans,
 )
 from aiopipe.runtime.replan import Replan, live_profiles, reselect
+from aiopipe.runtime.replicas import ReplicaPool
 from aiopipe.runtime.stage import ServerStage, StageWork
 from aiopipe.runtime.systems.base import Rounds, Setup
 from aiopipe.runtime.tasks import first_error
@@ -106,14 +106,11 @@ class Star:
         self.live: list[DeviceProfile] = []
         self.replans: list[Replan] = []
         self.plans: list[DevicePlan] = []
-        self.replicas: dict[int, tuple[nn.Sequential, torch.optim.Optimizer]] = {}
+        self.replicas = ReplicaPool(self.model, setup.torch_device)
         self.activation_shapes = unit_output_shapes(self.model, self.in_shape)
         self._schedules: dict[tuple[int, int], tuple[str, tuple[Action, ...]]] = {}
         #: devices whose update was clipped or dropped since `refused_updates` was asked
         self.refused: list[int] = []
-        #: per device: its replica's optimizer and that optimizer's state as the round
-        #: started (restored when the device's round is dropped)
-        self._round_start: dict[int, tuple[torch.optim.Optimizer, dict[str, Any]]] = {}
         if self.auto_config is None:  # refuse what cannot train before devices join
             check_trainable(self.model, self.in_shape, device_plans(
                 config, self.units, [config.batch_size] * config.devices), config)
@@ -123,7 +120,7 @@ class Star:
         """Plan for the devices' announced samples ([Note: planning]): with "auto", from
         the cost table (measured here when not given: real runs keep real time) and
         ``devices``, the devices' own profiles (else the declared ``device_slowdown``
-        and ``network``); then the plans, placement and server-half replicas.
+        and ``network``); then the plans and placement.
 
         Raises:
             ConfigError: no plan fits, or a device holds fewer samples than one iteration.
@@ -144,8 +141,6 @@ class Star:
         self.placement = star([p.split_point for p in self.plans], self.units)
         if self.auto_config is not None:
             check_trainable(self.model, self.in_shape, self.plans, config)
-        for plan in self.plans if config.mode != "fl" else ():
-            self.replicas[plan.device_id] = self._replica(plan.split_point)
 
     # -- what devices are told -----------------------------------------------------------
 
@@ -242,12 +237,13 @@ class Star:
                 rounds.copy_checkpoint()
                 result = await self._play(rounds, k, round_no, epoch, first, work[k], state)
                 if result is None:
-                    await rounds.compute.call(partial(self._roll_back, [k]))
+                    await rounds.compute.call(partial(self.replicas.roll_back, [k]))
                 else:
                     done[k] = result
                     await rounds.compute.run("agg", partial(self._adopt, k, result),
                                              cost=0.0 if self.cost_table else None,
                                              epoch=epoch)
+                    await rounds.compute.call(partial(self.replicas.close, [k]))
             return done
         states = {k: await rounds.compute.call(partial(self._prepare, k)) for k in participants}
         rounds.copy_checkpoint()  # after the RoundStarts: see [Note: background checkpoints]
@@ -261,26 +257,18 @@ class Star:
         done = {k: res for k, t in played.items() if (res := t.result()) is not None}
         dropped = [k for k in participants if k not in done]
         if dropped:
-            await rounds.compute.call(partial(self._roll_back, dropped))
+            await rounds.compute.call(partial(self.replicas.roll_back, dropped))
         if done:
             cost = self.cost_table.aggregate_time(len(done)) if self.cost_table else None
             await rounds.compute.run("agg", partial(self._aggregate, done), cost=cost,
                                      epoch=epoch)
+        await rounds.compute.call(partial(self.replicas.close, list(done)))
         return done
 
     def _device_costs(self) -> CostTable | None:
         """The declared devices' own table when the server has another (virtual time
         with the server measured apart), else None: the server's x their slowdown."""
         return self.cost_table if self.setup.server_costs is not None else None
-
-    def _roll_back(self, devices: Sequence[int]) -> None:
-        """The round of ``devices`` was dropped: their replicas' optimizers go back to
-        the round's start, as if it had not begun (their weights come from the global
-        model at the next aggregation). Compute thread."""
-        for k in devices:
-            start = self._round_start.get(k)
-            if k in self.replicas and start is not None and start[0] is self.replicas[k][1]:
-                self.replicas[k][1].load_state_dict(copy.deepcopy(start[1]))
 
     async def _play(self, rounds: Rounds, k: int, round_no: int, epoch: int, first: int,
                     iterations: int, state: Mapping[str, Any]) -> RoundResult | None:
@@ -303,13 +291,12 @@ class Star:
         return []
 
     def _prepare(self, k: int) -> dict[str, Any]:
-        """Device k's half of the global model, for its `RoundStart`; the state of its
-        replica's optimizer as the round starts (compute thread)."""
-        if k in self.replicas:  # a lost round may have left gradients behind
-            _, optimizer = self.replicas[k]
-            optimizer.zero_grad(set_to_none=True)
-            self._round_start[k] = (optimizer, copy.deepcopy(optimizer.state_dict()))
-        half = models.split(self.model, self.plans[k].split_point)[0]
+        """Device k's half of the global model, for its `RoundStart`; its replica of the
+        other half, outside fl (compute thread)."""
+        split_point = self.plans[k].split_point
+        if split_point < self.units:
+            self.replicas.open(k, split_point, self.config)
+        half = models.split(self.model, split_point)[0]
         return state_to_wire({key: v.detach().clone() for key, v in half.state_dict().items()})
 
     def _whole_state(self, k: int, result: RoundResult) -> dict[str, torch.Tensor]:
@@ -332,7 +319,7 @@ class Star:
         for k, ratio in sorted(outliers.items()):
             log.warning("device %d's update is %.3g x the round's median: %s", k, ratio,
                         "dropped" if k not in kept else "clipped")
-        self._roll_back(sorted(outliers))
+        self.replicas.roll_back(sorted(outliers))
         self.refused.extend(sorted(outliers))
         if not kept or sum(weights[k] for k in kept) == 0:
             return
@@ -346,18 +333,6 @@ class Star:
 
     def _load_global(self, state: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(state)
-        for half, _ in self.replicas.values():
-            own = half.state_dict()
-            half.load_state_dict({key: state[key] for key in own})
-
-    def _replica(self, split_point: int,
-                 old: tuple[nn.Sequential, torch.optim.Optimizer] | None = None
-                 ) -> tuple[nn.Sequential, torch.optim.Optimizer]:
-        """A server-half replica at ``split_point`` from the global model, with its
-        optimizer; momentum is carried over from ``old`` for the parameters it shares."""
-        half = copy.deepcopy(models.split(self.model, split_point)[1])  # only that half
-        half.to(self.setup.torch_device)
-        return half, make_optimizer(half, self.config, previous=old)
 
     # -- re-planning (see aiopipe.runtime.replan) ---------------------------------------
 
@@ -402,40 +377,33 @@ class Star:
         return event.to_mapping()
 
     def _switch_plans(self, chosen: list[tuple[int, int]]) -> None:
-        """Adopt new (P_k, N_k): plans and replicas (between rounds; in the compute
-        thread, which owns the replicas). Devices get theirs with the next RoundStart."""
+        """Adopt new (P_k, N_k) (between rounds; in the compute thread, which owns the
+        replicas: each is made at its device's new split point when its next round
+        starts, with the momentum of the parameters it kept). Devices get theirs with the
+        next RoundStart."""
         batch = self.config.batch_size
         for k, (p, n) in enumerate(chosen):
             old = self.plans[k]
             if (p, n) == (old.split_point, old.parallel_batches):
                 continue
             self.plans[k] = DevicePlan(k, p, n, batch // n, old.iterations_per_epoch)
-            if k in self.replicas:
-                self.replicas[k] = self._replica(p, self.replicas[k])
         self.config = with_plans(self.config, chosen)
         self.placement = star([p.split_point for p in self.plans], self.units)
 
     # -- checkpoints ---------------------------------------------------------------------
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
-        """The global model, each replica's weights where they differ from it (after an
-        aggregation they all agree; `restore` takes the rest from the global model), and
-        each replica's momentum."""
+        """The global model and each device's replica momentum (a replica starts every
+        round from the global model: [Note: replicas while training])."""
         whole = self.model.state_dict()
         tensors = {f"model/{k}": v.detach().clone() for k, v in whole.items()}
-        for k, (half, optimizer) in self.replicas.items():
-            for name, v in half.state_dict().items():
-                if not torch.equal(v.cpu(), whole[name]):
-                    tensors[f"replica/{k}/{name}"] = v.detach().to("cpu", copy=True)
-            for i, param in enumerate(half.parameters()):
-                buffer = optimizer.state.get(param, {}).get("momentum_buffer")
-                if buffer is not None:
-                    tensors[f"momentum/{k}/{i}"] = buffer.detach().to("cpu", copy=True)
+        tensors.update(self.replicas.checkpoint_tensors(
+            [p.split_point for p in self.plans]))
         return tensors
 
     def restore(self, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
-        """Load a checkpoint's model, plans ("auto": the ones the run had re-chosen),
-        replicas and momentum."""
+        """Load a checkpoint's model, plans ("auto": the ones the run had re-chosen) and
+        replica momentum."""
         self.model.load_state_dict({k[6:]: v for k, v in tensors.items()
                                     if k.startswith("model/")})
         if self.auto_config is not None:  # go on with the plans the run had (re-)chosen
@@ -443,14 +411,4 @@ class Star:
                                           parallel_batches=config["parallel_batches"])
             self._switch_plans([(p.split_point, p.parallel_batches)
                                 for p in device_plans(resumed, self.units, self.samples)])
-        whole = self.model.state_dict()
-        for k, (half, optimizer) in self.replicas.items():
-            prefix = f"replica/{k}/"
-            half.load_state_dict({name: tensors.get(prefix + name, whole[name])
-                                  for name in half.state_dict()})
-            for i, param in enumerate(half.parameters()):
-                buffer = tensors.get(f"momentum/{k}/{i}")
-                if buffer is not None:
-                    optimizer.state[param]["momentum_buffer"] = buffer.to(param.device,
-                                                                         copy=True)
-
+        self.replicas.restore(tensors, [p.split_point for p in self.plans])
