@@ -19,6 +19,8 @@ Per K, side by side in one table:
   ``marg``: marginal MiB per device, (peak - previous row's peak) / (K - previous K),
   which leaves out the fixed costs of a run (server model, test set, lazy imports);
   ``flt/dev``: minor page faults during ``simulate`` per device;
+- the compute floor (printed last): wall ms per sample of the same training in a plain
+  PyTorch loop in the parent (`plain_loop_ms`), to read ``ms/smp`` against;
 - ``est MiB``: the model's estimate of the peak (below); ``virt s``: the virtual epoch
   time the run reports; ``samples``: samples trained (must be K x samples_per_device
   per epoch, or ``--devices-per-round`` x samples_per_device when devices are sampled);
@@ -119,6 +121,30 @@ def config_of(args: argparse.Namespace, devices: int) -> aiopipe.RunConfig:
         seed=0,
         devices_per_round=min(args.devices_per_round, devices),
     )
+
+
+def plain_loop_ms(args: argparse.Namespace, samples: int = 2000) -> float:
+    """The compute floor: wall ms per sample of the same training in a plain PyTorch loop
+    (one process, one thread, vgg5 whole, micro-batches of B / N from the same synthetic
+    data, a step every N), after one warm-up batch."""
+    from aiopipe.runtime.plan import build_model, train_dataset
+
+    config = config_of(args, 1)
+    data = train_dataset(config.replace(samples_per_device=samples))
+    model = build_model(config, num_classes=data.num_classes, in_shape=data.in_shape)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate,
+                                momentum=config.momentum)
+    micro, n = args.batch_size // args.parallel_batches, args.parallel_batches
+    batches = [data.batch(range(i, i + micro)) for i in range(0, samples, micro)]
+    started = 0.0
+    for i, (x, y) in enumerate(batches):
+        if i == n:
+            started = time.perf_counter()  # the first N micro-batches warm up
+        (torch.nn.functional.cross_entropy(model(x), y) / n).backward()
+        if (i + 1) % n == 0:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return 1e3 * (time.perf_counter() - started) / (samples - n * micro)
 
 
 def run_child(args: argparse.Namespace) -> None:
@@ -391,7 +417,11 @@ def per_device_slopes(done: list[dict[str, Any]]) -> tuple[dict[str, Any], float
     """The largest run, and wall seconds and MiB per extra device: marginal between the
     two largest runs when there are two, else that run's figures over its K (which then
     include the run's fixed costs)."""
-    ordered = sorted(done, key=lambda r: r["devices"])
+    largest: dict[int, dict[str, Any]] = {}  # per K, its largest run (of any version)
+    for row in done:
+        if row["peak_mib"] >= largest.get(row["devices"], {}).get("peak_mib", -1.0):
+            largest[row["devices"]] = row
+    ordered = [largest[k] for k in sorted(largest)]
     last = ordered[-1]
     if len(ordered) >= 2:
         first = ordered[-2]
@@ -573,6 +603,10 @@ def main() -> None:
         print()
         for line in table(rows, terms, base_mib) + extrapolate(rows, terms):
             print(line)
+        # after the children: a child's ru_maxrss starts from its parent's RSS at the fork
+        print(f"compute floor: {plain_loop_ms(args):.2f} ms per sample in a plain PyTorch "
+              "loop (same model, data and micro-batches, one thread; data generation "
+              "included)")
         if args.profile:
             print()
             profile(args, args.profile, costs_file)

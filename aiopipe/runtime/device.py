@@ -103,7 +103,7 @@ from aiopipe.runtime.peer_links import PeerLinks, PeerMessage, PeerRoute
 from aiopipe.runtime.plan import measure_planning_costs
 from aiopipe.runtime.privacy import noisy_batch, noisy_state, round_generator
 from aiopipe.runtime.profiling import answer_request
-from aiopipe.runtime.stage import Expected, StageWork
+from aiopipe.runtime.stage import Expected, StageWork, recomputable
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.transport import Link, LinkSpec, WebSocketLink
@@ -691,6 +691,10 @@ class _DeviceNode:
             partial(self.holdings.assign, message, self.assignment, self.work,
                     self._own_backup(message)))
         self.assignment, self.work = assignment, work
+        # [Note: recomputed activations]: in virtual time, memory is what runs short
+        work.recompute = (self.costs is not None and not work.measure_memory
+                          and work.device.type == "cpu" and recomputable(work.module)
+                          and not isinstance(work, AsyncStageWork))
         self.pieces = Pieces(assignment)
         self.parameters = {name: (str(p.dtype).removeprefix("torch."), tuple(p.shape))
                            for name, p in work.module.named_parameters()}

@@ -15,6 +15,18 @@ micro-batch's rows multiplies that by the fraction, so that the group's gradient
 are the whole micro-batch's) and counts the round's loss and correct predictions. A
 stage that is both (a whole model: FL) does both.
 
+[Note: recomputed activations] A stage before the last keeps each micro-batch's
+autograd graph from its forward until its gradient comes back: for a device of vgg5 at
+P = 2 with N = 2, 6.5 MiB, and in a simulation of a thousand devices all training at
+once, 6.5 GB. With ``recompute`` (set by a device that is charged virtual time: the
+wall time it costs is not the simulation's) the stage keeps only the micro-batch's input
+and the generator's state, drops the graph once the activation is out, and forwards the
+micro-batch again, with the same state, when its gradient arrives. CPU kernels are
+deterministic, so the output and the gradients are the first forward's bit for bit (a
+test compares whole runs). Not for a module with buffers (`recomputable`: batch norm
+would count the micro-batch twice), nor where memory is measured (Asteroid's budgets),
+nor on a GPU.
+
 Inputs from another node are checked before they touch the weights ([Note: hostile
 inputs]): labels in range, finite values, a finite loss and finite gradients; what fails
 raises `RemoteProtocolError`, and the stage's gradients from that pass are dropped.
@@ -37,7 +49,7 @@ from aiopipe.runtime.memory import saved_bytes, state_bytes
 from aiopipe.scheduler.actions import Action
 
 __all__ = ["Batch", "Expected", "ServerStage", "StageWork", "check_tensors", "checked_gradient",
-           "checked_input_gradient", "expected_of"]
+           "checked_input_gradient", "expected_of", "recomputable"]
 
 #: A stage's tensors as they must be: name -> (dtype name, shape).
 Expected = Mapping[str, tuple[str, tuple[int, ...]]]
@@ -50,8 +62,19 @@ Batch = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
 class _Saved:
     """What a micro-batch's backward needs, kept from its forward."""
 
-    output: torch.Tensor  # the stage's output, or the loss on the last stage
+    #: the stage's output, or the loss on the last stage (None: recomputed from ``x``)
+    output: torch.Tensor | None
     inputs: torch.Tensor | None  # the received activation (requires grad), later stages
+    #: with `StageWork.recompute`: the forward's input and the generator's state before it
+    x: torch.Tensor | None = None
+    rng: torch.Tensor | None = None
+
+
+def recomputable(module: nn.Module) -> bool:
+    """Whether recomputing ``module``'s forward gives the graph the first forward had:
+    it holds no buffers (batch norm's running statistics would be updated twice); the
+    global generator's draws (dropout) are replayed ([Note: recomputed activations])."""
+    return next(module.buffers(), None) is None
 
 
 class StageWork:
@@ -98,6 +121,9 @@ class StageWork:
         self._held: dict[tuple[int, int], int] = {}
         #: most bytes the micro-batches in flight held at once this round (measured)
         self.peak_held = 0
+        #: [Note: recomputed activations] keep each micro-batch's input, not its graph,
+        #: and forward it again at its backward (not on the last stage)
+        self.recompute = False
 
     @property
     def live(self) -> int:
@@ -140,6 +166,12 @@ class StageWork:
         """
         key = (iteration, micro_batch)
         x, labels, inputs = self._inputs(key, received)
+        if self.recompute and not self.last:
+            rng = torch.get_rng_state()
+            out = self._through(x, labels)  # its graph goes when this returns
+            self._saved[key] = _Saved(None, inputs, x, rng)
+            self.peak_live = max(self.peak_live, len(self._saved))
+            return out.detach().cpu(), labels.cpu()
         if self.measure_memory:
             out, held = saved_bytes(partial(self._through, x, labels),
                                     self.module.parameters(), [x])
@@ -175,11 +207,12 @@ class StageWork:
         self._labels.pop(key, None)
         self._held.pop(key, None)
         if self.last:
+            assert saved.output is not None  # the last stage never recomputes
             torch.autograd.backward(saved.output)
         else:
             if gradient is None:
                 raise ValueError("a backward before the last stage needs a gradient")
-            out = saved.output
+            out = saved.output if saved.output is not None else self._again(saved)
             try:
                 gradient = checked_gradient(gradient.to(self.device), out)
             except RemoteProtocolError:
@@ -196,6 +229,16 @@ class StageWork:
         except RemoteProtocolError:
             self.optimizer.zero_grad(set_to_none=True)
             raise
+
+    def _again(self, saved: _Saved) -> torch.Tensor:
+        """The stage's output for a micro-batch forwarded with `recompute`, with its graph:
+        the forward again, on the same input and generator state."""
+        assert saved.x is not None
+        assert saved.rng is not None
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(saved.rng)
+            out: torch.Tensor = self.module(saved.x)
+        return out
 
     def forward_backward(self, iteration: int, micro_batch: int,
                          received: tuple[torch.Tensor, torch.Tensor] | None = None
