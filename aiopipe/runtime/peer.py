@@ -166,17 +166,21 @@ class Peer:
             TransportError: the link is closed or broken.
         """
         while (item := await self._next()) is not None:
-            frame = encode(item.message)
-            start = self._clock.now()
-            # a shaped link's wire slot may start when the frame was posted, not after
-            # the previous send's late wake-up (memory.py, [Note: wire slots do not
-            # drift]); a failed send loses this item: see the class
-            await self.link.send(frame, ready_at=item.posted_at)
-            self._recorder.add(self.track, item.name, start, self._clock.now(),
-                               epoch=item.epoch, iteration=item.iteration,
-                               micro_batch=item.micro_batch)
-            if not item.sent.done():
-                item.sent.set_result(None)
+            await self._send(item)
+            del item  # the message (a round's weights) is not kept while we wait
+
+    async def _send(self, item: _Posted) -> None:
+        frame = encode(item.message)
+        start = self._clock.now()
+        # a shaped link's wire slot may start when the frame was posted, not after the
+        # previous send's late wake-up (memory.py, [Note: wire slots do not drift]); a
+        # failed send loses this item: see the class
+        await self.link.send(frame, ready_at=item.posted_at)
+        self._recorder.add(self.track, item.name, start, self._clock.now(),
+                           epoch=item.epoch, iteration=item.iteration,
+                           micro_batch=item.micro_batch)
+        if not item.sent.done():
+            item.sent.set_result(None)
 
     async def _next(self) -> _Posted | None:
         """The next message to send: the queue's first, else the background's (module

@@ -333,9 +333,11 @@ def declared_devices(config: RunConfig, samples: list[int], *,
 
 def choose_plans(config: RunConfig, profile: ModelProfile,
                  devices: list[DeviceProfile], *, speed_band: float | None = None,
-                 ) -> list[tuple[int, int]]:
+                 members: Sequence[int] | None = None) -> list[tuple[int, int]]:
     """The planner's (P_k, N_k) for an "auto" ``config`` (see `resolve_auto`);
-    ``speed_band`` as `select_plans` takes it (None: its default).
+    ``speed_band`` as `select_plans` takes it (None: its default). ``members``: the
+    devices ``devices`` profiles, in order, when not the whole fleet (the devices of a
+    sampled round, [Note: plans per round] in aiopipe.runtime.systems.star).
 
     Candidates: every split point 1..Q-1 for "auto" P, else the configured ones; for
     "auto" N the divisors of B, else the configured ones (N = 1 outside pipar); each
@@ -348,13 +350,13 @@ def choose_plans(config: RunConfig, profile: ModelProfile,
     from aiopipe.scheduler import select_plans
     from aiopipe.scheduler.select import SPEED_BAND
 
+    fleet = range(config.devices) if members is None else members
     split_points = (list(range(1, profile.units)) if config.split_point == "auto"
-                    else sorted({int(config.device_split_point(k))
-                                 for k in range(config.devices)}))
+                    else sorted({int(config.device_split_point(k)) for k in fleet}))
     return select_plans(profile, devices, config.batch_size, split_points=split_points,
                         parallel_batches=_candidate_parallel_batches(config),
                         memory_budget_bytes=[config.device_memory_bytes_of(k)
-                                             for k in range(config.devices)],
+                                             for k in fleet],
                         aggregation_every=config.aggregation_every,
                         speed_band=SPEED_BAND if speed_band is None else speed_band)
 

@@ -14,6 +14,7 @@ from aiopipe.runtime.coordinator import _epoch_from
 from aiopipe.runtime.holdings import Holdings
 from aiopipe.runtime.replicas import ReplicaPool
 from aiopipe.runtime.sampling import sampled_devices
+from aiopipe.runtime.systems import star as star_module
 from aiopipe.scheduler.costs import CostTable
 
 COSTS = CostTable.uniform(5, forward=0.001, backward=0.002, step=0.0005, batch=1)
@@ -120,3 +121,35 @@ async def test_only_the_devices_in_a_round_hold_weights(
     assert set(opened) == trained == built
     assert len(trained) < config.devices  # some were never sampled
     assert most_open == (1 if mode == "sl" else 2)  # sl: one turn at a time
+
+
+async def test_auto_plans_are_made_for_each_rounds_draw(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[Note: plans per round]: with "auto" plans, each round's devices are planned as the
+    fleet that shares the server in that round, and train with those plans."""
+    planned: list[list[int] | None] = []
+    real = star_module.choose_plans
+
+    def spying(config: RunConfig, profile: Any, devices: Any, **options: Any) -> Any:
+        members = options.get("members")
+        planned.append(None if members is None else list(members))
+        chosen = real(config, profile, devices, **options)
+        if members is not None:
+            rounds.append(dict(zip(members, chosen, strict=True)))
+        return chosen
+
+    rounds: list[dict[int, tuple[int, int]]] = []
+    monkeypatch.setattr(star_module, "choose_plans", spying)
+    config = _config("pipar", devices=8, split_point="auto", parallel_batches="auto",
+                     device_slowdown=(1, 1, 4, 4, 1, 1, 4, 4))
+    result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
+    draws = [list(e.sampled[0]) for e in result.epochs]
+    assert None not in planned  # the fleet as a whole is never planned
+    assert planned[1:] == draws  # the first plans the first draw (before the run), then
+    assert planned[0] == draws[0]  # each round plans its own draw
+    for epoch, chosen in zip(result.epochs, rounds[1:], strict=True):
+        for entry in epoch.plan:
+            if entry["device"] in chosen:
+                assert (entry["split_point"], entry["parallel_batches"]) == chosen[
+                    entry["device"]]
+    again = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
+    assert again.epochs == result.epochs

@@ -62,6 +62,7 @@ from aiopipe.runtime.plan import (
 )
 from aiopipe.runtime.replan import Replan, live_profiles, reselect
 from aiopipe.runtime.replicas import ReplicaPool
+from aiopipe.runtime.sampling import sampled_devices
 from aiopipe.runtime.stage import ServerStage, StageWork
 from aiopipe.runtime.systems.base import Rounds, Setup
 from aiopipe.runtime.tasks import first_error
@@ -135,12 +136,70 @@ class Star:
             self.live = (list(devices) if devices is not None
                          else declared_devices(config, self.samples,
                                                costs=self._device_costs()))
-            config = with_plans(config, choose_plans(config, self.planning, self.live))
+            config = with_plans(config, self._first_plans(config))
         self.config = config
         self.plans = device_plans(config, self.units, self.samples)
         self.placement = star([p.split_point for p in self.plans], self.units)
         if self.auto_config is not None:
             check_trainable(self.model, self.in_shape, self.plans, config)
+
+    def _first_plans(self, config: RunConfig) -> list[tuple[int, int]]:
+        """The plans before the first round: the whole fleet's; sampled per round, those
+        of the first round's likely draw (all alive), each other device taking the plan
+        of a drawn device with its profile, else the first drawn device's ([Note: plans
+        per round])."""
+        assert self.planning is not None
+        if not config.devices_per_round:
+            return choose_plans(config, self.planning, self.live)
+        drawn = sampled_devices(config.seed, 0, 0, range(config.devices),
+                                config.round_size(config.devices))
+        chosen = dict(zip(drawn, choose_plans(config, self.planning,
+                                              [self.live[k] for k in drawn], members=drawn),
+                          strict=True))
+        def alike(k: int) -> tuple[object, ...]:
+            d = self.live[k]
+            return d.slowdown, d.uplink, d.downlink, d.samples, id(d.costs)
+
+        by_profile = {alike(k): plan for k, plan in chosen.items()}
+        first = chosen[drawn[0]]
+        return [chosen.get(k) or by_profile.get(alike(k), first)
+                for k in range(config.devices)]
+
+    async def plan_round(self, rounds: Rounds, participants: Sequence[int]) -> None:
+        """[Note: plans per round] With "auto" plans and devices sampled per round, plan
+        the round's devices as the fleet that shares the server in it.
+
+        [Note: plans per round] The planner's estimate of an epoch weighs the devices
+        that share the server at once. Sampled per round, those are the round's draw,
+        not the fleet: planning the fleet would plan for a server K / n times busier
+        than it is. So before each round the round's devices are planned alone (from the
+        same profiles), and take their plans with their `RoundStart`; a device's
+        iterations per epoch stay as they were ([Note: switching]). The plan that each
+        epoch reports is the plans as that epoch's last round left them. The trace-based
+        re-planning (`replan`) is not used with sampling: each round is planned anew.
+        """
+        if (self.auto_config is None or self.planning is None
+                or not self.config.devices_per_round):
+            return
+        auto, planning, live = self.auto_config, self.planning, self.live
+        members = sorted(participants)
+
+        def decide() -> list[tuple[int, int]]:
+            return choose_plans(auto, planning, [live[k] for k in members], members=members)
+
+        try:
+            with rounds.clock.hold():  # selection runs off the loop; time stands still
+                chosen = await asyncio.to_thread(decide)
+        except ConfigError as exc:
+            log.warning("planning round %s failed, keeping the plans: %s", members, exc)
+            return
+        plans = [(p.split_point, p.parallel_batches) for p in self.plans]
+        batch = self.config.batch_size
+        for k, (p, n) in zip(members, chosen, strict=True):
+            if (batch // n) * n == self.plans[k].samples_per_iteration:
+                plans[k] = (p, n)
+        if plans != [(p.split_point, p.parallel_batches) for p in self.plans]:
+            await rounds.compute.call(partial(self._switch_plans, plans))
 
     # -- what devices are told -----------------------------------------------------------
 
@@ -245,6 +304,7 @@ class Star:
                                              epoch=epoch)
                     await rounds.compute.call(partial(self.replicas.close, [k]))
             return done
+        await self.plan_round(rounds, participants)
         states = {k: await rounds.compute.call(partial(self._prepare, k)) for k in participants}
         rounds.copy_checkpoint()  # after the RoundStarts: see [Note: background checkpoints]
         try:
@@ -343,8 +403,8 @@ class Star:
         estimated to be better by more than ``replan_threshold``."""
         config = self.config
         if (self.auto_config is None or self.planning is None or not config.replan
-                or config.mode not in ("sfl", "pipar")):
-            return None
+                or config.mode not in ("sfl", "pipar") or config.devices_per_round):
+            return None  # (sampled: each round is planned anew, `plan_round`)
         planning, auto = self.planning, self.auto_config
         plans, current = list(self.plans), [(p.split_point, p.parallel_batches)
                                             for p in self.plans]
