@@ -21,16 +21,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from aiopipe.config import RunConfig
+from aiopipe.config import STAR_MODES, RunConfig
 from aiopipe.errors import ConfigError
 from aiopipe.metrics.results import EpochMetrics, RunResult
 from aiopipe.testing.fleet import open_fleet
 
 __all__ = ["assert_exact_accounting", "assert_same_weights", "expected_samples",
            "run_undisturbed"]
-
-#: The modes whose accounting `assert_exact_accounting` knows.
-STAR_MODES = ("fl", "sl", "sfl", "pipar")
 
 #: Per device, the rounds it lost: (epoch, round within the epoch) pairs.
 Lost = Mapping[int, Iterable[tuple[int, int]]]
