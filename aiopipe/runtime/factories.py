@@ -92,15 +92,16 @@ def model_template(config: RunConfig, *, num_classes: int, in_shape: Sequence[in
     template is built once per (model, seed, classes, input shape), and the global torch
     generator is left as that build left it, on later calls too, so that what draws from
     it next (dropout in training) draws the same numbers as when every device built its
-    own. A user's model object (not a name) is keyed by its identity (and kept alive
-    while its template is kept).
+    own. A user's model object (not a name) is keyed by its identity and the state of
+    its tensors (`_object_key`), and kept alive while its template is kept.
 
     Raises:
         ConfigError: as `build_model`.
     """
     model = config.model
     shape = tuple(in_shape)
-    key = (model if isinstance(model, str) else id(model), config.seed, num_classes, shape)
+    key = (model if isinstance(model, str) else _object_key(model), config.seed,
+           num_classes, shape)
     found = _TEMPLATES.pop(key, None)
     if found is None:
         built = build_model(config, num_classes=num_classes, in_shape=shape)
@@ -113,6 +114,14 @@ def model_template(config: RunConfig, *, num_classes: int, in_shape: Sequence[in
         torch.set_rng_state(found[1])
     _TEMPLATES[key] = found  # newest last
     return found[0]
+
+
+def _object_key(model: object) -> tuple[object, ...]:
+    """A user's model object as a template key: its identity and, per tensor of its
+    state, where it lives and its in-place version counter, so that a model changed
+    between two runs (weights loaded or trained) is built again."""
+    state = model.state_dict() if isinstance(model, nn.Module) else {}
+    return (id(model), *((t.data_ptr(), t._version) for t in state.values()))
 
 
 def unit_output_shapes(model: nn.Sequential, in_shape: tuple[int, ...]

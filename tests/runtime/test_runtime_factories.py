@@ -8,12 +8,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from aiopipe import CostTable, RunConfig, VirtualClock, simulate
 from aiopipe import data as datasets
 from aiopipe.errors import ConfigError
-from aiopipe.models import model_digest
-from aiopipe.runtime.factories import build_model, make_loss, make_optimizer, optimizer_states
+from aiopipe.models import model_digest, unit_count
+from aiopipe.runtime.factories import (
+    build_model,
+    make_loss,
+    make_optimizer,
+    model_template,
+    optimizer_states,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BATCH = 16
@@ -98,3 +105,35 @@ def test_a_factory_that_cannot_serve_says_why(changes: dict[str, str], reason: s
 def test_a_malformed_name_is_refused_by_the_config(key: str, value: str) -> None:
     with pytest.raises(ConfigError, match=f"config key '{key}'"):
         _config(**{key: value})
+
+
+def test_a_template_is_built_once_and_leaves_the_generator_as_a_build_does() -> None:
+    """[Note: shared templates]: one model per (model, seed, shapes) in a process; the
+    global generator after each call is where a fresh build would leave it."""
+    config = RunConfig(model="vgg5", seed=11)
+    first = model_template(config, num_classes=10, in_shape=(3, 32, 32))
+    after_first = torch.get_rng_state()
+    torch.rand(5)  # someone draws meanwhile
+    second = model_template(config, num_classes=10, in_shape=(3, 32, 32))
+    assert second is first
+    assert torch.equal(torch.get_rng_state(), after_first)
+    built = build_model(config, num_classes=10, in_shape=(3, 32, 32))
+    assert torch.equal(torch.get_rng_state(), after_first)
+    assert first.digest == model_digest(built)
+    assert first.activation_shapes[0] == (3, 32, 32)
+    assert len(first.activation_shapes) == unit_count(built) + 1
+    other = model_template(config.replace(seed=12), num_classes=10, in_shape=(3, 32, 32))
+    assert other is not first
+    assert not torch.equal(next(other.model.parameters()), next(first.model.parameters()))
+
+
+def test_a_users_model_changed_between_runs_gets_a_new_template() -> None:
+    model = nn.Sequential(nn.Sequential(nn.Flatten(), nn.Linear(12, 4)), nn.Linear(4, 2))
+    config = RunConfig(model=model)
+    first = model_template(config, num_classes=2, in_shape=(3, 2, 2))
+    assert model_template(config, num_classes=2, in_shape=(3, 2, 2)) is first
+    with torch.no_grad():
+        model[1].weight.mul_(2.0)  # e.g. weights loaded into it before the next run
+    again = model_template(config, num_classes=2, in_shape=(3, 2, 2))
+    assert again is not first
+    assert torch.equal(again.model[1].weight, model[1].weight)
