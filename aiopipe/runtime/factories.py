@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,11 @@ def build_model(config: RunConfig, *, num_classes: int, in_shape: Sequence[int]
         ConfigError: an unknown model name, shapes it cannot take, or a factory that
             fails or returns something else than split units.
     """
+    with _BUILDING:
+        return _build(config, num_classes=num_classes, in_shape=in_shape)
+
+
+def _build(config: RunConfig, *, num_classes: int, in_shape: Sequence[int]) -> nn.Sequential:
     torch.manual_seed(config.seed)
     model = config.model
     if not isinstance(model, str):
@@ -78,6 +84,10 @@ class ModelTemplate:
 #: model object stays alive while its identity is a key)
 _TEMPLATES: dict[tuple[Any, ...], tuple[ModelTemplate, torch.Tensor, object]] = {}
 _KEPT_TEMPLATES = 4
+#: one build at a time (`build_model`, `model_template`): the nodes of an in-process
+#: run on the system clock open their holdings in their own compute threads, and two
+#: builds drawing from the one global generator at once would get each other's numbers
+_BUILDING = threading.RLock()
 
 
 def model_template(config: RunConfig, *, num_classes: int, in_shape: Sequence[int]
@@ -100,20 +110,21 @@ def model_template(config: RunConfig, *, num_classes: int, in_shape: Sequence[in
     """
     model = config.model
     shape = tuple(in_shape)
-    key = (model if isinstance(model, str) else _object_key(model), config.seed,
-           num_classes, shape)
-    found = _TEMPLATES.pop(key, None)
-    if found is None:
-        built = build_model(config, num_classes=num_classes, in_shape=shape)
-        template = ModelTemplate(built, models.model_digest(built),
-                                 (shape, *unit_output_shapes(built, shape)))
-        found = (template, torch.get_rng_state(), model)
-        while len(_TEMPLATES) >= _KEPT_TEMPLATES:
-            del _TEMPLATES[next(iter(_TEMPLATES))]
-    else:
-        torch.set_rng_state(found[1])
-    _TEMPLATES[key] = found  # newest last
-    return found[0]
+    with _BUILDING:
+        key = (model if isinstance(model, str) else _object_key(model), config.seed,
+               num_classes, shape)
+        found = _TEMPLATES.pop(key, None)
+        if found is None:
+            built = build_model(config, num_classes=num_classes, in_shape=shape)
+            template = ModelTemplate(built, models.model_digest(built),
+                                     (shape, *unit_output_shapes(built, shape)))
+            found = (template, torch.get_rng_state(), model)
+            while len(_TEMPLATES) >= _KEPT_TEMPLATES:
+                del _TEMPLATES[next(iter(_TEMPLATES))]
+        else:
+            torch.set_rng_state(found[1])
+        _TEMPLATES[key] = found  # newest last
+        return found[0]
 
 
 def _object_key(model: object) -> tuple[object, ...]:

@@ -4,7 +4,9 @@ the run trains what plain PyTorch trains with them; a bad factory is one clear l
 from __future__ import annotations
 
 import copy
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ from aiopipe import CostTable, RunConfig, VirtualClock, simulate
 from aiopipe import data as datasets
 from aiopipe.errors import ConfigError
 from aiopipe.models import model_digest, unit_count
+from aiopipe.runtime import factories
 from aiopipe.runtime.factories import (
     build_model,
     make_loss,
@@ -137,3 +140,27 @@ def test_a_users_model_changed_between_runs_gets_a_new_template() -> None:
     again = model_template(config, num_classes=2, in_shape=(3, 2, 2))
     assert again is not first
     assert torch.equal(again.model[1].weight, model[1].weight)
+
+
+def test_templates_built_in_threads_at_once_are_the_seeds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nodes on the system clock open their holdings in their own compute threads: two
+    first builds at once must not draw each other's numbers from the global generator."""
+    monkeypatch.setattr(factories, "_TEMPLATES", {})
+    config = RunConfig(model="vgg5", seed=5)
+    start = threading.Barrier(6)
+    built: list[Any] = []
+
+    def build() -> None:
+        start.wait()
+        built.append(model_template(config, num_classes=10, in_shape=(3, 32, 32)))
+
+    threads = [threading.Thread(target=build) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    want = build_model(config, num_classes=10, in_shape=(3, 32, 32)).state_dict()
+    for template in built:
+        for name, value in template.model.state_dict().items():
+            assert torch.equal(value, want[name]), name
