@@ -39,7 +39,7 @@ import torch
 
 from aiopipe import data as datasets
 from aiopipe.clock import Clock, SystemClock
-from aiopipe.config import RunConfig
+from aiopipe.config import STAR_MODES, RunConfig
 from aiopipe.errors import (
     LinkBrokenError,
     RemoteProtocolError,
@@ -748,8 +748,14 @@ class _DeviceNode:
 
     def _upload_state(self, work: StageWork, round_no: int) -> dict[str, TensorData]:
         """The trained stage as it leaves the device: with classic differential
-        privacy, noised (aiopipe.runtime.privacy). Compute thread."""
-        state = work.trained_state()
+        privacy, noised (aiopipe.runtime.privacy). Compute thread.
+
+        In fl, sl, sfl and pipar the result shares the stage's memory on the CPU (no
+        copy): it is kept until the next `RoundStart` (for re-sending), and only that
+        round's weights, loaded after it, change the stage again; the other systems
+        train on between rounds and upload a copy."""
+        state = (work.current_state() if self.config.mode in STAR_MODES
+                 else work.trained_state())
         if self.config.privacy == "classic":
             state = noisy_state(state, self.config.privacy_noise, round_generator(
                 self.config.seed, self.device_id, round_no))

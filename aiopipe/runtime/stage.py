@@ -146,6 +146,11 @@ class StageWork:
         """What the device returns at the round's end: a CPU copy of the stage's state."""
         return {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
 
+    def current_state(self) -> dict[str, torch.Tensor]:
+        """The stage's state on the CPU, sharing the stage's memory there (a copy from a
+        GPU): valid until the stage changes."""
+        return {k: v.detach().to("cpu") for k, v in self.module.state_dict().items()}
+
     def clear(self) -> None:
         """Forget every micro-batch in flight (a dropped round) and their gradients."""
         self._saved.clear()

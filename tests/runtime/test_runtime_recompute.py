@@ -72,3 +72,16 @@ async def test_a_stage_with_buffers_keeps_its_graph(monkeypatch: pytest.MonkeyPa
     assert recomputable(model[1])
     _, again = await _run(model, monkeypatch, recompute=True)
     assert again == 0  # batch norm would count each micro-batch twice
+
+
+def test_a_round_result_shares_the_stage_and_a_snapshot_does_not() -> None:
+    """A star device's result is kept until its next round and shares the stage's memory
+    (`current_state`); a backup taken while training goes on is a copy (`trained_state`)."""
+    module = _model()[0]
+    work = StageWork(module, torch.optim.SGD(module.parameters(), lr=0.1), first=True,
+                     last=False, parallel_batches=1, num_classes=10)
+    shared, copied = work.current_state(), work.trained_state()
+    for name, value in module.state_dict().items():
+        assert shared[name].data_ptr() == value.data_ptr()
+        assert copied[name].data_ptr() != value.data_ptr()
+        assert torch.equal(copied[name], value)
