@@ -287,4 +287,3 @@ def _micro_batch(dataset: datasets.Dataset, order: np.ndarray, micro: int, paral
     if wrap:
         return dataset.batch(np.take(order, np.arange(first, first + micro), mode="wrap"))
     return dataset.batch(order[first:first + micro])
-

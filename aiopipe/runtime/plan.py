@@ -16,6 +16,7 @@ epoch. FL and SL/SFL use N = 1, B' = B.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -79,18 +80,16 @@ def train_dataset(config: RunConfig) -> datasets.Dataset:
     Raises:
         ConfigError: unknown dataset or unreadable files.
     """
-    key = (str(config.dataset), config.seed, config.devices, config.samples_per_device)
-    found = _TRAIN_SETS.get(key)
-    if found is None:
-        # cached: every device of an in-process simulation cuts its shard from it (and
-        # the total below is O(K))
-        found = datasets.open_dataset(
-            config.dataset, split="train", seed=config.seed,
-            size=sum(config.device_samples_of(k) for k in range(config.devices)))
-        if len(_TRAIN_SETS) >= 8:
-            _TRAIN_SETS.clear()
-        _TRAIN_SETS[key] = found
-    return found
+    per_device = config.samples_per_device
+    size = sum(per_device) if isinstance(per_device, tuple) else per_device * config.devices
+    return _train_set(config.dataset, config.seed, size)
+
+
+@functools.lru_cache(maxsize=8)
+def _train_set(dataset: str, seed: int, size: int) -> datasets.Dataset:
+    """Opened once per process: every device of an in-process simulation cuts its shard
+    from it."""
+    return datasets.open_dataset(dataset, split="train", seed=seed, size=size)
 
 
 def device_data(config: RunConfig, device_id: int) -> datasets.Dataset:
@@ -125,7 +124,6 @@ def device_indices(config: RunConfig, dataset: datasets.Dataset, device_id: int)
 
 
 _SHARDS: dict[tuple[object, ...], tuple[np.ndarray, ...]] = {}
-_TRAIN_SETS: dict[tuple[object, ...], datasets.Dataset] = {}
 
 
 def device_plans(config: RunConfig, units: int, samples: list[int]) -> list[DevicePlan]:

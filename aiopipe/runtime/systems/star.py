@@ -153,17 +153,12 @@ class Star:
             return choose_plans(config, self.planning, self.live)
         drawn = sampled_devices(config.seed, 0, 0, range(config.devices),
                                 config.round_size(config.devices))
-        chosen = dict(zip(drawn, choose_plans(config, self.planning,
-                                              [self.live[k] for k in drawn], members=drawn),
-                          strict=True))
-        def alike(k: int) -> tuple[object, ...]:
-            d = self.live[k]
-            return d.slowdown, d.uplink, d.downlink, d.samples, id(d.costs)
-
-        by_profile = {alike(k): plan for k, plan in chosen.items()}
-        first = chosen[drawn[0]]
-        return [chosen.get(k) or by_profile.get(alike(k), first)
-                for k in range(config.devices)]
+        plans = choose_plans(config, self.planning, [self.live[k] for k in drawn],
+                             members=drawn)
+        chosen = dict(zip(drawn, plans, strict=True))
+        by_profile = {_profile_key(self.live[k]): plan for k, plan in chosen.items()}
+        return [chosen.get(k) or by_profile.get(_profile_key(device), plans[0])
+                for k, device in enumerate(self.live)]
 
     async def plan_round(self, rounds: Rounds, participants: Sequence[int]) -> None:
         """[Note: plans per round] With "auto" plans and devices sampled per round, plan
@@ -472,3 +467,9 @@ class Star:
             self._switch_plans([(p.split_point, p.parallel_batches)
                                 for p in device_plans(resumed, self.units, self.samples)])
         self.replicas.restore(tensors, [p.split_point for p in self.plans])
+
+
+def _profile_key(device: DeviceProfile) -> tuple[object, ...]:
+    """What makes two devices' profiles alike for the planner (its table by identity:
+    a `CostTable` does not hash)."""
+    return device.slowdown, device.uplink, device.downlink, device.samples, id(device.costs)
