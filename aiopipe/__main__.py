@@ -8,9 +8,11 @@ With no arguments it runs the `RunConfig` defaults: vgg5 on synthetic-cifar10 wi
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
-from collections.abc import Sequence
+from argparse import ArgumentTypeError
+from collections.abc import Coroutine, Sequence
 from typing import Any, NoReturn
 
 from aiopipe.auth import generate_secret, mint_token
@@ -27,6 +29,8 @@ from aiopipe.errors import TrainingError
 from aiopipe.metrics.results import own_out_dir
 from aiopipe.progress import RunDisplay
 
+log = logging.getLogger("aiopipe.launcher")
+
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Entry point of ``python -m aiopipe`` (and the ``aiopipe`` script)."""
@@ -37,22 +41,28 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
                     "directory (config.toml, metrics.jsonl, trace.json, model.safetensors).")
     add_run_options(parser)
     parser.add_argument("--port", type=int, default=0, help="server port (default: any free)")
+    parser.add_argument("--device-restarts", type=_count, default=0, metavar="N",
+                        help="start a device process that dies mid-run again, at most N "
+                             "times each; it rejoins the run (default 0: the run goes on "
+                             "without it)")
     args = parser.parse_args(argv)
 
     async def run() -> int:
         with own_out_dir(config_from_args(args)) as config:
-            return await _train(config, args.port)
+            return await _train(config, args.port, args.device_restarts)
 
     run_command(parser.prog, run)
 
 
-async def _train(config: RunConfig, port: int) -> int:
-    """Serve ``config``'s run on ``port`` with its device processes; the exit status."""
+async def _train(config: RunConfig, port: int, device_restarts: int = 0) -> int:
+    """Serve ``config``'s run on ``port`` with its device processes (each started again at
+    most ``device_restarts`` times when it dies mid-run); the exit status."""
     print(f"aiopipe: {config.mode} | {config.model} on {config.dataset} | "
           f"{config.devices} devices x {_samples(config.samples_per_device)} samples | "
           f"{config.epochs} epochs | network {config.network}", flush=True)
     secret = generate_secret().encode()  # this run's; each device gets its own token
     from aiopipe.api import Server  # torch: after the arguments parsed
+    from aiopipe.runtime.systems import system_class
 
     display = RunDisplay()
     async with Server(config, host="127.0.0.1", port=port, token_secret=secret,
@@ -60,14 +70,19 @@ async def _train(config: RunConfig, port: int) -> int:
                       progress=lambda m: display.row(epoch_row(m))) as server:
         # a pipeline's devices link to each other: each listens on a free port
         listen = ["--listen", "127.0.0.1:0"] if config.mode in LINKED_MODES else []
-        devices = [await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "aiopipe.device", "--server", server.url,
-            "--device-id", str(k), *listen, env=_device_env(mint_token(secret, k)),
-            stdout=asyncio.subprocess.DEVNULL)
-            for k in range(config.devices)]
+
+        def start(k: int) -> Coroutine[Any, Any, asyncio.subprocess.Process]:
+            return asyncio.create_subprocess_exec(
+                sys.executable, "-m", "aiopipe.device", "--server", server.url,
+                "--device-id", str(k), *listen, env=_device_env(mint_token(secret, k)),
+                stdout=asyncio.subprocess.DEVNULL)
+
+        devices = [await start(k) for k in range(config.devices)]
+        restarts = [device_restarts] * config.devices  # left, per device
         print(TABLE_HEADER, flush=True)
         training = asyncio.ensure_future(server.run())
         exits = {asyncio.ensure_future(p.wait()): k for k, p in enumerate(devices)}
+        recovers = system_class(config.mode).recovers_lost_devices
         try:
             async with display.following(server.node):
                 pending: set[asyncio.Future[Any]] = {training, *exits}
@@ -75,13 +90,25 @@ async def _train(config: RunConfig, port: int) -> int:
                     done, pending = await asyncio.wait(pending,
                                                        return_when=asyncio.FIRST_COMPLETED)
                     for fut in done:
-                        if fut in exits and fut.result() != 0 and not training.done():
-                            raise TrainingError(f"device process {exits[fut]} exited with "
-                                                f"code {fut.result()}")
+                        if fut not in exits or fut.result() == 0 or training.done():
+                            continue
+                        k = exits[fut]
+                        if _device_exited(k, fut.result(), restarts=restarts[k],
+                                          recovers=recovers and server.node.joined.is_set(),
+                                          running=sum(p.returncode is None for p in devices)):
+                            restarts[k] -= 1
+                            devices[k] = await start(k)  # it rejoins, as the server allows
+                            exits[again := asyncio.ensure_future(devices[k].wait())] = k
+                            pending.add(again)
             result = training.result()
             await asyncio.wait(list(exits), timeout=30)
+        except TrainingError as exc:  # the server keeps what finished, and why it ended
+            training.cancel(f"training failed: {exc}")  # [Note: results on every ending]
+            await asyncio.wait([training])
+            raise
         finally:
             training.cancel()
+            await asyncio.wait([training])  # interrupted: it keeps what finished too
             for p in devices:
                 if p.returncode is None:
                     p.kill()
@@ -89,6 +116,46 @@ async def _train(config: RunConfig, port: int) -> int:
     print(f"aiopipe: done; test accuracy {result.final.accuracy:.3f}; "
           f"results in {result.out_dir}", flush=True)
     return 0
+
+
+def _device_exited(k: int, code: int, *, recovers: bool, running: int, restarts: int
+                   ) -> bool:
+    """Device process k exited with ``code`` mid-run, ``running`` device processes left:
+    the server treats it as a lost device (its liveness gives it up), so the run goes on
+    when it ``recovers`` (every device joined, and the mode's system goes on without a
+    lost device): with the device started again while it has ``restarts`` left (it
+    rejoins as the system allows), else without it while another device process runs.
+    Whether to start it again.
+
+    Raises:
+        TrainingError: the run cannot go on without the device, or none is left.
+    """
+    exited = f"device process {k} exited with code {code}"
+    if not recovers:
+        raise TrainingError(exited)
+    if restarts > 0:
+        log.warning("%s; starting it again (%d more restart%s allowed)", exited,
+                    restarts - 1, "" if restarts == 2 else "s")
+        return True
+    if not running:
+        raise TrainingError(f"{exited}, and every device process has exited")
+    log.warning("%s; the run goes on without it", exited)
+    return False
+
+
+def _count(text: str) -> int:
+    """A count of 0 or more (``--device-restarts``).
+
+    Raises:
+        ArgumentTypeError: it is not one.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ArgumentTypeError(f"{text!r} is not a count (0, 1, 2...)")
+    return value
 
 
 def _samples(value: int | tuple[int, ...]) -> str:

@@ -35,7 +35,6 @@ from aiopipe.metrics.results import (
     EpochMetrics,
     RunResult,
     check_fresh_out_dir,
-    write_metrics,
     write_results,
 )
 from aiopipe.runtime.compute import resolve_torch_device
@@ -81,7 +80,9 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
     `Device`'s ``dataset``); by default each trains on its shard of ``config.dataset``.
     ``held_out``: each device's own held-out data (None for a device without), on which
     it evaluates every epoch's global model (`EpochMetrics.held_out_accuracy`). Writes
-    the results directory when ``config.out_dir`` is set. ``progress`` is called with each
+    the results directory when ``config.out_dir`` is set; a run that fails keeps its
+    finished epochs there, with ``unfinished.txt`` saying why ([Note: results on every
+    ending] in aiopipe/metrics/results.py). ``progress`` is called with each
     finished epoch's metrics; without it each epoch is logged at INFO on the
     ``aiopipe.simulate`` logger. ``server_cost_table``: in virtual time, charge the
     server's own stages (PiPar's server halves) from this table, the devices from
@@ -311,18 +312,14 @@ class Server:
     async def run(self) -> RunResult:
         """Wait for the devices, train every epoch, write results; the run's result.
 
+        A run that fails or is cancelled keeps its finished epochs' metrics, the last good
+        model and why it ended in ``config.out_dir`` (the files of
+        `aiopipe.metrics.results.write_unfinished`: [Note: results on every ending]).
+
         Raises:
             TrainingError: devices did not join in time, or one was lost.
         """
-        try:
-            result = await self.node.train()
-        except asyncio.CancelledError:  # Ctrl-C: keep what the finished epochs measured
-            if self.config.out_dir and self.node.epochs:
-                await asyncio.to_thread(write_metrics, self.config, list(self.node.epochs),
-                                        self.config.out_dir)
-                server_log.warning("interrupted: %d finished epochs' metrics are in %s",
-                            len(self.node.epochs), self.config.out_dir)
-            raise
+        result = await self.node.train()
         if self.config.out_dir:
             server_log.info("writing the results to %s", self.config.out_dir)
         # in a thread: meanwhile the loop sends the devices their goodbye (and heartbeats)

@@ -38,6 +38,7 @@ __all__ = [
     "SCHEDULES",
     "STAR_MODES",
     "RunConfig",
+    "devices_to_trim",
 ]
 
 MODES = ("fl", "sl", "sfl", "pipar", "pipeline", "ftpipehd", "asteroid", "hadfl")
@@ -70,6 +71,18 @@ PerDevice = int | str | tuple[int, ...]
 
 def _fail(key: str, value: object, expected: str) -> ConfigError:
     return ConfigError(f"config key {key!r}: got {value!r}, expected {expected}")
+
+
+def devices_to_trim(trim: float) -> int:
+    """The fewest models of which a trimmed mean with fraction ``trim`` (in (0, 0.5))
+    drops one at each end: the least n with floor(trim x n) >= 1. 0 for a ``trim`` of 0
+    (no count of models is trimmed)."""
+    if not trim > 0:
+        return 0
+    n = max(1, math.ceil(1 / trim) - 1)
+    while math.floor(trim * n) < 1:  # (1 / trim may round either way)
+        n += 1
+    return n
 
 
 def _positive_int(key: str, value: object) -> int:
@@ -235,13 +248,29 @@ class RunConfig:
             (dropping ``trim_fraction`` of the highest and of the lowest values per
             coordinate), "krum" (the model nearest its neighbours, for at most
             ``byzantine_devices`` bad devices; needs devices >= that + 3).
-        trim_fraction, byzantine_devices: see ``aggregation``.
+        trim_fraction, byzantine_devices: see ``aggregation``. A trimmed mean that would
+            trim nothing from a whole round (floor(trim_fraction x devices a round) = 0)
+            is refused here with the number of devices it needs.
         outliers: what to do with a device whose update (its whole model, its server
             replica included, minus the round's starting model) is more than
-            ``outlier_limit`` times the round's median update norm: "keep", "clip" (to
-            that norm) or "drop" (left out of the aggregation); clipped or dropped
-            devices are named in the log and in ``EpochMetrics.updates_refused``.
+            ``outlier_limit`` times the round's median update norm: "keep", "clip"
+            (scaled down to the median's norm: it moves the aggregate no further than a
+            typical device, in its own direction) or "drop" (left out of the
+            aggregation); clipped or dropped devices are named in the log and in
+            ``EpochMetrics.updates_refused``.
         outlier_limit: see ``outliers``.
+        scale_limit: how far beyond the run's own scale what a peer sends may be,
+            whatever the other options: in fl, sl, sfl and pipar a device's update that
+            is not finite or whose norm is more than this many times the run's scale
+            (the round's median update, or the recent accepted ones') is refused and its
+            device named, and an aggregate beyond it is not installed
+            (aiopipe.runtime.aggregation [Note: judging updates]); in the modes whose
+            devices link, a tensor a device receives from a peer (activations,
+            gradients, group gradients, replicas, ring chunks) whose largest magnitude
+            is more than this many times that stream's recent ones (or, for a stream's
+            first tensors, the same cut's in the run's initial model, or the receiver's
+            own copy) is refused and its sender named and excluded
+            (aiopipe.runtime.judge). NaN or Inf always is.
         warmup_epochs: hadfl: epochs of the mutual negotiation (§III-B), E_warmup: each
             is one round in which every device trains one epoch of its data at
             ``warmup_learning_rate`` and the whole fleet averages; the strategy comes
@@ -330,6 +359,7 @@ class RunConfig:
     byzantine_devices: int = 1
     outliers: str = "keep"
     outlier_limit: float = 10.0
+    scale_limit: float = 1000.0
     version_aggregation: int = 1
     global_replication_every: int = 100
     chain_replication_every: int = 50
@@ -466,6 +496,7 @@ class RunConfig:
         self._check_privacy()
         self._check_server_lanes()
         self._check_devices_per_round()
+        self._check_trim()
 
     def _check_devices_per_round(self) -> None:
         """Sampling per round: 0, a count up to ``devices``, or a fraction in (0, 1); only
@@ -481,6 +512,23 @@ class RunConfig:
         if value and self.mode not in STAR_MODES:
             raise _fail("devices_per_round", value, f"0 in mode {self.mode} (devices are "
                         "sampled per round in fl, sl, sfl and pipar)")
+
+    def _check_trim(self) -> None:
+        """A trimmed mean must trim something from a whole fleet's round (a round that
+        lost devices and trims nothing is warned about: `Star`)."""
+        if self.aggregation != "trimmed-mean":
+            return
+        trim, size = self.trim_fraction, self.round_size(self.devices)
+        need = devices_to_trim(trim)
+        if not need:
+            raise _fail("trim_fraction", trim, "a fraction > 0 with aggregation "
+                        "\"trimmed-mean\" (0 trims nothing: that is an unweighted mean)")
+        if size < need:
+            least = math.ceil(1000 / size) / 1000  # shown as is: floor(least x size) >= 1
+            fits = (f", or trim_fraction >= {least:g}" if size >= 3
+                    else " (a trimmed mean needs at least 3)")
+            raise _fail("trim_fraction", trim, f"at least {need} devices a round to trim "
+                        f"any (floor({trim:g} x {size}) = 0: nothing would be trimmed){fits}")
 
     def round_size(self, alive: int) -> int:
         """Devices that train in a round when ``alive`` can (`devices_per_round`)."""
@@ -568,6 +616,7 @@ class RunConfig:
         if self.outliers not in OUTLIERS:
             raise _fail("outliers", self.outliers, f"one of {', '.join(OUTLIERS)}")
         object.__setattr__(self, "outlier_limit", _above("outlier_limit", self.outlier_limit, 1))
+        object.__setattr__(self, "scale_limit", _above("scale_limit", self.scale_limit, 1))
 
     def _check_pipeline(self) -> None:
         """The pipeline's keys: valid, and given only where they mean something."""

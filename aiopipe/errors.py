@@ -8,14 +8,16 @@
     │   ├── LocalProtocolError     we were asked to send something invalid
     │   └── RemoteProtocolError    the peer sent something invalid
     │       ├── FrameTooLargeError     ... larger than the plan allows
-    │       └── RefusedError           ... a device whose data or model do not fit the run
+    │       ├── RefusedError           ... a device whose data or model do not fit the run
+    │       └── PoisonedValueError     ... tensors that are not finite or far beyond the run's scale
     ├── TransportError         the link cannot carry bytes any more
     │   ├── LinkClosedError        we closed it (trio's ClosedResourceError)
     │   └── LinkBrokenError        the peer or the network broke it (BrokenResourceError)
     ├── AuthenticationError    credentials missing or wrong at the handshake
     └── TrainingError          the run cannot go on (no device left, a node failed)
         ├── DeviceLostError        one device dropped out (its round is excluded)
-        └── RoundStalledError      a device's round cannot finish (FTPipeHD replays it)
+        ├── RoundStalledError      a device's round cannot finish (FTPipeHD replays it)
+        └── NeighbourFaultError    a device refused what a neighbour sent (it names it)
 
 Foreign exceptions (aiohttp, OSError, msgpack) are translated once, at the transport or
 codec boundary, so callers only ever catch these.
@@ -32,6 +34,8 @@ __all__ = [
     "LinkBrokenError",
     "LinkClosedError",
     "LocalProtocolError",
+    "NeighbourFaultError",
+    "PoisonedValueError",
     "ProtocolError",
     "RefusedError",
     "RemoteProtocolError",
@@ -70,6 +74,20 @@ class RefusedError(RemoteProtocolError):
     code "refused")."""
 
 
+class PoisonedValueError(RemoteProtocolError):
+    """A peer sent tensors shaped as the plan says but with values that would poison the
+    stage: NaN or Inf, or far beyond the run's own scale (`aiopipe.runtime.judge`).
+    ``sender`` names the peer (its node name), so that the one who sent them is blamed,
+    never the receiver."""
+
+    def __init__(self, sender: str, reason: str) -> None:
+        super().__init__(f"{sender} sent values out of range: {reason}")
+        self.sender, self.reason = sender, reason
+
+    def __reduce__(self) -> tuple[type[PoisonedValueError], tuple[str, str]]:
+        return type(self), (self.sender, self.reason)
+
+
 class TransportError(AiopipeError):
     """The link cannot carry bytes any more."""
 
@@ -98,3 +116,18 @@ class DeviceLostError(TrainingError):
 class RoundStalledError(TrainingError):
     """A device said its round cannot finish (a neighbour's link failed, or no gradient
     came in time: FTPipeHD's timer)."""
+
+
+class NeighbourFaultError(TrainingError):
+    """A device's round stopped because it refused what a neighbour sent (the plan
+    broken, values out of range): ``culprit`` is the neighbour's node name. The device
+    is not at fault; it tells the coordinator who is (`RoundStalled.culprit`)."""
+
+    def __init__(self, culprit: str, error: BaseException | str) -> None:
+        text = str(error)
+        super().__init__(text if text.startswith(culprit) else
+                         f"{culprit} broke the protocol: {text}")
+        self.culprit, self.error = culprit, text
+
+    def __reduce__(self) -> tuple[type[NeighbourFaultError], tuple[str, str]]:
+        return type(self), (self.culprit, self.error)

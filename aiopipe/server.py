@@ -58,8 +58,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
                           help="connections open at once that are not a device's yet; one more "
                                f"closes the oldest (default {defaults.max_pending})")
     security.add_argument("--max-per-device", type=int, default=defaults.max_per_device,
-                          metavar="N", help="websockets open at once with one device's token "
-                                            f"(default {defaults.max_per_device})")
+                          metavar="N", help="websockets past their hello at once with one device's "
+                                            "token; one that has not said hello holds no "
+                                            f"slot (default {defaults.max_per_device})")
     # the shared token this option used to take is gone; say so rather than let argparse
     # read `--token X` as an abbreviation of --token-secret
     parser.add_argument("--token", dest="shared_token", help=argparse.SUPPRESS)

@@ -184,7 +184,8 @@ def test_a_revoked_token_is_refused_and_the_devices_other_tokens_are_not(
     assert authenticate_bearer(f"Bearer {first}", SECRET, revocations=revocations).device_id == 1
 
 
-@pytest.mark.parametrize("text", ["", "v2.0.0.short.x", mint_token(SECRET, 0)[:-1] + ".x"])
+@pytest.mark.parametrize("text", ["", "v2.0.0.short.x", mint_token(SECRET, 0)[:-1] + ".x"],
+                         ids=["empty", "short", "six fields"])  # (ids: the same in every worker)
 def test_token_id_of_wants_a_token(text: str) -> None:
     with pytest.raises(ConfigError, match="not a token"):
         token_id_of(text)

@@ -65,6 +65,11 @@ BAD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("byzantine_devices", 1, {"aggregation": "krum", "devices": 3}),  # krum needs n >= f+3
     ("outliers", "ignore", {}),
     ("outlier_limit", 1.0, {}),
+    ("scale_limit", 1.0, {}),
+    ("trim_fraction", 0.2, {"aggregation": "trimmed-mean", "devices": 4}),  # trims nothing
+    ("trim_fraction", 0.0, {"aggregation": "trimmed-mean", "devices": 5}),
+    ("trim_fraction", 0.2, {"aggregation": "trimmed-mean", "devices": 9,
+                            "devices_per_round": 4}),
     ("version_aggregation", -1, {"mode": "ftpipehd", "devices": 2}),
     ("version_aggregation", True, {"mode": "ftpipehd", "devices": 2}),
     ("version_aggregation", 2, {}),  # for mode ftpipehd only
@@ -233,7 +238,9 @@ GOOD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("optimizer", "mylab:adam", {}),
     ("profile_devices", False, {}),
     ("aggregation", "krum", {"devices": 4}),
-    ("aggregation", "trimmed-mean", {}),
+    ("aggregation", "trimmed-mean", {"devices": 5}),  # floor(0.2 x 5) = 1 at each end
+    ("trim_fraction", 0.25, {"aggregation": "trimmed-mean", "devices": 4}),
+    ("scale_limit", 50, {}),
     ("outliers", "drop", {}),
     ("outlier_limit", 3, {}),
     ("mode", "ftpipehd", {"devices": 3}),
@@ -515,3 +522,11 @@ def test_asteroids_stage_groups_round_trip_through_toml(tmp_path: Path) -> None:
     path = tmp_path / "run.toml"
     path.write_text(config.to_toml())
     assert RunConfig.from_toml(path) == config
+
+
+def test_a_trimmed_mean_that_would_trim_nothing_says_how_many_devices_it_needs() -> None:
+    with pytest.raises(ConfigError) as info:
+        RunConfig(aggregation="trimmed-mean", devices=4)
+    assert str(info.value) == (
+        "config key 'trim_fraction': got 0.2, expected at least 5 devices a round to trim "
+        "any (floor(0.2 x 4) = 0: nothing would be trimmed), or trim_fraction >= 0.25")

@@ -4,7 +4,10 @@
 per epoch), ``trace.json`` (Chrome trace, one track per resource), ``model.safetensors``
 (the final global model), ``checkpoint/`` (when the server writes checkpoints) and, when
 matplotlib is installed, ``timeline.png`` (one representative iteration) and
-``overview.png`` (time, loss and accuracy per epoch).
+``overview.png`` (time, loss and accuracy per epoch). A run that ended before its last
+epoch (it failed, or was interrupted) keeps ``config.toml``, ``metrics.jsonl`` of its
+finished epochs, ``model.safetensors`` as the last finished epoch left it, and
+``unfinished.txt``: why it ended (`write_unfinished`, [Note: results on every ending]).
 """
 
 from __future__ import annotations
@@ -28,9 +31,14 @@ from aiopipe.errors import ConfigError
 from aiopipe.metrics.trace import Slice, chrome_trace
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
-__all__ = ["EpochMetrics", "RunResult", "write_atomic", "write_results"]
+__all__ = ["UNFINISHED_NAME", "EpochMetrics", "RunResult", "write_atomic", "write_results",
+           "write_unfinished"]
+
+#: The file that says why a run ended before its last epoch (absent when it finished).
+UNFINISHED_NAME = "unfinished.txt"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +47,11 @@ class EpochMetrics:
 
     ``samples`` counts only rounds that completed: ``device_samples[k]`` is what device k
     contributed; ``devices_lost`` lists devices that dropped out during the epoch (their
-    unfinished rounds were excluded from aggregation); ``updates_refused`` lists devices
-    whose update was clipped or dropped as an outlier (``RunConfig.outliers``). In a
+    unfinished rounds were excluded from aggregation) and those away at the start of
+    every round of it (0 samples); ``updates_refused`` lists devices
+    whose update was refused (not finite, or far beyond the run's scale: [Note: judging
+    updates], whatever the options), or clipped or dropped as an outlier
+    (``RunConfig.outliers``); their samples still count, their update does not. In a
     multi-device pipeline,
     ``stages`` has one entry per stage (its device, units, compute busy and idle seconds,
     and ``peak_live``: the most micro-batches whose activations it held at once; in
@@ -59,7 +70,9 @@ class EpochMetrics:
     over their direct links in the epoch's rounds, as it measured and reported them
     (empty where devices do not link: the star modes). ``sampled``: with
     ``devices_per_round``, the devices drawn for each of the epoch's rounds (empty when
-    every device trains).
+    every device trains). ``devices_excluded``: devices excluded from the run during
+    the epoch for what they sent a neighbour (values out of range, the plan broken:
+    aiopipe.runtime.exclusion); they are in ``devices_lost`` too.
     """
 
     epoch: int
@@ -83,6 +96,7 @@ class EpochMetrics:
     changes: Sequence[Mapping[str, Any]] = ()
     peer_bytes: Sequence[int] = ()
     sampled: Sequence[Sequence[int]] = ()
+    devices_excluded: Sequence[int] = ()
 
     def to_mapping(self) -> dict[str, Any]:
         """Plain JSON-able form (one line of ``metrics.jsonl``)."""
@@ -98,6 +112,7 @@ class EpochMetrics:
         out["changes"] = [dict(c) for c in self.changes]
         out["peer_bytes"] = list(self.peer_bytes)
         out["sampled"] = [list(r) for r in self.sampled]
+        out["devices_excluded"] = list(self.devices_excluded)
         return out
 
 
@@ -206,10 +221,8 @@ def write_results(result: RunResult, out_dir: str | Path) -> Path:
     path = write_metrics(result.config, result.epochs, out_dir)
     trace = chrome_trace(result.trace, origin=result.trace_origin)
     write_atomic(path / "trace.json", json.dumps(trace).encode())
-    from safetensors.torch import save
-
-    state = {k: v.detach().contiguous().clone() for k, v in result.model.state_dict().items()}
-    write_atomic(path / "model.safetensors", save(state))
+    _write_model(path, result.model.state_dict())
+    (path / UNFINISHED_NAME).unlink(missing_ok=True)  # a resumed run that finished
     from aiopipe.metrics.timeline import draw_overview, draw_run_timeline
 
     config = result.config
@@ -221,6 +234,32 @@ def write_results(result: RunResult, out_dir: str | Path) -> Path:
         return path
     draw_overview(result.epochs, path / "overview.png", title=f"{label}: per epoch")
     return path
+
+
+def write_unfinished(config: RunConfig, epochs: Sequence[EpochMetrics],
+                     model: Mapping[str, torch.Tensor] | None, out_dir: str | Path,
+                     reason: str) -> Path:
+    """Write what a run that ended before its last epoch keeps ([Note: results on every
+    ending]): ``config.toml``, ``metrics.jsonl`` of ``epochs`` (the finished ones),
+    ``model.safetensors`` from ``model`` (the state the last finished epoch left; not
+    written when None) and ``unfinished.txt``, one line: ``reason``. Returns the path.
+
+    Raises:
+        OSError: the directory cannot be written.
+    """
+    path = write_metrics(config, epochs, out_dir)
+    if model is not None:
+        _write_model(path, model)
+    write_atomic(path / UNFINISHED_NAME, " ".join(reason.split()).encode() + b"\n")
+    return path
+
+
+def _write_model(path: Path, state: Mapping[str, torch.Tensor]) -> None:
+    """``model.safetensors`` in ``path``, from a model's state dict."""
+    from safetensors.torch import save
+
+    tensors = {k: v.detach().contiguous().clone() for k, v in state.items()}
+    write_atomic(path / "model.safetensors", save(tensors))
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -241,3 +280,16 @@ def write_atomic(path: Path, data: bytes) -> None:
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+# Note [results on every ending]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A run keeps what it finished however it ends. `Coordinator.train` copies the global
+# model after every finished epoch whose weights are all finite (the last good model),
+# and when training ends any other way than finishing (it failed, or was cancelled:
+# Ctrl-C, SIGTERM, the launcher giving up) it writes `write_unfinished` into
+# `config.out_dir` before the error goes on: so `simulate`, `Server.run`, `python -m
+# aiopipe.server` and `python -m aiopipe` share this one path, and the commands then exit
+# nonzero (1 failed, 130 / 143 interrupted). Nothing is written when no epoch finished
+# (the run failed to start: its own directory is removed again). `unfinished.txt` is
+# removed by a later run in the directory that finishes (a resumed one).

@@ -98,7 +98,7 @@ __all__ = [
     "check_node_name",
 ]
 
-PROTOCOL_VERSION: Final = 8
+PROTOCOL_VERSION: Final = 9
 
 #: Training modes a plan can name.
 MODES: Final = ("fl", "sl", "sfl", "pipar", "pipeline", "ftpipehd", "asteroid", "hadfl")
@@ -156,6 +156,14 @@ def _check_shape(shape: object) -> None:
             for d in shape):
         raise LocalProtocolError(f"in_shape must be 1 to {MAX_INPUT_DIMS} ints in "
                                  f"1..{1 << 20}, got {shape!r}")
+
+
+_DEVICE_NAME = re.compile(r"device[0-9]{1,9}")
+
+
+def _is_device_name(name: str) -> bool:
+    """``name`` is a device's node name (``device<k>``)."""
+    return isinstance(name, str) and _DEVICE_NAME.fullmatch(name) is not None
 
 
 def _check_index(name: str, value: int) -> None:
@@ -583,17 +591,24 @@ class RoundReport:
 
 @dataclass(frozen=True, slots=True)
 class RoundStalled:
-    """A device's round cannot finish (FTPipeHD): a neighbour's link failed, or no
-    gradient came within ``device_timeout``. The coordinator plays the round again."""
+    """A device's round cannot finish: a neighbour's link failed, no gradient came
+    within ``device_timeout`` (FTPipeHD), or a neighbour sent what the device refused.
+    ``culprit``: the node name of the neighbour the device refused for breaking the
+    plan or sending values out of range (``""``: none; [Note: judging arrivals]). The
+    coordinator recovers (plays the round again, without the culprit) or ends the run."""
 
     round: int
     reason: str
+    culprit: str = ""
 
     def __post_init__(self) -> None:
         _check_index("round", self.round)
         if len(self.reason) > MAX_REASON_CHARS:
             raise LocalProtocolError(f"a stall's reason is longer than {MAX_REASON_CHARS} "
                                      "characters")
+        if self.culprit and not _is_device_name(self.culprit):
+            raise LocalProtocolError(f"a stall's culprit must be a device's node name "
+                                     f"(deviceK), got {self.culprit[:40]!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,12 @@ from torch.func import functional_call
 from aiopipe.errors import RemoteProtocolError
 from aiopipe.protocol import TensorData, state_to_wire
 from aiopipe.runtime.factories import Loss
-from aiopipe.runtime.stage import StageWork, checked_gradient, checked_input_gradient
+from aiopipe.runtime.stage import (
+    StageWork,
+    check_output,
+    checked_gradient,
+    checked_input_gradient,
+)
 from aiopipe.scheduler.async_pipeline import aggregates_before, forward_weights, version_of
 
 __all__ = ["MOMENTUM", "AsyncStageWork", "ChainSnapshot", "StageWeights", "split_momentum"]
@@ -266,8 +271,10 @@ class AsyncStageWork(StageWork):
         Raises:
             RemoteProtocolError: a received input fails [Note: hostile inputs].
         """
-        x, labels, _ = self._inputs((iteration, micro_batch), received)
+        x, labels, inputs = self._inputs((iteration, micro_batch), received)
         out = self.weights.forward(micro_batch, x)
+        if not self.last:
+            check_output(out, inputs)
         if self._chain_point(micro_batch):
             self._buffers_at[micro_batch] = {n: b.detach().clone()
                                              for n, b in self.module.named_buffers()}

@@ -51,7 +51,7 @@ from aiopipe.errors import (
     RefusedError,
     TrainingError,
 )
-from aiopipe.metrics.results import EpochMetrics, RunResult
+from aiopipe.metrics.results import EpochMetrics, RunResult, write_unfinished
 from aiopipe.metrics.trace import (
     MAX_REPORT_SLICES,
     REPORT_SLICE_BYTES,
@@ -77,6 +77,7 @@ from aiopipe.runtime.chain import KEPT
 from aiopipe.runtime.checkpoint import Checkpoints, load_checkpoint
 from aiopipe.runtime.compute import Compute, resolve_torch_device, warm_up_torch
 from aiopipe.runtime.evaluation import held_out_accuracy, test_accuracy
+from aiopipe.runtime.exclusion import Exclusions
 from aiopipe.runtime.factories import build_model
 from aiopipe.runtime.plan import declared_devices, planning_batch_sizes
 from aiopipe.runtime.profiling import profile_fleet
@@ -159,6 +160,7 @@ class Coordinator:
         self.compute = Compute(clock, self.recorder, "server/compute",
                                charge_costs=cost_table is not None, lanes=config.server_lanes)
         self.admission = Admission(self)
+        self.exclusions = Exclusions(config.byzantine_devices)
         self.sessions = self.admission.sessions
         self.connected = self.admission.connected
         self.joined = self.admission.joined
@@ -170,6 +172,9 @@ class Coordinator:
         self._epoch_start = 0.0
         self.rounds = 0
         self.epochs: list[EpochMetrics] = []
+        #: the global model as the last finished epoch left it, if finite ([Note: results
+        #: on every ending] in aiopipe/metrics/results.py)
+        self.last_good: dict[str, torch.Tensor] | None = None
         self.replans: list[dict[str, Any]] = []
         #: the last stage's chain replicas of the latest round it sent any of, by batches
         self._chained: tuple[int, dict[int, Replica]] = (-1, {})
@@ -229,8 +234,9 @@ class Coordinator:
                     num_classes=self.num_classes)
 
     def refuse_hello(self, hello: Hello) -> str:
-        """Why the system cannot take this device ("" when it can)."""
-        return self.system.refuse_hello(hello)
+        """Why the system cannot take this device ("" when it can): it was excluded, or
+        its system says so."""
+        return self.exclusions.refusal(hello.device_id) or self.system.refuse_hello(hello)
 
     def announce(self, device_id: int, ready: Ready) -> None:
         """Device ``device_id`` has set up ([Note: the devices' data]): take what it
@@ -324,6 +330,23 @@ class Coordinator:
         except (DeviceLostError, TimeoutError):
             return []
 
+    def accuse(self, accuser: int, culprit: int, reason: str) -> None:
+        """Device ``accuser`` refused what its neighbour ``culprit`` sent this round:
+        exclude whom `Exclusions.accuse` says, like a lost device ([Note: judging
+        arrivals])."""
+        verdict = self.exclusions.accuse(accuser, culprit, reason)
+        if verdict is None:
+            return
+        device, why = verdict
+        log.warning("device %d is excluded from the run: %s", device, why)
+        tally = self._tally
+        tally["excluded"] = sorted({*tally.get("excluded", ()), device})
+        session = self.sessions.get(device)
+        if session is not None and not session.ended:
+            session.end(f"excluded: {why}")
+            if not session.closing:
+                session.say_bye(f"excluded from the run: {why}")
+
     def server_failed(self, device_id: int, error: BaseException) -> None:
         """[Note: server faults] The coordinator's own work for a device failed (a pass
         that ran out of memory, a bug). That is not the device's doing, and it would
@@ -394,12 +417,14 @@ class Coordinator:
             origin = self.origin = self.clock.now()
             for epoch in range(len(self.epochs), self.config.epochs):
                 self.epochs.append(await self._unless_failed(self._epoch(epoch)))
+                await self._keep_good_model()
                 if self.progress is not None:
                     self.progress(self.epochs[-1])
                 await self._checkpoint(epoch + 1, 0, 0.0, epoch)
             await self.checkpoints.written()
-        except asyncio.CancelledError:
-            reason = INTERRUPTED  # Ctrl-C, or the embedding service cancelled the run
+        except asyncio.CancelledError as exc:
+            # Ctrl-C, or the embedding service cancelled the run (with its reason, if any)
+            reason = str(exc.args[0]) if exc.args else INTERRUPTED
             raise
         except BaseException as exc:
             reason = f"training failed: {exc}"
@@ -414,8 +439,38 @@ class Coordinator:
             except Exception as exc:  # the failure being raised wins
                 log.error("the last checkpoint could not be written: %s", exc)
             self.compute.close()
+            if reason != TRAINING_FINISHED:
+                await self._keep_unfinished(reason)
         return RunResult(self.config, list(self.epochs), self.model,
                          list(self.recorder.slices), origin)
+
+    async def _keep_good_model(self) -> None:
+        """Copy the global model as the epoch just finished left it, unless a weight is
+        not finite ([Note: results on every ending] in aiopipe/metrics/results.py)."""
+        state = await self.compute.call(partial(_finite_state, self.model))
+        if state is None:
+            log.warning("epoch %d left non-finite weights: a failed run would keep the model "
+                        "of an earlier epoch", len(self.epochs))
+            return
+        self.last_good = state
+
+    async def _keep_unfinished(self, reason: str) -> None:
+        """Training ended before its last epoch: write what the finished epochs measured,
+        the last good model and ``reason`` into ``out_dir`` ([Note: results on every
+        ending]); nothing when no epoch finished. A failure to write is logged (the
+        run's own error goes on)."""
+        out_dir = self.config.out_dir
+        if not out_dir or not self.epochs:
+            return
+        try:
+            with self.clock.hold():
+                await asyncio.to_thread(write_unfinished, self.config, list(self.epochs),
+                                        self.last_good, out_dir, reason)
+        except OSError as exc:
+            log.error("the finished epochs' results could not be written: %s", exc)
+            return
+        log.warning("%s: %d finished epochs' metrics and model are in %s", reason,
+                    len(self.epochs), out_dir)
 
     async def _prepare(self) -> None:
         """Plan for the fleet as announced (off the event loop: planning may profile;
@@ -431,6 +486,8 @@ class Coordinator:
             await self.compute.call(partial(self.system.restore, tensors, meta["config"]))
             self._resume_counters(meta)
             self._resume = None
+            # the checkpoint's model is the good one until an epoch finishes here
+            self.last_good = await self.compute.call(partial(_finite_state, self.model))
         limit = self.max_frame_bytes = min(self.system.frame_limit(), self.max_frame_bytes)
         for session in self.sessions.values():  # new connections get it from admission
             session.peer.max_frame_bytes = limit
@@ -505,13 +562,15 @@ class Coordinator:
             round_no = self.new_round()
             work = [max(0, min(period, n - first)) for n in iterations]
             participants = await self._participants()
+            tally["present"] = sorted({*tally.get("present", ()), *participants})
             if self.config.devices_per_round:  # [Note: sampling per round]
                 participants = sampled_devices(self.config.seed, epoch, r, participants,
                                                self.config.round_size(len(participants)))
                 tally.setdefault("sampled", []).append(participants)
             mark = len(self.recorder.slices)
             done = await system.run_round(self, round_no, epoch, first, work, participants)
-            tally["lost"] = sorted(set(tally["lost"]) | (set(participants) - set(done)))
+            tally["lost"] = sorted(set(tally["lost"]) | (set(participants) - set(done))
+                                   | set(tally.get("excluded", ())))
             tally["refused"] = sorted(set(tally.get("refused", []))
                                       | set(system.refused_updates()))
             for k, result in done.items():
@@ -542,7 +601,7 @@ class Coordinator:
             train_accuracy=int(tally["correct"]) / samples if samples else math.nan,
             samples=samples,
             bytes_up=int(up), bytes_down=int(down), plan=system.plan_entries(),
-            device_samples=device_samples, devices_lost=tuple(tally["lost"]),
+            device_samples=device_samples, devices_lost=_lost_in(tally, devices),
             updates_refused=tuple(tally.get("refused", [])),
             stages=system.stage_figures(
                 by_track, elapsed, {k: s.peak_live for k, s in self.sessions.items()},
@@ -552,6 +611,7 @@ class Coordinator:
             held_out_accuracy=held_out, device_accuracy=per_device,
             changes=tuple(self.replans[changes_before:]),
             sampled=tuple(tuple(r) for r in tally.get("sampled", ())),
+            devices_excluded=tuple(tally.get("excluded", ())),
             peer_bytes=(tuple(a - b for a, b in zip(self._peer_bytes(), peers_before,
                                                      strict=True))
                         if self.config.mode in LINKED_MODES else ()),
@@ -722,6 +782,11 @@ class Coordinator:
             "plan": self.system.plan_entries(),
             "profiles": {str(k): v for k, v in sorted(self.profiled.items())},
             "replans": self.replans[-STATUS_CHANGES:],  # (hadfl: one a round)
+            # devices whose update was refused, clipped or dropped in the epoch under way
+            # (or the last one): [Note: judging updates]
+            "updates_refused": list(self._tally.get("refused", ())),
+            # devices excluded from the run, and why ([Note: whose word excludes])
+            "excluded": {str(k): why for k, why in self.exclusions.excluded.items()},
             "finished_epochs": [e.to_mapping() for e in self.epochs],
         }
 
@@ -744,6 +809,14 @@ def _evaluation_data(config: RunConfig
         _, shape, classes = datasets.describe(test_set)
         known = shape, classes
     return known[0], known[1], test_set if config.test_samples else None
+
+
+def _finite_state(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    """A copy of ``model``'s state, or None when a floating entry is not finite."""
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if all(bool(v.isfinite().all()) for v in state.values() if v.is_floating_point()):
+        return state
+    return None
 
 
 def _frame_cap(config: RunConfig, model: torch.nn.Sequential, in_shape: tuple[int, ...]
@@ -778,6 +851,14 @@ def _check_tables(units: int, **tables: CostTable | None) -> None:
                               "measured for another model")
 
 
+def _lost_in(tally: Mapping[str, Any], devices: int) -> tuple[int, ...]:
+    """The epoch's lost devices: those that dropped out of a round it played, and those
+    alive at the start of none of its rounds (absent the whole epoch, 0 samples; an
+    epoch's tally from before this was kept has no ``present``: nobody absent)."""
+    absent = set(range(devices)) - set(tally.get("present", range(devices)))
+    return tuple(sorted({*tally["lost"], *absent}))
+
+
 def _new_tally(epoch: int, devices: int) -> dict[str, Any]:
     """An epoch's running totals (what a checkpoint needs to finish the epoch exactly)."""
     return {"epoch": epoch, "next_round": 0, "device_samples": [0] * devices,
@@ -796,6 +877,7 @@ def _epoch_from(values: Mapping[str, Any]) -> EpochMetrics:
     fields["changes"] = tuple(fields.get("changes", ()))
     fields["peer_bytes"] = tuple(fields.get("peer_bytes", ()))
     fields["sampled"] = tuple(tuple(r) for r in fields.get("sampled", ()))
+    fields["devices_excluded"] = tuple(fields.get("devices_excluded", ()))
     for name in ("held_out_accuracy", "accuracy", "loss", "train_accuracy"):
         if fields.get(name) is None:  # NaN is null in JSON
             fields[name] = math.nan

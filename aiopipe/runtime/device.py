@@ -39,9 +39,12 @@ import torch
 
 from aiopipe import data as datasets
 from aiopipe.clock import Clock, SystemClock
-from aiopipe.config import STAR_MODES, RunConfig
+from aiopipe.config import PIPELINE_MODES, STAR_MODES, RunConfig
 from aiopipe.errors import (
     LinkBrokenError,
+    NeighbourFaultError,
+    PoisonedValueError,
+    ProtocolError,
     RemoteProtocolError,
     TrainingError,
     TransportError,
@@ -77,6 +80,7 @@ from aiopipe.protocol import (
     SyncedModel,
     TensorData,
     state_to_wire,
+    to_torch,
 )
 from aiopipe.runtime.assignment import Assignment, check_data_message, data_frame_limit
 from aiopipe.runtime.async_weights import AsyncStageWork
@@ -96,6 +100,7 @@ from aiopipe.runtime.groups import (
     sum_gradients,
 )
 from aiopipe.runtime.holdings import Holdings
+from aiopipe.runtime.judge import ArrivalJudge, scale_of
 from aiopipe.runtime.liveness import Liveness
 from aiopipe.runtime.partial_sync import PartialSync
 from aiopipe.runtime.peer import Peer
@@ -103,7 +108,7 @@ from aiopipe.runtime.peer_links import PeerLinks, PeerMessage, PeerRoute
 from aiopipe.runtime.plan import measure_planning_costs
 from aiopipe.runtime.privacy import noisy_batch, noisy_state, round_generator
 from aiopipe.runtime.profiling import answer_request
-from aiopipe.runtime.stage import Expected, StageWork, recomputable
+from aiopipe.runtime.stage import Expected, StageInputError, StageWork, recomputable
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.transport import Link, LinkSpec, WebSocketLink
@@ -265,6 +270,8 @@ class _DeviceNode:
         self.chain: ChainReplicas | None = None
         #: hadfl: the device's side of the partial synchronisation
         self.sync: PartialSync | None = None
+        #: judges the values peers send ([Note: judging arrivals])
+        self.judge = ArrivalJudge()
         self._linking: set[asyncio.Future[None]] = set()  # hadfl: links made ahead of need
         self._peer_bytes_reported = 0  # bytes sent to peers, as the last report said
         #: set when the server said Bye: the run is over, mid-round or not
@@ -514,6 +521,8 @@ class _DeviceNode:
         if isinstance(message, Replica):
             if self.chain is None or sender == COORDINATOR:
                 raise RemoteProtocolError(f"{sender} sent a replica outside the chain")
+            self.judge.judge_tensors(sender, f"replica@{message.stage}", message.tensors,
+                                     what=f"replica of stage {message.stage}")
             if self.config.mode == "asteroid":
                 self.chain.accept_backup(sender, message, assignment)
             else:
@@ -524,7 +533,9 @@ class _DeviceNode:
                 return  # a gradient sent again after a reconnection; we have it already
             del self.sent_activations[_key(message)]
         running = self.round_task is not None and not self.round_task.done()
-        replayed = self.config.mode == "asteroid"
+        # (a replay's versions lie above every attempt's before it, Asteroid's and a
+        # synchronous pipeline's)
+        replayed = self.config.mode in ("asteroid", "pipeline")
         if assignment is not None and _earlier_attempt(
                 message, assignment, resumed=self.chain is not None, replayed=replayed):
             return  # of an attempt at the round that the coordinator gave up on
@@ -552,6 +563,9 @@ class _DeviceNode:
             whole = self.pieces.gather(key, sender, message)
         else:
             check_data_message(message, assignment, sender=sender, run_id=self.run_id)
+            if sender != COORDINATOR:
+                self.judge.judge_data(sender, message, first_unit=assignment.first_unit,
+                                      stop_unit=assignment.stop_unit)
             key = ("F" if isinstance(message, Activation) else "B", *_key(message))
             self._check_once(sender, key)
             whole = self.pieces.join(key, sender, message)
@@ -584,7 +598,7 @@ class _DeviceNode:
                 except RemoteProtocolError as exc:
                     if self.peers is not None:
                         await self.peers.reject(sender, exc)
-                    raise TrainingError(f"{sender} broke the protocol: {exc}") from None
+                    raise NeighbourFaultError(sender, exc) from None
 
     def _peer_failed(self, name: str, error: Exception) -> None:
         """A peer link broke: the round in progress cannot finish (HADFL's ring
@@ -592,8 +606,14 @@ class _DeviceNode:
         if self.sync is not None:
             self.sync.peer_failed(name, error)
             return
+        fault = NeighbourFaultError(name, error) if isinstance(error, ProtocolError) else None
+        if fault is not None and self.ended is None and self.round >= 0:
+            # said at once: the coordinator may give the round up (its other end says
+            # the link broke) before the round task gets to say why
+            self.peer.post(RoundStalled(self.round, str(fault)[:MAX_REASON_CHARS], name),
+                           "stalled", epoch=self.epoch)
         if self.ended is None and self.round_task is not None and not self.round_task.done():
-            self.inbox.close(TrainingError(f"the link to {name} failed: {error}"))
+            self.inbox.close(fault or TrainingError(f"the link to {name} failed: {error}"))
 
     def _drop_round(self) -> None:
         """Stop working on the current round (the server no longer waits for it)."""
@@ -616,6 +636,7 @@ class _DeviceNode:
             self.held_out))
         self.compute.slowdown = self.config.device_slowdown_of(self.device_id)
         self.ready = self.holdings.ready()
+        self.judge = ArrivalJudge(limit=self.config.scale_limit)
         if self.config.mode == "ftpipehd" or (self.config.mode == "asteroid"
                                               and self.config.chain_replication_every):
             self.chain = ChainReplicas(self.holdings.template.model,
@@ -624,7 +645,8 @@ class _DeviceNode:
         if self.config.mode == "hadfl":
             self.sync = PartialSync(me=self.device_id, holdings=self.holdings,
                                     compute=self.compute, clock=self.clock, costs=self.costs,
-                                    config=self.config, run_id=self.run_id)
+                                    config=self.config, run_id=self.run_id,
+                                    judge=self.judge)
         self.peer.post(self.ready, "ready")
         rounds = samples = 0
         while True:
@@ -649,15 +671,17 @@ class _DeviceNode:
                 self.round_dropped = False
                 continue
             except TrainingError as exc:
-                if self.ended is not None or self.config.mode not in ("ftpipehd",
-                                                                      "asteroid"):
+                culprit = exc.culprit if isinstance(exc, NeighbourFaultError) else ""
+                if self.ended is not None or (not culprit and self.config.mode not in
+                                              PIPELINE_MODES):
                     raise
-                # FTPipeHD and Asteroid recover: the coordinator, told, plays the round
-                # again (or ends the run)
+                # the pipelines recover: the coordinator, told, plays the round
+                # again (or ends the run); a neighbour's fault is the coordinator's to
+                # judge in every mode ([Note: judging arrivals]): this device is fine
                 log.warning("device %d: round %d stopped (%s); waiting for the "
                             "coordinator's recovery", self.device_id, message.round + 1, exc)
-                self.peer.post(RoundStalled(message.round, str(exc)[:MAX_REASON_CHARS]),
-                               "stalled", epoch=message.epoch)
+                self.peer.post(RoundStalled(message.round, str(exc)[:MAX_REASON_CHARS],
+                                            culprit), "stalled", epoch=message.epoch)
                 continue
             rounds += 1
             samples += done
@@ -690,6 +714,11 @@ class _DeviceNode:
         assignment, work = await self.compute.call(
             partial(self.holdings.assign, message, self.assignment, self.work,
                     self._own_backup(message)))
+        if self.peers is not None and not self.judge.priors:
+            # (before the assignment is taken: a neighbour's activations that come while
+            # this awaits wait as early ones, not for `pieces` yet to be set)
+            self.judge.set_cut_priors(await self.compute.call(partial(
+                self.holdings.cut_scales, assignment.micro_batch_size)))
         self.assignment, self.work = assignment, work
         # [Note: recomputed activations]: in virtual time, memory is what runs short
         work.recompute = (self.costs is not None and not work.measure_memory
@@ -731,8 +760,11 @@ class _DeviceNode:
                                    message.first_iteration + message.iterations):
                 if self.ended is not None:  # no gradient will come
                     raise self.ended
-                await executor.run(message.epoch, iteration,
-                                   assignment.version_of(iteration))
+                try:
+                    await executor.run(message.epoch, iteration,
+                                       assignment.version_of(iteration))
+                except StageInputError as exc:
+                    raise _neighbour_fault(assignment, exc) from None
                 self.sent_activations.clear()  # every gradient of the iteration has arrived
                 if self.chain is not None and self.config.mode == "asteroid":
                     await self._back_up(work, assignment, iteration + 1)
@@ -754,8 +786,12 @@ class _DeviceNode:
         copy): it is kept until the next `RoundStart` (for re-sending), and only that
         round's weights, loaded after it, change the stage again; the other systems
         train on between rounds and upload a copy."""
-        state = (work.current_state() if self.config.mode in STAR_MODES
-                 else work.trained_state())
+        if self.config.mode in STAR_MODES:
+            state = work.current_state()
+        elif self.config.mode == "pipeline":  # its momentum goes back with the weights
+            state = stage_snapshot(work, momentum=backs_up_momentum(self.config))
+        else:
+            state = work.trained_state()
         if self.config.privacy == "classic":
             state = noisy_state(state, self.config.privacy_noise, round_generator(
                 self.config.seed, self.device_id, round_no))
@@ -888,6 +924,13 @@ class _DeviceNode:
                                           version, self.name, name, mine),
                             "g", epoch=epoch, iteration=iteration)
         received = await self.inbox.wait(("R", epoch, iteration, 0))
+        own = max((scale_of(to_torch(tensor)) for tensor in mine.values()), default=0.0)
+        for member, message in received.items():  # against our own: [Note: judging arrivals]
+            try:
+                self.judge.judge_tensors(member, "group gradient", message.tensors, own=own,
+                                         what=f"group gradient {(epoch, iteration)}")
+            except PoisonedValueError as exc:
+                raise NeighbourFaultError(member, exc) from None
         members = [m for m, _ in assignment.members_at(assignment.stage)]
         await self.compute.run("r", partial(sum_gradients, work.module, mine, members,
                                             self.name, received),
@@ -949,6 +992,16 @@ class _DeviceNode:
                                 f"next to {name} but listens for no peers (start it "
                                 "with an endpoint: python -m aiopipe.device --listen)")
         return await self.peers.route(name, assignment.peers[name]["address"], dial=dial)
+
+
+def _neighbour_fault(assignment: Assignment, error: StageInputError) -> Exception:
+    """What a stage's refusal of its input means: the neighbour that sent it is at
+    fault (a `NeighbourFaultError` naming it) when that is one device; the error as it
+    is when it is the coordinator (a star's server half) or a group of several."""
+    members = assignment.members_at(assignment.stage + (1 if error.from_next else -1))
+    if len(members) != 1:
+        return error
+    return NeighbourFaultError(members[0][0], error)
 
 
 def _key(message: Activation | Gradient) -> tuple[int, int, int]:

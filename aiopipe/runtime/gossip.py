@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from aiopipe.errors import RemoteProtocolError
+from aiopipe.runtime.judge import all_finite
 
 __all__ = ["RingAverage", "chunk_bounds", "chunk_sent"]
 
@@ -109,7 +110,7 @@ class RingAverage:
             raise RemoteProtocolError(f"ring step {self.step}: got chunk {chunk} of "
                                       f"{tuple(values.shape)} {values.dtype}, expected chunk "
                                       f"{expected} of {(b - a,)} {self._vector.dtype}")
-        if not torch.isfinite(values).all():
+        if not all_finite(values):
             raise RemoteProtocolError(f"ring step {self.step}: chunk {chunk} holds NaN or Inf")
         if self.step < n - 1:
             self._vector[a:b] += values

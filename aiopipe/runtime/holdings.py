@@ -55,6 +55,7 @@ from aiopipe.runtime.factories import (
     model_template,
     optimizer_states,
 )
+from aiopipe.runtime.judge import scale_of
 from aiopipe.runtime.plan import device_data
 from aiopipe.runtime.profiling import host_fingerprint
 from aiopipe.runtime.stage import Batch, StageWork
@@ -157,6 +158,29 @@ class Holdings:
                 correct += int((logits.argmax(1) == y).sum())
         return EvalResult(request.epoch, len(held), max(loss_sum, 0.0), correct)
 
+    def cut_scales(self, rows: int) -> tuple[tuple[float, float], ...]:
+        """Per unit i: the largest magnitude of the activation that enters it and of the
+        loss's gradient with respect to that activation, for the run's initial model on
+        the first ``rows`` samples of the device's own data, computed as training
+        computes (train mode: batch norm normalises by the batch, as the stages' will;
+        on a copy, so no statistics of the run change; the random numbers it draws,
+        dropout's, are given back). The arrival judge's priors ([Note: judging
+        arrivals]). Compute thread.
+        """
+        model = self.model_copy().train()
+        x, y = self.dataset.batch(range(min(max(rows, 2), len(self.dataset))))
+        device = next(model.parameters(), torch.empty(0)).device
+        inputs: list[torch.Tensor] = []
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            h = x.to(device).requires_grad_(True)
+            for unit in model:
+                inputs.append(h)
+                h = unit(h)
+            grads = torch.autograd.grad(self.loss(h, y.to(device)), inputs,
+                                        allow_unused=True)
+        return tuple((scale_of(a), scale_of(g) if g is not None else 0.0)
+                     for a, g in zip(inputs, grads, strict=True))
+
     def assign(self, message: RoundStart, previous: Assignment | None,
                work: StageWork | None, backup: Replica | None = None
                ) -> tuple[Assignment, StageWork]:
@@ -217,7 +241,9 @@ class Holdings:
             work.module.load_state_dict(state)
         elif replayed:
             self._restart(work, name, message.round)
-        if replayed and momentum:  # a replay from a backup point: the point's momentum
+        if momentum and not isinstance(work, AsyncStageWork):
+            # the momentum sent: a pipeline's, every round (the coordinator holds it, so
+            # that a round played again starts from it); Asteroid's from a backup point
             load_momentum(work, momentum)
         elif replayed and kept_stage and previous is not None and (
                 previous.epoch, previous.first_iteration) == (message.epoch,

@@ -8,9 +8,10 @@ With a token secret, ``/ws`` wants ``Authorization: Bearer <token>`` minted for 
 (`aiopipe.auth`); a missing or invalid token gets HTTP 401 with a one-line reason before
 any upgrade, and the connection it admits may only say hello as that token's device.
 Without a secret every connection is admitted (bind loopback only, or say --insecure).
-Before its hello is taken a websocket takes only hello-sized frames, and at most
-``max_per_device`` are open per token (HTTP 429 beyond); the guard's other bounds hold
-where the server listens itself (`aiopipe.runtime.guard`).
+Before its hello is taken a websocket takes only hello-sized frames and holds no device
+slot; from its hello on it holds one of its token's ``max_per_device`` slots (HTTP 429
+beyond, [Note: device slots]); the guard's other bounds hold where the server listens
+itself (`aiopipe.runtime.guard`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from aiohttp import web
 from aiopipe.auth import Revocations, Token, authenticate_bearer, check_secret
 from aiopipe.errors import AiopipeError, AuthenticationError, RemoteProtocolError
 from aiopipe.runtime.coordinator import Coordinator
-from aiopipe.runtime.guard import ConnectionGuard, ConnectionLimits
 from aiopipe.transport import WebSocketLink, accept_websocket
+from aiopipe.transport.guard import ConnectionGuard, ConnectionLimits
 
 __all__ = ["add_routes"]
 
@@ -52,7 +53,7 @@ def add_routes(app: web.Application, node: Coordinator, *, token_secret: bytes |
     """
     secret = check_secret(token_secret) if token_secret is not None else None
     guard = guard if guard is not None else ConnectionGuard(ConnectionLimits())
-    per_device: Counter[int] = Counter()  # open websockets per token's device
+    per_device: Counter[int] = Counter()  # websockets past their hello per token's device
 
     def authenticate(request: web.Request) -> Token | None:
         if secret is None:
@@ -65,9 +66,10 @@ def add_routes(app: web.Application, node: Coordinator, *, token_secret: bytes |
             raise web.HTTPUnauthorized(text=f"{exc}\n",
                                        headers={"WWW-Authenticate": "Bearer"}) from None
         k = token.device_id
-        if per_device[k] >= guard.limits.max_per_device:
-            log.warning("refused a connection from %s: device %d already has %d open "
-                        "(max_per_device)", request.remote, k, per_device[k])
+        if per_device[k] >= guard.limits.max_per_device:  # [Note: device slots]
+            log.warning("refused a connection from %s: device %d already has %d "
+                        "connections past their hello (max_per_device)", request.remote, k,
+                        per_device[k])
             raise web.HTTPTooManyRequests(
                 text=f"device {k} already has {per_device[k]} connections open\n")
         return token
@@ -81,15 +83,19 @@ def add_routes(app: web.Application, node: Coordinator, *, token_secret: bytes |
             raise web.HTTPBadRequest(text=f"{exc}\n") from None
         link.set_frame_limit(min(guard.limits.hello_frame_bytes, node.max_frame_bytes))
 
+        holds_slot = False  # [Note: device slots]: only from its hello on
+
         def admitted(k: int) -> None:
+            nonlocal holds_slot
             guard.admit(request.transport)
             link.set_frame_limit(node.max_frame_bytes)
             if shape_downlinks:
                 link.reshape(node.config.device_network(k).down)
+            if token is not None:
+                per_device[k] += 1
+                holds_slot = True
 
         device_id = token.device_id if token is not None else None
-        if token is not None:
-            per_device[token.device_id] += 1
         watch = (asyncio.ensure_future(_close_when_revoked(link, token, revocations))
                  if token is not None and revocations is not None else None)
         try:
@@ -97,7 +103,7 @@ def add_routes(app: web.Application, node: Coordinator, *, token_secret: bytes |
         except AiopipeError as exc:
             log.warning("device connection from %s ended: %s", request.remote, exc)
         finally:
-            if token is not None:
+            if token is not None and holds_slot:
                 per_device[token.device_id] -= 1
             if watch is not None:
                 watch.cancel()
@@ -145,3 +151,22 @@ def _prometheus(node: Coordinator) -> tuple[bytes, str]:
     from aiopipe.runtime.prometheus import exposition
 
     return exposition(node)
+
+
+# Note [device slots]
+# ~~~~~~~~~~~~~~~~~~~
+# `max_per_device` bounds the connections of one token's device that are past their
+# hello: the device's live connection and the reconnection that takes it over (a hello
+# with the session's secret retires the old one; one without it is refused as busy,
+# [Note: a session is bound to its connection]), so a token buys at most that many
+# plan-sized frame limits. A connection that has not said hello holds no slot: a stolen
+# token whose connections never say hello cannot keep the device's reconnection out
+# with HTTP 429. Such connections are strangers' to the guard: closed at
+# `handshake_timeout` (the admission's own hello timeout where the routes are mounted
+# on another app), at most `max_pending` of them with the oldest evicted, and each takes
+# only hello-sized frames. Chosen over letting a newer connection evict the token's
+# oldest silent one: a squatter reconnecting in a loop would then evict the honest
+# device's own connection in the milliseconds between its upgrade and its hello. A slot
+# is given back when its connection's handler ends, which for a broken connection is
+# after its session's `reconnect_grace`: with `max_per_device` = 1 a device cannot
+# reconnect within the grace, hence the default of 2.

@@ -74,6 +74,7 @@ from aiopipe.runtime.compute import Compute
 from aiopipe.runtime.factories import make_optimizer
 from aiopipe.runtime.gossip import RingAverage, chunk_bounds, chunk_sent
 from aiopipe.runtime.holdings import Holdings
+from aiopipe.runtime.judge import ArrivalJudge, scale_of
 from aiopipe.runtime.peer_links import PeerRoute
 from aiopipe.runtime.stage import StageWork, check_tensors, expected_of
 from aiopipe.scheduler.costs import CostTable
@@ -181,8 +182,13 @@ class PartialSync:
     """
 
     def __init__(self, *, me: int, holdings: Holdings, compute: Compute, clock: Clock,
-                 costs: CostTable | None, config: RunConfig, run_id: int) -> None:
+                 costs: CostTable | None, config: RunConfig, run_id: int,
+                 judge: ArrivalJudge | None = None) -> None:
         self.me, self.name = me, f"device{me}"
+        #: judges the chunks and averages peers send ([Note: judging arrivals])
+        self.judge = judge if judge is not None else ArrivalJudge(
+            limit=config.scale_limit)
+        self._own_scale: tuple[int, float] = (-1, 0.0)  # (round, our state's scale)
         self.holdings, self.compute, self.clock = holdings, compute, clock
         self.costs, self.config, self.run_id = costs, config, run_id
         model = holdings.model_copy()
@@ -550,7 +556,19 @@ class PartialSync:
         key = (message.round, ring, step)
         if key in self._chunks:
             raise RemoteProtocolError(f"{sender} sent ring step {step} twice")
+        # a chunk sums at most a ring's models: at most len(ring) times our own scale
+        self.judge.judge_against(sender, to_torch(values),
+                                 len(ring) * self._state_scale(message.round),
+                                 what=f"ring step {step}'s chunk")
         self._chunks[key] = message
+
+    def _state_scale(self, round_no: int) -> float:
+        """The largest magnitude of our own state and version, once per round."""
+        if self._own_scale[0] != round_no:
+            scale = max((scale_of(v) for v in self.work.module.state_dict().values()
+                         if v.is_floating_point()), default=0.0)
+            self._own_scale = (round_no, max(scale, self.version, 1e-12))
+        return self._own_scale[1]
 
     def _accept_synced(self, source: int, sender: str, message: SyncedModel) -> None:
         ring = self._rings.get(message.round)
@@ -563,9 +581,9 @@ class PartialSync:
         expected = {k: (str(v.dtype).removeprefix("torch."), tuple(v.shape))
                     for k, v in state.items() if v.is_floating_point()}
         check_tensors(message.tensors, expected, "synced model")
+        self.judge.judge_tensors(sender, "synced model", message.tensors,
+                                 what=f"round {message.round + 1}'s average", own=state)
         tensors = state_from_wire(message.tensors)
-        if any(not torch.isfinite(t).all() for t in tensors.values()):
-            raise RemoteProtocolError(f"{sender}'s average holds NaN or Inf")
         if self._synced is None or self._synced[0] < message.round:
             self._synced = (message.round, sender, message.version, dict(tensors))
 

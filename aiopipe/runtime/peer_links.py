@@ -12,11 +12,10 @@ coordinator: a send loop, a receive loop that hands activations and gradients to
 device (which checks them against its round: `check_data_message`), heartbeats and a
 silence watchdog (`Liveness`). A peer that breaks the contract gets an `ErrorMessage` and
 a closed link. A link that fails or ends (a peer's `Bye`) fails the round in progress
-(``failed``; the device's round task then raises, and its run ends): a synchronous
-pipeline cannot go on without a stage (FTPipeHD's recovery is a later system). When its
-run ends, or fails, each device says `Bye` to its peers before it closes their links, so
-a lost stage ends the whole pipeline, one neighbour after the next, instead of leaving
-the others waiting for gradients that cannot come.
+(``failed``; the device's round task then raises, the device tells the coordinator
+`RoundStalled`, and the pipeline's system plays the round again without the lost stage).
+When its run ends, or fails, each device says `Bye` to its peers before it closes their
+links, so no neighbour is left waiting for gradients that cannot come.
 """
 
 from __future__ import annotations
@@ -210,8 +209,8 @@ class PeerLinks:
             except BaseExceptionGroup as group:
                 raise liveness.gave_up or first_error(group) from None
         except ProtocolError as exc:
+            self.failed(name, exc)  # first: the round stops, and says why, at once
             await self.reject(name, exc)
-            self.failed(name, exc)
         except AiopipeError as exc:
             self.failed(name, exc)
         else:

@@ -151,8 +151,8 @@ def _last_epoch(node: Coordinator) -> Iterator[Metric]:
                  "finished epoch.", last.bytes_down)
     yield _gauge("aiopipe_epoch_devices_lost", "Devices lost during the last finished epoch.",
                  len(last.devices_lost))
-    yield _gauge("aiopipe_epoch_updates_refused", "Devices whose update was clipped or "
-                 "dropped as an outlier in the last finished epoch.", len(last.updates_refused))
+    yield _gauge("aiopipe_epoch_updates_refused", "Devices whose update was refused, "
+                 "clipped or dropped in the last finished epoch.", len(last.updates_refused))
     yield _by(GaugeMetricFamily("aiopipe_busy_seconds", "Busy seconds per resource kind in "
                                 "the last finished epoch (device kinds: means over devices).",
                                 labels=["resource"]), last.busy_s)
@@ -207,7 +207,7 @@ def _devices(node: Coordinator) -> Iterator[Metric]:
                                   "which the device was lost.", labels=["device"]),
               _epochs_naming(node, "devices_lost", devices))
     yield _by(CounterMetricFamily("aiopipe_device_refused_epochs", "Finished epochs in which "
-                                  "the device's update was clipped or dropped as an outlier.",
+                                  "the device's update was refused, clipped or dropped.",
                                   labels=["device"]),
               _epochs_naming(node, "updates_refused", devices))
     yield _by(GaugeMetricFamily("aiopipe_device_epoch_samples", "Samples the device "

@@ -48,7 +48,7 @@ from aiopipe.errors import (
     RoundStalledError,
     TransportError,
 )
-from aiopipe.metrics.trace import Recorder, Slice
+from aiopipe.metrics.trace import Recorder, Slice, device_of
 from aiopipe.protocol import (
     Activation,
     Bye,
@@ -101,6 +101,11 @@ class SessionHost(Protocol):
 
     def server_failed(self, device_id: int, error: BaseException) -> None:
         """The coordinator's own work for ``device_id`` failed ([Note: server faults])."""
+        ...
+
+    def accuse(self, accuser: int, culprit: int, reason: str) -> None:
+        """Device ``accuser`` refused what its neighbour ``culprit`` sent this round
+        ([Note: judging arrivals])."""
         ...
 
     def chain_replica(self, device_id: int, replica: Replica) -> None:
@@ -588,10 +593,18 @@ class DeviceSession:
         self.round_result = message
 
     def _stalled(self, message: RoundStalled) -> None:
-        """The device's round cannot finish (FTPipeHD): fail the round's wait with a
-        `RoundStalledError` (a stall of a round already over, or given up, is moot)."""
+        """The device's round cannot finish: take its word against the neighbour it
+        names (``culprit``), then fail the round's wait with a `RoundStalledError` (a
+        stall of a round already over, or given up, is moot)."""
         window, result = self.window, self.result
-        if window is None or result is None or result.done() or message.round != window.round:
+        if window is None or message.round != window.round:
+            return
+        culprit = device_of(message.culprit) if message.culprit else None
+        if culprit is not None and message.culprit in window.start.peers:
+            # even when the round was given up already: its other end may have said
+            # first that the link broke, and the accusation is what says why
+            self.host.accuse(self.device_id, culprit, message.reason)
+        if result is None or result.done():  # (the accuser itself may be excluded now)
             return
         result.set_exception(RoundStalledError(
             f"device {self.device_id}'s round {message.round + 1} stopped: {message.reason}"))

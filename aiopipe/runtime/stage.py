@@ -28,8 +28,13 @@ would count the micro-batch twice), nor where memory is measured (Asteroid's bud
 nor on a GPU.
 
 Inputs from another node are checked before they touch the weights ([Note: hostile
-inputs]): labels in range, finite values, a finite loss and finite gradients; what fails
-raises `RemoteProtocolError`, and the stage's gradients from that pass are dropped.
+inputs]): labels in range, finite values, a finite loss, finite outputs of a middle
+stage (before they are sent on) and finite gradients; what fails raises
+`StageInputError` (a `RemoteProtocolError` that says which neighbour's input it was:
+the device names that neighbour to the coordinator, aiopipe.runtime.judge), and the
+stage's gradients from that pass are dropped. A middle stage checks its own output
+because a value out of range for the model overflows there: sent on, the NaN would be
+the next stage's evidence against this one.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
@@ -45,11 +51,31 @@ from aiopipe.errors import RemoteProtocolError
 from aiopipe.protocol import TensorData, to_torch
 from aiopipe.runtime.assignment import Assignment
 from aiopipe.runtime.factories import Loss
+from aiopipe.runtime.judge import all_finite
 from aiopipe.runtime.memory import saved_bytes, state_bytes
 from aiopipe.scheduler.actions import Action
 
-__all__ = ["Batch", "Expected", "ServerStage", "StageWork", "check_tensors", "checked_gradient",
-           "checked_input_gradient", "expected_of", "recomputable"]
+__all__ = ["Batch", "Expected", "ServerStage", "StageInputError", "StageWork",
+           "check_output", "check_tensors", "checked_gradient", "checked_input_gradient",
+           "expected_of", "recomputable"]
+
+
+class StageInputError(RemoteProtocolError):
+    """What a neighbouring stage sent cannot be computed with ([Note: hostile inputs]):
+    the previous stage's activation or labels (``from_next`` false), or the next stage's
+    gradient (true). The device names that neighbour (`NeighbourFaultError`)."""
+
+    def __init__(self, message: str, *, from_next: bool = False) -> None:
+        super().__init__(message)
+        self.from_next = from_next
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _stage_input_error, (str(self), self.from_next)
+
+
+def _stage_input_error(message: str, from_next: bool) -> StageInputError:
+    return StageInputError(message, from_next=from_next)
+
 
 #: A stage's tensors as they must be: name -> (dtype name, shape).
 Expected = Mapping[str, tuple[str, tuple[int, ...]]]
@@ -174,6 +200,7 @@ class StageWork:
         if self.recompute and not self.last:
             rng = torch.get_rng_state()
             out = self._through(x, labels)  # its graph goes when this returns
+            check_output(out, inputs)
             self._saved[key] = _Saved(None, inputs, x, rng)
             self.peak_live = max(self.peak_live, len(self._saved))
             return out.detach().cpu(), labels.cpu()
@@ -184,6 +211,8 @@ class StageWork:
             self.peak_held = max(self.peak_held, sum(self._held.values()))
         else:
             out = self._through(x, labels)
+        if not self.last:
+            check_output(out, inputs)
         self._saved[key] = _Saved(out, inputs)
         self._labels[key] = labels
         self.peak_live = max(self.peak_live, len(self._saved))
@@ -274,9 +303,9 @@ class StageWork:
         activation, labels = received
         # [Note: hostile inputs] the previous stage may be another party's device
         if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= self.num_classes):
-            raise RemoteProtocolError(f"labels outside 0..{self.num_classes - 1}")
-        if not torch.isfinite(activation).all():
-            raise RemoteProtocolError("activation holds NaN or Inf")
+            raise StageInputError(f"labels outside 0..{self.num_classes - 1}")
+        if not all_finite(activation):
+            raise StageInputError("activation holds NaN or Inf")
         inputs = activation.detach().to(self.device).requires_grad_(True)
         return inputs, labels.to(self.device), inputs
 
@@ -288,13 +317,27 @@ class StageWork:
         # finite inputs can still be too large for the model: refuse them before they
         # reach the weights (and, through FedAvg, every device's)
         if not torch.isfinite(loss):
-            raise RemoteProtocolError("activation gives a NaN or Inf loss: its values are "
+            raise StageInputError("activation gives a NaN or Inf loss: its values are "
                                       "out of range")
         self.loss_sum += float(loss.detach()) * labels.numel()
         self.correct += int((logits.detach().argmax(1) == labels).sum())
         if self.fraction != 1.0:
             return loss * self.fraction / self.parallel_batches
         return loss / self.parallel_batches
+
+
+def check_output(out: torch.Tensor, inputs: torch.Tensor | None) -> None:
+    """A middle stage's output, before it is sent on: non-finite from a received (and
+    judged finite) input means the input was out of range for the model, the previous
+    stage's doing; passed on, the next stage would blame this one ([Note: hostile
+    inputs]).
+
+    Raises:
+        StageInputError: it is not finite and came from a received input.
+    """
+    if inputs is not None and not all_finite(out):
+        raise StageInputError("activation gives NaN or Inf outputs: its values are out "
+                              "of range")
 
 
 def checked_gradient(gradient: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
@@ -305,11 +348,11 @@ def checked_gradient(gradient: torch.Tensor, output: torch.Tensor) -> torch.Tens
         RemoteProtocolError: it does not.
     """
     if gradient.shape != output.shape or gradient.dtype != output.dtype:
-        raise RemoteProtocolError(
+        raise StageInputError(
             f"gradient of shape {tuple(gradient.shape)} {gradient.dtype} for an "
-            f"activation of shape {tuple(output.shape)} {output.dtype}")
-    if not torch.isfinite(gradient).all():
-        raise RemoteProtocolError("gradient holds NaN or Inf")
+            f"activation of shape {tuple(output.shape)} {output.dtype}", from_next=True)
+    if not all_finite(gradient):
+        raise StageInputError("gradient holds NaN or Inf", from_next=True)
     return gradient
 
 
@@ -319,8 +362,8 @@ def checked_input_gradient(grad: torch.Tensor) -> torch.Tensor:
     Raises:
         RemoteProtocolError: it is not: the received activation was out of range.
     """
-    if not torch.isfinite(grad).all():
-        raise RemoteProtocolError("activation gives NaN or Inf gradients: its values are "
+    if not all_finite(grad):
+        raise StageInputError("activation gives NaN or Inf gradients: its values are "
                                   "out of range")
     return grad.cpu()
 
@@ -353,7 +396,7 @@ def check_tensors(tensors: Mapping[str, TensorData], expected: Expected, what: s
             raise RemoteProtocolError(f"{what}: {name} is {tensor.dtype} {tensor.shape}, "
                                       f"the stage has {dtype} {shape}")
         if tensor.dtype.startswith(("float", "bfloat")) and not bool(
-                torch.isfinite(to_torch(tensor)).all()):
+                all_finite(to_torch(tensor))):
             raise RemoteProtocolError(f"{what}: {name} holds NaN or Inf")
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from aiopipe.clock import Clock, VirtualClock
-from aiopipe.config import RunConfig
+from aiopipe.config import LINKED_MODES, RunConfig
 from aiopipe.errors import AiopipeError, ConfigError, LinkBrokenError
 from aiopipe.metrics.results import RunResult
 from aiopipe.models import model_digest, unit_count
@@ -89,7 +89,8 @@ class Fleet:
             real compute on the system clock.
         wire: every memory link's pace both ways; None: device k's links are paced like
             its network in ``config`` (uplink and downlink).
-        fabric: where devices listen for each other (runs that link devices: a pipeline).
+        fabric: where devices listen for each other (runs that link devices: a pipeline);
+            None: a `MemoryFabric` on ``clock`` when the mode links devices.
         checkpoint_dir: where the server writes its checkpoints (none by default).
 
     Attributes:
@@ -111,6 +112,8 @@ class Fleet:
         self.node = Coordinator(config, clock=clock, cost_table=cost_table,
                                 checkpoint_dir=checkpoint_dir)
         self.checkpoint_dir = checkpoint_dir
+        if fabric is None and config.mode in LINKED_MODES:
+            fabric = MemoryFabric(clock)
         self.fabric = fabric
         self.clock, self.tasks = clock, tasks
         self.cost_table, self.wire = cost_table, wire

@@ -7,12 +7,14 @@ See `aiopipe.transport.base` for the contract every link keeps.
 
 from aiopipe.transport.base import DirectionStatistics, Link, LinkStatistics
 from aiopipe.transport.fabric import (
+    PEER_LIMITS,
     Endpoint,
     MemoryEndpoint,
     MemoryFabric,
     WebSocketEndpoint,
     open_websocket_endpoint,
 )
+from aiopipe.transport.guard import ConnectionGuard, ConnectionLimits, GuardedLink, GuardedSite
 from aiopipe.transport.memory import MemoryLink, open_memory_link_pair
 from aiopipe.transport.network import NETWORK_PRESETS, LinkSpec, NetworkSpec, network_spec
 from aiopipe.transport.peering import MAX_HANDSHAKES, accept_peer, dial_peer
@@ -21,14 +23,20 @@ from aiopipe.transport.websocket import (
     WebSocketLink,
     accept_websocket,
     open_websocket_link,
+    turned_away,
 )
 
 __all__ = [
     "CHUNK_BYTES",
     "MAX_HANDSHAKES",
     "NETWORK_PRESETS",
+    "PEER_LIMITS",
+    "ConnectionGuard",
+    "ConnectionLimits",
     "DirectionStatistics",
     "Endpoint",
+    "GuardedLink",
+    "GuardedSite",
     "Link",
     "LinkSpec",
     "LinkStatistics",
@@ -45,4 +53,5 @@ __all__ = [
     "open_memory_link_pair",
     "open_websocket_endpoint",
     "open_websocket_link",
+    "turned_away",
 ]

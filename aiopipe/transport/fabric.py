@@ -10,7 +10,13 @@ the caller owns and closes). Both kinds pass the Link conformance suite:
 - `open_websocket_endpoint`: a node's own aiohttp site at ``ws://host:port/peer``.
   Incoming connections wait in a bounded accept queue; beyond ``backlog`` they get HTTP
   503 before any upgrade. A handler must not return while its websocket is in use, so
-  each incoming link's request lasts until the link is closed.
+  each incoming link's request lasts until the link is closed. The site is guarded as
+  the server's port is ([Note: bounded before authentication] in
+  aiopipe/transport/guard.py; `PEER_LIMITS`): until an incoming link is *admitted*
+  (`GuardedLink.admit`, which `aiopipe.transport.peering.accept_peer` calls once the
+  dialer proved who it is) its connection has a deadline from its TCP accept, counts
+  towards a cap on pending connections (one more closes the oldest) and takes only
+  handshake-sized frames; at most ``max_per_device`` admitted links per peer are open.
 
 An endpoint's ``aclose`` stops listening and closes its incoming links, accepted or not
 (they cannot outlive a websocket endpoint's site, and memory ones follow suit); links it
@@ -24,18 +30,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import ssl as ssl_module
-from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Callable, Mapping
 from types import MappingProxyType
 from typing import Generic, Protocol, TypeVar
 
 from aiohttp import web
 
 from aiopipe.auth import check_node_name
-from aiopipe.clock import Clock
-from aiopipe.errors import ConfigError, LinkBrokenError, LinkClosedError, RemoteProtocolError
+from aiopipe.clock import Clock, wait_for
+from aiopipe.errors import (
+    AuthenticationError,
+    ConfigError,
+    LinkBrokenError,
+    LinkClosedError,
+    RemoteProtocolError,
+)
 from aiopipe.transport.base import Link, LinkStatistics
+from aiopipe.transport.guard import ConnectionGuard, ConnectionLimits, GuardedSite
 from aiopipe.transport.memory import MemoryLink, open_memory_link_pair
 from aiopipe.transport.network import LinkSpec
 from aiopipe.transport.websocket import (
@@ -47,12 +61,25 @@ from aiopipe.transport.websocket import (
 )
 
 __all__ = [
+    "PEER_LIMITS",
     "Endpoint",
     "MemoryEndpoint",
     "MemoryFabric",
     "WebSocketEndpoint",
     "open_websocket_endpoint",
 ]
+
+#: A websocket endpoint's bounds before a link is admitted (`open_websocket_endpoint`):
+#: the peer handshake's frames are under 600 bytes and take milliseconds; fewer pending
+#: connections than the server's, as a device has less to spare (and at most
+#: `aiopipe.transport.peering.MAX_HANDSHAKES` run at once anyway).
+PEER_LIMITS = ConnectionLimits(handshake_timeout=10.0, max_pending=32, max_per_device=2,
+                               hello_frame_bytes=1024)
+
+#: Seconds a refused stranger (a link never admitted) gets for the closing handshake.
+_STRANGER_CLOSE_S = 0.5
+
+log = logging.getLogger("aiopipe.peering")
 
 _UNSHAPED = LinkSpec(None)
 _NO_LINKS: Mapping[tuple[str, str], LinkSpec] = MappingProxyType({})
@@ -113,6 +140,13 @@ class _AcceptQueue(Generic[_L]):
     def put(self, link: _L) -> None:
         self._links.append(link)
         self._changed.set()
+
+    def purge(self, dead: Callable[[_L], bool]) -> list[_L]:
+        """Take the waiting links that are ``dead`` out of the queue; return them."""
+        gone = [link for link in self._links if dead(link)]
+        if gone:
+            self._links = deque(link for link in self._links if not dead(link))
+        return gone
 
     async def get(self) -> _L:
         while True:  # takes a link only when returning: a cancelled get loses none
@@ -273,11 +307,16 @@ class MemoryEndpoint:
 
 
 class _IncomingLink:
-    """A websocket link a `WebSocketEndpoint` accepted: its request lasts until it closes."""
+    """A websocket link a `WebSocketEndpoint` accepted: its request lasts until it closes.
+    A `GuardedLink` (see the module docstring)."""
 
-    def __init__(self, link: WebSocketLink) -> None:
+    def __init__(self, link: WebSocketLink, endpoint: WebSocketEndpoint,
+                 transport: asyncio.Transport | None) -> None:
         self._link = link
+        self._endpoint = endpoint
+        self._transport = transport
         self._closed = asyncio.Event()
+        self.peer: str | None = None  # who it was admitted as
 
     def __repr__(self) -> str:
         return repr(self._link)
@@ -296,9 +335,20 @@ class _IncomingLink:
         return await self._link.receive()
 
     async def aclose(self, reason: str = "") -> None:
-        """As `WebSocketLink.aclose`; then the endpoint's request ends."""
+        """As `WebSocketLink.aclose`, then the endpoint's request ends; a link of a
+        guarded endpoint that was never admitted gets half a second for its closing
+        handshake, then its connection is dropped (a stranger that keeps sending would
+        have us read and discard for the whole ``close_timeout``)."""
         try:
-            await self._link.aclose(reason)
+            if self.peer is None and self._endpoint.limits is not None:
+                try:
+                    await wait_for(self._endpoint._clock, self._link.aclose(reason),
+                                   _STRANGER_CLOSE_S)
+                except TimeoutError:
+                    if self._transport is not None:
+                        self._transport.abort()
+            else:
+                await self._link.aclose(reason)
         finally:
             self._closed.set()
 
@@ -318,6 +368,18 @@ class _IncomingLink:
         """As `WebSocketLink.reshape` (this end's sender-side shaping)."""
         self._link.reshape(spec)
 
+    def admit(self, peer: str) -> None:
+        """As `GuardedLink.admit`."""
+        self._endpoint._admit(self, peer)
+
+    def gone(self) -> bool:
+        """Whether its connection is closed or closing (the guard may have dropped it)."""
+        return self._transport is None or self._transport.is_closing()
+
+    def drop(self) -> None:
+        """End its request now (its connection is gone)."""
+        self._closed.set()
+
     async def wait_closed(self) -> None:
         await self._closed.wait()
 
@@ -327,8 +389,13 @@ class WebSocketEndpoint:
 
     def __init__(self, *, clock: Clock, max_frame_bytes: int | None, backlog: int,
                  client_ssl: ssl_module.SSLContext | bool, connect_timeout: float,
-                 close_timeout: float) -> None:
+                 close_timeout: float, limits: ConnectionLimits | None = None) -> None:
         self._clock = clock
+        #: the bounds before admission (None: unguarded) and the guard that keeps them
+        self.limits = limits
+        self.guard = (ConnectionGuard(limits, kind="peer", log=log) if limits is not None
+                      else None)
+        self._per_peer: Counter[str] = Counter()  # admitted links open, by peer
         self._max_frame_bytes = max_frame_bytes
         self._backlog = backlog
         self._client_ssl = client_ssl
@@ -385,7 +452,33 @@ class WebSocketEndpoint:
         if runner is not None:
             await runner.cleanup()
 
+    def _admit(self, incoming: _IncomingLink, peer: str) -> None:
+        """See `GuardedLink.admit`."""
+        if incoming.peer is not None:
+            return
+        if incoming.gone():
+            raise LinkBrokenError(f"the connection of {peer}'s link is gone")
+        if self.limits is None or self.guard is None:
+            incoming.peer = peer
+            return
+        if self._per_peer[peer] >= self.limits.max_per_device:
+            raise AuthenticationError(f"{peer} already has {self._per_peer[peer]} links open "
+                                      "(max_per_device)")
+        self._per_peer[peer] += 1
+        incoming.peer = peer
+        self.guard.admit(incoming._transport)
+        incoming._link.set_frame_limit(self._max_frame_bytes)
+
+    def _forget(self, incoming: _IncomingLink) -> None:
+        self._incoming.discard(incoming)
+        if incoming.peer is not None and self.limits is not None:
+            self._per_peer[incoming.peer] -= 1
+            if self._per_peer[incoming.peer] <= 0:
+                del self._per_peer[incoming.peer]
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        for dead in self._queue.purge(_IncomingLink.gone):  # dropped by the guard, say
+            dead.drop()
         if self._queue.closed or self._upgrading + len(self._queue) >= self._backlog:
             raise web.HTTPServiceUnavailable(text="the endpoint's accept queue is full\n")
         self._upgrading += 1
@@ -396,9 +489,15 @@ class WebSocketEndpoint:
             )
         except RemoteProtocolError as exc:
             raise web.HTTPBadRequest(text=f"{exc}\n") from None
+        except LinkBrokenError:  # lost during the upgrade (the guard closed it, say)
+            return web.Response(status=400)
         finally:
             self._upgrading -= 1
-        incoming = _IncomingLink(link)
+        if self.limits is not None:  # handshake-sized frames until admitted
+            hello = self.limits.hello_frame_bytes
+            ceiling = self._max_frame_bytes
+            link.set_frame_limit(hello if ceiling is None else min(hello, ceiling))
+        incoming = _IncomingLink(link, self, request.transport)
         if self._queue.closed:
             await link.aclose("the endpoint closed")
             return link.response
@@ -407,7 +506,7 @@ class WebSocketEndpoint:
         try:
             await incoming.wait_closed()
         finally:
-            self._incoming.discard(incoming)
+            self._forget(incoming)
             await link.aclose()  # the site is shutting down: idempotent otherwise
         return link.response
 
@@ -426,6 +525,7 @@ async def open_websocket_endpoint(
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
     close_timeout: float = DEFAULT_CLOSE_TIMEOUT_S,
     advertise: str | None = None,
+    limits: ConnectionLimits | None = PEER_LIMITS,
 ) -> AsyncIterator[WebSocketEndpoint]:
     """Listen on ``host:port`` (0: a free port) at ``path``; yield the endpoint, close it
     on exit.
@@ -435,6 +535,9 @@ async def open_websocket_endpoint(
     ``accept``; more get HTTP 503. The address names ``host`` as given: bind a name or
     address that peers can dial, not a wildcard, or give the URL they dial as
     ``advertise`` (a wildcard bind, NAT). Use a `SystemClock` (as for websockets).
+    ``limits`` bound incoming links until they are admitted (`GuardedLink.admit`; see
+    the module docstring); None leaves them unbounded (an endpoint whose links are
+    trusted as they come, as in tests of the transport).
 
     Raises:
         ConfigError: an invalid option, or the site cannot listen there (address in use).
@@ -443,9 +546,11 @@ async def open_websocket_endpoint(
     if advertise is not None and not (isinstance(advertise, str)
                                       and advertise.startswith(("ws://", "wss://"))):
         raise ConfigError(f"advertise must be a ws:// or wss:// URL, got {advertise!r}")
+    if limits is not None and not isinstance(limits, ConnectionLimits):
+        raise ConfigError(f"limits must be ConnectionLimits or None, got {type(limits).__name__}")
     endpoint = WebSocketEndpoint(
         clock=clock, max_frame_bytes=max_frame_bytes, backlog=backlog, client_ssl=client_ssl,
-        connect_timeout=connect_timeout, close_timeout=close_timeout,
+        connect_timeout=connect_timeout, close_timeout=close_timeout, limits=limits,
     )
     app = web.Application()
     app.router.add_get(path, endpoint._handle)
@@ -455,7 +560,10 @@ async def open_websocket_endpoint(
     endpoint._runner = runner
     try:
         try:
-            await web.TCPSite(runner, host, port, ssl_context=ssl).start()
+            site: web.BaseSite = (
+                web.TCPSite(runner, host, port, ssl_context=ssl) if endpoint.guard is None
+                else GuardedSite(runner, host, port, endpoint.guard, ssl_context=ssl))
+            await site.start()
         except OSError as exc:
             raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         shown = f"[{host}]" if ":" in host else host

@@ -18,9 +18,25 @@ Each side's fresh nonce makes the other's proof good for this handshake only, so
 recorded transcript replays to nothing. A refusal carries a code, never free text: each
 side logs and raises only its own words, and a remote name is checked to be a node name
 (printable ASCII) before it is quoted; keys, nonces and proofs are never shown. Frames
-before the handshake ends are bounded only by the endpoint's ``max_frame_bytes`` (a
-Link has no smaller per-frame limit). The handshake's frames count in the link's
-statistics.
+before the handshake ends are bounded by the endpoint: a websocket endpoint's incoming
+link takes only handshake-sized frames (``hello_frame_bytes`` of its `ConnectionLimits`,
+1 KiB by default) until `accept_peer` admits it (`GuardedLink.admit`), and only then
+the link's own ``max_frame_bytes``; its connection is also closed if it is not admitted
+within ``handshake_timeout`` of its TCP accept, or when it is the oldest of more than
+``max_pending`` strangers, and a peer may hold at most ``max_per_device`` admitted
+links at once (aiopipe/transport/guard.py, [Note: bounded before authentication]). A
+memory endpoint's links keep their fabric's limit. The handshake's frames count in the
+link's statistics.
+
+[Note: a dial that is turned away] A listener under a flood may turn an honest dial
+away: HTTP 503 (its accept queue is full), a reset (the guard closed the connection as
+the oldest stranger), a link closed during the handshake (`turned_away` tells these
+apart). `dial_peer` then tries again, after 0.1 s, 0.2 s, ... (doubling, at most 2 s,
+with jitter, on the injected clock), until the handshake is done or its ``timeout`` is
+spent. A refusal by the listener or a wrong proof is final (trying again would not
+change the answer), and so is a dial that reaches nobody or a wrong path (nothing
+listens there: a peer that is gone is reported at once, as before, for the runtime to
+recover from).
 
 [Note: paused handshakes] `accept_peer` runs every pending handshake of its endpoint at
 once (a silent connection costs its timeout, and honest peers are admitted meanwhile)
@@ -30,7 +46,8 @@ is kept for the endpoint, and the next `accept_peer` on it resumes them, so peer
 dial at once are all admitted by successive calls. A paused receive loses no frame (the
 Link contract). At most `MAX_HANDSHAKES` run at once: a flood of silent connections
 waits in the endpoint's accept queue (and beyond a websocket endpoint's backlog, is
-refused with HTTP 503) instead of growing the listener without bound. Refused links
+refused with HTTP 503; its guard closes the oldest beyond ``max_pending`` and each at its
+``handshake_timeout``) instead of growing the listener without bound. Refused links
 close concurrently; those still closing when `accept_peer` returns are dropped at once
 (a websocket's connection is aborted).
 """
@@ -41,6 +58,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import random
 import secrets
 import weakref
 from collections.abc import AsyncIterator, Mapping
@@ -64,10 +82,13 @@ from aiopipe.errors import (
     LinkClosedError,
     ProtocolError,
     RemoteProtocolError,
+    TransportError,
 )
 from aiopipe.transport.base import Link
 from aiopipe.transport.fabric import Endpoint
+from aiopipe.transport.guard import GuardedLink
 from aiopipe.transport.network import LinkSpec
+from aiopipe.transport.websocket import turned_away
 
 __all__ = ["MAX_HANDSHAKES", "accept_peer", "dial_peer"]
 
@@ -76,6 +97,11 @@ __all__ = ["MAX_HANDSHAKES", "accept_peer", "dial_peer"]
 MAX_HANDSHAKES = 64
 
 log = logging.getLogger("aiopipe.peering")
+
+#: A turned-away dial tries again after this many seconds, doubling up to `_RETRY_MAX_S`
+#: ([Note: a dial that is turned away]).
+_RETRY_FIRST_S = 0.1
+_RETRY_MAX_S = 2.0
 
 
 _MAGIC = b"APA\x01"  # + a kind byte
@@ -212,40 +238,79 @@ async def dial_peer(
     """Dial ``peer`` at ``address`` from ``endpoint`` as ``me``; the two prove they hold
     ``key`` (their `aiopipe.auth.pair_key`); yields the link and closes it on exit.
 
-    Connecting and the handshake together get ``timeout`` seconds on ``clock``.
-    ``shaping``: as the endpoint's ``dial``.
+    Connecting and the handshake together get ``timeout`` seconds on ``clock``, every
+    try included: a dial the listener turns away (HTTP 503, a reset, a link broken
+    during the handshake) is tried again with backoff
+    ([Note: a dial that is turned away]). ``shaping``: as the endpoint's ``dial``.
 
     Raises:
         AuthenticationError: the listener's proof is wrong (it holds another key, or is
             not ``peer``), or it refused us (it has no key for ``me``, or is not ``peer``).
-        LinkBrokenError: it cannot be reached, the link broke, or the handshake did not
-            finish within ``timeout``.
+        LinkBrokenError: nothing listens at ``address``, or it kept turning us away and
+            the handshake did not finish within ``timeout`` (the message says why the
+            last try failed).
         RemoteProtocolError: the listener sent something other than the handshake.
         ConfigError: an invalid name, key, timeout or address.
     """
     key = _check_peering(me, {peer: key}, timeout)[peer]
     async with contextlib.AsyncExitStack() as stack:
+        failures: list[_TryAgain] = []
 
         async def connect() -> Link:
-            link = await stack.enter_async_context(endpoint.dial(address, shaping=shaping))
-            try:
-                await _dialer_handshake(link, me, peer, key)
-            except ProtocolError as exc:
-                await link.aclose(f"refused: {exc}")
-                raise RemoteProtocolError(f"{peer} at {address}: {exc}") from None
-            except AuthenticationError as exc:
-                await link.aclose(f"refused: {exc}")
-                raise AuthenticationError(f"{peer} at {address}: {exc}") from None
-            except LinkBrokenError as exc:
-                raise LinkBrokenError(f"peer handshake with {peer} at {address}: {exc}") from None
-            return link
+            delay = _RETRY_FIRST_S
+            while True:
+                try:
+                    return await _dial_once(stack, endpoint, address, me, peer, key, shaping)
+                except _TryAgain as exc:
+                    failures.append(exc)
+                    if len(failures) == 1:
+                        log.info("%s: %s; trying again within %g s", me, exc, timeout)
+                await clock.sleep(delay * (0.5 + random.random()))
+                delay = min(2 * delay, _RETRY_MAX_S)
 
         try:
             link = await wait_for(clock, connect(), timeout)
         except TimeoutError:
-            raise LinkBrokenError(
-                f"no peer handshake with {peer} at {address} within {timeout:g} s") from None
+            last = f" ({len(failures)} tries; the last: {failures[-1]})" if failures else ""
+            raise LinkBrokenError(f"no peer handshake with {peer} at {address} within "
+                                  f"{timeout:g} s{last}") from None
         yield link
+
+
+class _TryAgain(LinkBrokenError):
+    """A try of `dial_peer` was turned away ([Note: a dial that is turned away])."""
+
+
+async def _dial_once(stack: contextlib.AsyncExitStack, endpoint: Endpoint, address: str,
+                     me: str, peer: str, key: bytes, shaping: LinkSpec | None) -> Link:
+    """One try of `dial_peer`: the link, once the handshake on it is done; it closes when
+    ``stack`` does.
+
+    Raises:
+        _TryAgain: the listener turned the dial away, or the link broke during the
+            handshake (the link of this try is closed: another try may follow).
+        LinkBrokenError: the listener cannot be reached (nothing listens there).
+        AuthenticationError, RemoteProtocolError, ConfigError: as `dial_peer`.
+    """
+    async with contextlib.AsyncExitStack() as attempt:
+        try:
+            link = await attempt.enter_async_context(endpoint.dial(address, shaping=shaping))
+        except LinkBrokenError as exc:
+            if turned_away(exc):
+                raise _TryAgain(str(exc)) from None
+            raise
+        try:
+            await _dialer_handshake(link, me, peer, key)
+        except ProtocolError as exc:
+            await link.aclose(f"refused: {exc}")
+            raise RemoteProtocolError(f"{peer} at {address}: {exc}") from None
+        except AuthenticationError as exc:
+            await link.aclose(f"refused: {exc}")
+            raise AuthenticationError(f"{peer} at {address}: {exc}") from None
+        except LinkBrokenError as exc:
+            raise _TryAgain(f"peer handshake with {peer} at {address}: {exc}") from None
+        stack.push_async_exit(attempt.pop_all())
+        return link
 
 
 async def _dialer_handshake(link: Link, me: str, peer: str, key: bytes) -> None:
@@ -334,7 +399,8 @@ async def accept_peer(
                     name = await _step(handshake, received, me, keys)
                 except AiopipeError as exc:
                     stepping = None
-                    closing.add(_refuse(handshake.link, me, str(exc)))
+                    closing.add(_refuse(handshake.link, me, str(exc),
+                                        lost=isinstance(exc, TransportError)))
                     continue
                 stepping = None
                 if name is not None:
@@ -391,11 +457,17 @@ async def _step(handshake: _Handshake, received: asyncio.Task[bytes], me: str,
         raise AuthenticationError(f"dialer {hello.dialer} is not a peer of {me}")
     check_peer_proof(keys[hello.dialer], "dialer", hello.dialer, me, hello.nonce,
                      handshake.nonce, message.proof)
+    if isinstance(handshake.link, GuardedLink):  # its endpoint's bounds end here
+        handshake.link.admit(hello.dialer)
     return hello.dialer
 
 
-def _refuse(link: Link, me: str, reason: str) -> asyncio.Task[None]:
-    log.warning("%s refused a peer link: %s", me, reason)
+def _refuse(link: Link, me: str, reason: str, *, lost: bool = False) -> asyncio.Task[None]:
+    """Close ``link`` for ``reason`` (logged: a warning, or only a debug line when its
+    connection was ``lost``: under a flood the guard closes strangers by the hundred,
+    and says so itself)."""
+    log.log(logging.DEBUG if lost else logging.WARNING, "%s refused a peer link: %s", me,
+            reason)
     return asyncio.ensure_future(link.aclose(f"refused: {reason}"))
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ssl as ssl_module
 from collections.abc import AsyncIterator
 from typing import Any
@@ -52,7 +53,13 @@ from aiopipe.transport._waiting import sleep_unless_set
 from aiopipe.transport.base import DirectionStatistics, LinkStatistics
 from aiopipe.transport.network import LinkSpec
 
-__all__ = ["CHUNK_BYTES", "WebSocketLink", "accept_websocket", "open_websocket_link"]
+__all__ = [
+    "CHUNK_BYTES",
+    "WebSocketLink",
+    "accept_websocket",
+    "open_websocket_link",
+    "turned_away",
+]
 
 #: Frames above this many bytes travel as several websocket messages of at most this
 #: many bytes of the frame each ([Note: chunked frames]).
@@ -515,6 +522,23 @@ async def open_websocket_link(
             yield link
         finally:
             await link.aclose()
+
+
+def turned_away(error: LinkBrokenError) -> bool:
+    """Whether ``error``, from `open_websocket_link`, says that the listener was reached
+    and turned the connection away for now (HTTP 5xx or 429 at the upgrade, such as 503
+    for a full accept queue, or the connection reset or closed on the way), so that trying
+    again later may succeed; False when it was not reached at all (nothing listens there,
+    no route, TLS failed, nothing answered in time) or answered for good (HTTP 404, say)."""
+    cause = error.__cause__
+    if isinstance(cause, aiohttp.WSServerHandshakeError):
+        return cause.status >= 500 or cause.status == 429
+    if isinstance(cause, aiohttp.ServerDisconnectedError | ConnectionResetError
+                  | ConnectionAbortedError | BrokenPipeError):
+        return True
+    return (isinstance(cause, aiohttp.ClientOSError)
+            and not isinstance(cause, aiohttp.ClientConnectorError | aiohttp.ClientSSLError)
+            and cause.errno in (errno.ECONNRESET, errno.ECONNABORTED, errno.EPIPE))
 
 
 def _aiohttp_max_msg_size(max_frame_bytes: int | None) -> int:

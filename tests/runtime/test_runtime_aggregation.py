@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from aiopipe.errors import TrainingError
+from aiopipe.errors import ConfigError, TrainingError
 from aiopipe.runtime.aggregation import fedavg
 
 
@@ -111,7 +111,7 @@ def test_an_update_far_above_the_rounds_median_is_dropped_or_clipped() -> None:
     assert sorted(kept) == [0, 1, 2]
     assert outliers == {3: 250.0}
     clipped, _ = screen_updates(states, start, action="clip", limit=10.0)
-    assert clipped[3]["w"].tolist() == pytest.approx([12.0, 16.0])  # norm 20 = 10 x 2
+    assert clipped[3]["w"].tolist() == pytest.approx([1.2, 1.6])  # the median's norm, 2
     assert clipped[3]["num_batches_tracked"].item() == 7  # counters are not scaled
     assert screen_updates(states, start, action="keep", limit=10.0)[1] == {}
     two = {0: states[0], 3: states[3]}  # no median tells the outlier from the rest
@@ -132,3 +132,113 @@ def test_aggregate_applies_the_runs_method() -> None:
     assert aggregate(states, weights, method="krum", byzantine=1)["w"].item() == 2.0
     with pytest.raises(TrainingError, match="unknown aggregation"):
         aggregate(states, weights, method="mean")
+
+
+# -- the update judge, whatever the options ([Note: judging updates]) ------------------
+
+def test_the_judge_refuses_what_is_not_finite_or_far_beyond_the_rounds_median() -> None:
+    from aiopipe.runtime.aggregation import UpdateJudge, update_norms
+
+    start = _model(0.0, 0.0)
+    states = {0: _model(1.0, 0.0), 1: _model(0.0, 2.0), 2: _model(2.0, 0.0),
+              3: _model(3000.0, 4000.0), 4: _model(math.nan, 0.0),
+              5: _model(300.0, 0.0)}  # norms 1, 2, 2, 5000, NaN, 300: median 2
+    refused = UpdateJudge().refusals(update_norms(states, start), start)
+    assert sorted(refused) == [3, 4]  # 2500 x the median; NaN. (150 x is honest enough)
+    assert "2.5e+03 x the round's median" in refused[3]
+    assert "not finite" in refused[4]
+
+
+def test_with_fewer_than_three_the_judge_goes_by_the_run_then_by_the_model() -> None:
+    from aiopipe.runtime.aggregation import UpdateJudge
+
+    judge = UpdateJudge(limit=100.0)
+    start = _model(3.0, 4.0)  # its own norm: 5
+    assert judge.scale({0: 1.0}, start) == (5.0, "the model's own norm")
+    assert list(judge.refusals({0: 400.0, 1: 600.0}, start)) == [1]
+    judge.accept([0.5, 0.1, math.inf, 0.1])  # the median of 0.1, 0.1, 0.5: 0.1
+    assert judge.scale({0: 1.0}, start) == (0.1, "the run's recent updates")
+    assert list(judge.refusals({0: 9.0, 1: 11.0}, start)) == [1]
+    zeros = {"w": torch.zeros(2)}  # nothing gives a scale: only finiteness is judged
+    assert UpdateJudge().refusals({0: 1e30, 1: math.inf}, zeros) == {
+        1: "its update is not finite (norm inf)"}
+
+
+def test_the_judge_refuses_an_aggregate_that_is_not_finite_or_too_far() -> None:
+    from aiopipe.runtime.aggregation import UpdateJudge
+
+    judge, start = UpdateJudge(), _model(0.0, 0.0)
+    assert judge.aggregate_problem(_model(3.0, 4.0), start, 1.0) == ""
+    assert "not finite" in judge.aggregate_problem(_model(math.inf, 0.0), start, 1.0)
+    assert "x the round's scale" in judge.aggregate_problem(_model(3e3, 4e3), start, 1.0)
+    with pytest.raises(ConfigError, match="must be a number > 1"):
+        UpdateJudge(limit=1.0)
+
+
+def test_an_aggregate_that_fails_is_installed_without_the_device_that_made_it_fail() -> None:
+    from aiopipe.runtime.aggregation import UpdateJudge, judged_aggregate, update_norms
+
+    probed: list[float] = []
+
+    def probe(state: dict[str, torch.Tensor]) -> tuple[float, float]:
+        """Loss: the largest weight (a blank model's: 1)."""
+        probed.append(float(state["w"].abs().max()))
+        return probed[-1], 1.0
+
+    judge, start = UpdateJudge(probe=probe), _model(0.0, 0.0)
+    states = {0: _model(1.0, 0.0), 1: _model(0.0, 2.0), 2: _model(2.0, 0.0),
+              3: _model(0.0, 400.0)}  # 200 x the median: under the norm limit
+    weights = dict.fromkeys(states, 1.0)
+    norms = update_norms(states, start)
+    state, left_out = judged_aggregate(states, weights, norms, start, judge=judge,
+                                       scale=2.0, method="fedavg")
+    assert list(left_out) == [3]
+    assert "its loss on the coordinator's evaluation batch is 100" in left_out[3]
+    assert state is not None
+    assert state["w"].tolist() == pytest.approx([1.0, 2 / 3])
+    assert len(probed) == 3  # the start's, the whole round's, and without device 3
+    everyone_bad = {k: _model(50.0 + k, 0.0) for k in range(3)}
+    state, left_out = judged_aggregate(everyone_bad, weights, update_norms(everyone_bad, start),
+                                       start, judge=judge, scale=50.0, method="fedavg")
+    assert state is None
+    assert sorted(left_out) == [1, 2]  # the largest first; 0 stays
+
+
+def test_the_evaluation_probe_leaves_the_model_as_it_was() -> None:
+    from aiopipe.runtime.aggregation import evaluation_probe
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4),
+                                torch.nn.Linear(4, 2))
+    model[2].eval()  # modes are restored one module at a time
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    batch = torch.randn(8, 3), torch.randint(0, 2, (8,))
+    probe = evaluation_probe(model, torch.nn.functional.cross_entropy, batch)
+    other = {k: v * 2 if v.is_floating_point() else v for k, v in before.items()}
+    loss, blank = probe(other)
+    assert math.isfinite(loss)
+    assert blank == pytest.approx(math.log(2))
+    assert [m.training for m in model.modules()] == [True, True, True, False]
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    assert probe(before)[0] != loss
+
+
+def test_the_model_a_round_installed_is_not_probed_again_as_the_next_start() -> None:
+    from aiopipe.runtime.aggregation import UpdateJudge
+
+    probed: list[float] = []
+
+    def probe(state: dict[str, torch.Tensor]) -> tuple[float, float]:
+        probed.append(float(state["w"][0]))
+        return 1.0, 1.0
+
+    judge, start, state = UpdateJudge(probe=probe), _model(0.0, 0.0), _model(1.0, 0.0)
+    assert judge.loss_ceiling(start) == 10.0
+    assert judge.aggregate_problem(state, start, 1.0, 10.0) == ""
+    judge.installed()
+    assert judge.loss_ceiling(state) == 10.0
+    assert probed == [0.0, 1.0]  # the start, the aggregate; not the aggregate again
+    judge.forget()  # (a checkpoint was loaded)
+    judge.loss_ceiling(start)
+    assert probed == [0.0, 1.0, 0.0]

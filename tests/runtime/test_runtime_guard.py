@@ -1,7 +1,8 @@
 """Connections are bounded before they are a device's ([Note: bounded before
 authentication] in aiopipe/runtime/guard.py), over real sockets in one event loop: idle
 and slow connections are closed at the handshake timeout, no more than ``max_pending``
-stay open at once, a token opens at most ``max_per_device`` websockets, a frame above the
+stay open at once, a token holds at most ``max_per_device`` websockets past their hello
+(silent ones hold none), a frame above the
 hello size is refused before the hello; meanwhile ``/status`` answers and the devices
 join and train. (Between processes, under a small ``ulimit -n``:
 tests/test_hostile_processes.py.)"""
@@ -17,6 +18,7 @@ from test_runtime_websocket import CONFIG, SECRET, _device
 
 from aiopipe import ConfigError, ConnectionLimits, Server
 from aiopipe.auth import mint_token
+from aiopipe.protocol import PROTOCOL_VERSION, Hello, Plan, decode, encode
 
 LIMITS = ConnectionLimits(handshake_timeout=1.0, max_pending=4)
 
@@ -64,24 +66,28 @@ async def test_idle_and_slow_connections_are_closed_and_the_devices_still_train(
     assert server.guard.evicted >= 8  # 7, and one for /status's connection
 
 
-async def test_a_token_opens_at_most_two_websockets_and_takes_only_a_hello_first() -> None:
-    async with (Server(CONFIG, token_secret=SECRET, join_timeout=60) as server,
+async def test_a_token_holds_a_slot_only_from_its_hello_and_takes_only_a_hello_first(
+) -> None:
+    """[Note: device slots] in aiopipe/runtime/http.py."""
+    limits = ConnectionLimits(max_per_device=1)
+    async with (Server(CONFIG, token_secret=SECRET, join_timeout=60, limits=limits) as server,
                 aiohttp.ClientSession() as http):
         headers = {"Authorization": f"Bearer {mint_token(SECRET, 0)}"}
-        first = await http.ws_connect(server.url, headers=headers)
-        second = await http.ws_connect(server.url, headers=headers)
-        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
-            await http.ws_connect(server.url, headers=headers)
-        assert refused.value.status == 429
+        silent = [await http.ws_connect(server.url, headers=headers) for _ in range(3)]
+        first = silent[0]  # three silent websockets, and none holds the only slot
         await first.send_bytes(b"\0" * (64 * 1024))  # above the hello's 16 KiB
         closing = await first.receive()
         assert closing.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
         assert first.close_code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
-        for ws in (first, second):
+        device = await http.ws_connect(server.url, headers=headers)
+        await device.send_bytes(encode(Hello(PROTOCOL_VERSION, 0, 0, "")))
+        assert isinstance(decode(await device.receive_bytes()), Plan)
+        # its hello took the slot: one more connection with the token is refused
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(server.url, headers=headers)
+        assert refused.value.status == 429
+        for ws in [*silent, device]:
             await ws.close()
-        # the token's slots are free again
-        third = await http.ws_connect(server.url, headers=headers)
-        await third.close()
 
 
 @pytest.mark.parametrize(("field", "value"), [("handshake_timeout", 0.0), ("max_pending", 0),

@@ -1,6 +1,7 @@
 """A pipeline peer that authenticates but then breaks the plan is refused by its
 neighbour with the reason, and the run ends with one TrainingError instead of training
-on what it sent or waiting for ever.
+on what it sent or waiting for ever (the pipeline would go on without the device, but
+this one is device 0, which holds the data).
 
 Device 0 is a script here: it says hello to the coordinator, takes its `Plan` (with its
 pair key) and first `RoundStart`, dials device 1 over the memory fabric with that key
@@ -119,7 +120,9 @@ async def test_a_peer_that_breaks_the_plan_is_refused_and_the_run_ends(case: str
             link.break_("device 1 ended")
 
     async def train() -> None:
-        with pytest.raises(TrainingError, match=r"device 1 \(stage 1\) was lost"):
+        # device 1 says its round stopped; the pipeline would play it again without the
+        # device that broke the plan, but that is device 0, which holds the data
+        with pytest.raises(TrainingError, match=r"device 0 is gone: it holds the data"):
             await node.train()
 
     links = [open_memory_link_pair(clock) for _ in range(2)]
@@ -138,5 +141,5 @@ async def test_a_peer_that_breaks_the_plan_is_refused_and_the_run_ends(case: str
     assert isinstance(answers[0], ErrorMessage)
     assert answers[0].code == "protocol"
     assert reason in answers[0].message
-    assert len(outcome) == 1
-    assert "device0" in str(outcome[0])
+    # device 1 ended with the run (told mid-round, or after), not on device 0's faults
+    assert all(str(o).startswith("the server ended the run") for o in outcome), outcome

@@ -1,8 +1,9 @@
 """One authenticated device poisons the model (issue: hold against hostile peers): it
 sends its server replica activations scaled by a huge finite factor. With the robust
 options on (``outliers = "drop"``) the global model's test accuracy stays within 2
-points of a clean run's and the device is named; without them, at x1e6 the model is
-ruined (the attack is real)."""
+points of a clean run's and the device is named; without them, the update judge that
+runs whatever the options refuses the replica's x1e6 update; with that judge off too, the
+model is ruined (the attack is real)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from aiopipe import CostTable, RunConfig, VirtualClock, simulate
 from aiopipe.metrics.results import RunResult
 from aiopipe.protocol import Activation, to_tensor_data, to_torch
 from aiopipe.runtime import device as device_module
+from aiopipe.runtime.aggregation import UpdateJudge
 
 COSTS = CostTable.uniform(5, forward=0.001, backward=0.002)
 BAD = 3
@@ -56,7 +58,21 @@ async def test_a_poisoning_device_cannot_move_the_model_with_the_robust_options(
     assert named == {BAD}
 
 
-async def test_without_them_the_attack_ruins_the_model(poison: Any) -> None:
+async def test_without_them_the_update_judge_still_holds_x1e6(poison: Any) -> None:
+    """Default options: the replica that trained on x1e6 activations moves ~1e12 times
+    the round's median, and the update judge refuses it ([Note: judging updates])."""
+    clean = await _run(CONFIG)
+    poison(1e6)
+    attacked = await _run(CONFIG)
+    assert attacked.final.accuracy >= clean.final.accuracy - 0.02, (attacked.final, clean.final)
+    assert {k for e in attacked.epochs for k in e.updates_refused} == {BAD}
+
+
+async def test_without_them_or_the_judge_the_attack_ruins_the_model(
+        poison: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attack is real: with the update judge switched off, x1e6 ruins the model."""
+    monkeypatch.setattr(UpdateJudge, "refusals", lambda self, norms, start: {})
+    monkeypatch.setattr(UpdateJudge, "aggregate_problem", lambda self, *args: "")
     clean = await _run(CONFIG)
     poison(1e6)
     attacked = await _run(CONFIG)

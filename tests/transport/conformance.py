@@ -29,6 +29,7 @@ from late_clock import LateClock
 from aiopipe.clock import Clock, SystemClock, VirtualClock, wait_for
 from aiopipe.errors import LinkBrokenError, LinkClosedError, LocalProtocolError
 from aiopipe.transport import (
+    GuardedLink,
     Link,
     LinkSpec,
     MemoryFabric,
@@ -209,6 +210,8 @@ async def link_pair(request: pytest.FixtureRequest) -> AsyncIterator[LinkPair]:
             site_a.dial(site_b.address) as a,
         ):
             b = await site_b.accept()
+            assert isinstance(b, GuardedLink)
+            b.admit("a")  # as accept_peer would: the link's own frame limit from now on
             try:
                 yield LinkPair(b, a, clock) if swapped else LinkPair(a, b, clock)
             finally:

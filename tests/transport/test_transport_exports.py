@@ -6,7 +6,7 @@ import importlib
 
 import aiopipe.transport
 
-MODULES = ("base", "fabric", "memory", "network", "peering", "websocket")
+MODULES = ("base", "fabric", "guard", "memory", "network", "peering", "websocket")
 
 
 def test_exports_are_complete_and_resolve() -> None:

@@ -20,7 +20,17 @@ from aiopipe.runtime.systems.pipeline import Pipeline
 from aiopipe.runtime.systems.star import Star
 
 __all__ = ["HADFL", "Asteroid", "FTPipeHD", "Pipeline", "Rounds", "Setup", "Star", "System",
-           "system_for"]
+           "system_class", "system_for"]
+
+#: The system of each mode that is not the star's (fl, sl, sfl, pipar).
+_SYSTEMS: dict[str, type[Pipeline | HADFL]] = {
+    "pipeline": Pipeline, "ftpipehd": FTPipeHD, "asteroid": Asteroid, "hadfl": HADFL}
+
+
+def system_class(mode: str) -> type[Pipeline | HADFL | Star]:
+    """The class of the system that runs ``mode`` (what it declares, such as
+    ``recovers_lost_devices``, can be asked before a run is set up)."""
+    return _SYSTEMS.get(mode, Star)
 
 
 def system_for(setup: Setup) -> System:
@@ -29,12 +39,4 @@ def system_for(setup: Setup) -> System:
     Raises:
         ConfigError: the config cannot run (no plan fits, a bad partition...).
     """
-    if setup.config.mode == "pipeline":
-        return Pipeline(setup)
-    if setup.config.mode == "ftpipehd":
-        return FTPipeHD(setup)
-    if setup.config.mode == "asteroid":
-        return Asteroid(setup)
-    if setup.config.mode == "hadfl":
-        return HADFL(setup)
-    return Star(setup)
+    return system_class(setup.config.mode)(setup)

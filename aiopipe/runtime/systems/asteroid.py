@@ -74,7 +74,13 @@ from aiopipe.runtime.plan import (
     unit_output_shapes,
 )
 from aiopipe.runtime.systems.base import Rounds, Setup
-from aiopipe.runtime.systems.pipeline import Pipeline, StageLost, play_or_lost
+from aiopipe.runtime.systems.pipeline import (
+    MAX_REPLAYS,
+    REPLAY_VERSIONS,
+    Pipeline,
+    StageLost,
+    play_or_lost,
+)
 from aiopipe.scheduler.actions import Action
 from aiopipe.scheduler.asteroid import (
     Device,
@@ -97,20 +103,17 @@ log = logging.getLogger("aiopipe.server")
 
 #: The budget of a device without one (bytes): effectively unlimited.
 _UNLIMITED = float(1 << 60)
-#: How far a replay's weight versions are above the attempt's before (see the module
-#: docstring): more than any run's optimizer steps.
-REPLAY_VERSIONS = 1 << 32
 #: A lightweight re-plan whose estimated iteration is more than this many times what the
 #: devices left should take (the plan's estimate before, scaled by the compute lost)
 #: is checked against the planner's, and the better taken.
 FALLBACK = 1.25
-#: Replays of one round with the same devices before the run is given up.
-MAX_REPLAYS = 3
 
 
 class Asteroid(Pipeline):
     """Asteroid's hybrid pipeline (module docstring); a synchronous pipeline whose stages
     are groups."""
+
+    recovers_lost_devices = True  # the plan adjusted, the round replayed without it
 
     def __init__(self, setup: Setup) -> None:  # (Pipeline's, for groups)
         config = setup.config
@@ -574,11 +577,12 @@ class Asteroid(Pipeline):
 
 class _Carried:
     """What a round's attempts given up on trained before the backup point the round
-    goes on from: samples through the first stage (by device), and the last stage's
-    loss and correct predictions."""
+    goes on from: samples through the first stage and through the last (by device), and
+    the last stage's loss and correct predictions."""
 
     def __init__(self) -> None:
         self.samples: dict[int, int] = {}
+        self.last: dict[int, int] = {}  # the last stage's members' samples
         self.loss_sum, self.correct = 0.0, 0
 
     def add(self, point: tuple[int, dict[int, tuple[int, Replica]]], start: int,
@@ -588,9 +592,10 @@ class _Carried:
         of the loss, scaled to the whole micro-batch (an estimate)."""
         batches, found = point
         n, micro = plan.parallel_batches, plan.micro_batch_size
-        for d in plan.groups[0]:
-            first, stop = plan.rows[d]
-            self.samples[d] = self.samples.get(d, 0) + (batches - start) * (stop - first) * n
+        for group, kept in ((plan.groups[0], self.samples), (plan.groups[-1], self.last)):
+            for d in group:
+                first, stop = plan.rows[d]
+                kept[d] = kept.get(d, 0) + (batches - start) * (stop - first) * n
         holder, replica = found[plan.stages - 1]
         first, stop = plan.rows.get(holder, (0, micro))
         scale = micro / (stop - first) if holder in plan.groups[-1] else 1.0
@@ -602,14 +607,20 @@ class _Carried:
                  ) -> dict[int, RoundResult]:
         """``results`` with what came before counted in: each device's samples (those of
         one no longer in the first stage, whose samples count as the epoch's, by the
-        first stage's first member), the loss and correct by the last stage's first
-        member."""
+        first stage's first member; likewise the last stage's by its first member, so
+        that it too counts each of the epoch's samples once: unless the plan now has one
+        stage, whose members the first stage's count), the loss and correct by the last
+        stage's first member."""
         if not self.samples and not self.loss_sum and not self.correct:
             return results
         results = dict(results)
         first, last = groups[0][0], groups[-1][0]
-        for d, samples in self.samples.items():
-            k = d if d in groups[0] else first
+        moved = [(d if d in groups[0] else first, samples)
+                 for d, samples in self.samples.items()]
+        if len(groups) > 1:
+            moved += [(d if d in groups[-1] else last, samples)
+                      for d, samples in self.last.items()]
+        for k, samples in moved:
             results[k] = replace(results[k], samples=results[k].samples + samples)
         results[last] = replace(results[last], loss_sum=results[last].loss_sum + self.loss_sum,
                                 correct=results[last].correct + self.correct)

@@ -110,6 +110,9 @@ class System(Protocol):
     planned_keys: tuple[str, ...]
     #: whether a run can resume from this system's checkpoints
     resumable: bool
+    #: whether a run goes on when a device is lost mid-run (its round played again, its
+    #: update dropped, its ring bypassed...), so that the one-command launcher lets it
+    recovers_lost_devices: bool
     #: the whole model as the coordinator holds it between rounds
     model: nn.Sequential
 
@@ -166,8 +169,8 @@ class System(Protocol):
         ...
 
     def refused_updates(self) -> list[int]:
-        """Devices whose update was clipped or dropped (``outliers``) since the last
-        call."""
+        """Devices whose update was refused (star: `UpdateJudge`), or clipped or dropped
+        (``outliers``), since the last call."""
         ...
 
     def epoch_samples(self, device_samples: Sequence[int]) -> int:

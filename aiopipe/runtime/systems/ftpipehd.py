@@ -34,24 +34,20 @@ import torch
 
 from aiopipe import models
 from aiopipe.config import RunConfig
-from aiopipe.errors import ConfigError, TrainingError
+from aiopipe.errors import ConfigError
 from aiopipe.metrics.trace import Slice
 from aiopipe.protocol import RoundResult, RoundStart, state_from_wire
-from aiopipe.runtime.async_weights import MOMENTUM, split_momentum
+from aiopipe.runtime.async_weights import MOMENTUM
 from aiopipe.runtime.chain import gather, replica_check
 from aiopipe.runtime.plan import measure_planning_costs, unit_output_shapes
 from aiopipe.runtime.systems.base import Rounds, Setup
-from aiopipe.runtime.systems.pipeline import Pipeline, StageLost, play_or_lost
+from aiopipe.runtime.systems.pipeline import MAX_REPLAYS, Pipeline, StageLost, play_or_lost
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.estimate import DeviceProfile
 from aiopipe.scheduler.ftpipehd import Partition, ftpipehd_partition, pipeline_time
 from aiopipe.scheduler.schedule import Schedule, check_schedule, one_f_one_b, with_transfers
 
 __all__ = ["MAX_REPLAYS", "FTPipeHD", "Planner"]
-
-#: How many times in a row a round may be played again with the same devices (a fault
-#: that no re-partition removes) before the run ends.
-MAX_REPLAYS = 3
 
 log = logging.getLogger("aiopipe.server")
 
@@ -60,6 +56,8 @@ class FTPipeHD(Pipeline):
     """FTPipeHD's asynchronous pipeline (module docstring)."""
 
     resumable = True
+    recovers_lost_devices = True  # §III-F: the round is played again without it
+    round_steps = "batches"
 
     def __init__(self, setup: Setup) -> None:
         #: the planner (built when first needed): "auto" cuts, and new ones after a
@@ -77,12 +75,6 @@ class FTPipeHD(Pipeline):
         self.recovered = False
         #: whether the round under way re-partitioned after its first batches
         self._replanned_early = False
-        #: the round last played again, (epoch, first batch), and how many times in a
-        #: row with the same devices
-        self._replayed: tuple[int, int] | None = None
-        self._replays = 0
-        #: the worker list and cuts before the last change (`_enlist`)
-        self._before: tuple[list[int], list[int]] = (list(self.workers), self._cuts())
         #: per device, (its session, its stage: units, place, the pipeline's length) when
         #: it holds, from the last round it completed, exactly the weights and momentum
         #: the coordinator has for them: its next RoundStart sends none ([Note: kept
@@ -116,8 +108,11 @@ class FTPipeHD(Pipeline):
                                        self.micro_batch_size)
         return self._planner
 
-    def _cuts(self) -> list[int]:
-        return [b for _, b in self.bounds[:-1]]
+    def _cuts_among(self, workers: Sequence[int]) -> tuple[int, ...]:
+        """The planner's cuts for ``workers`` with the capacities they measured (1 where
+        none was: the paper's "assume the same capacity")."""
+        capacities = [self.capacity.get(w, 1.0) for w in workers]
+        return self.planner().cuts(capacities, workers).cuts
 
     def _schedule(self, n: int) -> Schedule:
         # k_p = S − p batches in flight: PipeDream's 1F1B
@@ -157,12 +152,6 @@ class FTPipeHD(Pipeline):
                  "batches": self.round_iterations, "schedule": "async 1f1b",
                  "in_flight": self.stages - p}
                 for p, (a, b) in enumerate(self.bounds)]
-
-    def peer_keys(self, device_id: int) -> dict[str, str]:
-        """The keys of device ``device_id``'s pairs with every other device (whose stage
-        may come next to its own after a device is lost)."""
-        return self._pair_keys(device_id, [f"device{k}" for k in range(self.config.devices)
-                                           if k != device_id])
 
     def frame_limit(self) -> int:
         """The whole model's state and momentum, a round report's slices (a round is one
@@ -250,40 +239,6 @@ class FTPipeHD(Pipeline):
         """
         return await play_or_lost(rounds, device, start, self._returns.pop(device, None))
 
-    def _enlist(self, alive: Sequence[int]) -> bool:
-        """The worker list is the devices alive, in id order (§III-F: a lost one's
-        successors move up one place; one that came back takes its place again); when it
-        changed, the model is re-partitioned among them by the planner, with the
-        capacities they measured (1 where none was). Whether it changed (what it was is
-        kept for the record: `_recovery`).
-
-        Raises:
-            TrainingError: device 0 (the data) is gone.
-        """
-        workers = sorted(set(alive) & set(range(self.config.devices)))
-        if 0 not in workers:
-            raise TrainingError("device 0 is gone: it holds the data (FTPipeHD's central "
-                                "node), so the run cannot go on without it")
-        self._before = (list(self.workers), self._cuts())
-        if workers == self.workers:
-            return False
-        capacities = [self.capacity.get(w, 1.0) for w in workers]
-        cuts = self.planner().cuts(capacities, workers).cuts
-        self.workers, self.stages = workers, len(workers)
-        self._place(cuts)
-        self.schedule = self._schedule(self.parallel_batches)
-        return True
-
-    def _recovery(self, round_no: int, epoch: int, when: str, **more: Any) -> dict[str, Any]:
-        """The record of a change of the worker list (see `_enlist`)."""
-        workers, cuts = self._before
-        after = self._cuts()
-        log.warning("round %d (%s): the pipeline runs on devices %s (was %s), cuts %s "
-                    "(were %s)", round_no + 1, when, self.workers, workers, after, cuts)
-        return {"round": round_no, "epoch": epoch, "kind": "recovery",
-                "workers": list(self.workers), "workers_before": workers, "before": cuts,
-                "after": after, **more}
-
     async def _recover(self, rounds: Rounds, lost: StageLost, round_no: int,
                        epoch: int, first: int, attempt: _Attempt) -> tuple[int, _Attempt]:
         """FTPipeHD's recovery (§III-F, with the choice of DESIGN §FTPipeHD): the round
@@ -296,27 +251,10 @@ class FTPipeHD(Pipeline):
         Raises:
             TrainingError: device 0 is gone, or the round stopped once too often.
         """
-        if lost.stalled:
-            log.warning("round %d: %s; playing the round again", round_no + 1, lost.stalled)
-        else:
-            log.warning("round %d: device %d (stage %d) was lost; playing the round again "
-                        "without it", round_no + 1, lost.device, lost.stage)
         self.recovered = True
-        if lost.stalled:
-            # a neighbour's link may break a moment before the coordinator's own link to
-            # a dead device does: give that a heartbeat interval (at most 1 s) to show
-            await rounds.clock.sleep(min(1.0, self.config.heartbeat_interval))
         workers, bounds = list(self.workers), list(self.bounds)
-        alive = await rounds.settled_alive()
-        changed = self._enlist(alive)
-        key = (epoch, first)
-        self._replays = self._replays + 1 if key == self._replayed and not changed else 0
-        self._replayed = key
-        if self._replays >= MAX_REPLAYS:
-            raise TrainingError(
-                f"the round of batches {first + 1}..{first + self.parallel_batches} of epoch "
-                f"{epoch + 1} stopped {MAX_REPLAYS + 1} times with the same devices; the "
-                f"last time: {lost}")
+        alive = await self._regroup(rounds, lost, round_no, epoch, first,
+                                    self.parallel_batches)
         point = await self._chain_point(rounds, round_no, workers, bounds, alive)
         if point is not None:
             attempt = attempt.resumed(*point)
@@ -351,11 +289,6 @@ class FTPipeHD(Pipeline):
                     "chain replication: playing the round again from there", round_no + 1,
                     batches)
         return batches, replicas[-1].loss_sum, replicas[-1].correct
-
-    def _absorb(self, state: dict[str, torch.Tensor]) -> None:
-        weights, momentum = split_momentum(state)
-        super()._absorb(weights)
-        self.momentum.update({name: buf.clone() for name, buf in momentum.items()})
 
     async def after_round(self, rounds: Rounds, round_no: int, epoch: int,
                           slices: Sequence[Slice], served: Sequence[int],

@@ -71,6 +71,7 @@ class HADFL:
 
     planned_keys: tuple[str, ...] = ()
     resumable = True
+    recovers_lost_devices = True  # the ring bypasses a lost device
     round_iterations = 1  # an "iteration" of the epoch loop is a synchronisation round
     wants_profiles = False  # the negotiation measures the devices
 

@@ -16,11 +16,16 @@ an epoch: each device gets its stage's weights, runs the epoch's iterations with
 neighbours, and returns its trained stage; the coordinator puts the stages side by side
 into the global model, which it evaluates.
 
-Faults: a synchronous pipeline cannot go on without one of its stages, so a device lost
-mid-round ends the run with a `TrainingError` naming it; its optimizer state lives on
-the devices, so it cannot resume from a checkpoint: none is written. (FTPipeHD's
-asynchronous pipeline on the same chain goes on without a lost device and resumes:
-`aiopipe.runtime.systems.ftpipehd`.)
+Faults (`Pipeline._play_again`): a round that cannot finish (a device lost, or silent past
+``device_timeout``; a neighbour's link broken) is played again from its start by the
+devices alive, the model re-partitioned among them (balanced over their declared
+slowdowns, as "auto" plans), from the weights and SGD momentum the coordinator holds: it
+sent them for the round, and every round returns them. So a replay computes what the
+round would have, and only the round under way is lost (a round is an epoch, or
+``aggregation_every`` iterations). Another optimizer's state stays on the devices and is
+not rolled back. Device 0 holds the data: without it the run ends. Not resumable: no
+checkpoint is written. (FTPipeHD recovers on the same machinery, from chain replicas
+too: `aiopipe.runtime.systems.ftpipehd`.)
 """
 
 from __future__ import annotations
@@ -45,7 +50,8 @@ from aiopipe.protocol import (
     state_from_wire,
     state_to_wire,
 )
-from aiopipe.runtime.async_weights import MOMENTUM
+from aiopipe.runtime.async_weights import MOMENTUM, split_momentum
+from aiopipe.runtime.chain import backs_up_momentum
 from aiopipe.runtime.plan import (
     DevicePlan,
     check_trainable,
@@ -65,9 +71,17 @@ from aiopipe.scheduler.schedule import (
     with_transfers,
 )
 
-__all__ = ["Pipeline", "StageLost", "play_or_lost"]
+__all__ = ["MAX_REPLAYS", "REPLAY_VERSIONS", "Pipeline", "StageLost", "play_or_lost"]
 
 log = logging.getLogger("aiopipe.server")
+
+#: How many times in a row a round may be played again with the same devices (a fault
+#: that no re-partition removes) before the run ends.
+MAX_REPLAYS = 3
+#: How far a replay's weight versions are above the attempt's before (and those of every
+#: round after it): more than any run's optimizer steps, so the devices drop what an
+#: attempt given up on still sends.
+REPLAY_VERSIONS = 1 << 32
 
 
 class Pipeline:
@@ -75,15 +89,28 @@ class Pipeline:
 
     planned_keys: tuple[str, ...] = ()
     resumable = False
+    recovers_lost_devices = True  # `_play_again`: the round again, re-planned without it
     round_iterations = 0  # a round is an epoch
+    round_steps = "iterations"  # what a round is made of, in words
     wants_profiles = False  # "auto" cuts are balanced on the coordinator's table
 
     def __init__(self, setup: Setup) -> None:
         config = setup.config
         self.setup, self.config = setup, config
         self.model = setup.model
-        #: each parameter's momentum, sent with the stages' weights when not empty
+        #: each parameter's momentum, sent with the stages' weights when not empty (and
+        #: then returned with them: a replay starts from the round's momentum)
         self.momentum: dict[str, torch.Tensor] = {}
+        if backs_up_momentum(config):
+            self.momentum = {name: torch.zeros_like(param.detach())
+                             for name, param in self.model.named_parameters()}
+        #: the round last played again, (epoch, first iteration), and how many times in
+        #: a row with the same devices
+        self._replayed: tuple[int, int] | None = None
+        self._replays = 0
+        #: added to every weight version since the run's first replay (`REPLAY_VERSIONS`
+        #: per replay)
+        self._version_shift = 0
         self.units = models.unit_count(self.model)
         self.stages = config.devices
         #: the device of each stage
@@ -100,6 +127,8 @@ class Pipeline:
             cuts = self._auto_cuts([config.device_slowdown_of(p) for p in range(self.stages)])
         assert isinstance(cuts, tuple)
         self._place(cuts)
+        #: the worker list and cuts before the last change (`_enlist`)
+        self._before: tuple[list[int], list[int]] = (list(self.workers), self._cuts())
         self.iterations_per_epoch = 0  # `prepare` knows: device 0's announced samples
         check_trainable(self.model, setup.in_shape,
                         [DevicePlan(0, self.units, n, self.micro_batch_size, 0)], config)
@@ -120,11 +149,21 @@ class Pipeline:
         return n
 
     def _auto_cuts(self, slowdowns: Sequence[float]) -> tuple[int, ...]:
-        """Balanced stages of the cost table (each device's compute times its slowdown)."""
+        """Balanced stages of the cost table, one per slowdown (each device's compute
+        times its slowdown)."""
         setup = self.setup
         costs = setup.cost_table or measure_planning_costs(
             self.config, self.model, setup.in_shape, setup.test_set)
-        return tuple(balanced_partition(costs, self.stages, self.micro_batch_size, slowdowns))
+        return tuple(balanced_partition(costs, len(slowdowns), self.micro_batch_size,
+                                        slowdowns))
+
+    def _cuts_among(self, workers: Sequence[int]) -> tuple[int, ...]:
+        """The cuts of a chain on ``workers`` (after a loss): "auto"'s, over their declared
+        slowdowns."""
+        return self._auto_cuts([self.config.device_slowdown_of(w) for w in workers])
+
+    def _cuts(self) -> list[int]:
+        return [b for _, b in self.bounds[:-1]]
 
     def _place(self, cuts: tuple[int, ...]) -> None:
         """Stage p of the chain on device ``workers[p]``, cut at ``cuts``.
@@ -184,19 +223,20 @@ class Pipeline:
         return ""
 
     def peer_keys(self, device_id: int) -> dict[str, str]:
-        """The keys of device ``device_id``'s pairs with the members of its neighbouring
-        stages."""
-        return self._pair_keys(device_id, [node for _, node in self.pipeline.neighbours(
-            f"device{device_id}")])
+        """The keys of device ``device_id``'s pairs with every other device (whose stage
+        may come next to its own after a device is lost)."""
+        return self._pair_keys(device_id, [f"device{k}" for k in range(self.config.devices)
+                                           if k != device_id])
 
     def _pair_keys(self, device_id: int, nodes: Sequence[str]) -> dict[str, str]:
         me = f"device{device_id}"
         return {node: pair_key(self._secret, me, node).hex() for node in nodes}
 
     def frame_limit(self) -> int:
-        """The whole model's state (a stage's share is less), a round report's slices
-        and a round's action list."""
-        return self._frame_limit(self.iterations_per_epoch, extra_tensors=())
+        """The whole model's state and momentum (a stage's share is less), a round
+        report's slices and a round's action list."""
+        return self._frame_limit(self.iterations_per_epoch,
+                                 extra_tensors=list(self.momentum.values()))
 
     def _frame_limit(self, iterations: int, extra_tensors: Sequence[torch.Tensor]) -> int:
         state = self.model.state_dict()
@@ -215,11 +255,13 @@ class Pipeline:
 
     def round_start(self, rounds: Rounds, p: int, round_no: int, epoch: int, first: int,
                     iterations: int, state: Mapping[str, Any]) -> RoundStart:
-        """Stage p's `RoundStart`: its units' weights, actions and neighbours."""
+        """Stage p's `RoundStart`: its units' weights (and momentum), actions and
+        neighbours; its weights' version counts the optimizer steps before it (shifted by
+        the replays so far)."""
         a, b = self.bounds[p]
         return RoundStart(round_no, epoch, first, iterations, state, p, self.stages, a, b,
                           self.parallel_batches, self.micro_batch_size,
-                          epoch * self.iterations_per_epoch + first,
+                          epoch * self.iterations_per_epoch + first + self._version_shift,
                           " ".join(map(str, self.schedule.actions[p])), self._peers(rounds, p))
 
     # -- rounds --------------------------------------------------------------------------
@@ -228,15 +270,105 @@ class Pipeline:
                         work: Sequence[int], participants: Sequence[int]
                         ) -> dict[int, RoundResult]:
         """Every stage's device trains the round together; their stages make the model.
+        A round that cannot finish is played again from its start by the devices still
+        there, re-partitioned among them (`_play_again`).
 
         Raises:
-            TrainingError: a stage's device is missing or was lost.
+            TrainingError: device 0, which holds the data, is gone; or the round stopped
+                `MAX_REPLAYS` + 1 times with the same devices.
         """
-        missing = sorted(set(self.workers) - set(participants))
-        if missing:
-            raise TrainingError(f"device {missing[0]} (stage {missing[0]}) is gone: a "
-                                "synchronous pipeline cannot go on without a stage")
-        return await self._play_round(rounds, round_no, epoch, first, work)
+        if self._enlist(participants):
+            rounds.record_change(self._recovery(round_no, epoch, "at its start"))
+        while True:
+            try:
+                return await self._play_round(rounds, round_no, epoch, first, work)
+            except StageLost as lost:
+                round_no = await self._play_again(rounds, lost, round_no, epoch, first,
+                                                  max(work))
+
+    def _enlist(self, alive: Sequence[int]) -> bool:
+        """The worker list is the devices alive, in id order (FTPipeHD §III-F: a lost
+        one's successors move up one place; one that came back takes its place again);
+        when it changed, the model is re-partitioned among them (`_cuts_among`). Whether
+        it changed (what it was is kept for the record: `_recovery`).
+
+        Raises:
+            TrainingError: device 0 (the data) is gone.
+        """
+        workers = sorted(set(alive) & set(range(self.config.devices)))
+        if 0 not in workers:
+            raise TrainingError("device 0 is gone: it holds the data (the pipeline's first "
+                                "stage), so the run cannot go on without it")
+        self._before = (list(self.workers), self._cuts())
+        if workers == self.workers:
+            return False
+        cuts = self._cuts_among(workers)
+        self.workers, self.stages = workers, len(workers)
+        self._place(cuts)
+        self.schedule = self._schedule(self.parallel_batches)
+        return True
+
+    def _recovery(self, round_no: int, epoch: int, when: str, **more: Any) -> dict[str, Any]:
+        """The record of a change of the worker list (see `_enlist`)."""
+        workers, cuts = self._before
+        after = self._cuts()
+        log.warning("round %d (%s): the pipeline runs on devices %s (was %s), cuts %s "
+                    "(were %s)", round_no + 1, when, self.workers, workers, after, cuts)
+        return {"round": round_no, "epoch": epoch, "kind": "recovery",
+                "workers": list(self.workers), "workers_before": workers, "before": cuts,
+                "after": after, **more}
+
+    async def _play_again(self, rounds: Rounds, lost: StageLost, round_no: int, epoch: int,
+                          first: int, iterations: int) -> int:
+        """The round (``iterations`` from iteration ``first``) is played again from its
+        start by the devices still there (re-partitioned when they changed), from the
+        weights and momentum the coordinator sent for it: the model it holds until the
+        round ends. The round number of the new attempt.
+
+        Raises:
+            TrainingError: device 0 is gone, or the round stopped once too often.
+        """
+        await self._regroup(rounds, lost, round_no, epoch, first, iterations)
+        again = rounds.new_round()
+        self._version_shift += REPLAY_VERSIONS
+        gone = sorted(set(self._before[0]) - set(self.workers))
+        rounds.record_change(self._recovery(
+            round_no, epoch, "devices lost" if gone else "stalled", lost=gone,
+            stopped=lost.stalled or str(lost), replayed_as=again,
+            iterations=[first, first + iterations]),
+            recovery=(lost.at, rounds.clock.now()))
+        return again
+
+    async def _regroup(self, rounds: Rounds, lost: StageLost, round_no: int, epoch: int,
+                       first: int, count: int) -> list[int]:
+        """After ``lost`` stopped the round (``count`` iterations, or FTPipeHD's batches,
+        from ``first``): once no device is between connections, the devices alive are
+        the workers (`_enlist`); those devices.
+
+        Raises:
+            TrainingError: device 0 is gone, or the round stopped `MAX_REPLAYS` + 1
+                times in a row with the same devices.
+        """
+        if lost.stalled:
+            log.warning("round %d: %s; playing the round again", round_no + 1, lost.stalled)
+        else:
+            log.warning("round %d: device %d (stage %d) was lost; playing the round again "
+                        "without it", round_no + 1, lost.device, lost.stage)
+        if lost.stalled:
+            # a neighbour's link may break a moment before the coordinator's own link to
+            # a dead device does: give that a heartbeat interval (at most 1 s) to show
+            await rounds.clock.sleep(min(1.0, self.config.heartbeat_interval))
+        alive = await rounds.settled_alive()
+        changed = self._enlist(alive)
+        key = (epoch, first)
+        self._replays = self._replays + 1 if key == self._replayed and not changed else 0
+        self._replayed = key
+        if self._replays >= MAX_REPLAYS:
+            raise TrainingError(
+                f"the round of {self.round_steps} {first + 1}..{first + count} of epoch "
+                f"{epoch + 1} stopped {MAX_REPLAYS + 1} times with the same devices; the "
+                f"last time: {lost}")
+        return alive
 
     async def _play_round(self, rounds: Rounds, round_no: int, epoch: int, first: int,
                           work: Sequence[int]) -> dict[int, RoundResult]:
@@ -270,14 +402,9 @@ class Pipeline:
         """Stage ``start.stage``'s part of the round, on ``device``.
 
         Raises:
-            TrainingError: its device was lost.
+            StageLost: its device was lost, or said its round stopped.
         """
-        result = await rounds.play(device, start, None)
-        if result is None:
-            raise TrainingError(f"device {device} (stage {start.stage}) was lost in round "
-                                f"{start.round + 1}: a synchronous pipeline cannot go on "
-                                "without a stage")
-        return result
+        return await play_or_lost(rounds, device, start, None)
 
     def _stage_states(self) -> list[dict[str, Any]]:
         """Each stage's weights for its `RoundStart` (compute thread)."""
@@ -286,7 +413,8 @@ class Pipeline:
 
     def _stage_state(self, stage: torch.nn.Module) -> dict[str, torch.Tensor]:
         """A stage's weights, and each parameter's momentum when the coordinator holds
-        it (``momentum``: FTPipeHD always, Asteroid for a replay from a backup point)."""
+        it (``momentum``: a pipeline's and FTPipeHD's with SGD's momentum, Asteroid's for
+        a replay from a backup point)."""
         state = {k: v.detach().clone() for k, v in stage.state_dict().items()}
         if self.momentum:
             state.update({MOMENTUM + name: self.momentum[name].clone()
@@ -299,7 +427,10 @@ class Pipeline:
             *(state_from_wire(results[w].tensors) for w in self.workers)))
 
     def _absorb(self, state: dict[str, torch.Tensor]) -> None:
-        self.model.load_state_dict(state)
+        """The model (and momentum) from ``state``, the stages side by side."""
+        weights, momentum = split_momentum(state)
+        self.model.load_state_dict(weights)
+        self.momentum.update({name: buf.clone() for name, buf in momentum.items()})
 
     def refused_updates(self) -> list[int]:
         """A pipeline's stages are put side by side, not aggregated: none."""

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from aiopipe import models
-from aiopipe.config import RunConfig
+from aiopipe.config import RunConfig, devices_to_trim
 from aiopipe.errors import ConfigError
 from aiopipe.metrics.trace import Slice
 from aiopipe.protocol import (
@@ -45,7 +45,13 @@ from aiopipe.protocol import (
     state_from_wire,
     state_to_wire,
 )
-from aiopipe.runtime.aggregation import aggregate, screen_updates
+from aiopipe.runtime.aggregation import (
+    UpdateJudge,
+    evaluation_probe,
+    judged_aggregate,
+    screen_updates,
+    update_norms,
+)
 from aiopipe.runtime.assignment import Assignment
 from aiopipe.runtime.factories import make_loss
 from aiopipe.runtime.plan import (
@@ -76,11 +82,16 @@ __all__ = ["Star"]
 
 log = logging.getLogger("aiopipe.server")
 
+#: Samples of the coordinator's test set an aggregate's loss is judged on
+#: ([Note: judging updates]).
+PROBE_SAMPLES = 32
+
 
 class Star:
     """The star systems (module docstring); ``setup.config.mode`` says which."""
 
     resumable = True
+    recovers_lost_devices = True  # a lost device's update is left out; the rest reweighted
     round_iterations = 0  # aggregation_every's
 
     def __init__(self, setup: Setup) -> None:
@@ -110,8 +121,11 @@ class Star:
         self.replicas = ReplicaPool(self.model, setup.torch_device)
         self.activation_shapes = unit_output_shapes(self.model, self.in_shape)
         self._schedules: dict[tuple[int, int], tuple[str, tuple[Action, ...]]] = {}
-        #: devices whose update was clipped or dropped since `refused_updates` was asked
+        #: devices whose update was refused, clipped or dropped since `refused_updates`
         self.refused: list[int] = []
+        #: every update judged before it is averaged ([Note: judging updates])
+        self.judge = UpdateJudge(config.scale_limit)
+        self._untrimmed: set[int] = set()  # round sizes warned of (`_say_if_untrimmed`)
         if self.auto_config is None:  # refuse what cannot train before devices join
             check_trainable(self.model, self.in_shape, device_plans(
                 config, self.units, [config.batch_size] * config.devices), config)
@@ -331,7 +345,8 @@ class Star:
         return await rounds.play(k, start, self.server_stage(k, start))
 
     def refused_updates(self) -> list[int]:
-        """Devices whose update was clipped or dropped since the last call."""
+        """Devices whose update was refused ([Note: judging updates]), clipped or dropped
+        since the last call."""
         refused, self.refused = sorted(set(self.refused)), []
         return refused
 
@@ -362,15 +377,20 @@ class Star:
         return models.merge_states(device_half, replica)
 
     def _aggregate(self, results: Mapping[int, RoundResult]) -> None:
-        """The devices whose round completed, screened for outliers, aggregated as the
-        run says (FedAvg by default, weighted by their samples). An outlier's replica
-        optimizer goes back to the round's start: what it learnt from its device is not
-        kept either."""
+        """The devices whose round completed, judged ([Note: judging updates]), screened
+        for outliers, aggregated as the run says (FedAvg by default, weighted by their
+        samples), and installed if the aggregate passes the judge. A refused update's
+        or an outlier's replica optimizer goes back to the round's start: what it learnt
+        from its device is not kept either."""
         config = self.config
+        start = self.model.state_dict()
         states = {k: self._whole_state(k, res) for k, res in results.items()}
         weights = {k: float(res.samples) for k, res in results.items()}
-        kept, outliers = screen_updates(states, self.model.state_dict(),
-                                        action=config.outliers, limit=config.outlier_limit)
+        norms = update_norms(states, start)
+        scale = self.judge.scale(norms, start)[0]
+        accepted = self._refuse(self.judge.refusals(norms, start), states)
+        kept, outliers = screen_updates(accepted, start, action=config.outliers,
+                                        limit=config.outlier_limit, norms=norms)
         for k, ratio in sorted(outliers.items()):
             log.warning("device %d's update is %.3g x the round's median: %s", k, ratio,
                         "dropped" if k not in kept else "clipped")
@@ -378,13 +398,70 @@ class Star:
         self.refused.extend(sorted(outliers))
         if not kept or sum(weights[k] for k in kept) == 0:
             return
-        self._load_global(aggregate(kept, weights, method=config.aggregation,
-                                    trim=config.trim_fraction,
-                                    byzantine=config.byzantine_devices))
+        self._say_if_untrimmed(len(kept))
+        self._probe_once()
+        state, left_out = judged_aggregate(
+            kept, weights, norms, start, judge=self.judge, scale=scale,
+            method=config.aggregation, trim=config.trim_fraction,
+            byzantine=config.byzantine_devices)
+        self._refuse(left_out, kept)
+        if state is None:
+            log.warning("no aggregate of devices %s passes the judge: the model stays the "
+                        "round's start", sorted(set(kept) - set(left_out)))
+            self.replicas.roll_back(sorted(kept))
+            return
+        self.judge.accept(norms[k] for k in kept if k not in left_out)
+        self._load_global(state)
+        self.judge.installed()
+
+    def _probe_once(self) -> None:
+        """Give the judge the coordinator's evaluation batch (the first `PROBE_SAMPLES`
+        of its test set), once, when it has one (compute thread)."""
+        test_set = self.setup.test_set
+        if self.judge.probe is not None or test_set is None or not len(test_set):
+            return
+        batch = test_set.batch(range(min(PROBE_SAMPLES, len(test_set))))
+        self.judge.probe = evaluation_probe(self.model, self.loss, batch)
+
+    def _say_if_untrimmed(self, n: int) -> None:
+        """Warn (once per count) when a trimmed mean of ``n`` models trims nothing: the
+        config refuses that for a whole round, a round that lost devices can still."""
+        config = self.config
+        if (config.aggregation != "trimmed-mean" or n in self._untrimmed
+                or math.floor(config.trim_fraction * n) > 0):
+            return
+        self._untrimmed.add(n)
+        log.warning("a round of %d updates: the trimmed mean trims nothing (floor(%g x %d) "
+                    "= 0; it needs %d)", n, config.trim_fraction, n,
+                    devices_to_trim(config.trim_fraction))
+
+    def _refuse(self, refusals: Mapping[int, str],
+                states: Mapping[int, dict[str, torch.Tensor]]
+                ) -> dict[int, dict[str, torch.Tensor]]:
+        """``states`` without the refused devices', who are named (log, `refused`) and
+        whose replicas go back to the round's start (compute thread)."""
+        for k, reason in sorted(refusals.items()):
+            log.warning("device %d's update is refused: %s", k, reason)
+        self.replicas.roll_back(sorted(refusals))
+        self.refused.extend(sorted(refusals))
+        return {k: state for k, state in states.items() if k not in refusals}
 
     def _adopt(self, k: int, result: RoundResult) -> None:
-        """SL: the next device starts from this device's weights."""
-        self._load_global(self._whole_state(k, result))
+        """SL: the next device starts from this device's weights, if the judge accepts
+        them ([Note: judging updates]; else from the weights this device started from)."""
+        start = self.model.state_dict()
+        state = self._whole_state(k, result)
+        norms = update_norms({k: state}, start)
+        refusals = self.judge.refusals(norms, start)
+        if not refusals:
+            self._probe_once()
+            problem = self.judge.aggregate_problem(state, start, self.judge.scale(norms, start)[0],
+                                                   self.judge.loss_ceiling(start))
+            refusals = {k: f"the model it hands on was refused: {problem}"} if problem else {}
+        if self._refuse(refusals, {k: state}):
+            self.judge.accept(norms.values())
+            self._load_global(state)
+            self.judge.installed()
 
     def _load_global(self, state: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(state)
@@ -461,6 +538,7 @@ class Star:
         replica momentum."""
         self.model.load_state_dict({k[6:]: v for k, v in tensors.items()
                                     if k.startswith("model/")})
+        self.judge.forget()
         if self.auto_config is not None:  # go on with the plans the run had (re-)chosen
             resumed = self.config.replace(split_point=config["split_point"],
                                           parallel_batches=config["parallel_batches"])
