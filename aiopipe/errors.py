@@ -121,7 +121,7 @@ class RoundStalledError(TrainingError):
 class NeighbourFaultError(TrainingError):
     """A device's round stopped because it refused what a neighbour sent (the plan
     broken, values out of range): ``culprit`` is the neighbour's node name. The device
-    is not at fault; it tells the coordinator who is (`RoundStalled.culprit`)."""
+    is not at fault; it tells the coordinator who is (`Accusation`)."""
 
     def __init__(self, culprit: str, error: BaseException | str) -> None:
         text = str(error)

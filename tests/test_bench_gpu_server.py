@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "bench" / "gpu_server.py"
 COSTS = REPO / "bench" / "results" / "2026-11-26-s18-gpu-costs"
@@ -24,6 +26,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True, text=True, env=env, timeout=240, check=False)
 
 
+@pytest.mark.slow
 def test_both_servers_run_and_are_written_side_by_side(tmp_path: Path) -> None:
     done = _run("--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
@@ -37,6 +40,7 @@ def test_both_servers_run_and_are_written_side_by_side(tmp_path: Path) -> None:
     assert "CPU server ÷ GPU server, epoch time:" in table
 
 
+@pytest.mark.slow
 def test_one_server_per_process_is_written_apart(tmp_path: Path) -> None:
     done = _run("--servers", "gpu", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
@@ -45,6 +49,7 @@ def test_one_server_per_process_is_written_apart(tmp_path: Path) -> None:
     assert "÷" not in (tmp_path / "gpu-server-vgg5-k1-4g-gpu.md").read_text()
 
 
+@pytest.mark.slow
 def test_an_unknown_server_or_device_is_refused() -> None:
     done = _run("--servers", "cpu,tpu")
     assert done.returncode == 2

@@ -28,6 +28,7 @@ def _tiny(bench: ModuleType) -> object:
                           profile_repeats=1, profile_warmup=0, prune=0.0)
 
 
+@pytest.mark.slow
 def test_a_tiny_case_plans_sweeps_and_reports(bench: ModuleType) -> None:
     settings = _tiny(bench)
     lines: list[str] = []
@@ -89,6 +90,7 @@ def test_a_tiny_case_plans_sweeps_and_reports(bench: ModuleType) -> None:
     assert figures["sweep_runs"] == 8
 
 
+@pytest.mark.slow
 def test_the_planner_is_reproduced_and_untrainable_sizes_are_left_out(
     bench: ModuleType,
 ) -> None:

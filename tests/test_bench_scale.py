@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 from bench_scripts import load_bench
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,6 +37,7 @@ def _args(**overrides: object) -> argparse.Namespace:
     return argparse.Namespace(**values)
 
 
+@pytest.mark.slow
 def test_two_devices_run_in_a_child_and_report_what_they_trained() -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))

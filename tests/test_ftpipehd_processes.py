@@ -104,10 +104,8 @@ async def test_a_sigkilled_worker_s_round_is_played_again_by_the_others(tmp_path
     assert 0 <= recovery["resumed_s"] - recovery["noticed_s"] < grace + 1.5
 
 
-async def test_the_last_stage_sigkilled(tmp_path: Any) -> None:
-    epochs, _ = await _run(tmp_path, (3,))
-    assert _recovery(epochs)["workers"] == [0, 1, 2]
-    assert [p["device"] for p in epochs[2]["plan"]] == [0, 1, 2]
+# The last stage SIGKILLed: tests/test_launcher_faults_processes.py (through the
+# launcher, the same recovery).
 
 
 async def test_two_workers_sigkilled_at_once(tmp_path: Any) -> None:

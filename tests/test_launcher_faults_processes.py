@@ -132,11 +132,14 @@ async def test_a_pipeline_stage_sigstopped_is_given_up_and_the_run_completes(tmp
         assert await launcher.wait(90) == 0, fleet.all_output()
     epochs = fleet.metrics()
     assert [e["samples"] for e in epochs] == [200] * 3
-    assert epochs[1]["devices_lost"] == [1]
-    recovery = next(c for c in epochs[1]["changes"] if c.get("lost"))
+    # (epoch 2 as a rule; epoch 3 when the stop fell after epoch 2's last round began)
+    [struck] = [e for e in epochs if any(c.get("lost") for c in e["changes"])]
+    assert struck["devices_lost"] == [1], epochs
+    recovery = next(c for c in struck["changes"] if c.get("lost"))
     assert recovery["workers"] == [0, 2]
     assert recovery["iterations"] == [0, 10]  # the round (an epoch) from its start
-    assert [p["device"] for p in epochs[-1]["plan"]] == [0, 1, 2]  # back, re-planned in
+    if struck is not epochs[-1]:
+        assert [p["device"] for p in epochs[-1]["plan"]] == [0, 1, 2]  # back, re-planned
     assert all(math.isfinite(float(e["loss"])) for e in epochs)  # type: ignore[arg-type]
 
 

@@ -35,6 +35,7 @@ def _fail_in_epoch(n: int) -> Callable[[EpochMetrics], None]:
     return progress
 
 
+@pytest.mark.slow
 async def test_a_simulation_that_fails_keeps_its_finished_epochs_and_model(
         tmp_path: Path) -> None:
     out_dir = tmp_path / "run"

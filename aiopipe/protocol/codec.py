@@ -66,6 +66,7 @@ import msgpack
 from aiopipe.errors import FrameTooLargeError, LocalProtocolError, RemoteProtocolError
 from aiopipe.protocol.messages import (
     DTYPE_SIZES,
+    Accusation,
     Activation,
     Bye,
     ErrorMessage,
@@ -214,8 +215,8 @@ _SCHEMAS: Final[dict[type[Any], tuple[str, _Schema]]] = {
         ),
     ),
     RoundReport: ("round_report", (("round", "int"), ("report", "tree"))),
-    RoundStalled: ("round_stalled", (("round", "int"), ("reason", "str"),
-                                     ("culprit", "str"))),
+    RoundStalled: ("round_stalled", (("round", "int"), ("reason", "str"))),
+    Accusation: ("accusation", (("round", "int"), ("culprit", "str"), ("reason", "str"))),
     Replica: ("replica", (("round", "int"), ("stage", "int"), ("batches", "int"),
                           ("loss_sum", "float"), ("correct", "int"), ("tensors", "tensors"))),
     ReplicaRequest: ("replica_request", (("round", "int"), ("batches", "int"),

@@ -33,7 +33,8 @@ Conversation of a device ``k`` with the coordinator ``C`` (the server)::
                                destination, tensors)
       k → C  RoundResult(round, samples, loss_sum, correct, tensors)
       k → C  RoundReport(round, report)
-      k → C  RoundStalled(round, reason)   (ftpipehd: the round cannot finish here)
+      k → C  RoundStalled(round, reason)   (the round cannot finish here)
+      k → C  Accusation(round, culprit, reason)   (a neighbour's values were refused)
       ftpipehd's chain replication, every ``chain_replication_every`` batches:
         p → p+1  Replica(round, stage, batches, loss_sum, correct, tensors)
         S-1 → C  Replica(...)                  (the last stage's, to the coordinator)
@@ -68,6 +69,7 @@ __all__ = [
     "MODES",
     "PROTOCOL_VERSION",
     "TRAINING_FINISHED",
+    "Accusation",
     "Activation",
     "Bye",
     "ErrorMessage",
@@ -591,24 +593,40 @@ class RoundReport:
 
 @dataclass(frozen=True, slots=True)
 class RoundStalled:
-    """A device's round cannot finish: a neighbour's link failed, no gradient came
-    within ``device_timeout`` (FTPipeHD), or a neighbour sent what the device refused.
-    ``culprit``: the node name of the neighbour the device refused for breaking the
-    plan or sending values out of range (``""``: none; [Note: judging arrivals]). The
-    coordinator recovers (plays the round again, without the culprit) or ends the run."""
+    """A device's round cannot finish: a neighbour's link failed or it refused what the
+    neighbour sent, or no gradient came within ``device_timeout`` (FTPipeHD). The
+    coordinator plays the round again or ends the run."""
 
     round: int
     reason: str
-    culprit: str = ""
 
     def __post_init__(self) -> None:
         _check_index("round", self.round)
         if len(self.reason) > MAX_REASON_CHARS:
             raise LocalProtocolError(f"a stall's reason is longer than {MAX_REASON_CHARS} "
                                      "characters")
-        if self.culprit and not _is_device_name(self.culprit):
-            raise LocalProtocolError(f"a stall's culprit must be a device's node name "
-                                     f"(deviceK), got {self.culprit[:40]!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Accusation:
+    """In round ``round`` the device refused what its neighbour ``culprit`` (a device's
+    node name) sent: values out of range or the plan broken (``reason``; [Note: judging
+    arrivals]). The coordinator decides whom that excludes ([Note: whose word
+    excludes]); the device's round may go on (HADFL bypasses the neighbour) or stop (a
+    `RoundStalled` follows)."""
+
+    round: int
+    culprit: str
+    reason: str
+
+    def __post_init__(self) -> None:
+        _check_index("round", self.round)
+        if not _is_device_name(self.culprit):
+            raise LocalProtocolError(f"an accusation names a device's node name (deviceK), "
+                                     f"got {self.culprit[:40]!r}")
+        if len(self.reason) > MAX_REASON_CHARS:
+            raise LocalProtocolError(f"an accusation's reason is longer than "
+                                     f"{MAX_REASON_CHARS} characters")
 
 
 @dataclass(frozen=True, slots=True)
@@ -778,6 +796,7 @@ Message = (
     | RoundResult
     | RoundReport
     | RoundStalled
+    | Accusation
     | Replica
     | ReplicaRequest
     | RingChunk

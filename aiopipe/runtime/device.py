@@ -54,6 +54,7 @@ from aiopipe.protocol import (
     HEADER_SLACK_BYTES,
     MAX_REASON_CHARS,
     PROTOCOL_VERSION,
+    Accusation,
     Activation,
     Bye,
     ErrorMessage,
@@ -603,17 +604,23 @@ class _DeviceNode:
     def _peer_failed(self, name: str, error: Exception) -> None:
         """A peer link broke: the round in progress cannot finish (HADFL's ring
         bypasses the peer: aiopipe.runtime.partial_sync)."""
+        fault = NeighbourFaultError(name, error) if isinstance(error, ProtocolError) else None
+        if fault is not None:
+            self._accuse(fault)
         if self.sync is not None:
             self.sync.peer_failed(name, error)
             return
-        fault = NeighbourFaultError(name, error) if isinstance(error, ProtocolError) else None
-        if fault is not None and self.ended is None and self.round >= 0:
-            # said at once: the coordinator may give the round up (its other end says
-            # the link broke) before the round task gets to say why
-            self.peer.post(RoundStalled(self.round, str(fault)[:MAX_REASON_CHARS], name),
-                           "stalled", epoch=self.epoch)
         if self.ended is None and self.round_task is not None and not self.round_task.done():
             self.inbox.close(fault or TrainingError(f"the link to {name} failed: {error}"))
+
+    def _accuse(self, fault: NeighbourFaultError) -> None:
+        """Tell the coordinator which neighbour's values this device refused, at once:
+        it may give the round up (the neighbour's end says the link broke) before the
+        round task gets to say why; HADFL's round goes on without the neighbour."""
+        if self.ended is None and self.round >= 0:
+            self.peer.post(Accusation(self.round, fault.culprit,
+                                      str(fault)[:MAX_REASON_CHARS]), "accusation",
+                           epoch=self.epoch)
 
     def _drop_round(self) -> None:
         """Stop working on the current round (the server no longer waits for it)."""
@@ -680,8 +687,10 @@ class _DeviceNode:
                 # judge in every mode ([Note: judging arrivals]): this device is fine
                 log.warning("device %d: round %d stopped (%s); waiting for the "
                             "coordinator's recovery", self.device_id, message.round + 1, exc)
-                self.peer.post(RoundStalled(message.round, str(exc)[:MAX_REASON_CHARS],
-                                            culprit), "stalled", epoch=message.epoch)
+                if isinstance(exc, NeighbourFaultError):
+                    self._accuse(exc)
+                self.peer.post(RoundStalled(message.round, str(exc)[:MAX_REASON_CHARS]),
+                               "stalled", epoch=message.epoch)
                 continue
             rounds += 1
             samples += done

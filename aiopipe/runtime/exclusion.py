@@ -3,7 +3,7 @@
 
 A device that refuses what a neighbour sent (`aiopipe.runtime.judge`: values out of
 range; or the plan broken) stops its round and names the neighbour to the coordinator
-(`RoundStalled.culprit`). `Exclusions` decides whom that excludes; the coordinator then
+(`Accusation`). `Exclusions` decides whom that excludes; the coordinator then
 ends that device's session like a lost one's and refuses its hellos for the rest of the
 run, and its system recovers over the devices left (re-partitioned, its group shrunk,
 the round played again).

@@ -50,6 +50,7 @@ from aiopipe.errors import (
 )
 from aiopipe.metrics.trace import Recorder, Slice, device_of
 from aiopipe.protocol import (
+    Accusation,
     Activation,
     Bye,
     ErrorMessage,
@@ -511,6 +512,8 @@ class DeviceSession:
                 self._complete_round(message)
             elif isinstance(message, RoundStalled):
                 self._stalled(message)
+            elif isinstance(message, Accusation):
+                self._accusation(message)
             elif isinstance(message, Ready):
                 self.host.announce(self.device_id, message)
             elif isinstance(message, Profile | Probe):
@@ -592,19 +595,23 @@ class DeviceSession:
                                       f"{samples} samples")
         self.round_result = message
 
-    def _stalled(self, message: RoundStalled) -> None:
-        """The device's round cannot finish: take its word against the neighbour it
-        names (``culprit``), then fail the round's wait with a `RoundStalledError` (a
-        stall of a round already over, or given up, is moot)."""
-        window, result = self.window, self.result
-        if window is None or message.round != window.round:
+    def _accusation(self, message: Accusation) -> None:
+        """The device refused what a neighbour sent in its round: the coordinator judges
+        ([Note: whose word excludes]), when the culprit is a peer of that round. Taken
+        even when the round was given up already: the culprit's end of the link may
+        have said first that the link broke."""
+        window = self.window
+        culprit = device_of(message.culprit)
+        if window is None or message.round != window.round or culprit is None or (
+                message.culprit not in window.start.peers):
             return
-        culprit = device_of(message.culprit) if message.culprit else None
-        if culprit is not None and message.culprit in window.start.peers:
-            # even when the round was given up already: its other end may have said
-            # first that the link broke, and the accusation is what says why
-            self.host.accuse(self.device_id, culprit, message.reason)
-        if result is None or result.done():  # (the accuser itself may be excluded now)
+        self.host.accuse(self.device_id, culprit, message.reason)
+
+    def _stalled(self, message: RoundStalled) -> None:
+        """The device's round cannot finish: fail the round's wait with a
+        `RoundStalledError` (a stall of a round already over, or given up, is moot)."""
+        window, result = self.window, self.result
+        if window is None or result is None or result.done() or message.round != window.round:
             return
         result.set_exception(RoundStalledError(
             f"device {self.device_id}'s round {message.round + 1} stopped: {message.reason}"))

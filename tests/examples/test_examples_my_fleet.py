@@ -8,10 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "test_my_fleet.py"
 
 
+@pytest.mark.slow
 def test_the_testing_kit_example_passes(tmp_path: Path) -> None:
     source = EXAMPLE.read_text()
     assert "aiopipe.testing" in source

@@ -24,6 +24,7 @@ from aiopipe.protocol import (
     MAX_REASON_CHARS,
     PROTOCOL_VERSION,
     TENSOR_SLACK_BYTES,
+    Accusation,
     Activation,
     Bye,
     ErrorMessage,
@@ -114,6 +115,7 @@ SAMPLES: list[Message] = [
     RoundReport(1, {"busy_s": {"device": 1.5, "uplink": 0.25}, "slices": [["f", 0, 1.0, 2.0]] * 3}),
     RoundReport(0, {}),
     RoundStalled(3, "the link to device2 failed"),
+    Accusation(3, "device2", "device2 sent values out of range: activation holds NaN"),
     RoundStalled(0, ""),
     Replica(4, 1, 50, 12.25, 37, {"0.weight": td("float32", (8, 3, 3, 3)),
                                   "momentum:0.weight": td("float32", (8, 3, 3, 3), 1)}),
@@ -855,3 +857,12 @@ def test_a_replica_s_counts_are_checked() -> None:
         Replica(0, 0, 1, math.nan, 0, {})
     with pytest.raises(LocalProtocolError, match="stage"):
         ReplicaRequest(0, 50, (1, -1))
+
+
+def test_an_accusation_names_a_device_and_a_bounded_reason() -> None:
+    Accusation(0, "device12", "x" * MAX_REASON_CHARS)
+    for culprit in ("server", "device", "device1\n", "device-1", ""):
+        with pytest.raises(LocalProtocolError, match="device's node name"):
+            Accusation(0, culprit, "why")
+    with pytest.raises(LocalProtocolError, match="longer than 500"):
+        Accusation(0, "device1", "x" * (MAX_REASON_CHARS + 1))

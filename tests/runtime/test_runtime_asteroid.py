@@ -272,6 +272,7 @@ async def test_a_lightweight_replay_keeps_the_stages_left_in_place_exactly(
     assert kept.epochs[1].bytes_down < sent.epochs[1].bytes_down
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("killed", [1, 2])
 async def test_a_lost_device_s_stage_is_restored_from_the_latest_backup_point(
         killed: int, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -337,6 +338,7 @@ async def test_the_last_stage_is_backed_up_to_the_first() -> None:
     assert math.isfinite(result.epochs[1].loss)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backups", [0, 2])
 async def test_a_round_stopped_by_a_broken_link_is_played_again_exactly(backups: int) -> None:
     """The link between device 0 (stage 0) and device 2 (stage 1) breaks mid-round, no

@@ -177,6 +177,7 @@ async def test_plain_ws_to_a_tls_server_gets_no_websocket(
     await _refused_by_device(certificate, lambda url: url.replace("wss://", "ws://", 1), None)
 
 
+@pytest.mark.slow
 async def test_a_token_revoked_mid_run_cuts_its_device_and_the_run_goes_on(
         tmp_path: Path) -> None:
     """Revoke device 1's token while it trains: its connection closes within a second,

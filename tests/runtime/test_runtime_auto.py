@@ -20,6 +20,7 @@ def costs() -> CostTable:
     return _measure(BASE, None)
 
 
+@pytest.mark.slow
 async def test_auto_plan_is_resolved_and_beats_fixed_plans(costs: CostTable) -> None:
     auto = await simulate(BASE, clock=VirtualClock(), cost_table=costs)
     chosen = auto.config

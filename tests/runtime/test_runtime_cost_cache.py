@@ -35,6 +35,7 @@ def measured(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
+@pytest.mark.slow
 async def test_two_default_simulations_are_alike_in_every_field_timing_included(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, measured: list[int]) -> None:
     monkeypatch.setenv("AIOPIPE_COST_CACHE", str(tmp_path / "cache"))

@@ -60,6 +60,7 @@ async def test_ftpipehd_computes_what_its_rules_define(every: int) -> None:
     assert [s["peak_live"] for s in result.epochs[0].stages] == [3, 2, 1]
 
 
+@pytest.mark.slow
 async def test_ftpipehd_learns() -> None:
     """Stale weights and high momentum do not mix (with momentum 0.9 this run does not
     learn: docs/design.md, FTPipeHD); with 0.5 it does."""

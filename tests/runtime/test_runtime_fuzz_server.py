@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+import pytest
 import torch
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
@@ -1106,6 +1107,7 @@ SLICE = ["device1/compute", "f", 0.0, 1.0, 0, 0, 0]
         max_size=3,
     )
 )
+@pytest.mark.slow
 def test_a_misbehaving_device_is_refused_and_the_others_train_on(episodes: list[Episode]) -> None:
     fakes: list[FakeDevice] = []
 

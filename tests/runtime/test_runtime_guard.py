@@ -66,6 +66,7 @@ async def test_idle_and_slow_connections_are_closed_and_the_devices_still_train(
     assert server.guard.evicted >= 8  # 7, and one for /status's connection
 
 
+@pytest.mark.slow
 async def test_a_token_holds_a_slot_only_from_its_hello_and_takes_only_a_hello_first(
 ) -> None:
     """[Note: device slots] in aiopipe/runtime/http.py."""

@@ -111,6 +111,7 @@ async def test_rings_of_every_device_average_what_plain_pytorch_trains_bit_for_b
     assert all(e.samples == 3 * 4 * BATCH for e in result.epochs)
 
 
+@pytest.mark.slow
 async def test_local_steps_follow_speed_and_the_coordinator_carries_no_models_but_backups(
         ) -> None:
     """Slowdowns 1, 1, 2, 4: after a negotiation epoch the hyperperiod is four fast
@@ -289,6 +290,7 @@ async def test_groups_average_within_themselves_and_across_every_few_rounds() ->
     assert 12 * 3 - 4 <= total <= 12 * 3 * 1.01
 
 
+@pytest.mark.slow
 async def test_a_device_slower_than_negotiated_stops_at_its_budget_not_holding_the_ring(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Device 3 turns twice as slow after the negotiation: it stops its local steps once

@@ -7,9 +7,12 @@ where the per-device model halves are averaged.
 
 from __future__ import annotations
 
+import pytest
+
 from aiopipe import RunConfig, VirtualClock, simulate
 
 
+@pytest.mark.slow
 async def test_pipar_and_fl_reach_the_same_accuracy() -> None:
     base = RunConfig(model="vgg5", dataset="synthetic-cifar10", devices=2,
                      samples_per_device=2000, batch_size=50, epochs=3, split_point=2,

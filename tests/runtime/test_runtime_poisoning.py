@@ -47,6 +47,7 @@ async def _run(config: RunConfig) -> RunResult:
     return await simulate(config, clock=VirtualClock(), cost_table=COSTS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factor", [1e6, 1e15])
 async def test_a_poisoning_device_cannot_move_the_model_with_the_robust_options(
         poison: Any, factor: float) -> None:
@@ -58,6 +59,7 @@ async def test_a_poisoning_device_cannot_move_the_model_with_the_robust_options(
     assert named == {BAD}
 
 
+@pytest.mark.slow
 async def test_without_them_the_update_judge_still_holds_x1e6(poison: Any) -> None:
     """Default options: the replica that trained on x1e6 activations moves ~1e12 times
     the round's median, and the update judge refuses it ([Note: judging updates])."""
@@ -68,6 +70,7 @@ async def test_without_them_the_update_judge_still_holds_x1e6(poison: Any) -> No
     assert {k for e in attacked.epochs for k in e.updates_refused} == {BAD}
 
 
+@pytest.mark.slow
 async def test_without_them_or_the_judge_the_attack_ruins_the_model(
         poison: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The attack is real: with the update judge switched off, x1e6 ruins the model."""

@@ -46,6 +46,7 @@ async def _run(node: Coordinator, clock: VirtualClock, *, profile: bool) -> None
     await clock.aclose()
 
 
+@pytest.mark.slow
 async def test_each_device_measures_its_compute_and_its_links() -> None:
     clock = VirtualClock()
     node = Coordinator(CONFIG, clock=clock)

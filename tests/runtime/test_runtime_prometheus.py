@@ -171,6 +171,7 @@ async def test_each_server_has_its_own_registry_not_the_global_one() -> None:
     assert not [f for f in REGISTRY.collect() if f.name.startswith("aiopipe")]
 
 
+@pytest.mark.slow
 def test_import_aiopipe_and_its_routes_does_not_load_prometheus_client() -> None:
     code = ("import json, sys\n"
             "import aiopipe, aiopipe.api, aiopipe.runtime.http\n"
@@ -203,6 +204,7 @@ async def test_lost_and_refused_devices_are_counted_per_finished_epoch() -> None
     assert "aiopipe_device_held_out_accuracy" not in m  # no family without a sample
 
 
+@pytest.mark.slow
 async def test_asteroid_reports_the_loss_of_its_last_stages_devices() -> None:
     """The last stage is a group (devices 1 and 2): each reports the loss of its rows."""
     config = RunConfig(mode="asteroid", devices=3, samples_per_device=32, batch_size=8,

@@ -69,6 +69,7 @@ async def run(config: RunConfig, *, wifi_from_round: int | None) -> tuple[RunRes
     return result, node
 
 
+@pytest.mark.slow
 async def test_a_faster_link_mid_run_triggers_a_new_plan_that_ends_sooner(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # the first plan is the estimate's own (no speed band: with it, the first plan
@@ -95,6 +96,7 @@ async def test_a_faster_link_mid_run_triggers_a_new_plan_that_ends_sooner(
     assert node.describe()["replans"][0]["plans"] == [list(p) for p in event.plans]
 
 
+@pytest.mark.slow
 async def test_nothing_changes_when_the_links_are_as_declared() -> None:
     result, node = await run(BASE, wifi_from_round=None)
     assert node.system.replans == []

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import pytest
 import torch
 from fleet import COSTS, WIRE, suite_fleet
 from test_runtime_faults import CONFIG
@@ -34,6 +35,7 @@ async def _replay(fleet: Fleet, device_id: int, session: int) -> object:
     await mine.aclose()
     return answer
 
+@pytest.mark.slow
 async def test_ten_token_replays_while_the_device_trains_change_nothing() -> None:
     clock = VirtualClock()
     answers: list[object] = []

@@ -74,6 +74,7 @@ def _named(result: RunResult) -> set[int]:
     return {k for e in result.epochs for k in (*e.updates_refused, *e.devices_lost)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["fl", "pipar"])
 @pytest.mark.parametrize("factor", [1e6, float("nan")])
 async def test_a_poisoned_round_result_is_refused_and_its_device_named(
@@ -96,6 +97,7 @@ async def test_a_poisoned_round_result_is_refused_and_its_device_named(
         attacked.final, reference.final)
 
 
+@pytest.mark.slow
 async def test_sl_refuses_a_turn_that_would_poison_the_next_device(poison: Poison) -> None:
     poison(1e6)
     result, _ = await _run(CONFIG.replace(mode="sl"))
@@ -103,6 +105,7 @@ async def test_sl_refuses_a_turn_that_would_poison_the_next_device(poison: Poiso
     assert result.final.accuracy > 0.3
 
 
+@pytest.mark.slow
 async def test_a_refused_device_is_judged_afresh_each_round(poison: Poison) -> None:
     """Refused in its first round only, device BAD's later honest updates are taken: a
     refusal does not exclude a device for the rest of the run (docs/design.md)."""
@@ -127,6 +130,7 @@ async def test_a_trimmed_mean_that_trims_nothing_in_a_round_says_so(
                              "(floor(0.2 x 4) = 0; it needs 5)") == 1
 
 
+@pytest.mark.slow
 async def test_an_update_under_the_norm_limit_that_wrecks_the_loss_is_refused(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """Device BAD's update boosted 900 times (its model start + 900 x (trained - start),

@@ -138,6 +138,7 @@ def test_one_device_selection_is_the_exact_optimum(seed: int) -> None:
     )
 
 
+@pytest.mark.slow
 def test_selection_matches_the_exhaustive_search_on_small_fleets() -> None:
     # measured on these 48 fleets: every selection equal to the exhaustive optimum. Over
     # 2,000 such fleets (seeds 0-1999, same generator): all equal. Without the iterated

@@ -190,6 +190,7 @@ async def test_a_flood_of_silent_upgrades_does_not_keep_an_honest_peer_out() -> 
         await asyncio.gather(*(ws.close() for ws in flood))
 
 
+@pytest.mark.slow
 async def test_a_peer_holds_at_most_max_per_device_links() -> None:
     async with listening() as listener, dialer() as a, contextlib.AsyncExitStack() as stack:
         links = [await stack.enter_async_context(dial_peer(
