@@ -60,14 +60,19 @@ def instrumented(tally: Tally, *, on: bool) -> Iterator[None]:
     """The judge timed (on) or replaced by no-ops (off), for the ``with`` block."""
     saved = {name: getattr(ArrivalJudge, name) for name in (*JUDGING, "_within")}
 
+    depth = [0]  # judge_data calls judge: count the outermost call only
+
     def timed(method: Callable[..., None]) -> Callable[..., None]:
         def run(self: ArrivalJudge, *args: Any, **kwargs: Any) -> None:
+            depth[0] += 1
             start = time.thread_time()
             try:
                 method(self, *args, **kwargs)
             finally:
-                tally.seconds += time.thread_time() - start
-                tally.calls += 1
+                depth[0] -= 1
+                if not depth[0]:
+                    tally.seconds += time.thread_time() - start
+                    tally.calls += 1
         return run
 
     def within(self: ArrivalJudge, sender: str, what: str, scale: float,
