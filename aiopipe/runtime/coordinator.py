@@ -462,10 +462,8 @@ class Coordinator:
         out_dir = self.config.out_dir
         if not out_dir or not self.epochs:
             return
-        try:
-            with self.clock.hold():
-                await asyncio.to_thread(write_unfinished, self.config, list(self.epochs),
-                                        self.last_good, out_dir, reason)
+        try:  # on the loop, as the run ends: a few files, no thread to wait for
+            write_unfinished(self.config, list(self.epochs), self.last_good, out_dir, reason)
         except OSError as exc:
             log.error("the finished epochs' results could not be written: %s", exc)
             return
