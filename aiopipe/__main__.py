@@ -21,6 +21,7 @@ from aiopipe.cli import (
     ArgumentParser,
     add_run_options,
     config_from_args,
+    done_line,
     epoch_row,
     run_command,
 )
@@ -28,6 +29,7 @@ from aiopipe.config import LINKED_MODES, RunConfig
 from aiopipe.errors import TrainingError
 from aiopipe.metrics.results import own_out_dir
 from aiopipe.progress import RunDisplay
+from aiopipe.wording import plural
 
 log = logging.getLogger("aiopipe.launcher")
 
@@ -57,9 +59,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 async def _train(config: RunConfig, port: int, device_restarts: int = 0) -> int:
     """Serve ``config``'s run on ``port`` with its device processes (each started again at
     most ``device_restarts`` times when it dies mid-run); the exit status."""
-    print(f"aiopipe: {config.mode} | {config.model} on {config.dataset} | "
-          f"{config.devices} devices x {_samples(config.samples_per_device)} samples | "
-          f"{config.epochs} epochs | network {config.network}", flush=True)
+    print(_run_line(config), flush=True)
     secret = generate_secret().encode()  # this run's; each device gets its own token
     from aiopipe.api import Server  # torch: after the arguments parsed
     from aiopipe.runtime.systems import system_class
@@ -113,9 +113,15 @@ async def _train(config: RunConfig, port: int, device_restarts: int = 0) -> int:
                 if p.returncode is None:
                     p.kill()
                     await p.wait()
-    print(f"aiopipe: done; test accuracy {result.final.accuracy:.3f}; "
-          f"results in {result.out_dir}", flush=True)
+    print(done_line("aiopipe", result), flush=True)
     return 0
+
+
+def _run_line(config: RunConfig) -> str:
+    """The first line printed: what the run trains, on what, how long."""
+    return (f"aiopipe: {config.mode} | {config.model} on {config.dataset} | "
+            f"{plural(config.devices, 'device')} x {_samples(config.samples_per_device)} "
+            f"samples | {plural(config.epochs, 'epoch')} | network {config.network}")
 
 
 def _device_exited(k: int, code: int, *, recovers: bool, running: int, restarts: int

@@ -95,10 +95,14 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
 
     Raises:
         ConfigError: the config cannot run, ``datasets`` or ``held_out`` is not one
-            entry per device, ``torch_device`` is not one this machine has, or
-            ``config.out_dir`` holds an earlier run's results.
+            entry per device, ``torch_device`` is not one this machine has,
+            ``config.out_dir`` holds an earlier run's results, or ``clock`` is a
+            `VirtualClock` and the loop is not one it can drive (uvloop's:
+            `VirtualClock.check_loop`); all before anything starts.
         TrainingError: training failed.
     """
+    if isinstance(clock, VirtualClock):
+        clock.check_loop()  # else every device fails at its first sleep, and the run waits
     if config.out_dir:
         check_fresh_out_dir(config.out_dir)
     resolve_torch_device(torch_device)  # refuse a device this machine lacks, first
@@ -218,7 +222,9 @@ class Server:
             your own app with `add_routes`). Port 0 picks a free port (see `url`).
         token_secret: device k must send ``Authorization: Bearer <token>`` with
             ``aiopipe.auth.mint_token(token_secret, k)`` and may then speak only as device
-            k; None admits any connection (keep such a server on loopback).
+            k; bytes, or a str taken as UTF-8 (``aiopipe.auth.generate_secret()`` as is);
+            None admits any connection (keep such a server on loopback). A refused device
+            is told why in the HTTP 401's ``WWW-Authenticate`` (RFC 6750).
         ssl: serve ``wss://`` with this context (see `aiopipe.auth.server_ssl_context`);
             only when this server listens itself (``host`` given).
         clock: defaults to the system clock.
@@ -245,7 +251,8 @@ class Server:
     """
 
     def __init__(self, config: RunConfig, *, host: str | None = "127.0.0.1", port: int = 0,
-                 token_secret: bytes | None = None, ssl: ssl_module.SSLContext | None = None,
+                 token_secret: str | bytes | None = None,
+                 ssl: ssl_module.SSLContext | None = None,
                  clock: Clock | None = None, join_timeout: float = 300.0,
                  progress: Progress | None = None, resume: bool = False,
                  torch_device: str = "auto", limits: ConnectionLimits | None = None,
@@ -470,7 +477,7 @@ class Device:
 def _log_epoch(epochs: int, m: EpochMetrics) -> None:
     """`simulate`'s progress when none is given: one INFO line per finished epoch."""
     logging.getLogger("aiopipe.simulate").info(
-        "epoch %d/%d: %.2f s, loss %.4f, test accuracy %.3f", m.epoch + 1, epochs, m.time_s,
+        "epoch %d/%d: %.2f s, loss %.4f, test accuracy %.3f", m.epoch, epochs, m.time_s,
         m.loss, m.accuracy)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import signal
 import sys
@@ -25,13 +26,14 @@ from aiopipe.config import (
     RunConfig,
 )
 from aiopipe.errors import AiopipeError, ConfigError
-from aiopipe.metrics.results import EpochMetrics
+from aiopipe.metrics.results import EpochMetrics, RunResult
 
 __all__ = [
     "RUN_OPTION_KEYS",
     "ArgumentParser",
     "add_run_options",
     "config_from_args",
+    "done_line",
     "epoch_row",
     "run_command",
 ]
@@ -289,12 +291,26 @@ TABLE_HEADER = (f"{'epoch':>5} {'time s':>8} {'loss':>7} {'test acc':>8} {'train
 
 def epoch_row(m: EpochMetrics) -> str:
     """One line of the per-epoch table (and the devices' held-out accuracy, if any)."""
-    row = (f"{m.epoch + 1:>5} {m.time_s:>8.2f} {m.loss:>7.4f} {m.accuracy:>8.3f} "
+    row = (f"{m.epoch:>5} {m.time_s:>8.2f} {m.loss:>7.4f} {m.accuracy:>8.3f} "
            f"{m.train_accuracy:>9.3f} {m.busy_s['device']:>8.2f} {m.busy_s['server']:>8.2f} "
            f"{m.bytes_up / 1e6:>7.1f} {m.bytes_down / 1e6:>7.1f}")
     if m.device_accuracy:
         row += f"  held-out {m.held_out_accuracy:.3f}"
     return row
+
+
+def done_line(prog: str, result: RunResult) -> str:
+    """The last line of ``python -m aiopipe`` and of ``python -m aiopipe.server``: the
+    final test accuracy (and the devices' held-out accuracy, if any) and where the results
+    are; one function so that both commands end on the same figures."""
+    final = result.final if result.epochs else None
+    if final is None or math.isnan(final.accuracy):
+        figures = "no test accuracy (no test set)" if final is not None else "no epoch"
+    else:
+        figures = f"test accuracy {final.accuracy:.3f}"
+    if final is not None and not math.isnan(final.held_out_accuracy):
+        figures += f"; held-out accuracy {final.held_out_accuracy:.3f}"
+    return f"{prog}: done; {figures}; results in {result.out_dir}"
 
 
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

@@ -16,6 +16,7 @@ then. Ties wake in the order the sleeps were made, so runs are deterministic.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import heapq
 import itertools
@@ -65,8 +66,12 @@ class SystemClock:
 class VirtualClock:
     """Deterministic simulated time that jumps whenever every task is waiting.
 
-    Needs the standard asyncio event loop (it inspects the loop's ready queue); uvloop is
-    refused with a `ConfigError`.
+    Needs the standard asyncio event loop: it watches the loop's ready queue to know when
+    every task waits. Run a simulation with ``asyncio.run(...)`` (no uvloop event loop
+    policy installed) or in pytest-asyncio's default loop, not with ``uvloop.run(...)``
+    (the loop aiopipe's commands use for real runs). `aiopipe.simulate` and
+    `aiopipe.testing`'s entry points call `check_loop` before they start anything, so
+    another loop is a `ConfigError` there, not a hang.
     """
 
     def __init__(self, start: float = 0.0) -> None:
@@ -111,14 +116,33 @@ class VirtualClock:
             with contextlib.suppress(asyncio.CancelledError):
                 await driver
 
+    @staticmethod
+    def check_loop(loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Refuse ``loop`` (default: the running one; none running: nothing to check) if
+        a `VirtualClock` cannot drive it.
+
+        Raises:
+            ConfigError: it is not the standard asyncio loop (uvloop's, say); the message
+                says how to run a simulation.
+        """
+        if loop is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return
+        if not isinstance(getattr(loop, "_ready", None), collections.deque):
+            kind = f"{type(loop).__module__}.{type(loop).__qualname__}"
+            raise ConfigError(
+                f"a VirtualClock cannot drive this event loop ({kind}): it needs the "
+                "standard asyncio event loop, whose ready queue it watches. Run the "
+                "simulation with asyncio.run(...) and no uvloop event loop policy "
+                "installed (or in pytest-asyncio's default loop), not with "
+                "uvloop.run(...)")
+
     def _ensure_driver(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._driver is not None and not self._driver.done():
             return
-        if not hasattr(loop, "_ready"):
-            raise ConfigError(
-                "VirtualClock needs the standard asyncio event loop; "
-                f"{type(loop).__name__} is not supported (do not install uvloop for simulations)"
-            )
+        self.check_loop(loop)
         self._released = asyncio.Event()
         self._driver = loop.create_task(self._drive(loop), name="aiopipe-virtual-clock")
 

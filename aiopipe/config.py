@@ -9,6 +9,7 @@ raises `ConfigError` with one line naming the key, the value and what is accepte
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import itertools
 import math
 import tomllib
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AGGREGATIONS",
     "DATA_PARTITIONS",
+    "INITIAL_WEIGHTS",
     "LINKED_MODES",
     "LOSSES",
     "MODES",
@@ -63,6 +65,8 @@ PRIVACY_METHODS = ("none", "classic", "pixeldp")
 HADFL_KEYS = ("warmup_epochs", "warmup_learning_rate", "local_steps", "sync_periods",
               "ring_size", "version_smoothing", "ring_timeout", "group_size",
               "inter_group_every")
+#: What a user's own module starts from: re-initialised from ``seed``, or its weights.
+INITIAL_WEIGHTS = ("seed", "given")
 #: How Asteroid re-plans after a device is lost (docs/design.md §Asteroid).
 RESCHEDULINGS = ("lightweight", "heavy")
 
@@ -147,9 +151,18 @@ class RunConfig:
             plans and keeps a backup, off the data path).
         model: a model name of `aiopipe.models.MODEL_NAMES`, ``module:function`` (a
             factory, called with ``num_classes`` and ``in_shape`` if it takes them, that
-            returns the ``nn.Sequential`` of split units; every node imports it), or
-            the user's own ``torch.nn.Sequential`` (in-process runs only; it cannot go
-            in TOML).
+            returns the ``nn.Sequential`` of split units; every node imports it), or,
+            in-process only (it cannot go in TOML), such a factory itself (a callable)
+            or the user's own ``torch.nn.Sequential``. A name's or a factory's weights
+            are drawn under ``seed``.
+        initial_weights: what a user's ``torch.nn.Sequential`` starts from: "seed" (the
+            default) re-initialises a copy of it from ``seed`` (every module's
+            ``reset_parameters()``), so that a run's initial weights are a function of
+            the config alone: two configs built by one function train alike, whatever
+            the global torch generator did in between; a module with parameters that no
+            ``reset_parameters()`` covers is refused. "given": its own weights as they
+            are (pretrained ones). Models by name or factory take only "seed"
+            (docs/design.md §Initial weights).
         loss: "cross-entropy", or ``module:function``: a factory returning
             ``loss(logits, labels)``, the mean loss of a micro-batch.
         optimizer: "sgd" (with ``learning_rate`` and ``momentum``), or
@@ -322,6 +335,7 @@ class RunConfig:
 
     mode: str = "pipar"
     model: Any = "vgg5"
+    initial_weights: str = "seed"
     loss: str = "cross-entropy"
     optimizer: str = "sgd"
     dataset: str = "synthetic-cifar10"
@@ -381,15 +395,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise _fail("mode", self.mode, f"one of {', '.join(MODES)}")
-        if isinstance(self.model, str):
-            if not self.model or (":" in self.model and not is_entry_point(self.model)):
-                raise _fail("model", self.model, "a model name, module:function or a "
-                            "torch.nn.Sequential")
-        else:
-            import torch  # local: config stays importable without building models
-
-            if not isinstance(self.model, torch.nn.Sequential):
-                raise _fail("model", self.model, "a model name or a torch.nn.Sequential")
+        self._check_model()
         if not isinstance(self.dataset, str) or not self.dataset:
             raise _fail("dataset", self.dataset, "a dataset name")
         for key, builtin in (("loss", LOSSES), ("optimizer", OPTIMIZERS)):
@@ -593,6 +599,46 @@ class RunConfig:
             raise _fail("aggregation_every", self.aggregation_every,
                         "0 for hadfl (its rounds are its synchronisation periods)")
 
+    def _check_model(self) -> None:
+        """``model`` and ``initial_weights`` ([Note: initial weights] in
+        aiopipe/runtime/factories.py)."""
+        model, weights = self.model, self.initial_weights
+        kinds = "a model name, module:function, a callable factory or a torch.nn.Sequential"
+        if weights not in INITIAL_WEIGHTS:
+            raise _fail("initial_weights", weights, " or ".join(
+                f'"{w}"' for w in INITIAL_WEIGHTS))
+        own = False  # a module with weights of its own
+        if isinstance(model, str):
+            if not model or (":" in model and not is_entry_point(model)):
+                raise _fail("model", model, kinds)
+        else:
+            from torch import nn  # local: config stays importable without building models
+
+            own = isinstance(model, nn.Sequential)
+            if not own and (isinstance(model, nn.Module) or not callable(model)):
+                raise _fail("model", model, kinds)
+        if weights == "given" and not own:
+            raise _fail("initial_weights", weights, '"seed" for a model built by name or '
+                        'factory (its weights are drawn under seed; "given" keeps a '
+                        "torch.nn.Sequential's own weights)")
+        if own and weights == "seed":
+            from aiopipe.runtime.factories import parameters_not_reset  # torch-bound
+
+            missed = parameters_not_reset(model)
+            if missed:
+                named = ", ".join(missed[:5]) + (f" and {len(missed) - 5} more"
+                                                 if len(missed) > 5 else "")
+                owners = " and ".join(sorted({type(model.get_submodule(
+                    name.rpartition(".")[0])).__name__ for name in missed}))
+                raise ConfigError(
+                    f"config key 'model': no reset_parameters() re-initialises "
+                    f"{'parameters' if len(missed) > 1 else 'parameter'} {named} (of "
+                    f'{owners}), which initial_weights "seed" needs (it draws the '
+                    f"model's weights again from seed); give {owners} a "
+                    "reset_parameters(), pass a factory that builds the model "
+                    '(model=my_model, called under the seed), or set initial_weights='
+                    "\"given\" to train from the module's own weights")
+
     def ring_members(self, devices: int | None = None) -> int:
         """HADFL's N_p among ``devices`` (default: the fleet; a group's size): ``ring_size``,
         or half of them (at least 2, at most all)."""
@@ -761,11 +807,9 @@ class RunConfig:
             ConfigError: an unknown key or an invalid value.
         """
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
+        unknown = [k for k in values if k not in known]  # in the order given
         if unknown:
-            raise ConfigError(
-                f"unknown config key {unknown[0]!r}; known keys: {', '.join(sorted(known))}"
-            )
+            raise ConfigError(_unknown_keys(unknown, known))
         kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
                                   for k, v in values.items()}
         return cls(**kwargs)
@@ -799,6 +843,38 @@ class RunConfig:
         for key, value in self.to_mapping().items():
             lines.append(f"{key} = {_toml_value(value)}")
         return "\n".join(lines) + "\n"
+
+
+def _unknown_keys(unknown: Sequence[object], known: set[str]) -> str:
+    """The error for keys that no `RunConfig` field has: each one named, with the known
+    key it likely meant (`_likely_key`), and the known keys listed when one of them has
+    no such guess; e.g. ``unknown config keys 'epoch' (did you mean 'epochs'?), 'lr'
+    (did you mean 'learning_rate'?)``."""
+    names = sorted(known)
+    said, unguessed = [], False
+    for key in unknown:
+        guess = _likely_key(key, names)
+        said.append(repr(key) if guess is None else f"{key!r} (did you mean {guess!r}?)")
+        unguessed = unguessed or guess is None
+    text = f"unknown config {'key' if len(unknown) == 1 else 'keys'} {', '.join(said)}"
+    return text + (f"; known keys: {', '.join(names)}" if unguessed else "")
+
+
+def _likely_key(key: object, names: Sequence[str]) -> str | None:
+    """The known key ``key`` likely meant: itself in lower case with underscores
+    ("Batch-Size"), the one whose words' initials it is ("lr": learning_rate), or the
+    closest spelling (`difflib.get_close_matches`: "epoch", "split_pont"); None when
+    none is close."""
+    if not isinstance(key, str):
+        return None
+    plain = key.strip().lower().replace("-", "_")
+    if plain in names:
+        return plain
+    initials = [n for n in names if "_" in n and "".join(w[:1] for w in n.split("_")) == plain]
+    if len(initials) == 1:
+        return initials[0]
+    close = difflib.get_close_matches(plain, names, n=1)
+    return close[0] if close else None
 
 
 def _network(value: object) -> str | dict[str, Any]:

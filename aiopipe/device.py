@@ -10,9 +10,10 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
-from aiopipe.auth import client_ssl_context
+from aiopipe.auth import client_ssl_context, unverified_token
 from aiopipe.cli import ArgumentParser, run_command
 from aiopipe.errors import ConfigError, TrainingError
+from aiopipe.wording import plural
 
 if TYPE_CHECKING:
     from aiopipe.data import Dataset
@@ -31,7 +32,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser.add_argument("--device-id", type=int, required=True, help="this device's id, 0..K-1")
     parser.add_argument("--token", default=os.environ.get("AIOPIPE_TOKEN"),
                         help="this device's token (python -m aiopipe.auth mint; "
-                             "default: $AIOPIPE_TOKEN)")
+                             "default: $AIOPIPE_TOKEN); a server that refuses it says why, "
+                             "and this device prints it")
     parser.add_argument("--tls-ca", metavar="FILE",
                         help="verify a wss:// server against these PEM CA certificates "
                              "(default for wss://: the system's)")
@@ -78,6 +80,11 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         parser.error("--samples must be >= 1")
     if not args.connect_timeout >= 0:
         parser.error("--connect-timeout must be >= 0")
+    claims = unverified_token(args.token) if args.token else None
+    if claims is not None and claims.device_id != args.device_id:  # the server would refuse it
+        parser.error(f"the token (--token or AIOPIPE_TOKEN) is for device {claims.device_id}, "
+                     f"not device {args.device_id}: give this device its own, from `python -m "
+                     f"aiopipe.auth mint --secret file:server.secret --device-id {args.device_id}`")
 
     async def run() -> int:
         tls = None
@@ -88,7 +95,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         dataset = held_out = None
         if args.data is not None:
             dataset = await asyncio.to_thread(_open_data, args.data, args.samples, args.seed)
-            log.info("device %d: %d samples of %s", args.device_id, len(dataset), args.data)
+            log.info("device %d: %s of %s", args.device_id, plural(len(dataset), "sample"),
+                     args.data)
         if args.held_out is not None:
             held_out = await asyncio.to_thread(_open_data, args.held_out, None, args.seed,
                                                "test")
@@ -102,9 +110,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             summary = await device.run()
         if summary.reason != TRAINING_FINISHED:
             raise TrainingError(f"the server ended the run: {summary.reason} (after "
-                                f"{summary.rounds} rounds, {summary.samples} samples)")
-        print(f"device {args.device_id}: done: {summary.rounds} rounds, {summary.samples} "
-              "samples trained", flush=True)
+                                f"{plural(summary.rounds, 'round')}, "
+                                f"{plural(summary.samples, 'sample')})")
+        print(f"device {args.device_id}: done: {plural(summary.rounds, 'round')}, "
+              f"{plural(summary.samples, 'sample')} trained", flush=True)
         return 0
 
     run_command(f"{parser.prog} [device {args.device_id}]", run)

@@ -16,6 +16,7 @@ from aiopipe.cli import (
     ArgumentParser,
     add_run_options,
     config_from_args,
+    done_line,
     epoch_row,
     run_command,
 )
@@ -24,6 +25,7 @@ from aiopipe.errors import ConfigError
 from aiopipe.metrics.results import own_out_dir
 from aiopipe.progress import RunDisplay
 from aiopipe.runtime.guard import ConnectionLimits
+from aiopipe.wording import plural
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
@@ -98,12 +100,13 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
                               torch_device=args.torch_device, limits=limits,
                               revoked=args.revoked,
                               progress=lambda m: display.row(epoch_row(m))) as server:
-                print(f"aiopipe.server: waiting for {config.devices} devices at {server.url}",
+                print(f"aiopipe.server: waiting for {plural(config.devices, 'device')} at "
+                      f"{server.url}",
                       flush=True)
                 print(TABLE_HEADER, flush=True)
                 async with display.following(server.node):
                     result = await server.run()
-        print(f"aiopipe.server: done; results in {result.out_dir}", flush=True)
+        print(done_line("aiopipe.server", result), flush=True)
         return 0
 
     run_command(parser.prog, run)

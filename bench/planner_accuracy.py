@@ -344,7 +344,8 @@ def candidates(planned: Planned) -> list[Plan]:
 
 
 def steady_iteration_s(trace: Sequence[Slice], devices: int, epoch: int) -> float:
-    """The slowest device's mean iteration after its first (see the module docs).
+    """The slowest device's mean iteration after its first (see the module docs), in the
+    trace's epoch ``epoch`` (the trace's index, from 0; its message counts from 1).
 
     Raises:
         ValueError: a device ran fewer than 2 iterations in ``epoch``.
@@ -355,7 +356,7 @@ def steady_iteration_s(trace: Sequence[Slice], devices: int, epoch: int) -> floa
                 if s.track == f"device{k}/compute" and s.epoch == epoch and s.iteration >= 0]
         iterations = sorted({s.iteration for s in mine})
         if len(iterations) < 2:
-            raise ValueError(f"device {k} ran {len(iterations)} iterations in epoch {epoch}; "
+            raise ValueError(f"device {k} ran {len(iterations)} iterations in epoch {epoch + 1}; "
                              "the iteration time needs 2 or more")
         start = min(s.start for s in mine if s.iteration == iterations[1])
         end = max(s.end for s in mine if s.iteration == iterations[-1])
@@ -401,8 +402,9 @@ def run_plan(config: RunConfig, plan: Plan, *, epochs: int = 1,
         replanned = replan_choice(planned, model, devices, plan)
         if epochs > 1:
             live = estimate_steady_iteration(model, devices, plan, fixed.batch_size)
-    return Run(epoch.time_s, steady_iteration_s(result.trace, fixed.devices, epoch.epoch), wall,
-               live, replanned)
+    # the trace indexes epochs from 0; `EpochMetrics.epoch` counts them from 1
+    return Run(epoch.time_s, steady_iteration_s(result.trace, fixed.devices, epoch.epoch - 1),
+               wall, live, replanned)
 
 
 def first_round_profiles(planned: Planned, fixed: RunConfig, trace: Sequence[Slice]

@@ -37,10 +37,10 @@ async def hello(request: web.Request) -> web.Response:
 
 
 def print_epoch(m: aiopipe.EpochMetrics) -> None:
-    """Progress callback: one line per finished epoch."""
+    """Progress callback: one line per finished epoch (``m.epoch``: the first is 1)."""
     busy = ", ".join(f"{k} {v:.2f}" for k, v in m.busy_s.items())
     print(
-        f"epoch {m.epoch + 1}: time {m.time_s:.2f} s, loss {m.loss:.4f}, "
+        f"epoch {m.epoch}: time {m.time_s:.2f} s, loss {m.loss:.4f}, "
         f"test accuracy {m.accuracy:.3f}, train accuracy {m.train_accuracy:.3f}, "
         f"{m.samples} samples, busy s: {busy}, "
         f"{m.bytes_up / 1e6:.1f} MB up, {m.bytes_down / 1e6:.1f} MB down",
@@ -79,7 +79,7 @@ async def main() -> None:
         dataset="synthetic-cifar10",
         devices=DEVICES,
         samples_per_device=200,
-        batch_size=50,
+        batch_size=40,  # 4 micro-batches of 10: N divides B, and 5 batches use all 200
         split_point=2,
         parallel_batches=4,
         epochs=1,

@@ -53,15 +53,15 @@ def my_config() -> RunConfig:
 async def test_a_device_killed_mid_round_loses_that_round_only() -> None:
     async with open_fleet(my_config()) as fleet:
         training = fleet.train()
-        await fleet.at_iteration(2, 0)  # device 2 in its first iteration: round 0
+        await fleet.at_iteration(2, 1)  # device 2 in its first iteration: round 1
         fleet.kill(2)                   # as SIGKILL would
         fleet.start_device(2)           # a new process with the same id
         result = await training
     first, second = result.epochs
-    assert first.device_samples == (40, 40, 20)   # round 0 of device 2 counted nothing
+    assert first.device_samples == (40, 40, 20)   # round 1 of device 2 counted nothing
     assert first.devices_lost == (2,)
     assert second.devices_lost == ()
-    assert_exact_accounting(result, lost={2: [(0, 0)]})  # device 2: (epoch 0, round 0)
+    assert_exact_accounting(result, lost={2: [(1, 1)]})  # device 2: (epoch 1, round 1)
     assert all(math.isfinite(epoch.loss) for epoch in result.epochs)
 
 
@@ -71,7 +71,7 @@ async def test_a_stalled_and_a_slow_link_cost_time_only() -> None:
     async with open_fleet(my_config()) as fleet:
         fleet.slow(0, 10.0)             # device 0: a tenth of 4G, both ways, for good
         training = fleet.train()
-        await fleet.at_iteration(1, 1)  # device 1 mid-round 0
+        await fleet.at_iteration(1, 2)  # device 1 mid-round 1
         fleet.stall(1, 3.0, direction="up")  # held 3 s, then delivered in order
         result = await training
     assert_exact_accounting(result)                 # nothing lost or counted twice

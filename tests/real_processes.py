@@ -267,7 +267,7 @@ class ProcessFleet:
         server = await self.start("server", [
             "aiopipe.server", "--config", str(self.config_file), "--port", "0",
             "--out-dir", str(self.out_dir), *options], env=env)
-        line = await server.output.wait_for(r"waiting for \d+ devices at (ws://\S+)")
+        line = await server.output.wait_for(r"waiting for \d+ devices? at (ws://\S+)")
         match = re.search(r"(ws://\S+)", line.text)
         assert match is not None
         self.url = match.group(1)

@@ -363,9 +363,10 @@ def test_short_secrets_are_refused(secret: bytes) -> None:
         load_secret(secret.decode())
 
 
-def test_a_str_secret_is_refused_where_bytes_are_needed() -> None:
-    with pytest.raises(ConfigError, match="must be bytes"):
-        check_secret("a string secret of enough length")  # type: ignore[arg-type]
+def test_a_str_secret_is_its_utf8_bytes_and_other_types_are_refused() -> None:
+    assert check_secret("a string secret of enough length") == b"a string secret of enough length"
+    with pytest.raises(ConfigError, match="must be str or bytes"):
+        check_secret(12345678901234567890)  # type: ignore[arg-type]
 
 
 def test_load_secret_reads_files(tmp_path: Path) -> None:

@@ -125,7 +125,7 @@ def test_iteration_time_skips_the_first_iteration_and_takes_the_slowest_device(
         Slice("device0/compute", "f", 50.0, 60.0, 1, 1, 0),  # another epoch
     ]
     assert bench.steady_iteration_s(trace, 2, 0) == pytest.approx((10.0 - 1.0) / 2)
-    with pytest.raises(ValueError, match="device 0 ran 1 iterations in epoch 1"):
+    with pytest.raises(ValueError, match="device 0 ran 1 iterations in epoch 2"):  # from 1
         bench.steady_iteration_s(trace, 2, 1)
 
 

@@ -87,6 +87,8 @@ BAD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("network", ["4g", "wifi"], {"devices": 3}),
     ("network", ["4g", "nope"], {}),
     ("model", "my lab:net", {}),
+    ("initial_weights", "pretrained", {}),
+    ("initial_weights", "given", {}),  # a name has no weights of its own
     ("torch_threads", 0, {}),
     ("shape_links", "yes", {}),
     ("shape_links", 1, {}),

@@ -23,10 +23,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _epochs(accuracy: list[float], held_out: float = math.nan) -> list[EpochMetrics]:
-    return [EpochMetrics(epoch=e, time_s=2.0 - 0.1 * e, busy_s={}, idle_s={}, loss=2.3 - 0.2 * e,
-                         accuracy=a, train_accuracy=0.1, samples=8, bytes_up=0, bytes_down=0,
-                         plan=[], held_out_accuracy=held_out)
-            for e, a in enumerate(accuracy)]
+    return [EpochMetrics(epoch=i + 1, time_s=2.0 - 0.1 * i, busy_s={}, idle_s={},
+                         loss=2.3 - 0.2 * i, accuracy=a, train_accuracy=0.1, samples=8,
+                         bytes_up=0, bytes_down=0, plan=[], held_out_accuracy=held_out)
+            for i, a in enumerate(accuracy)]  # `EpochMetrics.epoch` counts from 1
 
 
 def _lines(ax: Any) -> list[tuple[list[float], list[float]]]:

@@ -41,7 +41,7 @@ async def test_a_killed_server_resumes_and_ends_where_an_undisturbed_run_does(
         undisturbed = await fleet.train()
     async with open_fleet(CONFIG, checkpoint_dir=tmp_path) as fleet:
         training = fleet.train()
-        await fleet.until(lambda: fleet.node.rounds == 2 and fleet.activations_in(1, 1) > 0)
+        await fleet.until(lambda: fleet.node.rounds == 2 and fleet.activations_in(1, 2) > 0)
         fleet.kill_server(training)
         with contextlib.suppress(asyncio.CancelledError):
             await training
@@ -75,10 +75,10 @@ async def test_a_stall_holds_the_link_for_its_time_and_loses_nothing() -> None:
     undisturbed = await run_undisturbed(CONFIG)
     async with open_fleet(CONFIG) as fleet:
         training = fleet.train()
-        await fleet.at_iteration(1, 1)
-        link, before, start = fleet.device_links[1], fleet.activations_in(1, 0), fleet.clock.now()
+        await fleet.at_iteration(1, 2)
+        link, before, start = fleet.device_links[1], fleet.activations_in(1, 1), fleet.clock.now()
         fleet.stall(1, 2.0, direction="up")
-        await fleet.until(lambda: fleet.activations_in(1, 0) > before)
+        await fleet.until(lambda: fleet.activations_in(1, 1) > before)
         held = fleet.clock.now() - start
         result = await training
     assert 2.0 <= held <= 2.002  # the next activation arrived when the stall ended
@@ -93,7 +93,7 @@ async def test_a_stall_holds_the_link_for_its_time_and_loses_nothing() -> None:
 async def test_a_stall_until_released_in_each_direction() -> None:
     async with open_fleet(CONFIG.replace(epochs=1)) as fleet:
         training = fleet.train()
-        await fleet.at_iteration(0, 0)
+        await fleet.at_iteration(0, 1)
         fleet.stall(0, direction="down")  # the gradients wait
         device, server = fleet.device_links[0], fleet.server_links[0]
         got = device.statistics().received.frames
@@ -116,7 +116,7 @@ async def test_a_stall_longer_than_the_timeout_is_a_silent_device() -> None:
     config = CONFIG.replace(device_timeout=5.0, heartbeat_interval=1.0, reconnect_grace=3.0)
     async with open_fleet(config) as fleet:
         training = fleet.train()
-        await fleet.at_iteration(1, 1)
+        await fleet.at_iteration(1, 2)
         link = fleet.device_links[1]
         fleet.stall(1, 100.0, direction="up")
         result = await training
@@ -133,10 +133,10 @@ async def test_a_stall_on_the_system_clock() -> None:
     clock = SystemClock()
     async with open_fleet(config, clock=clock) as fleet:
         training = fleet.train()
-        await fleet.until(lambda: fleet.activations_in(1, 0) > 0)
+        await fleet.until(lambda: fleet.activations_in(1, 1) > 0)
         link, start = fleet.device_links[1], clock.now()
         fleet.stall(1, 0.3)
-        assert fleet.activations_in(1, 0) < 20
+        assert fleet.activations_in(1, 1) < 20
         result = await training  # device 1's last activations and its result were held
         took = clock.now() - start
     assert took >= 0.29
@@ -161,7 +161,7 @@ async def test_slow_stretches_the_wire_time_by_the_factor() -> None:
 async def test_a_slow_link_for_a_while_and_across_reconnections() -> None:
     async with open_fleet(CONFIG.replace(epochs=1)) as fleet:
         training = fleet.train()
-        await fleet.at_iteration(1, 1)
+        await fleet.at_iteration(1, 2)
         up = fleet.device_links[1]
         normal = up.spec
         fleet.slow(1, 4.0, direction="up", seconds=0.5)
@@ -201,28 +201,37 @@ async def test_slowing_an_unshaped_link_needs_a_rate() -> None:
 # -- faults at an iteration -------------------------------------------------------------
 
 async def test_at_iteration_fires_at_that_iterations_first_activation() -> None:
-    # 4 iterations an epoch, rounds of 2: iteration 3 is the second of round 1
+    # 4 iterations an epoch, rounds of 2: iteration 4 is the second of round 2 (all
+    # numbered from 1; the session's window and keys are the protocol's, from 0)
     async with open_fleet(CONFIG) as fleet:
         training = fleet.train()
-        await fleet.at_iteration(1, 3)
+        await fleet.at_iteration(1, 4)
         session = fleet.node.sessions[1]
         assert session.window is not None
         assert session.window.first_iteration == 2
         assert sorted(key for key in session.seen if key[1] == 3) == [(0, 3, 0)]
         fleet.kill(1)
         fleet.start_device(1)
-        with pytest.raises(AssertionError, match="past iteration 1 of epoch 0"):
-            await fleet.at_iteration(0, 1)
-        await fleet.at_iteration(1, 0, epoch=1)  # back in the next epoch
+        with pytest.raises(AssertionError, match="past iteration 2 of epoch 1"):
+            await fleet.at_iteration(0, 2)
+        await fleet.at_iteration(1, 1, epoch=2)  # back in the next epoch
         result = await training
     assert [e.device_samples for e in result.epochs] == [(40, 20), (40, 40)]
-    assert_exact_accounting(result, lost={1: [(0, 1)]})
+    assert_exact_accounting(result, lost={1: [(1, 2)]})  # epoch 1's round 2
 
 
 async def test_at_iteration_needs_activations() -> None:
     async with open_fleet(CONFIG.replace(mode="fl"), start=False) as fleet:
         with pytest.raises(ConfigError, match="fl"):
+            await fleet.at_iteration(0, 1)
+
+
+async def test_at_iteration_counts_from_1() -> None:
+    async with open_fleet(CONFIG, start=False) as fleet:
+        with pytest.raises(ConfigError, match="count from 1"):
             await fleet.at_iteration(0, 0)
+        with pytest.raises(ConfigError, match="count from 1"):
+            await fleet.at_iteration(0, 1, epoch=0)
 
 
 # -- assertions on the result -----------------------------------------------------------
@@ -240,7 +249,10 @@ async def test_exact_accounting_follows_plans_and_sampled_rounds() -> None:
     # device 1 trains micro-batches of 3: 9 a round, for 3 rounds; its rounds as sampled
     assert expected_samples(config, first, 1) == 9 * sum(
         1 in members for members in first.sampled[:3])
-    assert expected_samples(config, first, 1, lost=range(4)) == 0
+    assert expected_samples(config, first, 1, lost=range(1, 5)) == 0  # rounds 1 to 4
+    # round 1 lost: device 1 counts what the other rounds it was drawn for train
+    assert expected_samples(config, first, 1, lost=[1]) == 9 * sum(
+        1 in members for members in first.sampled[1:3])
 
 
 async def test_exact_accounting_says_what_differs() -> None:
@@ -248,22 +260,26 @@ async def test_exact_accounting_says_what_differs() -> None:
     first = result.epochs[0]
     wrong = [dataclasses.replace(first, device_samples=(40, 30), samples=70)]
     with pytest.raises(AssertionError,
-                       match=r"epoch 0: device 1 counted 30 samples, expected 40"):
+                       match=r"epoch 1: device 1 counted 30 samples, expected 40"):
         assert_exact_accounting(dataclasses.replace(result, epochs=wrong))
     wrong = [dataclasses.replace(first, samples=60)]
     with pytest.raises(AssertionError, match=r"samples is 60, the devices' sum 80"):
         assert_exact_accounting(dataclasses.replace(result, epochs=wrong))
     with pytest.raises(AssertionError, match=r"device 0 counted 40 samples, expected 20 \(its "
                                              r"plan trains 40 in its rounds, less round\(s\) "
-                                             r"\[1\] it lost\)"):
-        assert_exact_accounting(result, lost={0: [(0, 1)]})
+                                             r"\[2\] it lost\)"):
+        assert_exact_accounting(result, lost={0: [(1, 2)]})
     wrong = [dataclasses.replace(first, devices_lost=(1,))]
     with pytest.raises(AssertionError, match=r"devices_lost names \[1\]"):
         assert_exact_accounting(dataclasses.replace(result, epochs=wrong))
-    with pytest.raises(ConfigError, match="round 2 of epoch 0"):
-        assert_exact_accounting(result, lost={0: [(0, 2)]})
+    with pytest.raises(ConfigError, match="round 3 of epoch 1"):
+        assert_exact_accounting(result, lost={0: [(1, 3)]})
+    with pytest.raises(ConfigError, match="round 1 of epoch 0"):  # epochs count from 1
+        assert_exact_accounting(result, lost={0: [(0, 1)]})
+    with pytest.raises(ConfigError, match="round 0 of epoch 1"):  # rounds too
+        assert_exact_accounting(result, lost={0: [(1, 0)]})
     with pytest.raises(ConfigError, match="device 5"):
-        assert_exact_accounting(result, lost={5: [(0, 0)]})
+        assert_exact_accounting(result, lost={5: [(1, 1)]})
     with pytest.raises(ConfigError, match="hadfl"):
         assert_exact_accounting(dataclasses.replace(result, config=CONFIG.replace(
             mode="hadfl", aggregation_every=0, split_point=1, local_steps=1, warmup_epochs=0)))

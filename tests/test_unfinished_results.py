@@ -29,7 +29,7 @@ def _fail_in_epoch(n: int) -> Callable[[EpochMetrics], None]:
     """A progress callback that fails the run once epoch ``n`` (counted from 1) ended."""
 
     def progress(m: EpochMetrics) -> None:
-        if m.epoch + 1 == n:
+        if m.epoch == n:
             raise Boom(f"the operator's dashboard crashed after epoch {n}")
 
     return progress

@@ -6,6 +6,11 @@ server's secret by HMAC; the server keeps only the secret (and, optionally, a fi
 revoked token ids). A device sends its token as ``Authorization: Bearer <token>`` at the
 websocket handshake; the server then admits that connection for that one id only.
 
+A refused token's reason reaches the device in the server's HTTP 401 (RFC 6750's
+``WWW-Authenticate: Bearer error=..., error_description=...``), and the device says it
+with what to do (`aiopipe.auth.refusals`). A token secret is ``bytes`` or a ``str``
+(UTF-8), so `generate_secret`'s string works wherever a secret is taken.
+
 ``python -m aiopipe.auth secret`` prints a new random secret; ``python -m aiopipe.auth
 mint --secret VALUE|file:PATH --device-id K`` prints a token for device K; ``python -m
 aiopipe.auth revoke --file FILE --token TOKEN`` withdraws one.
@@ -44,16 +49,20 @@ import ssl
 from pathlib import Path
 from typing import Literal
 
+from aiopipe.auth.refusals import bearer_challenge, explain_refusal
 from aiopipe.auth.tokens import (
     DEFAULT_TOKEN_LIFETIME_S,
     MIN_SECRET_BYTES,
+    REFUSAL_REASONS,
     TOKEN_VERSION,
     Revocations,
     Token,
+    TokenRefused,
     authenticate_bearer,
     check_secret,
     mint_token,
     token_id_of,
+    unverified_token,
     verify_token,
 )
 from aiopipe.errors import AuthenticationError, ConfigError
@@ -64,15 +73,19 @@ __all__ = [
     "MIN_SECRET_BYTES",
     "PEER_NONCE_BYTES",
     "PEER_PROOF_BYTES",
+    "REFUSAL_REASONS",
     "TOKEN_VERSION",
     "PeerRole",
     "Revocations",
     "Token",
+    "TokenRefused",
     "authenticate_bearer",
+    "bearer_challenge",
     "check_node_name",
     "check_peer_proof",
     "check_secret",
     "client_ssl_context",
+    "explain_refusal",
     "generate_secret",
     "load_secret",
     "mint_token",
@@ -81,12 +94,18 @@ __all__ = [
     "peer_proof",
     "server_ssl_context",
     "token_id_of",
+    "unverified_token",
     "verify_token",
 ]
 
 
 def generate_secret() -> str:
-    """A new random secret: 32 bytes of entropy as 43 URL-safe characters."""
+    """A new random secret: 32 bytes of entropy as 43 URL-safe characters.
+
+    A ``str``, which every function that takes a token secret accepts as is (its UTF-8
+    bytes, as `load_secret` reads it), e.g. ``Server(config, token_secret=s)`` and
+    ``mint_token(s, k)``.
+    """
     return secrets.token_urlsafe(32)
 
 

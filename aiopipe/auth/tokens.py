@@ -14,6 +14,11 @@ token for device 1 cannot be turned into one for device 0, and an expiry cannot 
 To withdraw one token before it expires, its id goes into a revocation file
 (`Revocations`; ``python -m aiopipe.auth revoke``) that the server reads whenever it
 changes; the device's other tokens stay good.
+
+Every refusal is a `TokenRefused` whose ``reason`` is one of a few fixed phrases
+(`REFUSAL_REASONS`): the server sends it to the device in its HTTP 401
+(`aiopipe.auth.refusals`), and a fixed phrase can quote nothing secret. Secrets are
+``bytes``, or ``str`` taken as UTF-8 (what `generate_secret` prints).
 """
 
 from __future__ import annotations
@@ -33,12 +38,15 @@ from aiopipe.errors import AuthenticationError, ConfigError
 __all__ = [
     "DEFAULT_TOKEN_LIFETIME_S",
     "MIN_SECRET_BYTES",
+    "REFUSAL_REASONS",
     "TOKEN_VERSION",
     "Revocations",
     "Token",
+    "TokenRefused",
     "authenticate_bearer",
     "check_secret",
     "mint_token",
+    "unverified_token",
     "verify_token",
 ]
 
@@ -54,6 +62,33 @@ _TOKEN_ID_CHARS = 16  # 12 random bytes
 _MAC = re.compile(rf"[A-Za-z0-9_-]{{{_MAC_CHARS}}}")
 _TOKEN_ID = re.compile(rf"[A-Za-z0-9_-]{{{_TOKEN_ID_CHARS}}}")
 _SHAPE = "v2.<device id>.<expires>.<token id>.<mac>"
+
+#: Why a token was refused, as the server tells the device (`TokenRefused.reason`): fixed
+#: phrases of printable ASCII without quotes or backslashes, so that one is a valid
+#: quoted-string in a ``WWW-Authenticate`` header and never carries the token or the
+#: secret. ``"no token"`` is the one refusal that RFC 6750 sends without an error.
+NO_TOKEN = "no token"
+NOT_BEARER = "not a bearer token"
+MALFORMED = "malformed"
+OLD_VERSION = "old token version"
+UNKNOWN_VERSION = "unknown token version"
+WRONG_SECRET = "not minted under this server's secret"
+EXPIRED = "expired"
+REVOKED = "revoked"
+REVOCATIONS_UNREADABLE = "revocation file unreadable"
+REFUSAL_REASONS = (NO_TOKEN, NOT_BEARER, MALFORMED, OLD_VERSION, UNKNOWN_VERSION,
+                   WRONG_SECRET, EXPIRED, REVOKED, REVOCATIONS_UNREADABLE)
+
+Secret = str | bytes | bytearray
+
+
+class TokenRefused(AuthenticationError):
+    """A device token was refused; ``str()`` says why in one line for the server's log,
+    ``reason`` in one of the fixed `REFUSAL_REASONS` for the device (never the token)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,14 +106,19 @@ class Token:
     expires_at: int | None
 
 
-def check_secret(secret: bytes) -> bytes:
+def check_secret(secret: Secret) -> bytes:
     """``secret`` as bytes once it is long enough to sign device tokens.
 
+    A ``str`` (such as `aiopipe.auth.generate_secret`'s) is its UTF-8 bytes, as
+    `aiopipe.auth.load_secret` reads a literal, so a secret works alike in either type.
+
     Raises:
-        ConfigError: it is not bytes, or shorter than `MIN_SECRET_BYTES`.
+        ConfigError: it is neither str nor bytes, or shorter than `MIN_SECRET_BYTES`.
     """
+    if isinstance(secret, str):
+        secret = secret.encode("utf-8")
     if not isinstance(secret, bytes | bytearray):
-        raise ConfigError(f"a token secret must be bytes, got {type(secret).__name__}")
+        raise ConfigError(f"a token secret must be str or bytes, got {type(secret).__name__}")
     if len(secret) < MIN_SECRET_BYTES:
         raise ConfigError(
             f"the token secret has {len(secret)} bytes; at least "
@@ -107,12 +147,13 @@ def _check_device_id(device_id: int) -> int:
     return device_id
 
 
-def mint_token(secret: bytes, device_id: int, *,
+def mint_token(secret: Secret, device_id: int, *,
                lifetime_s: float | None = DEFAULT_TOKEN_LIFETIME_S,
                now: float | None = None) -> str:
     """A new token for device ``device_id`` under ``secret`` (URL-safe ASCII), good for
     ``lifetime_s`` seconds from ``now`` (default: the time now; None: it never expires).
-    Each call draws a new token id, so each token can be revoked on its own.
+    Each call draws a new token id, so each token can be revoked on its own. ``secret``:
+    bytes, or str as UTF-8 (`check_secret`).
 
     Raises:
         ConfigError: the secret is too short, the id is not a non-negative int, or the
@@ -137,69 +178,88 @@ def _plain_decimal(text: str, digits: int) -> bool:
             and str(int(text)) == text)
 
 
-def verify_token(secret: bytes, token: str, *, now: float | None = None) -> Token:
-    """What ``token`` says, once its MAC is ``secret``'s and it has not expired at ``now``
-    (default: the time now). Revocation is the caller's (`Revocations.check`).
+def verify_token(secret: Secret, token: str, *, now: float | None = None) -> Token:
+    """What ``token`` says, once its MAC is ``secret``'s (bytes, or str as UTF-8) and it
+    has not expired at ``now`` (default: the time now). Revocation is the caller's
+    (`Revocations.check`).
 
     The MAC is compared in constant time. Error messages never quote the token.
 
     Raises:
-        AuthenticationError: the token is malformed, of another version, its MAC is not
-            the secret's, or it has expired (one line saying which).
+        TokenRefused: the token is malformed, of another version, its MAC is not the
+            secret's, or it has expired (one line saying which, and its ``reason``).
         ConfigError: the secret is too short.
     """
     secret = check_secret(secret)
     if not isinstance(token, str) or not token.isascii() or token.count(".") not in (2, 4):
-        raise AuthenticationError(f"malformed token: expected {_SHAPE}")
+        raise TokenRefused(f"malformed token: expected {_SHAPE}", MALFORMED)
     version, *fields = token.split(".")
     if version != TOKEN_VERSION:
         shown = version if re.fullmatch(r"v\d{1,4}", version) else "unknown"
         hint = " (mint a new one: python -m aiopipe.auth mint)" if shown == "v1" else ""
-        raise AuthenticationError(f"token version {shown} is not {TOKEN_VERSION}{hint}")
+        raise TokenRefused(f"token version {shown} is not {TOKEN_VERSION}{hint}",
+                           OLD_VERSION if shown == "v1" else UNKNOWN_VERSION)
     if len(fields) != 4:
-        raise AuthenticationError(f"malformed token: expected {_SHAPE}")
+        raise TokenRefused(f"malformed token: expected {_SHAPE}", MALFORMED)
     id_text, expires_text, token_id, mac = fields
     if not _plain_decimal(id_text, _MAX_ID_DIGITS):
-        raise AuthenticationError("malformed token: the device id is not a plain decimal")
+        raise TokenRefused("malformed token: the device id is not a plain decimal", MALFORMED)
     if not _plain_decimal(expires_text, _MAX_EXPIRY_DIGITS):
-        raise AuthenticationError("malformed token: the expiry is not a plain decimal")
+        raise TokenRefused("malformed token: the expiry is not a plain decimal", MALFORMED)
     if not _TOKEN_ID.fullmatch(token_id):
-        raise AuthenticationError(
-            f"malformed token: the token id is not {_TOKEN_ID_CHARS} base64url characters")
+        raise TokenRefused(
+            f"malformed token: the token id is not {_TOKEN_ID_CHARS} base64url characters",
+            MALFORMED)
     if not _MAC.fullmatch(mac):
-        raise AuthenticationError(
-            f"malformed token: the mac is not {_MAC_CHARS} base64url characters"
-        )
+        raise TokenRefused(
+            f"malformed token: the mac is not {_MAC_CHARS} base64url characters", MALFORMED)
     device_id, expires = int(id_text), int(expires_text)
     if not hmac.compare_digest(mac.encode("ascii"),
                                _mac(secret, device_id, expires, token_id).encode("ascii")):
-        raise AuthenticationError(
-            f"token for device {device_id} has a bad mac (minted with another secret, or altered)"
-        )
+        raise TokenRefused(
+            f"token for device {device_id} has a bad mac (minted with another secret, or "
+            "altered)", WRONG_SECRET)
     if expires and (time.time() if now is None else now) > expires:
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(expires))
-        raise AuthenticationError(f"token {token_id} for device {device_id} expired at {when}")
+        raise TokenRefused(f"token {token_id} for device {device_id} expired at {when}",
+                           EXPIRED)
     return Token(device_id, token_id, expires or None)
 
 
-def authenticate_bearer(authorization: str | None, secret: bytes, *,
+def authenticate_bearer(authorization: str | None, secret: Secret, *,
                         revocations: Revocations | None = None) -> Token:
-    """What an HTTP ``Authorization`` header's bearer token says, once it is good.
+    """What an HTTP ``Authorization`` header's bearer token says, once it is good under
+    ``secret`` (bytes, or str as UTF-8).
 
     Raises:
-        AuthenticationError: no ``Bearer`` token, one `verify_token` refuses, or one that
+        TokenRefused: no ``Bearer`` token, one `verify_token` refuses, or one that
             ``revocations`` lists.
         ConfigError: the secret is too short.
     """
     if not authorization:
-        raise AuthenticationError("no device token (send Authorization: Bearer <token>)")
+        raise TokenRefused("no device token (send Authorization: Bearer <token>)", NO_TOKEN)
     scheme, _, token = authorization.strip().partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise AuthenticationError("the Authorization header is not 'Bearer <token>'")
+        raise TokenRefused("the Authorization header is not 'Bearer <token>'", NOT_BEARER)
     verified = verify_token(secret, token.strip())
     if revocations is not None:
         revocations.check(verified)
     return verified
+
+
+def unverified_token(token: str) -> Token | None:
+    """What ``token`` says without checking its MAC (None: it is not shaped like one).
+
+    For its holder only: a device reads its own token's id and expiry to explain a
+    refusal; nothing it says is to be trusted until `verify_token` has checked it.
+    """
+    fields = token.strip().split(".") if isinstance(token, str) else []
+    if (len(fields) != 5 or fields[0] != TOKEN_VERSION
+            or not _plain_decimal(fields[1], _MAX_ID_DIGITS)
+            or not _plain_decimal(fields[2], _MAX_EXPIRY_DIGITS)
+            or not _TOKEN_ID.fullmatch(fields[3])):
+        return None
+    return Token(int(fields[1]), fields[3], int(fields[2]) or None)
 
 
 def token_id_of(token: str) -> str:
@@ -240,13 +300,14 @@ class Revocations:
             self._seen, self._ids = None, frozenset()
             return self._ids
         except OSError as exc:  # unreadable: keep what we knew, and say so
-            raise AuthenticationError(f"cannot read the revocation file: {exc.strerror}") from None
+            raise TokenRefused(f"cannot read the revocation file: {exc.strerror}",
+                               REVOCATIONS_UNREADABLE) from None
         if (stat.st_mtime_ns, stat.st_size) != self._seen:
             try:
                 text = self.path.read_text(encoding="utf-8", errors="replace")
             except OSError as exc:
-                raise AuthenticationError(
-                    f"cannot read the revocation file: {exc.strerror}") from None
+                raise TokenRefused(f"cannot read the revocation file: {exc.strerror}",
+                                   REVOCATIONS_UNREADABLE) from None
             self._ids = frozenset(
                 word for line in text.splitlines()
                 if (word := line.split("#", 1)[0].strip()))
@@ -257,12 +318,12 @@ class Revocations:
         """Refuse ``token`` if it is revoked.
 
         Raises:
-            AuthenticationError: it is (one line naming its id and device), or the file
-                cannot be read (refusing is the safe side).
+            TokenRefused: it is (one line naming its id and device), or the file cannot
+                be read (refusing is the safe side).
         """
         if token.token_id in self.ids():
-            raise AuthenticationError(
-                f"token {token.token_id} for device {token.device_id} was revoked")
+            raise TokenRefused(
+                f"token {token.token_id} for device {token.device_id} was revoked", REVOKED)
 
     @staticmethod
     def add(path: str | os.PathLike[str], token_id: str, note: str = "") -> None:

@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from aiopipe.data.dataset import check_seed, seed_words
 from aiopipe.errors import ConfigError
+from aiopipe.wording import plural
 
 __all__ = ["SCHEMES", "epoch_order", "partition"]
 
@@ -74,11 +75,12 @@ def partition(
     pool = len(labels) if sizes is None else int(sizes.sum())
     if pool > len(labels):
         raise ConfigError(
-            f"samples_per_device: {devices} devices x {samples_per_device} samples need "
+            f"samples_per_device: {plural(devices, 'device')} x {samples_per_device} samples need "
             f"{pool} samples, but the dataset has {len(labels)}"
         )
     if pool < devices:
-        raise ConfigError(f"devices: {devices} devices but only {pool} samples to share")
+        raise ConfigError(f"devices: {plural(devices, 'device')} but only "
+                          f"{plural(pool, 'sample')} to share")
     rng = np.random.Generator(
         np.random.PCG64(np.random.SeedSequence([_TAG_PARTITION, *seed_words(seed)]))
     )

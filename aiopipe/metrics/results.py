@@ -4,7 +4,8 @@
 per epoch), ``trace.json`` (Chrome trace, one track per resource), ``model.safetensors``
 (the final global model), ``checkpoint/`` (when the server writes checkpoints) and, when
 matplotlib is installed, ``timeline.png`` (one representative iteration) and
-``overview.png`` (time, loss and accuracy per epoch). A run that ended before its last
+``overview.png`` (time, loss and accuracy per epoch); without it, one warning says why
+they are missing and how to get them. A run that ended before its last
 epoch (it failed, or was interrupted) keeps ``config.toml``, ``metrics.jsonl`` of its
 finished epochs, ``model.safetensors`` as the last finished epoch left it, and
 ``unfinished.txt``: why it ended (`write_unfinished`, [Note: results on every ending]).
@@ -16,6 +17,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import logging
 import math
 import os
 import time
@@ -29,6 +31,7 @@ import orjson
 from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
 from aiopipe.metrics.trace import Slice, chrome_trace
+from aiopipe.wording import plural
 
 if TYPE_CHECKING:
     import torch
@@ -37,6 +40,8 @@ if TYPE_CHECKING:
 __all__ = ["UNFINISHED_NAME", "EpochMetrics", "RunResult", "write_atomic", "write_results",
            "write_unfinished"]
 
+log = logging.getLogger("aiopipe.results")
+
 #: The file that says why a run ended before its last epoch (absent when it finished).
 UNFINISHED_NAME = "unfinished.txt"
 
@@ -44,6 +49,11 @@ UNFINISHED_NAME = "unfinished.txt"
 @dataclass(frozen=True, slots=True)
 class EpochMetrics:
     """Figures of one epoch. Device-side busy/idle figures are means over devices.
+
+    ``epoch`` counts from 1, as every number a person reads does (the table, the log,
+    ``metrics.jsonl``, ``/status``): the first epoch is 1, so that ``m.epoch`` can be
+    printed as it is. Messages, traces and loops inside the runtime index epochs from
+    0; the coordinator converts once, where it makes an `EpochMetrics`.
 
     ``samples`` counts only rounds that completed: ``device_samples[k]`` is what device k
     contributed; ``devices_lost`` lists devices that dropped out during the epoch (their
@@ -64,7 +74,9 @@ class EpochMetrics:
     ``device_accuracy``: per device that evaluated (keys: its id as a string).
     ``changes``: what the system changed during the epoch, in order (re-plans between
     rounds; FTPipeHD's recoveries, with when the loss was noticed and when the round was
-    played again, in the trace's seconds). ``loss`` and ``train_accuracy`` are NaN (null
+    played again, in the trace's seconds; their ``epoch``, ``round`` and ``replayed_as``
+    count from 1 as ``epoch`` does, their iterations are offsets from the epoch's start).
+    ``loss`` and ``train_accuracy`` are NaN (null
     in ``metrics.jsonl``) for an epoch in which no round completed; ``accuracy`` is NaN
     without a test set. ``peer_bytes``: per device, the bytes it sent to other devices
     over their direct links in the epoch's rounds, as it measured and reported them
@@ -101,7 +113,6 @@ class EpochMetrics:
     def to_mapping(self) -> dict[str, Any]:
         """Plain JSON-able form (one line of ``metrics.jsonl``)."""
         out = dataclasses.asdict(self)
-        out["epoch"] = self.epoch + 1  # for people, as the table: the first epoch is 1
         out["plan"] = [dict(p) for p in self.plan]
         out["device_samples"] = list(self.device_samples)
         out["devices_lost"] = list(self.devices_lost)
@@ -227,10 +238,13 @@ def write_results(result: RunResult, out_dir: str | Path) -> Path:
 
     config = result.config
     model = config.model if isinstance(config.model, str) else "custom model"
-    label = f"{config.mode}, {model}, {config.devices} device{'s' * (config.devices != 1)}"
-    try:  # matplotlib is optional: without it, no pictures
+    label = f"{config.mode}, {model}, {plural(config.devices, 'device')}"
+    try:  # matplotlib is optional: without it, no pictures, and one line saying why
         draw_run_timeline(trace, path / "timeline.png", label=label)
-    except ImportError:
+    except ImportError as exc:
+        log.warning("no timeline.png or overview.png: drawing them needs matplotlib (%s); "
+                    "to get them: pip install 'aiopipe[plot]' (in a checkout: pip install "
+                    "-e \".[plot]\")", exc)
         return path
     draw_overview(result.epochs, path / "overview.png", title=f"{label}: per epoch")
     return path

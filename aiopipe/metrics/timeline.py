@@ -210,11 +210,31 @@ def representative_window(trace: Mapping[str, Any]) -> tuple[dict[str, Any], str
     total = len(candidates)
     caption = f"epoch {last + 1} of {last + 1}, {who}iteration {iteration + 1} of {count}"
     if total > 1:
-        caption += (f" ({span / 1e3:.1f} ms, the median duration of the last epoch's {total} "
-                    f"{'device ' if who else ''}iterations)")
+        caption += (f" ({span / 1e3:.1f} ms, the median duration of the last epoch's "
+                    f"{_candidates_text(candidates, owners)})")
     else:
         caption += f" ({span / 1e3:.1f} ms)"
     return {**trace, "traceEvents": window}, caption
+
+
+def _candidates_text(candidates: Sequence[tuple[float, int, int, list[_Bar]]],
+                     owners: Mapping[int, int]) -> str:
+    """What the median was taken over, truthfully: ``"41 iterations"`` when devices
+    shared every one, ``"82 device iterations"`` when each device ran every one alone,
+    else both kinds counted (devices that drift apart share some iterations and not
+    others: ``"16 iterations: 12 of one device alone, 4 of 2 devices at once"``)."""
+    sizes = [len({owners.get(b.index, device_of(b.track)) for b in cluster} - {None})
+             for *_, cluster in candidates]
+    alone, shared = [n for n in sizes if n <= 1], sorted({n for n in sizes if n > 1})
+    if not shared:
+        many = len({owners.get(b.index, device_of(b.track)) for *_, cluster in candidates
+                    for b in cluster} - {None}) > 1
+        return f"{len(sizes)} {'device ' if many else ''}iterations"
+    if not alone:
+        return f"{len(sizes)} iterations"
+    together = f"{shared[0]} devices" if len(shared) == 1 else "several devices"
+    return (f"{len(sizes)} iterations: {len(alone)} of one device alone, "
+            f"{len(sizes) - len(alone)} of {together} at once")
 
 
 def draw_timeline(trace: Mapping[str, Any], path: str | Path, *, max_events: int = 5000,
@@ -359,7 +379,7 @@ def overview_figure(epochs: Sequence[EpochMetrics], *,
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    numbers = [e.epoch + 1 for e in epochs]
+    numbers = [e.epoch for e in epochs]
     # (title, lines (label, values), value format, y range: "zero" starts at 0, "unit" is 0..1)
     panels: list[tuple[str, list[tuple[str, list[float]]], str, str]] = [
         ("epoch time (s)", [("", _values(epochs, "time_s"))], ".2f", "zero"),

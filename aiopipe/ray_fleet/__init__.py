@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from aiopipe.config import LINKED_MODES
 from aiopipe.errors import ConfigError, TrainingError
+from aiopipe.wording import plural
 
 if TYPE_CHECKING:
     from aiopipe.api import Server
@@ -184,9 +185,9 @@ async def run_on_ray(config: RunConfig, *, address: str = "auto", host: str | No
                      for _ in groups]
             try:
                 nodes = await _placed(ray, hosts, join_timeout)
-                log.info("server at %s; %d devices on %d Ray actors (%g CPU each) on %d "
-                         "nodes", url, config.devices, len(hosts), cpus_each,
-                         len({node_id for node_id, _ in nodes}))
+                log.info("server at %s; %s on %s (%g CPU each) on %s", url,
+                         plural(config.devices, "device"), plural(len(hosts), "Ray actor"),
+                         cpus_each, plural(len({node_id for node_id, _ in nodes}), "node"))
                 for (node_id, ip), ids in zip(nodes, groups, strict=True):
                     log.info("devices %d-%d on Ray node %s (%s)", ids[0], ids[-1], node_id, ip)
                 return await _train(ray, server, hosts, groups, [ip for _, ip in nodes], url,
@@ -307,8 +308,8 @@ async def _train(ray: Any, server: Server, hosts: Sequence[Any], groups: Sequenc
             log.warning("device %d on %s ended after training: %s", outcome["device"],
                         outcome["node"], outcome["error"])
     if late:
-        log.warning("%d devices did not end within %g s of the run's end", len(late),
-                    GOODBYE_S)
+        log.warning("%s did not end within %g s of the run's end",
+                    plural(len(late), "device"), GOODBYE_S)
     return result
 
 

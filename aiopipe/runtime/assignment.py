@@ -82,7 +82,7 @@ class Assignment:
             problem = (f"{n} micro-batches of {micro} do not make the run's batch size "
                        f"{batch_size}")
         if problem:
-            raise RemoteProtocolError(f"round {message.round} asks for {problem}")
+            raise RemoteProtocolError(f"round {message.round + 1} asks for {problem}")
         rows = (message.rows[0], message.rows[1]) if message.rows else (0, micro)
         _check_groups(message, me, rows)
         grouped = any(peer["stage"] == stage for peer in message.peers.values())
@@ -93,7 +93,7 @@ class Assignment:
                 raise ConfigError("a data-parallel group's members all-reduce (REDUCE) "
                                   "before their STEP, and only they do")
         except ConfigError as exc:
-            raise RemoteProtocolError(f"round {message.round} has bad actions: {exc}"
+            raise RemoteProtocolError(f"round {message.round + 1} has bad actions: {exc}"
                                       ) from None
         return cls(me, message.round, message.epoch, message.first_iteration,
                    message.iterations, stage, stages, first, stop, n, micro, message.version,
@@ -197,7 +197,7 @@ def _check_groups(message: RoundStart, me: str, rows: tuple[int, int]) -> None:
         if name == me or (abs(peer["stage"] - stage) > 1
                           and {peer["stage"], stage} != {0, message.stages - 1}):
             raise RemoteProtocolError(
-                f"round {message.round} names peers {sorted(message.peers)} that are not "
+                f"round {message.round + 1} names peers {sorted(message.peers)} that are not "
                 f"members of {me}'s stage or of those next to it")
         members.setdefault(peer["stage"], []).append(_rows_of(peer, micro))
     for p, ranges in members.items():
@@ -205,7 +205,7 @@ def _check_groups(message: RoundStart, me: str, rows: tuple[int, int]) -> None:
         if bounds[0][0] != 0 or bounds[-1][1] != micro or any(
                 a[1] != b[0] for a, b in itertools.pairwise(bounds)):
             raise RemoteProtocolError(
-                f"round {message.round}: stage {p}'s members compute rows "
+                f"round {message.round + 1}: stage {p}'s members compute rows "
                 f"{[list(r) for r in bounds]}, which do not split a micro-batch of {micro}")
 
 
@@ -239,8 +239,8 @@ def check_data_message(message: Activation | Gradient, assignment: Assignment, *
             a.first_iteration <= message.iteration <= last
     ) or message.micro_batch >= a.parallel_batches:
         raise RemoteProtocolError(
-            f"{kind} ids {key} outside round {a.round} (epoch {a.epoch}, iterations "
-            f"{a.first_iteration}..{last}, {a.parallel_batches} micro-batches)")
+            f"{kind} ids {key} outside round {a.round + 1} (epoch {a.epoch + 1}, iterations "
+            f"{a.first_iteration + 1}..{last + 1}, {a.parallel_batches} micro-batches)")
     if message.version != a.version_of(message.iteration):
         raise RemoteProtocolError(f"{kind} {key} has weights of version {message.version}, "
                                   f"the plan says {a.version_of(message.iteration)}")

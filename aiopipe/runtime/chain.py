@@ -63,6 +63,7 @@ from aiopipe.protocol import (
 from aiopipe.runtime.assignment import Assignment
 from aiopipe.runtime.async_weights import MOMENTUM
 from aiopipe.runtime.stage import Expected, StageWork, check_tensors
+from aiopipe.wording import plural
 
 __all__ = [
     "KEPT",
@@ -137,8 +138,9 @@ class ChainReplicas:
         what = f"{sender}'s replica"
         if replica.round > assignment.version or replica.stage != assignment.stage - 1:
             raise RemoteProtocolError(f"{what} is of stage {replica.stage} in round "
-                                      f"{replica.round}, not of stage {assignment.stage - 1} "
-                                      f"in round {assignment.version}")
+                                      f"{replica.round + 1}, not of stage "
+                                      f"{assignment.stage - 1} in round "
+                                      f"{assignment.version + 1}")
         if not (0 < replica.batches < assignment.parallel_batches and self.every
                 and replica.batches % self.every == 0):
             raise RemoteProtocolError(f"{what} after {replica.batches} batches is not at a "
@@ -375,6 +377,6 @@ async def gather_from(source: ReplicaSource, round_no: int, points: Sequence[int
         missing = set(range(stages)) - set(found)
         bound = min(best.get(p, 0) for p in missing) if all(
             p in best for p in missing) else batches - 1
-        log.info("round %d: no whole state after %d batches (stages %s missing)",
-                 round_no + 1, batches, sorted(set(range(stages)) - set(found)))
+        log.info("round %d: no whole state after %s (stages %s missing)",
+                 round_no + 1, plural(batches, "batch"), sorted(set(range(stages)) - set(found)))
     return None

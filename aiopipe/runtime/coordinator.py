@@ -80,6 +80,7 @@ from aiopipe.runtime.evaluation import held_out_accuracy, test_accuracy
 from aiopipe.runtime.exclusion import Exclusions
 from aiopipe.runtime.factories import build_model
 from aiopipe.runtime.plan import declared_devices, planning_batch_sizes
+from aiopipe.runtime.plan_text import log_plan
 from aiopipe.runtime.profiling import profile_fleet
 from aiopipe.runtime.sampling import sampled_devices
 from aiopipe.runtime.stage import ServerStage
@@ -88,6 +89,7 @@ from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.estimate import DeviceProfile
 from aiopipe.transport import Link
+from aiopipe.wording import plural
 
 __all__ = ["Coordinator"]
 
@@ -249,7 +251,7 @@ class Coordinator:
         if problem:
             raise RefusedError(problem)
         if device_id not in self.announced:
-            log.info("device %d joined: %d samples", device_id, ready.samples)
+            log.info("device %d joined: %s", device_id, plural(ready.samples, "sample"))
         self.announced[device_id] = ready
         if len(self.announced) == self.config.devices:
             self.joined.set()
@@ -301,7 +303,7 @@ class Coordinator:
             self.recorder.add("server/recovery", "recover", start, end,
                               epoch=int(change.get("epoch", -1)))
             change["noticed_s"], change["resumed_s"] = start - self.origin, end - self.origin
-        self.replans.append(change)
+        self.replans.append(_numbered_for_people(change))
 
     def chain_replica(self, device_id: int, replica: Replica) -> None:
         """Keep the last stage's chain replica (the latest `chain.KEPT` of its round)."""
@@ -467,8 +469,8 @@ class Coordinator:
         except OSError as exc:
             log.error("the finished epochs' results could not be written: %s", exc)
             return
-        log.warning("%s: %d finished epochs' metrics and model are in %s", reason,
-                    len(self.epochs), out_dir)
+        log.warning("%s: the metrics and model of %s are in %s", reason,
+                    plural(len(self.epochs), "finished epoch"), out_dir)
 
     async def _prepare(self) -> None:
         """Plan for the fleet as announced (off the event loop: planning may profile;
@@ -489,8 +491,20 @@ class Coordinator:
         limit = self.max_frame_bytes = min(self.system.frame_limit(), self.max_frame_bytes)
         for session in self.sessions.values():  # new connections get it from admission
             session.peer.max_frame_bytes = limit
-        log.info("planned: %s", self.system.plan_entries())
+        self._log_plan()
         self._warn_of_uneven_micro_batches()
+
+    def _log_plan(self) -> None:
+        """The plan, a line per device (aiopipe.runtime.plan_text); nothing when the
+        system has none yet (HADFL plans each round, and logs its strategy itself)."""
+        entries = self.system.plan_entries()
+        if not entries:
+            return
+        estimate = entries[0].get("estimate_s")
+        log_plan(log, logging.INFO, f"planned {self.config.mode}", entries,
+                 units=models.unit_count(self.model), batch_size=self.system.config.batch_size,
+                 iterations=self.system.iterations, notes=[f"est. {estimate:.3g} s an "
+                                                           "iteration"] if estimate else [])
 
     def _warn_of_uneven_micro_batches(self) -> None:
         """Say so when N does not divide B: micro-batches of floor(B/N) samples then train
@@ -591,7 +605,8 @@ class Coordinator:
         by_track = self.recorder.busy_by_track(start, end)
         busy = self._busy(by_track)
         return EpochMetrics(
-            epoch=epoch, time_s=elapsed, busy_s=busy,
+            # people count epochs from 1 (`EpochMetrics.epoch`); the loop's index is 0-based
+            epoch=epoch + 1, time_s=elapsed, busy_s=busy,
             idle_s={k: elapsed - v for k, v in busy.items()},
             # an epoch in which nobody trained has no loss (NaN, null in metrics.jsonl)
             loss=float(tally["loss_sum"]) / samples if samples else math.nan,
@@ -659,7 +674,7 @@ class Coordinator:
         change = await self.system.after_round(self, round_no, epoch,
                                                self.recorder.take(mark), served, paced)
         if change is not None:
-            self.replans.append(change)
+            self.replans.append(_numbered_for_people(change))
 
     async def _participants(self) -> list[int]:
         """Devices taking part (connected, or reconnecting within reconnect_grace); if none,
@@ -857,6 +872,21 @@ def _lost_in(tally: Mapping[str, Any], devices: int) -> tuple[int, ...]:
     return tuple(sorted({*tally["lost"], *absent}))
 
 
+#: What a change's record (`EpochMetrics.changes`, ``/status``'s ``replans``) numbers:
+#: an epoch, a round of the run; the systems give them as the runtime's 0-based indices.
+_NUMBERED_FIELDS = ("epoch", "round", "replayed_as")
+
+
+def _numbered_for_people(change: Mapping[str, Any]) -> dict[str, Any]:
+    """``change`` with its epoch and round numbers counted from 1, as the rest of
+    ``metrics.jsonl`` and the log count them (its iterations stay offsets from 0)."""
+    out = dict(change)
+    for name in _NUMBERED_FIELDS:
+        if isinstance(out.get(name), int):
+            out[name] += 1
+    return out
+
+
 def _new_tally(epoch: int, devices: int) -> dict[str, Any]:
     """An epoch's running totals (what a checkpoint needs to finish the epoch exactly)."""
     return {"epoch": epoch, "next_round": 0, "device_samples": [0] * devices,
@@ -865,7 +895,7 @@ def _new_tally(epoch: int, devices: int) -> dict[str, Any]:
 
 def _epoch_from(values: Mapping[str, Any]) -> EpochMetrics:
     fields = dict(values)
-    fields["epoch"] = int(fields["epoch"]) - 1  # metrics.jsonl counts from 1
+    fields["epoch"] = int(fields["epoch"])  # from 1, as in metrics.jsonl and EpochMetrics
     fields["device_samples"] = tuple(fields.get("device_samples", ()))
     fields["devices_lost"] = tuple(fields.get("devices_lost", ()))
     fields["updates_refused"] = tuple(fields.get("updates_refused", ()))

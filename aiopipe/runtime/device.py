@@ -114,6 +114,7 @@ from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.transport import Link, LinkSpec, WebSocketLink
 from aiopipe.transport.fabric import Endpoint
+from aiopipe.wording import plural
 
 __all__ = ["COORDINATOR", "Connector", "DeviceSummary", "run_device"]
 
@@ -282,8 +283,9 @@ class _DeviceNode:
         async with contextlib.AsyncExitStack() as links:
             self.plan = await self._connect(links)
             self.config = self._run_config(self.plan)  # cheap: heartbeats need it
-            log.info("device %d: joined a %s run of %d devices, %d epochs", self.device_id,
-                     self.config.mode, self.config.devices, self.config.epochs)
+            log.info("device %d: joined a %s run of %s, %s", self.device_id,
+                     self.config.mode, plural(self.config.devices, "device"),
+                     plural(self.config.epochs, "epoch"))
             self.liveness = Liveness(self.clock, interval=self.config.heartbeat_interval,
                                      timeout=self.config.device_timeout)
             self._shape_uplink()
@@ -431,7 +433,10 @@ class _DeviceNode:
             return RunConfig.from_mapping(run)
         if self.custom_model is None:
             raise TrainingError("the server runs a custom model; pass model= to the device")
-        return RunConfig.from_mapping({**run, "model": "vgg5"}).replace(model=self.custom_model)
+        return RunConfig.from_mapping({**run, "model": "vgg5", "initial_weights": "seed"}
+                                      ).replace(model=self.custom_model,
+                                                initial_weights=run.get("initial_weights",
+                                                                        "seed"))
 
     def _uplink_pace(self) -> LinkSpec | None:
         """The rate to pace this device's websocket sends at (None: unpaced)."""

@@ -1,11 +1,17 @@
 """The run's model, loss and optimizer, built the same way on every node from its config.
 
 `RunConfig.model`, ``loss`` and ``optimizer`` name either aiopipe's own (a zoo model,
-"cross-entropy", "sgd") or a user's factory as ``module:function`` (`aiopipe.entrypoints`):
+"cross-entropy", "sgd") or a user's factory as ``module:function`` (`aiopipe.entrypoints`);
+in-process, ``model`` may also be the factory itself (a callable) or a user's module:
 
 - a model factory is called with ``num_classes`` and ``in_shape`` (those it declares) and
   returns the ``nn.Sequential`` of split units (or a list of units); torch's generator is
   seeded with ``config.seed`` first, so every node builds the same initial weights;
+- a user's ``nn.Sequential`` is copied, and with ``initial_weights`` "seed" (the
+  default) the copy is re-initialised from ``config.seed`` (`reinitialise`): the initial
+  weights are a function of the config alone, whatever state the global generator was in
+  when the user built the module ([Note: initial weights]); with "given" the copy keeps
+  the module's own (pretrained) weights;
 - a loss factory is called with nothing and returns ``loss(logits, labels)``, the mean
   loss of a micro-batch (a scalar tensor);
 - an optimizer factory is called with ``params`` and, if it declares them,
@@ -16,9 +22,9 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -29,7 +35,10 @@ from aiopipe.entrypoints import call_factory, is_entry_point, load_entry_point
 from aiopipe.errors import ConfigError
 
 __all__ = ["Loss", "ModelTemplate", "build_model", "make_loss", "make_optimizer",
-           "model_template", "optimizer_states", "unit_output_shapes"]
+           "model_template", "optimizer_states", "parameters_not_reset", "reinitialise",
+           "unit_output_shapes"]
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 #: The mean loss of a micro-batch from its logits and labels.
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -50,15 +59,20 @@ def build_model(config: RunConfig, *, num_classes: int, in_shape: Sequence[int]
 def _build(config: RunConfig, *, num_classes: int, in_shape: Sequence[int]) -> nn.Sequential:
     torch.manual_seed(config.seed)
     model = config.model
-    if not isinstance(model, str):
-        return copy.deepcopy(models.as_sequential(model))
-    if is_entry_point(model):
-        made = call_factory(load_entry_point(model, what="model"), model, what="model",
-                            num_classes=num_classes, in_shape=tuple(in_shape))
+    if isinstance(model, nn.Module):
+        copied = copy.deepcopy(models.as_sequential(model))
+        return copied if config.initial_weights == "given" else reinitialise(copied)
+    if not isinstance(model, str) or is_entry_point(model):
+        if isinstance(model, str):
+            factory, name = load_entry_point(model, what="model"), model
+        else:  # the in-process twin of module:function
+            factory, name = model, getattr(model, "__qualname__", repr(model))
+        made = call_factory(factory, name, what="model", num_classes=num_classes,
+                            in_shape=tuple(in_shape))
         try:
             return models.as_sequential(made)
         except ConfigError as exc:
-            raise ConfigError(f"model {model!r} returned {type(made).__name__}: {exc}"
+            raise ConfigError(f"model {name!r} returned {type(made).__name__}: {exc}"
                               ) from None
     shape = tuple(in_shape)
     if len(shape) != 3:
@@ -66,6 +80,73 @@ def _build(config: RunConfig, *, num_classes: int, in_shape: Sequence[int]) -> n
                           f"data's inputs have shape {shape}")
     return models.build(model, num_classes=num_classes, in_shape=(shape[0], shape[1],
                                                                    shape[2]))
+
+
+def _initialiser(module: nn.Module) -> Callable[[], object] | None:
+    """How ``module`` initialises its own parameters: its ``reset_parameters``, or the
+    private ``_reset_parameters`` of the torch layers that have only that
+    (``nn.MultiheadAttention``, ``nn.Transformer``); None when it has neither."""
+    for name in ("reset_parameters", "_reset_parameters"):
+        method = getattr(module, name, None)
+        if callable(method):
+            return method  # type: ignore[no-any-return]
+    return None
+
+
+def parameters_not_reset(model: nn.Module) -> list[str]:
+    """The names of ``model``'s parameters that `reinitialise` would leave as they are:
+    those held directly by no module that has an initialiser. torch's layers have one; a
+    bare ``nn.Parameter`` in a user's module usually does not. A walk over the modules:
+    nothing is computed."""
+    covered = {id(param) for module in model.modules() if _initialiser(module) is not None
+               for param in module.parameters(recurse=False)}
+    return [name for name, param in model.named_parameters() if id(param) not in covered]
+
+
+def reinitialise(model: ModuleT) -> ModuleT:
+    """``model`` with every module's parameters drawn again, in place, from the global
+    generator (seeded by the caller): each module's initialiser (`_initialiser`) is called
+    after its children's, as when the model was constructed (a parent such as
+    ``nn.MultiheadAttention`` sets some of its children's parameters itself).
+
+    [Note: initial weights] A user's module carries weights drawn from whatever state the
+    global generator was in when the user built it: two runs of one config function
+    (each building a new module) started from different weights, depending on what ran
+    before them in the process. Re-drawing them under ``config.seed`` makes a run's
+    initial weights a function of its config alone, as a zoo name's or a factory's are
+    (docs/design.md §Initial weights). `RunConfig` refuses a module with parameters that
+    no initialiser covers (`parameters_not_reset`) unless its weights are "given".
+
+    Raises:
+        ConfigError: an initialiser failed (the message names its module).
+    """
+    with torch.no_grad():
+        for name, module in _children_first(model, ""):
+            initialise = _initialiser(module)
+            if initialise is None:
+                continue
+            try:
+                initialise()
+            except Exception as exc:
+                raise ConfigError(f"model: re-initialising {name or 'the model'} "
+                                  f"({type(module).__name__}) from the seed failed: "
+                                  f"{type(exc).__name__}: {exc}") from None
+    return model
+
+
+def _children_first(module: nn.Module, name: str) -> Iterator[tuple[str, nn.Module]]:
+    """``module``'s submodules, each after its children (each module once)."""
+    seen: set[int] = set()
+
+    def walk(module: nn.Module, name: str) -> Iterator[tuple[str, nn.Module]]:
+        if id(module) in seen:
+            return
+        seen.add(id(module))
+        for child_name, child in module.named_children():
+            yield from walk(child, f"{name}.{child_name}" if name else child_name)
+        yield name, module
+
+    return walk(module, name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +184,8 @@ def model_template(config: RunConfig, *, num_classes: int, in_shape: Sequence[in
     generator is left as that build left it, on later calls too, so that what draws from
     it next (dropout in training) draws the same numbers as when every device built its
     own. A user's model object (not a name) is keyed by its identity and the state of
-    its tensors (`_object_key`), and kept alive while its template is kept.
+    its tensors (`_object_key`), and how its initial weights are chosen; a user's factory
+    (a callable) by its identity; either is kept alive while its template is kept.
 
     Raises:
         ConfigError: as `build_model`.
@@ -111,8 +193,7 @@ def model_template(config: RunConfig, *, num_classes: int, in_shape: Sequence[in
     model = config.model
     shape = tuple(in_shape)
     with _BUILDING:
-        key = (model if isinstance(model, str) else _object_key(model), config.seed,
-               num_classes, shape)
+        key = (_model_key(config), config.seed, num_classes, shape)
         found = _TEMPLATES.pop(key, None)
         if found is None:
             built = build_model(config, num_classes=num_classes, in_shape=shape)
@@ -125,6 +206,16 @@ def model_template(config: RunConfig, *, num_classes: int, in_shape: Sequence[in
             torch.set_rng_state(found[1])
         _TEMPLATES[key] = found  # newest last
         return found[0]
+
+
+def _model_key(config: RunConfig) -> tuple[object, ...]:
+    """What the template of ``config.model`` depends on (besides the seed and shapes)."""
+    model = config.model
+    if isinstance(model, str):
+        return ("name", model)
+    if isinstance(model, nn.Module):
+        return (config.initial_weights, *_object_key(model))
+    return ("factory", id(model))
 
 
 def _object_key(model: object) -> tuple[object, ...]:

@@ -232,7 +232,7 @@ def check_group_gradient(message: GroupGradient, assignment: Assignment, mine: E
             f"{a.me}'s group of stage {a.stage}")
     last = a.first_iteration + a.iterations - 1
     if message.epoch != a.epoch or not a.first_iteration <= message.iteration <= last:
-        raise RemoteProtocolError(f"group gradients {key} are outside round {a.round}")
+        raise RemoteProtocolError(f"group gradients {key} are outside round {a.round + 1}")
     if message.version != a.version_of(message.iteration):
         raise RemoteProtocolError(f"group gradients {key} have weights of version "
                                   f"{message.version}, the plan says "

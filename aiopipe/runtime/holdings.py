@@ -59,6 +59,7 @@ from aiopipe.runtime.judge import scale_of
 from aiopipe.runtime.plan import device_data
 from aiopipe.runtime.profiling import host_fingerprint
 from aiopipe.runtime.stage import Batch, StageWork
+from aiopipe.wording import plural
 
 __all__ = ["KEPT_ROUNDS", "Holdings"]
 
@@ -204,10 +205,9 @@ class Holdings:
             module = self.model_copy(assignment.first_unit, assignment.stop_unit)
             kept = optimizer_states(work.module, work.optimizer) if work is not None else None
             if previous is not None:
-                log.info("%s: round %d switches to units %d..%d of stage %d, %d "
-                         "micro-batches", name, message.round + 1, assignment.first_unit,
-                         assignment.stop_unit - 1, assignment.stage,
-                         assignment.parallel_batches)
+                log.info("%s: round %d switches to units %d..%d of stage %d, %s", name,
+                         message.round + 1, assignment.first_unit, assignment.stop_unit - 1,
+                         assignment.stage, plural(assignment.parallel_batches, "micro-batch"))
             if asynchronous:
                 work = AsyncStageWork(
                     module, first=assignment.stage == 0, last=assignment.last,
@@ -230,7 +230,7 @@ class Holdings:
         replayed = self.config.mode == "asteroid"
         keep = (asynchronous or replayed) and not message.tensors
         if keep and not kept_stage and next(work.module.parameters(), None) is not None:
-            raise RemoteProtocolError(f"round {message.round} asks {name} to keep weights "
+            raise RemoteProtocolError(f"round {message.round + 1} asks {name} to keep weights "
                                       "it does not hold")
         momentum: dict[str, torch.Tensor] = {}
         if not keep:
@@ -279,7 +279,7 @@ class Holdings:
             RemoteProtocolError: this device holds no such start.
         """
         if self.start_state is None:
-            raise RemoteProtocolError(f"round {round_no} asks {name} to keep weights it "
+            raise RemoteProtocolError(f"round {round_no + 1} asks {name} to keep weights it "
                                       "does not hold")
         work.module.load_state_dict(self.start_state)
 

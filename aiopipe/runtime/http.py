@@ -5,8 +5,11 @@
 application, so an existing service can host an aiopipe server next to its own routes.
 
 With a token secret, ``/ws`` wants ``Authorization: Bearer <token>`` minted for one device
-(`aiopipe.auth`); a missing or invalid token gets HTTP 401 with a one-line reason before
-any upgrade, and the connection it admits may only say hello as that token's device.
+(`aiopipe.auth`); a missing or invalid token gets HTTP 401 before any upgrade, with its
+reason for the device in ``WWW-Authenticate`` (RFC 6750: ``Bearer error="invalid_token",
+error_description="expired"``, a fixed phrase; plain ``Bearer`` when no token was sent;
+`aiopipe.auth.refusals`) and the server log's one line as the body, and the connection it
+admits may only say hello as that token's device.
 Without a secret every connection is admitted (bind loopback only, or say --insecure).
 Before its hello is taken a websocket takes only hello-sized frames and holds no device
 slot; from its hello on it holds one of its token's ``max_per_device`` slots (HTTP 429
@@ -23,25 +26,33 @@ from collections import Counter
 import orjson
 from aiohttp import web
 
-from aiopipe.auth import Revocations, Token, authenticate_bearer, check_secret
+from aiopipe.auth import (
+    Revocations,
+    Token,
+    authenticate_bearer,
+    bearer_challenge,
+    check_secret,
+)
 from aiopipe.errors import AiopipeError, AuthenticationError, RemoteProtocolError
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.transport import WebSocketLink, accept_websocket
 from aiopipe.transport.guard import ConnectionGuard, ConnectionLimits
+from aiopipe.wording import plural
 
 __all__ = ["add_routes"]
 
 log = logging.getLogger("aiopipe.server")
 
 
-def add_routes(app: web.Application, node: Coordinator, *, token_secret: bytes | None = None,
+def add_routes(app: web.Application, node: Coordinator, *,
+               token_secret: str | bytes | None = None,
                prefix: str = "", shape_downlinks: bool = False,
                guard: ConnectionGuard | None = None,
                revocations: Revocations | None = None) -> None:
     """Mount the device websocket and the status routes of ``node`` on ``app``.
 
-    ``token_secret``: devices must present a token minted under it (None: no
-    authentication). ``shape_downlinks``: pace what goes to device k at its
+    ``token_secret``: devices must present a token minted under it (bytes, or str as
+    UTF-8; None: no authentication). ``shape_downlinks``: pace what goes to device k at its
     ``network``'s downlink (sender-side shaping, to emulate the network on one machine).
     ``guard``: the listening site's `ConnectionGuard`, told when a connection becomes a
     device's (default: one with the default limits, of which only the per-device and
@@ -63,13 +74,13 @@ def add_routes(app: web.Application, node: Coordinator, *, token_secret: bytes |
                                         revocations=revocations)
         except AuthenticationError as exc:
             log.warning("refused a connection from %s: %s", request.remote, exc)
-            raise web.HTTPUnauthorized(text=f"{exc}\n",
-                                       headers={"WWW-Authenticate": "Bearer"}) from None
+            raise web.HTTPUnauthorized(
+                text=f"{exc}\n", headers={"WWW-Authenticate": bearer_challenge(exc)}) from None
         k = token.device_id
         if per_device[k] >= guard.limits.max_per_device:  # [Note: device slots]
-            log.warning("refused a connection from %s: device %d already has %d "
-                        "connections past their hello (max_per_device)", request.remote, k,
-                        per_device[k])
+            log.warning("refused a connection from %s: device %d already has %s past "
+                        "their hello (max_per_device)", request.remote, k,
+                        plural(per_device[k], "connection"))
             raise web.HTTPTooManyRequests(
                 text=f"device {k} already has {per_device[k]} connections open\n")
         return token

@@ -124,7 +124,7 @@ class SyncPlan:
                        float(sync["version"]), bool(sync["backup"]),
                        float(sync.get("budget_s", 0.0)))
         except (KeyError, TypeError, ValueError) as exc:
-            raise RemoteProtocolError(f"round {start.round}'s sync is not HADFL's: "
+            raise RemoteProtocolError(f"round {start.round + 1}'s sync is not HADFL's: "
                                       f"{exc!r}") from None
         every = (*ring, *receivers)
         if (not ring or len(set(every)) != len(every)
@@ -132,7 +132,7 @@ class SyncPlan:
                 or plan.sender not in ring or not plan.learning_rate > 0
                 or not np.isfinite(plan.learning_rate) or not plan.version >= 0
                 or not np.isfinite(plan.version) or not 0 <= plan.budget_s < np.inf):
-            raise RemoteProtocolError(f"round {start.round}'s sync is not a ring of the "
+            raise RemoteProtocolError(f"round {start.round + 1}'s sync is not a ring of the "
                                       f"run's devices: {dict(sync)!r}")
         return plan
 
@@ -515,7 +515,7 @@ class PartialSync:
         if source not in ring or (full is not None and tuple(d for d in full if d in ring)
                                   != ring):
             raise RemoteProtocolError(f"{sender} sent a ring {list(ring)} that is not "
-                                      f"part of round {round_no}'s {list(full or ring)}")
+                                      f"part of round {round_no + 1}'s {list(full or ring)}")
         known = self._news.get(round_no, full)
         if known is None or set(ring) < set(known):
             self._adopt(round_no, ring)
@@ -575,7 +575,7 @@ class PartialSync:
         if ring is None or message.round <= self._merged_round:
             return  # too old to matter, or of a round not begun here: not to be checked
         if source not in ring or self.me in ring:
-            raise RemoteProtocolError(f"{sender} sent round {message.round}'s average, "
+            raise RemoteProtocolError(f"{sender} sent round {message.round + 1}'s average, "
                                       "which it does not send to us")
         state = self.work.module.state_dict()
         expected = {k: (str(v.dtype).removeprefix("torch."), tuple(v.shape))

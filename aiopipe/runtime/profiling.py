@@ -39,6 +39,7 @@ import torch
 from aiopipe.clock import Clock, wait_for
 from aiopipe.errors import ConfigError, DeviceLostError, RemoteProtocolError
 from aiopipe.protocol import Message, Probe, Profile, ProfileRequest, to_tensor_data
+from aiopipe.runtime.plan_text import profile_text
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.estimate import DeviceProfile
 from aiopipe.transport import LinkSpec
@@ -125,7 +126,7 @@ async def profile_fleet(devices: Mapping[int, Profiled], hosts: Mapping[int, str
             figures[k] = profile_figures(measured[k], answer, sizes, units)
             if answer.costs:
                 log.info("device %d profiled itself in %.1f s: %s", k, answer.seconds,
-                         figures[k])
+                         profile_text(figures[k]))
 
     async with asyncio.TaskGroup() as tasks:
         for ids in by_host.values():

@@ -234,7 +234,7 @@ def _device_loss(node: Coordinator) -> dict[str, float]:
     if not node.epochs:
         return {}
     last = node.epochs[-1]
-    losses = node.device_loss.get(last.epoch, {})
+    losses = node.device_loss.get(last.epoch - 1, {})  # kept by the loop's 0-based index
     if node.config.mode in PIPELINE_MODES and last.plan:
         stage = max(int(entry["stage"]) for entry in last.plan)
         computing = {int(entry["device"]) for entry in last.plan if entry["stage"] == stage}

@@ -350,7 +350,7 @@ class DeviceSession:
                 message.stage == start.stage == start.stages - 1
                 and 0 < message.batches < start.parallel_batches):
             raise RemoteProtocolError(f"a replica of stage {message.stage} after "
-                                      f"{message.batches} batches of round {message.round} "
+                                      f"{message.batches} batches of round {message.round + 1} "
                                       "that nobody asked for")
         self.host.chain_replica(self.device_id, message)
 
@@ -572,8 +572,8 @@ class DeviceSession:
         if window is None or self.result is None or self.result.done():
             raise RemoteProtocolError("round result outside a round")
         if message.round != window.round:
-            raise RemoteProtocolError(f"result for round {message.round}, expected "
-                                      f"{window.round}")
+            raise RemoteProtocolError(f"result for round {message.round + 1}, expected "
+                                      f"{window.round + 1}")
         # the device returns the stage it was sent (or kept), trained
         check_tensors(message.tensors, expected_of(window.returns), "round result")
         start = window.start
@@ -626,8 +626,8 @@ class DeviceSession:
         if result is None or window is None or self.result is None or self.result.done():
             raise RemoteProtocolError("round report without a round result")
         if message.round != result.round:
-            raise RemoteProtocolError(f"report for round {message.round}, expected "
-                                      f"{result.round}")
+            raise RemoteProtocolError(f"report for round {message.round + 1}, expected "
+                                      f"{result.round + 1}")
         try:
             slices = [Slice.from_list(s) for s in message.report.get("slices", ())]
         except (TypeError, ValueError, OverflowError) as exc:

@@ -6,10 +6,13 @@ differs, so that pytest shows it as the test's failure.
 samples with N_k micro-batches of floor(B / N_k) (N_k = 1 but in pipar), trains
 I_k = floor(S_k / (floor(B / N_k) N_k)) iterations an epoch (aiopipe.runtime.plan
 [Note: iterations per epoch]). An epoch's rounds are P iterations each (P =
-``aggregation_every``, or the longest I_k when 0): round r gives device k
-min(P, I_k - r P) iterations (none once it has trained them all). A device counts a
+``aggregation_every``, or the longest I_k when 0): round r (from 1) gives device k
+min(P, I_k - (r - 1) P) iterations (none once it has trained them all). A device counts a
 round's samples only if it took part (was sampled, with ``devices_per_round``) and
 finished it; a round it lost counts nothing, and no round counts twice.
+
+Epochs and rounds are numbered as a person reads them (`EpochMetrics.epoch`, the log):
+from 1, a round by its place in its epoch (round 1 of epoch 1 is the run's first).
 """
 
 from __future__ import annotations
@@ -29,15 +32,15 @@ from aiopipe.testing.fleet import open_fleet
 __all__ = ["assert_exact_accounting", "assert_same_weights", "expected_samples",
            "run_undisturbed"]
 
-#: Per device, the rounds it lost: (epoch, round within the epoch) pairs.
+#: Per device, the rounds it lost: (epoch, round within the epoch) pairs, both from 1.
 Lost = Mapping[int, Iterable[tuple[int, int]]]
 
 
 def expected_samples(config: RunConfig, epoch: EpochMetrics, device_id: int, *,
                      lost: Iterable[int] = ()) -> int:
     """The samples device ``device_id`` counts in ``epoch`` if it finishes every round of
-    it in which it takes part but the rounds ``lost`` (round numbers within the epoch)
-    ([Note: what a plan trains]; its N from the epoch's ``plan``).
+    it in which it takes part but the rounds ``lost`` (round numbers within the epoch,
+    the first is 1) ([Note: what a plan trains]; its N from the epoch's ``plan``).
 
     Raises:
         ConfigError: not a star mode, or ``epoch``'s plan does not name the device.
@@ -47,8 +50,8 @@ def expected_samples(config: RunConfig, epoch: EpochMetrics, device_id: int, *,
     per_iteration, iterations = _plan(config, epoch)[device_id]
     period = _period(config, epoch)
     skipped = set(lost)
-    return sum(max(0, min(period, iterations - r * period)) * per_iteration
-               for r, members in enumerate(rounds)
+    return sum(max(0, min(period, iterations - (r - 1) * period)) * per_iteration
+               for r, members in enumerate(rounds, start=1)
                if device_id in members and r not in skipped)
 
 
@@ -61,10 +64,11 @@ def assert_exact_accounting(result: RunResult, *, lost: Lost | None = None) -> N
     Args:
         result: a run of a star mode (fl, sl, sfl, pipar) with a fixed plan per epoch
             (no ``replan`` switching N in an epoch).
-        lost: per device, the rounds it lost, as (epoch, round within the epoch) pairs,
-            e.g. ``{2: [(0, 0)]}``: device 2 lost the first round. A round that began
-            while the device was down (and so went on without it) counts as lost too.
-            Absent: none.
+        lost: per device, the rounds it lost, as (epoch, round within the epoch) pairs
+            counted from 1 as `EpochMetrics.epoch` and the log count them, e.g.
+            ``{2: [(1, 1)]}``: device 2 lost the first round of the first epoch. A round
+            that began while the device was down (and so went on without it) counts as
+            lost too. Absent: none.
 
     Raises:
         AssertionError: the accounting differs; the message lists every difference.
@@ -76,7 +80,7 @@ def assert_exact_accounting(result: RunResult, *, lost: Lost | None = None) -> N
     lost_rounds = _lost_by_epoch(config, result.epochs, lost or {})
     problems: list[str] = []
     for epoch in result.epochs:
-        e = epoch.epoch
+        e = epoch.epoch  # from 1, as ``lost`` names it
         if len(epoch.device_samples) != config.devices:
             problems.append(f"epoch {e}: device_samples has {len(epoch.device_samples)} "
                             f"entries for {config.devices} devices")
@@ -188,8 +192,8 @@ def _lost_by_epoch(config: RunConfig, epochs: Iterable[EpochMetrics],
         if not 0 <= k < config.devices:
             raise ConfigError(f"lost names device {k}; the run has {config.devices}")
         for epoch, round_no in pairs:
-            if not 0 <= round_no < rounds.get(epoch, 0):
+            if not 1 <= round_no <= rounds.get(epoch, 0):
                 raise ConfigError(f"lost names round {round_no} of epoch {epoch}, which the "
-                                  "run has not")
+                                  "run has not (both count from 1)")
             out.setdefault((epoch, k), set()).add(round_no)
     return out

@@ -24,6 +24,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any, Literal
 
+from torch import nn
+
 from aiopipe.clock import Clock, VirtualClock
 from aiopipe.config import LINKED_MODES, RunConfig
 from aiopipe.errors import AiopipeError, ConfigError, LinkBrokenError
@@ -48,11 +50,11 @@ def uniform_costs(config: RunConfig) -> CostTable:
     """A made-up cost table for ``config``'s model, every unit alike (10 ms forward, 20 ms
     backward and 1 ms step per 10 samples): virtual time that does not depend on the
     machine, for tests of behaviour rather than speed."""
-    if isinstance(config.model, str):
+    if isinstance(config.model, nn.Sequential):
+        model = config.model  # its units, whatever its weights
+    else:  # a name or a factory
         data = train_dataset(config)
         model = build_model(config, num_classes=data.num_classes, in_shape=data.in_shape)
-    else:
-        model = config.model
     return CostTable.uniform(unit_count(model), forward=0.01, backward=0.02, step=0.001,
                              batch=10)
 
@@ -101,14 +103,20 @@ class Fleet:
         outcomes: per device, what each of its processes ended with: its `DeviceSummary`,
             the aiopipe error it failed with, or "killed".
         crashes: exceptions other than aiopipe errors from the server or a device.
+
+    Raises:
+        ConfigError: the config cannot run, or ``clock`` is a `VirtualClock` and the
+            running loop is not one it can drive (`VirtualClock.check_loop`).
     """
 
     def __init__(self, config: RunConfig, clock: Clock, tasks: asyncio.TaskGroup, *,
                  cost_table: CostTable | None = None, wire: LinkSpec | None = None,
                  fabric: MemoryFabric | None = None,
                  checkpoint_dir: Path | None = None) -> None:
-        if cost_table is None and isinstance(clock, VirtualClock):
-            cost_table = uniform_costs(config)
+        if isinstance(clock, VirtualClock):
+            clock.check_loop()  # before any task starts (uvloop's loop: a ConfigError)
+            if cost_table is None:
+                cost_table = uniform_costs(config)
         self.node = Coordinator(config, clock=clock, cost_table=cost_table,
                                 checkpoint_dir=checkpoint_dir)
         self.checkpoint_dir = checkpoint_dir
@@ -328,43 +336,55 @@ class Fleet:
         return [links[way] for way in _ways(direction)]
 
     def activations_in(self, k: int, round_no: int) -> int:
-        """Activations the server accepted from device k in round ``round_no`` so far."""
+        """Activations the server accepted from device k in round ``round_no`` of the run
+        so far (counted from 1, as the log and ``/status`` count rounds: a round played
+        again takes the next number, and ``node.rounds`` is the latest's)."""
         session = self.node.sessions.get(k)
         window = session.window if session else None
-        return len(session.seen) if session and window and window.round == round_no else 0
+        # the protocol numbers rounds from 0
+        return (len(session.seen) if session and window and window.round == round_no - 1
+                else 0)
 
-    def reached(self, k: int, iteration: int, *, epoch: int = 0) -> bool:
-        """Whether device k is in ``iteration`` of ``epoch``, or further in its round: the
-        server is serving the round that holds it and has accepted an activation of it
-        (its first micro-batch's forward is done and sent) or of a later iteration.
+    def reached(self, k: int, iteration: int, *, epoch: int = 1) -> bool:
+        """Whether device k is in ``iteration`` of ``epoch`` (both from 1), or further in
+        its round: the server is serving the round that holds it and has accepted an
+        activation of it (its first micro-batch's forward is done and sent) or of a later
+        iteration.
 
         Raises:
+            ConfigError: ``epoch`` or ``iteration`` is below 1.
             AssertionError: device k's current round comes after that iteration (device
                 k sat out the round that held it, or was down).
         """
+        if epoch < 1 or iteration < 1:
+            raise ConfigError(f"epochs and iterations count from 1, got iteration "
+                              f"{iteration} of epoch {epoch}")
         session = self.node.sessions.get(k)
         window = session.window if session else None
         if session is None or window is None:
             return False
-        if (window.epoch, window.first_iteration + window.iterations) <= (epoch, iteration):
+        at = (epoch - 1, iteration - 1)  # the protocol's indices, from 0
+        if (window.epoch, window.first_iteration + window.iterations) <= at:
             return False  # not there yet
-        if (window.epoch, window.first_iteration) > (epoch, iteration):
+        if (window.epoch, window.first_iteration) > at:
             raise AssertionError(
-                f"device {k} is in the round from iteration {window.first_iteration} of "
-                f"epoch {window.epoch}: past iteration {iteration} of epoch {epoch}")
-        return any(i >= iteration for e, i, _ in session.seen if e == epoch)
+                f"device {k} is in the round from iteration {window.first_iteration + 1} "
+                f"of epoch {window.epoch + 1}: past iteration {iteration} of epoch {epoch}")
+        return any(i >= at[1] for e, i, _ in session.seen if e == at[0])
 
-    async def at_iteration(self, k: int, iteration: int, *, epoch: int = 0,
+    async def at_iteration(self, k: int, iteration: int, *, epoch: int = 1,
                            within: float = 600.0) -> None:
         """Wait until device k is in ``iteration`` of ``epoch`` (`Fleet.reached`):
         where a scripted fault goes, e.g. ``await fleet.at_iteration(1, 3);
-        fleet.kill(1)``. Iterations count from 0 in each epoch, across its rounds: round
-        r holds iterations r * P to r * P + P - 1, P being ``aggregation_every`` (every
+        fleet.kill(1)``. Epochs count from 1, and iterations from 1 in each epoch,
+        across its rounds (as the log and the timeline count them): round r (from 1)
+        holds iterations (r - 1) P + 1 to r P, P being ``aggregation_every`` (every
         iteration of the epoch when it is 0). Modes whose devices send activations:
         sl, sfl, pipar.
 
         Raises:
-            ConfigError: the mode sends no activations to the server.
+            ConfigError: the mode sends no activations to the server; ``epoch`` or
+                ``iteration`` is below 1.
             AssertionError: device k's rounds went past the iteration without it.
             TimeoutError: it did not get there within ``within`` seconds of the clock.
         """
@@ -413,9 +433,15 @@ async def open_fleet(config: RunConfig, *, clock: Clock | None = None, start: bo
             await fleet.until(lambda: fleet.activations_in(1, 0) > 0)
             fleet.kill(1)
             result = await training
+
+    Raises:
+        ConfigError: as `Fleet`, before anything starts (a `VirtualClock`, the default,
+            on uvloop's loop, say).
     """
     own = clock is None
     clock = VirtualClock() if clock is None else clock
+    if isinstance(clock, VirtualClock):
+        clock.check_loop()
     try:
         async with asyncio.TaskGroup() as tasks:
             fleet = Fleet(config, clock, tasks, **options)

@@ -14,7 +14,9 @@ __all__ = ["virtual_clock"]
 
 @pytest_asyncio.fixture
 async def virtual_clock() -> AsyncIterator[VirtualClock]:
-    """A `VirtualClock` for the test, closed after it."""
+    """A `VirtualClock` for the test, closed after it (refused at once, with a
+    `ConfigError` saying why, on a loop it cannot drive: `VirtualClock.check_loop`)."""
+    VirtualClock.check_loop()
     clock = VirtualClock()
     try:
         yield clock

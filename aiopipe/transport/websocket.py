@@ -39,6 +39,7 @@ from typing import Any
 import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from aiopipe.auth.refusals import explain_refusal
 from aiopipe.clock import Clock, ready_time, wait_for
 from aiopipe.errors import (
     AuthenticationError,
@@ -467,9 +468,11 @@ async def open_websocket_link(
     between aiohttp pings (None: off); ``ssl``: as aiohttp's (True: verify certificates).
 
     Raises:
-        AuthenticationError: the server answered the handshake with HTTP 401 or 403.
+        AuthenticationError: the server answered the handshake with HTTP 401 or 403;
+            the message says the server's reason (RFC 6750's ``WWW-Authenticate``) and
+            what to do (`aiopipe.auth.explain_refusal`).
         LinkBrokenError: the server cannot be reached or refused the upgrade (the
-            message names the URL).
+            message names the URL; for HTTP 429, why).
         ConfigError: the URL or an option is invalid.
     """
     _check_options(max_frame_bytes, shaping, heartbeat)
@@ -492,11 +495,12 @@ async def open_websocket_link(
                 connect_s,
             )
         except aiohttp.WSServerHandshakeError as exc:
-            if exc.status in (401, 403):
-                sent = "a token" if token is not None else "no token"
-                raise AuthenticationError(
-                    f"{url} refused the handshake with HTTP {exc.status} ({sent} was sent)"
-                ) from exc
+            if exc.status in (401, 403, 429):  # the server's reason, and what to do
+                challenges = exc.headers.getall("WWW-Authenticate", []) if exc.headers else []
+                said = explain_refusal(url, exc.status, challenges, token)
+                if exc.status == 429:  # turned away for now: `turned_away`
+                    raise LinkBrokenError(said) from exc
+                raise AuthenticationError(said) from exc
             raise LinkBrokenError(
                 f"cannot open a websocket to {url}: HTTP {exc.status} {exc.message}"
             ) from exc

@@ -24,6 +24,7 @@ from aiopipe import RunConfig, RunResult, VirtualClock, simulate
 from aiopipe import data as datasets
 from aiopipe.errors import ConfigError
 from aiopipe.runtime.coordinator import Coordinator
+from aiopipe.runtime.factories import build_model
 from aiopipe.runtime.plan import device_indices, train_dataset
 from aiopipe.runtime.systems.asteroid import Asteroid
 from aiopipe.scheduler.costs import CostTable
@@ -66,7 +67,7 @@ def _reference(config: RunConfig, rows: dict[int, tuple[int, int]], first_stage:
     stage's members' rows of it, each from its own data: its next ``share`` samples) in
     one forward, its mean loss, one SGD step with momentum."""
     dataset = train_dataset(config)
-    model = _model()
+    model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate,
                                 momentum=config.momentum)
     n = config.parallel_batches
@@ -107,8 +108,10 @@ async def test_hybrid_pipeline_training_equals_unsplit_training(
     assert result.final.samples == iterations * BATCH
     want = _reference(config, rows, groups[0], iterations).state_dict()
     got = result.model.state_dict()
+    # equal up to float rounding: a member's rows are summed apart from the others', and
+    # which rows a member gets follows the measured costs (so rounding varies by host)
     for name, tensor in want.items():
-        torch.testing.assert_close(got[name], tensor, rtol=1e-5, atol=1e-5,
+        torch.testing.assert_close(got[name], tensor, rtol=1e-4, atol=5e-5,
                                    msg=lambda m, name=name: f"{name}: {m}")
 
 

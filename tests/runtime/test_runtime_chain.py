@@ -60,8 +60,9 @@ def test_a_replica_of_an_attempt_given_up_on_is_dropped() -> None:
 
 @pytest.mark.parametrize(("sender", "replica", "match"), [
     ("device5", Replica(7, 0, 3, 0.0, 0, {}), "does not run the stage before ours"),
-    ("device0", Replica(8, 0, 3, 0.0, 0, {}), "not of stage 0 in round 7"),
-    ("device0", Replica(7, 1, 3, 0.0, 0, {}), "not of stage 0 in round 7"),
+    # (the protocol's round 7 is the log's round 8: people count from 1)
+    ("device0", Replica(8, 0, 3, 0.0, 0, {}), "not of stage 0 in round 8"),
+    ("device0", Replica(7, 1, 3, 0.0, 0, {}), "not of stage 0 in round 8"),
     ("device0", Replica(7, 0, 4, 0.0, 0, {}), "not at a chain point"),
     ("device0", Replica(7, 0, 0, 0.0, 0, {}), "not at a chain point"),
     ("device0", Replica(7, 0, 12, 0.0, 0, {}), "not at a chain point"),

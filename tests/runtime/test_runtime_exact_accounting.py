@@ -21,13 +21,13 @@ async def test_a_device_absent_for_a_whole_epoch_is_listed_as_lost() -> None:
     without it (0 samples), and list it as lost as epoch 1 does."""
     async with open_fleet(CONFIG, cost_table=COSTS) as fleet:
         training = fleet.train()
-        await fleet.at_iteration(2, 1)
+        await fleet.at_iteration(2, 2)
         fleet.kill(2)
         result = await training
     assert [e.device_samples for e in result.epochs] == [(80, 80, 0), (80, 80, 0),
                                                          (80, 80, 0)]
     assert [e.devices_lost for e in result.epochs] == [(2,), (2,), (2,)]
-    every_round = [(e, r) for e in range(3) for r in range(2)]
+    every_round = [(e, r) for e in (1, 2, 3) for r in (1, 2)]  # numbered from 1
     assert_exact_accounting(result, lost={2: every_round})
 
 

@@ -132,7 +132,7 @@ def test_a_template_is_built_once_and_leaves_the_generator_as_a_build_does() -> 
 
 def test_a_users_model_changed_between_runs_gets_a_new_template() -> None:
     model = nn.Sequential(nn.Sequential(nn.Flatten(), nn.Linear(12, 4)), nn.Linear(4, 2))
-    config = RunConfig(model=model)
+    config = RunConfig(model=model, initial_weights="given")  # its own weights count
     first = model_template(config, num_classes=2, in_shape=(3, 2, 2))
     assert model_template(config, num_classes=2, in_shape=(3, 2, 2)) is first
     with torch.no_grad():

@@ -44,8 +44,8 @@ async def test_a_killed_device_is_excluded_and_a_restarted_one_rejoins() -> None
         for k in range(3):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
-        # kill device 2 in the middle of round 3 (epoch 1's second round)
-        await fleet.until(lambda: fleet.node.rounds == 4 and fleet.activations_in(2, 3) > 0)
+        # kill device 2 in the middle of round 4 (epoch 2's second round)
+        await fleet.until(lambda: fleet.node.rounds == 4 and fleet.activations_in(2, 4) > 0)
         fleet.kill(2)
         # it stays away longer than reconnect_grace: the server gives up on it
         await fleet.until(lambda: fleet.node.sessions[2].ended)
@@ -54,8 +54,8 @@ async def test_a_killed_device_is_excluded_and_a_restarted_one_rejoins() -> None
         result = await training
     await clock.aclose()
     epochs = result.epochs
-    # epoch 1: device 2's second round was excluded; it came back after round 4 had
-    # started, so it contributes again from round 5 (epoch 2's second round)
+    # epoch 2: device 2's second round (round 4) was excluded; it came back after round
+    # 5 had started, so it contributes again from round 6 (epoch 3's second round)
     assert [e.device_samples for e in epochs] == [(80, 80, 80), (80, 80, 40), (80, 80, 40)]
     assert [e.devices_lost for e in epochs] == [(), (2,), ()]
     assert [e.samples for e in epochs] == [240, 200, 200]
@@ -77,7 +77,7 @@ async def test_a_restarted_device_drops_its_round_and_rejoins_at_the_next() -> N
         for k in range(3):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
-        await fleet.until(lambda: fleet.node.rounds == 4 and fleet.activations_in(2, 3) > 0)
+        await fleet.until(lambda: fleet.node.rounds == 4 and fleet.activations_in(2, 4) > 0)
         fleet.kill(2)
         fleet.start_device(2)  # a fresh process with the same id, within reconnect_grace
         result = await training
@@ -120,12 +120,12 @@ async def test_a_device_that_does_not_come_back_is_left_out_after_the_grace() ->
         for k in range(3):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
-        await fleet.until(lambda: fleet.node.rounds == 4 and fleet.activations_in(2, 3) > 0)
+        await fleet.until(lambda: fleet.node.rounds == 4 and fleet.activations_in(2, 4) > 0)
         fleet.kill(2)  # and it never comes back
         killed_at = clock.now()
         await fleet.until(lambda: fleet.node.sessions[2].ended)
         lost_after = clock.now() - killed_at
-        # the others finish round 3 without it, shortly after
+        # the others finish round 4 without it, shortly after
         await fleet.until(lambda: fleet.node.rounds == 5)
         round_over_after = clock.now() - killed_at
         result = await training
@@ -154,7 +154,7 @@ async def test_a_device_back_within_the_grace_keeps_its_round() -> None:
         for k in range(3):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
-        await fleet.until(lambda: fleet.node.rounds == 4 and fleet.activations_in(1, 3) > 1)
+        await fleet.until(lambda: fleet.node.rounds == 4 and fleet.activations_in(1, 4) > 1)
         fleet.block(1, away)
         fleet.cut(1)
         cut_at, session = clock.now(), fleet.node.sessions[1]
@@ -189,7 +189,7 @@ async def test_a_device_back_after_the_grace_rejoins_at_a_later_round() -> None:
         for k in range(3):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
-        await fleet.until(lambda: fleet.node.rounds == 4 and fleet.activations_in(1, 3) > 1)
+        await fleet.until(lambda: fleet.node.rounds == 4 and fleet.activations_in(1, 4) > 1)
         fleet.block(1, 2.0)  # > reconnect_grace, well within the device's patience
         fleet.cut(1)
         cut_at, old = clock.now(), fleet.node.sessions[1]
@@ -203,7 +203,7 @@ async def test_a_device_back_after_the_grace_rejoins_at_a_later_round() -> None:
     # absent the whole third epoch (0 samples): lost in it too (issue 41)
     assert [e.devices_lost for e in result.epochs] == [(), (1,), (1,), ()]
     assert [e.device_samples[0] for e in result.epochs] == [80] * 4
-    assert result.epochs[1].device_samples[1] == 40  # round 3 was dropped
+    assert result.epochs[1].device_samples[1] == 40  # round 4 was dropped
     assert result.epochs[2].device_samples[1] == 0
     # it took part again: back at 6.85 s (its backoff), in the last epoch's second round
     # (the grace runs from the break, at 3.86 s: lost at 4.86 s)
@@ -222,7 +222,7 @@ async def test_the_run_fails_when_every_device_is_gone_for_good() -> None:
         fleet.start_device(0)
 
         async def kill() -> None:
-            await fleet.until(lambda: fleet.activations_in(0, 0) > 0)
+            await fleet.until(lambda: fleet.activations_in(0, 1) > 0)
             fleet.kill(0)
 
         tasks.create_task(kill())
@@ -241,7 +241,7 @@ async def test_a_cut_link_is_repaired_and_nothing_is_lost_or_counted_twice() -> 
         for k in range(3):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
-        for round_no in (1, 3, 4):
+        for round_no in (2, 4, 5):
             await fleet.until(lambda r=round_no: fleet.activations_in(1, r) > 1)  # type: ignore[misc]
             fleet.cut(1)
         result = await training
@@ -276,9 +276,9 @@ async def test_a_restarted_server_resumes_from_its_checkpoint(tmp_path: Path) ->
         for k in range(3):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
-        # the server dies in the middle of round 3 (epoch 1's second round), once device
+        # the server dies in the middle of round 4 (epoch 2's second round), once device
         # 2 has stepped in it (its second iteration's activations have come)
-        await fleet.until(lambda: fleet.node.rounds == 4 and fleet.activations_in(2, 3) > 2)
+        await fleet.until(lambda: fleet.node.rounds == 4 and fleet.activations_in(2, 4) > 2)
         training.cancel()
         for k in range(3):
             fleet.device_links[k].break_("the server process died")
@@ -326,7 +326,7 @@ async def test_an_epoch_in_which_nobody_trained_has_no_loss() -> None:
         for k in range(3):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
-        await fleet.until(lambda: fleet.activations_in(0, 0) > 0)
+        await fleet.until(lambda: fleet.activations_in(0, 1) > 0)
         for k in range(3):
             fleet.kill(k)
         await fleet.until(lambda: all(fleet.node.sessions[k].ended for k in range(3)))

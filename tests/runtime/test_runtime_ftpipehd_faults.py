@@ -155,7 +155,7 @@ async def test_a_killed_worker_s_round_is_played_again_by_the_others(killed: int
     assert recovery["workers"] == left
     assert recovery["before"] == [1, 2, 3]
     assert len(recovery["after"]) == 2
-    assert recovery["replayed_as"] == 2
+    assert recovery["replayed_as"] == 3  # rounds count from 1: epoch 2's is round 2
     first, second = result.epochs
     assert second.devices_lost == (killed,)
     assert [first.samples, second.samples] == [80, 80]  # each batch once
@@ -300,7 +300,7 @@ async def test_a_worker_back_after_the_grace_takes_part_from_the_next_round() ->
         await run.mid_round(1)
         run.tasks[2].cancel()
         await asyncio.wait([run.tasks[2]])
-        while run.node.rounds < 3:  # the replay (round 2) has begun without it
+        while run.node.rounds < 3:  # the replay (round 3) has begun without it
             await run.clock.sleep(0.01)
         run.tasks[2] = run.group.create_task(run.device(2))
 
@@ -329,8 +329,8 @@ async def test_only_the_round_under_way_is_played_again() -> None:
     result = await run.train(kill)
     assert not isinstance(result, Exception), result
     (recovery,) = run.node.replans
-    assert recovery["round"] == 4
-    assert recovery["replayed_as"] == 5
+    assert recovery["round"] == 5  # counted from 1, as the docstring and the log count
+    assert recovery["replayed_as"] == 6
     assert [e.samples for e in result.epochs] == [80, 80]
     assert [p["batches"] for p in result.epochs[0].plan] == [4, 4, 4, 4]  # per round
     before, after = [1, 2, 3], recovery["after"]
@@ -357,7 +357,7 @@ async def test_the_first_re_partition_comes_after_the_first_batches(
     config = CONFIG.replace(partition="auto", first_repartition_after=4)
     result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
     (change, *later) = result.epochs[0].changes
-    assert change["round"] == 0
+    assert change["round"] == 1  # the run's first round (counted from 1)
     assert change["after_batches"] == 4
     assert change["before"] != change["after"]
     assert not later  # (epoch 1's end measured no better cuts: no flapping)
@@ -466,7 +466,7 @@ async def test_a_restarted_server_resumes_from_its_checkpoint(tmp_path: Path) ->
         for k in range(4):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
-        await fleet.until(lambda: fleet.node.rounds == 4)  # round 3 (epoch 2's first)
+        await fleet.until(lambda: fleet.node.rounds == 4)  # round 4 (epoch 2's first)
         await clock.sleep(0.1)
         training.cancel()
         for k in range(4):

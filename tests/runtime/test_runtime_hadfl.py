@@ -273,7 +273,7 @@ async def test_groups_average_within_themselves_and_across_every_few_rounds() ->
     groups = [{0, 1, 2}, {3, 4, 5}]
     for r in rounds:
         rings = r["rings"]
-        if r["round"] % 2 == 0:  # the epoch's first: within the groups
+        if r["round"] % 2 == 1:  # the epoch's first (rounds count from 1): within groups
             assert len(rings) == 2
             assert [len(ring) for ring in rings] == [2, 2]
             assert [set(ring) <= group for ring, group in zip(rings, groups, strict=True)]

@@ -66,8 +66,9 @@ def test_an_honest_upstream_s_chunk_is_kept() -> None:
     ("device0", {"size": 3}, "expected chunk"),
     ("device0", {"chunk": 2}, "expected chunk"),
     ("device0", {"step": 4}, "ring step 4 of a ring of 3"),
-    ("device0", {"ring": (0, 1, 3)}, "not part of round 0"),
-    ("device0", {"ring": (1, 0, 2)}, "not part of round 0"),
+    # (the protocol's round 0 is the log's round 1)
+    ("device0", {"ring": (0, 1, 3)}, "not part of round 1"),
+    ("device0", {"ring": (1, 0, 2)}, "not part of round 1"),
     ("nobody", {}, "another run"),
 ])
 def test_chunks_that_break_the_round_are_refused(sender: str, changes: dict[str, Any],
@@ -94,7 +95,7 @@ def test_a_shorter_ring_is_news_and_a_longer_one_an_old_attempt() -> None:
     assert 0 in sync._dead
     sync.deliver("device0", _chunk(sync))  # of the attempt given up on: dropped
     assert not sync._chunks
-    with pytest.raises(RemoteProtocolError, match="not part of round 0"):
+    with pytest.raises(RemoteProtocolError, match="not part of round 1"):
         sync.deliver("device2", RingBypass(RUN, 0, (2, 3)))
 
 

@@ -82,7 +82,8 @@ async def test_a_stage_killed_mid_round_costs_only_that_round(killed: int) -> No
     assert recovery["before"] == [1, 3]
     assert len(recovery["after"]) == 1  # two stages now
     assert recovery["iterations"] == [0, ITERATIONS]  # the round again, from its start
-    assert recovery["replayed_as"] == 2
+    assert (recovery["epoch"], recovery["round"]) == (2, 2)  # counted from 1, as the log
+    assert recovery["replayed_as"] == 3
     # given up reconnect_grace after its link broke; played again at once
     assert 0 <= recovery["resumed_s"] - recovery["noticed_s"] <= CONFIG.reconnect_grace + 0.6
     first, second, third = result.epochs

@@ -54,7 +54,7 @@ async def test_epoch_progress_counts_the_servers_micro_batches() -> None:
         for k in range(3):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
-        await fleet.until(lambda: fleet.activations_in(1, 1) > 1)  # epoch 0, round 1
+        await fleet.until(lambda: fleet.activations_in(1, 2) > 1)  # epoch 1, round 2
         seen.append(fleet.node.epoch_progress())
         await training
         seen.append(fleet.node.epoch_progress())

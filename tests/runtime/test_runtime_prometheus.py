@@ -186,12 +186,13 @@ def test_import_aiopipe_and_its_routes_does_not_load_prometheus_client() -> None
 async def test_lost_and_refused_devices_are_counted_per_finished_epoch() -> None:
     """Finished epochs as the coordinator records them (a run with faults is
     tests/runtime/test_runtime_faults.py's); each counts once per device it names."""
-    epoch = EpochMetrics(epoch=0, time_s=1.0, busy_s={}, idle_s={}, loss=2.0, accuracy=0.5,
+    epoch = EpochMetrics(epoch=1, time_s=1.0, busy_s={}, idle_s={}, loss=2.0, accuracy=0.5,
                          train_accuracy=0.25, samples=120, bytes_up=10, bytes_down=20,
                          plan=[], device_samples=(80, 40), devices_lost=(1,),
                          updates_refused=(0, 1))
     async with Server(CONFIG, token_secret=SECRET) as server:
-        server.node.epochs += [epoch, dataclasses.replace(epoch, epoch=1, updates_refused=(1,))]
+        server.node.epochs += [epoch, dataclasses.replace(epoch, epoch=2, updates_refused=(1,))]
+        # the coordinator keys device_loss by the epoch's 0-based index: 1 is epoch 2
         server.node.device_loss = {1: {0: (160.0, 80), 1: (20.0, 40)}}
         text, _ = await _scrape(server)
     m = _parse(text)

@@ -45,7 +45,7 @@ async def test_ten_token_replays_while_the_device_trains_change_nothing() -> Non
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
         for i in range(10):
-            round_no = 1 + i // 2
+            round_no = 2 + i // 2  # from the run's second round (rounds count from 1)
             seen = i % 2
             await fleet.until(lambda r=round_no, n=seen: fleet.activations_in(1, r) > n)  # type: ignore[misc]
             answers.append(await _replay(fleet, 1, session=i))  # no secret, or a wrong one
@@ -67,7 +67,7 @@ async def test_a_hello_with_the_sessions_secret_takes_the_session_over() -> None
         for k in range(3):
             fleet.start_device(k)
         training = tasks.create_task(fleet.node.train())
-        await fleet.until(lambda: fleet.activations_in(1, 0) > 0)
+        await fleet.until(lambda: fleet.activations_in(1, 1) > 0)
         secret = fleet.node.sessions[1].nonce
         answer = await _replay(fleet, 1, session=secret)
         assert isinstance(answer, Plan)

@@ -73,6 +73,7 @@ from aiopipe.runtime.plan import (
     model_profile,
     unit_output_shapes,
 )
+from aiopipe.runtime.plan_text import log_plan
 from aiopipe.runtime.systems.base import Rounds, Setup
 from aiopipe.runtime.systems.pipeline import (
     MAX_REPLAYS,
@@ -96,6 +97,7 @@ from aiopipe.scheduler.estimate import DeviceProfile
 from aiopipe.scheduler.placement import Pipeline as StagePipeline
 from aiopipe.scheduler.placement import Placement, Stage
 from aiopipe.scheduler.schedule import Schedule, check_schedule
+from aiopipe.wording import plural
 
 __all__ = ["Asteroid"]
 
@@ -392,9 +394,9 @@ class Asteroid(Pipeline):
             self._place(stages)
             self.schedule = self._schedule(self.parallel_batches)
             self._check_first_stage(workers)
-        log.warning("round %d (%s): the plan runs on devices %s: %s", round_no + 1, when,
-                    workers, [(e["device"], e["stage"], e["units"], e["rows"])
-                              for e in self.plan_entries()])
+        log_plan(log, logging.WARNING, f"round {round_no + 1} ({when}): the plan runs on "
+                 f"devices {workers}", self.plan_entries(), units=self.units,
+                 batch_size=self.config.batch_size)
         change = {"round": round_no, "epoch": epoch, "kind": "recovery",
                   "rescheduling": how, "planning_s": planning_s,
                   "workers": workers, "lost": sorted(
@@ -435,9 +437,9 @@ class Asteroid(Pipeline):
         batches, replicas = found
         self.momentum = await rounds.compute.call(
             partial(self._load_point, [replicas[p][1] for p in range(self.stages)]))
-        log.warning("round %d: every stage's state after %d batches of the epoch survived "
+        log.warning("round %d: every stage's state after %s of the epoch survived "
                     "in the stage backups: playing the round again from there",
-                    round_no + 1, batches)
+                    round_no + 1, plural(batches, "batch"))
         return found
 
     def _load_point(self, replicas: Sequence[Replica]) -> dict[str, torch.Tensor]:

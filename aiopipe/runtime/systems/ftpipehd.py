@@ -40,6 +40,7 @@ from aiopipe.protocol import RoundResult, RoundStart, state_from_wire
 from aiopipe.runtime.async_weights import MOMENTUM
 from aiopipe.runtime.chain import gather, replica_check
 from aiopipe.runtime.plan import measure_planning_costs, unit_output_shapes
+from aiopipe.runtime.plan_text import change_lines, log_lines
 from aiopipe.runtime.systems.base import Rounds, Setup
 from aiopipe.runtime.systems.pipeline import MAX_REPLAYS, Pipeline, StageLost, play_or_lost
 from aiopipe.scheduler.costs import CostTable
@@ -326,11 +327,12 @@ class FTPipeHD(Pipeline):
         chosen = planner.cuts(capacities, self.workers)
         if chosen.cuts == cuts or not chosen.time_s < 0.95 * current:
             return None
+        was = self.plan_entries()
         self._place(chosen.cuts)
-        log.info("re-partitioned after round %d (epoch %d): cuts %s -> %s for capacities "
-                 "%s (estimated %.3g -> %.3g s a batch)", round_no + 1, epoch + 1,
-                 list(cuts), list(chosen.cuts), [round(c, 2) for c in capacities], current,
-                 chosen.time_s)
+        log_lines(log, logging.INFO, f"re-partitioned after round {round_no + 1} (epoch "
+                  f"{epoch + 1}): cuts {list(cuts)} -> {list(chosen.cuts)} for capacities "
+                  f"{[round(c, 2) for c in capacities]} (estimated {current:.3g} -> "
+                  f"{chosen.time_s:.3g} s a batch):", change_lines(was, self.plan_entries()))
         return {"round": round_no, "epoch": epoch, "before": list(cuts),
                 "after": list(chosen.cuts), "capacities": capacities, "link_rates": links,
                 "estimated_s": [current, chosen.time_s]}

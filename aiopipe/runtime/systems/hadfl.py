@@ -56,10 +56,12 @@ from aiopipe.protocol import (
     state_from_wire,
     state_to_wire,
 )
+from aiopipe.runtime.plan_text import log_plan
 from aiopipe.runtime.systems.base import Rounds, Setup
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.estimate import DeviceProfile
 from aiopipe.scheduler.hadfl import StrategyGenerator, groups_of
+from aiopipe.wording import plural
 
 __all__ = ["HADFL"]
 
@@ -113,6 +115,11 @@ class HADFL:
                               f"than a mini-batch ({b})")
         if self.config.warmup_epochs == 0:
             self._strategy([1.0] * len(self.batches))
+            self._log_strategy("planned hadfl")
+        else:
+            log.info("planned hadfl: a mutual negotiation of %s first (every device trains "
+                     "its data once an epoch, then all average), then local steps by each "
+                     "device's measured speed", plural(self.config.warmup_epochs, "epoch"))
 
     def _strategy(self, times: Sequence[float]) -> None:
         config = self.config
@@ -121,6 +128,21 @@ class HADFL:
             times, max(1, config.warmup_epochs), self.batches, periods=config.sync_periods,
             selected=config.ring_members(), alpha=config.version_smoothing,
             seed=config.seed, fixed_steps=fixed)
+
+    def _log_strategy(self, header: str) -> None:
+        """The strategy in the log, a line per device (aiopipe.runtime.plan_text): its
+        local steps a round and, negotiated, its seconds a step."""
+        generator, config = self.generator, self.config
+        assert generator is not None
+        timed = isinstance(config.local_steps, str)  # by speed: from the negotiation
+        entries = [{"device": k, "local_steps": steps, **({"step_s": t} if timed else {})}
+                   for k, (steps, t) in enumerate(zip(generator.steps, generator.step_times,
+                                                      strict=True))]
+        rings = (f"groups of {config.group_size}" if 0 < config.group_size < config.devices
+                 else f"rings of {plural(config.ring_members(), 'device')}")
+        log_plan(log, logging.INFO, header, entries, units=self.units,
+                 batch_size=config.batch_size,
+                 notes=[f"{plural(self.rounds_per_epoch(), 'round')} an epoch", rings])
 
     def rounds_per_epoch(self) -> int:
         """Rounds of the epoch to come: one in the negotiation; after it, enough for
@@ -302,6 +324,7 @@ class HADFL:
             fallback = max(self.warmup_times)
             # a device that missed the negotiation is taken as the slowest one
             self._strategy([t if t > 0 else fallback for t in self.warmup_times])
+            self._log_strategy("hadfl's strategy from the negotiation")
             if missing:
                 log.warning("devices %s missed the negotiation: taken as the slowest",
                             missing)

@@ -58,6 +58,7 @@ from aiopipe.runtime.plan import (
     measure_planning_costs,
     unit_output_shapes,
 )
+from aiopipe.runtime.plan_text import log_plan
 from aiopipe.runtime.systems.base import Rounds, Setup
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.estimate import DeviceProfile
@@ -312,8 +313,9 @@ class Pipeline:
         """The record of a change of the worker list (see `_enlist`)."""
         workers, cuts = self._before
         after = self._cuts()
-        log.warning("round %d (%s): the pipeline runs on devices %s (was %s), cuts %s "
-                    "(were %s)", round_no + 1, when, self.workers, workers, after, cuts)
+        log_plan(log, logging.WARNING, f"round {round_no + 1} ({when}): the pipeline runs on "
+                 f"devices {self.workers} instead of {workers}",
+                 self.plan_entries(), units=self.units, batch_size=self.config.batch_size)
         return {"round": round_no, "epoch": epoch, "kind": "recovery",
                 "workers": list(self.workers), "workers_before": workers, "before": cuts,
                 "after": after, **more}

@@ -66,6 +66,7 @@ from aiopipe.runtime.plan import (
     unit_output_shapes,
     with_plans,
 )
+from aiopipe.runtime.plan_text import change_lines, log_lines
 from aiopipe.runtime.replan import Replan, live_profiles, reselect
 from aiopipe.runtime.replicas import ReplicaPool
 from aiopipe.runtime.sampling import sampled_devices
@@ -77,6 +78,7 @@ from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
 from aiopipe.scheduler.placement import star
 from aiopipe.scheduler.schedule import check_schedule, pipar, with_transfers
+from aiopipe.wording import plural
 
 __all__ = ["Star"]
 
@@ -431,8 +433,8 @@ class Star:
                 or math.floor(config.trim_fraction * n) > 0):
             return
         self._untrimmed.add(n)
-        log.warning("a round of %d updates: the trimmed mean trims nothing (floor(%g x %d) "
-                    "= 0; it needs %d)", n, config.trim_fraction, n,
+        log.warning("a round of %s: the trimmed mean trims nothing (floor(%g x %d) "
+                    "= 0; it needs %d)", plural(n, "update"), config.trim_fraction, n,
                     devices_to_trim(config.trim_fraction))
 
     def _refuse(self, refusals: Mapping[int, str],
@@ -501,11 +503,13 @@ class Star:
         if any((batch // n) * n != plan.samples_per_iteration
                for (_, n), plan in zip(chosen, self.plans, strict=True)):
             return None  # see [Note: switching]: iterations per epoch must stay the same
+        was = self.plan_entries()
         await rounds.compute.call(partial(self._switch_plans, chosen))
         event = Replan(round_no, epoch, before, after, tuple(chosen))
         self.replans.append(event)
-        log.warning("re-planned after round %d: estimated epoch %.3g s -> %.3g s with "
-                    "(P, N) = %s", round_no + 1, before, after, chosen)
+        log_lines(log, logging.WARNING, f"re-planned after round {round_no + 1}: estimated "
+                  f"epoch {before:.3g} s -> {after:.3g} s:",
+                  change_lines(was, self.plan_entries()))
         return event.to_mapping()
 
     def _switch_plans(self, chosen: list[tuple[int, int]]) -> None:
