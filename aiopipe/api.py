@@ -288,6 +288,8 @@ class Server:
                    revocations=self._revocations)
 
     async def __aenter__(self) -> Server:
+        if isinstance(self.node.clock, VirtualClock):
+            self.node.clock.check_loop()  # a ConfigError now, not a hang at the first sleep
         if self._host is not None:
             app = web.Application()
             self.add_routes(app)
@@ -403,6 +405,8 @@ class Device:
         self._link: Link | None = None
 
     async def __aenter__(self) -> Device:
+        if isinstance(self.clock, VirtualClock):
+            self.clock.check_loop()  # a ConfigError now, not a hang at the first sleep
         if self.listen is not None:
             host, port = self.listen
             self.endpoint = await self._stack.enter_async_context(open_websocket_endpoint(

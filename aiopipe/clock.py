@@ -69,9 +69,9 @@ class VirtualClock:
     Needs the standard asyncio event loop: it watches the loop's ready queue to know when
     every task waits. Run a simulation with ``asyncio.run(...)`` (no uvloop event loop
     policy installed) or in pytest-asyncio's default loop, not with ``uvloop.run(...)``
-    (the loop aiopipe's commands use for real runs). `aiopipe.simulate` and
-    `aiopipe.testing`'s entry points call `check_loop` before they start anything, so
-    another loop is a `ConfigError` there, not a hang.
+    (the loop aiopipe's commands use for real runs). `aiopipe.simulate`,
+    `aiopipe.testing`'s entry points, `Server` and `Device` call `check_loop` before they
+    start anything, so another loop is a `ConfigError` there, not a hang.
     """
 
     def __init__(self, start: float = 0.0) -> None:

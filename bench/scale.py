@@ -493,6 +493,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--test-samples", type=int, default=100)
     parser.add_argument("--network", default="4g")
+    parser.add_argument("--floor-samples", type=int, default=2000,
+                        help="samples the plain PyTorch loop of the compute floor trains on")
     parser.add_argument("--devices-per-round", type=int, default=0,
                         help="devices sampled to train in each round (0: every device; "
                              "capped at K)")
@@ -604,7 +606,8 @@ def main() -> None:
         for line in table(rows, terms, base_mib) + extrapolate(rows, terms):
             print(line)
         # after the children: a child's ru_maxrss starts from its parent's RSS at the fork
-        print(f"compute floor: {plain_loop_ms(args):.2f} ms per sample in a plain PyTorch "
+        floor = plain_loop_ms(args, args.floor_samples)
+        print(f"compute floor: {floor:.2f} ms per sample in a plain PyTorch "
               "loop (same model, data and micro-batches, one thread; data generation "
               "included)")
         if args.profile:

@@ -117,13 +117,13 @@ async def main() -> None:
                 status, text = await get(http, f"{base}/hello")
                 print(f"GET /hello after training: {status} {text}", flush=True)
                 status, body = await get(http, f"{base}/aiopipe/status")
-                epochs = len(aiopipe_status(body)["finished_epochs"])
-                print(f"GET /aiopipe/status after training: {status}, {epochs} finished epoch(s)")
+                finished = [e["epoch"] for e in aiopipe_status(body)["finished_epochs"]]
+                print(f"GET /aiopipe/status after training: {status}, finished epochs {finished}")
         finally:
             await runner.cleanup()
     summaries = [d.result() for d in devices]
     print("devices:", "; ".join(f"{s.device_id}: {s.samples} samples" for s in summaries))
-    print(f"done: test accuracy {result.final.accuracy:.3f} after {len(result.epochs)} epoch(s)")
+    print(f"done: test accuracy {result.final.accuracy:.3f} after epoch {result.final.epoch}")
 
 
 if __name__ == "__main__":

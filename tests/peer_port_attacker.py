@@ -1,7 +1,7 @@
 """A stranger against a device's peer port, as its own process (tests/test_peer_port_processes.py):
 ``python -m peer_port_attacker HOST PORT SECONDS``.
 
-It holds, for SECONDS, without ever speaking the peer handshake:
+It holds, for SECONDS or until SIGTERM, without ever speaking the peer handshake:
 
 - ``--big`` websockets that each send a chunked frame of ``--big-mib`` MiB, laid out as a
   link sends one (aiopipe/transport/websocket.py, [Note: chunked frames]);
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import signal
 import time
 
 import aiohttp
@@ -44,7 +45,13 @@ async def big_frame(url: str, mib: int, sent: list[int]) -> None:
             await ws.receive()  # held until the port closes it
 
 
-async def idle_flood(host: str, port: int, count: int, until: float,
+async def hold(until: float, stop: asyncio.Event) -> None:
+    """Wait until ``until`` (`time.monotonic`) or ``stop``, whichever comes first."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), max(0.0, until - time.monotonic()))
+
+
+async def idle_flood(host: str, port: int, count: int, until: float, stop: asyncio.Event,
                      counts: dict[str, int]) -> None:
     """Open ``count`` idle connections and hold them (those the port closes are counted)."""
     held: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
@@ -52,14 +59,15 @@ async def idle_flood(host: str, port: int, count: int, until: float,
         with contextlib.suppress(OSError):
             held.append(await asyncio.open_connection(host, port))
             counts["idle opened"] += 1
-    await asyncio.sleep(max(0.0, until - time.monotonic()))
+    await hold(until, stop)
     for reader, writer in held:
         if reader.at_eof() or writer.is_closing():
             counts["idle closed by the port"] += 1
         writer.close()
 
 
-async def upgrade_flood(url: str, count: int, until: float, counts: dict[str, int]) -> None:
+async def upgrade_flood(url: str, count: int, until: float, stop: asyncio.Event,
+                        counts: dict[str, int]) -> None:
     """Keep ``count`` silent websockets open, opening new ones as the port closes them."""
     async with aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0),
@@ -79,11 +87,11 @@ async def upgrade_flood(url: str, count: int, until: float, counts: dict[str, in
             await ws.receive()  # returns once the port closes it
             counts["upgrades closed by the port"] += 1
 
-        while time.monotonic() < until:
+        while time.monotonic() < until and not stop.is_set():
             holders = {task for task in holders if not task.done()}
             holders.update(asyncio.create_task(hold_one())
                            for _ in range(count - len(holders)))
-            await asyncio.sleep(0.5)
+            await hold(min(until, time.monotonic() + 0.5), stop)
         for task in holders:
             task.cancel()
         await asyncio.gather(*holders, return_exceptions=True)
@@ -101,6 +109,8 @@ async def main() -> None:
     args = parser.parse_args()
     url = f"ws://{args.host}:{args.port}/peer"
     until = time.monotonic() + args.seconds
+    stop = asyncio.Event()  # SIGTERM: the flood ends now, and the counts are printed
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     counts: dict[str, int] = dict.fromkeys(
         ("idle opened", "idle closed by the port", "upgrades opened", "upgrades refused",
          "upgrades failed", "upgrades closed by the port"), 0)
@@ -110,8 +120,9 @@ async def main() -> None:
     # evicted as the oldest strangers by the flood after them
     await asyncio.wait(big, timeout=5.0)
     print(f"big: {sent[0]} bytes sent", flush=True)
-    flood = [asyncio.create_task(idle_flood(args.host, args.port, args.idle, until, counts)),
-             asyncio.create_task(upgrade_flood(url, args.upgrades, until, counts))]
+    flood = [asyncio.create_task(idle_flood(args.host, args.port, args.idle, until, stop,
+                                            counts)),
+             asyncio.create_task(upgrade_flood(url, args.upgrades, until, stop, counts))]
     await asyncio.sleep(1.0)
     print("flooding", flush=True)
     await asyncio.gather(*flood)

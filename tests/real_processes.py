@@ -10,6 +10,13 @@ and new, and keeps every socket open, so that to both ends the network looks sil
 rather than broken (no FIN, no RST; what the kernel buffers is held, and delivered once
 the proxy resumes). It can also *drop* its connections: reset both sockets of each, as a
 NAT box that forgot them would.
+
+Safe to run side by side (pytest-xdist): servers and devices' peer ports bind port 0
+(the server's port is read from its first line, a device's peer port from /proc:
+`listening_port`), and every run writes into its test's own directory. Cheap: the
+processes draw no pictures (`NO_PICTURES`) unless asked to, and a node started again
+after a fault can be started warm (`ProcessFleet.start_warm`), so that a run need not
+train on for the seconds a new process spends importing torch.
 """
 
 from __future__ import annotations
@@ -17,19 +24,74 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
-__all__ = ["REPO", "Line", "Output", "Process", "ProcessFleet", "TcpProxy"]
+__all__ = ["NO_PICTURES", "REPO", "Line", "Output", "Process", "ProcessFleet", "TcpProxy",
+           "check_pipeline_figures", "child_env", "listening_port"]
 
 REPO = Path(__file__).resolve().parents[1]
 CHUNK = 1 << 16
+#: On a process's PYTHONPATH: matplotlib cannot be imported there, so a run draws no
+#: ``timeline.png`` or ``overview.png`` (seconds of a loaded machine's time per run, for
+#: pictures these tests do not look at; tests/test_cli.py checks a real run's)
+NO_PICTURES = REPO / "tests" / "no_pictures"
+
+
+def child_env(extra: Mapping[str, str] | None = None, *, pictures: bool = False
+              ) -> dict[str, str]:
+    """The environment of a ``python -m aiopipe...`` child process: this one's, with
+    ``extra`` added, the repository importable (a PYTHONPATH in ``extra`` goes first),
+    unbuffered output, and matplotlib out of reach unless ``pictures``."""
+    extra = dict(extra or {})
+    env = {**os.environ, **extra}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [
+        extra.get("PYTHONPATH"), str(REPO), None if pictures else str(NO_PICTURES),
+        os.environ.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+async def listening_port(pid: int, within: float = 120.0) -> int:
+    """The TCP port process ``pid`` listens on (its first; e.g. a device's peer port after
+    ``--listen 127.0.0.1:0``), once it listens.
+
+    Raises:
+        TimeoutError: it listened on none within ``within`` seconds.
+    """
+    deadline = time.monotonic() + within
+    while (port := _listening(pid)) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"process {pid} listens on no TCP port")
+        await asyncio.sleep(0.1)
+    return port
+
+
+def _listening(pid: int) -> int | None:
+    """A TCP port process ``pid`` listens on now (from /proc), or None."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[len("socket:["):-1])
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for row in Path(table).read_text().splitlines()[1:]:
+                fields = row.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                    return int(fields[1].rpartition(":")[2], 16)
+    return None
 
 
 class TcpProxy:
@@ -218,10 +280,13 @@ class ProcessFleet:
         directory: where the run's config file and results go.
         config: run keys for the server's ``--config`` file (TOML: numbers, strings,
             booleans).
+        pictures: whether the processes may draw the results' pictures (`NO_PICTURES`).
     """
 
-    def __init__(self, directory: Path, config: Mapping[str, object]) -> None:
+    def __init__(self, directory: Path, config: Mapping[str, object], *,
+                 pictures: bool = False) -> None:
         self.directory = directory
+        self.pictures = pictures
         self.config_file = directory / "run.toml"
         self.config_file.write_text("".join(f"{k} = {_toml(v)}\n" for k, v in config.items()))
         self.out_dir = directory / "run"
@@ -244,14 +309,10 @@ class ProcessFleet:
                     env: Mapping[str, str] | None = None, cwd: Path | None = None) -> Process:
         """Start ``python -m ARGS`` in ``cwd`` (default: the fleet's directory) with the
         repository importable (and ``env`` added to the environment; a PYTHONPATH there
-        goes first)."""
-        extra = dict(env or {})
-        env = {**os.environ, **extra}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [
-            extra.get("PYTHONPATH"), str(REPO), os.environ.get("PYTHONPATH")]))
-        env["PYTHONUNBUFFERED"] = "1"
+        goes first): `child_env`."""
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", *args, env=env, cwd=cwd or self.directory,
+            sys.executable, "-m", *args, env=child_env(env, pictures=self.pictures),
+            cwd=cwd or self.directory,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT)
         assert process.stdout is not None
@@ -281,6 +342,30 @@ class ProcessFleet:
         return await self.start(f"device{k}", [
             "aiopipe.device", "--server", url or self.url, "--device-id", str(k), *options],
             env=env, cwd=cwd)
+
+    async def start_warm(self, name: str, args: Sequence[str], *,
+                         env: Mapping[str, str] | None = None) -> Process:
+        """Start ``python -m ARGS`` warm (tests/warm_start.py): a process that imports
+        what a node imports now and runs ARGS when `go` says so; for a node started again
+        after a fault without the seconds of its imports."""
+        extra = dict(env or {})
+        extra["PYTHONPATH"] = os.pathsep.join(filter(None, [
+            extra.get("PYTHONPATH"), str(REPO / "tests")]))
+        return await self.start(name, ["warm_start", *args], env=extra)
+
+    async def start_spare(self, k: int, *options: str, url: str | None = None,
+                          env: Mapping[str, str] | None = None) -> Process:
+        """`start_warm` for device k, connecting to ``url`` (default: the server's), with
+        ``options``: its process started again, once `go` says so."""
+        return await self.start_warm(f"device{k} (again)", [
+            "aiopipe.device", "--server", url or self.url, "--device-id", str(k), *options],
+            env=env)
+
+    async def go(self, warm: Process, within: float = 120.0) -> Process:
+        """Run what ``warm`` (`start_warm`) waits to run, once it is warm; ``warm``."""
+        await warm.output.wait_for("^warm$", within=within)
+        warm.send_signal(signal.SIGUSR1)
+        return warm
 
     async def finish(self, server: Process, devices: Sequence[Process], *,
                      within: float = 180.0) -> None:
@@ -323,6 +408,28 @@ class ProcessFleet:
         """Every process's output, for failure messages."""
         return "\n".join(f"--- {p.name} (exit {p.process.returncode})\n{p.output.text()}"
                          for p in self.processes)
+
+
+def check_pipeline_figures(out_dir: Path, epochs: Sequence[Mapping[str, Any]],
+                           stages: int) -> None:
+    """The figures of a pipeline run of ``stages`` devices in ``epochs`` (of its
+    ``metrics.jsonl`` in ``out_dir``; epochs where device p runs stage p): each stage
+    busy, its busy and idle time the epoch's; each directed link between neighbours busy;
+    and one trace track per stage and per directed link."""
+    links = {f"device{p}->device{q}" for p in range(stages) for q in (p - 1, p + 1)
+             if 0 <= q < stages}
+    assert epochs
+    for epoch in epochs:
+        assert [s["stage"] for s in epoch["stages"]] == list(range(stages))
+        for stage in epoch["stages"]:
+            assert stage["busy_s"] > 0
+            assert math.isclose(stage["busy_s"] + stage["idle_s"], epoch["time_s"],
+                                rel_tol=1e-6, abs_tol=1e-9), (stage, epoch["time_s"])
+        assert set(epoch["links"]) == links
+        assert all(v["busy_s"] > 0 for v in epoch["links"].values())
+    trace = json.loads((out_dir / "trace.json").read_text())
+    tracks = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    assert {f"device{p}/compute" for p in range(stages)} | links <= tracks
 
 
 def _toml(value: object) -> str:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from bench_scripts import load_bench
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "bench" / "gpu_server.py"
@@ -49,12 +50,23 @@ def test_one_server_per_process_is_written_apart(tmp_path: Path) -> None:
     assert "÷" not in (tmp_path / "gpu-server-vgg5-k1-4g-gpu.md").read_text()
 
 
-@pytest.mark.slow
-def test_an_unknown_server_or_device_is_refused() -> None:
-    done = _run("--servers", "cpu,tpu")
-    assert done.returncode == 2
-    assert "--servers: of cpu,gpu, not 'cpu,tpu'" in done.stderr
-    done = _run("--compute-on", "cuda:99")
-    assert done.returncode == 2
-    assert "--compute-on: " in done.stderr
-    assert "cuda:99" in done.stderr
+def _refusal(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+             *args: str) -> str:
+    """What the script's ``main`` says on stderr, in this process (its options are checked
+    before anything runs: no need to start a Python for them), when it exits with 2."""
+    script = load_bench("gpu_server")
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--gpu-costs", str(COSTS / "costs-cuda.json"),
+                                      *args])
+    with pytest.raises(SystemExit) as exited:
+        script.main()
+    assert exited.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_an_unknown_server_or_device_is_refused(monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    err = _refusal(monkeypatch, capsys, "--servers", "cpu,tpu")
+    assert "--servers: of cpu,gpu, not 'cpu,tpu'" in err
+    err = _refusal(monkeypatch, capsys, "--compute-on", "cuda:99")
+    assert "--compute-on: " in err
+    assert "cuda:99" in err

@@ -51,6 +51,8 @@ def test_two_devices_run_in_a_child_and_report_what_they_trained() -> None:
             "10",
             "--keep-free-gib",
             "0",
+            "--floor-samples",  # its figure is not asserted: a short loop
+            "100",
         ],
         capture_output=True,
         text=True,

@@ -1,7 +1,8 @@
 """A `VirtualClock` on a loop it cannot drive (uvloop's) is a `ConfigError` before
-anything starts (issue 42, item 2): `simulate`, `open_fleet`, `run_undisturbed`, `Fleet`.
-On the old code each device logged a traceback and the run waited 300 s for them to
-join; each attempt here gives up after a few seconds instead of hanging."""
+anything starts (issue 42, item 2): `simulate`, `open_fleet`, `run_undisturbed`, `Fleet`,
+`Server`, `Device`. On the old code each device logged a traceback and the run waited
+300 s for them to join; each attempt here gives up after a few seconds instead of
+hanging."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from aiopipe import RunConfig, simulate
+from aiopipe import Device, RunConfig, Server, simulate
 from aiopipe.clock import VirtualClock
 from aiopipe.errors import ConfigError
 from aiopipe.testing import Fleet, open_fleet, run_undisturbed, uniform_costs
@@ -45,8 +46,20 @@ async def _undisturbed() -> Any:
     return await run_undisturbed(CONFIG)
 
 
-@pytest.mark.parametrize("attempt", [_simulate, _open_fleet, _fleet, _undisturbed],
-                         ids=["simulate", "open_fleet", "Fleet", "run_undisturbed"])
+async def _server() -> Any:
+    async with Server(CONFIG, clock=VirtualClock()) as server:  # embedded, no port
+        return await server.run()
+
+
+async def _device() -> Any:
+    async with Device("ws://127.0.0.1:9/ws", 0, clock=VirtualClock()) as device:
+        return await device.run()
+
+
+@pytest.mark.parametrize("attempt", [_simulate, _open_fleet, _fleet, _undisturbed, _server,
+                                     _device],
+                         ids=["simulate", "open_fleet", "Fleet", "run_undisturbed", "Server",
+                              "Device"])
 def test_a_virtual_clock_on_uvloop_is_a_config_error_at_once(
         attempt: Callable[[], Awaitable[Any]]) -> None:
     async def within_seconds() -> Any:

@@ -13,7 +13,7 @@ from real_processes import ProcessFleet
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-RUN = {"mode": "pipar", "devices": 2, "samples_per_device": 400, "batch_size": 20,
+RUN = {"mode": "pipar", "devices": 2, "samples_per_device": 100, "batch_size": 20,
        "epochs": 50, "parallel_batches": 2, "test_samples": 100}
 
 

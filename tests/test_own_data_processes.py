@@ -89,17 +89,34 @@ MYLAB = REPO / "examples" / "mylab.py"
 
 async def test_the_examples_own_data_and_model_from_the_command_lines(tmp_path: Path) -> None:
     """examples/mylab.py as its docstring runs it: the server on the lab's model and
-    test split, each device on its own draw of records, unequal in size."""
+    test split, each device on its own draw of records, unequal in size. First, a device
+    whose copy of mylab.py is another version (a wider net) is refused at once with one
+    line that says why, and the server says so too; the run then goes on with the
+    right ones."""
     (tmp_path / "mylab.py").write_text(MYLAB.read_text())
+    other = tmp_path / "device-side"
+    other.mkdir()
+    (other / "mylab.py").write_text(MYLAB.read_text().replace("width: int = 32",
+                                                              "width: int = 48"))
     run = {"mode": "pipar", "model": "mylab:net", "dataset": "mylab:data", "devices": 2,
            "batch_size": 16, "split_point": 1, "parallel_batches": 2, "epochs": 3,
            "test_samples": 200, "learning_rate": 0.05}
     async with ProcessFleet(tmp_path, run) as fleet:
         server = await fleet.start_server()
+        stranger = await fleet.start_device(0, "--data", "mylab:data", cwd=other)
+        second = await fleet.start_device(1, "--data", "mylab:data", "--seed", "2",
+                                          "--held-out", "mylab:data")
+        code = await stranger.wait(120)
+        text = stranger.output.text()
+        assert code == 1, fleet.all_output()
+        assert "Traceback" not in text, text
+        (line,) = [li for li in text.splitlines() if "refused" in li]
+        assert line.startswith("python -m aiopipe.device [device 0]: failed: server refused "
+                               "device 0: device 0 built another model than the server"), line
+        await server.output.wait_for("refused device 0: device 0 built another model",
+                                     within=30)
         processes = [await fleet.start_device(0, "--data", "mylab:data", "--seed", "1",
-                                              "--samples", "200"),
-                     await fleet.start_device(1, "--data", "mylab:data", "--seed", "2",
-                                              "--held-out", "mylab:data")]
+                                              "--samples", "200"), second]
         await fleet.finish(server, processes, within=180)
     epochs = fleet.metrics()
     assert [e["device_samples"] for e in epochs] == [[192, 400]] * 3  # whole batches of 16
@@ -111,28 +128,3 @@ async def test_the_examples_own_data_and_model_from_the_command_lines(tmp_path: 
     config = (fleet.out_dir / "config.toml").read_text()
     assert 'model = "mylab:net"' in config
     assert 'dataset = "mylab:data"' in config
-
-
-async def test_a_device_that_built_another_model_is_refused_with_one_line(
-        tmp_path: Path) -> None:
-    """The device's copy of mylab.py is another version (a wider net): refused at once
-    with one line that says why; the server says so too."""
-    (tmp_path / "mylab.py").write_text(MYLAB.read_text())
-    other = tmp_path / "device-side"
-    other.mkdir()
-    (other / "mylab.py").write_text(MYLAB.read_text().replace("width: int = 32",
-                                                              "width: int = 48"))
-    run = {"mode": "fl", "model": "mylab:net", "dataset": "mylab:data", "devices": 1,
-           "batch_size": 8, "epochs": 1, "test_samples": 50}
-    async with ProcessFleet(tmp_path, run) as fleet:
-        server = await fleet.start_server("--join-timeout", "30")
-        device = await fleet.start_device(0, "--data", "mylab:data", cwd=other)
-        code = await device.wait(120)
-        text = device.output.text()
-        assert code == 1, fleet.all_output()
-        assert "Traceback" not in text, text
-        (line,) = [li for li in text.splitlines() if "refused" in li]
-        assert line.startswith("python -m aiopipe.device [device 0]: failed: server refused "
-                               "device 0: device 0 built another model than the server"), line
-        await server.output.wait_for("refused device 0: device 0 built another model",
-                                     within=30)

@@ -6,7 +6,12 @@ devices x 41 iterations)."""
 
 from __future__ import annotations
 
-from aiopipe.metrics.timeline import representative_window
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aiopipe.metrics.timeline import TITLE_CHARS, draw_timeline, representative_window
 from aiopipe.metrics.trace import Slice, chrome_trace
 
 
@@ -52,3 +57,17 @@ def test_devices_taking_turns_count_device_iterations() -> None:
     caption = _caption(slices)
     assert caption.endswith("the median duration of the last epoch's 6 device iterations)")
     assert ", device " in caption
+
+
+def test_a_long_title_wraps_instead_of_running_off_the_picture(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    figure = pytest.importorskip("matplotlib.figure")
+    drawn: list[Any] = []
+    monkeypatch.setattr(figure.Figure, "savefig", lambda fig, *a, **k: drawn.append(fig))
+    slices = [s for i in range(3) for s in _iteration(0, i, i * 10.0, 8.0 + i)]
+    title = "pipar, vgg5, 2 devices: " + "the median duration of the last epoch's " * 6
+    draw_timeline(chrome_trace(slices), tmp_path / "t.png", title=title)
+    shown = drawn[0].axes[0].get_title()
+    assert shown.replace("\n", " ") == title.strip()
+    assert "\n" in shown
+    assert all(len(line) <= TITLE_CHARS for line in shown.splitlines())

@@ -16,6 +16,7 @@ nothing. Choosing windows and devices needs no matplotlib.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,8 @@ __all__ = ["COLORS", "STAGES", "draw_overview", "draw_run_timeline", "draw_timel
 
 COLORS = {"f": "#4C72B0", "u": "#55A868", "s": "#C44E52", "d": "#8172B2", "b": "#CCB974",
           "step": "#64B5CD", "m": "#999999", "agg": "#333333", "ckpt": "#333333"}
+#: Characters of a timeline's title per line (13-inch figure, 10-point type).
+TITLE_CHARS = 150
 
 #: What each slice kind (a slice's ``cat``) is, in legend order.
 STAGES = {"f": "forward", "u": "upload", "s": "server (last stage) fwd+bwd", "d": "download",
@@ -299,7 +302,7 @@ def draw_timeline(trace: Mapping[str, Any], path: str | Path, *, max_events: int
     ax.grid(axis="x", color="#dddddd", linewidth=0.5)
     ax.set_axisbelow(True)
     ax.set_xlabel("time (ms)")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.fill(title, TITLE_CHARS), fontsize=10)  # a long caption wraps
     kinds = [k for k in STAGES if any(b.kind == k for b in bars)]
     kinds += sorted({b.kind for b in bars} - set(STAGES))
     handles = [Patch(facecolor=COLORS.get(k, "#777777"), label=f"{k}: {STAGES.get(k, k)}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from fleet import COSTS, suite_fleet
+from fleet import COSTS, suite_fleet, vgg5_shaped
 from test_runtime_faults import CONFIG
 
 from aiopipe import RunConfig, RunResult, VirtualClock
@@ -31,10 +31,11 @@ async def test_a_device_absent_for_a_whole_epoch_is_listed_as_lost() -> None:
     assert_exact_accounting(result, lost={2: every_round})
 
 
-ASTEROID = RunConfig(mode="asteroid", model="vgg5", devices=3, stage_groups=[[0, 1], [2]],
-                     partition=[2], samples_per_device=320, batch_size=32,
-                     parallel_batches=2, epochs=3, test_samples=20, heartbeat_interval=0.5,
-                     device_timeout=3.0, reconnect_grace=1.0, profile_devices=False)
+ASTEROID = RunConfig(mode="asteroid", model=vgg5_shaped, devices=3,
+                     stage_groups=[[0, 1], [2]], partition=[2], samples_per_device=320,
+                     batch_size=32, parallel_batches=2, epochs=3, test_samples=20,
+                     heartbeat_interval=0.5, device_timeout=3.0, reconnect_grace=1.0,
+                     profile_devices=False)
 
 
 async def _asteroid_killed(config: RunConfig, killed: int, into: float) -> RunResult:
@@ -55,7 +56,6 @@ async def _asteroid_killed(config: RunConfig, killed: int, into: float) -> RunRe
     return result
 
 
-@pytest.mark.slow
 async def test_asteroid_lists_a_device_absent_for_a_whole_epoch_as_lost() -> None:
     """Device 0 (a member of the first stage) killed in epoch 2: epoch 3 runs on devices
     1 and 2 and lists device 0 as lost (it was listed for epoch 2 only)."""
@@ -65,7 +65,6 @@ async def test_asteroid_lists_a_device_absent_for_a_whole_epoch_as_lost() -> Non
     assert [e.samples for e in result.epochs] == [640, 640, 640]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("killed", [0, 1, 2])
 async def test_asteroid_counts_a_replayed_epoch_once_by_the_first_and_the_last_stage(
         killed: int) -> None:

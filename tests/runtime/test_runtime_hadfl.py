@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from fleet import COSTS, suite_fleet
+from fleet import COSTS, suite_fleet, vgg5_shaped
 
 from aiopipe import RunConfig, RunResult, VirtualClock, simulate
 from aiopipe import data as datasets
@@ -30,7 +30,7 @@ BATCH = 16
 
 def _config(**changes: Any) -> RunConfig:
     values: dict[str, Any] = {
-        "mode": "hadfl", "model": "vgg5", "devices": 3, "batch_size": BATCH,
+        "mode": "hadfl", "model": vgg5_shaped, "devices": 3, "batch_size": BATCH,
         "samples_per_device": 3 * BATCH, "epochs": 2, "test_samples": 64, "network": "wifi",
         "learning_rate": 0.05}
     values.update(changes)

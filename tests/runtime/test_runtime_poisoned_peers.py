@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from fleet import vgg5_shaped
 
 from aiopipe import RunConfig, VirtualClock, simulate
 from aiopipe.metrics.results import RunResult
@@ -30,8 +31,10 @@ from aiopipe.testing import open_fleet, uniform_costs
 
 pytestmark = pytest.mark.timeout(240)
 
-BASE = RunConfig(model="vgg5", devices=4, samples_per_device=200, batch_size=20, epochs=3,
-                 test_samples=500)
+# vgg5's stand-in (its frames, a tenth of its compute; at this learning rate it learns as
+# vgg5 does at the default one: 0.3-0.5 test accuracy after 3 epochs in every mode here)
+BASE = RunConfig(model=vgg5_shaped, devices=4, samples_per_device=200, batch_size=20,
+                 epochs=3, test_samples=500, learning_rate=0.05)
 PIPELINE = BASE.replace(mode="pipeline", parallel_batches=2)
 FTPIPEHD = BASE.replace(mode="ftpipehd", parallel_batches=2)
 ASTEROID = BASE.replace(mode="asteroid")
@@ -118,9 +121,17 @@ CASES = {  # what one device poisons, in which mode
 }
 
 
+# NaN once: in every case the receiver's first check is the arrival judge's (activations
+# and gradients: `judge_data`; group gradients: `judge_tensors`; ring chunks:
+# `judge_against`), whose every entry takes the tensor's scale in `_finite_scale` and
+# refuses a NaN there, before anything else, with the `PoisonedValueError` that x1e6 gets
+# a step later (`_within`); the exclusion that follows is the same. x1e6 is the stronger
+# case in each mode (it is caught only against a reference: the cut's prior, the stream's
+# history or the receiver's own copy), so each mode gets it; NaN's own branch is
+# unit-tested in test_runtime_judge
 @pytest.mark.slow
-@pytest.mark.parametrize("factor", [1e6, float("nan")])
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize(("case", "factor"), [*((case, 1e6) for case in sorted(CASES)),
+                                              ("pipeline activations", float("nan"))])
 async def test_the_sender_of_poisoned_tensors_is_excluded_and_the_run_goes_on(
         poison: Any, case: str, factor: float) -> None:
     config, kind, bad = CASES[case]
@@ -135,11 +146,10 @@ async def test_the_sender_of_poisoned_tensors_is_excluded_and_the_run_goes_on(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("factor", [1e6, float("nan")])
-async def test_hadfl_excludes_a_member_that_poisons_its_chunks(
-        poison: Any, factor: float) -> None:
+async def test_hadfl_excludes_a_member_that_poisons_its_chunks(poison: Any) -> None:
+    """x1e6 only: a NaN chunk is refused by the same `judge_against` (see above)."""
     reference = await _lost_at_start(HADFL, 1)
-    poison(RingChunk, factor, 1)
+    poison(RingChunk, 1e6, 1)
     attacked = await _run(HADFL)
     assert all(e.loss == e.loss for e in attacked.epochs)  # finite: nobody was poisoned
     assert _excluded(attacked) == {1}  # a ring member told the coordinator

@@ -13,11 +13,12 @@ and the server gave up with "every device was lost".
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 import torch
+from fleet import vgg5_shaped
 
 from aiopipe import RunConfig
 from aiopipe.metrics.results import RunResult
@@ -27,8 +28,11 @@ from aiopipe.runtime.systems import star as star_module
 from aiopipe.testing import open_fleet
 
 BAD = 3
-CONFIG = RunConfig(devices=4, samples_per_device=200, batch_size=20, epochs=3, split_point=2,
-                   parallel_batches=1, test_samples=1000, learning_rate=0.05)
+# vgg5's stand-in (its frames, a tenth of its compute): what is judged is the uploaded
+# model, whatever it is, and it learns as vgg5 does here (0.42 test accuracy in 3 epochs)
+CONFIG = RunConfig(model=vgg5_shaped, devices=4, samples_per_device=200, batch_size=20,
+                   epochs=3, split_point=2, parallel_batches=1, test_samples=1000,
+                   learning_rate=0.05)
 
 Poison = Callable[..., None]
 
@@ -74,14 +78,43 @@ def _named(result: RunResult) -> set[int]:
     return {k for e in result.epochs for k in (*e.updates_refused, *e.devices_lost)}
 
 
+Reference = Callable[[str], Awaitable[RunResult]]
+
+
+@pytest.fixture(scope="module")
+def references() -> dict[str, RunResult]:
+    return {}
+
+
+@pytest.fixture
+def reference(references: dict[str, RunResult]) -> Reference:
+    """``await reference(mode)``: `_without_bad` in ``mode``, run once per module (before
+    any poison is installed: the test awaits it first)."""
+
+    async def get(mode: str) -> RunResult:
+        if mode not in references:
+            result = await _without_bad(CONFIG.replace(mode=mode))
+            assert _named(result) == {BAD}
+            references[mode] = result
+        return references[mode]
+
+    return get
+
+
+# NaN in pipar only: in fl it would repeat the same path, a round result holding NaN is
+# refused on arrival by the same check in either mode (`check_tensors` in the session's
+# `_accept_result`, before any aggregation) and the device is lost. x1e6 passes that
+# check and is judged with the round's other updates (`UpdateJudge`), over whole models
+# that fl and pipar assemble differently (pipar: the device's half and its replica on the
+# server): both modes
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["fl", "pipar"])
-@pytest.mark.parametrize("factor", [1e6, float("nan")])
+@pytest.mark.parametrize(("mode", "factor"),
+                         [("fl", 1e6), ("pipar", 1e6), ("pipar", float("nan"))])
 async def test_a_poisoned_round_result_is_refused_and_its_device_named(
-        poison: Poison, caplog: pytest.LogCaptureFixture, mode: str, factor: float) -> None:
+        poison: Poison, caplog: pytest.LogCaptureFixture, reference: Reference, mode: str,
+        factor: float) -> None:
     config = CONFIG.replace(mode=mode)
-    reference = await _without_bad(config)
-    assert _named(reference) == {BAD}
+    without_bad = await reference(mode)
     poison(factor)
     with caplog.at_level(logging.WARNING, logger="aiopipe"):
         attacked, status = await _run(config)
@@ -93,11 +126,10 @@ async def test_a_poisoned_round_result_is_refused_and_its_device_named(
         assert status["updates_refused"] == [BAD]
         assert all(e["updates_refused"] == [BAD] for e in status["finished_epochs"])
     assert f"device {BAD}" in caplog.text
-    assert abs(attacked.final.accuracy - reference.final.accuracy) <= 0.02, (
-        attacked.final, reference.final)
+    assert abs(attacked.final.accuracy - without_bad.final.accuracy) <= 0.02, (
+        attacked.final, without_bad.final)
 
 
-@pytest.mark.slow
 async def test_sl_refuses_a_turn_that_would_poison_the_next_device(poison: Poison) -> None:
     poison(1e6)
     result, _ = await _run(CONFIG.replace(mode="sl"))
@@ -105,12 +137,12 @@ async def test_sl_refuses_a_turn_that_would_poison_the_next_device(poison: Poiso
     assert result.final.accuracy > 0.3
 
 
-@pytest.mark.slow
 async def test_a_refused_device_is_judged_afresh_each_round(poison: Poison) -> None:
     """Refused in its first round only, device BAD's later honest updates are taken: a
     refusal does not exclude a device for the rest of the run (docs/design.md)."""
     poison(1e6, rounds={0})
-    result, _ = await _run(CONFIG.replace(mode="fl"))
+    # what is judged is each round's updates, not what the model learns: a small run
+    result, _ = await _run(CONFIG.replace(mode="fl", samples_per_device=40, test_samples=100))
     assert [e.updates_refused for e in result.epochs] == [(BAD,), (), ()]
     assert all(e.device_samples[BAD] > 0 for e in result.epochs)
     assert not any(e.devices_lost for e in result.epochs)
@@ -121,8 +153,8 @@ async def test_a_trimmed_mean_that_trims_nothing_in_a_round_says_so(
     """Five devices trim one at each end (the config refuses four); with one refused, a
     round of four trims nothing, and the log says so once."""
     poison(1e6)
-    config = CONFIG.replace(mode="fl", devices=5, samples_per_device=100, epochs=2,
-                            aggregation="trimmed-mean")
+    config = CONFIG.replace(mode="fl", devices=5, samples_per_device=40, epochs=2,
+                            aggregation="trimmed-mean", test_samples=100)
     with caplog.at_level(logging.WARNING, logger="aiopipe"):
         result, _ = await _run(config)
     assert [e.updates_refused for e in result.epochs] == [(BAD,), (BAD,)]
@@ -132,13 +164,14 @@ async def test_a_trimmed_mean_that_trims_nothing_in_a_round_says_so(
 
 @pytest.mark.slow
 async def test_an_update_under_the_norm_limit_that_wrecks_the_loss_is_refused(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        reference: Reference) -> None:
     """Device BAD's update boosted 900 times (its model start + 900 x (trained - start),
     set where the coordinator reads it: in fl, what the device sent): under the norm
     limit of 1000 x the median, but FedAvg's loss went to 1e6 and the next round every
     device's to NaN. The aggregate's loss on the coordinator's batch refuses it."""
     config = CONFIG.replace(mode="fl")
-    reference = await _without_bad(config)
+    without_bad = await reference("fl")
     honest = star_module.Star._whole_state
 
     def boosted(self: Any, k: int, result: RoundResult) -> dict[str, torch.Tensor]:
@@ -154,5 +187,5 @@ async def test_an_update_under_the_norm_limit_that_wrecks_the_loss_is_refused(
         attacked, _ = await _run(config)
     assert [e.updates_refused for e in attacked.epochs] == [(BAD,)] * config.epochs
     assert "its loss on the coordinator's evaluation batch" in caplog.text
-    assert abs(attacked.final.accuracy - reference.final.accuracy) <= 0.02, (
-        attacked.final, reference.final)
+    assert abs(attacked.final.accuracy - without_bad.final.accuracy) <= 0.02, (
+        attacked.final, without_bad.final)
