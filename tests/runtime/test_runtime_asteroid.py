@@ -170,6 +170,7 @@ def test_a_fleet_whose_memory_cannot_hold_the_model_is_refused_naming_a_device()
         Coordinator(config, clock=VirtualClock())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 async def test_each_members_measured_memory_is_within_its_budget_and_the_planners_model(
         schedule: str) -> None:

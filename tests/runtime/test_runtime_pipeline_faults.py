@@ -63,6 +63,7 @@ def _iterations_done(result: RunResult, epoch: int, seconds: float) -> int:
     return sum(end <= start + seconds for end in backwards[n - 1::n])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("killed", [1, 2])
 async def test_a_stage_killed_mid_round_costs_only_that_round(killed: int) -> None:
     """A middle stage, or the last, killed a few iterations into epoch 2: that round is

@@ -21,6 +21,7 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+@pytest.mark.slow
 async def test_devices_started_before_the_server_wait_for_it() -> None:
     port = _free_port()
     url = f"ws://127.0.0.1:{port}/ws"

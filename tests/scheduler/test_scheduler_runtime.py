@@ -104,6 +104,7 @@ async def test_a_fleet_starting_together_matches_the_runtime_step_for_step() -> 
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("network", "same", "low", "high"), [
     ("4g", False, 0.9, 1.1), ("wifi", False, 0.95, 1.1),
     ("4g", True, 0.95, 1.05), ("wifi", True, 0.95, 1.05),
@@ -135,6 +136,7 @@ async def test_epoch_estimate_on_shaped_links_is_close(
     assert low <= ratio <= high
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("network", ["4g", "wifi"])
 async def test_steady_iteration_estimate_matches_the_runtimes_iterations_after_the_first(
     network: str,

@@ -137,6 +137,7 @@ async def test_a_big_frame_before_the_handshake_is_refused_at_its_first_part() -
         await _honest_peer_is_admitted(listener, a)
 
 
+@pytest.mark.slow
 async def test_idle_connections_beyond_max_pending_close_the_oldest() -> None:
     """Today's port held every idle connection for ever."""
     async with listening() as listener, dialer() as a:
@@ -152,6 +153,7 @@ async def test_idle_connections_beyond_max_pending_close_the_oldest() -> None:
             writer.close()
 
 
+@pytest.mark.slow
 async def test_idle_and_slow_connections_are_closed_at_the_handshake_timeout() -> None:
     limits = ConnectionLimits(handshake_timeout=0.5, max_pending=8, hello_frame_bytes=1024)
     async with listening(limits) as listener, dialer() as a:
@@ -208,6 +210,7 @@ async def test_a_peer_holds_at_most_max_per_device_links() -> None:
         await _honest_peer_is_admitted(listener, a)
 
 
+@pytest.mark.slow
 async def test_a_dial_turned_away_with_http_503_tries_again() -> None:
     """A one-place accept queue, taken by a stranger while nobody accepts: the honest
     dial gets HTTP 503 until the listener starts accepting (today: it failed at once)."""
