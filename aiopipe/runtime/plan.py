@@ -35,6 +35,7 @@ from aiopipe.runtime.memory import saved_bytes
 from aiopipe.runtime.overheads import measure_runtime_overheads
 from aiopipe.scheduler.costs import CostTable, measure_costs
 from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
+from aiopipe.wording import plural
 
 __all__ = [
     "DevicePlan",
@@ -192,7 +193,7 @@ def check_trainable(model: nn.Sequential, in_shape: tuple[int, ...], plans: list
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             name = config.model if isinstance(config.model, str) else "the custom model"
             raise ConfigError(
-                f"{name} cannot train on {size} sample{'s' if size != 1 else ''} per "
+                f"{name} cannot train on {plural(size, 'sample')} per "
                 f"micro-batch (device {smallest.device_id}: batch_size {config.batch_size} / "
                 f"parallel_batches {smallest.parallel_batches}): {reason}; use fewer "
                 "parallel_batches or a larger batch_size") from None
