@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import typing
 
+from aiopipe._version import __version__ as __version__
 from aiopipe.errors import (
     AiopipeError,
     AuthenticationError,
@@ -86,5 +87,3 @@ __all__ = [
     "VirtualClock",
     "simulate",
 ]
-
-__version__ = "0.1.0"

@@ -25,7 +25,7 @@ from aiopipe.cli import (
     epoch_row,
     run_command,
 )
-from aiopipe.config import LINKED_MODES, RunConfig
+from aiopipe.config import RunConfig
 from aiopipe.errors import TrainingError
 from aiopipe.metrics.results import own_out_dir
 from aiopipe.progress import RunDisplay
@@ -69,7 +69,8 @@ async def _train(config: RunConfig, port: int, device_restarts: int = 0) -> int:
                       join_timeout=120.0,
                       progress=lambda m: display.row(epoch_row(m))) as server:
         # a pipeline's devices link to each other: each listens on a free port
-        listen = ["--listen", "127.0.0.1:0"] if config.mode in LINKED_MODES else []
+        listen = (["--listen", "127.0.0.1:0"] if system_class(config.mode).links_devices
+                  else [])
 
         def start(k: int) -> Coroutine[Any, Any, asyncio.subprocess.Process]:
             return asyncio.create_subprocess_exec(

@@ -28,7 +28,7 @@ from torch import nn
 
 from aiopipe.auth import Revocations, check_secret
 from aiopipe.clock import Clock, SystemClock, VirtualClock
-from aiopipe.config import LINKED_MODES, RunConfig
+from aiopipe.config import RunConfig
 from aiopipe.data import Dataset, as_dataset
 from aiopipe.errors import AiopipeError, ConfigError, TrainingError, TransportError
 from aiopipe.metrics.results import (
@@ -46,9 +46,9 @@ from aiopipe.runtime.http import add_routes
 from aiopipe.runtime.plan import (
     build_model,
     measure_planning_costs,
-    planning_batch_sizes,
     train_dataset,
 )
+from aiopipe.runtime.systems import planning_batch_sizes, system_class
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.transport import Link, open_memory_link_pair, open_websocket_link
@@ -117,7 +117,7 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
     custom = None if isinstance(config.model, str) else config.model
     networks = [config.device_network(k) for k in range(config.devices)]
     fabric = None
-    if config.mode in LINKED_MODES:  # what device a sends device b goes at a's uplink
+    if system_class(config.mode).links_devices:  # device a -> b goes at a's uplink
         fabric = MemoryFabric(clock, links={
             (f"device{a}", f"device{b}"): networks[a].up
             for a in range(config.devices) for b in range(config.devices) if a != b})
@@ -164,11 +164,12 @@ def _measure(config: RunConfig, dataset: Dataset | None) -> CostTable:
     if dataset is None:
         dataset = train_dataset(config)
     model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
-    key = cost_key(model, dataset.in_shape, data, planning_batch_sizes(config),
+    sizes = planning_batch_sizes(config)
+    key = cost_key(model, dataset.in_shape, data, sizes,
                    {"threads": config.torch_threads, "learning_rate": config.learning_rate,
                     "momentum": config.momentum})
     return cached_costs(key, partial(measure_planning_costs, config, model,
-                                     dataset.in_shape, dataset))
+                                     dataset.in_shape, dataset, sizes=sizes))
 
 
 async def _serve(node: Coordinator, link: Link) -> None:

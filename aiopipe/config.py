@@ -4,20 +4,55 @@ A config is plain data. `RunConfig.to_mapping` gives the TOML-able form that tra
 devices inside `Plan.run` and is written to ``config.toml`` in the results directory;
 `RunConfig.from_mapping` and `RunConfig.from_toml` read it back. Every invalid value
 raises `ConfigError` with one line naming the key, the value and what is accepted.
+
+Beside it: aiopipe.config_values (the named choices and checks of single values),
+aiopipe.config_checks (the keys of one system or feature), aiopipe.config_keys (unknown
+keys) and aiopipe.config_toml (TOML in and out). None of them imports this module.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import itertools
 import math
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aiopipe.config_checks import (
+    check_aggregation,
+    check_devices_per_round,
+    check_hadfl,
+    check_pipeline,
+    check_privacy,
+    check_server_lanes,
+    check_trim,
+    devices_to_trim,
+)
+from aiopipe.config_keys import unknown_keys
+from aiopipe.config_toml import read_run_keys, toml_document
+from aiopipe.config_values import (
+    AGGREGATIONS,
+    DATA_PARTITIONS,
+    INITIAL_WEIGHTS,
+    LINKED_MODES,
+    LOSSES,
+    MODES,
+    OPTIMIZERS,
+    OUTLIERS,
+    PIPELINE_MODES,
+    PRIVACY_METHODS,
+    REPLICA_MODES,
+    RESCHEDULINGS,
+    SCHEDULES,
+    STAR_MODES,
+    PerDevice,
+    fail,
+    one_network,
+    per_device,
+    pick,
+    positive_int,
+)
 from aiopipe.entrypoints import is_entry_point
 from aiopipe.errors import ConfigError
 
@@ -42,91 +77,6 @@ __all__ = [
     "RunConfig",
     "devices_to_trim",
 ]
-
-MODES = ("fl", "sl", "sfl", "pipar", "pipeline", "ftpipehd", "asteroid", "hadfl")
-#: The modes whose devices form one pipeline and link to each other directly (a chain:
-#: device p runs stage p; asteroid: a group of devices per stage).
-PIPELINE_MODES = ("pipeline", "ftpipehd", "asteroid")
-#: The modes whose devices link to each other directly (every device listens for peers).
-LINKED_MODES = (*PIPELINE_MODES, "hadfl")
-LOSSES = ("cross-entropy",)
-AGGREGATIONS = ("fedavg", "fedmedian", "trimmed-mean", "krum")
-OUTLIERS = ("keep", "clip", "drop")
-OPTIMIZERS = ("sgd",)
-DATA_PARTITIONS = ("iid", "dirichlet")
-SCHEDULES = ("1f1b", "gpipe")
-#: The modes whose devices talk only to the server (the star: fl, sl, sfl, pipar).
-STAR_MODES = ("fl", "sl", "sfl", "pipar")
-#: The modes whose server holds a replica of its half per device (``server_lanes``).
-REPLICA_MODES = ("sfl", "pipar")
-#: Differential privacy on the devices (aiopipe.runtime.privacy).
-PRIVACY_METHODS = ("none", "classic", "pixeldp")
-#: The keys only mode "hadfl" takes.
-HADFL_KEYS = ("warmup_epochs", "warmup_learning_rate", "local_steps", "sync_periods",
-              "ring_size", "version_smoothing", "ring_timeout", "group_size",
-              "inter_group_every")
-#: What a user's own module starts from: re-initialised from ``seed``, or its weights.
-INITIAL_WEIGHTS = ("seed", "given")
-#: How Asteroid re-plans after a device is lost (docs/design.md §Asteroid).
-RESCHEDULINGS = ("lightweight", "heavy")
-
-PerDevice = int | str | tuple[int, ...]
-
-
-def _fail(key: str, value: object, expected: str) -> ConfigError:
-    return ConfigError(f"config key {key!r}: got {value!r}, expected {expected}")
-
-
-def devices_to_trim(trim: float) -> int:
-    """The fewest models of which a trimmed mean with fraction ``trim`` (in (0, 0.5))
-    drops one at each end: the least n with floor(trim x n) >= 1. 0 for a ``trim`` of 0
-    (no count of models is trimmed)."""
-    if not trim > 0:
-        return 0
-    n = max(1, math.ceil(1 / trim) - 1)
-    while math.floor(trim * n) < 1:  # (1 / trim may round either way)
-        n += 1
-    return n
-
-
-def _positive_int(key: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise _fail(key, value, "an integer >= 1")
-    return value
-
-
-def _above(key: str, value: object, low: float) -> float:
-    """``value`` as a float, once it is a finite number above ``low``.
-
-    Raises:
-        ConfigError: it is not (the message names the key).
-    """
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (
-            math.isfinite(value) and value > low):
-        raise _fail(key, value, f"a finite number > {low:g}")
-    return float(value)
-
-
-def _per_device(key: str, value: object, devices: int, *, allow_auto: bool) -> PerDevice:
-    if isinstance(value, str):
-        if allow_auto and value == "auto":
-            return value
-        raise _fail(key, value, '"auto", an integer or a list of integers' if allow_auto
-                    else "an integer or a list of integers")
-    if isinstance(value, int) and not isinstance(value, bool):
-        return _positive_int(key, value)
-    if isinstance(value, Sequence):
-        items = tuple(_positive_int(key, v) for v in value)
-        if len(items) != devices:
-            raise _fail(key, list(value), f"a list of {devices} integers (one per device)")
-        return items
-    raise _fail(key, value, "an integer or a list of integers")
-
-
-def _device_id(key: str, value: object, devices: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < devices:
-        raise _fail(key, value, f"device ids in 0..{devices - 1}")
-    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,147 +344,115 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise _fail("mode", self.mode, f"one of {', '.join(MODES)}")
+            raise fail("mode", self.mode, f"one of {', '.join(MODES)}")
         self._check_model()
         if not isinstance(self.dataset, str) or not self.dataset:
-            raise _fail("dataset", self.dataset, "a dataset name")
+            raise fail("dataset", self.dataset, "a dataset name")
         for key, builtin in (("loss", LOSSES), ("optimizer", OPTIMIZERS)):
             value = getattr(self, key)
             if value not in builtin and not is_entry_point(value):
-                raise _fail(key, value, f"{' or '.join(map(repr, builtin))} or module:function")
+                raise fail(key, value, f"{' or '.join(map(repr, builtin))} or module:function")
         for key in ("devices", "batch_size", "epochs", "torch_threads"):
-            _positive_int(key, getattr(self, key))
+            positive_int(key, getattr(self, key))
         tests = self.test_samples
         if isinstance(tests, bool) or not isinstance(tests, int) or tests < 0:
-            raise _fail("test_samples", tests, "an integer >= 0 (0: no evaluation set)")
+            raise fail("test_samples", tests, "an integer >= 0 (0: no evaluation set)")
         set_ = object.__setattr__
-        set_(self, "samples_per_device", _per_device(
+        set_(self, "samples_per_device", per_device(
             "samples_per_device", self.samples_per_device, self.devices, allow_auto=False))
-        set_(self, "split_point", _per_device("split_point", self.split_point, self.devices,
-                                              allow_auto=True))
-        set_(self, "parallel_batches", _per_device("parallel_batches", self.parallel_batches,
-                                                   self.devices, allow_auto=True))
+        set_(self, "split_point", per_device("split_point", self.split_point, self.devices,
+                                             allow_auto=True))
+        set_(self, "parallel_batches", per_device("parallel_batches", self.parallel_batches,
+                                                  self.devices, allow_auto=True))
         batches = self.parallel_batches
         for n in batches if isinstance(batches, tuple) else (batches,):
             if isinstance(n, int) and n > self.batch_size:
-                raise _fail("parallel_batches", n, f"at most batch_size ({self.batch_size})")
+                raise fail("parallel_batches", n, f"at most batch_size ({self.batch_size})")
         network = self.network
         if isinstance(network, Sequence) and not isinstance(network, str):
             if len(network) != self.devices:
-                raise _fail("network", list(network), f"one network, or {self.devices} "
-                            "(one per device)")
-            set_(self, "network", tuple(_network(v) for v in network))
+                raise fail("network", list(network), f"one network, or {self.devices} "
+                           "(one per device)")
+            set_(self, "network", tuple(one_network(v) for v in network))
         else:
-            set_(self, "network", _network(network))
+            set_(self, "network", one_network(network))
         slowdown = self.device_slowdown
         values = slowdown if isinstance(slowdown, Sequence) else (slowdown,)
         if isinstance(slowdown, Sequence) and len(values) != self.devices:
-            raise _fail("device_slowdown", list(values), f"one number or {self.devices} numbers")
+            raise fail("device_slowdown", list(values), f"one number or {self.devices} numbers")
         for v in values:
             if isinstance(v, bool) or not isinstance(v, int | float) or not (
                 math.isfinite(v) and v >= 1.0
             ):
-                raise _fail("device_slowdown", v, "a finite number >= 1")
+                raise fail("device_slowdown", v, "a finite number >= 1")
         if isinstance(slowdown, Sequence):
             set_(self, "device_slowdown", tuple(float(v) for v in values))
         else:
             set_(self, "device_slowdown", float(slowdown))
         every = self.aggregation_every
         if isinstance(every, bool) or not isinstance(every, int) or every < 0:
-            raise _fail("aggregation_every", self.aggregation_every, "an integer >= 0")
+            raise fail("aggregation_every", self.aggregation_every, "an integer >= 0")
         for key in ("learning_rate", "momentum", "dirichlet_alpha"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int | float) or not (
                 math.isfinite(value) and value >= 0
             ):
-                raise _fail(key, value, "a finite number >= 0")
+                raise fail(key, value, "a finite number >= 0")
             set_(self, key, float(value))
         for key in ("learning_rate", "dirichlet_alpha"):
             if getattr(self, key) <= 0:
-                raise _fail(key, getattr(self, key), "a finite number > 0")
+                raise fail(key, getattr(self, key), "a finite number > 0")
         if self.data_partition not in DATA_PARTITIONS:
-            raise _fail("data_partition", self.data_partition,
-                        f"one of {', '.join(DATA_PARTITIONS)}")
-        self._check_pipeline()
+            raise fail("data_partition", self.data_partition,
+                       f"one of {', '.join(DATA_PARTITIONS)}")
+        check_pipeline(self)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise _fail("seed", self.seed, "an integer")
+            raise fail("seed", self.seed, "an integer")
         for key in ("heartbeat_interval", "device_timeout"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int | float) or not (
                 math.isfinite(value) and value > 0
             ):
-                raise _fail(key, value, "a finite number of seconds > 0")
+                raise fail(key, value, "a finite number of seconds > 0")
             set_(self, key, float(value))
         if self.device_timeout <= self.heartbeat_interval:
-            raise _fail("device_timeout", self.device_timeout,
-                        f"more than heartbeat_interval ({self.heartbeat_interval:g} s)")
+            raise fail("device_timeout", self.device_timeout,
+                       f"more than heartbeat_interval ({self.heartbeat_interval:g} s)")
         grace = self.reconnect_grace
         if isinstance(grace, bool) or not isinstance(grace, int | float) or not (
             math.isfinite(grace) and grace > 0
         ):
-            raise _fail("reconnect_grace", grace, "a finite number of seconds > 0")
+            raise fail("reconnect_grace", grace, "a finite number of seconds > 0")
         set_(self, "reconnect_grace", float(grace))
         for key in ("shape_links", "replan", "profile_devices"):
             if not isinstance(getattr(self, key), bool):
-                raise _fail(key, getattr(self, key), "true or false")
+                raise fail(key, getattr(self, key), "true or false")
         threshold = self.replan_threshold
         if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not (
             math.isfinite(threshold) and 0 <= threshold < 1
         ):
-            raise _fail("replan_threshold", threshold, "a number in [0, 1)")
+            raise fail("replan_threshold", threshold, "a number in [0, 1)")
         set_(self, "replan_threshold", float(threshold))
         budget = self.device_memory_mb
         budgets = budget if isinstance(budget, Sequence) else (budget,)
         if isinstance(budget, Sequence) and len(budgets) != self.devices:
-            raise _fail("device_memory_mb", list(budgets),
-                        f"one number or {self.devices} numbers")
+            raise fail("device_memory_mb", list(budgets),
+                       f"one number or {self.devices} numbers")
         for v in budgets:
             if isinstance(v, bool) or not isinstance(v, int | float) or not (
                 math.isfinite(v) and v >= 0
             ):
-                raise _fail("device_memory_mb", v, "a finite number of MB >= 0 (0 = unlimited)")
+                raise fail("device_memory_mb", v, "a finite number of MB >= 0 (0 = unlimited)")
         set_(self, "device_memory_mb", tuple(float(v) for v in budgets)
              if isinstance(budget, Sequence) else float(budget))
         if not isinstance(self.out_dir, str):
-            raise _fail("out_dir", self.out_dir, "a path string")
-        self._check_aggregation()
-        self._check_hadfl()
-        self._check_privacy()
-        self._check_server_lanes()
-        self._check_devices_per_round()
-        self._check_trim()
-
-    def _check_devices_per_round(self) -> None:
-        """Sampling per round: 0, a count up to ``devices``, or a fraction in (0, 1); only
-        where a round is a set of devices training from the global model."""
-        value = self.devices_per_round
-        expected = f"0 (every device), an integer 1..{self.devices} or a fraction in (0, 1)"
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _fail("devices_per_round", value, expected)
-        if isinstance(value, int) and not 0 <= value <= self.devices:
-            raise _fail("devices_per_round", value, expected)
-        if isinstance(value, float) and not 0 < value < 1:
-            raise _fail("devices_per_round", value, expected)
-        if value and self.mode not in STAR_MODES:
-            raise _fail("devices_per_round", value, f"0 in mode {self.mode} (devices are "
-                        "sampled per round in fl, sl, sfl and pipar)")
-
-    def _check_trim(self) -> None:
-        """A trimmed mean must trim something from a whole fleet's round (a round that
-        lost devices and trims nothing is warned about: `Star`)."""
-        if self.aggregation != "trimmed-mean":
-            return
-        trim, size = self.trim_fraction, self.round_size(self.devices)
-        need = devices_to_trim(trim)
-        if not need:
-            raise _fail("trim_fraction", trim, "a fraction > 0 with aggregation "
-                        "\"trimmed-mean\" (0 trims nothing: that is an unweighted mean)")
-        if size < need:
-            least = math.ceil(1000 / size) / 1000  # shown as is: floor(least x size) >= 1
-            fits = (f", or trim_fraction >= {least:g}" if size >= 3
-                    else " (a trimmed mean needs at least 3)")
-            raise _fail("trim_fraction", trim, f"at least {need} devices a round to trim "
-                        f"any (floor({trim:g} x {size}) = 0: nothing would be trimmed){fits}")
+            raise fail("out_dir", self.out_dir, "a path string")
+        check_aggregation(self)
+        check_hadfl(self)
+        check_privacy(self)
+        check_server_lanes(self)
+        check_devices_per_round(self)
+        check_trim(self)
 
     def round_size(self, alive: int) -> int:
         """Devices that train in a round when ``alive`` can (`devices_per_round`)."""
@@ -543,86 +461,30 @@ class RunConfig:
                   else math.ceil(value * self.devices))
         return min(wanted, alive)
 
-    def _check_server_lanes(self) -> None:
-        """Concurrent server passes: a count >= 1, above 1 only where the server holds a
-        replica per device (sfl, pipar)."""
-        lanes = self.server_lanes
-        if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
-            raise _fail("server_lanes", lanes, "an int >= 1")
-        if lanes > 1 and self.mode not in REPLICA_MODES:
-            raise _fail("server_lanes", lanes, f"1 in mode {self.mode} (the server runs "
-                        "one replica per device only in sfl and pipar)")
-
-    def _check_privacy(self) -> None:
-        """The devices' differential privacy: a known method, in a star mode."""
-        if self.privacy not in PRIVACY_METHODS:
-            raise _fail("privacy", self.privacy, f"one of {', '.join(PRIVACY_METHODS)}")
-        if self.privacy != "none" and self.mode not in STAR_MODES:
-            raise _fail("privacy", self.privacy, f'"none" in mode {self.mode} (it is for '
-                        "fl, sl, sfl and pipar)")
-        object.__setattr__(self, "privacy_noise", _above("privacy_noise", self.privacy_noise, 0))
-
-    def _check_hadfl(self) -> None:
-        """HADFL's keys: valid, and given only in mode hadfl."""
-        if self.mode != "hadfl":
-            defaults = {f.name: f.default for f in dataclasses.fields(self)}
-            for key in HADFL_KEYS:
-                if getattr(self, key) != defaults[key]:
-                    raise _fail(key, getattr(self, key), 'its default: it is for mode "hadfl"')
-            return
-        warmup = self.warmup_epochs
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-            raise _fail("warmup_epochs", warmup, "an integer >= 0")
-        steps = self.local_steps
-        if steps != "capacity":
-            _positive_int("local_steps", steps)
-        elif warmup == 0:
-            raise _fail("warmup_epochs", 0, '>= 1 with local_steps "capacity" (its times '
-                        "size the local steps)")
-        _positive_int("sync_periods", self.sync_periods)
-        _positive_int("inter_group_every", self.inter_group_every)
-        group = self.group_size
-        if isinstance(group, bool) or not isinstance(group, int) or group < 0:
-            raise _fail("group_size", group, "an integer >= 0 (0: one group)")
-        size = self.ring_size
-        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= self.devices:
-            raise _fail("ring_size", size, f"an integer in 0..{self.devices} (0: half the "
-                        "devices)")
-        for key, low, high in (("warmup_learning_rate", 0.0, math.inf),
-                               ("version_smoothing", 0.0, 1.0), ("ring_timeout", 0.0, math.inf)):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not (
-                    low < value < high):
-                raise _fail(key, value, f"a number in ({low:g}, {high:g})")
-            object.__setattr__(self, key, float(value))
-        if self.aggregation_every:
-            raise _fail("aggregation_every", self.aggregation_every,
-                        "0 for hadfl (its rounds are its synchronisation periods)")
-
     def _check_model(self) -> None:
         """``model`` and ``initial_weights`` ([Note: initial weights] in
         aiopipe/runtime/factories.py)."""
         model, weights = self.model, self.initial_weights
         kinds = "a model name, module:function, a callable factory or a torch.nn.Sequential"
         if weights not in INITIAL_WEIGHTS:
-            raise _fail("initial_weights", weights, " or ".join(
+            raise fail("initial_weights", weights, " or ".join(
                 f'"{w}"' for w in INITIAL_WEIGHTS))
         own = False  # a module with weights of its own
         if isinstance(model, str):
             if not model or (":" in model and not is_entry_point(model)):
-                raise _fail("model", model, kinds)
+                raise fail("model", model, kinds)
         else:
             from torch import nn  # local: config stays importable without building models
 
             own = isinstance(model, nn.Sequential)
             if not own and (isinstance(model, nn.Module) or not callable(model)):
-                raise _fail("model", model, kinds)
+                raise fail("model", model, kinds)
         if weights == "given" and not own:
-            raise _fail("initial_weights", weights, '"seed" for a model built by name or '
-                        'factory (its weights are drawn under seed; "given" keeps a '
-                        "torch.nn.Sequential's own weights)")
+            raise fail("initial_weights", weights, '"seed" for a model built by name or '
+                       'factory (its weights are drawn under seed; "given" keeps a '
+                       "torch.nn.Sequential's own weights)")
         if own and weights == "seed":
-            from aiopipe.runtime.factories import parameters_not_reset  # torch-bound
+            from aiopipe.models.initialisers import parameters_not_reset  # torch-bound
 
             missed = parameters_not_reset(model)
             if missed:
@@ -645,121 +507,19 @@ class RunConfig:
         n = self.devices if devices is None else devices
         return min(n, self.ring_size or max(2, math.ceil(n / 2)))
 
-    def _check_aggregation(self) -> None:
-        """The aggregation's keys."""
-        if self.aggregation not in AGGREGATIONS:
-            raise _fail("aggregation", self.aggregation, f"one of {', '.join(AGGREGATIONS)}")
-        trim = self.trim_fraction
-        if isinstance(trim, bool) or not isinstance(trim, int | float) or not 0 <= trim < 0.5:
-            raise _fail("trim_fraction", trim, "a number in [0, 0.5)")
-        object.__setattr__(self, "trim_fraction", float(trim))
-        f = self.byzantine_devices
-        if isinstance(f, bool) or not isinstance(f, int) or f < 0:
-            raise _fail("byzantine_devices", f, "an integer >= 0")
-        if self.aggregation == "krum" and self.devices < f + 3:
-            raise _fail("byzantine_devices", f, f"at most devices - 3 ({self.devices - 3}) "
-                        "for krum")
-        if self.outliers not in OUTLIERS:
-            raise _fail("outliers", self.outliers, f"one of {', '.join(OUTLIERS)}")
-        object.__setattr__(self, "outlier_limit", _above("outlier_limit", self.outlier_limit, 1))
-        object.__setattr__(self, "scale_limit", _above("scale_limit", self.scale_limit, 1))
-
-    def _check_pipeline(self) -> None:
-        """The pipeline's keys: valid, and given only where they mean something."""
-        partition = self.partition
-        if partition in DATA_PARTITIONS:
-            raise _fail("partition", partition, '"auto" or a list of cut points (the data '
-                        "partition is now data_partition)")
-        if isinstance(partition, int) and not isinstance(partition, bool):
-            partition = (partition,)  # one cut point: two stages
-        if isinstance(partition, Sequence) and not isinstance(partition, str):
-            cuts = tuple(_positive_int("partition", v) for v in partition)
-            if any(b <= a for a, b in itertools.pairwise(cuts)):
-                raise _fail("partition", list(cuts), "increasing cut points")
-            if self.mode in ("pipeline", "ftpipehd") and len(cuts) != self.devices - 1:
-                raise _fail("partition", list(cuts),
-                            f"{self.devices - 1} cut points (one fewer than the devices)")
-            object.__setattr__(self, "partition", cuts)
-        elif partition != "auto":
-            raise _fail("partition", partition, '"auto" or a list of cut points')
-        if self.schedule not in SCHEDULES:
-            raise _fail("schedule", self.schedule, f"one of {', '.join(SCHEDULES)}")
-        for name, initial in (("version_aggregation", 1), ("global_replication_every", 100),
-                              ("chain_replication_every", 50), ("first_repartition_after", 10)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise _fail(name, value, "an integer >= 0")
-            modes = (("ftpipehd", "asteroid") if name == "chain_replication_every"
-                     else ("ftpipehd",))
-            if self.mode not in modes and value != initial:
-                raise _fail(name, value, f"its default: it is for mode "
-                            f"{' and '.join(map(repr, modes))}".replace("'", '"'))
-        if self.mode == "ftpipehd" and self.optimizer != "sgd":
-            raise _fail("optimizer", self.optimizer, 'its default, "sgd": ftpipehd applies SGD '
-                        "(learning_rate, momentum) itself, to each stage's weight versions")
-        if self.mode == "ftpipehd" and self.schedule != "1f1b":
-            raise _fail("schedule", self.schedule, 'its default: ftpipehd runs 1F1B')
-        self._check_stage_groups()
-        if self.rescheduling not in RESCHEDULINGS:
-            raise _fail("rescheduling", self.rescheduling, f"one of {', '.join(RESCHEDULINGS)}")
-        if self.mode != "asteroid" and self.rescheduling != "lightweight":
-            raise _fail("rescheduling", self.rescheduling, 'its default: it is for mode '
-                        '"asteroid"')
-        if self.mode not in PIPELINE_MODES:
-            for key, default in (("partition", "auto"), ("schedule", "1f1b")):
-                if getattr(self, key) != default:
-                    raise _fail(key, getattr(self, key), f'its default: {key} is for mode '
-                                f'"pipeline" ({self.mode} splits at split_point)')
-            return
-        if self.devices < 2:
-            raise _fail("devices", self.devices, "at least 2 for a pipeline (one per stage)")
-        if not isinstance(self.parallel_batches, int):
-            raise _fail("parallel_batches", self.parallel_batches,
-                        "one integer for a pipeline (micro-batches per iteration)")
-        if self.aggregation_every:
-            raise _fail("aggregation_every", self.aggregation_every,
-                        "0 for a pipeline (its rounds are epochs: it aggregates nothing)")
-
-    def _check_stage_groups(self) -> None:
-        """Asteroid's stage groups: "auto" with an "auto" partition, or every device in
-        exactly one of one more groups than cut points."""
-        groups = self.stage_groups
-        if groups == "auto":
-            if self.mode == "asteroid" and self.partition != "auto":
-                raise _fail("partition", list(self.partition), '"auto" when stage_groups '
-                            'is "auto" (the planner chooses both)')
-            return
-        if self.mode != "asteroid":
-            raise _fail("stage_groups", groups, 'its default, "auto": it is for mode '
-                        '"asteroid"')
-        if isinstance(groups, str) or not isinstance(groups, Sequence) or not groups or any(
-                isinstance(g, str) or not isinstance(g, Sequence) or not g for g in groups):
-            raise _fail("stage_groups", groups, '"auto" or a list of non-empty lists of '
-                        "device ids")
-        fixed = tuple(tuple(_device_id("stage_groups", d, self.devices) for d in g)
-                      for g in groups)
-        members = sorted(d for g in fixed for d in g)
-        if members != list(range(self.devices)):
-            raise _fail("stage_groups", [list(g) for g in fixed],
-                        f"every device of 0..{self.devices - 1} in exactly one group")
-        if self.partition == "auto" or len(self.partition) != len(fixed) - 1:
-            raise _fail("partition", self.partition, f"{len(fixed) - 1} cut points (one "
-                        "fewer than the stage groups)")
-        object.__setattr__(self, "stage_groups", fixed)
-
     # -- per-device views ------------------------------------------------------------
 
     def device_split_point(self, device_id: int) -> int | str:
         """P for one device ("auto" until a planner resolves it)."""
-        return _pick(self.split_point, device_id)
+        return pick(self.split_point, device_id)
 
     def device_parallel_batches(self, device_id: int) -> int | str:
         """N for one device ("auto" until a planner resolves it)."""
-        return _pick(self.parallel_batches, device_id)
+        return pick(self.parallel_batches, device_id)
 
     def device_samples_of(self, device_id: int) -> int:
         """Training samples device ``device_id`` holds in an emulated fleet."""
-        return int(_pick(self.samples_per_device, device_id))
+        return int(pick(self.samples_per_device, device_id))
 
     def device_memory_bytes_of(self, device_id: int) -> int | None:
         """One device's memory budget in bytes; None when unlimited."""
@@ -809,7 +569,7 @@ class RunConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = [k for k in values if k not in known]  # in the order given
         if unknown:
-            raise ConfigError(_unknown_keys(unknown, known))
+            raise ConfigError(unknown_keys(unknown, known))
         kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
                                   for k, v in values.items()}
         return cls(**kwargs)
@@ -821,120 +581,10 @@ class RunConfig:
         Raises:
             ConfigError: the file is missing, is not valid TOML, or holds invalid values.
         """
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
-        if "run" in data and isinstance(data["run"], dict):
-            if len(data) > 1:
-                raise ConfigError(f"config file {str(path)!r}: put the run keys either at top "
-                                  f"level or under [run], not both")
-            data = data["run"]
+        data = read_run_keys(path)
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_mapping(data)
 
     def to_toml(self) -> str:
         """The config as a TOML document (what ``config.toml`` in a results dir holds)."""
-        lines = []
-        for key, value in self.to_mapping().items():
-            lines.append(f"{key} = {_toml_value(value)}")
-        return "\n".join(lines) + "\n"
-
-
-def _unknown_keys(unknown: Sequence[object], known: set[str]) -> str:
-    """The error for keys that no `RunConfig` field has: each one named, with the known
-    key it likely meant (`_likely_key`), and the known keys listed when one of them has
-    no such guess; e.g. ``unknown config keys 'epoch' (did you mean 'epochs'?), 'lr'
-    (did you mean 'learning_rate'?)``."""
-    names = sorted(known)
-    said, unguessed = [], False
-    for key in unknown:
-        guess = _likely_key(key, names)
-        said.append(repr(key) if guess is None else f"{key!r} (did you mean {guess!r}?)")
-        unguessed = unguessed or guess is None
-    text = f"unknown config {'key' if len(unknown) == 1 else 'keys'} {', '.join(said)}"
-    return text + (f"; known keys: {', '.join(names)}" if unguessed else "")
-
-
-def _likely_key(key: object, names: Sequence[str]) -> str | None:
-    """The known key ``key`` likely meant: itself in lower case with underscores
-    ("Batch-Size"), the one whose words' initials it is ("lr": learning_rate), or the
-    closest spelling (`difflib.get_close_matches`: "epoch", "split_pont"); None when
-    none is close."""
-    if not isinstance(key, str):
-        return None
-    plain = key.strip().lower().replace("-", "_")
-    if plain in names:
-        return plain
-    initials = [n for n in names if "_" in n and "".join(w[:1] for w in n.split("_")) == plain]
-    if len(initials) == 1:
-        return initials[0]
-    close = difflib.get_close_matches(plain, names, n=1)
-    return close[0] if close else None
-
-
-def _network(value: object) -> str | dict[str, Any]:
-    """One network: a preset name or a table of rates.
-
-    Raises:
-        ConfigError: neither, or a table with no rates (unshaped is "lan").
-    """
-    from aiopipe.transport.network import network_spec  # pure; local keeps layers apart
-
-    if isinstance(value, Mapping):
-        value = dict(value)
-        if any(v is None for v in value.values()):
-            raise _fail("network", value,
-                        'numbers for up_mbps and down_mbps (for no shaping use "lan")')
-    elif not isinstance(value, str):
-        raise _fail("network", value, 'a preset name or {up_mbps=.., down_mbps=..}')
-    try:
-        network_spec(value)
-    except ConfigError as exc:
-        raise ConfigError(f"config key 'network': {exc}") from None
-    return value
-
-
-def _pick(value: PerDevice, device_id: int) -> int | str:
-    if isinstance(value, tuple):
-        return value[device_id]
-    return value
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return _toml_string(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}"
-                                for k, v in value.items()) + " }"
-    raise ConfigError(f"cannot write {value!r} to TOML")
-
-
-def _toml_string(text: str) -> str:
-    # TOML basic strings allow no raw control characters (tab aside): escape them all.
-    out = []
-    for ch in text:
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif ch < " " or ch == "\x7f":
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
-
-
-def _toml_key(key: object) -> str:
-    text = str(key)
-    if text and all(ch.isascii() and (ch.isalnum() or ch in "_-") for ch in text):
-        return text
-    return _toml_string(text)
+        return toml_document(self.to_mapping())

@@ -77,6 +77,7 @@ from aiopipe.runtime.plan import (  # noqa: E402
     model_profile,
     train_dataset,
 )
+from aiopipe.runtime.systems import planning_batch_sizes  # noqa: E402
 from aiopipe.scheduler.asteroid import (  # noqa: E402
     KEEP,
     Device,
@@ -383,7 +384,8 @@ def backups(out: Path | None) -> None:
                             partition=[4], samples_per_device=960, batch_size=32,
                             parallel_batches=2, epochs=1, network="wifi", test_samples=0)
     model = build_model(base_config, num_classes=10, in_shape=(3, 32, 32))
-    costs = measure_planning_costs(base_config, model, (3, 32, 32), None)  # one table
+    costs = measure_planning_costs(base_config, model, (3, 32, 32), None,
+                                   sizes=planning_batch_sizes(base_config))  # one table
     for every in (0, 20, 5, 1):
         config = base_config.replace(chain_replication_every=every)
         result = asyncio.run(simulate(config, clock=VirtualClock(), cost_table=costs))

@@ -66,7 +66,7 @@ from aiopipe import CostTable, RunConfig, VirtualClock, simulate
 from aiopipe.api import _measure
 from aiopipe.models import unit_count
 from aiopipe.runtime.plan import build_model
-from aiopipe.runtime.systems.ftpipehd import Planner
+from aiopipe.runtime.systems.ftpipehd.coordinator import Planner
 
 
 async def _run(config: RunConfig) -> tuple[list[float], list[float]]:

@@ -49,7 +49,7 @@ from real_processes import ProcessFleet  # noqa: E402
 from aiopipe import RunConfig  # noqa: E402
 from aiopipe.api import _measure  # noqa: E402
 from aiopipe.runtime.plan import build_model  # noqa: E402
-from aiopipe.runtime.systems.ftpipehd import Planner  # noqa: E402
+from aiopipe.runtime.systems.ftpipehd.coordinator import Planner  # noqa: E402
 
 
 def run_config(args: argparse.Namespace, partition: Any) -> dict[str, Any]:

@@ -3,7 +3,7 @@ what the server's passes cost on a GPU, for virtual-time runs that charge the se
 from it (issue 27: PiPar's server on a GPU).
 
 For each model: the table at every batch size a PiPar run of ``--batch-size`` with "auto"
-plans may use (`aiopipe.runtime.plan.planning_batch_sizes`), forward, backward (the last
+plans may use (`aiopipe.runtime.systems.planning_batch_sizes`), forward, backward (the last
 unit with the loss) and step per unit, with SGD at the run's learning rate and
 momentum; each figure the median of ``--repeats`` timed passes after warm-ups, the GPU
 synchronised at every mark (`aiopipe.scheduler.costs.measure_costs`). Written as JSON:
@@ -31,7 +31,7 @@ from aiopipe.scheduler.costs import measure_costs
 def measure(name: str, device: torch.device, batch_size: int, repeats: int
             ) -> dict[str, object]:
     """One model's table on ``device``."""
-    from aiopipe.runtime.plan import planning_batch_sizes
+    from aiopipe.runtime.systems import planning_batch_sizes
 
     config = RunConfig(model=name, batch_size=batch_size, split_point="auto",
                        parallel_batches="auto")

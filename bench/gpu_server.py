@@ -32,6 +32,7 @@ from aiopipe import CostTable, RunConfig, VirtualClock, simulate
 from aiopipe.errors import ConfigError
 from aiopipe.runtime.compute import resolve_torch_device
 from aiopipe.runtime.plan import build_model, measure_planning_costs, train_dataset
+from aiopipe.runtime.systems import planning_batch_sizes
 
 
 def config_for(args: argparse.Namespace) -> RunConfig:
@@ -98,7 +99,8 @@ def main() -> None:
     else:
         dataset = train_dataset(config.replace(devices=1))
         model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
-        cpu = measure_planning_costs(config, model, dataset.in_shape, dataset)
+        cpu = measure_planning_costs(config, model, dataset.in_shape, dataset,
+                                     sizes=planning_batch_sizes(config))
     rows = {}
     for kind, name, server in (("cpu", "CPU server (this machine)", cpu),
                                ("gpu", f"GPU server ({measured['device']})", gpu)):

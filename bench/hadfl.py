@@ -46,6 +46,7 @@ from typing import Any
 
 from aiopipe import RunConfig, VirtualClock, simulate
 from aiopipe.runtime.plan import build_model, measure_planning_costs, train_dataset
+from aiopipe.runtime.systems import planning_batch_sizes
 
 REPO = Path(__file__).resolve().parents[1]
 SLOWDOWNS = (1.0, 2.0, 2.0, 4.0)
@@ -116,7 +117,8 @@ def virtual(epochs: int, samples: int, scale: float, network: str, targets: list
                         scale=scale, network=network)
     dataset = train_dataset(base)
     model = build_model(base, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
-    costs = measure_planning_costs(base, model, dataset.in_shape, dataset)
+    costs = measure_planning_costs(base, model, dataset.in_shape, dataset,
+                                   sizes=planning_batch_sizes(base))
     rows = []
     for name, changes in runs(samples).items():
         config = fleet_config(name, changes, epochs=epochs, samples=samples, scale=scale,

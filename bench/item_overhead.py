@@ -20,6 +20,7 @@ import asyncio
 
 from aiopipe import RunConfig, SystemClock, VirtualClock, simulate
 from aiopipe.runtime.plan import build_model, measure_planning_costs, train_dataset
+from aiopipe.runtime.systems import planning_batch_sizes
 
 
 def main() -> None:
@@ -36,7 +37,8 @@ def main() -> None:
                            test_samples=0, network="lan")
         data = train_dataset(config)
         model = build_model(config, num_classes=data.num_classes, in_shape=data.in_shape)
-        table = measure_planning_costs(config, model, data.in_shape, data)
+        table = measure_planning_costs(config, model, data.in_shape, data,
+                                       sizes=planning_batch_sizes(config))
         charged = asyncio.run(simulate(config, clock=VirtualClock(), cost_table=table,
                                        progress=lambda metrics: None)).epochs[-1]
         real = asyncio.run(simulate(config, clock=SystemClock(),

@@ -20,7 +20,7 @@ bench does what the runtime's "auto" does, then checks it against real runs:
    ``replan=True`` run would switch to after its first round, decided as the server
    decides (device speeds, link bandwidths and server speed measured from the round,
    a fresh selection taken when it is estimated better by more than
-   ``replan_threshold``; aiopipe/runtime/replan.py).
+   ``replan_threshold``; aiopipe/runtime/systems/star/replan.py).
 4. finalists: the planner's choice, the re-planned plans and the sweep's best
    ``--finalists`` candidates run ``--repeats`` more times each, round-robin (so a
    change of machine load hits them alike), two epochs each; T of each is the median of
@@ -92,16 +92,15 @@ from aiopipe.metrics.trace import Slice
 from aiopipe.runtime.compute import warm_up_torch
 from aiopipe.runtime.plan import (
     build_model,
-    choose_plans,
     declared_devices,
     device_indices,
-    device_plans,
     measure_planning_costs,
     model_profile,
-    resolve_auto,
     train_dataset,
 )
-from aiopipe.runtime.replan import live_profiles, reselect
+from aiopipe.runtime.systems import planning_batch_sizes
+from aiopipe.runtime.systems.star.planning import choose_plans, device_plans, resolve_auto
+from aiopipe.runtime.systems.star.replan import live_profiles, reselect
 from aiopipe.scheduler import (
     CostTable,
     DeviceProfile,
@@ -185,7 +184,7 @@ class Run:
     iteration_s: float
     wall_s: float
     #: the iteration estimated from the first epoch's trace (as the re-planner measures
-    #: devices, links and the server: aiopipe/runtime/replan.py); None for one epoch
+    #: devices, links and the server: aiopipe/runtime/systems/star/replan.py); None for one epoch
     live_estimate_iteration_s: float | None = None
     #: the plans ``replan=True`` would run from the second round on, decided from the
     #: first epoch's trace as the server decides (None when not asked for)
@@ -280,6 +279,7 @@ def profile_case(config: RunConfig, settings: Settings) -> tuple[CostTable, floa
     model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
     started = time.perf_counter()
     costs = measure_planning_costs(config, model, dataset.in_shape, dataset,
+                                   sizes=planning_batch_sizes(config),
                                    repeats=settings.profile_repeats,
                                    warmup=settings.profile_warmup)
     return costs, time.perf_counter() - started
@@ -664,7 +664,7 @@ def markdown(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
         "",
         "Live: the iteration estimated from each re-run's first epoch, with the device "
         "speeds, link bandwidths and server speed the re-planner measures from a round's "
-        "trace (aiopipe/runtime/replan.py), against the same runs' second epochs.",
+        "trace (aiopipe/runtime/systems/star/replan.py), against the same runs' second epochs.",
         "",
         "| model | network | plan | iteration est (s) | iteration measured (s) | error "
         "| live est (s) | error | epoch est (s) | epoch measured (s) | error |",

@@ -39,7 +39,7 @@ from aiopipe import CostTable, RunConfig, VirtualClock, simulate
 from aiopipe.protocol import Activation, RoundResult, to_tensor_data, to_torch
 from aiopipe.runtime import device as device_module
 from aiopipe.runtime.aggregation import update_norms
-from aiopipe.runtime.systems import star as star_module
+from aiopipe.runtime.systems.star import coordinator as star_module
 
 BAD = 3
 COSTS = CostTable.uniform(5, forward=0.001, backward=0.002)

@@ -26,18 +26,17 @@ BAD = 3
 POISONED_DEVICE = '''
 import runpy
 
-from aiopipe.protocol import to_tensor_data, to_torch
-from aiopipe.runtime import device
+from aiopipe.runtime.systems.star.device import StarDevice
 
-honest = device._DeviceNode._upload_state
+honest = StarDevice.upload_state
 
 
 def upload(self, work, round_no):
-    return {name: to_tensor_data(to_torch(t) * 1e6) if t.dtype.startswith("float") else t
+    return {name: t * 1e6 if t.is_floating_point() else t
             for name, t in honest(self, work, round_no).items()}
 
 
-device._DeviceNode._upload_state = upload
+StarDevice.upload_state = upload
 runpy.run_module("aiopipe.device", run_name="__main__")
 '''
 

@@ -22,13 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aiopipe.metrics.epoch import EpochMetrics
 from aiopipe.metrics.trace import device_of
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
-
-    from aiopipe.metrics.results import EpochMetrics
 
 __all__ = ["COLORS", "STAGES", "draw_overview", "draw_run_timeline", "draw_timeline",
            "overview_figure", "representative_window", "select_window", "server_devices"]

@@ -27,7 +27,6 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from aiopipe.config import LINKED_MODES
 from aiopipe.errors import ConfigError, TrainingError
 from aiopipe.wording import plural
 
@@ -288,7 +287,7 @@ async def _train(ray: Any, server: Server, hosts: Sequence[Any], groups: Sequenc
     from aiopipe.auth import mint_token
     from aiopipe.runtime.tasks import first_error
 
-    peers = server.config.mode in LINKED_MODES
+    peers = server.node.system.links_devices
     try:
         async with asyncio.TaskGroup() as tasks:
             training = tasks.create_task(server.run())

@@ -185,7 +185,8 @@ def _rows_of(peer: Mapping[str, Any], micro: int) -> tuple[int, int]:
 
 def _check_groups(message: RoundStart, me: str, rows: tuple[int, int]) -> None:
     """The peers are members of this stage or the next to it (the first and the last
-    stages are next to each other too: Asteroid's stage backups, aiopipe.runtime.chain),
+    stages are next to each other too: Asteroid's stage backups,
+    aiopipe.runtime.systems.ftpipehd.chain),
     and each such stage's members' rows split every micro-batch exactly.
 
     Raises:

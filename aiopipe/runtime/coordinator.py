@@ -44,7 +44,7 @@ from aiopipe import data as datasets
 from aiopipe import models
 from aiopipe.auth import new_run_secret
 from aiopipe.clock import Clock, wait_for
-from aiopipe.config import LINKED_MODES, RunConfig
+from aiopipe.config import RunConfig
 from aiopipe.errors import (
     ConfigError,
     DeviceLostError,
@@ -73,18 +73,17 @@ from aiopipe.protocol import (
     state_to_wire,
 )
 from aiopipe.runtime.admission import Admission
-from aiopipe.runtime.chain import KEPT
 from aiopipe.runtime.checkpoint import Checkpoints, load_checkpoint
 from aiopipe.runtime.compute import Compute, resolve_torch_device, warm_up_torch
 from aiopipe.runtime.evaluation import held_out_accuracy, test_accuracy
 from aiopipe.runtime.exclusion import Exclusions
 from aiopipe.runtime.factories import build_model
-from aiopipe.runtime.plan import declared_devices, planning_batch_sizes
+from aiopipe.runtime.plan import declared_devices
 from aiopipe.runtime.plan_text import log_plan
 from aiopipe.runtime.profiling import profile_fleet
 from aiopipe.runtime.sampling import sampled_devices
 from aiopipe.runtime.stage import ServerStage
-from aiopipe.runtime.systems import Setup, System, system_for
+from aiopipe.runtime.systems import Setup, System, planning_batch_sizes, system_for
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.estimate import DeviceProfile
@@ -178,8 +177,6 @@ class Coordinator:
         #: on every ending] in aiopipe/metrics/results.py)
         self.last_good: dict[str, torch.Tensor] | None = None
         self.replans: list[dict[str, Any]] = []
-        #: the last stage's chain replicas of the latest round it sent any of, by batches
-        self._chained: tuple[int, dict[int, Replica]] = (-1, {})
         self.origin = clock.now()  # the trace's zero: training's start
         self._served_before_round = 0  # micro-batches of the epoch's earlier rounds
         #: per device, in this process: rounds completed, and for the current and the
@@ -305,20 +302,10 @@ class Coordinator:
             change["noticed_s"], change["resumed_s"] = start - self.origin, end - self.origin
         self.replans.append(_numbered_for_people(change))
 
-    def chain_replica(self, device_id: int, replica: Replica) -> None:
-        """Keep the last stage's chain replica (the latest `chain.KEPT` of its round)."""
-        round_no, held = self._chained
-        if replica.round != round_no:
-            round_no, held = replica.round, {}
-            self._chained = (round_no, held)
-        held[replica.batches] = replica
-        while len(held) > KEPT:
-            del held[min(held)]
-
-    def chained(self, round_no: int) -> Mapping[int, Replica]:
-        """The chain replicas the last stage sent in round ``round_no``, by batches."""
-        held_round, held = self._chained
-        return dict(held) if held_round == round_no else {}
+    def unasked_replica(self, device_id: int, replica: Replica,
+                        start: RoundStart | None) -> None:
+        """A replica nobody asked for: the system's to judge (`System.unasked_replica`)."""
+        self.system.unasked_replica(device_id, replica, start)
 
     async def replicas(self, device_id: int, request: ReplicaRequest) -> list[Replica]:
         """Device ``device_id``'s answer to ``request`` (empty when it was lost, or did
@@ -627,14 +614,14 @@ class Coordinator:
             devices_excluded=tuple(tally.get("excluded", ())),
             peer_bytes=(tuple(a - b for a, b in zip(self._peer_bytes(), peers_before,
                                                      strict=True))
-                        if self.config.mode in LINKED_MODES else ()),
+                        if self.system.links_devices else ()),
         )
 
     def epoch_progress(self) -> tuple[int, int]:
         """(micro-batches the server's stage has computed in the epoch under way, how many
         the epoch has) for a progress display; ``(0, 0)`` where the server computes no
         micro-batches (fl, a pipeline) or before training."""
-        if self.config.mode not in ("sl", "sfl", "pipar") or not self.prepared:
+        if not self.system.serves_stages or not self.prepared:
             return 0, 0
         total = sum(self.system.iterations(int(p["device"])) * int(p.get("parallel_batches", 1))
                     for p in self.system.plan_entries())

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from aiopipe._version import __version__
 from aiopipe.errors import ConfigError
 from aiopipe.scheduler.costs import CostTable
 
@@ -60,8 +61,6 @@ def cost_key(model: nn.Sequential, in_shape: Sequence[int], data: str,
     ``data``: what the micro-batches are loaded from (its loading is charged);
     ``settings``: anything else the measurement used (threads, learning rate...).
     """
-    from aiopipe import __version__
-
     described = {
         "machine": [platform.node(), platform.machine(), platform.processor(),
                     os.cpu_count()],

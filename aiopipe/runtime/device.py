@@ -1,21 +1,17 @@
-"""The device node: runs the stage the coordinator assigns it, on local data.
+"""The device node: a shell that runs whichever system the coordinator's run names.
 
-One event loop, one compute thread. While training, these tasks run:
-- the train loop: per round, it takes the round's assignment (`RoundStart`: stage,
-  units, micro-batches, one iteration's actions, peers), builds that stage, loads its
-  weights, and runs the actions iteration after iteration with a `StageExecutor`
-  (PiPar's device: forward N micro-batches back to back, posting each activation as soon
-  as it exists; then, in micro-batch order, wait for each gradient and run its backward;
-  then one optimizer step, Eq. 26); then it uploads the weights and a report;
+One event loop, one compute thread. The shell is the same for every system:
 - the link to the coordinator: a send loop (`Peer.send_loop`), a receive loop that
-  checks each message against the round (a gradient from the coordinator's own stage in
-  the split modes; `RoundStart`, `Bye`), heartbeats and a silence watchdog (`Liveness`);
-  when that link breaks the device reconnects with backoff ([Note: reconnection] in
-  aiopipe/runtime/session.py) and re-sends what may have been lost;
-- links to peer devices, when the run has them (a pipeline): `PeerLinks`; a member of a
-  data-parallel group (Asteroid) exchanges pieces of micro-batches with the members of
-  the neighbouring stages and all-reduces its gradients with its own group's
-  (`aiopipe.runtime.groups`).
+  dispatches each message by its type (a table), heartbeats and a silence watchdog
+  (`Liveness`); when that link breaks the device reconnects with backoff ([Note:
+  reconnection] in aiopipe/runtime/session.py) and re-sends what may have been lost;
+- links to peer devices, when the run's system links devices (`PeerLinks`);
+- the data path: activations, gradients and a group's gradients, judged by the
+  system's arrival rules before they reach the stage (aiopipe.runtime.delivery);
+- the control loop: per `RoundStart`, the system's device half runs the round
+  (aiopipe.runtime.device_half; by default the stage it assigns, run by the
+  `StageExecutor`: aiopipe.runtime.stage_round); between rounds it answers profile and
+  evaluation requests.
 The data never leaves the device: only activations, labels and the stage's weights do.
 After its `Plan` the device opens its data (its own, or an emulated fleet's shard),
 builds the run's model and announces both (`Ready`: samples, input shape, classes, the
@@ -27,23 +23,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import random
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeAlias, cast
+from typing import TypeAlias, cast
 
 import torch
 
 from aiopipe import data as datasets
 from aiopipe.clock import Clock, SystemClock
-from aiopipe.config import PIPELINE_MODES, STAR_MODES, RunConfig
+from aiopipe.config import RunConfig
 from aiopipe.errors import (
     LinkBrokenError,
     NeighbourFaultError,
-    PoisonedValueError,
     ProtocolError,
     RemoteProtocolError,
     TrainingError,
@@ -51,7 +45,6 @@ from aiopipe.errors import (
 )
 from aiopipe.metrics.trace import MAX_REPORT_SLICES, Recorder
 from aiopipe.protocol import (
-    HEADER_SLACK_BYTES,
     MAX_REASON_CHARS,
     PROTOCOL_VERSION,
     Accusation,
@@ -69,59 +62,35 @@ from aiopipe.protocol import (
     Profile,
     ProfileRequest,
     Ready,
-    Replica,
-    ReplicaRequest,
-    RingBypass,
-    RingChunk,
-    RingHandshake,
     RoundReport,
     RoundResult,
     RoundStalled,
     RoundStart,
-    SyncedModel,
-    TensorData,
-    state_to_wire,
-    to_torch,
 )
-from aiopipe.runtime.assignment import Assignment, check_data_message, data_frame_limit
-from aiopipe.runtime.async_weights import AsyncStageWork
-from aiopipe.runtime.chain import (
-    ChainReplicas,
-    backs_up_momentum,
-    backup_node,
-    stage_snapshot,
-)
+from aiopipe.runtime.assignment import Assignment
 from aiopipe.runtime.compute import Compute, resolve_torch_device, warm_up_torch
-from aiopipe.runtime.executor import Identity, Inbox, Key, Route, StageExecutor
-from aiopipe.runtime.groups import (
-    GroupRoute,
-    Pieces,
-    check_group_gradient,
-    gradients_of,
-    sum_gradients,
-)
+from aiopipe.runtime.delivery import Delivery
+from aiopipe.runtime.device_half import DeviceHalf, Handler
+from aiopipe.runtime.executor import Inbox
 from aiopipe.runtime.holdings import Holdings
-from aiopipe.runtime.judge import ArrivalJudge, scale_of
+from aiopipe.runtime.judge import ArrivalJudge
 from aiopipe.runtime.liveness import Liveness
-from aiopipe.runtime.partial_sync import PartialSync
 from aiopipe.runtime.peer import Peer
-from aiopipe.runtime.peer_links import PeerLinks, PeerMessage, PeerRoute
+from aiopipe.runtime.peer_links import PeerLinks, PeerRoute
 from aiopipe.runtime.plan import measure_planning_costs
-from aiopipe.runtime.privacy import noisy_batch, noisy_state, round_generator
 from aiopipe.runtime.profiling import answer_request
-from aiopipe.runtime.stage import Expected, StageInputError, StageWork, recomputable
+from aiopipe.runtime.stage import StageWork
+from aiopipe.runtime.stage_round import COORDINATOR
+from aiopipe.runtime.systems import system_class
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable
-from aiopipe.transport import Link, LinkSpec, WebSocketLink
+from aiopipe.transport import Link, LinkSpec
 from aiopipe.transport.fabric import Endpoint
 from aiopipe.wording import plural
 
 __all__ = ["COORDINATOR", "Connector", "DeviceSummary", "run_device"]
 
 log = logging.getLogger("aiopipe.device")
-
-#: The coordinator's node name (the destination of what a device sends to its stage).
-COORDINATOR = "server"
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,28 +161,9 @@ async def run_device(server: Link | Connector, device_id: int, *, clock: Clock |
     try:
         return await node.run()
     finally:
-        if node.sync is not None:
-            node.sync.close()
-        for task in node._linking:
-            task.cancel()
+        if node.half is not None:
+            node.half.close()
         node.compute.close()
-
-
-class _ServerRoute:
-    """The coordinator's stage as a neighbour: posts on the coordinator link, keeping each
-    activation until its gradient arrives, to re-send it after a reconnection."""
-
-    node = COORDINATOR
-
-    def __init__(self, owner: _DeviceNode) -> None:
-        self.owner = owner
-
-    def send(self, message: Activation | Gradient, name: str, *,
-             ready_at: float | None) -> None:
-        if isinstance(message, Activation):
-            self.owner.sent_activations[_key(message)] = message
-        self.owner.peer.post(message, name, epoch=message.epoch, iteration=message.iteration,
-                             micro_batch=message.micro_batch, ready_at=ready_at)
 
 
 class _DeviceNode:
@@ -248,14 +198,14 @@ class _DeviceNode:
         self.control: asyncio.Queue[RoundStart | ProfileRequest | EvalRequest | Bye] = (
             asyncio.Queue())
         self.inbox = Inbox()
-        self.sent_activations: dict[tuple[int, int, int], Activation] = {}
-        #: activations (and group gradients) from peers ahead of the round ([Note: early
-        #: activations])
-        self._early: dict[str, list[Activation | GroupGradient]] = {}
-        #: what the round's messages from a data-parallel group are joined by, and the
-        #: stage's parameters (names, dtypes, shapes) its group gradients must hold
-        self.pieces: Pieces | None = None
-        self.parameters: Expected = {}
+        #: judges the values peers send ([Note: judging arrivals])
+        self.judge = ArrivalJudge()
+        self.delivery = Delivery(self.inbox, coordinator=COORDINATOR,
+                                 rules=DeviceHalf.arrivals, batch_size=1,
+                                 running=self._running, judge=lambda: self.judge)
+        #: the run's system's device half, and the messages it takes, once joined
+        self.half: DeviceHalf | None = None
+        self._handlers: dict[type[Message], Handler] = {}
         self.assignment: Assignment | None = None  # the round being worked on
         self.work: StageWork | None = None
         self.round = -1  # the round being worked on (or last finished)
@@ -268,13 +218,6 @@ class _DeviceNode:
         self.liveness: Liveness | None = None
         self.random = random.Random(device_id)
         self.peers: PeerLinks | None = None
-        #: ftpipehd: what this device holds of the chain replication
-        self.chain: ChainReplicas | None = None
-        #: hadfl: the device's side of the partial synchronisation
-        self.sync: PartialSync | None = None
-        #: judges the values peers send ([Note: judging arrivals])
-        self.judge = ArrivalJudge()
-        self._linking: set[asyncio.Future[None]] = set()  # hadfl: links made ahead of need
         self._peer_bytes_reported = 0  # bytes sent to peers, as the last report said
         #: set when the server said Bye: the run is over, mid-round or not
         self.ended: TrainingError | None = None
@@ -283,6 +226,7 @@ class _DeviceNode:
         async with contextlib.AsyncExitStack() as links:
             self.plan = await self._connect(links)
             self.config = self._run_config(self.plan)  # cheap: heartbeats need it
+            self._join_system()
             log.info("device %d: joined a %s run of %s, %s", self.device_id,
                      self.config.mode, plural(self.config.devices, "device"),
                      plural(self.config.epochs, "epoch"))
@@ -295,7 +239,7 @@ class _DeviceNode:
                         self.peers = await stack.enter_async_context(PeerLinks.open(
                             self.endpoint, me=self.name, keys=self.plan.peer_keys,
                             clock=self.clock, recorder=self.recorder, config=self.config,
-                            deliver=self._deliver, failed=self._peer_failed,
+                            deliver=self._dispatch, failed=self._peer_failed,
                             pace=self._uplink_pace()))
                     try:
                         training = await self._train_and_serve(links)
@@ -349,12 +293,12 @@ class _DeviceNode:
             self.last_round_received = -1
             self.unacked.clear()
             self.peer.clear()
-            self._early.clear()  # activations of the old session's rounds
+            self.delivery.forget(early=True)  # activations of the old session's rounds
             self._drop_round()
             if self.peers is not None:
                 self.peers.rekey(plan.peer_keys)
         self.server_session = plan.session
-        self.run_id = plan.run_id
+        self.run_id = self.delivery.run_id = plan.run_id
         return plan
 
     async def _serve_link(self, training: asyncio.Task[DeviceSummary]) -> None:
@@ -421,7 +365,7 @@ class _DeviceNode:
         self.peer.clear()  # re-post in order what may not have arrived, once
         if self.ready is not None and self.server_session != session:
             self.peer.post(self.ready, "ready")  # a new session: announce ourselves again
-        for key, activation in self.sent_activations.items():
+        for key, activation in self.delivery.sent_activations.items():
             self.peer.post(activation, "u", epoch=key[0], iteration=key[1],
                            micro_batch=key[2])
         for message in self.unacked:
@@ -447,7 +391,7 @@ class _DeviceNode:
     def _shape_uplink(self) -> None:
         """Pace a websocket uplink at the network's rate (sender-side shaping)."""
         pace = self._uplink_pace()
-        if pace is not None and isinstance(self.peer.link, WebSocketLink):
+        if pace is not None:
             self.peer.link.reshape(pace)
 
     # -- loops ---------------------------------------------------------------------
@@ -460,7 +404,7 @@ class _DeviceNode:
             message = await self.peer.receive()
             self.liveness.heard()
             if isinstance(message, Activation | Gradient):
-                self._deliver(COORDINATOR, message)
+                self.delivery.deliver(COORDINATOR, message)
             elif isinstance(message, RoundStart):
                 if message.round <= self.last_round_received:
                     continue  # sent again after a reconnection: we have it already
@@ -469,13 +413,6 @@ class _DeviceNode:
                 self.control.put_nowait(message)
             elif isinstance(message, EvalRequest):
                 self.control.put_nowait(message)
-            elif isinstance(message, ReplicaRequest):
-                if self.config.mode not in ("ftpipehd", "asteroid"):
-                    raise RemoteProtocolError(f"a replica request in mode {self.config.mode}")
-                # (a process started afresh may be asked before it has set up: none held)
-                for replica in (self.chain.answer(message) if self.chain is not None
-                                else ChainReplicas.none_held(message)):
-                    self.peer.post(replica, "replica")
             elif isinstance(message, ProfileRequest):
                 # its probe follows at once: how much later it arrives times the downlink
                 asked_at = self.clock.now()
@@ -493,129 +430,51 @@ class _DeviceNode:
                 # for any micro-batch the round would still send
                 self.ended = TrainingError(f"the server ended the run: {message.reason}")
                 self.inbox.close(self.ended)
-                self.sent_activations.clear()
+                self.delivery.forget()
                 return
             elif isinstance(message, ErrorMessage):
                 if message.code == "refused":  # what we announced does not fit the run
                     raise TrainingError(f"server refused device {self.device_id}: "
                                         f"{message.message}")
                 raise TrainingError(f"server error {message.code}: {message.message}")
+            elif type(message) in self._handlers:  # the system's own (a replica request)
+                self._handlers[type(message)](COORDINATOR, message)
             elif not isinstance(message, Heartbeat):
                 raise RemoteProtocolError(f"a device does not accept {type(message).__name__}")
 
-    def _deliver(self, sender: str, message: PeerMessage) -> None:
-        """Check a data message from ``sender`` against the round and hand it to the stage.
+    def _join_system(self) -> None:
+        """Take the device half of the run's system, its arrival rules and its messages."""
+        half = system_class(self.config.mode).device_half(self)
+        self.half = half
+        self.delivery.rules, self.delivery.batch_size = half.arrivals, self.config.batch_size
+        data: Handler = self.delivery.deliver
+        self._handlers = {Activation: data, Gradient: data, GroupGradient: data,
+                          **half.handlers()}
 
-        [Note: early activations] The coordinator starts a round on every device at
-        once, but the `RoundStart`s travel separate links: the previous stage may start,
-        and send its first activations, before this device has its own `RoundStart`.
-        Such activations, ahead of the round this device knows, wait (`_early`) and are
-        checked when their round starts. A stage sends at most N of them before it must
-        wait for a gradient, so more than the batch size of them from one peer is a
-        protocol error.
+    def _running(self) -> bool:
+        return self.round_task is not None and not self.round_task.done()
 
-        Raises:
-            RemoteProtocolError: it breaks the plan.
-        """
-        assignment = self.assignment
-        if isinstance(message, RingChunk | RingBypass | RingHandshake | SyncedModel):
-            if self.sync is None:
-                raise RemoteProtocolError(f"{sender} sent HADFL's {type(message).__name__} "
-                                          f"in mode {self.config.mode}")
-            self.sync.deliver(sender, message)
-            return
-        if isinstance(message, Replica):
-            if self.chain is None or sender == COORDINATOR:
-                raise RemoteProtocolError(f"{sender} sent a replica outside the chain")
-            self.judge.judge_tensors(sender, f"replica@{message.stage}", message.tensors,
-                                     what=f"replica of stage {message.stage}")
-            if self.config.mode == "asteroid":
-                self.chain.accept_backup(sender, message, assignment)
-            else:
-                self.chain.accept(sender, message, assignment)
-            return
-        if isinstance(message, Gradient) and sender == COORDINATOR:
-            if _key(message) not in self.sent_activations:
-                return  # a gradient sent again after a reconnection; we have it already
-            del self.sent_activations[_key(message)]
-        running = self.round_task is not None and not self.round_task.done()
-        # (a replay's versions lie above every attempt's before it, Asteroid's and a
-        # synchronous pipeline's)
-        replayed = self.config.mode in ("asteroid", "pipeline")
-        if assignment is not None and _earlier_attempt(
-                message, assignment, resumed=self.chain is not None, replayed=replayed):
-            return  # of an attempt at the round that the coordinator gave up on
-        if isinstance(message, Activation | GroupGradient) and sender != COORDINATOR and (
-                not running or _after(message, assignment, replayed=replayed)
-        ) and not _before(message, assignment):
-            early = self._early.setdefault(sender, [])
-            if len(early) >= self.config.batch_size:
-                raise RemoteProtocolError(f"{sender} sent more activations ahead of the "
-                                          "round than a round can have")
-            early.append(message)
-            return
-        if assignment is None or not running:
-            if isinstance(message, Gradient):
-                return  # late: its round is over (or was dropped)
-            raise RemoteProtocolError(f"{sender} sent an activation outside a round")
-        key: Key
-        whole: Activation | Gradient | dict[str, GroupGradient] | None
-        assert self.pieces is not None  # (set with the assignment)
-        if isinstance(message, GroupGradient):
-            check_group_gradient(message, assignment, self.parameters, sender=sender,
-                                 run_id=self.run_id)
-            key = ("R", message.epoch, message.iteration, 0)
-            self._check_once(sender, key)
-            whole = self.pieces.gather(key, sender, message)
-        else:
-            check_data_message(message, assignment, sender=sender, run_id=self.run_id)
-            if sender != COORDINATOR:
-                self.judge.judge_data(sender, message, first_unit=assignment.first_unit,
-                                      stop_unit=assignment.stop_unit)
-            key = ("F" if isinstance(message, Activation) else "B", *_key(message))
-            self._check_once(sender, key)
-            whole = self.pieces.join(key, sender, message)
-        if whole is None:
-            return  # more pieces to come
-        if self.inbox.held() >= 2 * assignment.parallel_batches + 2:
-            # an honest neighbour is never more than an iteration ahead of us
-            raise RemoteProtocolError(f"{sender} sent more than two iterations' messages "
-                                      "ahead of the schedule")
-        self.inbox.put(key, whole)
-
-    def _check_once(self, sender: str, key: Key) -> None:
-        """A peer sends each message once.
+    def _dispatch(self, sender: str, message: Message) -> None:
+        """A message from peer ``sender``: to the data path or the system's half.
 
         Raises:
-            RemoteProtocolError: ``sender`` sent ``key``'s again.
+            RemoteProtocolError: this run's system does not take it.
         """
-        if sender != COORDINATOR and self.inbox.seen(key):
-            raise RemoteProtocolError(f"{sender} sent {key[0]} {key[1:]} twice")
-
-    async def _deliver_early(self) -> None:
-        """Hand over the activations that came before this round started
-        ([Note: early activations]); those for a later round wait on. One that breaks
-        the plan is its sender's protocol error (which fails the round)."""
-        early, self._early = self._early, {}
-        for sender, messages in early.items():
-            for message in messages:
-                try:
-                    self._deliver(sender, message)
-                except RemoteProtocolError as exc:
-                    if self.peers is not None:
-                        await self.peers.reject(sender, exc)
-                    raise NeighbourFaultError(sender, exc) from None
+        handler = self._handlers.get(type(message))
+        if handler is None:
+            raise RemoteProtocolError(f"{sender} sent {type(message).__name__}, which a "
+                                      f"{self.config.mode} run does not use")
+        handler(sender, message)
 
     def _peer_failed(self, name: str, error: Exception) -> None:
-        """A peer link broke: the round in progress cannot finish (HADFL's ring
-        bypasses the peer: aiopipe.runtime.partial_sync)."""
+        """A peer link broke: the round in progress cannot finish, unless the system's
+        half takes care of it (HADFL's ring bypasses the peer)."""
         fault = NeighbourFaultError(name, error) if isinstance(error, ProtocolError) else None
         if fault is not None:
             self._accuse(fault)
-        if self.sync is not None:
-            self.sync.peer_failed(name, error)
+        if self.half is not None and self.half.peer_failed(name, error):
             return
-        if self.ended is None and self.round_task is not None and not self.round_task.done():
+        if self.ended is None and self._running():
             self.inbox.close(fault or TrainingError(f"the link to {name} failed: {error}"))
 
     def _accuse(self, fault: NeighbourFaultError) -> None:
@@ -629,7 +488,7 @@ class _DeviceNode:
 
     def _drop_round(self) -> None:
         """Stop working on the current round (the server no longer waits for it)."""
-        self.sent_activations.clear()
+        self.delivery.forget()
         if self.round_task is not None and not self.round_task.done():
             log.warning("device %d: dropping round %d", self.device_id, self.round + 1)
             self.round_dropped = True
@@ -649,16 +508,8 @@ class _DeviceNode:
         self.compute.slowdown = self.config.device_slowdown_of(self.device_id)
         self.ready = self.holdings.ready()
         self.judge = ArrivalJudge(limit=self.config.scale_limit)
-        if self.config.mode == "ftpipehd" or (self.config.mode == "asteroid"
-                                              and self.config.chain_replication_every):
-            self.chain = ChainReplicas(self.holdings.template.model,
-                                       momentum=backs_up_momentum(self.config),
-                                       every=self.config.chain_replication_every)
-        if self.config.mode == "hadfl":
-            self.sync = PartialSync(me=self.device_id, holdings=self.holdings,
-                                    compute=self.compute, clock=self.clock, costs=self.costs,
-                                    config=self.config, run_id=self.run_id,
-                                    judge=self.judge)
+        assert self.half is not None
+        self.half.set_up()
         self.peer.post(self.ready, "ready")
         rounds = samples = 0
         while True:
@@ -674,7 +525,7 @@ class _DeviceNode:
                 self.peer.post(result, "eval", epoch=message.epoch)
                 continue
             self.round, self.epoch = message.round, message.epoch
-            self.round_task = asyncio.create_task(self._run_round(message))
+            self.round_task = asyncio.create_task(self.half.run_round(message))
             try:
                 done = await self.round_task
             except asyncio.CancelledError:
@@ -684,12 +535,11 @@ class _DeviceNode:
                 continue
             except TrainingError as exc:
                 culprit = exc.culprit if isinstance(exc, NeighbourFaultError) else ""
-                if self.ended is not None or (not culprit and self.config.mode not in
-                                              PIPELINE_MODES):
+                if self.ended is not None or not (culprit or self.half.recovers_rounds):
                     raise
                 # the pipelines recover: the coordinator, told, plays the round
                 # again (or ends the run); a neighbour's fault is the coordinator's to
-                # judge in every mode ([Note: judging arrivals]): this device is fine
+                # judge in every system ([Note: judging arrivals]): this device is fine
                 log.warning("device %d: round %d stopped (%s); waiting for the "
                             "coordinator's recovery", self.device_id, message.round + 1, exc)
                 if isinstance(exc, NeighbourFaultError):
@@ -719,99 +569,7 @@ class _DeviceNode:
                                             clock=self.clock, measure=measure if mine else None):
             self.peer.post(message, "profile" if isinstance(message, Profile) else "probe")
 
-    async def _run_round(self, message: RoundStart) -> int:
-        """Train the round's iterations, upload the weights, then the report; samples."""
-        if self.sync is not None:
-            return await self._run_sync_round(message)
-        mark = len(self.recorder.slices)
-        self.inbox.reopen()
-        assignment, work = await self.compute.call(
-            partial(self.holdings.assign, message, self.assignment, self.work,
-                    self._own_backup(message)))
-        if self.peers is not None and not self.judge.priors:
-            # (before the assignment is taken: a neighbour's activations that come while
-            # this awaits wait as early ones, not for `pieces` yet to be set)
-            self.judge.set_cut_priors(await self.compute.call(partial(
-                self.holdings.cut_scales, assignment.micro_batch_size)))
-        self.assignment, self.work = assignment, work
-        # [Note: recomputed activations]: in virtual time, memory is what runs short
-        work.recompute = (self.costs is not None and not work.measure_memory
-                          and work.device.type == "cpu" and recomputable(work.module)
-                          and not isinstance(work, AsyncStageWork))
-        self.pieces = Pieces(assignment)
-        self.parameters = {name: (str(p.dtype).removeprefix("torch."), tuple(p.shape))
-                           for name, p in work.module.named_parameters()}
-        if self.peers is not None:
-            # FTPipeHD re-partitions: a neighbour may send the next round's activations
-            # (of another cut) before our RoundStart comes ([Note: early activations])
-            backups = self.chain.frame_limit if self.chain is not None else 0
-            self.peers.limit(max(data_frame_limit(self.holdings.activation_shapes,
-                                                  assignment.micro_batch_size), backups)
-                             if self.config.mode == "ftpipehd" else max(
-                                 assignment.frame_limit(),
-                                 _group_frame_limit(self.parameters), backups))
-        await self._deliver_early()
-        routes = await self._routes(assignment)
-        group = await self._group_routes(assignment)
-        micro, n = assignment.share, assignment.parallel_batches
-        work.batch = self.holdings.batches(assignment)
-        if self.config.privacy == "pixeldp" and assignment.stage == 0:
-            work.batch = partial(noisy_batch, work.batch, self.config.privacy_noise,
-                                 round_generator(self.config.seed, self.device_id,
-                                                 message.round))
-        executor = StageExecutor(
-            work, self.compute, stage=assignment.stage, actions=assignment.actions,
-            identity=Identity(self.run_id, self.name), inbox=self.inbox,
-            previous=routes.get(assignment.stage - 1), next=routes.get(assignment.stage + 1),
-            costs=assignment.charges(self.costs),
-            after_backward=(partial(self._send_snapshots, work, assignment, routes)
-                            if isinstance(work, AsyncStageWork) else None),
-            reduce=partial(self._reduce, work, assignment, group) if group else None)
-        timer = (asyncio.ensure_future(self._gradient_timer())
-                 if self.config.mode == "ftpipehd" and assignment.stage == 0 else None)
-        try:
-            for iteration in range(message.first_iteration,
-                                   message.first_iteration + message.iterations):
-                if self.ended is not None:  # no gradient will come
-                    raise self.ended
-                try:
-                    await executor.run(message.epoch, iteration,
-                                       assignment.version_of(iteration))
-                except StageInputError as exc:
-                    raise _neighbour_fault(assignment, exc) from None
-                self.sent_activations.clear()  # every gradient of the iteration has arrived
-                if self.chain is not None and self.config.mode == "asteroid":
-                    await self._back_up(work, assignment, iteration + 1)
-        finally:
-            if timer is not None:
-                timer.cancel()
-        samples = message.iterations * micro * n
-        weights = await self.compute.call(partial(self._upload_state, work, message.round))
-        result = RoundResult(message.round, samples, float(work.loss_sum), int(work.correct),
-                             weights)
-        await self._report(result, mark, work)
-        return samples
-
-    def _upload_state(self, work: StageWork, round_no: int) -> dict[str, TensorData]:
-        """The trained stage as it leaves the device: with classic differential
-        privacy, noised (aiopipe.runtime.privacy). Compute thread.
-
-        In fl, sl, sfl and pipar the result shares the stage's memory on the CPU (no
-        copy): it is kept until the next `RoundStart` (for re-sending), and only that
-        round's weights, loaded after it, change the stage again; the other systems
-        train on between rounds and upload a copy."""
-        if self.config.mode in STAR_MODES:
-            state = work.current_state()
-        elif self.config.mode == "pipeline":  # its momentum goes back with the weights
-            state = stage_snapshot(work, momentum=backs_up_momentum(self.config))
-        else:
-            state = work.trained_state()
-        if self.config.privacy == "classic":
-            state = noisy_state(state, self.config.privacy_noise, round_generator(
-                self.config.seed, self.device_id, round_no))
-        return state_to_wire(state)
-
-    async def _report(self, result: RoundResult, mark: int, work: StageWork) -> None:
+    async def report(self, result: RoundResult, mark: int, work: StageWork) -> None:
         """Send the round's result, then, once it is sent, its report: the trace
         slices from ``mark`` on (so that it includes the result's upload)."""
         self.unacked = [result]
@@ -834,168 +592,8 @@ class _DeviceNode:
         self.unacked.append(report)
         self._post_round_message(report)
 
-    async def _run_sync_round(self, message: RoundStart) -> int:
-        """HADFL's round (aiopipe.runtime.partial_sync [Note: HADFL rounds]): local
-        steps, the ring's average over peer links, then the result and report; samples.
-
-        Raises:
-            TrainingError: this device listens for no peers.
-        """
-        sync = self.sync
-        assert sync is not None
-        if self.peers is None:
-            raise TrainingError(f"device {self.device_id} runs mode hadfl but listens for "
-                                "no peers (start it with an endpoint: python -m "
-                                "aiopipe.device --listen)")
-        mark = len(self.recorder.slices)
-        self.peers.limit(sync.frame_limit)
-        peers = dict(message.peers)
-        for name in peers:  # the side whose name sorts first dials
-            if self.name < name:
-                task = asyncio.ensure_future(self._link_quietly(name, peers))
-                self._linking.add(task)
-                task.add_done_callback(self._linking.discard)
-        result = await sync.run_round(message, partial(self._sync_route, peers))
-        await self._report(result, mark, sync.work)
-        return result.samples
-
-    async def _sync_route(self, peers: dict[str, Any], device: int) -> PeerRoute:
-        """The link to ring peer ``device`` this round (see `PeerLinks.route`).
-
-        Raises:
-            TrainingError: it is not a peer of the round, or cannot be linked.
-        """
-        name = f"device{device}"
-        if name not in peers or self.peers is None:
-            raise TrainingError(f"device{device} is not a peer of {self.name}'s round")
-        return await self.peers.route(name, str(peers[name].get("address", "")),
-                                      dial=self.name < name)
-
-    async def _link_quietly(self, name: str, peers: dict[str, Any]) -> None:
-        """Link to ``name`` ahead of need; a peer that cannot be reached is the ring's
-        business ([Note: HADFL bypass])."""
-        try:
-            await self._sync_route(peers, int(name.removeprefix("device")))
-        except TrainingError as exc:
-            log.info("device %d: %s", self.device_id, exc)
-
-    def _send_snapshots(self, work: AsyncStageWork, assignment: Assignment,
-                        routes: dict[int, Route]) -> None:
-        """Chain replication (aiopipe.runtime.chain [Note: chain replication]): keep the
-        stage's new snapshots and send them on, to the next stage's device (from the
-        last stage, to the coordinator)."""
-        assert self.chain is not None
-        for batches, tensors, loss_sum, correct in work.take_snapshots():
-            replica = Replica(assignment.version, assignment.stage, batches, loss_sum,
-                              correct, tensors)
-            self.chain.keep(replica)
-            route = routes.get(assignment.stage + 1)
-            link = route.peer if isinstance(route, PeerRoute) else self.peer  # (last stage)
-            link.post(replica, "replica", epoch=assignment.epoch)
-
-    def _own_backup(self, message: RoundStart) -> Replica | None:
-        """Asteroid's replay from a backup point ([Note: stage backups]): our own
-        snapshot of the stage ``message`` keeps (sent no weights), after its first
-        iteration, taken in the attempt we last worked on; None when we hold none."""
-        previous = self.assignment
-        if (self.chain is None or message.tensors or previous is None
-                or message.epoch != previous.epoch):
-            return None
-        return self.chain.own(message.stage, message.first_iteration, previous.round)
-
-    async def _back_up(self, work: StageWork, assignment: Assignment, batches: int) -> None:
-        """Asteroid's topology-driven replication ([Note: stage backups]): at a backup
-        point (every ``chain_replication_every`` batches of the epoch, the round's last
-        but one at most) keep our stage's state and, when we are its only device, send
-        it to its backup node, in the link's idle time (aiopipe.runtime.peer [Note:
-        background sends])."""
-        assert self.chain is not None
-        end = assignment.first_iteration + assignment.iterations
-        if batches % self.chain.every or batches >= end:
-            return
-        momentum = self.chain.momentum
-        tensors = await self.compute.call(
-            lambda: state_to_wire(stage_snapshot(work, momentum=momentum)))
-        replica = Replica(assignment.round, assignment.stage, batches, float(work.loss_sum),
-                          int(work.correct), tensors)
-        self.chain.keep(replica)
-        node = backup_node(assignment)
-        if node is not None:
-            route = await self._peer_route(assignment, node, dial=True)
-            route.peer.post(replica, "backup", epoch=assignment.epoch, background=True)
-
-    async def _reduce(self, work: StageWork, assignment: Assignment,
-                      group: dict[str, PeerRoute], epoch: int, iteration: int,
-                      version: int) -> None:
-        """A data-parallel group's all-reduce (aiopipe.runtime.groups [Note: direct
-        all-reduce]): send our accumulated gradients to every other member, then set
-        the sum of all members' (in row order) as the stage's."""
-        free = 0.0 if self.costs is not None else None  # (virtual time: the sum is free)
-        mine = await self.compute.run("r", partial(gradients_of, work.module), cost=free,
-                                      epoch=epoch, iteration=iteration)
-        for name, route in group.items():
-            route.peer.post(GroupGradient(self.run_id, assignment.stage, epoch, iteration,
-                                          version, self.name, name, mine),
-                            "g", epoch=epoch, iteration=iteration)
-        received = await self.inbox.wait(("R", epoch, iteration, 0))
-        own = max((scale_of(to_torch(tensor)) for tensor in mine.values()), default=0.0)
-        for member, message in received.items():  # against our own: [Note: judging arrivals]
-            try:
-                self.judge.judge_tensors(member, "group gradient", message.tensors, own=own,
-                                         what=f"group gradient {(epoch, iteration)}")
-            except PoisonedValueError as exc:
-                raise NeighbourFaultError(member, exc) from None
-        members = [m for m, _ in assignment.members_at(assignment.stage)]
-        await self.compute.run("r", partial(sum_gradients, work.module, mine, members,
-                                            self.name, received),
-                               cost=free, epoch=epoch, iteration=iteration)
-
-    async def _gradient_timer(self) -> None:
-        """FTPipeHD's timer (§III-F), on the first stage: when the round has waited
-        ``device_timeout`` seconds for the same gradients, it stops (and the coordinator
-        is told: `RoundStalled`). Checked every eighth of that."""
-        timeout = self.config.device_timeout
-        waiting, since = frozenset[Key](), self.clock.now()
-        while True:
-            pending = self.inbox.pending()
-            if not pending or pending != waiting:
-                waiting, since = pending, self.clock.now()
-            elif self.clock.now() - since >= timeout:
-                batches = sorted(k[2] + k[3] + 1 for k in pending)  # (1-based, as logged)
-                self.inbox.close(TrainingError(
-                    f"no gradient came within {timeout:g} s (waiting for batch "
-                    f"{', '.join(map(str, batches))} of the epoch)"))
-                return
-            await self.clock.sleep(timeout / 8)
-
-    async def _routes(self, assignment: Assignment) -> dict[int, Route]:
-        """The neighbouring stages: peers (linked now if need be) or the coordinator.
-
-        Raises:
-            TrainingError: a peer cannot be linked to, or the run needs peer links and
-                this device has no endpoint.
-        """
-        routes: dict[int, Route] = {}
-        for stage in (assignment.stage - 1, assignment.stage + 1):
-            if not 0 <= stage < assignment.stages:
-                continue
-            members = [(name, assignment.rows_with(name))
-                       for name, _ in assignment.members_at(stage)]
-            if not members:
-                routes[stage] = _ServerRoute(self)
-                continue
-            linked = [(await self._peer_route(assignment, name, dial=stage > assignment.stage),
-                       rows) for name, rows in members if rows[0] < rows[1]]
-            routes[stage] = linked[0][0] if len(linked) == 1 else GroupRoute(linked)
-        return routes
-
-    async def _group_routes(self, assignment: Assignment) -> dict[str, PeerRoute]:
-        """The other members of our stage's data-parallel group (none: no group), linked
-        (the member whose name sorts first dials)."""
-        return {name: await self._peer_route(assignment, name, dial=self.name < name)
-                for name, _ in assignment.members_at(assignment.stage) if name != self.name}
-
-    async def _peer_route(self, assignment: Assignment, name: str, *, dial: bool) -> PeerRoute:
+    async def peer_route(self, assignment: Assignment, name: str, *, dial: bool
+                         ) -> PeerRoute:
         """The link to peer ``name`` (see `PeerLinks.route`).
 
         Raises:
@@ -1006,60 +604,3 @@ class _DeviceNode:
                                 f"next to {name} but listens for no peers (start it "
                                 "with an endpoint: python -m aiopipe.device --listen)")
         return await self.peers.route(name, assignment.peers[name]["address"], dial=dial)
-
-
-def _neighbour_fault(assignment: Assignment, error: StageInputError) -> Exception:
-    """What a stage's refusal of its input means: the neighbour that sent it is at
-    fault (a `NeighbourFaultError` naming it) when that is one device; the error as it
-    is when it is the coordinator (a star's server half) or a group of several."""
-    members = assignment.members_at(assignment.stage + (1 if error.from_next else -1))
-    if len(members) != 1:
-        return error
-    return NeighbourFaultError(members[0][0], error)
-
-
-def _key(message: Activation | Gradient) -> tuple[int, int, int]:
-    return (message.epoch, message.iteration, message.micro_batch)
-
-
-def _group_frame_limit(parameters: Expected) -> int:
-    """The largest `GroupGradient` a stage of these parameters can be sent."""
-    return sum(4 * math.prod(shape) + 256 for _, shape in parameters.values()
-               ) + HEADER_SLACK_BYTES
-
-
-def _after(message: Activation | GroupGradient, assignment: Assignment | None, *,
-           replayed: bool = False) -> bool:
-    """Whether ``message`` belongs to an iteration after ``assignment``'s round (with
-    ``replayed``, Asteroid's: to a later attempt, or round, whose versions lie above)."""
-    if assignment is None:
-        return True
-    last = assignment.first_iteration + assignment.iterations - 1
-    if replayed:
-        return message.version > assignment.version_of(last)
-    return (message.epoch, message.iteration, message.version) > (
-        assignment.epoch, last, assignment.version_of(last))
-
-
-def _earlier_attempt(message: Activation | Gradient | GroupGradient,
-                     assignment: Assignment, *, resumed: bool,
-                     replayed: bool = False) -> bool:
-    """Whether ``message`` is of an earlier attempt at ``assignment``'s round (FTPipeHD
-    plays a round again after a fault; each attempt's weights have their own version,
-    `Assignment.version`). With ``resumed`` (FTPipeHD's chain replication) an attempt
-    may start after the batch an earlier one started at. With ``replayed`` (Asteroid) a
-    replay's versions lie above every earlier attempt's, at any iteration."""
-    if replayed:
-        return message.version < assignment.version
-    if (message.epoch, message.iteration) != (assignment.epoch, assignment.first_iteration
-                                              ) and not (
-            resumed and message.epoch == assignment.epoch
-            and message.iteration < assignment.first_iteration):
-        return False
-    return message.version < assignment.version
-
-
-def _before(message: Activation | GroupGradient, assignment: Assignment | None) -> bool:
-    """Whether ``message`` belongs to an iteration before ``assignment``'s round."""
-    return assignment is not None and (message.epoch, message.iteration) < (
-        assignment.epoch, assignment.first_iteration)

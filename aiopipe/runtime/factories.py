@@ -33,6 +33,7 @@ from aiopipe import models
 from aiopipe.config import RunConfig
 from aiopipe.entrypoints import call_factory, is_entry_point, load_entry_point
 from aiopipe.errors import ConfigError
+from aiopipe.models.initialisers import initialiser, parameters_not_reset
 
 __all__ = ["Loss", "ModelTemplate", "build_model", "make_loss", "make_optimizer",
            "model_template", "optimizer_states", "parameters_not_reset", "reinitialise",
@@ -82,30 +83,9 @@ def _build(config: RunConfig, *, num_classes: int, in_shape: Sequence[int]) -> n
                                                                    shape[2]))
 
 
-def _initialiser(module: nn.Module) -> Callable[[], object] | None:
-    """How ``module`` initialises its own parameters: its ``reset_parameters``, or the
-    private ``_reset_parameters`` of the torch layers that have only that
-    (``nn.MultiheadAttention``, ``nn.Transformer``); None when it has neither."""
-    for name in ("reset_parameters", "_reset_parameters"):
-        method = getattr(module, name, None)
-        if callable(method):
-            return method  # type: ignore[no-any-return]
-    return None
-
-
-def parameters_not_reset(model: nn.Module) -> list[str]:
-    """The names of ``model``'s parameters that `reinitialise` would leave as they are:
-    those held directly by no module that has an initialiser. torch's layers have one; a
-    bare ``nn.Parameter`` in a user's module usually does not. A walk over the modules:
-    nothing is computed."""
-    covered = {id(param) for module in model.modules() if _initialiser(module) is not None
-               for param in module.parameters(recurse=False)}
-    return [name for name, param in model.named_parameters() if id(param) not in covered]
-
-
 def reinitialise(model: ModuleT) -> ModuleT:
     """``model`` with every module's parameters drawn again, in place, from the global
-    generator (seeded by the caller): each module's initialiser (`_initialiser`) is called
+    generator (seeded by the caller): each module's `initialiser` is called
     after its children's, as when the model was constructed (a parent such as
     ``nn.MultiheadAttention`` sets some of its children's parameters itself).
 
@@ -122,7 +102,7 @@ def reinitialise(model: ModuleT) -> ModuleT:
     """
     with torch.no_grad():
         for name, module in _children_first(model, ""):
-            initialise = _initialiser(module)
+            initialise = initialiser(module)
             if initialise is None:
                 continue
             try:
@@ -261,7 +241,7 @@ def make_optimizer(module: nn.Module, config: RunConfig, *,
                    ) -> torch.optim.Optimizer:
     """The run's optimizer for one stage; with ``previous`` (an optimizer's state by
     parameter name, `optimizer_states`), each parameter of ``module`` named there starts
-    from a copy of that state (SGD's momentum; see aiopipe.runtime.replan [Note:
+    from a copy of that state (SGD's momentum; see aiopipe.runtime.systems.star.replan [Note:
     switching]).
 
     Raises:

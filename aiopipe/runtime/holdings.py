@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -45,8 +46,6 @@ from aiopipe.protocol import (
     state_from_wire,
 )
 from aiopipe.runtime.assignment import Assignment
-from aiopipe.runtime.async_weights import AsyncStageWork, split_momentum
-from aiopipe.runtime.chain import load_momentum
 from aiopipe.runtime.factories import (
     Loss,
     ModelTemplate,
@@ -56,17 +55,43 @@ from aiopipe.runtime.factories import (
     optimizer_states,
 )
 from aiopipe.runtime.judge import scale_of
+from aiopipe.runtime.momentum import load_momentum, split_momentum
 from aiopipe.runtime.plan import device_data
 from aiopipe.runtime.profiling import host_fingerprint
 from aiopipe.runtime.stage import Batch, StageWork
 from aiopipe.wording import plural
 
-__all__ = ["KEPT_ROUNDS", "Holdings"]
+__all__ = ["KEPT_ROUNDS", "Holdings", "StageRules"]
 
 #: Rounds whose starting optimizer state a device keeps ([Note: a redone round]).
 KEPT_ROUNDS = 3
 
 log = logging.getLogger("aiopipe.device")
+
+
+@dataclass(frozen=True, slots=True)
+class StageRules:
+    """What a system's stage keeps between rounds (`Holdings.assign`).
+
+    ``whole_batches``: a round's iteration is one whole batch, the stage's weights
+    versioned per batch (FTPipeHD); ``keeps_weights``: a device sent no tensors keeps
+    the stage's weights from the last round; ``replays``: a round played again starts
+    from the weights and optimizer state its first attempt started from (Asteroid);
+    ``measures_memory``: the stage measures the bytes it holds (budgets are checked);
+    ``wraps_epoch``: a micro-batch past the epoch's end goes round it again (an epoch
+    that keeps its batches after a re-plan); ``new_work``: builds the stage's work
+    (None: a `StageWork` with the run's optimizer); ``prepare``: readies the work for a
+    round after its weights are loaded (the momentum sent, whether it kept its weights).
+    """
+
+    whole_batches: bool = False
+    keeps_weights: bool = False
+    replays: bool = False
+    measures_memory: bool = False
+    wraps_epoch: bool = False
+    new_work: Callable[[torch.nn.Sequential, Assignment, Holdings], StageWork] | None = None
+    prepare: Callable[[StageWork, Assignment, Mapping[str, torch.Tensor], bool],
+                      None] | None = None
 
 
 @dataclass(slots=True)
@@ -183,19 +208,20 @@ class Holdings:
                      for a, g in zip(inputs, grads, strict=True))
 
     def assign(self, message: RoundStart, previous: Assignment | None,
-               work: StageWork | None, backup: Replica | None = None
-               ) -> tuple[Assignment, StageWork]:
+               work: StageWork | None, backup: Replica | None = None,
+               rules: StageRules = StageRules()) -> tuple[Assignment, StageWork]:
         """The round's assignment and its stage: ``work`` with the round's weights, or a
         new stage when the assignment changed (the optimizer state of the parameters it
-        keeps carries over, see aiopipe.runtime.replan [Note: switching]). ``backup``:
+        keeps carries over, see aiopipe.runtime.systems.star.replan [Note: switching]). ``backup``:
         Asteroid's own snapshot of the stage to start from when sent no weights
-        (aiopipe.runtime.chain [Note: stage backups]). Compute thread.
+        (aiopipe.runtime.systems.ftpipehd.chain [Note: stage backups]). ``rules``: what the
+        system's stage keeps between rounds. Compute thread.
 
         Raises:
             RemoteProtocolError: the assignment cannot be this run's.
         """
         name = f"device{self.plan.device_id}"
-        asynchronous = self.config.mode == "ftpipehd"
+        asynchronous = rules.whole_batches
         assignment = Assignment.from_round_start(
             message, units=self.units, batch_size=self.config.batch_size,
             activation_shapes=self.activation_shapes, me=name, whole_batches=asynchronous)
@@ -208,14 +234,8 @@ class Holdings:
                 log.info("%s: round %d switches to units %d..%d of stage %d, %s", name,
                          message.round + 1, assignment.first_unit, assignment.stop_unit - 1,
                          assignment.stage, plural(assignment.parallel_batches, "micro-batch"))
-            if asynchronous:
-                work = AsyncStageWork(
-                    module, first=assignment.stage == 0, last=assignment.last,
-                    num_classes=self.plan.num_classes, loss=self.loss,
-                    stages=assignment.stages, stage=assignment.stage,
-                    lr=self.config.learning_rate, momentum=self.config.momentum,
-                    aggregate_every=self.config.version_aggregation,
-                    chain_every=self.config.chain_replication_every)
+            if rules.new_work is not None:
+                work = rules.new_work(module, assignment, self)
             else:
                 work = StageWork(
                     module, make_optimizer(module, self.config, previous=kept),
@@ -227,8 +247,8 @@ class Holdings:
         # from the last round: it keeps its weights and momentum; Asteroid none to one
         # that holds its stage in a round played again: it takes them as they were at
         # that round's start
-        replayed = self.config.mode == "asteroid"
-        keep = (asynchronous or replayed) and not message.tensors
+        replayed = rules.replays
+        keep = rules.keeps_weights and not message.tensors
         if keep and not kept_stage and next(work.module.parameters(), None) is not None:
             raise RemoteProtocolError(f"round {message.round + 1} asks {name} to keep weights "
                                       "it does not hold")
@@ -241,7 +261,7 @@ class Holdings:
             work.module.load_state_dict(state)
         elif replayed:
             self._restart(work, name, message.round)
-        if momentum and not isinstance(work, AsyncStageWork):
+        if momentum and rules.prepare is None:
             # the momentum sent: a pipeline's, every round (the coordinator holds it, so
             # that a round played again starts from it); Asteroid's from a backup point
             load_momentum(work, momentum)
@@ -253,11 +273,9 @@ class Holdings:
             self.start_state = copy.deepcopy(work.module.state_dict())
         work.clear()
         work.fraction = assignment.share / assignment.micro_batch_size
-        work.measure_memory = self.config.mode == "asteroid"  # its budgets are checked
-        if isinstance(work, AsyncStageWork):
-            work.plan_snapshots(assignment.parallel_batches)
-            if not keep:
-                work.load_momentum(momentum)
+        work.measure_memory = rules.measures_memory
+        if rules.prepare is not None:
+            rules.prepare(work, assignment, momentum, keep)
         work.reset_totals()
         # [Note: a redone round] a round started again begins where it began before
         start = self.round_starts.get(message.round)
@@ -290,7 +308,7 @@ class Holdings:
         if latest is not None and self.round_starts[latest][0] is work.optimizer:
             work.optimizer.load_state_dict(copy.deepcopy(self.round_starts[latest][1]))
 
-    def batches(self, assignment: Assignment) -> Batch:
+    def batches(self, assignment: Assignment, rules: StageRules = StageRules()) -> Batch:
         """The round's micro-batches: micro-batch n of iteration i in the epoch's order
         (PiPar Algorithm 1); in FTPipeHD's rounds of whole batches, batch i + n of the
         epoch (the round's one iteration is numbered by its first batch). A member of a
@@ -299,9 +317,9 @@ class Holdings:
         an epoch re-planned after a loss needs more of them."""
         order = datasets.epoch_order(np.arange(len(self.dataset)), epoch=assignment.epoch,
                                      seed=self.config.seed)
-        per_iteration = 1 if self.config.mode == "ftpipehd" else assignment.parallel_batches
+        per_iteration = 1 if rules.whole_batches else assignment.parallel_batches
         return partial(_micro_batch, self.dataset, order, assignment.share, per_iteration,
-                       self.config.mode == "asteroid")
+                       rules.wraps_epoch)
 
 
 def _micro_batch(dataset: datasets.Dataset, order: np.ndarray, micro: int, parallel: int,

@@ -53,7 +53,7 @@ from aiopipe.protocol import (
 from aiopipe.runtime.liveness import Liveness
 from aiopipe.runtime.peer import Peer
 from aiopipe.runtime.tasks import first_error
-from aiopipe.transport import Link, LinkSpec, WebSocketLink
+from aiopipe.transport import Link, LinkSpec
 from aiopipe.transport.fabric import Endpoint
 from aiopipe.transport.peering import accept_peer, dial_peer
 
@@ -100,7 +100,7 @@ class PeerLinks:
         self.config = config
         self.deliver = deliver
         self.failed = failed
-        #: pace websocket sends to peers at this rate (sender-side shaping; None: don't)
+        #: shape sends to peers at this rate (`Link.reshape`; None: leave links as they are)
         self.pace = pace
         self.keys: dict[str, bytes] = {}
         self.rekey(keys)
@@ -177,7 +177,7 @@ class PeerLinks:
             self._start(name, link)
 
     def _start(self, name: str, link: Link) -> PeerRoute:
-        if self.pace is not None and isinstance(link, WebSocketLink):
+        if self.pace is not None:
             link.reshape(self.pace)
         peer = Peer(link, self.clock, self.recorder, f"{self.me}->{name}",
                     max_frame_bytes=self.max_frame_bytes)

@@ -41,20 +41,13 @@ __all__ = [
     "DevicePlan",
     "build_model",
     "check_trainable",
-    "choose_plans",
     "declared_devices",
     "device_data",
     "device_indices",
-    "device_plans",
     "measure_planning_costs",
     "model_profile",
-    "needs_planner",
-    "planning_batch_sizes",
-    "profile_batch_sizes",
-    "resolve_auto",
     "train_dataset",
     "unit_output_shapes",
-    "with_plans",
 ]
 
 
@@ -127,48 +120,6 @@ def device_indices(config: RunConfig, dataset: datasets.Dataset, device_id: int)
 _SHARDS: dict[tuple[object, ...], tuple[np.ndarray, ...]] = {}
 
 
-def device_plans(config: RunConfig, units: int, samples: list[int]) -> list[DevicePlan]:
-    """Resolve (P, N, B') and iterations per epoch for every device.
-
-    ``units`` is the model's number of split units Q, ``samples[k]`` device k's sample
-    count. "auto" values must have been resolved by the planner before this is called.
-
-    Raises:
-        ConfigError: a split point outside 1..Q-1, N > B, or a device with too few samples
-            for one iteration.
-    """
-    plans = []
-    for k in range(config.devices):
-        p_value = config.device_split_point(k)
-        n_value = config.device_parallel_batches(k)
-        if config.mode == "fl":
-            p, n = units, 1
-        else:
-            if not isinstance(p_value, int):
-                raise ConfigError('split_point "auto" must be resolved by the planner first')
-            if not 1 <= p_value < units:
-                raise ConfigError(f"config key 'split_point': got {p_value} for device {k}, "
-                                  f"expected 1..{units - 1} (the model has {units} units)")
-            p = p_value
-            if config.mode == "pipar":
-                if not isinstance(n_value, int):
-                    raise ConfigError('parallel_batches "auto" must be resolved by the '
-                                      "planner first")
-                n = n_value
-            else:
-                n = 1
-        if n > config.batch_size:
-            raise ConfigError(f"config key 'parallel_batches': got {n} for device {k}, "
-                              f"expected at most batch_size ({config.batch_size})")
-        micro = config.batch_size // n
-        iterations = samples[k] // (micro * n)
-        if iterations < 1:
-            raise ConfigError(f"device {k} holds {samples[k]} samples, fewer than one "
-                              f"iteration ({micro * n}); raise samples_per_device")
-        plans.append(DevicePlan(k, p, n, micro, iterations))
-    return plans
-
-
 def check_trainable(model: nn.Sequential, in_shape: tuple[int, ...], plans: list[DevicePlan],
                     config: RunConfig) -> None:
     """Refuse plans whose micro-batches ``model`` cannot train on.
@@ -199,19 +150,12 @@ def check_trainable(model: nn.Sequential, in_shape: tuple[int, ...], plans: list
                 "parallel_batches or a larger batch_size") from None
 
 
-def needs_planner(config: RunConfig) -> bool:
-    """Whether the config asks for "auto" P or N in a mode that uses them."""
-    if config.mode == "fl":
-        return False
-    return config.split_point == "auto" or (
-        config.mode == "pipar" and config.parallel_batches == "auto")
-
-
 def measure_planning_costs(config: RunConfig, model: nn.Sequential, in_shape: tuple[int, ...],
                            dataset: datasets.Dataset | None, *,
-                           sizes: Sequence[int] | None = None, repeats: int = 5,
+                           sizes: Sequence[int], repeats: int = 5,
                            warmup: int = 2) -> CostTable:
-    """A cost table at every batch size the run (or its planner) may use, measured here.
+    """A cost table at ``sizes`` (for a run: every batch size it or its planner may use,
+    `aiopipe.runtime.systems.planning_batch_sizes`), measured here.
 
     Measured as the nodes run: with ``config.torch_threads`` torch threads, the run's
     learning rate and momentum, and the fixed cost of loading a micro-batch of
@@ -235,8 +179,6 @@ def measure_planning_costs(config: RunConfig, model: nn.Sequential, in_shape: tu
         for _ in range(devices + 1):
             model.load_state_dict(state)
 
-    if sizes is None:
-        sizes = planning_batch_sizes(config)
     overheads = measure_runtime_overheads((1, *unit_output_shapes(model, in_shape)[0]))
     return measure_costs(model, in_shape, sizes, repeats=repeats, warmup=warmup,
                          learning_rate=config.learning_rate, momentum=config.momentum,
@@ -244,36 +186,6 @@ def measure_planning_costs(config: RunConfig, model: nn.Sequential, in_shape: tu
                          load_batch=None if dataset is None else load_batch,
                          aggregate=aggregate, handover=overheads.handover,
                          message=overheads.message)
-
-
-def planning_batch_sizes(config: RunConfig) -> list[int]:
-    """Every batch size a cost table must hold for the run and its planner (the
-    micro-batch sizes of `profile_batch_sizes`, and B for FL's whole batches)."""
-    return sorted({*profile_batch_sizes(config), config.batch_size})
-
-
-def profile_batch_sizes(config: RunConfig) -> list[int]:
-    """Batch sizes to measure costs at: B' = B/N for every N the planner may pick (and,
-    for Asteroid, which splits each micro-batch within a group, B'/2, B'/4 and B'/8
-    too: times are not linear in the samples, its Fig. 6)."""
-    sizes = {config.batch_size // n for n in _candidate_parallel_batches(config)}
-    if config.mode == "asteroid":
-        sizes |= {max(1, size // d) for size in sizes for d in (2, 4, 8)}
-    return sorted(sizes)
-
-
-def _candidate_parallel_batches(config: RunConfig) -> list[int]:
-    if config.mode in ("pipeline", "asteroid") and isinstance(config.parallel_batches, int):
-        return [config.parallel_batches]  # one N (RunConfig checks)
-    if config.mode == "ftpipehd":
-        return [1]  # whole batches
-    if config.mode != "pipar":
-        return [1]
-    if config.parallel_batches == "auto":
-        # divisors of B: every micro-batch has B/N samples and an epoch sees every sample
-        return [n for n in range(1, config.batch_size + 1) if config.batch_size % n == 0]
-    value = config.parallel_batches
-    return sorted(set(value)) if isinstance(value, tuple) else [int(value)]
 
 
 #: A run id as large as `Plan.run_id`'s (62 bits, the top one set), for frame sizes.
@@ -328,56 +240,3 @@ def declared_devices(config: RunConfig, samples: list[int], *,
     return [DeviceProfile(config.device_slowdown_of(k), config.device_network(k).up,
                           config.device_network(k).down, samples[k], costs)
             for k in range(config.devices)]
-
-
-def choose_plans(config: RunConfig, profile: ModelProfile,
-                 devices: list[DeviceProfile], *, speed_band: float | None = None,
-                 members: Sequence[int] | None = None) -> list[tuple[int, int]]:
-    """The planner's (P_k, N_k) for an "auto" ``config`` (see `resolve_auto`);
-    ``speed_band`` as `select_plans` takes it (None: its default). ``members``: the
-    devices ``devices`` profiles, in order, when not the whole fleet (the devices of a
-    sampled round, [Note: plans per round] in aiopipe.runtime.systems.star).
-
-    Candidates: every split point 1..Q-1 for "auto" P, else the configured ones; for
-    "auto" N the divisors of B, else the configured ones (N = 1 outside pipar); each
-    device's ``device_memory_mb`` budget applies.
-
-    Raises:
-        ConfigError: no plan fits (e.g. a device with fewer samples than one iteration,
-            or a memory budget no plan meets).
-    """
-    from aiopipe.scheduler import select_plans
-    from aiopipe.scheduler.select import SPEED_BAND
-
-    fleet = range(config.devices) if members is None else members
-    split_points = (list(range(1, profile.units)) if config.split_point == "auto"
-                    else sorted({int(config.device_split_point(k)) for k in fleet}))
-    return select_plans(profile, devices, config.batch_size, split_points=split_points,
-                        parallel_batches=_candidate_parallel_batches(config),
-                        memory_budget_bytes=[config.device_memory_bytes_of(k)
-                                             for k in fleet],
-                        aggregation_every=config.aggregation_every,
-                        speed_band=SPEED_BAND if speed_band is None else speed_band)
-
-
-def with_plans(config: RunConfig, chosen: list[tuple[int, int]]) -> RunConfig:
-    """``config`` with per-device split points (and, in pipar, micro-batch counts)."""
-    return config.replace(split_point=tuple(p for p, _ in chosen),
-                          parallel_batches=tuple(n for _, n in chosen)
-                          if config.mode == "pipar" else config.parallel_batches)
-
-
-def resolve_auto(config: RunConfig, model: nn.Sequential, in_shape: tuple[int, ...],
-                 samples: list[int], costs: CostTable) -> RunConfig:
-    """Replace "auto" split points / micro-batch counts with the planner's choice.
-
-    The planner (`aiopipe.scheduler.select_plans`) minimizes the fleet's estimated epoch
-    time from ``costs`` (server-side seconds per unit; a device's compute is modelled as
-    that times its ``device_slowdown``), the network preset's bandwidths and the model's
-    activation and state sizes. "auto" N is chosen among the divisors of B.
-
-    Raises:
-        ConfigError: no plan fits (e.g. a device with fewer samples than one iteration).
-    """
-    profile = model_profile(model, in_shape, costs, server_lanes=config.server_lanes)
-    return with_plans(config, choose_plans(config, profile, declared_devices(config, samples)))

@@ -41,8 +41,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from aiopipe.config import PIPELINE_MODES
-
 if TYPE_CHECKING:
     from aiopipe.runtime.coordinator import Coordinator
 
@@ -235,7 +233,7 @@ def _device_loss(node: Coordinator) -> dict[str, float]:
         return {}
     last = node.epochs[-1]
     losses = node.device_loss.get(last.epoch - 1, {})  # kept by the loop's 0-based index
-    if node.config.mode in PIPELINE_MODES and last.plan:
+    if last.plan and all("stage" in entry for entry in last.plan):  # a pipeline's
         stage = max(int(entry["stage"]) for entry in last.plan)
         computing = {int(entry["device"]) for entry in last.plan if entry["stage"] == stage}
         losses = {k: v for k, v in losses.items() if k in computing}

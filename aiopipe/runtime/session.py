@@ -71,6 +71,7 @@ from aiopipe.protocol import (
     RoundStart,
     TensorData,
 )
+from aiopipe.runtime.arrivals import ArrivalRules, Verdict
 from aiopipe.runtime.assignment import Assignment, check_data_message
 from aiopipe.runtime.compute import Compute
 from aiopipe.runtime.executor import Identity, Inbox, StageExecutor
@@ -109,9 +110,14 @@ class SessionHost(Protocol):
         ([Note: judging arrivals])."""
         ...
 
-    def chain_replica(self, device_id: int, replica: Replica) -> None:
-        """Device ``device_id``, on the last stage, sent its chain replica
-        (aiopipe.runtime.chain [Note: chain replication])."""
+    def unasked_replica(self, device_id: int, replica: Replica,
+                        start: RoundStart | None) -> None:
+        """Device ``device_id`` sent a replica nobody asked for, in the round ``start``
+        began (None: none under way): the system's to judge.
+
+        Raises:
+            RemoteProtocolError: the system does not take it.
+        """
         ...
 
     def announce(self, device_id: int, ready: Ready) -> None:
@@ -128,7 +134,7 @@ class RoundWindow:
     """The round in progress (or last played): what the device was sent, and the
     coordinator's stage. When the round ends, what it held of tensors is let go (the
     stage's replica, the weights sent and expected back: [Note: replicas while training]
-    in aiopipe.runtime.replicas); what late messages are checked against stays."""
+    in aiopipe.runtime.systems.star.replicas); what late messages are checked against stays."""
 
     round: int
     epoch: int
@@ -172,11 +178,8 @@ class _DeviceRoute:
                           ready_at=ready_at)
 
 
-def _within(key: Key, assignment: Assignment) -> bool:
-    """Whether ``key`` (epoch, iteration, micro-batch) names a micro-batch of the round."""
-    epoch, iteration, micro_batch = key
-    return (epoch == assignment.epoch and micro_batch < assignment.parallel_batches
-            and 0 <= iteration - assignment.first_iteration < assignment.iterations)
+#: The coordinator's stage's arrival rules (a star's rounds are never played again).
+_RULES = ArrivalRules()
 
 
 class DeviceSession:
@@ -306,7 +309,7 @@ class DeviceSession:
 
     async def replicas(self, request: ReplicaRequest) -> list[Replica]:
         """Ask the device for the chain replicas ``request`` names; its answers, one per
-        stage (aiopipe.runtime.chain).
+        stage (aiopipe.runtime.systems.ftpipehd.chain).
 
         Raises:
             DeviceLostError: the device was lost meanwhile.
@@ -322,14 +325,12 @@ class DeviceSession:
             self._asked = None
 
     def _accept_replica(self, message: Replica) -> None:
-        """An answer to a `ReplicaRequest`, or the last stage's chain replica (checked
-        against the round here, its tensors where it is used).
+        """An answer to a `ReplicaRequest`; any other replica is the system's to judge
+        (`System.unasked_replica`: FTPipeHD's last stage sends its chain replicas here).
 
         Raises:
-            RemoteProtocolError: nobody asked for it, or the run is not ftpipehd's.
+            RemoteProtocolError: nobody asked for it and the system does not take it.
         """
-        if self.host.config.mode not in ("ftpipehd", "asteroid"):
-            raise RemoteProtocolError(f"a replica in mode {self.host.config.mode}")
         if self._asked is not None and message.stage in self._asked[0]:
             waiting, answers, future = self._asked
             waiting.discard(message.stage)
@@ -338,21 +339,8 @@ class DeviceSession:
                 future.set_result(answers)
             return
         window = self.window
-        if window is not None and message.round < window.round:
-            return  # of an attempt given up on
-        if self.host.config.mode == "asteroid":  # its backups go to devices: a late answer
-            if window is not None and message.round <= window.round:
-                return
-            raise RemoteProtocolError(f"a replica of stage {message.stage} that nobody "
-                                      "asked for")
-        start = window.start if window is not None else None
-        if start is None or message.round != start.round or not (
-                message.stage == start.stage == start.stages - 1
-                and 0 < message.batches < start.parallel_batches):
-            raise RemoteProtocolError(f"a replica of stage {message.stage} after "
-                                      f"{message.batches} batches of round {message.round + 1} "
-                                      "that nobody asked for")
-        self.host.chain_replica(self.device_id, message)
+        self.host.unasked_replica(self.device_id, message,
+                                  window.start if window is not None else None)
 
     def _accept_evaluation(self, message: EvalResult) -> None:
         future = self._evaluation
@@ -547,15 +535,17 @@ class DeviceSession:
         if window is not None and window.assignment is None:
             raise RemoteProtocolError("the server runs no stage for this device: it takes "
                                       "no activations")
-        if window is None or window.assignment is None or self.result is None or (
-                self.result.done()):
-            if window is not None and window.assignment is not None and _within(
-                    key, window.assignment):
-                return  # a late re-send for the round that just ended
+        assignment = window.assignment if window is not None else None
+        running = self.result is not None and not self.result.done()
+        if not running and assignment is not None and ArrivalRules.within(key, assignment):
+            return  # a late re-send for the round that just ended
+        verdict = _RULES.verdict(message, assignment, running=running, from_peer=False)
+        if verdict is Verdict.DROP:
+            return
+        if verdict is not Verdict.DELIVER or assignment is None:
             raise RemoteProtocolError("activation outside a round")
-        assignment = window.assignment
         check_data_message(message, assignment, sender=self.name, run_id=self.host.run_id)
-        if self.inbox.held() >= 2 * assignment.parallel_batches:
+        if ArrivalRules.too_far_ahead(self.inbox.held(), assignment, slack=0):
             # an honest device is never more than an iteration ahead of the server
             raise RemoteProtocolError("more than two iterations' activations ahead of the "
                                       "server's stage")

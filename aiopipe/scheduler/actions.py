@@ -1,4 +1,4 @@
-"""Actions: the vocabulary of schedules (torch pipelining's ``_Action``, for aiopipe).
+"""Actions and schedules as values (torch pipelining's ``_Action``, for aiopipe).
 
 An `Action` is a small frozen value: a stage of a pipeline does one thing with one
 micro-batch. It prints as torch prints its actions, stage first (``0F3``, ``1B2``,
@@ -12,7 +12,7 @@ FB(n)       forward, loss and backward of micro-batch n on the LAST stage as one
             item (PiPar's server pass)
 STEP        the optimizer step after the iteration
 REDUCE      all-reduce of the stage's gradients within a data-parallel group, right before
-            STEP (vocabulary only: no generator emits it yet)
+            STEP (added by the ``with_reductions`` pass)
 SEND_F(n)   send micro-batch n's activation to stage + 1 (non-blocking)
 RECV_F(n)   wait for micro-batch n's activation from stage - 1
 SEND_B(n)   send the gradient w.r.t. this stage's input for micro-batch n to stage - 1
@@ -21,6 +21,11 @@ RECV_B(n)   wait for micro-batch n's gradient from stage + 1
 
 F, B, FB, STEP and REDUCE are *compute* actions (they occupy the node's compute); the
 four SEND/RECV kinds are *transfers*.
+
+A `Schedule` is one iteration of every stage: a tuple of actions per stage. It lives here,
+beside its actions, so that both the passes over schedules (`aiopipe.scheduler.schedule`)
+and the simulation that runs them (`aiopipe.scheduler.critical_path`) can import it
+without importing each other.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from typing import Literal, cast, get_args
 
 from aiopipe.errors import ConfigError
 
-__all__ = ["COMPUTE_KINDS", "TRANSFER_KINDS", "Action", "ActionKind"]
+__all__ = ["COMPUTE_KINDS", "TRANSFER_KINDS", "Action", "ActionKind", "Schedule"]
 
 ActionKind = Literal["F", "B", "FB", "STEP", "REDUCE", "SEND_F", "RECV_F", "SEND_B", "RECV_B"]
 
@@ -109,6 +114,54 @@ class Action:
     def is_transfer(self) -> bool:
         """Whether the action sends or waits for a tensor (SEND_*/RECV_*)."""
         return self.kind in TRANSFER_KINDS
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """One iteration of every stage of a pipeline: ``actions[p]`` is stage p's, in order.
+
+    ``name``: what made it (``"pipar"``, ``"gpipe"``, ``"1f1b"``, or a user's name).
+    ``micro_batches``: N, the micro-batches per iteration.
+
+    Construction checks only the types; `aiopipe.scheduler.schedule.check_schedule` checks
+    the rules.
+
+    Raises:
+        ConfigError: name is not a non-empty string, micro_batches is not an int >= 1,
+            or actions is not a non-empty tuple of tuples of `Action`\\ s.
+    """
+
+    name: str
+    micro_batches: int
+    actions: tuple[tuple[Action, ...], ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"a schedule's name must be a non-empty string, got {self.name!r}")
+        if not _is_int(self.micro_batches) or self.micro_batches < 1:
+            raise ConfigError(f"a schedule needs at least one micro-batch, got "
+                              f"{self.micro_batches!r}")
+        if not isinstance(self.actions, tuple) or not self.actions:
+            raise ConfigError(f"schedule {self.name!r} needs a tuple of at least one stage")
+        for p, stage in enumerate(self.actions):
+            if not isinstance(stage, tuple) or not all(isinstance(a, Action) for a in stage):
+                raise ConfigError(
+                    f"schedule {self.name!r}: stage {p} is not a tuple of Actions: {stage!r}"
+                )
+
+    @property
+    def stages(self) -> int:
+        """S, the number of stages."""
+        return len(self.actions)
+
+    def compute_only(self) -> Schedule:
+        """The same schedule with its transfers stripped."""
+        return Schedule(self.name, self.micro_batches,
+                        tuple(tuple(a for a in stage if a.is_compute) for stage in self.actions))
+
+    def has_transfers(self) -> bool:
+        """Whether any stage has a SEND or RECV action."""
+        return any(a.is_transfer for stage in self.actions for a in stage)
 
 
 def _is_int(value: object) -> bool:

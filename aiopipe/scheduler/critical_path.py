@@ -45,7 +45,7 @@ O(A log A) for A actions in all.
 [Note: PiPar as executors] With device k as executor (k, stage 0, node ``device{k}``)
 running ``with_transfers(pipar(N))``'s stage 0, and its server side as executor (k,
 stage 1, node ``server``), listed (0, 0), (0, 1), (1, 0), (1, 1), ..., the rules above
-are those of `aiopipe.scheduler.estimate.chained_schedule` ([Note: server order],
+are those of `aiopipe.scheduler.chain.chained_schedule` ([Note: server order],
 [Note: chained iterations]): the server serves the earliest request, ties by device;
 a server pass is requested when its activation has arrived and the previous pass has
 ended; and every time is formed by the same float operations (end = start + seconds,
@@ -60,13 +60,10 @@ import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 from aiopipe.errors import ConfigError
-from aiopipe.scheduler.actions import Action
-
-if TYPE_CHECKING:
-    from aiopipe.scheduler.schedule import Schedule
+from aiopipe.scheduler.actions import Action, Schedule
 
 __all__ = ["Executor", "Span", "Timeline", "pipeline_executors", "simulate"]
 

@@ -1,7 +1,9 @@
 """Estimating PiPar iterations and epochs from profiles (pipar.txt §3.3.2, DESIGN §4).
 
 Pure: no I/O, no clock, no torch. Functions of a `ModelProfile`, `DeviceProfile`\\ s and
-plans (P_k, N_k).
+plans (P_k, N_k). The profiles live in `aiopipe.scheduler.profiles` (re-exported here);
+the list schedule that the estimates run, on each plan's stage seconds, is
+`aiopipe.scheduler.chain`.
 
 Theory of operation
 -------------------
@@ -102,15 +104,22 @@ round depending on the profile's noise at one sample, where N = 32 runs 4-10% sl
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from aiopipe.errors import ConfigError
-from aiopipe.scheduler.costs import CostTable
-from aiopipe.transport.network import LinkSpec
+from aiopipe.scheduler.chain import (
+    CHAINED_ITERATIONS,
+    Stages,
+    alone_end,
+    chained_schedule,
+    cycles,
+    schedule_ends,
+)
+from aiopipe.scheduler.cost_table import CostTable
+from aiopipe.scheduler.profiles import DeviceProfile, ModelProfile
 
 __all__ = [
     "DeviceProfile",
@@ -121,138 +130,6 @@ __all__ = [
     "estimate_iteration",
     "estimate_steady_iteration",
 ]
-
-#: Default bytes a frame adds beyond its tensors (header, descriptors, alignment); the
-#: codec's real figure for an Activation is about 112 and for a Gradient 80.
-DEFAULT_FRAME_OVERHEAD = 200
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceProfile:
-    """What the planner knows about one device.
-
-    ``slowdown``: the device's compute time over its table's (``costs``, or the
-    server's when the device has none of its own) for the same work: a measured device
-    has 1, an emulated one its emulation factor.
-    ``uplink`` / ``downlink``: the device → server and server → device directions.
-    ``samples``: training samples the device holds.
-    ``costs``: the device's own cost table, measured where it runs (PiPar §3.3.1); None:
-    the server's table x ``slowdown`` (a declared device).
-
-    Raises:
-        ConfigError: slowdown is not a positive finite number, a link is not a
-            `LinkSpec`, samples is not an int >= 0, or costs is not a `CostTable`.
-    """
-
-    slowdown: float
-    uplink: LinkSpec
-    downlink: LinkSpec
-    samples: int
-    costs: CostTable | None = field(default=None, hash=False)
-
-    def __post_init__(self) -> None:
-        if self.costs is not None and not isinstance(self.costs, CostTable):
-            raise ConfigError(f"DeviceProfile.costs must be a CostTable, got "
-                              f"{type(self.costs).__name__}")
-        s = self.slowdown
-        if isinstance(s, bool) or not isinstance(s, int | float) or not math.isfinite(s) or s <= 0:
-            raise ConfigError(f"device slowdown must be a positive number, got {s!r}")
-        for name in ("uplink", "downlink"):
-            if not isinstance(getattr(self, name), LinkSpec):
-                raise ConfigError(
-                    f"DeviceProfile.{name} must be a LinkSpec, got {getattr(self, name)!r}"
-                )
-        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 0:
-            raise ConfigError(f"device samples must be an int >= 0, got {self.samples!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class ModelProfile:
-    """What the planner knows about the model (Q split units).
-
-    ``costs``: server-side compute seconds per unit (a device's are these x its slowdown).
-    ``activation_bytes[q]``: per-sample output bytes of unit q (0-based), float32.
-    ``label_bytes_per_sample``: labels riding with each activation (int64: 8).
-    ``frame_overhead``: bytes a frame adds beyond its tensors (pass the codec's figure).
-    ``state_bytes[q]``: parameter + buffer bytes of unit q (model transfer and memory).
-    ``activation_frame_overhead``: the same for activation frames, which carry a second
-    tensor (the labels); None means ``frame_overhead``.
-    ``saved_bytes[q]``: per-sample bytes autograd keeps from unit q's forward for its
-    backward (its input, intermediate tensors; `aiopipe.runtime.memory`), or None when
-    not measured: the memory of a micro-batch in flight (Asteroid's Eq. 3).
-    ``server_lanes``: server passes of different devices' replicas the server runs at
-    once (its compute threads, or concurrent passes on a GPU: ``RunConfig.server_lanes``);
-    each lane runs a pass in the table's time ([Note: server lanes]).
-
-    Frame sizes for split point P at micro-batch size B'::
-
-        activation = B' x activation_bytes[P-1] + B' x label_bytes_per_sample
-                     + activation_frame_overhead
-        gradient   = B' x activation_bytes[P-1] + frame_overhead
-
-    Raises:
-        ConfigError: fewer than 2 units, lengths that differ from ``costs.units``, or
-            negative sizes.
-    """
-
-    costs: CostTable
-    activation_bytes: tuple[int, ...]
-    state_bytes: tuple[int, ...]
-    label_bytes_per_sample: int = 8
-    frame_overhead: int = DEFAULT_FRAME_OVERHEAD
-    activation_frame_overhead: int | None = None
-    saved_bytes: tuple[int, ...] | None = None
-    server_lanes: int = 1
-
-    def __post_init__(self) -> None:
-        q = self.costs.units
-        if (isinstance(self.server_lanes, bool) or not isinstance(self.server_lanes, int)
-                or self.server_lanes < 1):
-            raise ConfigError(f"ModelProfile.server_lanes must be an int >= 1, got "
-                              f"{self.server_lanes!r}")
-        if q < 2:
-            raise ConfigError(f"a model needs at least 2 units to split, got {q}")
-        for name in ("activation_bytes", "state_bytes", "saved_bytes"):
-            values = getattr(self, name)
-            if values is None:
-                continue
-            if len(values) != q:
-                raise ConfigError(
-                    f"ModelProfile.{name} has {len(values)} entries, the cost table has {q} units"
-                )
-            if any(not isinstance(v, int) or v < 0 for v in values):
-                raise ConfigError(f"ModelProfile.{name} must hold ints >= 0")
-        for name in ("label_bytes_per_sample", "frame_overhead"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"ModelProfile.{name} must be >= 0")
-        if self.activation_frame_overhead is not None and self.activation_frame_overhead < 0:
-            raise ConfigError("ModelProfile.activation_frame_overhead must be >= 0")
-
-    @property
-    def units(self) -> int:
-        """Q, the number of split units."""
-        return self.costs.units
-
-    def activation_frame_bytes(self, split_point: int, micro_batch: int) -> int:
-        """Bytes of one activation frame (activation + labels) at split point P."""
-        over = (
-            self.frame_overhead
-            if self.activation_frame_overhead is None
-            else self.activation_frame_overhead
-        )
-        return (
-            micro_batch * self.activation_bytes[split_point - 1]
-            + micro_batch * self.label_bytes_per_sample
-            + over
-        )
-
-    def gradient_frame_bytes(self, split_point: int, micro_batch: int) -> int:
-        """Bytes of one gradient frame at split point P."""
-        return micro_batch * self.activation_bytes[split_point - 1] + self.frame_overhead
-
-    def model_frame_bytes(self, split_point: int) -> int:
-        """Bytes of the device half's weights in one frame (sent down and up per epoch)."""
-        return sum(self.state_bytes[:split_point]) + self.frame_overhead
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,25 +165,6 @@ class FleetEstimate:
 
 
 # -- stage times ------------------------------------------------------------------------
-
-
-class Stages(NamedTuple):
-    """Per-micro-batch stage seconds of one device's plan: all the schedule needs.
-
-    A named tuple rather than a frozen dataclass: a plan search builds one per candidate
-    (10^4 - 10^5 of them) and tuples are built several times faster.
-    """
-
-    n: int
-    f: float
-    b: float
-    device_step: float
-    u: float
-    up_latency: float
-    s: float
-    server_step: float
-    d: float
-    down_latency: float
 
 
 class UnitTimes:
@@ -389,152 +247,6 @@ def fleet_stages(model: ModelProfile, devices: Sequence[DeviceProfile],
     cache = StageCache(model)
     return [cache.stages(dev, p, n, batch_size)
             for dev, (p, n) in zip(devices, plans, strict=True)]
-
-
-# -- the schedule ----------------------------------------------------------------------
-
-#: Iterations an epoch estimate simulates back to back per phase; the rest of the phase
-#: repeats the mean spacing of the later half of their device steps ([Note: epoch
-#: approximation]).
-CHAINED_ITERATIONS = 6
-
-
-def schedule_ends(fleet: Sequence[Stages], lanes: int = 1
-                  ) -> tuple[list[float], list[float]]:
-    """Per device: when its own step ends, and when the server's step of its replica ends,
-    in one iteration that every device starts at 0.
-
-    The event-driven list schedule of the module docs, with the shared FIFO server
-    (``lanes`` passes at once).
-    """
-    device_ends, replica_ends = chained_schedule(fleet, 1, lanes=lanes)
-    return [d[0] for d in device_ends], [r[0] for r in replica_ends]
-
-
-def chained_schedule(fleet: Sequence[Stages], rounds: int,
-                     starts: Sequence[float] | None = None, *, lanes: int = 1,
-                     ) -> tuple[list[list[float]], list[list[float]]]:
-    """``rounds`` iterations back to back, device k starting its first at ``starts[k]``
-    (default 0): per device and iteration, when its own step ends and when its replica's
-    step ends.
-
-    [Note: chained iterations] As the runtime runs them: a device starts the forwards of
-    its next iteration as soon as it has stepped, and its next server pass is asked for
-    once the activation has arrived and the replica has stepped; its uplink and downlink
-    carry on in order. Devices that start together collide on the server in their first
-    iteration; the ones served later start their next iteration later, so in the later
-    iterations their requests spread out, as on a real server.
-
-    The server is simulated with a heap of pending requests ordered by when they were
-    made (ties by device, then micro-batch; the step counts as micro-batch N). A device's
-    next iteration is planned when its replica's step is taken off the heap: by then all
-    its server passes have ended, and every request it makes is later than that step.
-
-    [Note: server lanes] A server with ``lanes`` > 1 runs up to that many passes at once,
-    each as long as the table says (threads on cores of their own; a GPU's concurrent
-    passes are slower than that, `bench/gpu_concurrency.py`): the request taken off the
-    heap starts on the lane that frees first. A replica's passes stay in order, one at a
-    time (its next request is made after its previous pass ended), as the runtime runs
-    them: a device's session awaits each of its passes.
-    """
-    count = len(fleet)
-    device_ends: list[list[float]] = [[] for _ in range(count)]
-    replica_ends: list[list[float]] = [[] for _ in range(count)]
-    up_free = [0.0] * count
-    down_free = [0.0] * count
-    arrivals: list[list[float]] = [[] for _ in range(count)]
-    forwards_end = [0.0] * count
-    s_end = [[0.0] * st.n for st in fleet]
-    heap: list[tuple[float, int, int]] = []
-
-    def forwards(k: int, start: float) -> float:
-        """Device k's forwards and uploads from ``start``; when its first activation
-        arrives."""
-        st = fleet[k]
-        t, u_end = start, up_free[k]
-        arrive = [0.0] * st.n
-        for i in range(st.n):
-            t = t + st.f
-            u_end = (t if t > u_end else u_end) + st.u
-            arrive[i] = u_end + st.up_latency
-        arrivals[k], forwards_end[k], up_free[k] = arrive, t, u_end
-        return arrive[0]
-
-    for k in range(count):
-        heap.append((forwards(k, starts[k] if starts is not None else 0.0), k, 0))
-    heapq.heapify(heap)
-    free = 0.0
-    lane_free = [0.0] * lanes  # a heap of when each lane frees (lanes > 1)
-    pop, push = heapq.heappop, heapq.heappush
-    while heap:
-        ready, k, i = pop(heap)
-        st = fleet[k]
-        if lanes > 1:
-            free = lane_free[0]
-        start = ready if ready > free else free
-        if i < st.n:
-            free = start + st.s
-            if lanes > 1:
-                heapq.heapreplace(lane_free, free)
-            s_end[k][i] = free
-            if i + 1 < st.n:
-                a = arrivals[k][i + 1]
-                push(heap, (a if a > free else free, k, i + 1))
-            else:
-                push(heap, (free, k, st.n))
-            continue
-        free = start + st.server_step
-        if lanes > 1:
-            heapq.heapreplace(lane_free, free)
-        replica_ends[k].append(free)
-        d_end, b_end = down_free[k], forwards_end[k]
-        for se in s_end[k]:
-            d_end = (se if se > d_end else d_end) + st.d
-            g = d_end + st.down_latency
-            b_end = (g if g > b_end else b_end) + st.b
-        down_free[k] = d_end
-        step_end = b_end + st.device_step
-        device_ends[k].append(step_end)
-        if len(device_ends[k]) < rounds:
-            a = forwards(k, step_end)
-            push(heap, (a if a > free else free, k, 0))
-    return device_ends, replica_ends
-
-
-def cycles(device_end: Sequence[float], replica_end: Sequence[float]) -> list[float]:
-    """Per device, when both halves have stepped: the iteration's length in an epoch."""
-    return [d if d > r else r for d, r in zip(device_end, replica_end, strict=True)]
-
-
-def alone_end(st: Stages) -> float:
-    """`cycles` of a device alone with the server, in closed form (O(1)).
-
-    [Note: one device in closed form] f, u, s, d form a flow line of identical jobs, whose
-    n-th job leaves the last stage at sum(times) + (n-1) x max(times) (latencies are pure
-    delays: they add to the sum, not the max). The backwards are one machine with
-    release times r_1 = max(arrival of d_1, N f) and r_n = arrival of d_n, so b_N ends
-    at max_m r_m + (N - m + 1) b, which is linear in m and peaks at an end point.
-    """
-    n = st.n
-    m3 = max(st.f, st.u, st.s)
-    s_first = st.f + st.u + st.up_latency + st.s
-    server_done = s_first + (n - 1) * m3 + st.server_step
-    return max(alone_floor(st), server_done)
-
-
-def alone_floor(st: Stages) -> float:
-    """When the device's own step ends with an otherwise idle server, from the start of
-    its forwards (closed form, [Note: one device in closed form]).
-
-    A lower bound for each of its iterations in any fleet, chained or not ([Note: chained
-    iterations]): an iteration starts when the device has stepped, by then its links are
-    free, and waiting for the server only delays it.
-    """
-    n = st.n
-    m4 = max(st.f, st.u, st.s, st.d)
-    g = st.f + st.u + st.up_latency + st.s + st.d + st.down_latency
-    b_done = max(g + n * st.b, g + (n - 1) * m4 + st.b, n * st.f + n * st.b)
-    return b_done + st.device_step
 
 
 # -- public estimates ------------------------------------------------------------------

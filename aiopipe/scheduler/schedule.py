@@ -5,7 +5,8 @@ schedules.py``, making a schedule is four separate steps:
 
 - *generate*: `pipar`, `gpipe` and `one_f_one_b` return the compute actions of each
   stage (`Action`\\ s: F, B, FB, STEP);
-- *add transfers*: `with_transfers` puts the SEND/RECV actions between them;
+- *add transfers and reductions*: `with_transfers` puts the SEND/RECV actions between
+  them, `with_reductions` a data-parallel group's REDUCE right before its STEP;
 - *validate*: `check_schedule` names the first broken rule, and dry-runs the schedule to
   prove that it cannot deadlock;
 - *print*: `format_grid` shows the dry run as a grid, one row per time step.
@@ -28,12 +29,11 @@ gradient 0 after K_p forwards while stage p + 1 waits for activation K_p, a dead
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
 from itertools import zip_longest
 
 from aiopipe.errors import ConfigError
-from aiopipe.scheduler.actions import Action
+from aiopipe.scheduler.actions import Action, Schedule
 from aiopipe.scheduler.critical_path import Timeline, pipeline_executors, simulate
 
 __all__ = [
@@ -45,53 +45,9 @@ __all__ = [
     "one_f_one_b",
     "peak_live_activations",
     "pipar",
+    "with_reductions",
     "with_transfers",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class Schedule:
-    """One iteration of every stage of a pipeline: ``actions[p]`` is stage p's, in order.
-
-    ``name``: what made it (``"pipar"``, ``"gpipe"``, ``"1f1b"``, or a user's name).
-    ``micro_batches``: N, the micro-batches per iteration.
-
-    Construction checks only the types; `check_schedule` checks the rules.
-
-    Raises:
-        ConfigError: name is not a non-empty string, micro_batches is not an int >= 1,
-            or actions is not a non-empty tuple of tuples of `Action`\\ s.
-    """
-
-    name: str
-    micro_batches: int
-    actions: tuple[tuple[Action, ...], ...]
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise ConfigError(f"a schedule's name must be a non-empty string, got {self.name!r}")
-        _check_count(self.micro_batches, "micro-batch")
-        if not isinstance(self.actions, tuple) or not self.actions:
-            raise ConfigError(f"schedule {self.name!r} needs a tuple of at least one stage")
-        for p, stage in enumerate(self.actions):
-            if not isinstance(stage, tuple) or not all(isinstance(a, Action) for a in stage):
-                raise ConfigError(
-                    f"schedule {self.name!r}: stage {p} is not a tuple of Actions: {stage!r}"
-                )
-
-    @property
-    def stages(self) -> int:
-        """S, the number of stages."""
-        return len(self.actions)
-
-    def compute_only(self) -> Schedule:
-        """The same schedule with its transfers stripped."""
-        return Schedule(self.name, self.micro_batches,
-                        tuple(tuple(a for a in stage if a.is_compute) for stage in self.actions))
-
-    def has_transfers(self) -> bool:
-        """Whether any stage has a SEND or RECV action."""
-        return any(a.is_transfer for stage in self.actions for a in stage)
 
 
 # -- generators ----------------------------------------------------------------------------
@@ -193,6 +149,30 @@ def with_transfers(schedule: Schedule) -> Schedule:
                 out.append(Action(p, "SEND_B", mb))
         stages.append(tuple(out))
     return Schedule(schedule.name, schedule.micro_batches, tuple(stages))
+
+
+def with_reductions(schedule: Schedule, grouped: Collection[int]) -> Schedule:
+    """Add the data-parallel reductions: on each stage of ``grouped`` (the stages whose
+    group has more than one member), REDUCE right before STEP, so that the group's
+    members all-reduce their gradients before each steps. Other stages are unchanged, as
+    are the name, micro-batches and transfers.
+
+    Raises:
+        ConfigError: a stage of ``grouped`` is not one of the schedule's, or already
+            has a REDUCE.
+    """
+    stages = set(grouped)
+    outside = sorted(p for p in stages if not 0 <= p < schedule.stages)
+    if outside:
+        raise ConfigError(f"schedule {schedule.name!r} has stages 0..{schedule.stages - 1}, "
+                          f"not {outside}")
+    for p in sorted(stages):
+        if any(a.kind == "REDUCE" for a in schedule.actions[p]):
+            raise ConfigError(f"schedule {schedule.name!r} stage {p} already has a REDUCE")
+    return Schedule(schedule.name, schedule.micro_batches, tuple(
+        tuple(out for a in actions for out in (
+            (Action(p, "REDUCE"), a) if a.kind == "STEP" and p in stages else (a,)))
+        for p, actions in enumerate(schedule.actions)))
 
 
 # -- validation ----------------------------------------------------------------------------

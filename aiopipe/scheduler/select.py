@@ -1,6 +1,8 @@
 """Choosing (P_k, N_k) per device by the estimated epoch (pipar.txt §3.3.3).
 
-Pure: functions of profiles, no I/O, no clock.
+Pure: functions of profiles, no I/O, no clock. The candidates and the fleet objective
+are in `aiopipe.scheduler.candidates`, steps 1-4 of the search (below) in
+`aiopipe.scheduler.descent`, and steps 5-7 here.
 
 Theory of operation
 -------------------
@@ -18,7 +20,7 @@ Search. `select_plans` minimizes `estimate_epoch` over one candidate per device:
    by searching the threshold T on the alone epochs (each device takes its candidate with
    the least server load among those with alone epoch <= T);
 3. the better of the two (by the fleet estimate) seeds coordinate descent on the fleet
-   estimate (`_descend`): devices in order of their estimated epoch, slowest first, try
+   estimate (`descend`): devices in order of their estimated epoch, slowest first, try
    their candidates with the others fixed and take the best if it improves; rounds
    repeat until one changes nothing, then two devices may change together (a pair move,
    the slowest pairs first, `PAIR_TRIES` candidates each), and single rounds resume.
@@ -29,7 +31,7 @@ Search. `select_plans` minimizes `estimate_epoch` over one candidate per device:
    iterations x `alone_floor`, its own chain with an idle server, plus its transfers: no
    fleet estimate of it is lower, [Note: chained iterations]). The rest are tried
    most promising first ([Note: move proxy]).
-4. iterated local search (`_perturbed`): give up to 3 random devices a random candidate
+4. iterated local search (`perturbed`): give up to 3 random devices a random candidate
    (a seeded generator: the same inputs give the same plans), descend again, keep the
    result if it is better; stop after `KICKS` kicks in a row that find nothing. Some
    optima need three devices to change at once, which no descent step does.
@@ -55,35 +57,19 @@ and small fleets).
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
-import random
 from collections.abc import Sequence
-from typing import NamedTuple
 
 from aiopipe.errors import ConfigError
-from aiopipe.scheduler.estimate import (
-    DeviceProfile,
-    ModelProfile,
-    StageCache,
-    Stages,
-    aggregations_per_epoch,
-    alone_end,
-    alone_floor,
-    fleet_epoch,
-    iterations_per_epoch,
-    transfer_times,
-)
+from aiopipe.scheduler.candidates import Candidate, Objective, plan_candidates
+from aiopipe.scheduler.descent import alone_best, balanced_choice, descend, perturbed
+from aiopipe.scheduler.profiles import DeviceProfile, ModelProfile
 
 __all__ = ["exhaustive_plans", "select_plans"]
 
 #: Micro-batches the descent may simulate in total (sum of N_k over every schedule run).
 WORK_BUDGET = 300_000
-#: Candidates each device of a pair move tries.
-PAIR_TRIES = 8
-#: Kicks in a row that find nothing better before the iterated local search stops.
-KICKS = 10
 #: How much worse (relative) a uniform plan for identical devices may be estimated than
 #: a mixed one and still be chosen ([Note: identical devices]).
 SYMMETRY_MARGIN = 0.10
@@ -101,396 +87,6 @@ BAND_MARGIN = 0.10
 BAND_TIE = 0.03
 #: Most combinations `exhaustive_plans` accepts.
 MAX_COMBINATIONS = 1_000_000
-#: Relative improvement below which two estimates count as equal.
-_EPS = 1e-12
-
-
-class _Candidate(NamedTuple):  # a tuple: built once per candidate, 10^4 - 10^5 times
-    plan: tuple[int, int]
-    stages: Stages
-    iterations: int
-    transfer: tuple[float, float]
-    start: float  # the first download: when its first iteration starts
-    alone_epoch: float
-    floor_epoch: float  # no fleet estimate of the device's epoch is lower
-    server_load: float  # server seconds per epoch
-
-
-# -- candidates --------------------------------------------------------------------------
-
-
-def parallel_shortlist(
-    model: ModelProfile,
-    device: DeviceProfile,
-    split_point: int,
-    batch_size: int,
-    cache: StageCache | None = None,
-) -> list[int]:
-    """The N candidates for one device and split point ([Note: N shortlist]).
-
-    [Note: N shortlist] PiPar Eq. 14 fills the device's idle time between f and b of one
-    micro-batch with the forwards of the next ones:
-    N_eq = 1 + ceil((t(u) + t(s) + t(d)) / min(t(f), t(b))), with the stage times of the
-    whole batch (N = 1, latencies included in t(u) and t(d); t(s) = t(f^s) + t(b^s)).
-    The shortlist is {1, N_eq - 1, N_eq, N_eq + 1} plus every power of two <= B, clipped
-    to 1..B. When min(t(f), t(b)) is 0, N_eq = B.
-    """
-    st = (cache or StageCache(model)).stages(device, split_point, 1, batch_size)
-    gap = st.u + st.up_latency + st.s + st.d + st.down_latency
-    fill = min(st.f, st.b)
-    eq = batch_size if fill <= 0 else 1 + math.ceil(min(gap / fill, float(batch_size)))
-    values = {1, eq - 1, eq, eq + 1}
-    power = 1
-    while power <= batch_size:
-        values.add(power)
-        power *= 2
-    return sorted(v for v in values if 1 <= v <= batch_size)
-
-
-def device_memory_bytes(
-    model: ModelProfile, split_point: int, parallel: int, batch_size: int
-) -> int:
-    """Bytes a device needs for plan (P, N) ([Note: device memory]).
-
-    [Note: device memory] 3 x the device half's parameter and buffer bytes (weights,
-    gradients, momentum; buffers are counted thrice too, a small overestimate) plus the
-    activations kept for backward: N x B' x the per-sample output bytes of units 1..P.
-    Inputs, temporaries and the allocator's slack are not counted.
-    """
-    micro = batch_size // parallel
-    return 3 * sum(model.state_bytes[:split_point]) + parallel * micro * sum(
-        model.activation_bytes[:split_point]
-    )
-
-
-def _check_inputs(
-    model: ModelProfile,
-    devices: Sequence[DeviceProfile],
-    batch_size: int,
-    split_points: Sequence[int] | None,
-    parallel_batches: Sequence[int] | None,
-    memory_budget_bytes: Sequence[int | None] | None,
-) -> None:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch size must be an int >= 1, got {batch_size!r}")
-    if not devices:
-        raise ConfigError("the fleet has no devices")
-    q = model.units
-    if split_points is not None and (not split_points or any(not 1 <= p < q for p in split_points)):
-        raise ConfigError(
-            f"split points {list(split_points)} must be a non-empty list within 1..{q - 1}"
-        )
-    if parallel_batches is not None and (
-        not parallel_batches or any(not 1 <= n <= batch_size for n in parallel_batches)
-    ):
-        raise ConfigError(
-            f"parallel batches {list(parallel_batches)} must be a non-empty "
-            f"list within 1..{batch_size} (the batch size)"
-        )
-    if memory_budget_bytes is not None and len(memory_budget_bytes) != len(devices):
-        raise ConfigError(f"{len(memory_budget_bytes)} memory budgets for {len(devices)} devices")
-
-
-def _candidates(
-    model: ModelProfile,
-    devices: Sequence[DeviceProfile],
-    batch_size: int,
-    split_points: Sequence[int] | None,
-    parallel_batches: Sequence[int] | None,
-    memory_budget_bytes: Sequence[int | None] | None,
-    aggregation_every: int = 0,
-) -> list[list[_Candidate]]:
-    _check_inputs(model, devices, batch_size, split_points, parallel_batches, memory_budget_bytes)
-    points = sorted(set(split_points)) if split_points is not None else list(range(1, model.units))
-    fixed_n = sorted(set(parallel_batches)) if parallel_batches is not None else None
-    cache = StageCache(model)
-    by_profile: dict[DeviceProfile, list[_Candidate]] = {}
-    result = []
-    for k, device in enumerate(devices):
-        budget = memory_budget_bytes[k] if memory_budget_bytes is not None else None
-        if device not in by_profile:
-            by_profile[device] = _device_candidates(
-                model, device, batch_size, points, fixed_n, cache, aggregation_every
-            )
-        every = by_profile[device]
-        if not every:
-            raise ConfigError(
-                f"device {k} holds {device.samples} samples, fewer than one "
-                "iteration of any candidate plan"
-            )
-        if budget is None:
-            result.append(every)
-            continue
-        needs = [device_memory_bytes(model, *c.plan, batch_size) for c in every]
-        fitting = [c for c, need in zip(every, needs, strict=True) if need <= budget]
-        if not fitting:
-            raise ConfigError(
-                f"device {k} has a memory budget of {budget} bytes; every "
-                f"candidate plan needs more, the smallest {min(needs)} bytes"
-            )
-        result.append(fitting)
-    return result
-
-
-def _device_candidates(
-    model: ModelProfile,
-    device: DeviceProfile,
-    batch_size: int,
-    points: Sequence[int],
-    fixed_n: Sequence[int] | None,
-    cache: StageCache,
-    aggregation_every: int,
-) -> list[_Candidate]:
-    found = []
-    for p in points:
-        shortlist = (
-            fixed_n
-            if fixed_n is not None
-            else parallel_shortlist(model, device, p, batch_size, cache)
-        )
-        start = transfer_times(model, device, p)[0]  # one download of this half
-        for n in shortlist:
-            iterations = iterations_per_epoch(device, n, batch_size)
-            if iterations < 1:
-                continue
-            transfer = transfer_times(
-                model, device, p, aggregations_per_epoch(iterations, aggregation_every)
-            )
-            st = cache.stages(device, p, n, batch_size)
-            found.append(
-                _Candidate(
-                    plan=(p, n),
-                    stages=st,
-                    iterations=iterations,
-                    transfer=transfer,
-                    start=start,
-                    alone_epoch=transfer[0] + iterations * alone_end(st) + transfer[1],
-                    floor_epoch=transfer[0] + iterations * alone_floor(st) + transfer[1],
-                    server_load=iterations * (n * st.s + st.server_step),
-                )
-            )
-    return found
-
-
-# -- the fleet objective -----------------------------------------------------------------
-
-
-class _Objective:
-    """The fleet epoch of a choice of candidates (`fleet_epoch`, as `estimate_epoch`
-    gives it), counting the work spent."""
-
-    def __init__(self, model: ModelProfile, candidates: list[list[_Candidate]],
-                 aggregation_every: int) -> None:
-        self.model = model
-        self.candidates = candidates
-        self.aggregation_every = aggregation_every
-        self.work = 0
-
-    def __call__(self, choice: Sequence[int]) -> tuple[float, list[float]]:
-        chosen = [cs[i] for cs, i in zip(self.candidates, choice, strict=True)]
-        return self._epoch(chosen, [c.stages for c in chosen])
-
-    def at_speeds(self, choice: Sequence[int], speeds: tuple[float, float]) -> float:
-        """The fleet estimate of ``choice`` with the server's compute seconds times
-        ``speeds[0]`` and the devices' times ``speeds[1]`` (links as they are; [Note:
-        speed band])."""
-        server, device = speeds
-        chosen = [cs[i] for cs, i in zip(self.candidates, choice, strict=True)]
-        fleet = [c.stages._replace(f=c.stages.f * device, b=c.stages.b * device,
-                                   device_step=c.stages.device_step * device,
-                                   s=c.stages.s * server,
-                                   server_step=c.stages.server_step * server)
-                 for c in chosen]
-        return self._epoch(chosen, fleet)[0]
-
-    def _epoch(self, chosen: Sequence[_Candidate], fleet: Sequence[Stages]
-               ) -> tuple[float, list[float]]:
-        value, per_device, work = fleet_epoch(
-            self.model, fleet, [c.iterations for c in chosen],
-            [c.transfer for c in chosen], [c.start for c in chosen], self.aggregation_every,
-        )
-        self.work += work
-        return value, per_device
-
-
-def _alone_best(cs: Sequence[_Candidate]) -> int:
-    return min(
-        range(len(cs)),
-        key=lambda i: (cs[i].alone_epoch, cs[i].server_load, cs[i].plan[1], cs[i].plan[0]),
-    )
-
-
-def _balanced(candidates: list[list[_Candidate]]) -> list[int]:
-    """Exact argmin of max(max_k alone epoch_k, sum_k server load_k) (step 2 above)."""
-    fronts = []  # per device: alone epochs ascending, and the least-load index so far
-    for cs in candidates:
-        order = sorted(range(len(cs)), key=lambda i: (cs[i].alone_epoch, cs[i].server_load))
-        epochs = [cs[i].alone_epoch for i in order]
-        best_so_far, lightest = [], order[0]
-        for i in order:
-            if cs[i].server_load < cs[lightest].server_load:
-                lightest = i
-            best_so_far.append(lightest)
-        fronts.append((epochs, best_so_far))
-
-    def choose(threshold: float) -> tuple[float, float, list[int]]:
-        choice = [
-            lightest[bisect.bisect_right(epochs, threshold) - 1] for epochs, lightest in fronts
-        ]
-        worst = max(cs[i].alone_epoch for cs, i in zip(candidates, choice, strict=True))
-        load = sum(cs[i].server_load for cs, i in zip(candidates, choice, strict=True))
-        return max(worst, load), load, choice
-
-    floor = max(epochs[0] for epochs, _ in fronts)
-    thresholds = sorted({e for epochs, _ in fronts for e in epochs if e >= floor})
-    # the load is non-increasing in the threshold: find the first T with load <= T
-    lo, hi = 0, len(thresholds) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if choose(thresholds[mid])[1] <= thresholds[mid]:
-            hi = mid
-        else:
-            lo = mid + 1
-    tries = [choose(thresholds[i]) for i in sorted({max(0, lo - 1), lo})]
-    return min(tries, key=lambda t: t[0])[2]
-
-
-def _leximax_less(a: Sequence[float], b: Sequence[float]) -> bool:
-    """Whether per-device epochs ``a`` beat ``b``: the largest first, then the next, ..."""
-    for x, y in zip(sorted(a, reverse=True), sorted(b, reverse=True), strict=True):
-        if x < y * (1 - _EPS):
-            return True
-        if y < x * (1 - _EPS):
-            return False
-    return False
-
-
-class _Search:
-    """The descent's state: the current choice, its per-device epochs, and the budget."""
-
-    def __init__(self, objective: _Objective, start: list[int]) -> None:
-        self.objective = objective
-        self.candidates = objective.candidates
-        self.current = list(start)
-        before = objective.work
-        self.best, self.per_device = objective(self.current)
-        # how many candidates one device may try per round: all of them in small fleets;
-        # in large ones as many as lets every device have its turn twice within budget
-        affordable = WORK_BUDGET // max(1, objective.work - before)
-        self.tries = max(1, affordable // (2 * len(start)))
-
-    def spent(self) -> bool:
-        return self.objective.work >= WORK_BUDGET
-
-    def _viable(self, k: int) -> list[int]:
-        """Device k's other candidates that could beat the best, most promising first.
-
-        [Note: move proxy] A candidate is ranked by a guess of the worst epoch it would
-        lead to: its own alone epoch plus the contention device k suffers now, and, for
-        the slowest other devices, their epoch plus the change in server seconds per
-        iteration it causes, times the iterations they share with k.
-        """
-        cs, mine = self.candidates[k], self.candidates[k][self.current[k]]
-        limit = self.best * (1 - _EPS)
-        delay = self.per_device[k] - mine.alone_epoch
-        work_now = mine.server_load / mine.iterations
-        slowest = sorted(
-            (j for j in range(len(self.current)) if j != k), key=lambda j: -self.per_device[j]
-        )[:4]
-        others = [
-            (self.per_device[j], self.candidates[j][self.current[j]].iterations) for j in slowest
-        ]
-
-        def guess(i: int) -> tuple[float, float]:
-            c = cs[i]
-            change = c.server_load / c.iterations - work_now
-            worst = c.alone_epoch + delay
-            for epoch, iterations in others:
-                worst = max(worst, epoch + min(iterations, c.iterations) * change)
-            return worst, c.alone_epoch
-
-        viable = [i for i in range(len(cs)) if i != self.current[k] and cs[i].floor_epoch < limit]
-        viable.sort(key=guess)
-        return viable
-
-    def _try(self, changes: Sequence[tuple[int, int]]) -> tuple[float, list[float]] | None:
-        trial = self.current.copy()
-        for k, i in changes:
-            trial[k] = i
-        value, per_device = self.objective(trial)
-        return (value, per_device) if _leximax_less(per_device, self.per_device) else None
-
-    def single_round(self) -> bool:
-        """Each device in turn (slowest first) takes its best candidate; any change?"""
-        improved = False
-        for k in sorted(range(len(self.current)), key=lambda j: -self.per_device[j]):
-            pick: tuple[int, float, list[float]] | None = None
-            for i in self._viable(k)[: self.tries]:
-                if self.spent():
-                    break
-                found = self._try([(k, i)])
-                if found and (pick is None or _leximax_less(found[1], pick[2])):
-                    pick = (i, *found)
-            if pick is not None:
-                self.current[k], self.best, self.per_device = pick
-                improved = True
-            if self.spent():
-                break
-        return improved
-
-    def pair_move(self) -> bool:
-        """Two devices change together, the slowest pairs first (first improvement); each
-        tries its `PAIR_TRIES` most promising candidates."""
-        order = sorted(range(len(self.current)), key=lambda j: -self.per_device[j])
-        tries = min(self.tries, PAIR_TRIES)
-        for a, k in enumerate(order):
-            mine = self._viable(k)[:tries]
-            for j in order[a + 1 :]:
-                for i in mine:
-                    for i2 in self._viable(j)[:tries]:
-                        if self.spent():
-                            return False
-                        found = self._try([(k, i), (j, i2)])
-                        if found:
-                            self.current[k], self.current[j] = i, i2
-                            self.best, self.per_device = found
-                            return True
-        return False
-
-
-def _descend(objective: _Objective, start: list[int]) -> tuple[list[int], list[float]]:
-    """Coordinate descent on the fleet estimate from ``start``: its local optimum and the
-    per-device epochs there.
-
-    Single-device rounds until one changes nothing, then one pair move, and again, until
-    neither helps or the budget is spent. Every accepted move makes the per-device
-    epochs strictly better in leximax order (the slowest first, then the next: moves
-    that help a device off the critical path count), so the descent cannot cycle.
-    """
-    search = _Search(objective, start)
-    while not search.spent():
-        if search.single_round():
-            continue
-        if not search.pair_move():
-            break
-    return search.current, search.per_device
-
-
-def _perturbed(objective: _Objective, best: list[int], per_device: list[float]) -> list[int]:
-    """Iterated local search (step 4 above): kick, descend, keep the better."""
-    candidates = objective.candidates
-    rng = random.Random(0)  # a fixed seed: the same inputs give the same plans
-    stale = 0
-    while stale < KICKS and objective.work < WORK_BUDGET:
-        trial = best.copy()
-        for k in rng.sample(range(len(trial)), min(3, len(trial))):
-            trial[k] = rng.randrange(len(candidates[k]))
-        found, found_devices = _descend(objective, trial)
-        if _leximax_less(found_devices, per_device):
-            best, per_device, stale = found, found_devices, 0
-        else:
-            stale += 1
-    return best
 
 
 def select_plans(
@@ -522,7 +118,7 @@ def select_plans(
             than one iteration of any candidate, or a device whose every candidate breaks
             its memory budget (the message names the device and the smallest need).
     """
-    candidates = _candidates(
+    candidates = plan_candidates(
         model, devices, batch_size, split_points, parallel_batches, memory_budget_bytes,
         aggregation_every,
     )
@@ -530,13 +126,13 @@ def select_plans(
         raise ConfigError(f"shallow margin must be a finite number >= 0, got {shallow_margin!r}")
     if not (isinstance(speed_band, (int, float)) and 1 <= speed_band < math.inf):
         raise ConfigError(f"speed band must be a finite number >= 1, got {speed_band!r}")
-    objective = _Objective(model, candidates, aggregation_every)
-    choice = [_alone_best(cs) for cs in candidates]  # exact for one device: alone is the fleet
+    objective = Objective(model, candidates, aggregation_every)
+    choice = [alone_best(cs) for cs in candidates]  # exact for one device: alone is the fleet
     if len(devices) > 1:
-        balanced = _balanced(candidates)
+        balanced = balanced_choice(candidates)
         if balanced != choice and objective(balanced)[0] < objective(choice)[0]:
             choice = balanced
-        choice = _perturbed(objective, *_descend(objective, choice))
+        choice = perturbed(objective, *descend(objective, choice, WORK_BUDGET), WORK_BUDGET)
         choice = _symmetric(objective, choice)
     if shallow_margin > 0:
         choice = _shallower(objective, choice, shallow_margin)
@@ -545,7 +141,7 @@ def select_plans(
     return [cs[i].plan for cs, i in zip(candidates, choice, strict=True)]
 
 
-def _groups(candidates: Sequence[Sequence[_Candidate]]) -> list[list[int]]:
+def _groups(candidates: Sequence[Sequence[Candidate]]) -> list[list[int]]:
     """The devices grouped by identical profile (they share one candidate list)."""
     groups: dict[int, list[int]] = {}
     for k, cs in enumerate(candidates):
@@ -553,13 +149,13 @@ def _groups(candidates: Sequence[Sequence[_Candidate]]) -> list[list[int]]:
     return list(groups.values())
 
 
-def _uniform_bound(cs: Sequence[_Candidate], members: Sequence[int], i: int) -> float:
+def _uniform_bound(cs: Sequence[Candidate], members: Sequence[int], i: int) -> float:
     """A lower bound of the fleet estimate with every member on candidate ``i``: the
     larger of a member's floor epoch and the group's server seconds per epoch."""
     return max(cs[i].floor_epoch, len(members) * cs[i].server_load)
 
 
-def _shallower(objective: _Objective, choice: list[int], margin: float) -> list[int]:
+def _shallower(objective: Objective, choice: list[int], margin: float) -> list[int]:
     """Step 6 of the search: each group of identical devices (one device, when the
     fleet is mixed) takes the shallowest split point whose best plan keeps the fleet
     estimate within ``margin`` of ``choice``'s.
@@ -611,7 +207,7 @@ def _shallower(objective: _Objective, choice: list[int], margin: float) -> list[
     return choice
 
 
-def _steady(objective: _Objective, choice: list[int], band: float) -> list[int]:
+def _steady(objective: Objective, choice: list[int], band: float) -> list[int]:
     """Step 7 of the search: each group of identical devices that shares one plan takes,
     at its split point, the number of micro-batches with the least mean regret over the
     speed band.
@@ -671,7 +267,7 @@ def _steady(objective: _Objective, choice: list[int], band: float) -> list[int]:
     return choice
 
 
-def _symmetric(objective: _Objective, choice: list[int]) -> list[int]:
+def _symmetric(objective: Objective, choice: list[int]) -> list[int]:
     """Step 5 of the search: identical devices get one plan unless mixing their plans
     is estimated to be better by more than `SYMMETRY_MARGIN`.
 
@@ -739,7 +335,7 @@ def exhaustive_plans(
     Raises:
         ConfigError: as `select_plans`, or more than `MAX_COMBINATIONS` combinations.
     """
-    candidates = _candidates(
+    candidates = plan_candidates(
         model, devices, batch_size, split_points, parallel_batches, memory_budget_bytes,
         aggregation_every,
     )
@@ -749,7 +345,7 @@ def exhaustive_plans(
             f"{combinations} plan combinations, more than the "
             f"{MAX_COMBINATIONS} an exhaustive search accepts"
         )
-    objective = _Objective(model, candidates, aggregation_every)
+    objective = Objective(model, candidates, aggregation_every)
     best_value, best_choice = math.inf, [0] * len(candidates)
     for choice in itertools.product(*(range(len(cs)) for cs in candidates)):
         value = objective(choice)[0]

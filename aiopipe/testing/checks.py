@@ -24,9 +24,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from aiopipe.config import STAR_MODES, RunConfig
+from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
 from aiopipe.metrics.results import EpochMetrics, RunResult
+from aiopipe.runtime.systems.registry import BUILT_IN, find_system
+from aiopipe.runtime.systems.star.coordinator import Star
 from aiopipe.testing.fleet import open_fleet
 
 __all__ = ["assert_exact_accounting", "assert_same_weights", "expected_samples",
@@ -152,8 +154,9 @@ def _state(model: RunResult | nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _check_mode(config: RunConfig) -> None:
-    if config.mode not in STAR_MODES:
-        raise ConfigError(f"sample accounting knows the modes {', '.join(STAR_MODES)}, "
+    if find_system(config.mode) is not Star:
+        modes = [mode for mode in BUILT_IN if find_system(mode) is Star]
+        raise ConfigError(f"sample accounting knows the modes {', '.join(modes)}, "
                           f"not {config.mode}")
 
 
@@ -162,7 +165,7 @@ def _plan(config: RunConfig, epoch: EpochMetrics) -> dict[int, tuple[int, int]]:
     plans: dict[int, tuple[int, int]] = {}
     for entry in epoch.plan:
         k = int(entry["device"])
-        n = int(entry.get("parallel_batches", 1)) if config.mode == "pipar" else 1
+        n = int(entry.get("parallel_batches", 1))  # (1 but in pipar)
         per_iteration = (config.batch_size // n) * n
         plans[k] = (per_iteration, config.device_samples_of(k) // per_iteration)
     missing = sorted(set(range(config.devices)) - set(plans))

@@ -27,7 +27,7 @@ from typing import Any, Literal
 from torch import nn
 
 from aiopipe.clock import Clock, VirtualClock
-from aiopipe.config import LINKED_MODES, RunConfig
+from aiopipe.config import RunConfig
 from aiopipe.errors import AiopipeError, ConfigError, LinkBrokenError
 from aiopipe.metrics.results import RunResult
 from aiopipe.models import model_digest, unit_count
@@ -36,6 +36,7 @@ from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.device import run_device
 from aiopipe.runtime.factories import build_model
 from aiopipe.runtime.plan import train_dataset
+from aiopipe.runtime.systems import system_class
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.transport import Link, LinkSpec, MemoryLink, open_memory_link_pair
 from aiopipe.transport.fabric import MemoryFabric
@@ -120,7 +121,7 @@ class Fleet:
         self.node = Coordinator(config, clock=clock, cost_table=cost_table,
                                 checkpoint_dir=checkpoint_dir)
         self.checkpoint_dir = checkpoint_dir
-        if fabric is None and config.mode in LINKED_MODES:
+        if fabric is None and system_class(config.mode).links_devices:
             fabric = MemoryFabric(clock)
         self.fabric = fabric
         self.clock, self.tasks = clock, tasks
@@ -388,10 +389,9 @@ class Fleet:
             AssertionError: device k's rounds went past the iteration without it.
             TimeoutError: it did not get there within ``within`` seconds of the clock.
         """
-        mode = self.node.config.mode
-        if mode not in ("sl", "sfl", "pipar"):
-            raise ConfigError(f"at_iteration needs activations at the server; mode {mode} "
-                              "sends none (wait with Fleet.until)")
+        if not self.node.system.serves_stages:
+            raise ConfigError(f"at_iteration needs activations at the server; mode "
+                              f"{self.node.config.mode} sends none (wait with Fleet.until)")
         await self.until(lambda: self.reached(k, iteration, epoch=epoch), within=within)
 
     async def until(self, condition: Callable[[], bool], *, within: float = 600.0) -> None:

@@ -16,12 +16,17 @@ Busy time: ``sent.busy_s`` is the time this side's sending direction spent trans
 (for a shaped link, the time the bytes occupy the wire at its rate; for an unshaped one,
 the time spent inside ``send``). ``received.busy_s`` is the wire time of the frames this
 side received, where the implementation knows it (memory links), else 0.0.
+
+Shaping: ``reshape(spec)`` changes how this end's sends are shaped from now on; every
+link takes it, so a caller paces its sends without asking what kind of link it holds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
+
+from aiopipe.transport.network import LinkSpec
 
 __all__ = ["DirectionStatistics", "Link", "LinkStatistics"]
 
@@ -97,4 +102,18 @@ class Link(Protocol):
         time spent in it measures the link (memory links; websockets shaped on this
         side). An unshaped websocket's ``send`` returns once the OS has buffered the
         frame, which can hide hundreds of kilobytes of a slow link."""
+        ...
+
+    def reshape(self, spec: LinkSpec) -> None:
+        """Shape this end's sends at ``spec`` from now on (an unshaped spec: unshaped).
+
+        Each link does what it can emulate: a memory link changes its outgoing
+        direction's bandwidth and latency, exactly; a websocket paces its sends at the
+        bandwidth on this side (sender-side shaping: latency is not emulated, and the
+        real network stays as it is). A device that emulates a slow uplink
+        (``shape_uplink``) calls it on every link it sends on.
+
+        Raises:
+            ConfigError: ``spec`` is not a `LinkSpec`.
+        """
         ...

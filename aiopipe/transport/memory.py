@@ -296,7 +296,8 @@ class MemoryLink:
         return self._out.spec_at(self._clock.now())
 
     def reshape(self, spec: LinkSpec, *, seconds: float | None = None) -> None:
-        """Change the bandwidth and latency of this end's outgoing direction.
+        """Change the bandwidth and latency of this end's outgoing direction
+        (`Link.reshape`: a memory link emulates the whole spec).
 
         Applies to frames whose wire slot starts from now on (a slower or faster network):
         for good, or, with ``seconds``, to those whose slot starts in the next ``seconds``

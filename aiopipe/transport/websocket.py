@@ -168,7 +168,8 @@ class WebSocketLink:
         return self._ws
 
     def reshape(self, spec: LinkSpec) -> None:
-        """Change this end's sender-side shaping (bandwidth only; latency is not emulated).
+        """Change this end's sender-side shaping (`Link.reshape`: bandwidth only; latency
+        is not emulated).
 
         Applies to frames sent from now on; an unshaped spec turns shaping off.
 

@@ -74,7 +74,7 @@ def test_the_live_profile_counts_it_where_the_round_paid_it() -> None:
     server and a device at the table's speed (the re-planner's view, replan.py)."""
     from aiopipe.metrics.trace import Slice
     from aiopipe.runtime.plan import DevicePlan
-    from aiopipe.runtime.replan import live_profiles
+    from aiopipe.runtime.systems.star.replan import live_profiles
 
     costs = dataclasses.replace(COSTS, accumulate=ACCUMULATE)
     profile = ModelProfile(costs, (100,) * 5, (0,) * 5)

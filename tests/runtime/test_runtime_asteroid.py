@@ -26,7 +26,7 @@ from aiopipe.errors import ConfigError
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.factories import build_model
 from aiopipe.runtime.plan import device_indices, train_dataset
-from aiopipe.runtime.systems.asteroid import Asteroid
+from aiopipe.runtime.systems.asteroid.coordinator import Asteroid
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.estimate import DeviceProfile
 from aiopipe.testing import Fleet

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from async_reference import delayed_sgd
 from torch import nn
 
-from aiopipe.runtime.async_weights import StageWeights
+from aiopipe.runtime.systems.ftpipehd.async_weights import StageWeights
 from aiopipe.scheduler.async_pipeline import one_f_one_b
 
 STAGES, BATCHES, LR = 3, 14, 0.1

@@ -80,7 +80,7 @@ async def test_memory_budgets_bound_the_plan_and_an_impossible_one_is_named(
         costs: CostTable) -> None:
     from aiopipe.errors import ConfigError
     from aiopipe.runtime.coordinator import Coordinator
-    from aiopipe.scheduler.select import device_memory_bytes
+    from aiopipe.scheduler.candidates import device_memory_bytes
 
     free = await joined(Coordinator(BASE, clock=VirtualClock(), cost_table=costs))
     assert free.system.planning is not None

@@ -1,5 +1,6 @@
-"""FTPipeHD's chain replication pieces (aiopipe.runtime.chain): what a device holds and
-accepts from its peer, what it answers, and how the coordinator gathers a whole state."""
+"""FTPipeHD's chain replication pieces (aiopipe.runtime.systems.ftpipehd.chain): what a
+device holds and accepts from its peer, what it answers, and how the coordinator gathers
+a whole state."""
 
 from __future__ import annotations
 
@@ -15,8 +16,13 @@ from torch import nn
 from aiopipe import models
 from aiopipe.errors import RemoteProtocolError
 from aiopipe.protocol import Replica, ReplicaRequest, state_to_wire
-from aiopipe.runtime.chain import ChainReplicas, expected_tensors, gather, gather_from
 from aiopipe.runtime.stage import check_tensors
+from aiopipe.runtime.systems.ftpipehd.chain import (
+    ChainReplicas,
+    expected_tensors,
+    gather,
+    gather_from,
+)
 
 
 def _model() -> nn.Sequential:

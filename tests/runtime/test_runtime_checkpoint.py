@@ -22,7 +22,7 @@ from aiopipe.metrics.results import RunResult
 from aiopipe.runtime import checkpoint as checkpoint_module
 from aiopipe.runtime.checkpoint import load_checkpoint, save_checkpoint
 from aiopipe.runtime.coordinator import Coordinator
-from aiopipe.runtime.systems import Star
+from aiopipe.runtime.systems.star.coordinator import Star
 from aiopipe.testing import joined
 
 CONFIG = RunConfig(mode="pipar", devices=2, samples_per_device=40, batch_size=20, epochs=2,

@@ -186,6 +186,7 @@ def test_a_device_told_to_keep_weights_it_does_not_hold_refuses_the_round() -> N
     from aiopipe.errors import RemoteProtocolError
     from aiopipe.protocol import Plan, RoundStart
     from aiopipe.runtime.holdings import Holdings
+    from aiopipe.runtime.systems.ftpipehd.device import STAGE_RULES
 
     config = CONFIG
     plan = Plan(1, "ftpipehd", {}, 1 << 63, in_shape=(3, 32, 32), num_classes=10)
@@ -198,4 +199,4 @@ def test_a_device_told_to_keep_weights_it_does_not_hold_refuses_the_round() -> N
                        {"device0": {"stage": 0, "address": "a"},
                         "device2": {"stage": 2, "address": "b"}})
     with pytest.raises(RemoteProtocolError, match="keep weights it does not hold"):
-        holdings.assign(start, None, None)
+        holdings.assign(start, None, None, rules=STAGE_RULES)

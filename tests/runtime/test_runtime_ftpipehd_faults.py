@@ -405,16 +405,17 @@ async def test_without_device_0_the_run_ends_with_an_error_naming_it() -> None:
 
 def _slow_device_2(monkeypatch: pytest.MonkeyPatch, rounds: set[int] | None) -> None:
     """Device 2 computes 1000x slower in ``rounds`` (every round: None)."""
-    from aiopipe.runtime import device as device_module
+    from aiopipe.runtime.device_half import DeviceHalf
 
-    honest = device_module._DeviceNode._run_round
+    honest = DeviceHalf.run_round
 
     async def run_round(self: Any, message: Any) -> int:
-        if self.device_id == 2:
-            self.compute.slowdown = 1000.0 if rounds is None or message.round in rounds else 1.0
+        if self.node.device_id == 2:
+            self.node.compute.slowdown = (1000.0 if rounds is None or message.round in rounds
+                                          else 1.0)
         return await honest(self, message)
 
-    monkeypatch.setattr(device_module._DeviceNode, "_run_round", run_round)
+    monkeypatch.setattr(DeviceHalf, "run_round", run_round)
 
 
 async def test_a_stalled_pipeline_is_timed_out_and_played_again(

@@ -1,6 +1,7 @@
-"""HADFL's ring average (aiopipe.runtime.gossip): scatter-reduce then all-gather over a
-directed ring gives every member the same bits, the members' mean, each member moving
-2 (N - 1) / N of a model; a message that breaks the ring's order is refused."""
+"""HADFL's ring average (aiopipe.runtime.systems.hadfl.gossip): scatter-reduce then
+all-gather over a directed ring gives every member the same bits, the members' mean,
+each member moving 2 (N - 1) / N of a model; a message that breaks the ring's order is
+refused."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from aiopipe.errors import RemoteProtocolError
-from aiopipe.runtime.gossip import RingAverage, chunk_bounds
+from aiopipe.runtime.systems.hadfl.gossip import RingAverage, chunk_bounds
 
 
 def _run(vectors: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[int]]:

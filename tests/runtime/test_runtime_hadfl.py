@@ -20,9 +20,9 @@ from aiopipe import RunConfig, RunResult, VirtualClock, simulate
 from aiopipe import data as datasets
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.factories import build_model, make_loss, make_optimizer
-from aiopipe.runtime.gossip import chunk_bounds
-from aiopipe.runtime.partial_sync import PartialSync
 from aiopipe.runtime.plan import device_data
+from aiopipe.runtime.systems.hadfl.gossip import chunk_bounds
+from aiopipe.runtime.systems.hadfl.partial_sync import PartialSync
 from aiopipe.transport.fabric import MemoryFabric
 
 BATCH = 16

@@ -10,6 +10,7 @@ from aiopipe import RunConfig
 from aiopipe.runtime import plan as run_plan
 from aiopipe.runtime.overheads import RuntimeOverheads, measure_runtime_overheads
 from aiopipe.runtime.plan import build_model, measure_planning_costs, train_dataset
+from aiopipe.runtime.systems import planning_batch_sizes
 
 
 def test_overheads_are_measured_through_the_runtime_parts() -> None:
@@ -40,7 +41,7 @@ def test_planning_costs_charge_the_runtime_overheads(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(run_plan, "measure_runtime_overheads", fixed)
     costs = measure_planning_costs(config, model, dataset.in_shape, dataset, repeats=1,
-                                   warmup=0)
+                                   warmup=0, sizes=planning_batch_sizes(config))
     first = run_plan.unit_output_shapes(model, dataset.in_shape)[0]
     assert shapes == [(1, *first)]
     last = costs.units - 1

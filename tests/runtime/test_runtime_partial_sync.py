@@ -24,9 +24,9 @@ from aiopipe.protocol import (
     to_tensor_data,
 )
 from aiopipe.runtime.compute import Compute
-from aiopipe.runtime.gossip import chunk_bounds
 from aiopipe.runtime.holdings import Holdings
-from aiopipe.runtime.partial_sync import PartialSync, SyncPlan, flat_state, load_flat
+from aiopipe.runtime.systems.hadfl.gossip import chunk_bounds
+from aiopipe.runtime.systems.hadfl.partial_sync import PartialSync, SyncPlan, flat_state, load_flat
 
 RUN = 77
 CONFIG = RunConfig(mode="hadfl", model="vgg5", devices=4, batch_size=16,

@@ -7,7 +7,8 @@ import torch
 
 from aiopipe import RunConfig, VirtualClock, simulate
 from aiopipe.errors import ConfigError
-from aiopipe.runtime.plan import build_model, check_trainable, device_plans, train_dataset
+from aiopipe.runtime.plan import build_model, check_trainable, train_dataset
+from aiopipe.runtime.systems.star.planning import device_plans
 
 #: mobilenetv3-small's maps shrink to 1x1 before a batch norm: it cannot train on one sample
 BASE = RunConfig(mode="pipar", model="mobilenetv3-small", devices=2, samples_per_device=16,

@@ -26,7 +26,8 @@ from aiopipe.protocol import (
     to_tensor_data,
     to_torch,
 )
-from aiopipe.runtime import partial_sync, peer
+from aiopipe.runtime import peer
+from aiopipe.runtime.systems.hadfl import partial_sync
 from aiopipe.testing import open_fleet, uniform_costs
 
 pytestmark = pytest.mark.timeout(240)

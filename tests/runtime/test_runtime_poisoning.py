@@ -21,7 +21,7 @@ import pytest
 from aiopipe import CostTable, RunConfig, VirtualClock, simulate
 from aiopipe.metrics.results import RunResult
 from aiopipe.protocol import Activation, to_tensor_data, to_torch
-from aiopipe.runtime import device as device_module
+from aiopipe.runtime import stage_round
 from aiopipe.runtime.aggregation import UpdateJudge
 
 COSTS = CostTable.uniform(5, forward=0.001, backward=0.002)
@@ -36,7 +36,7 @@ def poison(monkeypatch: pytest.MonkeyPatch) -> Any:
     """``poison(factor)``: device BAD scales every activation it sends by ``factor``."""
 
     def install(factor: float) -> None:
-        honest = device_module._ServerRoute.send
+        honest = stage_round._ServerRoute.send
 
         def send(self: Any, message: Any, name: str, *, ready_at: float | None) -> None:
             if self.owner.device_id == BAD and isinstance(message, Activation):
@@ -44,7 +44,7 @@ def poison(monkeypatch: pytest.MonkeyPatch) -> Any:
                 message = dataclasses.replace(message, tensor=scaled)
             honest(self, message, name, ready_at=ready_at)
 
-        monkeypatch.setattr(device_module._ServerRoute, "send", send)
+        monkeypatch.setattr(stage_round._ServerRoute, "send", send)
 
     return install
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from aiopipe import RunConfig, VirtualClock, simulate
-from aiopipe.runtime import device as device_module
+from aiopipe.runtime import stage_round
 from aiopipe.runtime.stage import StageWork, recomputable
 from aiopipe.scheduler.costs import CostTable
 
@@ -44,7 +44,7 @@ async def _run(model: nn.Sequential, monkeypatch: pytest.MonkeyPatch, *, recompu
     with monkeypatch.context() as patch:
         patch.setattr(StageWork, "_again", counting)
         if not recompute:
-            patch.setattr(device_module, "recomputable", lambda module: False)
+            patch.setattr(stage_round, "recomputable", lambda module: False)
         config = RunConfig(mode="pipar", model=model, devices=3, samples_per_device=40,
                            batch_size=10, epochs=2, split_point=1, parallel_batches=2,
                            test_samples=20)

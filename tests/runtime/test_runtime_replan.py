@@ -1,4 +1,4 @@
-"""Re-selecting plans mid-run (aiopipe.runtime.replan): in virtual time, a link that
+"""Re-selecting plans mid-run (aiopipe.runtime.systems.star.replan): in virtual time, a link that
 speeds up from 4g to wifi mid-run makes the coordinator switch plans, and the run ends
 sooner than with the old plan kept."""
 
@@ -17,7 +17,7 @@ from aiopipe.metrics.trace import Slice
 from aiopipe.runtime.checkpoint import save_checkpoint
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.plan import DevicePlan, build_model, model_profile, train_dataset
-from aiopipe.runtime.replan import live_profiles
+from aiopipe.runtime.systems.star.replan import live_profiles
 from aiopipe.scheduler import CostTable, DeviceProfile
 from aiopipe.scheduler import select as select_module
 from aiopipe.testing import joined

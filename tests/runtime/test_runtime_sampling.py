@@ -12,9 +12,9 @@ from aiopipe import RunConfig, VirtualClock, simulate
 from aiopipe.errors import ConfigError
 from aiopipe.runtime.coordinator import _epoch_from
 from aiopipe.runtime.holdings import Holdings
-from aiopipe.runtime.replicas import ReplicaPool
 from aiopipe.runtime.sampling import sampled_devices
-from aiopipe.runtime.systems import star as star_module
+from aiopipe.runtime.systems.star import coordinator as star_module
+from aiopipe.runtime.systems.star.replicas import ReplicaPool
 from aiopipe.scheduler.costs import CostTable
 
 COSTS = CostTable.uniform(5, forward=0.001, backward=0.002, step=0.0005, batch=1)

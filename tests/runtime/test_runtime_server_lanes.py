@@ -13,7 +13,7 @@ from fleet import COSTS
 from aiopipe import RunConfig, SystemClock, VirtualClock, simulate
 from aiopipe.metrics.trace import Recorder
 from aiopipe.runtime.compute import Compute
-from aiopipe.scheduler.estimate import Stages, chained_schedule
+from aiopipe.scheduler.chain import Stages, chained_schedule
 
 #: four devices whose server passes are most of each iteration: the server is the
 #: busiest resource, so lanes shorten the epoch

@@ -22,9 +22,9 @@ from fleet import vgg5_shaped
 
 from aiopipe import RunConfig
 from aiopipe.metrics.results import RunResult
-from aiopipe.protocol import RoundResult, TensorData, to_tensor_data, to_torch
-from aiopipe.runtime import device as device_module
-from aiopipe.runtime.systems import star as star_module
+from aiopipe.protocol import RoundResult
+from aiopipe.runtime.systems.star import coordinator as star_module
+from aiopipe.runtime.systems.star.device import StarDevice
 from aiopipe.testing import open_fleet
 
 BAD = 3
@@ -43,16 +43,16 @@ def poison(monkeypatch: pytest.MonkeyPatch) -> Poison:
     by ``factor`` (in the rounds numbered in ``rounds``; every round by default)."""
 
     def install(factor: float, rounds: set[int] | None = None) -> None:
-        honest = device_module._DeviceNode._upload_state
+        honest = StarDevice.upload_state
 
-        def upload(self: Any, work: Any, round_no: int) -> dict[str, TensorData]:
+        def upload(self: Any, work: Any, round_no: int) -> dict[str, torch.Tensor]:
             state = honest(self, work, round_no)
-            if self.device_id != BAD or (rounds is not None and round_no not in rounds):
+            if self.node.device_id != BAD or (rounds is not None and round_no not in rounds):
                 return state
-            return {name: to_tensor_data(to_torch(t) * factor)
-                    if t.dtype.startswith("float") else t for name, t in state.items()}
+            return {name: t * factor if t.is_floating_point() else t
+                    for name, t in state.items()}
 
-        monkeypatch.setattr(device_module._DeviceNode, "_upload_state", upload)
+        monkeypatch.setattr(StarDevice, "upload_state", upload)
 
     return install
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from aiopipe.errors import ConfigError
 from aiopipe.scheduler.actions import Action
+from aiopipe.scheduler.chain import Stages, chained_schedule
 from aiopipe.scheduler.critical_path import (
     Executor,
     Span,
@@ -19,7 +20,6 @@ from aiopipe.scheduler.critical_path import (
     pipeline_executors,
     simulate,
 )
-from aiopipe.scheduler.estimate import Stages, chained_schedule
 from aiopipe.scheduler.schedule import (
     Schedule,
     gpipe,

@@ -30,7 +30,8 @@ from aiopipe.scheduler import (
     measure_costs,
     select_plans,
 )
-from aiopipe.scheduler.estimate import StageCache, alone_floor
+from aiopipe.scheduler.chain import alone_floor
+from aiopipe.scheduler.estimate import StageCache
 from aiopipe.transport.network import LinkSpec
 
 

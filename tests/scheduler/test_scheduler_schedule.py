@@ -20,6 +20,7 @@ from aiopipe.scheduler.schedule import (
     one_f_one_b,
     peak_live_activations,
     pipar,
+    with_reductions,
     with_transfers,
 )
 
@@ -204,6 +205,41 @@ def test_bad_schedule_values_are_refused(args: tuple[object, ...], match: str) -
 def test_transfers_are_added_once() -> None:
     with pytest.raises(ConfigError, match="already has transfers"):
         with_transfers(with_transfers(pipar(2)))
+
+
+def _reduce_inline(schedule: Schedule, groups: list[tuple[int, ...]]) -> Schedule:
+    """What Asteroid's ``_schedule`` did inline before `with_reductions` (kept as the
+    reference it must match)."""
+    actions = tuple(
+        tuple(a for b in stage_actions for a in (
+            (Action(p, "REDUCE"), b) if b.kind == "STEP" and len(groups[p]) > 1
+            else (b,)))
+        for p, stage_actions in enumerate(schedule.actions))
+    return Schedule(schedule.name, schedule.micro_batches, actions)
+
+
+@pytest.mark.parametrize("groups", [
+    [(0, 1), (2,), (3, 4, 5)], [(0,), (1,), (2,)], [(0, 1), (2, 3), (4, 5)],
+])
+def test_reductions_match_asteroids_inline_pass(groups: list[tuple[int, ...]]) -> None:
+    schedule = with_transfers(one_f_one_b(3, 4))
+    grouped = {p for p, group in enumerate(groups) if len(group) > 1}
+    reduced = with_reductions(schedule, grouped)
+    assert reduced == _reduce_inline(schedule, groups)
+    check_schedule(reduced)
+    assert reduced.compute_only() == with_reductions(schedule.compute_only(), grouped)
+    for p, (before, after) in enumerate(zip(schedule.actions, reduced.actions, strict=True)):
+        assert after == ((*before[:-1], Action(p, "REDUCE"), before[-1]) if p in grouped
+                         else before)
+
+
+def test_reductions_refuse_unknown_stages_and_a_second_pass() -> None:
+    schedule = one_f_one_b(2, 2)
+    assert with_reductions(schedule, ()) == schedule
+    with pytest.raises(ConfigError, match=r"stages 0..1, not \[2\]"):
+        with_reductions(schedule, [0, 2])
+    with pytest.raises(ConfigError, match="stage 1 already has a REDUCE"):
+        with_reductions(with_reductions(schedule, [1]), [0, 1])
 
 
 def test_reduce_before_step_is_allowed() -> None:

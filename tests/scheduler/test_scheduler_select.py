@@ -21,7 +21,7 @@ from aiopipe.scheduler import (
 )
 from aiopipe.scheduler import estimate as estimate_module
 from aiopipe.scheduler import select as select_module
-from aiopipe.scheduler.select import device_memory_bytes, parallel_shortlist
+from aiopipe.scheduler.candidates import device_memory_bytes, parallel_shortlist
 from aiopipe.transport.network import LinkSpec
 
 

@@ -27,7 +27,7 @@ from aiohttp import web
 from late_clock import LateClock
 
 from aiopipe.clock import Clock, SystemClock, VirtualClock, wait_for
-from aiopipe.errors import LinkBrokenError, LinkClosedError, LocalProtocolError
+from aiopipe.errors import ConfigError, LinkBrokenError, LinkClosedError, LocalProtocolError
 from aiopipe.transport import (
     GuardedLink,
     Link,
@@ -388,3 +388,21 @@ async def test_cancelled_receive_loses_no_frame(link_pair: LinkPair) -> None:
         await wait_for(clock, b.receive(), 0.05)
     await a.send(b"later")
     assert await b.receive() == b"later"
+
+
+async def test_reshape_is_taken_by_every_link(link_pair: LinkPair) -> None:
+    """`Link.reshape` works on any link, whatever its kind: once shaped, ``send`` paces
+    (its time measures the link), and frames sent around a reshape arrive in order."""
+    a, b = link_pair.a, link_pair.b
+    before, shaped, after = _frames(5, seed=4), _frames(5, seed=5), _frames(5, seed=6)
+    async with asyncio.TaskGroup() as tg:
+        received = tg.create_task(_receive_n(b, len(before) + len(shaped) + len(after)))
+        await _send_all(a, before)
+        a.reshape(LinkSpec(1e9, 0.001))
+        assert a.paces_sends()
+        await _send_all(a, shaped)
+        a.reshape(LinkSpec(None))
+        await _send_all(a, after)
+    assert received.result() == before + shaped + after
+    with pytest.raises(ConfigError, match="LinkSpec"):
+        a.reshape(1e9)  # type: ignore[arg-type]

@@ -359,6 +359,9 @@ class _Tapped:
     def paces_sends(self) -> bool:
         return self.link.paces_sends()
 
+    def reshape(self, spec: LinkSpec) -> None:
+        self.link.reshape(spec)
+
 
 async def test_a_replayed_transcript_is_refused(net: Net, log: pytest.LogCaptureFixture) -> None:
     async with net.opened("a") as a, net.opened("b") as b, net.opened("c") as c:

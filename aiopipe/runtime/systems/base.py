@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, NoReturn, Protocol
 
 import torch
 from torch import nn
@@ -12,14 +12,16 @@ from torch import nn
 from aiopipe import data as datasets
 from aiopipe.clock import Clock
 from aiopipe.config import RunConfig
+from aiopipe.errors import RemoteProtocolError
 from aiopipe.metrics.trace import Recorder, Slice
 from aiopipe.protocol import Hello, Replica, ReplicaRequest, RoundResult, RoundStart, TensorData
 from aiopipe.runtime.compute import Compute
+from aiopipe.runtime.device_half import DeviceHalf
 from aiopipe.runtime.stage import ServerStage
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.estimate import DeviceProfile
 
-__all__ = ["Rounds", "Setup", "System"]
+__all__ = ["Rounds", "Setup", "System", "refuse_replica"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,18 +93,20 @@ class Rounds(Protocol):
         its span, from the fault noticed to training resumed, clock times)."""
         ...
 
-    def chained(self, round_no: int) -> Mapping[int, Replica]:
-        """The chain replicas the last stage sent in round ``round_no``, by batches
-        (aiopipe.runtime.chain)."""
-        ...
-
     async def replicas(self, device_id: int, request: ReplicaRequest) -> list[Replica]:
         """Device ``device_id``'s answer to ``request`` (empty when it was lost)."""
         ...
 
 
 class System(Protocol):
-    """One training system (see the package docstring)."""
+    """One training system's coordinator half (see the package docstring)."""
+
+    #: the system's device half
+    device_half: ClassVar[type[DeviceHalf]]
+    #: whether its devices link to each other (they listen for peers: an endpoint)
+    links_devices: ClassVar[bool]
+    #: whether the coordinator runs a stage for devices (it serves micro-batches)
+    serves_stages: bool
 
     #: the run's config with every "auto" resolved
     config: RunConfig
@@ -112,7 +116,7 @@ class System(Protocol):
     resumable: bool
     #: whether a run goes on when a device is lost mid-run (its round played again, its
     #: update dropped, its ring bypassed...), so that the one-command launcher lets it
-    recovers_lost_devices: bool
+    recovers_lost_devices: ClassVar[bool]
     #: the whole model as the coordinator holds it between rounds
     model: nn.Sequential
 
@@ -122,6 +126,20 @@ class System(Protocol):
     #: whether the system plans from the devices' own profiles (aiopipe.runtime.profiling
     #: [Note: device profiles]): the coordinator asks them before `prepare`
     wants_profiles: bool
+
+    @staticmethod
+    def micro_batch_sizes(config: RunConfig) -> list[int]:
+        """The micro-batch sizes the run's stages may compute at (its cost tables hold
+        these and B)."""
+        ...
+
+    def __init__(self, setup: Setup) -> None:
+        """Set the system up for the run ``setup`` describes.
+
+        Raises:
+            ConfigError: the config cannot run (no plan fits, a bad partition...).
+        """
+        ...
 
     def prepare(self, samples: Sequence[int],
                 devices: Sequence[DeviceProfile] | None = None) -> None:
@@ -168,6 +186,16 @@ class System(Protocol):
         """
         ...
 
+    def unasked_replica(self, device_id: int, replica: Replica,
+                        start: RoundStart | None) -> None:
+        """Device ``device_id`` sent ``replica`` unasked, in the round ``start`` began
+        (None: none under way): keep it, or let it go when it is harmless.
+
+        Raises:
+            RemoteProtocolError: the system takes no such replica.
+        """
+        ...
+
     def refused_updates(self) -> list[int]:
         """Devices whose update was refused (star: `UpdateJudge`), or clipped or dropped
         (``outliers``), since the last call."""
@@ -204,3 +232,12 @@ class System(Protocol):
             ConfigError: this system cannot resume from it.
         """
         ...
+
+
+def refuse_replica(mode: str) -> NoReturn:
+    """`System.unasked_replica` of a system whose devices hold no replicas.
+
+    Raises:
+        RemoteProtocolError: always.
+    """
+    raise RemoteProtocolError(f"a replica in mode {mode}")

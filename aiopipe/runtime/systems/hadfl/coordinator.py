@@ -24,7 +24,7 @@ Rounds (the coordinator's epoch loop sees each synchronisation round as one iter
 - after it, each epoch has as many rounds as it takes the fleet to train about as many
   mini-batches as it holds (``ceil(sum of batches / sum of local steps)``); in each,
   every device trains its E_i local steps, the ring's members average, and the sender
-  posts the average to the others (aiopipe.runtime.partial_sync [Note: HADFL rounds]).
+  posts the average to the others (aiopipe.runtime.systems.hadfl.partial_sync [Note: HADFL rounds]).
 
 A device lost mid-round: the ring bypasses it ([Note: HADFL bypass]); the coordinator
 waits for it as for any device (``reconnect_grace``), then plans the next rounds
@@ -45,11 +45,13 @@ import torch
 
 from aiopipe import models
 from aiopipe.auth import pair_key
+from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
 from aiopipe.metrics.trace import MAX_REPORT_SLICES, REPORT_SLICE_BYTES, Slice, device_of
 from aiopipe.protocol import (
     HEADER_SLACK_BYTES,
     Hello,
+    Replica,
     RoundResult,
     RoundStart,
     TensorData,
@@ -57,7 +59,8 @@ from aiopipe.protocol import (
     state_to_wire,
 )
 from aiopipe.runtime.plan_text import log_plan
-from aiopipe.runtime.systems.base import Rounds, Setup
+from aiopipe.runtime.systems.base import Rounds, Setup, refuse_replica
+from aiopipe.runtime.systems.hadfl.device import HADFLDevice
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.estimate import DeviceProfile
 from aiopipe.scheduler.hadfl import StrategyGenerator, groups_of
@@ -74,7 +77,15 @@ class HADFL:
     planned_keys: tuple[str, ...] = ()
     resumable = True
     recovers_lost_devices = True  # the ring bypasses a lost device
+    device_half = HADFLDevice
+    links_devices = True
+    serves_stages = False
     round_iterations = 1  # an "iteration" of the epoch loop is a synchronisation round
+
+    @staticmethod
+    def micro_batch_sizes(config: RunConfig) -> list[int]:
+        """Whole batches: B."""
+        return [config.batch_size]
     wants_profiles = False  # the negotiation measures the devices
 
     def __init__(self, setup: Setup) -> None:
@@ -328,6 +339,11 @@ class HADFL:
             if missing:
                 log.warning("devices %s missed the negotiation: taken as the slowest",
                             missing)
+
+    def unasked_replica(self, device_id: int, replica: Replica,
+                        start: RoundStart | None) -> None:
+        """Its devices hold no replicas: refused."""
+        refuse_replica(self.config.mode)
 
     def refused_updates(self) -> list[int]:
         """No update is screened: none."""

@@ -18,7 +18,7 @@ it to the coordinator (the model manager's backup). A round:
    instead of holding its ring up (§III-B: what Holt's prediction follows);
 2. a ring member averages its model (its floating-point state, and its version, as one
    flat vector) with the others' by scatter-reduce and all-gather
-   (`aiopipe.runtime.gossip.RingAverage`), chunks travelling device to device
+   (`aiopipe.runtime.systems.hadfl.gossip.RingAverage`), chunks travelling device to device
    (`RingChunk`), and takes the average, version included;
 3. the sender posts the average (`SyncedModel`) to every device left out, in the links'
    idle time (aiopipe.runtime.peer [Note: background sends]) and goes on; a device left
@@ -72,11 +72,11 @@ from aiopipe.protocol import (
 )
 from aiopipe.runtime.compute import Compute
 from aiopipe.runtime.factories import make_optimizer
-from aiopipe.runtime.gossip import RingAverage, chunk_bounds, chunk_sent
 from aiopipe.runtime.holdings import Holdings
 from aiopipe.runtime.judge import ArrivalJudge, scale_of
 from aiopipe.runtime.peer_links import PeerRoute
 from aiopipe.runtime.stage import StageWork, check_tensors, expected_of
+from aiopipe.runtime.systems.hadfl.gossip import RingAverage, chunk_bounds, chunk_sent
 from aiopipe.scheduler.costs import CostTable
 
 __all__ = ["PartialSync", "SyncMessage", "SyncPlan", "flat_state", "load_flat"]

@@ -34,24 +34,26 @@ import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from aiopipe import models
 from aiopipe.auth import pair_key
+from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError, RoundStalledError, TrainingError
 from aiopipe.metrics.trace import Slice
 from aiopipe.protocol import (
     HEADER_SLACK_BYTES,
     Hello,
+    Replica,
     RoundResult,
     RoundStart,
     state_from_wire,
     state_to_wire,
 )
-from aiopipe.runtime.async_weights import MOMENTUM, split_momentum
-from aiopipe.runtime.chain import backs_up_momentum
+from aiopipe.runtime.device_half import DeviceHalf
+from aiopipe.runtime.momentum import MOMENTUM, backs_up_momentum, split_momentum
 from aiopipe.runtime.plan import (
     DevicePlan,
     check_trainable,
@@ -59,7 +61,9 @@ from aiopipe.runtime.plan import (
     unit_output_shapes,
 )
 from aiopipe.runtime.plan_text import log_plan
-from aiopipe.runtime.systems.base import Rounds, Setup
+from aiopipe.runtime.systems import planning_batch_sizes
+from aiopipe.runtime.systems.base import Rounds, Setup, refuse_replica
+from aiopipe.runtime.systems.pipeline.device import PipelineDevice
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.estimate import DeviceProfile
 from aiopipe.scheduler.partition import balanced_partition
@@ -91,7 +95,16 @@ class Pipeline:
     planned_keys: tuple[str, ...] = ()
     resumable = False
     recovers_lost_devices = True  # `_play_again`: the round again, re-planned without it
+    device_half: ClassVar[type[DeviceHalf]] = PipelineDevice
+    links_devices = True
+    serves_stages = False
     round_iterations = 0  # a round is an epoch
+
+    @staticmethod
+    def micro_batch_sizes(config: RunConfig) -> list[int]:
+        """B' = B/N for the configured N (B while it is "auto")."""
+        n = config.parallel_batches
+        return [config.batch_size // n if isinstance(n, int) else config.batch_size]
     round_steps = "iterations"  # what a round is made of, in words
     wants_profiles = False  # "auto" cuts are balanced on the coordinator's table
 
@@ -154,7 +167,8 @@ class Pipeline:
         times its slowdown)."""
         setup = self.setup
         costs = setup.cost_table or measure_planning_costs(
-            self.config, self.model, setup.in_shape, setup.test_set)
+            self.config, self.model, setup.in_shape, setup.test_set,
+            sizes=planning_batch_sizes(self.config))
         return tuple(balanced_partition(costs, len(slowdowns), self.micro_batch_size,
                                         slowdowns))
 
@@ -433,6 +447,11 @@ class Pipeline:
         weights, momentum = split_momentum(state)
         self.model.load_state_dict(weights)
         self.momentum.update({name: buf.clone() for name, buf in momentum.items()})
+
+    def unasked_replica(self, device_id: int, replica: Replica,
+                        start: RoundStart | None) -> None:
+        """Its devices hold no replicas: refused."""
+        refuse_replica(self.config.mode)
 
     def refused_updates(self) -> list[int]:
         """A pipeline's stages are put side by side, not aggregated: none."""

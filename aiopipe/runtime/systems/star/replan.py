@@ -46,7 +46,8 @@ from typing import Any
 
 from aiopipe.config import RunConfig
 from aiopipe.metrics.trace import Slice
-from aiopipe.runtime.plan import DevicePlan, choose_plans
+from aiopipe.runtime.plan import DevicePlan
+from aiopipe.runtime.systems.star.planning import choose_plans
 from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile, estimate_epoch
 from aiopipe.transport.network import LinkSpec
 

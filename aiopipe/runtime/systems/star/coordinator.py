@@ -2,7 +2,7 @@
 
 Placement: device k runs stage 0, units 1..P_k, on its own data; the coordinator runs
 stage 1, units P_k+1..Q, on device k's replica of the server half (one per device in
-a round, all on the coordinator's one compute queue: aiopipe.runtime.replicas [Note:
+a round, all on the coordinator's one compute queue: aiopipe.runtime.systems.star.replicas [Note:
 replicas while training]). FL is the degenerate case P_k = Q:
 one stage, the whole model on the device, nothing on the coordinator.
 
@@ -19,7 +19,7 @@ Per round (an epoch, or ``aggregation_every`` iterations):
 - sl: devices take turns; each starts from the previous one's weights.
 With "auto" split points or micro-batch counts, the plans are chosen here before
 training ([Note: planning]) and, with ``replan``, reconsidered between rounds
-(`aiopipe.runtime.replan`).
+(`aiopipe.runtime.systems.star.replan`).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from aiopipe.metrics.trace import Slice
 from aiopipe.protocol import (
     HEADER_SLACK_BYTES,
     Hello,
+    Replica,
     RoundResult,
     RoundStart,
     state_from_wire,
@@ -57,21 +58,26 @@ from aiopipe.runtime.factories import make_loss
 from aiopipe.runtime.plan import (
     DevicePlan,
     check_trainable,
-    choose_plans,
     declared_devices,
-    device_plans,
     measure_planning_costs,
     model_profile,
-    needs_planner,
     unit_output_shapes,
-    with_plans,
 )
 from aiopipe.runtime.plan_text import change_lines, log_lines
-from aiopipe.runtime.replan import Replan, live_profiles, reselect
-from aiopipe.runtime.replicas import ReplicaPool
 from aiopipe.runtime.sampling import sampled_devices
 from aiopipe.runtime.stage import ServerStage, StageWork
-from aiopipe.runtime.systems.base import Rounds, Setup
+from aiopipe.runtime.systems import planning_batch_sizes
+from aiopipe.runtime.systems.base import Rounds, Setup, refuse_replica
+from aiopipe.runtime.systems.star.device import StarDevice
+from aiopipe.runtime.systems.star.planning import (
+    choose_plans,
+    device_plans,
+    micro_batch_sizes,
+    needs_planner,
+    with_plans,
+)
+from aiopipe.runtime.systems.star.replan import Replan, live_profiles, reselect
+from aiopipe.runtime.systems.star.replicas import ReplicaPool
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.actions import Action
 from aiopipe.scheduler.costs import CostTable
@@ -94,12 +100,20 @@ class Star:
 
     resumable = True
     recovers_lost_devices = True  # a lost device's update is left out; the rest reweighted
+    device_half = StarDevice
+    links_devices = False
     round_iterations = 0  # aggregation_every's
+
+    @staticmethod
+    def micro_batch_sizes(config: RunConfig) -> list[int]:
+        """B' = B/N for every N the planner may pick."""
+        return micro_batch_sizes(config)
 
     def __init__(self, setup: Setup) -> None:
         config = setup.config
         self.setup = setup
         self.config = config
+        self.serves_stages = config.mode != "fl"  # sl, sfl, pipar: the server half
         self.model = setup.model
         self.units = models.unit_count(self.model)
         self.num_classes = setup.num_classes
@@ -146,7 +160,8 @@ class Star:
         self.samples = list(samples)
         if self.auto_config is not None:
             planning_costs = self.server_costs or measure_planning_costs(
-                config, self.model, self.in_shape, self.setup.test_set)
+                config, self.model, self.in_shape, self.setup.test_set,
+                sizes=planning_batch_sizes(config))
             self.planning = model_profile(self.model, self.in_shape, planning_costs,
                                           server_lanes=config.server_lanes)
             self.live = (list(devices) if devices is not None
@@ -346,6 +361,11 @@ class Star:
         start = self.round_start(k, round_no, epoch, first, iterations, state)
         return await rounds.play(k, start, self.server_stage(k, start))
 
+    def unasked_replica(self, device_id: int, replica: Replica,
+                        start: RoundStart | None) -> None:
+        """Its devices hold no replicas: refused."""
+        refuse_replica(self.config.mode)
+
     def refused_updates(self) -> list[int]:
         """Devices whose update was refused ([Note: judging updates]), clipped or dropped
         since the last call."""
@@ -372,11 +392,11 @@ class Star:
         return state_to_wire({key: v.detach().clone() for key, v in half.state_dict().items()})
 
     def _whole_state(self, k: int, result: RoundResult) -> dict[str, torch.Tensor]:
-        device_half = state_from_wire(result.tensors)
+        returned = state_from_wire(result.tensors)
         if k not in self.replicas:
-            return dict(device_half)
+            return dict(returned)
         replica = {key: v.cpu() for key, v in self.replicas[k][0].state_dict().items()}
-        return models.merge_states(device_half, replica)
+        return models.merge_states(returned, replica)
 
     def _aggregate(self, results: Mapping[int, RoundResult]) -> None:
         """The devices whose round completed, judged ([Note: judging updates]), screened
@@ -468,7 +488,7 @@ class Star:
     def _load_global(self, state: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(state)
 
-    # -- re-planning (see aiopipe.runtime.replan) ---------------------------------------
+    # -- re-planning (see aiopipe.runtime.systems.star.replan) ------------------------
 
     async def after_round(self, rounds: Rounds, round_no: int, epoch: int,
                           slices: Sequence[Slice], served: Sequence[int],

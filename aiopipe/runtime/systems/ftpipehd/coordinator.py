@@ -5,7 +5,7 @@ The synchronous pipeline's chain (`aiopipe.runtime.systems.pipeline`), run as FT
 ``global_replication_every`` whole batches run as one iteration under 1F1B with
 ``k_p = S − p`` forwards of warm-up and no flush until the round ends; each stage
 applies each batch's update as its backward ends, with weight stashing, vertical sync
-and weight aggregation (`aiopipe.runtime.async_weights.AsyncStageWork`). A round's end
+and weight aggregation (`async_weights.AsyncStageWork`, on the device). A round's end
 is a flush and FTPipeHD's global replication: every stage returns its weights and their
 momentum, so the coordinator holds the whole state between rounds (and checkpoints it:
 a restarted server resumes).
@@ -34,15 +34,22 @@ import torch
 
 from aiopipe import models
 from aiopipe.config import RunConfig
-from aiopipe.errors import ConfigError
+from aiopipe.errors import ConfigError, RemoteProtocolError
 from aiopipe.metrics.trace import Slice
-from aiopipe.protocol import RoundResult, RoundStart, state_from_wire
-from aiopipe.runtime.async_weights import MOMENTUM
-from aiopipe.runtime.chain import gather, replica_check
+from aiopipe.protocol import Replica, RoundResult, RoundStart, state_from_wire
+from aiopipe.runtime.momentum import MOMENTUM
 from aiopipe.runtime.plan import measure_planning_costs, unit_output_shapes
 from aiopipe.runtime.plan_text import change_lines, log_lines
+from aiopipe.runtime.systems import planning_batch_sizes
 from aiopipe.runtime.systems.base import Rounds, Setup
-from aiopipe.runtime.systems.pipeline import MAX_REPLAYS, Pipeline, StageLost, play_or_lost
+from aiopipe.runtime.systems.ftpipehd.chain import KEPT, gather, replica_check
+from aiopipe.runtime.systems.ftpipehd.device import FTPipeHDDevice
+from aiopipe.runtime.systems.pipeline.coordinator import (
+    MAX_REPLAYS,
+    Pipeline,
+    StageLost,
+    play_or_lost,
+)
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.estimate import DeviceProfile
 from aiopipe.scheduler.ftpipehd import Partition, ftpipehd_partition, pipeline_time
@@ -58,7 +65,14 @@ class FTPipeHD(Pipeline):
 
     resumable = True
     recovers_lost_devices = True  # §III-F: the round is played again without it
+    device_half = FTPipeHDDevice
+    links_devices = True
     round_steps = "batches"
+
+    @staticmethod
+    def micro_batch_sizes(config: RunConfig) -> list[int]:
+        """Whole batches: B."""
+        return [config.batch_size]
 
     def __init__(self, setup: Setup) -> None:
         #: the planner (built when first needed): "auto" cuts, and new ones after a
@@ -66,6 +80,8 @@ class FTPipeHD(Pipeline):
         self._planner: Planner | None = None
         #: the capacity each device last measured (1 until measured)
         self.capacity: dict[int, float] = {}
+        #: the last stage's chain replicas of the latest round it sent any of, by batches
+        self._chained: tuple[int, dict[int, Replica]] = (-1, {})
         super().__init__(setup)
         #: "auto" cuts are re-planned after every round from measured capacities, and a
         #: resumed run goes on with the ones the planner had chosen
@@ -84,7 +100,7 @@ class FTPipeHD(Pipeline):
         #: per device, the tensors its result must hold when it was sent none
         self._returns: dict[int, Mapping[str, Any]] = {}
         #: each parameter's momentum buffer (its stage's SGD state travels with its
-        #: weights, aiopipe.runtime.async_weights)
+        #: weights, aiopipe.runtime.systems.ftpipehd.async_weights)
         self.momentum: dict[str, torch.Tensor] = {}
         if setup.config.momentum:
             self.momentum = {name: torch.zeros_like(param.detach())
@@ -104,7 +120,8 @@ class FTPipeHD(Pipeline):
         if self._planner is None:
             setup = self.setup
             costs = setup.cost_table or measure_planning_costs(
-                self.config, self.model, setup.in_shape, setup.test_set)
+                self.config, self.model, setup.in_shape, setup.test_set,
+                sizes=planning_batch_sizes(self.config))
             self._planner = Planner.of(self.config, costs, self.model, setup.in_shape,
                                        self.micro_batch_size)
         return self._planner
@@ -245,7 +262,7 @@ class FTPipeHD(Pipeline):
         """FTPipeHD's recovery (§III-F, with the choice of DESIGN §FTPipeHD): the round
         (from batch ``first``) is played again by the devices still there
         (re-partitioned when they changed): from the latest point of ``attempt`` every
-        stage's state survived in the chain replication (aiopipe.runtime.chain), else
+        stage's state survived in the chain replication (`chain`), else
         from the attempt's start, from the weights and momentum the coordinator sent.
         The round number of the new attempt, and what it plays.
 
@@ -269,6 +286,36 @@ class FTPipeHD(Pipeline):
             recovery=(lost.at, rounds.clock.now()))
         return again, attempt
 
+    def unasked_replica(self, device_id: int, replica: Replica,
+                        start: RoundStart | None) -> None:
+        """The last stage's chain replica ([Note: chain replication]): kept, the latest
+        `KEPT` of its round; one of an attempt given up on is let go.
+
+        Raises:
+            RemoteProtocolError: it is not the last stage's, of the round under way,
+                within the round's batches.
+        """
+        if start is not None and replica.round < start.round:
+            return  # of an attempt given up on
+        if start is None or replica.round != start.round or not (
+                replica.stage == start.stage == start.stages - 1
+                and 0 < replica.batches < start.parallel_batches):
+            raise RemoteProtocolError(f"a replica of stage {replica.stage} after "
+                                      f"{replica.batches} batches of round {replica.round + 1} "
+                                      "that nobody asked for")
+        round_no, held = self._chained
+        if replica.round != round_no:
+            round_no, held = replica.round, {}
+            self._chained = (round_no, held)
+        held[replica.batches] = replica
+        while len(held) > KEPT:
+            del held[min(held)]
+
+    def chained(self, round_no: int) -> Mapping[int, Replica]:
+        """The chain replicas the last stage sent in round ``round_no``, by batches."""
+        held_round, held = self._chained
+        return dict(held) if held_round == round_no else {}
+
     async def _chain_point(self, rounds: Rounds, round_no: int, workers: Sequence[int],
                            bounds: Sequence[tuple[int, int]], alive: Sequence[int]
                            ) -> tuple[int, float, int] | None:
@@ -280,7 +327,7 @@ class FTPipeHD(Pipeline):
             return None
         sound = replica_check(self.model, bounds, round_no, self.micro_batch_size,
                               momentum=bool(self.config.momentum), what="replica")
-        found = await gather(rounds, round_no, workers, alive, sound)
+        found = await gather(_ChainSource(self, rounds), round_no, workers, alive, sound)
         if found is None:
             return None
         batches, replicas = found
@@ -454,3 +501,12 @@ class Planner:
             reference = math.fsum(self.times[first:stop]) * batches
             result.append(seconds / reference if seconds > 0 and reference > 0 else 1.0)
         return result
+
+
+class _ChainSource:
+    """Where `gather` finds replicas: the last stage's, kept by the system, and the
+    devices' answers, through the coordinator."""
+
+    def __init__(self, system: FTPipeHD, rounds: Rounds) -> None:
+        self.chained = system.chained
+        self.replicas = rounds.replicas

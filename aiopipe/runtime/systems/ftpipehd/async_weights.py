@@ -27,6 +27,7 @@ from torch.func import functional_call
 from aiopipe.errors import RemoteProtocolError
 from aiopipe.protocol import TensorData, state_to_wire
 from aiopipe.runtime.factories import Loss
+from aiopipe.runtime.momentum import MOMENTUM
 from aiopipe.runtime.stage import (
     StageWork,
     check_output,
@@ -35,20 +36,7 @@ from aiopipe.runtime.stage import (
 )
 from aiopipe.scheduler.async_pipeline import aggregates_before, forward_weights, version_of
 
-__all__ = ["MOMENTUM", "AsyncStageWork", "ChainSnapshot", "StageWeights", "split_momentum"]
-
-#: How a parameter's momentum buffer is named in a round's tensors (no parameter name
-#: holds a colon).
-MOMENTUM = "momentum:"
-
-
-def split_momentum(state: Mapping[str, torch.Tensor]
-                   ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """A round's tensors as (the state dict, the momentum buffers by parameter name)."""
-    weights = {k: v for k, v in state.items() if not k.startswith(MOMENTUM)}
-    momentum = {k[len(MOMENTUM):]: v for k, v in state.items() if k.startswith(MOMENTUM)}
-    return weights, momentum
-
+__all__ = ["AsyncStageWork", "ChainSnapshot", "StageWeights"]
 
 class StageWeights:
     """Stage ``stage`` of ``stages``: its module, the versions it still needs, its

@@ -30,7 +30,8 @@ Faults (Asteroid's replay, §3.4): a device lost mid-round (its connection, or a
 neighbour's link to it, given up: heartbeats and ``device_timeout``) stops the round;
 the devices still there wait (`RoundStalled`), and the coordinator re-plans over them and
 plays the round again from the latest stage backup point every stage survived
-(aiopipe.runtime.chain [Note: stage backups]: a stage's state kept by its members, and a
+([Note: stage backups] in aiopipe.runtime.systems.ftpipehd.chain: a stage's state kept by
+its members, and a
 single-device stage's sent to its backup node every ``chain_replication_every``
 batches), else from its start; the epoch keeps its number of batches (the first stage's
 devices go round their own data again if they now hold less of it). ``rescheduling``
@@ -62,10 +63,9 @@ import torch
 
 from aiopipe import models
 from aiopipe.config import RunConfig
-from aiopipe.errors import ConfigError, TrainingError
+from aiopipe.errors import ConfigError, RemoteProtocolError, TrainingError
 from aiopipe.protocol import Replica, RoundResult, RoundStart, state_from_wire
-from aiopipe.runtime.async_weights import MOMENTUM, split_momentum
-from aiopipe.runtime.chain import backs_up_momentum, gather_from, replica_check
+from aiopipe.runtime.momentum import MOMENTUM, backs_up_momentum, split_momentum
 from aiopipe.runtime.plan import (
     DevicePlan,
     check_trainable,
@@ -74,8 +74,11 @@ from aiopipe.runtime.plan import (
     unit_output_shapes,
 )
 from aiopipe.runtime.plan_text import log_plan
+from aiopipe.runtime.systems import planning_batch_sizes
+from aiopipe.runtime.systems.asteroid.device import AsteroidDevice
 from aiopipe.runtime.systems.base import Rounds, Setup
-from aiopipe.runtime.systems.pipeline import (
+from aiopipe.runtime.systems.ftpipehd.chain import gather_from, replica_check
+from aiopipe.runtime.systems.pipeline.coordinator import (
     MAX_REPLAYS,
     REPLAY_VERSIONS,
     Pipeline,
@@ -116,6 +119,28 @@ class Asteroid(Pipeline):
     are groups."""
 
     recovers_lost_devices = True  # the plan adjusted, the round replayed without it
+    device_half = AsteroidDevice
+    links_devices = True
+
+    @staticmethod
+    def micro_batch_sizes(config: RunConfig) -> list[int]:
+        """B' = B/N, and B'/2, B'/4 and B'/8 too: a group splits each micro-batch, and
+        times are not linear in the samples (its Fig. 6)."""
+        sizes = set(Pipeline.micro_batch_sizes(config))
+        return sorted(sizes | {max(1, size // d) for size in sizes for d in (2, 4, 8)})
+
+    def unasked_replica(self, device_id: int, replica: Replica,
+                        start: RoundStart | None) -> None:
+        """Asteroid's backups go to devices: a replica unasked is a late answer to a
+        request of a round that has ended (let go).
+
+        Raises:
+            RemoteProtocolError: it is of a later round.
+        """
+        if start is not None and replica.round <= start.round:
+            return
+        raise RemoteProtocolError(f"a replica of stage {replica.stage} that nobody "
+                                  "asked for")
 
     def __init__(self, setup: Setup) -> None:  # (Pipeline's, for groups)
         config = setup.config
@@ -128,7 +153,8 @@ class Asteroid(Pipeline):
         self._secret = setup.run_secret
         self.activation_shapes = unit_output_shapes(self.model, setup.in_shape)
         costs = setup.cost_table or measure_planning_costs(
-            config, self.model, setup.in_shape, setup.test_set)
+            config, self.model, setup.in_shape, setup.test_set,
+            sizes=planning_batch_sizes(config))
         self._hpp = HppModel.of(model_profile(self.model, setup.in_shape, costs))
         self._fleet = [_declared(config, k) for k in range(config.devices)]
         #: real clocks plan from what the devices measure of themselves ([Note: device
@@ -416,7 +442,8 @@ class Asteroid(Pipeline):
                             ) -> tuple[int, dict[int, tuple[int, Replica]]] | None:
         """The latest backup point of the given-up attempt (round ``round_no``, from
         iteration ``start``, on the current plan) at which every stage survived
-        (aiopipe.runtime.chain [Note: stage backups]): each stage asked of its members
+        ([Note: stage backups] in aiopipe.runtime.systems.ftpipehd.chain): each stage asked of
+        its members
         alive, then of its backup node; that state loaded here (the weights into the
         model, the momentum kept to send). (batches, by stage: its holder and replica),
         or None when none survived whole (or there are no backups)."""

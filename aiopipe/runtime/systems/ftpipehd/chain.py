@@ -2,7 +2,7 @@
 
 [Note: chain replication] Every ``chain_replication_every`` batches of a round but its
 last, each stage snapshots its state as the round would have left it there (weights,
-momentum, buffers: `aiopipe.runtime.async_weights` [Note: chain snapshots]), keeps it,
+momentum, buffers: [Note: chain snapshots] in `async_weights`), keeps it,
 and sends it on: to the next stage's device, and from the last stage to the
 coordinator. A device keeps the latest `KEPT` snapshots of its own stage and of the
 previous one (`ChainReplicas`), for the round it last worked on.
@@ -47,11 +47,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-import torch
 from torch import nn
 
 from aiopipe import models
-from aiopipe.config import RunConfig
 from aiopipe.errors import RemoteProtocolError
 from aiopipe.protocol import (
     DTYPE_SIZES,
@@ -61,21 +59,18 @@ from aiopipe.protocol import (
     TensorData,
 )
 from aiopipe.runtime.assignment import Assignment
-from aiopipe.runtime.async_weights import MOMENTUM
-from aiopipe.runtime.stage import Expected, StageWork, check_tensors
+from aiopipe.runtime.momentum import MOMENTUM
+from aiopipe.runtime.stage import Expected, check_tensors
 from aiopipe.wording import plural
 
 __all__ = [
     "KEPT",
     "ChainReplicas",
     "backed_up_by",
-    "backs_up_momentum",
     "backup_node",
     "expected_tensors",
     "gather",
     "gather_from",
-    "load_momentum",
-    "stage_snapshot",
 ]
 
 #: How many snapshots of a stage a holder keeps (the latest ones).
@@ -235,36 +230,6 @@ def replica_check(model: nn.Sequential, bounds: Sequence[tuple[int, int]], round
     return sound
 
 
-def backs_up_momentum(config: RunConfig) -> bool:
-    """Whether replicas and backups hold SGD's momentum buffers: with momentum, when
-    the run's optimizer is SGD (another optimizer's state is not backed up: a stage
-    restored from a backup restarts it)."""
-    return bool(config.momentum) and config.optimizer == "sgd"
-
-
-def stage_snapshot(work: StageWork, *, momentum: bool) -> dict[str, torch.Tensor]:
-    """A CPU copy of a stage's state, and with ``momentum`` each parameter's SGD
-    momentum buffer (zeros where it has none yet): what a stage backup holds
-    (`expected_tensors`)."""
-    state = work.trained_state()
-    if momentum:
-        for name, param in work.module.named_parameters():
-            buffer = work.optimizer.state.get(param, {}).get("momentum_buffer")
-            state[MOMENTUM + name] = (buffer.detach().to("cpu", copy=True)
-                                      if isinstance(buffer, torch.Tensor)
-                                      else torch.zeros_like(param, device="cpu"))
-    return state
-
-
-def load_momentum(work: StageWork, momentum: Mapping[str, torch.Tensor]) -> None:
-    """Set a stage's SGD momentum buffers, by parameter name, from a snapshot
-    (`stage_snapshot`)."""
-    for name, param in work.module.named_parameters():
-        if name in momentum:
-            work.optimizer.state[param]["momentum_buffer"] = momentum[name].to(
-                param.device, copy=True)
-
-
 def backup_node(assignment: Assignment) -> str | None:
     """Asteroid's topology-driven replication ([Note: stage backups]): where this
     device sends its stage's backups: the first member of the next stage (the last
@@ -301,15 +266,20 @@ def _first_unit(tensors: Mapping[str, TensorData], stop: int) -> int:
     return min(units, default=stop)
 
 
-class ReplicaSource(Protocol):
-    """What `gather` asks of the coordinator."""
-
-    def chained(self, round_no: int) -> Mapping[int, Replica]:
-        """The last stage's replicas of round ``round_no``, by batches."""
-        ...
+class ReplicaHolders(Protocol):
+    """What `gather_from` asks of the coordinator."""
 
     async def replicas(self, device_id: int, request: ReplicaRequest) -> list[Replica]:
         """Device ``device_id``'s answer to ``request`` (empty when it was lost)."""
+        ...
+
+
+class ReplicaSource(ReplicaHolders, Protocol):
+    """What `gather` asks: the devices' replicas, and the last stage's that FTPipeHD's
+    coordinator half keeps."""
+
+    def chained(self, round_no: int) -> Mapping[int, Replica]:
+        """The last stage's replicas of round ``round_no``, by batches."""
         ...
 
 
@@ -334,7 +304,7 @@ async def gather(source: ReplicaSource, round_no: int, workers: Sequence[int],
     return batches, [replicas[p][1] for p in range(stages)]
 
 
-async def gather_from(source: ReplicaSource, round_no: int, points: Sequence[int],
+async def gather_from(source: ReplicaHolders, round_no: int, points: Sequence[int],
                       holders: Sequence[Sequence[int]], alive: Sequence[int],
                       check: Callable[[int, Replica], bool],
                       held: Callable[[int], Mapping[int, Replica]] | None = None

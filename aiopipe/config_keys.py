@@ -1,0 +1,45 @@
+"""The error for config keys that `RunConfig` does not have, with the keys likely meant.
+
+A mapping, a TOML file or a command's ``--config`` may hold a misspelt key; the error
+names every unknown one at once, each with a guess where one is close, so that a user
+fixes them all in one go.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+
+__all__ = ["unknown_keys"]
+
+
+def unknown_keys(unknown: Sequence[object], known: set[str]) -> str:
+    """The error for keys that no `RunConfig` field has: each one named, with the known
+    key it likely meant (`_likely_key`), and the known keys listed when one of them has
+    no such guess; e.g. ``unknown config keys 'epoch' (did you mean 'epochs'?), 'lr'
+    (did you mean 'learning_rate'?)``."""
+    names = sorted(known)
+    said, unguessed = [], False
+    for key in unknown:
+        guess = _likely_key(key, names)
+        said.append(repr(key) if guess is None else f"{key!r} (did you mean {guess!r}?)")
+        unguessed = unguessed or guess is None
+    text = f"unknown config {'key' if len(unknown) == 1 else 'keys'} {', '.join(said)}"
+    return text + (f"; known keys: {', '.join(names)}" if unguessed else "")
+
+
+def _likely_key(key: object, names: Sequence[str]) -> str | None:
+    """The known key ``key`` likely meant: itself in lower case with underscores
+    ("Batch-Size"), the one whose words' initials it is ("lr": learning_rate), or the
+    closest spelling (`difflib.get_close_matches`: "epoch", "split_pont"); None when
+    none is close."""
+    if not isinstance(key, str):
+        return None
+    plain = key.strip().lower().replace("-", "_")
+    if plain in names:
+        return plain
+    initials = [n for n in names if "_" in n and "".join(w[:1] for w in n.split("_")) == plain]
+    if len(initials) == 1:
+        return initials[0]
+    close = difflib.get_close_matches(plain, names, n=1)
+    return close[0] if close else None

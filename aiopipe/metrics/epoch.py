@@ -1,0 +1,97 @@
+"""`EpochMetrics`: the figures of one epoch of a run.
+
+A value of its own module, so that what reads the figures (``aiopipe.metrics.timeline``'s
+overview picture) and what writes them (``aiopipe.metrics.results``) need not import each
+other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["EpochMetrics"]
+
+
+@dataclass(frozen=True, slots=True)
+class EpochMetrics:
+    """Figures of one epoch. Device-side busy/idle figures are means over devices.
+
+    ``epoch`` counts from 1, as every number a person reads does (the table, the log,
+    ``metrics.jsonl``, ``/status``): the first epoch is 1, so that ``m.epoch`` can be
+    printed as it is. Messages, traces and loops inside the runtime index epochs from
+    0; the coordinator converts once, where it makes an `EpochMetrics`.
+
+    ``samples`` counts only rounds that completed: ``device_samples[k]`` is what device k
+    contributed; ``devices_lost`` lists devices that dropped out during the epoch (their
+    unfinished rounds were excluded from aggregation) and those away at the start of
+    every round of it (0 samples); ``updates_refused`` lists devices
+    whose update was refused (not finite, or far beyond the run's scale: [Note: judging
+    updates], whatever the options), or clipped or dropped as an outlier
+    (``RunConfig.outliers``); their samples still count, their update does not. In a
+    multi-device pipeline,
+    ``stages`` has one entry per stage (its device, units, compute busy and idle seconds,
+    and ``peak_live``: the most micro-batches whose activations it held at once; in
+    asteroid one per device, with its ``rows`` and, in MiB, ``peak_memory_mb``: the most
+    its training held, measured, ``planned_memory_mb``: the planner's Eq. 3 for it, and
+    ``budget_mb``: its ``device_memory_mb``) and
+    ``links`` the busy and idle seconds of each directed device-to-device link
+    (``"device0->device1"``). ``held_out_accuracy``: the epoch's global model on the
+    devices' own held-out data, over all of it (NaN when no device has any);
+    ``device_accuracy``: per device that evaluated (keys: its id as a string).
+    ``changes``: what the system changed during the epoch, in order (re-plans between
+    rounds; FTPipeHD's recoveries, with when the loss was noticed and when the round was
+    played again, in the trace's seconds; their ``epoch``, ``round`` and ``replayed_as``
+    count from 1 as ``epoch`` does, their iterations are offsets from the epoch's start).
+    ``loss`` and ``train_accuracy`` are NaN (null
+    in ``metrics.jsonl``) for an epoch in which no round completed; ``accuracy`` is NaN
+    without a test set. ``peer_bytes``: per device, the bytes it sent to other devices
+    over their direct links in the epoch's rounds, as it measured and reported them
+    (empty where devices do not link: the star modes). ``sampled``: with
+    ``devices_per_round``, the devices drawn for each of the epoch's rounds (empty when
+    every device trains). ``devices_excluded``: devices excluded from the run during
+    the epoch for what they sent a neighbour (values out of range, the plan broken:
+    aiopipe.runtime.exclusion); they are in ``devices_lost`` too.
+    """
+
+    epoch: int
+    time_s: float
+    busy_s: Mapping[str, float]
+    idle_s: Mapping[str, float]
+    loss: float
+    accuracy: float
+    train_accuracy: float
+    samples: int
+    bytes_up: int
+    bytes_down: int
+    plan: Sequence[Mapping[str, int]]
+    device_samples: Sequence[int] = ()
+    devices_lost: Sequence[int] = ()
+    updates_refused: Sequence[int] = ()
+    stages: Sequence[Mapping[str, Any]] = ()
+    links: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    held_out_accuracy: float = math.nan
+    device_accuracy: Mapping[str, float] = field(default_factory=dict)
+    changes: Sequence[Mapping[str, Any]] = ()
+    peer_bytes: Sequence[int] = ()
+    sampled: Sequence[Sequence[int]] = ()
+    devices_excluded: Sequence[int] = ()
+
+    def to_mapping(self) -> dict[str, Any]:
+        """Plain JSON-able form (one line of ``metrics.jsonl``)."""
+        out = dataclasses.asdict(self)
+        out["plan"] = [dict(p) for p in self.plan]
+        out["device_samples"] = list(self.device_samples)
+        out["devices_lost"] = list(self.devices_lost)
+        out["updates_refused"] = list(self.updates_refused)
+        out["stages"] = [dict(s) for s in self.stages]
+        out["links"] = {k: dict(v) for k, v in self.links.items()}
+        out["device_accuracy"] = dict(self.device_accuracy)
+        out["changes"] = [dict(c) for c in self.changes]
+        out["peer_bytes"] = list(self.peer_bytes)
+        out["sampled"] = [list(r) for r in self.sampled]
+        out["devices_excluded"] = list(self.devices_excluded)
+        return out

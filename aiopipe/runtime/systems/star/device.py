@@ -1,0 +1,43 @@
+"""The device half of fl, sl, sfl and PiPar: the stage the round assigns (PiPar's
+device, §IV-A: the first P units, N micro-batches pipelined against the server's
+stage; fl's: the whole model), its upload shared with the stage (no copy), and the
+privacy options applied where the data leaves the device."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from aiopipe.protocol import RoundStart
+from aiopipe.runtime.assignment import Assignment
+from aiopipe.runtime.device_half import DeviceHalf
+from aiopipe.runtime.privacy import noisy_batch, noisy_state, round_generator
+from aiopipe.runtime.stage import Batch, StageWork
+
+__all__ = ["StarDevice"]
+
+
+class StarDevice(DeviceHalf):
+    """A star's device: its rounds end where they began if a device is lost (the
+    coordinator leaves its update out), so a round's error is the device's."""
+
+    def batches(self, batch: Batch, start: RoundStart, assignment: Assignment) -> Batch:
+        """With PixelDP the first stage reads its inputs noised (aiopipe.runtime.privacy)."""
+        config = self.node.config
+        if config.privacy == "pixeldp" and assignment.stage == 0:
+            return partial(noisy_batch, batch, config.privacy_noise,
+                           round_generator(config.seed, self.node.device_id, start.round))
+        return batch
+
+    def upload_state(self, work: StageWork, round_no: int) -> dict[str, torch.Tensor]:
+        """The trained stage, sharing the stage's memory on the CPU (no copy): it is kept
+        until the next `RoundStart` (for re-sending), and only that round's weights,
+        loaded after it, change the stage again; with classic differential privacy,
+        noised (aiopipe.runtime.privacy)."""
+        state = work.current_state()
+        config = self.node.config
+        if config.privacy == "classic":
+            state = noisy_state(state, config.privacy_noise, round_generator(
+                config.seed, self.node.device_id, round_no))
+        return state
