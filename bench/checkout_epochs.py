@@ -1,12 +1,14 @@
 """Epoch times of honest runs, this checkout side by side with another (issue 41's
-"nothing slower"): ``python -m aiopipe`` (a server and its device processes over
-loopback websockets) run by each checkout in turn, A B A B ..., the same config; the
-figures are each run's ``metrics.jsonl`` epoch times (the first epoch left out: it
-includes the processes' warm-up).
+"nothing slower", issue 43's "nothing lost"): ``python -m aiopipe`` (a server and its
+device processes over loopback websockets) run by each checkout in turn, A B A B ...,
+the same config; the figures are each run's ``metrics.jsonl`` epoch times (the first
+epoch left out: it includes the processes' warm-up). With ``--virtual``, each mode is
+also simulated in virtual time by both checkouts (a fixed cost table): the epochs'
+losses, accuracies and times and the final model's bytes must be identical.
 
     git worktree add /tmp/base <commit>
     .venv/bin/python bench/checkout_epochs.py --baseline /tmp/base [--runs 3]
-        [--modes fl pipar pipeline ftpipehd asteroid hadfl] [--epochs 3]
+        [--modes fl sfl pipar pipeline ftpipehd asteroid hadfl] [--epochs 3] [--virtual]
 
 The baseline runs with this checkout's virtual environment and ``PYTHONPATH`` set to
 its folder, so both arms use the same torch and packages. Prints, per mode, the median
@@ -30,6 +32,7 @@ HERE = Path(__file__).resolve().parent.parent
 #: per mode: the options that make a small run of it (vgg5, 3 devices, 2-3 s epochs)
 MODES: dict[str, list[str]] = {
     "fl": ["--mode", "fl"],
+    "sfl": ["--mode", "sfl"],
     "pipar": ["--mode", "pipar"],
     "pipeline": ["--mode", "pipeline", "--parallel-batches", "2"],
     "ftpipehd": ["--mode", "ftpipehd", "--parallel-batches", "2"],
@@ -59,6 +62,53 @@ def one_run(checkout: Path, mode: str, epochs: int, samples: int) -> list[float]
         return [float(json.loads(line)["time_s"]) for line in lines][1:]
 
 
+#: Simulates one mode in virtual time and prints what it computed (argv: mode, then the
+#: mode's ``python -m aiopipe`` options as JSON); run by each checkout's own code.
+_SIMULATE = """
+import asyncio, hashlib, json, sys
+from aiopipe import RunConfig, VirtualClock, simulate
+from aiopipe.scheduler.costs import CostTable
+
+options = json.loads(sys.argv[2])
+def value(text):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+keys = {o.removeprefix("--").replace("-", "_"): value(v)
+        for o, v in zip(options[::2], options[1::2])}
+config = RunConfig.from_mapping({**keys, "model": "vgg5", "devices": 3,
+                                 "samples_per_device": 120, "batch_size": 20, "epochs": 2,
+                                 "test_samples": 100})
+costs = CostTable.uniform(5,  # vgg5's units
+                          forward=0.002, backward=0.004, step=0.001, batch=1)
+result = asyncio.run(simulate(config, clock=VirtualClock(), cost_table=costs))
+digest = hashlib.sha256()
+for name, tensor in sorted(result.model.state_dict().items()):
+    digest.update(name.encode())
+    digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+print(json.dumps({"epochs": [[e.loss, e.accuracy, e.time_s] for e in result.epochs],
+                  "model": digest.hexdigest()}))
+"""
+
+
+def simulated(checkout: Path, mode: str) -> dict[str, object]:
+    """What ``checkout`` computes for ``mode`` in virtual time.
+
+    Raises:
+        RuntimeError: the simulation failed.
+    """
+    env = dict(os.environ, PYTHONPATH=str(checkout), AIOPIPE_LOG_LEVEL="WARNING")
+    done = subprocess.run([sys.executable, "-c", _SIMULATE, mode, json.dumps(MODES[mode])],
+                          cwd=checkout, env=env, capture_output=True, text=True, timeout=900,
+                          check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{checkout} {mode}: exit {done.returncode}\n"
+                           f"{(done.stdout + done.stderr)[-2000:]}")
+    result: dict[str, object] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
 def main() -> None:
     """Run the comparison and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -67,8 +117,19 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--samples", type=int, default=400)
     parser.add_argument("--modes", nargs="*", default=list(MODES))
+    parser.add_argument("--virtual", action="store_true",
+                        help="also compare what each mode computes in virtual time")
     args = parser.parse_args()
     print(f"load before: {os.getloadavg()}")
+    if args.virtual:
+        print("| mode | virtual time: epochs (loss, accuracy, s) and model identical? |")
+        print("|---|---|")
+        for mode in args.modes:
+            this, base = simulated(HERE, mode), simulated(args.baseline.resolve(), mode)
+            print(f"| {mode} | {'identical' if this == base else f'DIFFER: {this} vs {base}'} |",
+                  flush=True)
+    if args.runs < 1:
+        return
     print("| mode | this checkout: epoch s median (min-max) | baseline | this ÷ baseline |")
     print("|---|---|---|---|")
     for mode in args.modes:

@@ -115,19 +115,19 @@ async def throughput(model: str, samples: int, batch: int, *, processes: bool = 
         result = await simulate(config, clock=VirtualClock(), cost_table=costs)
         rows.append((name, config.partition, result.epochs[-1].time_s))
     # declared alike, really 1, 1, 1, 10: the first epoch measures, the second re-plans
-    from aiopipe.runtime import device as device_module
+    from aiopipe.runtime import device_node as device_module
 
-    honest = device_module._DeviceNode._run_config
+    honest = device_module.DeviceNode._run_config
 
     def really_slow(self: Any, plan: Any) -> RunConfig:
         return honest(self, plan).replace(device_slowdown=slow)
 
-    device_module._DeviceNode._run_config = really_slow  # type: ignore[method-assign]
+    device_module.DeviceNode._run_config = really_slow  # type: ignore[method-assign]
     try:
         measured = await simulate(base.replace(device_slowdown=1.0, partition="auto"),
                                   clock=VirtualClock(), cost_table=costs)
     finally:
-        device_module._DeviceNode._run_config = honest  # type: ignore[method-assign]
+        device_module.DeviceNode._run_config = honest  # type: ignore[method-assign]
     first, second = measured.epochs
     if processes:
         for name, config in (
@@ -153,7 +153,7 @@ async def capacity_change(model: str, samples: int, batch: int, every: int, at: 
     The homogeneous cuts kept (no re-partitioning) against "auto" cuts, re-planned at
     every global replication (every ``every`` batches) from what each round measured:
     throughput over time, in virtual time (module docstring's caveat)."""
-    from aiopipe.runtime import device as device_module
+    from aiopipe.runtime.device_half import DeviceHalf
 
     base = RunConfig(mode="ftpipehd", model=model, devices=4, samples_per_device=samples,
                      batch_size=batch, epochs=1, test_samples=100, seed=3, momentum=0.5,
@@ -162,15 +162,15 @@ async def capacity_change(model: str, samples: int, batch: int, every: int, at: 
     planner = Planner.of(base, costs, build_model(base, num_classes=10,
                                                    in_shape=(3, 32, 32)), (3, 32, 32), batch)
     homogeneous = planner.cuts([1.0] * 4, range(4)).cuts
-    honest = device_module._DeviceNode._run_round
+    honest = DeviceHalf.run_round
 
     async def slow_from_batch(self: Any, message: Any) -> int:
-        if self.device_id == 3:
-            self.compute.slowdown = 10.0 if message.first_iteration >= at else 1.0
+        if self.node.device_id == 3:
+            self.node.compute.slowdown = 10.0 if message.first_iteration >= at else 1.0
         return await honest(self, message)
 
     curves = {}
-    device_module._DeviceNode._run_round = slow_from_batch  # type: ignore[method-assign]
+    DeviceHalf.run_round = slow_from_batch  # type: ignore[method-assign]
     try:
         for name, config in (("homogeneous cuts kept", base.replace(partition=homogeneous)),
                              ("FTPipeHD re-partitioning", base)):
@@ -183,7 +183,7 @@ async def capacity_change(model: str, samples: int, batch: int, every: int, at: 
             changes = [(c["round"], c.get("after")) for c in result.epochs[0].changes]
             curves[name] = (curve, changes, result.epochs[0].time_s)
     finally:
-        device_module._DeviceNode._run_round = honest  # type: ignore[method-assign]
+        DeviceHalf.run_round = honest  # type: ignore[method-assign]
     print(f"{model}: 4 devices declared alike, device 3 10x slower from batch {at}; "
           f"{samples // batch} batches, global replication every {every}")
     for name, (curve, changes, seconds) in curves.items():

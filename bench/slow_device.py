@@ -13,7 +13,7 @@ import argparse
 from typing import Any
 
 from aiopipe import device
-from aiopipe.runtime import device as runtime_device
+from aiopipe.runtime.device_half import DeviceHalf
 
 
 def main() -> None:
@@ -24,15 +24,16 @@ def main() -> None:
     parser.add_argument("rest", nargs=argparse.REMAINDER,
                         help="-- then python -m aiopipe.device's arguments")
     args = parser.parse_args()
-    honest = runtime_device._DeviceNode._run_round
+    honest = DeviceHalf.run_round
 
     async def slowed(self: Any, message: Any) -> int:
-        declared = self.config.device_slowdown_of(self.device_id)
-        self.compute.slowdown = (declared * args.factor
+        node = self.node
+        declared = node.config.device_slowdown_of(node.device_id)
+        node.compute.slowdown = (declared * args.factor
                                  if message.first_iteration >= args.from_batch else declared)
         return await honest(self, message)
 
-    runtime_device._DeviceNode._run_round = slowed  # type: ignore[method-assign]
+    DeviceHalf.run_round = slowed  # type: ignore[method-assign]
     rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
     device.main(rest)
 

@@ -188,7 +188,7 @@ class SyntheticDataset:
             params[row, _UNIFORMS] = rng.standard_normal()
             rng.random(out=noise[row], dtype=np.float32)
         x = self._render(y, params)
-        # Uniform noise (4x cheaper to draw than normal), scaled to standard deviation
+        # Uniform noise (cheaper to draw than normal), scaled to standard deviation
         # _NOISE; _render already subtracted its mean.
         noise_t = torch.from_numpy(noise).view(idx.size, channels, height, width)
         x.add_(noise_t, alpha=_NOISE_SPAN).mul_(_SCALE_OUT)

@@ -256,7 +256,7 @@ class RoundStart:
     ``first_unit``..``stop_unit - 1`` of the model, whose weights (at ``version``, the
     number of optimizer steps they have taken in the run) are ``tensors``; each iteration
     it runs ``actions`` (one iteration's action list, space-separated as
-    `aiopipe.scheduler.Action` prints them, e.g. ``"0F0 0SEND_F0 0RECV_B0 0B0 0STEP"``)
+    `aiopipe.scheduler.actions.Action` prints them, e.g. ``"0F0 0SEND_F0 0RECV_B0 0B0 0STEP"``)
     on ``parallel_batches`` micro-batches of ``micro_batch_size`` samples. ``peers`` maps
     the name of every device the actions send to or receive from to ``{"stage": int,
     "address": str}``: which stage it runs and where to dial it (the stage next to

@@ -5,11 +5,10 @@ defaults a block above a moving threshold (128 KiB at first) is mapped from the 
 and unmapped when freed, and free memory at the top of the heap is returned to the
 kernel. A training pass frees and allocates the same large activations and gradients
 over and over, so each pass pays page faults on memory it just gave back, and how much
-depends on the order of frees: on this project's 2-core machine resnet18's whole pass
-at 2 samples took 25.5-27.5 ms with freed memory kept and 47.6-49.8 ms with glibc's
-defaults, three processes each (26-64 ms in other processes, from one to the next;
-`bench/allocator.py`, bench/results/2026-11-27-s20-allocator). The cost table then
-measured one figure and the run paid another, and the planner chose by that noise.
+depends on the order of frees: a pass costs well above what it does with freed memory
+kept, and a different amount in every process (`bench/allocator.py` compares the two;
+evidence: bench/results/2026-11-27-s20-allocator). The cost table then measured one
+figure and the run paid another, and the planner chose by that noise.
 `tune_malloc` sets glibc's mapping threshold to `MMAP_THRESHOLD` and its trim threshold
 to `TRIM_THRESHOLD` (`mallopt`), so blocks up to 64 MiB are reused from the heap and up
 to 256 MiB of free heap is kept. A node gives memory back to the kernel later (what it

@@ -101,11 +101,11 @@ def _read_meta(path: Path) -> dict[str, Any]:
 # else touches it meanwhile (a memory copy, traced as a "ckpt" slice), and the copy is
 # written by another thread while the next round runs.
 #
-# The copy itself (0.2 s for resnet18's 4 replicas with momentum, 0.5 s for vgg16's) waits
-# for the next round: it is queued on the compute thread just after the weights for the
-# round's `RoundStart`s were taken (`Checkpoints.copy`, which the systems call), so it runs
-# while the devices compute and send their first activations, when the coordinator has
-# nothing to do. It still comes before any coordinator work of that round (the compute
+# The copy itself (every replica and its momentum, a noticeable pause for a deep model)
+# waits for the next round: it is queued on the compute thread just after the weights for
+# the round's `RoundStart`s were taken (`Checkpoints.copy`, which the systems call), so it
+# runs while the devices compute and send their first activations, when the coordinator
+# has nothing to do. It still comes before any coordinator work of that round (the compute
 # queue is FIFO), so it sees the state the finished round left. The metadata is taken
 # when the checkpoint is asked for. The last round of an epoch is not checkpointed by
 # itself: the checkpoint after the epoch (with its metrics) follows its evaluation.

@@ -6,9 +6,15 @@ coordinator's own stages, how results become the model) is the `System` chosen o
 - `Admission` (aiopipe/runtime/admission.py): hellos, sessions, connections;
 - `DeviceSession` (session.py): one device's connection, rounds, and the stage the
   coordinator runs for it;
-- the system's rounds, and `after_round` (re-planning);
-- `Checkpoints` (checkpoint.py): checkpoints written while training goes on;
-- the epoch loop here: rounds, tallies, metrics, evaluation on the held-out test set.
+- the announced fleet and its plan (fleet_plan.py), what the run is set up from
+  (run_setup.py);
+- the system's rounds, played through `SystemRounds` (system_rounds.py), and
+  `after_round` (re-planning);
+- `Checkpoints` (checkpoint.py): checkpoints written while training goes on; what
+  they hold besides tensors, and resuming (resume.py);
+- the epoch loop here: rounds, tallies and the metrics they become (epoch_figures.py),
+  evaluation on the held-out test set; the coordinator's own failures
+  (server_faults.py) and what a run that ends early keeps (endings.py).
 
 In the split modes (PiPar's server) the coordinator is also a stage host: its compute
 queue runs every device's server half; in a pipeline it runs no stage and is off the
@@ -22,43 +28,34 @@ evaluation set is ``test_samples`` of that test split. Each device, once it has 
 the run (`announce`), and once every device has, the system plans from the announced
 sample counts (and, with "auto" on real clocks, from the devices' own profiles:
 aiopipe.runtime.profiling [Note: device profiles]) before the first round (`_prepare`).
-Until then each connection may carry frames up to `_frame_cap`; after, the plan's limit.
+Until then each connection may carry frames up to `frame_cap` (run_setup.py); after,
+the plan's limit.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import copy
 import logging
 import math
 import secrets
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
-from aiopipe import data as datasets
 from aiopipe import models
 from aiopipe.auth import new_run_secret
 from aiopipe.clock import Clock, wait_for
 from aiopipe.config import RunConfig
 from aiopipe.errors import (
     ConfigError,
-    DeviceLostError,
     RefusedError,
     TrainingError,
 )
-from aiopipe.metrics.results import EpochMetrics, RunResult, write_unfinished
-from aiopipe.metrics.trace import (
-    MAX_REPORT_SLICES,
-    REPORT_SLICE_BYTES,
-    RESOURCE_KINDS,
-    Recorder,
-    resource_kind,
-)
+from aiopipe.metrics.results import EpochMetrics, RunResult
+from aiopipe.metrics.trace import Recorder
 from aiopipe.protocol import (
     TRAINING_FINISHED,
     EvalRequest,
@@ -66,27 +63,35 @@ from aiopipe.protocol import (
     Plan,
     Ready,
     Replica,
-    ReplicaRequest,
     RoundResult,
     RoundStart,
-    TensorData,
     state_to_wire,
 )
 from aiopipe.runtime.admission import Admission
-from aiopipe.runtime.checkpoint import Checkpoints, load_checkpoint
+from aiopipe.runtime.checkpoint import Checkpoints
 from aiopipe.runtime.compute import Compute, resolve_torch_device, warm_up_torch
+from aiopipe.runtime.endings import finite_state, keep_unfinished
+from aiopipe.runtime.epoch_figures import (
+    add_round,
+    busy_by_kind,
+    epoch_metrics,
+    link_bytes,
+    new_tally,
+    peer_bytes,
+    served_in_epoch,
+)
 from aiopipe.runtime.evaluation import held_out_accuracy, test_accuracy
 from aiopipe.runtime.exclusion import Exclusions
 from aiopipe.runtime.factories import build_model
-from aiopipe.runtime.plan import declared_devices
-from aiopipe.runtime.plan_text import log_plan
-from aiopipe.runtime.profiling import profile_fleet
+from aiopipe.runtime.fleet_plan import announcement_refusal, fleet_profiles, log_fleet_plan
+from aiopipe.runtime.resume import checkpoint_meta, read_resumable
+from aiopipe.runtime.resume import epoch_from as _epoch_from  # (tests import it here)
+from aiopipe.runtime.run_setup import check_tables, evaluation_data, frame_cap
 from aiopipe.runtime.sampling import sampled_devices
-from aiopipe.runtime.stage import ServerStage
-from aiopipe.runtime.systems import Setup, System, planning_batch_sizes, system_for
-from aiopipe.runtime.tasks import first_error
+from aiopipe.runtime.server_faults import ServerFaults
+from aiopipe.runtime.system_rounds import SystemRounds
+from aiopipe.runtime.systems import Setup, System, system_for
 from aiopipe.scheduler.costs import CostTable
-from aiopipe.scheduler.estimate import DeviceProfile
 from aiopipe.transport import Link
 from aiopipe.wording import plural
 
@@ -99,8 +104,6 @@ STATUS_CHANGES = 50
 
 #: `Bye.reason` when the server's run is cancelled (Ctrl-C of ``python -m aiopipe.server``).
 INTERRUPTED = "the server was interrupted"
-
-T = TypeVar("T")
 
 
 class Coordinator:
@@ -140,10 +143,10 @@ class Coordinator:
         self.progress = progress
         # [Note: the devices' data] the run's kind of data, from the dataset's name (or
         # its test split); training data is the devices' own
-        self.in_shape, self.num_classes, self.test_set = _evaluation_data(config)
+        self.in_shape, self.num_classes, self.test_set = evaluation_data(config)
         model = build_model(config, num_classes=self.num_classes, in_shape=self.in_shape)
-        _check_tables(models.unit_count(model), cost_table=cost_table,
-                      server_cost_table=server_cost_table)
+        check_tables(models.unit_count(model), cost_table=cost_table,
+                     server_cost_table=server_cost_table)
         self.model_digest = models.model_digest(model)
         #: names the run in every stage-addressed message
         self.run_id = (1 << 61) | secrets.randbits(61)  # 9 bytes in msgpack: frame sizes fixed
@@ -156,7 +159,7 @@ class Coordinator:
         #: what each device measured of itself, by id (``/status``)
         self.profiled: dict[int, dict[str, float | None]] = {}
         self.prepared = False  # the system has planned for the announced fleet
-        self.max_frame_bytes = _frame_cap(config, model, self.in_shape)
+        self.max_frame_bytes = frame_cap(config, model, self.in_shape)
         self.recorder = Recorder()
         self.compute = Compute(clock, self.recorder, "server/compute",
                                charge_costs=cost_table is not None, lanes=config.server_lanes)
@@ -165,19 +168,15 @@ class Coordinator:
         self.sessions = self.admission.sessions
         self.connected = self.admission.connected
         self.joined = self.admission.joined
-        #: why the coordinator's own work failed ([Note: server faults]); train() raises it
-        self.failure: TrainingError | None = None
-        self._failed = asyncio.Event()
+        #: the coordinator's own work failing ([Note: server faults]); train() raises it
+        self.faults = ServerFaults()
         self.epoch = -1
         self.finished = False  # train() has returned: no more admissions
         self._epoch_start = 0.0
-        self.rounds = 0
         self.epochs: list[EpochMetrics] = []
         #: the global model as the last finished epoch left it, if finite ([Note: results
         #: on every ending] in aiopipe/metrics/results.py)
         self.last_good: dict[str, torch.Tensor] | None = None
-        self.replans: list[dict[str, Any]] = []
-        self.origin = clock.now()  # the trace's zero: training's start
         self._served_before_round = 0  # micro-batches of the epoch's earlier rounds
         #: per device, in this process: rounds completed, and for the current and the
         #: previous epoch its summed training loss and samples (`count_round`, /metrics)
@@ -190,11 +189,16 @@ class Coordinator:
             checkpoint_dir = None  # nothing a run could resume from
         self.checkpoints = Checkpoints(checkpoint_dir, clock=clock, compute=self.compute,
                                        tensors=self.system.checkpoint_tensors)
+        #: what the system's rounds play through; it numbers rounds and records changes
+        self.system_rounds = SystemRounds(self.system, self.admission, self.checkpoints,
+                                          clock=clock, compute=self.compute,
+                                          cost_table=cost_table, recorder=self.recorder)
+        self.replans = self.system_rounds.replans
         self._resume: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None
         if resume:
             if checkpoint_dir is None:
                 raise ConfigError("resuming needs the checkpoint directory")
-            self._resume = self._read_checkpoint(checkpoint_dir)
+            self._resume = read_resumable(checkpoint_dir, self.config, self.system.planned_keys)
 
     @property
     def config(self) -> RunConfig:
@@ -205,6 +209,11 @@ class Coordinator:
     def model(self) -> torch.nn.Sequential:
         """The global model."""
         return self.system.model
+
+    @property
+    def rounds(self) -> int:
+        """Rounds numbered so far (a round played again after a fault takes one)."""
+        return self.system_rounds.played
 
     # -- what admission and sessions ask -----------------------------------------------
 
@@ -244,7 +253,10 @@ class Coordinator:
         Raises:
             RefusedError: its data or model do not fit the run (it is told why).
         """
-        problem = self._refusal(device_id, ready)
+        problem = announcement_refusal(
+            device_id, ready, in_shape=self.in_shape, num_classes=self.num_classes,
+            model_digest=self.model_digest, dataset=self.config.dataset,
+            planned=self.system_samples if self.prepared else None)
         if problem:
             raise RefusedError(problem)
         if device_id not in self.announced:
@@ -253,71 +265,10 @@ class Coordinator:
         if len(self.announced) == self.config.devices:
             self.joined.set()
 
-    def _refusal(self, k: int, ready: Ready) -> str:
-        """Why device k's announcement does not fit the run ("" when it does)."""
-        if ready.in_shape != self.in_shape:
-            return (f"device {k}'s inputs have shape {ready.in_shape}, the run's "
-                    f"{self.in_shape} (its dataset {self.config.dataset!r})")
-        if ready.num_classes > self.num_classes:
-            return (f"device {k}'s labels range over {ready.num_classes} classes, the run's "
-                    f"model has {self.num_classes}")
-        if ready.model_digest != self.model_digest:
-            return (f"device {k} built another model than the server (digest "
-                    f"{ready.model_digest[:12]} against {self.model_digest[:12]}): both "
-                    "must run the same model code with the same config")
-        if self.prepared and ready.samples != self.system_samples[k]:
-            return (f"device {k} now holds {ready.samples} samples; the run was planned "
-                    f"for its {self.system_samples[k]}")
-        return ""
-
-    def address_of(self, device_id: int) -> str:
-        """Where device ``device_id`` listens for peers ("" when it does not)."""
-        return self.admission.addresses.get(device_id, "")
-
-    async def settled_alive(self) -> list[int]:
-        """The devices taking part, once none is between connections (waiting at most
-        ``reconnect_grace`` for each to come back or be given up)."""
-        deadline = self.clock.now() + self.config.reconnect_grace + 1.0
-        while (set(self.admission.alive()) - self.admission.connected
-               and self.clock.now() < deadline):
-            await self.clock.sleep(0.05)
-        return self.admission.alive()
-
-    def new_round(self) -> int:
-        """A fresh round number (a round played again after a fault takes one)."""
-        self.rounds += 1
-        return self.rounds - 1
-
-    def record_change(self, change: dict[str, Any], *,
-                      recovery: tuple[float, float] | None = None) -> None:
-        """Keep what the system changed mid-round with its re-plans. A ``recovery``'s
-        span (clock times: the fault noticed, training resumed) goes into the trace
-        (track ``server/recovery``) and into the record as ``noticed_s`` and
-        ``resumed_s``, seconds in the trace."""
-        change = dict(change)
-        if recovery is not None:
-            start, end = recovery
-            self.recorder.add("server/recovery", "recover", start, end,
-                              epoch=int(change.get("epoch", -1)))
-            change["noticed_s"], change["resumed_s"] = start - self.origin, end - self.origin
-        self.replans.append(_numbered_for_people(change))
-
     def unasked_replica(self, device_id: int, replica: Replica,
                         start: RoundStart | None) -> None:
         """A replica nobody asked for: the system's to judge (`System.unasked_replica`)."""
         self.system.unasked_replica(device_id, replica, start)
-
-    async def replicas(self, device_id: int, request: ReplicaRequest) -> list[Replica]:
-        """Device ``device_id``'s answer to ``request`` (empty when it was lost, or did
-        not answer within ``device_timeout``)."""
-        session = self.sessions.get(device_id)
-        if session is None:
-            return []
-        try:
-            return await wait_for(self.clock, session.replicas(request),
-                                  self.config.device_timeout)
-        except (DeviceLostError, TimeoutError):
-            return []
 
     def accuse(self, accuser: int, culprit: int, reason: str) -> None:
         """Device ``accuser`` refused what its neighbour ``culprit`` sent this round:
@@ -331,58 +282,20 @@ class Coordinator:
         tally = self._tally
         tally["excluded"] = sorted({*tally.get("excluded", ()), device})
         session = self.sessions.get(device)
-        if session is not None and not session.ended:
-            session.end(f"excluded: {why}")
-            if not session.closing:
-                session.say_bye(f"excluded from the run: {why}")
+        if session is not None:
+            session.dismiss(f"excluded: {why}", f"excluded from the run: {why}")
 
     def server_failed(self, device_id: int, error: BaseException) -> None:
         """[Note: server faults] The coordinator's own work for a device failed (a pass
         that ran out of memory, a bug). That is not the device's doing, and it would
         happen again: the device would reconnect, resend, and fail the same pass, for
         ever. So the device's session ends, the error is logged with its traceback once,
-        the device is told why, and the run stops with a `TrainingError` naming it."""
-        cause = first_error(error) if isinstance(error, BaseExceptionGroup) else error
-        failure = TrainingError(f"the server's work for device {device_id} failed: "
-                                f"{type(cause).__name__}: {cause}")
+        the device is told why, and the run stops with a `TrainingError` naming it
+        (`ServerFaults`)."""
+        failure = self.faults.fail(device_id, error)
         session = self.sessions.get(device_id)
-        log.error("%s", failure, exc_info=cause)
-        if self.failure is None:
-            self.failure = failure
-            self._failed.set()
-        if session is not None and not session.ended:
-            session.end(str(failure))
-            if not session.closing:
-                session.say_bye(f"training failed: {failure}")
-
-    # -- what systems ask ----------------------------------------------------------------
-
-    async def play(self, device_id: int, start: RoundStart, stage: ServerStage | None, *,
-                   returns: Mapping[str, TensorData] | None = None) -> RoundResult | None:
-        """Device ``device_id``'s part of a round; None when it was lost meanwhile.
-        ``returns``: the tensors its result must hold, when not the ones ``start``
-        sends."""
-        session = self.sessions[device_id]
-        if session.window is None and start.round > 0 and not self.config.devices_per_round:
-            # (sampled per round, a device's first round may be any one)
-            log.warning("device %d takes part again from round %d", device_id,
-                        start.round + 1)
-        try:
-            return await session.run_round(start, stage, returns=returns)
-        except DeviceLostError as exc:
-            log.warning("round %d goes on without device %d: %s", start.round + 1, device_id,
-                        exc)
-            return None
-
-    def session_of(self, device_id: int) -> int:
-        """An id of device ``device_id``'s session (0: none): a new one when its process
-        started afresh, the same across reconnections."""
-        session = self.sessions.get(device_id)
-        return session.nonce if session is not None and not session.ended else 0
-
-    def copy_checkpoint(self) -> None:
-        """Let a pending checkpoint's copy go now (see [Note: background checkpoints])."""
-        self.checkpoints.copy()
+        if session is not None:
+            session.dismiss(str(failure), f"training failed: {failure}")
 
     # -- training ---------------------------------------------------------------------
 
@@ -403,9 +316,9 @@ class Coordinator:
                                     f"{self.join_timeout:g} s") from None
             if not self.prepared:
                 await self._prepare()
-            origin = self.origin = self.clock.now()
+            origin = self.system_rounds.origin = self.clock.now()
             for epoch in range(len(self.epochs), self.config.epochs):
-                self.epochs.append(await self._unless_failed(self._epoch(epoch)))
+                self.epochs.append(await self.faults.unless_failed(self._epoch(epoch)))
                 await self._keep_good_model()
                 if self.progress is not None:
                     self.progress(self.epochs[-1])
@@ -428,43 +341,31 @@ class Coordinator:
             except Exception as exc:  # the failure being raised wins
                 log.error("the last checkpoint could not be written: %s", exc)
             self.compute.close()
-            if reason != TRAINING_FINISHED:
-                await self._keep_unfinished(reason)
+            if reason != TRAINING_FINISHED:  # [Note: results on every ending]
+                keep_unfinished(self.config, self.epochs, self.last_good, reason)
         return RunResult(self.config, list(self.epochs), self.model,
                          list(self.recorder.slices), origin)
 
     async def _keep_good_model(self) -> None:
         """Copy the global model as the epoch just finished left it, unless a weight is
         not finite ([Note: results on every ending] in aiopipe/metrics/results.py)."""
-        state = await self.compute.call(partial(_finite_state, self.model))
+        state = await self.compute.call(partial(finite_state, self.model))
         if state is None:
             log.warning("epoch %d left non-finite weights: a failed run would keep the model "
                         "of an earlier epoch", len(self.epochs))
             return
         self.last_good = state
 
-    async def _keep_unfinished(self, reason: str) -> None:
-        """Training ended before its last epoch: write what the finished epochs measured,
-        the last good model and ``reason`` into ``out_dir`` ([Note: results on every
-        ending]); nothing when no epoch finished. A failure to write is logged (the
-        run's own error goes on)."""
-        out_dir = self.config.out_dir
-        if not out_dir or not self.epochs:
-            return
-        try:  # on the loop, as the run ends: a few files, no thread to wait for
-            write_unfinished(self.config, list(self.epochs), self.last_good, out_dir, reason)
-        except OSError as exc:
-            log.error("the finished epochs' results could not be written: %s", exc)
-            return
-        log.warning("%s: the metrics and model of %s are in %s", reason,
-                    plural(len(self.epochs), "finished epoch"), out_dir)
-
     async def _prepare(self) -> None:
         """Plan for the fleet as announced (off the event loop: planning may profile;
         time held still meanwhile in virtual time), then resume from a checkpoint if
         asked to; from now on each device's frames are held to the plan's limit."""
         self.system_samples = [self.announced[k].samples for k in range(self.config.devices)]
-        devices = await self._profiles() if self.system.wants_profiles else None
+        devices = None
+        if self.system.wants_profiles:  # what each device says goes to ``/status``
+            devices, self.profiled = await fleet_profiles(
+                self.system, self.system_samples, self.announced, self.sessions,
+                units=models.unit_count(self.model), clock=self.clock)
         with self.clock.hold():
             await asyncio.to_thread(self.system.prepare, self.system_samples, devices)
         self.prepared = True
@@ -474,91 +375,30 @@ class Coordinator:
             self._resume_counters(meta)
             self._resume = None
             # the checkpoint's model is the good one until an epoch finishes here
-            self.last_good = await self.compute.call(partial(_finite_state, self.model))
+            self.last_good = await self.compute.call(partial(finite_state, self.model))
         limit = self.max_frame_bytes = min(self.system.frame_limit(), self.max_frame_bytes)
         for session in self.sessions.values():  # new connections get it from admission
             session.peer.max_frame_bytes = limit
-        self._log_plan()
-        self._warn_of_uneven_micro_batches()
-
-    def _log_plan(self) -> None:
-        """The plan, a line per device (aiopipe.runtime.plan_text); nothing when the
-        system has none yet (HADFL plans each round, and logs its strategy itself)."""
-        entries = self.system.plan_entries()
-        if not entries:
-            return
-        estimate = entries[0].get("estimate_s")
-        log_plan(log, logging.INFO, f"planned {self.config.mode}", entries,
-                 units=models.unit_count(self.model), batch_size=self.system.config.batch_size,
-                 iterations=self.system.iterations, notes=[f"est. {estimate:.3g} s an "
-                                                           "iteration"] if estimate else [])
-
-    def _warn_of_uneven_micro_batches(self) -> None:
-        """Say so when N does not divide B: micro-batches of floor(B/N) samples then train
-        fewer than B samples per iteration ([Note: iterations per epoch] in plan.py)."""
-        batch = self.config.batch_size
-        for entry in self.system.plan_entries():
-            n = entry.get("parallel_batches")
-            if not isinstance(n, int) or batch % n == 0:
-                continue
-            k = int(entry["device"])
-            trained = self.system.iterations(k) * (batch // n) * n
-            divisors = ", ".join(str(d) for d in range(1, batch + 1) if batch % d == 0)
-            log.warning("device %d: parallel_batches %d does not divide batch_size %d: each "
-                        "iteration trains %d micro-batches of %d = %d samples, %d of its %d "
-                        "per epoch (N dividing B: %s)", k, n, batch, n, batch // n,
-                        (batch // n) * n, trained, self.system_samples[k], divisors)
-
-    async def _profiles(self) -> list[DeviceProfile]:
-        """Each device as it measures itself (aiopipe.runtime.profiling [Note: device
-        profiles]); what it says goes to ``/status``."""
-        config = self.config
-        devices, self.profiled = await profile_fleet(
-            {k: self.sessions[k] for k in range(config.devices)},
-            {k: self.announced[k].host for k in range(config.devices)},
-            declared_devices(config, self.system_samples),
-            sizes=tuple(planning_batch_sizes(config)), units=models.unit_count(self.model),
-            clock=self.clock)
-        return devices
-
-    async def _unless_failed(self, work: Coroutine[Any, Any, T]) -> T:
-        """``work``'s result, unless the coordinator's own work fails first: then
-        ``work`` is cancelled and the failure raised ([Note: server faults]).
-
-        Raises:
-            TrainingError: the coordinator's work failed.
-        """
-        task = asyncio.ensure_future(work)
-        failed = asyncio.ensure_future(self._failed.wait())
-        try:
-            await asyncio.wait({task, failed}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            failed.cancel()
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        if self.failure is not None:
-            raise self.failure
-        return task.result()
+        log_fleet_plan(log, self.system, units=models.unit_count(self.model),
+                       samples=self.system_samples)
 
     async def _epoch(self, epoch: int) -> EpochMetrics:
         self.epoch = epoch
         start = self._epoch_start = self.clock.now()
-        stats_before = self._link_bytes()
-        peers_before = self._peer_bytes()
+        traffic_before = link_bytes(self.sessions)
         system, devices = self.system, self.config.devices
+        peers_before = peer_bytes(self.sessions, devices)
         iterations = [system.iterations(k) for k in range(devices)]
         period = (system.round_iterations or self.config.aggregation_every
                   or max(iterations))
-        tally = self._tally if self._tally.get("epoch") == epoch else _new_tally(epoch, devices)
+        tally = self._tally if self._tally.get("epoch") == epoch else new_tally(epoch, devices)
         self._tally = tally
         round_count = math.ceil(max(iterations) / period)
         self._served_before_round = 0
         changes_before = len(self.replans)
         for r in range(int(tally["next_round"]), round_count):
             first = r * period
-            round_no = self.new_round()
+            round_no = self.system_rounds.new_round()
             work = [max(0, min(period, n - first)) for n in iterations]
             participants = await self._participants()
             tally["present"] = sorted({*tally.get("present", ()), *participants})
@@ -567,15 +407,10 @@ class Coordinator:
                                                self.config.round_size(len(participants)))
                 tally.setdefault("sampled", []).append(participants)
             mark = len(self.recorder.slices)
-            done = await system.run_round(self, round_no, epoch, first, work, participants)
-            tally["lost"] = sorted(set(tally["lost"]) | (set(participants) - set(done))
-                                   | set(tally.get("excluded", ())))
-            tally["refused"] = sorted(set(tally.get("refused", []))
-                                      | set(system.refused_updates()))
+            done = await system.run_round(self.system_rounds, round_no, epoch, first, work,
+                                          participants)
+            add_round(tally, participants, done, system.refused_updates())
             for k, result in done.items():
-                tally["device_samples"][k] += result.samples
-                tally["loss_sum"] += result.loss_sum
-                tally["correct"] += result.correct
                 self.count_round(epoch, k, result)
             tally["next_round"] = r + 1
             if r + 1 < round_count or epoch + 1 < self.config.epochs:
@@ -583,39 +418,15 @@ class Coordinator:
             if r + 1 < round_count:  # after the last one, `train` checkpoints the epoch
                 await self._checkpoint(epoch, r + 1, self.clock.now() - start, epoch)
         end = self.clock.now()
-        up, down = (a - b for a, b in zip(self._link_bytes(), stats_before, strict=True))
+        traffic = _minus(link_bytes(self.sessions), traffic_before)
         accuracy = await self.compute.call(partial(test_accuracy, self.model, self.test_set))
-        held_out, per_device = await self._evaluate_on_devices(epoch)
-        device_samples = tuple(int(n) for n in tally["device_samples"])
-        samples = system.epoch_samples(device_samples)
-        elapsed = end - start + float(tally["elapsed_before"])  # time before a restart too
-        by_track = self.recorder.busy_by_track(start, end)
-        busy = self._busy(by_track)
-        return EpochMetrics(
-            # people count epochs from 1 (`EpochMetrics.epoch`); the loop's index is 0-based
-            epoch=epoch + 1, time_s=elapsed, busy_s=busy,
-            idle_s={k: elapsed - v for k, v in busy.items()},
-            # an epoch in which nobody trained has no loss (NaN, null in metrics.jsonl)
-            loss=float(tally["loss_sum"]) / samples if samples else math.nan,
-            accuracy=accuracy,
-            train_accuracy=int(tally["correct"]) / samples if samples else math.nan,
-            samples=samples,
-            bytes_up=int(up), bytes_down=int(down), plan=system.plan_entries(),
-            device_samples=device_samples, devices_lost=_lost_in(tally, devices),
-            updates_refused=tuple(tally.get("refused", [])),
-            stages=system.stage_figures(
-                by_track, elapsed, {k: s.peak_live for k, s in self.sessions.items()},
-                {k: s.peak_memory for k, s in self.sessions.items()}),
-            links={track: {"busy_s": seconds, "idle_s": elapsed - seconds}
-                   for track, seconds in sorted(by_track.items()) if "->" in track},
-            held_out_accuracy=held_out, device_accuracy=per_device,
-            changes=tuple(self.replans[changes_before:]),
-            sampled=tuple(tuple(r) for r in tally.get("sampled", ())),
-            devices_excluded=tuple(tally.get("excluded", ())),
-            peer_bytes=(tuple(a - b for a, b in zip(self._peer_bytes(), peers_before,
-                                                     strict=True))
-                        if self.system.links_devices else ()),
-        )
+        held_out = await self._evaluate_on_devices(epoch)
+        return epoch_metrics(
+            epoch, tally, system, elapsed=end - start + float(tally["elapsed_before"]),
+            by_track=self.recorder.busy_by_track(start, end), traffic=traffic,
+            accuracy=accuracy, held_out=held_out, sessions=self.sessions,
+            changes=self.replans[changes_before:],
+            peers=_minus(peer_bytes(self.sessions, devices), peers_before))
 
     def epoch_progress(self) -> tuple[int, int]:
         """(micro-batches the server's stage has computed in the epoch under way, how many
@@ -623,11 +434,7 @@ class Coordinator:
         micro-batches (fl, a pipeline) or before training."""
         if not self.system.serves_stages or not self.prepared:
             return 0, 0
-        total = sum(self.system.iterations(int(p["device"])) * int(p.get("parallel_batches", 1))
-                    for p in self.system.plan_entries())
-        if self.config.devices_per_round:  # about: the sampled devices' share of it
-            devices = self.config.devices
-            total = math.ceil(total * self.config.round_size(devices) / devices)
+        total = served_in_epoch(self.system)
         done = self._served_before_round + sum(s.served for s in self.sessions.values())
         return min(done, total), total
 
@@ -658,10 +465,10 @@ class Coordinator:
         self._served_before_round += sum(served)
         paced = [k not in self.sessions or self.sessions[k].peer.link.paces_sends()
                  for k in range(devices)]
-        change = await self.system.after_round(self, round_no, epoch,
+        change = await self.system.after_round(self.system_rounds, round_no, epoch,
                                                self.recorder.take(mark), served, paced)
         if change is not None:
-            self.replans.append(_numbered_for_people(change))
+            self.system_rounds.record_change(change)
 
     async def _participants(self) -> list[int]:
         """Devices taking part (connected, or reconnecting within reconnect_grace); if none,
@@ -682,31 +489,6 @@ class Coordinator:
                                     f"{self.join_timeout:g} s") from None
         return self.admission.alive()
 
-    def _busy(self, by_track: Mapping[str, float]) -> dict[str, float]:
-        """Busy seconds per resource kind; device kinds are means over devices."""
-        totals = dict.fromkeys(RESOURCE_KINDS, 0.0)
-        for track, busy in by_track.items():
-            kind = resource_kind(track)
-            if kind in totals:
-                totals[kind] += busy
-        k = self.config.devices
-        return {kind: value if kind == "server" else value / k
-                for kind, value in totals.items()}
-
-    def _peer_bytes(self) -> list[int]:
-        """Per device, the bytes it reported sending to its peers so far (this process's
-        sessions: a device that restarted counts from its new session)."""
-        return [self.sessions[k].peer_bytes if k in self.sessions else 0
-                for k in range(self.config.devices)]
-
-    def _link_bytes(self) -> tuple[int, int]:
-        up = down = 0
-        for session in self.sessions.values():
-            received, sent = session.link_bytes()
-            up += received
-            down += sent
-        return up, down
-
     # -- checkpoints ---------------------------------------------------------------------
 
     async def _checkpoint(self, epoch: int, next_round: int, elapsed: float,
@@ -718,43 +500,14 @@ class Coordinator:
                                         traced_epoch)
 
     def _checkpoint_meta(self, epoch: int, next_round: int, elapsed: float) -> dict[str, Any]:
-        """What a checkpoint holds besides tensors: config, position, tally, epochs."""
-        # a deep copy: the next round adds to the tally's lists while the file is written
-        tally = (copy.deepcopy(self._tally) if next_round
-                 else _new_tally(epoch, self.config.devices))
-        tally["elapsed_before"] = float(tally.get("elapsed_before", 0.0)) + elapsed
-        return {"config": self.config.to_mapping(), "epoch": epoch,
-                "rounds": self.rounds, "tally": {**tally, "epoch": epoch,
-                                                 "next_round": next_round},
-                "epochs": [e.to_mapping() for e in self.epochs]}
-
-    def _read_checkpoint(self, directory: Path
-                         ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """The checkpoint to resume from, once it is this run's.
-
-        Raises:
-            ConfigError: none there, or it is another run's.
-        """
-        tensors, meta = load_checkpoint(directory)
-        # a key the checkpoint's version did not have ran as its default does
-        meta["config"] = {**RunConfig().to_mapping(), **dict(meta.get("config", {}))}
-        saved = dict(meta["config"])
-        current = self.config.to_mapping()
-        for key in ("out_dir", *self.system.planned_keys):  # "auto" plans: the checkpoint's
-            saved.pop(key, None)
-            current.pop(key, None)
-        if saved != current:
-            changed = sorted(k for k in set(saved) | set(current)
-                             if saved.get(k) != current.get(k))
-            raise ConfigError(f"the checkpoint in {str(directory)!r} is for another run "
-                              f"(different {', '.join(changed)})")
-        log.warning("resuming at epoch %d, its round %d, from %s", int(meta["epoch"]) + 1,
-                    int(meta["tally"]["next_round"]) + 1, directory)
-        return tensors, meta
+        """What a checkpoint holds besides tensors (aiopipe.runtime.resume)."""
+        return checkpoint_meta(self.config, epoch=epoch, next_round=next_round,
+                               elapsed=elapsed, rounds=self.rounds, tally=self._tally,
+                               epochs=self.epochs)
 
     def _resume_counters(self, meta: Mapping[str, Any]) -> None:
         """Where training stood at the checkpoint: rounds, finished epochs, the tally."""
-        self.rounds = int(meta["rounds"])
+        self.system_rounds.played = int(meta["rounds"])
         self.epochs = [_epoch_from(e) for e in meta.get("epochs", [])]
         tally = dict(meta["tally"])
         tally["elapsed_before"] = float(tally.get("elapsed_before", 0.0))
@@ -772,7 +525,7 @@ class Coordinator:
             elapsed = now - self._epoch_start
             by_track = self.recorder.busy_by_track(self._epoch_start, now)
             live = {kind: round(busy / elapsed, 4)
-                    for kind, busy in self._busy(by_track).items()}
+                    for kind, busy in busy_by_kind(by_track, self.config.devices).items()}
         return {
             "mode": self.config.mode, "devices": self.config.devices,
             "joined": sorted(self.sessions), "connected": sorted(self.connected),
@@ -791,110 +544,6 @@ class Coordinator:
         }
 
 
-def _evaluation_data(config: RunConfig
-                     ) -> tuple[tuple[int, ...], int, datasets.Dataset | None]:
-    """The run's input shape and classes, and the coordinator's evaluation set (the test
-    split of ``config.dataset``, ``test_samples`` of it; None when 0).
-
-    Raises:
-        ConfigError: the dataset is unknown or unreadable.
-    """
-    known = datasets.data_format(config.dataset)
-    test_set = None
-    if config.test_samples or known is None:  # an entry point: only its data can tell
-        test_set = datasets.open_device_data(config.dataset, split="test", seed=config.seed,
-                                             size=config.test_samples or None)
-    if known is None:
-        assert test_set is not None
-        _, shape, classes = datasets.describe(test_set)
-        known = shape, classes
-    return known[0], known[1], test_set if config.test_samples else None
-
-
-def _finite_state(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
-    """A copy of ``model``'s state, or None when a floating entry is not finite."""
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    if all(bool(v.isfinite().all()) for v in state.values() if v.is_floating_point()):
-        return state
-    return None
-
-
-def _frame_cap(config: RunConfig, model: torch.nn.Sequential, in_shape: tuple[int, ...]
-               ) -> int:
-    """The largest frame a device's connection may carry before the run is planned:
-    the whole model's state, an activation of the whole batch, a round's action list and
-    the largest round report a device sends (`MAX_REPORT_SLICES`)."""
-    from aiopipe.protocol import HEADER_SLACK_BYTES
-    from aiopipe.runtime.plan import unit_output_shapes
-
-    state = model.state_dict()
-    state_bytes = sum(t.numel() * t.element_size() for t in state.values())
-    batch = config.batch_size
-    widest = max(math.prod(s) for s in (in_shape, *unit_output_shapes(model, in_shape)))
-    activation = 4 * batch * widest + 8 * batch
-    actions = 16 * (6 * batch + 2)
-    return int(max(state_bytes, activation) + HEADER_SLACK_BYTES + 256 * len(state) + actions
-               + REPORT_SLICE_BYTES * MAX_REPORT_SLICES)
-
-
-def _check_tables(units: int, **tables: CostTable | None) -> None:
-    """Each given cost table is the model's: one row per split unit.
-
-    Raises:
-        ConfigError: one is not (naming it), or a server table comes without devices'.
-    """
-    if tables.get("server_cost_table") is not None and tables.get("cost_table") is None:
-        raise ConfigError("server_cost_table needs cost_table: the devices' own")
-    for name, table in tables.items():
-        if table is not None and table.units != units:
-            raise ConfigError(f"{name} has {table.units} units, the model {units}: it was "
-                              "measured for another model")
-
-
-def _lost_in(tally: Mapping[str, Any], devices: int) -> tuple[int, ...]:
-    """The epoch's lost devices: those that dropped out of a round it played, and those
-    alive at the start of none of its rounds (absent the whole epoch, 0 samples; an
-    epoch's tally from before this was kept has no ``present``: nobody absent)."""
-    absent = set(range(devices)) - set(tally.get("present", range(devices)))
-    return tuple(sorted({*tally["lost"], *absent}))
-
-
-#: What a change's record (`EpochMetrics.changes`, ``/status``'s ``replans``) numbers:
-#: an epoch, a round of the run; the systems give them as the runtime's 0-based indices.
-_NUMBERED_FIELDS = ("epoch", "round", "replayed_as")
-
-
-def _numbered_for_people(change: Mapping[str, Any]) -> dict[str, Any]:
-    """``change`` with its epoch and round numbers counted from 1, as the rest of
-    ``metrics.jsonl`` and the log count them (its iterations stay offsets from 0)."""
-    out = dict(change)
-    for name in _NUMBERED_FIELDS:
-        if isinstance(out.get(name), int):
-            out[name] += 1
-    return out
-
-
-def _new_tally(epoch: int, devices: int) -> dict[str, Any]:
-    """An epoch's running totals (what a checkpoint needs to finish the epoch exactly)."""
-    return {"epoch": epoch, "next_round": 0, "device_samples": [0] * devices,
-            "loss_sum": 0.0, "correct": 0, "lost": [], "refused": [], "elapsed_before": 0.0}
-
-
-def _epoch_from(values: Mapping[str, Any]) -> EpochMetrics:
-    fields = dict(values)
-    fields["epoch"] = int(fields["epoch"])  # from 1, as in metrics.jsonl and EpochMetrics
-    fields["device_samples"] = tuple(fields.get("device_samples", ()))
-    fields["devices_lost"] = tuple(fields.get("devices_lost", ()))
-    fields["updates_refused"] = tuple(fields.get("updates_refused", ()))
-    fields["stages"] = tuple(fields.get("stages", ()))
-    fields["links"] = dict(fields.get("links", {}))
-    fields["device_accuracy"] = dict(fields.get("device_accuracy", {}))
-    fields["changes"] = tuple(fields.get("changes", ()))
-    fields["peer_bytes"] = tuple(fields.get("peer_bytes", ()))
-    fields["sampled"] = tuple(tuple(r) for r in fields.get("sampled", ()))
-    fields["devices_excluded"] = tuple(fields.get("devices_excluded", ()))
-    for name in ("held_out_accuracy", "accuracy", "loss", "train_accuracy"):
-        if fields.get(name) is None:  # NaN is null in JSON
-            fields[name] = math.nan
-    return EpochMetrics(**fields)
-
+def _minus(now: Sequence[int], before: Sequence[int]) -> tuple[int, ...]:
+    """Counts ``now`` less what they were ``before``, one by one."""
+    return tuple(a - b for a, b in zip(now, before, strict=True))

@@ -3,15 +3,14 @@ time without a table from the caller.
 
 [Note: cost cache] A virtual-time simulation charges compute from a cost table. Without
 one from the caller, `simulate` measures it on the wall clock, and two calls of the same
-config then differ in every timing figure (weights and losses are the same: issue 28
-saw 0.8808 and 0.8331 s epochs). So the measured table is kept in a cache directory
-under a key of everything it depends on, and the next call on this machine reads it:
-the same config gives the same result in every field, timing included, from the first
-call on. The key holds the machine (host name, processor, CPU count), torch's and
-aiopipe's versions, torch threads, the model's units (their text and parameter shapes),
-the input shape and what the batches are loaded from, the batch sizes, learning rate
-and momentum. What differs between machines is the table, so virtual times do too; the
-weights do not.
+config then differ in every timing figure (weights and losses are the same; issue 28).
+So the measured table is kept in a cache directory under a key of everything it depends
+on, and the next call on this machine reads it: the same config gives the same result
+in every field, timing included, from the first call on. The key holds the machine
+(host name, processor, CPU count), torch's and aiopipe's versions, torch threads, the
+model's units (their text and parameter shapes), the input shape and what the batches
+are loaded from, the batch sizes, learning rate and momentum. What differs between
+machines is the table, so virtual times do too; the weights do not.
 
 The directory is ``$AIOPIPE_COST_CACHE``, else ``$XDG_CACHE_HOME/aiopipe/costs``, else
 ``~/.cache/aiopipe/costs``; ``AIOPIPE_COST_CACHE=off`` measures every time. Delete a file

@@ -2,7 +2,7 @@
 
 A system is a pair (aiopipe.runtime.systems): its coordinator half plans and runs the
 rounds from the server; its device half, a `DeviceHalf`, runs a round on a device. The
-device node itself (aiopipe.runtime.device) is a shell shared by every system: the
+device node itself (aiopipe.runtime.device_node) is a shell shared by every system: the
 link to the coordinator, the handshake, reconnection, the control loop, the peer
 links and the data path of activations and gradients (aiopipe.runtime.delivery). It
 hands the rest to the half:
@@ -65,7 +65,7 @@ class DeviceHalf:
 
     def handlers(self) -> Mapping[type[Message], Handler]:
         """The system's own messages this half takes, by type, from peers and from
-        the coordinator (whose sender name is ``aiopipe.runtime.device.COORDINATOR``);
+        the coordinator (whose sender name is ``aiopipe.runtime.stage_round.COORDINATOR``);
         a handler raises `RemoteProtocolError` for one it refuses."""
         return {}
 

@@ -19,10 +19,9 @@ executor walks the list in order, exactly as the generic estimator
 [Note: a whole model's step] A stage that is the whole model (FL's device: ``0FB0
 0STEP``) runs its STEP in the same compute item as the FB before it: nothing can come
 between them (no transfer, no other stage on the device), and as an item of its own the
-step cost about 1.2 ms more CPU per iteration on vgg5 than at the end of the backward
-(measured: FL epochs 5-7% longer with slowdown 4, where the earlier runtime ran forward,
-then backward and step). Its slice keeps the FB's name; in virtual time it is charged
-both actions' costs, so it ends when the two would have.
+step costs more CPU than at the end of the backward (a hand-over of its own, which a
+slowed device pays ``slowdown`` times). Its slice keeps the FB's name; in virtual time
+it is charged both actions' costs, so it ends when the two would have.
 
 The executor computes and posts; it never touches a link (STYLE item 3). Whoever owns
 the links (a device node, the server's session of a device, a device's peer links)

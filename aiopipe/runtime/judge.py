@@ -208,15 +208,15 @@ class ArrivalJudge:
 # Note [judging arrivals]
 # ~~~~~~~~~~~~~~~~~~~~~~~
 # Why the largest magnitude, and why a median of recent scales. The largest magnitude is
-# one pass with no copy (`torch.aminmax`, ~20 us for a 20x64x16x16 activation, where
-# `isfinite().all()` takes milliseconds) and a NaN or infinity shows in it, so finiteness
-# costs nothing more; an attack that scales one element shows as well as one that
-# scales all. A stream's reference is the median of its last `RECENT` accepted scales:
-# it follows honest drift over a run (activations and gradients grow and shrink as the
-# model trains) while one outlier cannot move it, and it is per sender, so a hostile
-# sender moves only the reference it is judged against. The first tensors of a stream
-# have no history, and an attacker that scales from its first message would set its own
-# reference: the prior, measured by the receiver at the same cut of the run's initial
-# model on its own data, closes that gap. The limit (1000 by default) is far from both
-# sides: honest runs' largest ratio to the reference is measured in
-# bench/results (arrival_scales), and a x1e6 poisoning exceeds it 1000-fold.
+# one pass with no copy (`torch.aminmax`, far cheaper than `isfinite().all()`) and a NaN
+# or infinity shows in it, so finiteness costs nothing more; an attack that scales one
+# element shows as well as one that scales all. A stream's reference is the median of
+# its last `RECENT` accepted scales: it follows honest drift over a run (activations and
+# gradients grow and shrink as the model trains) while one outlier cannot move it, and
+# it is per sender, so a hostile sender moves only the reference it is judged against.
+# The first tensors of a stream have no history, and an attacker that scales from its
+# first message would set its own reference: the prior, measured by the receiver at the
+# same cut of the run's initial model on its own data, closes that gap. The limit (1000
+# by default) is far from both sides: honest runs' largest ratio to the reference stays
+# a small multiple (evidence: bench/results/2026-11-28-s23-arrivals), and a x1e6
+# poisoning exceeds it 1000-fold.

@@ -11,10 +11,9 @@ event loop of their own, with no-op work and no wire time:
   back, and the device receives that and resolves the future its iteration awaits, as
   the sessions do (codec, send queues, link, the tasks' hand-offs; no session checks).
 
-On this project's 2-core machine a hand-over takes about 0.12 ms and a micro-batch's
-messages about 0.13 ms, both ends together. A bare thread pool round trip, which the cost
-table charged before, takes about 0.012 ms: most of a hand-over is the event loop's
-wake-up and bookkeeping, not the thread.
+Most of a hand-over is the event loop's wake-up and bookkeeping, not the thread: a bare
+thread pool round trip is a small part of it, so the hand-over is timed through
+`Compute.run` itself.
 """
 
 from __future__ import annotations
@@ -56,7 +55,8 @@ def measure_runtime_overheads(activation_shape: Sequence[int], *, repeats: int =
     dimension included).
 
     The loop runs in a thread of its own, so this may be called from inside a running
-    event loop; it blocks the caller meanwhile (about 0.1 s with the defaults).
+    event loop; it blocks the caller meanwhile (``warmup`` + ``repeats`` hand-overs and
+    as many micro-batches' messages).
     """
     shape = tuple(activation_shape)
 

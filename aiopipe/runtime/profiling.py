@@ -48,6 +48,7 @@ __all__ = [
     "PROBE_BYTES",
     "PROFILE_TIMEOUT_S",
     "UNSHAPED_S",
+    "ProbeTimer",
     "Profiled",
     "answer_request",
     "host_fingerprint",
@@ -183,6 +184,33 @@ def profile_figures(profile: DeviceProfile, answer: Profile, sizes: Sequence[int
 
     return {"seconds": round(answer.seconds, 3), "train_s_per_sample": per_sample,
             "uplink_mbps": mbps(profile.uplink), "downlink_mbps": mbps(profile.downlink)}
+
+
+class ProbeTimer:
+    """A device's side of the downlink probe: the coordinator posts its probe right after
+    its `ProfileRequest`; how much later the probe arrives than the request times the
+    downlink ([Note: device profiles])."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.delay: asyncio.Future[float] | None = None
+        self._asked_at = 0.0
+
+    def asked(self) -> None:
+        """A profile request arrived: its probe follows."""
+        self.delay = asyncio.get_running_loop().create_future()
+        self.delay.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._asked_at = self.clock.now()
+
+    def arrived(self) -> None:
+        """The probe arrived.
+
+        Raises:
+            RemoteProtocolError: no profile request came before it.
+        """
+        if self.delay is None or self.delay.done():
+            raise RemoteProtocolError("a probe without a profile request")
+        self.delay.set_result(self.clock.now() - self._asked_at)
 
 
 async def answer_request(request: ProfileRequest, probe_delay: Awaitable[float], *,

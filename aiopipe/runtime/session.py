@@ -13,7 +13,9 @@ The coordinator's stage for the device (when the system has one) runs for the wh
 round, across connections: a `StageExecutor` on the coordinator's shared compute queue
 walks the stage's actions (PiPar's server: ``1RECV_F0 1FB0 1SEND_B0 1RECV_F1 ... 1STEP``:
 each activation's forward, loss and backward as one ``s`` slice, its gradient posted at
-once, the replica stepped after the N-th).
+once, the replica stepped after the N-th). The round itself and the checks of the
+device's result and report are `RoundWindow`'s module (round_window.py); what the
+coordinator asks the device outside its rounds waits in `Questions` (session_questions.py).
 
 [Note: reconnection] When a connection breaks or goes silent, the session detaches and
 waits up to ``reconnect_grace`` for the device to connect again (the coordinator's
@@ -35,7 +37,6 @@ import dataclasses
 import logging
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Protocol
 
 from aiopipe.clock import Clock, wait_for
@@ -48,7 +49,7 @@ from aiopipe.errors import (
     RoundStalledError,
     TransportError,
 )
-from aiopipe.metrics.trace import Recorder, Slice, device_of
+from aiopipe.metrics.trace import Recorder, device_of
 from aiopipe.protocol import (
     Accusation,
     Activation,
@@ -61,7 +62,6 @@ from aiopipe.protocol import (
     Message,
     Probe,
     Profile,
-    ProfileRequest,
     Ready,
     Replica,
     ReplicaRequest,
@@ -72,13 +72,14 @@ from aiopipe.protocol import (
     TensorData,
 )
 from aiopipe.runtime.arrivals import ArrivalRules, Verdict
-from aiopipe.runtime.assignment import Assignment, check_data_message
+from aiopipe.runtime.assignment import check_data_message
 from aiopipe.runtime.compute import Compute
 from aiopipe.runtime.executor import Identity, Inbox, StageExecutor
 from aiopipe.runtime.liveness import Liveness
 from aiopipe.runtime.peer import Peer
-from aiopipe.runtime.profiling import probe
-from aiopipe.runtime.stage import ServerStage, check_tensors, expected_of
+from aiopipe.runtime.round_window import RoundWindow, check_result, report_count, report_slices
+from aiopipe.runtime.session_questions import Questions
+from aiopipe.runtime.stage import ServerStage
 from aiopipe.transport import Link
 
 __all__ = ["DeviceSession", "SessionHost"]
@@ -127,32 +128,6 @@ class SessionHost(Protocol):
             RefusedError: that does not fit the run.
         """
         ...
-
-
-@dataclass(slots=True)
-class RoundWindow:
-    """The round in progress (or last played): what the device was sent, and the
-    coordinator's stage. When the round ends, what it held of tensors is let go (the
-    stage's replica, the weights sent and expected back: [Note: replicas while training]
-    in aiopipe.runtime.systems.star.replicas); what late messages are checked against stays."""
-
-    round: int
-    epoch: int
-    first_iteration: int
-    iterations: int
-    start: RoundStart
-    #: the coordinator's stage while the round runs (None after it, or with none)
-    stage: ServerStage | None
-    #: the tensors the device's result must hold (what ``start`` sent, unless told)
-    returns: Mapping[str, TensorData]
-    #: the coordinator's stage's assignment (None: it runs no stage for this device)
-    assignment: Assignment | None = None
-
-    def end(self) -> None:
-        """The round is over: drop its tensors and the stage's torch side."""
-        self.stage = None
-        self.returns = {}
-        self.start = dataclasses.replace(self.start, tensors={})
 
 
 class _DeviceRoute:
@@ -219,14 +194,8 @@ class DeviceSession:
         self.nonce = secrets.randbits(62)  # `Plan.session`: who the device is talking to
         self._stage_failure: ProtocolError | None = None
         self._stage_failed = asyncio.Event()
-        #: a profile asked for (aiopipe.runtime.profiling [Note: device profiles]): the
-        #: answer, when it came, and the uplink probe's delay after it
-        self._profile: asyncio.Future[tuple[Profile, float]] | None = None
-        self._answer: tuple[Profile, float] | None = None
-        #: the held-out evaluation asked for (the device's answer)
-        self._evaluation: asyncio.Future[EvalResult] | None = None
-        #: the replicas asked for: the stages not answered yet, the answers
-        self._asked: tuple[set[int], list[Replica], asyncio.Future[list[Replica]]] | None = None
+        #: what the coordinator asked the device outside its rounds, waiting for answers
+        self.questions = Questions(peer, host.clock)
 
     # -- driven by the coordinator -----------------------------------------------------
 
@@ -239,8 +208,7 @@ class DeviceSession:
         Raises:
             DeviceLostError: the device was lost before its result was complete.
         """
-        if self.ended:
-            raise DeviceLostError(f"device {self.device_id} is gone")
+        self._check_not_gone()
         self.window = window = RoundWindow(
             start.round, start.epoch, start.first_iteration, start.iterations, start, stage,
             start.tensors if returns is None else returns,
@@ -278,18 +246,8 @@ class DeviceSession:
         Raises:
             DeviceLostError: the device was lost meanwhile.
         """
-        if self.ended:
-            raise DeviceLostError(f"device {self.device_id} is gone")
-        self._answer = None
-        future: asyncio.Future[tuple[Profile, float]] = (
-            asyncio.get_running_loop().create_future())
-        self._profile = future
-        self.peer.post(ProfileRequest(batch_sizes), "m")
-        self.peer.post(probe(), "probe")
-        try:
-            return await future
-        finally:
-            self._profile = None
+        self._check_not_gone()
+        return await self.questions.profile(batch_sizes)
 
     async def evaluate(self, request: EvalRequest) -> EvalResult:
         """Ask the device to evaluate ``request``'s global model on its held-out data.
@@ -297,15 +255,8 @@ class DeviceSession:
         Raises:
             DeviceLostError: the device was lost meanwhile.
         """
-        if self.ended:
-            raise DeviceLostError(f"device {self.device_id} is gone")
-        future: asyncio.Future[EvalResult] = asyncio.get_running_loop().create_future()
-        self._evaluation = future
-        self.peer.post(request, "m", epoch=request.epoch)
-        try:
-            return await future
-        finally:
-            self._evaluation = None
+        self._check_not_gone()
+        return await self.questions.evaluate(request)
 
     async def replicas(self, request: ReplicaRequest) -> list[Replica]:
         """Ask the device for the chain replicas ``request`` names; its answers, one per
@@ -314,15 +265,13 @@ class DeviceSession:
         Raises:
             DeviceLostError: the device was lost meanwhile.
         """
+        self._check_not_gone()
+        return await self.questions.replicas(request)
+
+    def _check_not_gone(self) -> None:
+        """Raises `DeviceLostError` when the session is over."""
         if self.ended:
             raise DeviceLostError(f"device {self.device_id} is gone")
-        future: asyncio.Future[list[Replica]] = asyncio.get_running_loop().create_future()
-        self._asked = (set(request.stages), [], future)
-        self.peer.post(request, "m")
-        try:
-            return await future
-        finally:
-            self._asked = None
 
     def _accept_replica(self, message: Replica) -> None:
         """An answer to a `ReplicaRequest`; any other replica is the system's to judge
@@ -331,39 +280,11 @@ class DeviceSession:
         Raises:
             RemoteProtocolError: nobody asked for it and the system does not take it.
         """
-        if self._asked is not None and message.stage in self._asked[0]:
-            waiting, answers, future = self._asked
-            waiting.discard(message.stage)
-            answers.append(message)
-            if not waiting and not future.done():
-                future.set_result(answers)
+        if self.questions.take_replica(message):
             return
         window = self.window
         self.host.unasked_replica(self.device_id, message,
                                   window.start if window is not None else None)
-
-    def _accept_evaluation(self, message: EvalResult) -> None:
-        future = self._evaluation
-        if future is None or future.done():
-            raise RemoteProtocolError("an evaluation result nobody asked for")
-        future.set_result(message)
-
-    def _accept_profile(self, message: Profile | Probe) -> None:
-        """A profile asked for, then its probe."""
-        future, now = self._profile, self.host.clock.now()
-        if future is None or future.done():
-            raise RemoteProtocolError(f"a {type(message).__name__} nobody asked for")
-        if isinstance(message, Profile):
-            if self._answer is not None:
-                raise RemoteProtocolError("a second profile")
-            self._answer = (message, now)
-            if not message.costs:  # a device without a table of its own sends no probe
-                future.set_result((message, 0.0))
-        elif self._answer is None:
-            raise RemoteProtocolError("a probe before its profile")
-        else:
-            answer, at = self._answer
-            future.set_result((answer, now - at))
 
     def link_bytes(self) -> tuple[int, int]:
         """Bytes received from and sent to the device over all its connections so far."""
@@ -378,16 +299,24 @@ class DeviceSession:
         self.peer.post(self.bye, "bye")
         self.peer.finish()
 
+    def dismiss(self, reason: str, bye: str) -> None:
+        """Unless it has ended, end the session for ``reason`` and, unless we said
+        goodbye already, tell the device ``bye``."""
+        if self.ended:
+            return
+        self.end(reason)
+        if not self.closing:
+            self.say_bye(bye)
+
     def end(self, reason: str) -> None:
         """The device is gone for good: fail its round."""
         self.ended = True
         self.attached.set()  # a connection waiting to be re-attached stops waiting
         lost = DeviceLostError(f"device {self.device_id} was lost: {reason}")
         self.inbox.close(lost)
-        asked = self._asked[2] if self._asked is not None else None
-        for waiting in (self.result, self._profile, self._evaluation, asked):
-            if waiting is not None and not waiting.done():
-                waiting.set_exception(lost)
+        if self.result is not None and not self.result.done():
+            self.result.set_exception(lost)
+        self.questions.fail(lost)
 
     # -- the coordinator's stage -----------------------------------------------------------
 
@@ -505,9 +434,9 @@ class DeviceSession:
             elif isinstance(message, Ready):
                 self.host.announce(self.device_id, message)
             elif isinstance(message, Profile | Probe):
-                self._accept_profile(message)
+                self.questions.take_profile(message)
             elif isinstance(message, EvalResult):
-                self._accept_evaluation(message)
+                self.questions.take_evaluation(message)
             elif isinstance(message, Replica):
                 self._accept_replica(message)
             elif isinstance(message, Heartbeat):
@@ -561,28 +490,7 @@ class DeviceSession:
             return  # of a round the coordinator gave up on (a pipeline played it again)
         if window is None or self.result is None or self.result.done():
             raise RemoteProtocolError("round result outside a round")
-        if message.round != window.round:
-            raise RemoteProtocolError(f"result for round {message.round + 1}, expected "
-                                      f"{window.round + 1}")
-        # the device returns the stage it was sent (or kept), trained
-        check_tensors(message.tensors, expected_of(window.returns), "round result")
-        start = window.start
-        rows = start.rows[1] - start.rows[0] if start.rows else start.micro_batch_size
-        samples = window.iterations * rows * start.parallel_batches
-        if window.assignment is not None and len(self.seen) * start.micro_batch_size != samples:
-            # exactly what the coordinator's stage computed with this device this round
-            raise RemoteProtocolError(
-                f"round result before the round's work was done ({len(self.seen)} of "
-                f"{window.iterations * start.parallel_batches} micro-batches)")
-        timed = bool(start.sync.get("budget_s"))  # hadfl: up to the period's end
-        if message.samples != samples and not (
-                timed and message.samples <= samples
-                and message.samples % start.micro_batch_size == 0):
-            raise RemoteProtocolError(f"round result claims {message.samples} samples, the "
-                                      f"round has {samples}")
-        if message.correct > samples:
-            raise RemoteProtocolError(f"round result claims {message.correct} correct of "
-                                      f"{samples} samples")
+        check_result(message, window, computed=len(self.seen))
         self.round_result = message
 
     def _accusation(self, message: Accusation) -> None:
@@ -618,26 +526,10 @@ class DeviceSession:
         if message.round != result.round:
             raise RemoteProtocolError(f"report for round {message.round + 1}, expected "
                                       f"{result.round + 1}")
-        try:
-            slices = [Slice.from_list(s) for s in message.report.get("slices", ())]
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise RemoteProtocolError(f"round report holds a bad slice: {exc}") from None
-        mine = (f"{self.name}/", f"{self.name}->")
-        if any(not s.track.startswith(mine) for s in slices):
-            raise RemoteProtocolError("round report names another device's resources")
-        peak = message.report.get("peak_live", 0)
-        if isinstance(peak, bool) or not isinstance(peak, int) or peak < 0:
-            raise RemoteProtocolError(f"round report's peak_live is {peak!r}, not a count")
-        self.peak_live = peak
-        memory = message.report.get("peak_memory_bytes", 0)
-        if isinstance(memory, bool) or not isinstance(memory, int) or memory < 0:
-            raise RemoteProtocolError(f"round report's peak_memory_bytes is {memory!r}, not "
-                                      "a count")
-        self.peak_memory = memory
-        sent = message.report.get("peer_bytes", 0)
-        if isinstance(sent, bool) or not isinstance(sent, int) or sent < 0:
-            raise RemoteProtocolError(f"round report's peer_bytes is {sent!r}, not a count")
-        self.peer_bytes += sent
+        slices = report_slices(message.report, self.name)
+        self.peak_live = report_count(message.report, "peak_live")
+        self.peak_memory = report_count(message.report, "peak_memory_bytes")
+        self.peer_bytes += report_count(message.report, "peer_bytes")
         self.host.recorder.extend(slices)
         if window.stage is not None:  # the coordinator computed the loss, not the device
             work = window.stage.work

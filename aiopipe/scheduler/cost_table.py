@@ -111,7 +111,7 @@ class CostTable:
             step = {int(u): float(t) for u, t in data["step"].items()}
             agg = data.get("aggregate", {})  # optional: tables saved before it existed
             aggregate = (float(agg.get("fixed", 0.0)), float(agg.get("per_device", 0.0)))
-            # optional too: tables saved before session 20 charge no accumulation
+            # optional too: tables saved before it existed charge no accumulation
             accumulate = {int(u): float(t) for u, t in data.get("accumulate", {}).items()}
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ConfigError(f"invalid cost table: {exc!r}") from None

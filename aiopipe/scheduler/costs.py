@@ -26,14 +26,12 @@ not slowed: they share one interpreter lock with every node's compute in the pro
 instead, which costs about as much (bench/planner_accuracy.py measures what is left).
 
 The hand-over and the messages are the runtime's, so the runtime measures them, through
-its own parts (`aiopipe.runtime.overheads`: about 0.12 ms and 0.13 ms on this project's
-2-core machine) and `measure_costs` charges what it is given. They are part of what makes
-many small micro-batches cost more than their compute: charging a bare thread pool round
-trip (0.012 ms) instead, the estimate put vgg5 on 4g+ at N = 32 and N = 16 within 1-2%
-of each other, either way round, where N = 32 ran 4-6% slower
-(bench/results/2026-11-22-s8-planner); 1 of 10 profiles chose N = 16. With them, 3 of
-14 did, and 7 of 8 once the profiler also timed its batch sizes in turns ([Note: units
-in sequence]) (the planner bench's own profiling, one after another in one process).
+its own parts (`aiopipe.runtime.overheads`), and `measure_costs` charges what it is
+given. They are part of what makes many small micro-batches cost more than their
+compute: a bare thread pool round trip is a small part of a hand-over, and charged
+instead it made plans with many micro-batches look as good as plans with fewer that ran
+faster (evidence: bench/results/2026-11-22-s8-planner). Timing the batch sizes in turns
+([Note: units in sequence]) is the other part of the remedy.
 
 A unit that cannot run at a batch size costs ``math.inf`` there ([Note: infeasible
 sizes]).
@@ -280,26 +278,24 @@ def _in_sequence(units: Sequence[nn.Module], in_shape: Sequence[int], timer: _Ti
     weights, input and gradients were touched a moment ago. In a run a stage passes
     through its units one after another, and a step updates every parameter right after
     a backward has written the gradients, so each touches memory the others have pushed
-    out. The difference is not small on this class of machine: the step of a whole
-    model took 1.3-2x the sum of its units' steps (mobilenetv3-small, vgg5, resnet18),
-    and resnet18's backward 0.7-0.8x the sum of its units' (each unit's own autograd
-    call). So the whole model's forward (with loading and the loss), backward and step
-    are timed as the runtime runs them, at every batch size, and each batch size's
-    forward and backward units, and the step's units, are scaled by one factor each to
-    sum to them. How the time divides among the units still comes from the units
-    alone. (The device and server halves of a split model are the two ends of the
-    same sequence: each is a prefix or suffix of it.)
+    out. The difference is not small: a whole model's step can take well above the sum
+    of its units' steps, and a whole backward (one autograd call) less than the sum of
+    its units' (each unit's own call). So the whole model's forward (with loading and the
+    loss), backward and step are timed as the runtime runs them, at every batch size,
+    and each batch size's forward and backward units, and the step's units, are scaled
+    by one factor each to sum to them. How the time divides among the units still comes
+    from the units alone. (The device and server halves of a split model are the two
+    ends of the same sequence: each is a prefix or suffix of it.)
 
     The batch sizes take turns, one timed pass of each per round, rather than each
     running its passes in a block: a neighbour's burst of load then lands on every size
     alike (or, when short, on one pass of each, which the median drops) instead of on
-    one size, whose plans it would make look slower than the others' (resnet18's passes
-    at 16 and 32 samples came out 28-36% slow in one profile, 4-8 samples not, and the
-    planner took N = 4 over N = 2: bench/results/2026-11-22-s10-planner). Each timed
-    pass follows ``warmup`` untimed ones at its size, as a run's passes follow passes of
-    the same shape: right after a pass at another size, vgg5's whole pass at one sample
-    took 4.3 ms of CPU against 3.1 ms in a block, at two samples 5.1 against 4.3 ms; one
-    pass in between left 3.6 ms, two left none of the difference.
+    one size, whose plans it would make look slower than the others' (evidence:
+    bench/results/2026-11-22-s10-planner). Each timed pass follows ``warmup`` untimed
+    ones at its size, as a run's passes follow passes of the same shape: right after a
+    pass at another size a pass takes more CPU than in a block of its own size (a change
+    of shape has a cost of its own), and a couple of passes at its size in between take
+    the difference away.
     """
     model = nn.Sequential(*units)  # the same modules, run one after another
     params = [p for p in model.parameters() if p.requires_grad]
@@ -452,13 +448,11 @@ def _accumulate_times(units: Sequence[nn.Module], timer: _Timer) -> dict[int, fl
     to every backward but an iteration's first (micro-batch 0: every schedule runs a
     stage's backwards in micro-batch order), in the runtime's virtual time and, as
     (N - 1) / N of it per micro-batch, in the planner's estimate. It is a cost of the
-    parameters, not of the batch: resnet18's 11.2 M parameters took 2.2 ms per pass in
-    the planner's profile on this project's 2-core machine, 8% of its whole pass at 2
-    samples, and left out it made plans with many micro-batches look cheaper than they
-    run: resnet18 on 4g chose N = 8 where N = 4 ran 4.5% faster (bench/results/
-    2026-11-27-s20-planner). Each unit is timed alone, then the whole model's adds in
-    sequence and the units scaled to sum to that, as the steps are ([Note: units in
-    sequence]).
+    parameters, not of the batch, so it weighs most on a model with many parameters cut
+    into small micro-batches, and left out it made plans with many micro-batches look
+    cheaper than they run (evidence: bench/results/2026-11-27-s20-planner). Each unit
+    is timed alone, then the whole model's adds in sequence and the units scaled to sum
+    to that, as the steps are ([Note: units in sequence]).
     """
     held: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
     for u, unit in enumerate(units):

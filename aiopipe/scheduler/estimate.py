@@ -29,7 +29,8 @@ the server step is ``step_time(P, Q)``, both unscaled; u and d are a frame's wir
 that charges accumulated gradients ([Note: accumulated gradients] in costs.py) adds
 (N - 1) / N of them to every b and s: the runtime charges them to every backward but an
 iteration's first, so there the estimate and the virtual-time runtime differ by less
-than one accumulation per iteration (the exact figures below are for tables without).
+than one accumulation per iteration (the comparisons with the runtime below are for
+tables without).
 
 `estimate_iteration` is an event-driven list schedule of this DAG for the whole fleet,
 everyone starting at 0: per device the f/u chain is computed directly, the server is
@@ -69,37 +70,35 @@ already in phase 1). The fleet's epoch is the slowest device's, at least the ser
 busy seconds over the epoch (the phases do not carry the server's backlog from one to
 the next), plus the server's aggregation of each round (`CostTable.aggregate_time` of
 the fleet's size: it starts when the last device's model has arrived, and the next
-round's downloads wait for it). Measured against the virtual-time runtime
-(tests/scheduler/test_scheduler_runtime.py) this is within 5% for four identical
-devices with one plan (one synchronized iteration repeated overestimated them by
-16-19%) and within 6% for a mixed fleet; for resnet18 on wifi (4 devices, 2 iterations
-each) starting every device at 0 underestimated mixed split points by 9-12%. Not
-modelled: the trace report riding on the uploaded model. The server's evaluation after
-an epoch is not part of the epoch's time.
+round's downloads wait for it). tests/scheduler/test_scheduler_runtime.py bounds how far
+this is from the virtual-time runtime, for identical devices with one plan and for a
+mixed fleet. The chained iterations are there because one synchronized iteration
+repeated overestimates identical devices (they drift out of phase), the start at the
+first download because starting every device at 0 underestimates mixed split points (a
+larger device half starts later). Not modelled: the trace report riding on the
+uploaded model. The server's evaluation after an epoch is not part of the epoch's time.
 
 [Note: real clocks] The estimate is exact for the virtual-time runtime charged from the
 same table. On the system clock a run is slower than it by what the table cannot know
-(bench/planner_accuracy.py measures how much on this machine). Where the time goes was
-measured in session 7 (mobilenetv3-small, wifi, P = 3, N = 1, two devices with
-slowdown 4 in one process on 2 cores), timing each work item inside its thread: the
-hand-over to a compute thread and back is about 0.15 ms even with three other threads
-busy (the table now charges the runtime's measured hand-over and messages, costs.py
-[Note: per-stage costs]); the work itself is what grows. Its CPU time was 5% above the
-profile for the server's passes and 20-23% for the devices' forwards and backwards.
-What inflates it is mostly the interpreter lock that the emulated nodes share, not
-caches (session 11, mobilenetv3-small's device half at P = 5, B = 32, one torch thread,
-CPU time of its forward and backward: 7.5-7.9 ms alone, 8.1-8.4 ms after sweeping 32 MB
-of memory or while another thread ran the server half, 8.7 ms beside a busy process, but
-15.3 ms beside a thread busy in Python, 12.4 ms with a 0.5 ms switch interval), which
-a profile taken alone does not see. (Steps took about 2x the sum of their units alone; the
-profiler now times the whole model's step and passes in sequence for that, costs.py
-[Note: units in sequence].) A slowed device's item is emulated as ``slowdown`` x the
-CPU time its thread spent (aiopipe/runtime/compute.py), so a device's 20% becomes 20%
-of its emulated time too, and estimates of emulated fleets come out low by about that
-much. This is what still decides vgg5 on 4g+ at P = 2: at N = 32 (one sample per
-micro-batch) the devices' compute is the critical path and is estimated 10-15% low, at
-N = 16 the uplink is, so the estimate has the two within a few per cent, either way
-round depending on the profile's noise at one sample, where N = 32 runs 4-10% slower.
+(bench/planner_accuracy.py measures how much on this machine). Timing each work item
+inside its thread shows where the time goes: the hand-over to a compute thread and back
+stays small even with other threads busy (and the table charges the runtime's measured
+hand-over and messages, costs.py [Note: per-stage costs]); the work itself is what
+grows, the devices' forwards and backwards far more than the server's passes. What
+inflates it is mostly the interpreter lock that the emulated nodes of one process
+share, not caches: a device half's CPU time moves little after its caches are swept or
+beside a busy process, but much beside a thread busy in Python or with a shorter switch
+interval, which a profile taken alone does not see. (Steps in a run also take well
+above the sum of their units' steps timed alone, which is why the profiler times the
+whole model's step and passes in sequence, costs.py [Note: units in sequence].) A slowed device's
+item is emulated as ``slowdown`` x the CPU time its thread spent
+(aiopipe/runtime/compute.py), so a device's inflated CPU time inflates its emulated time
+by the same fraction, and estimates of emulated fleets come out low by about that much.
+This decides close calls between a compute-bound and a link-bound plan, e.g. vgg5 on
+4g+ at P = 2: at N = 32 (one sample per micro-batch) the devices' compute is the
+critical path and is estimated low, at N = 16 the uplink is, so the estimate has the
+two close, either way round depending on the profile's noise at one sample, where
+N = 32 runs slower.
 """
 
 from __future__ import annotations

@@ -45,11 +45,11 @@ Search. `select_plans` minimizes `estimate_epoch` over one candidate per device:
    speeds around the profile's (`_steady`, [Note: speed band]).
 
 Everything stops when the schedules run so far have simulated `WORK_BUDGET`
-micro-batches in total (about 0.5 us each). In small fleets this rarely binds and every
-viable candidate is tried; in large ones each device tries only its most promising few
-per round so that every device gets a turn, and the budget is usually spent before step
-4: this is what keeps 100 devices x 35 units well under a second, at the price of a plan
-that more search would still improve by a few per cent (see bench/planner.py).
+micro-batches in total. In small fleets this rarely binds and every viable candidate is
+tried; in large ones each device tries only its most promising few per round so that
+every device gets a turn, and the budget is usually spent before step 4: this is what
+bounds the search's time for large fleets (100 devices x 35 units), at the price of a
+plan that more search would still improve (bench/planner.py measures both).
 
 `exhaustive_plans` is the true argmin of the estimate over every combination (for tests
 and small fleets).
@@ -160,23 +160,21 @@ def _shallower(objective: Objective, choice: list[int], margin: float) -> list[i
     fleet is mixed) takes the shallowest split point whose best plan keeps the fleet
     estimate within ``margin`` of ``choice``'s.
 
-    [Note: shallow splits] Plans a percent or two apart in the estimate are a coin toss
-    in practice, and the toss is not fair: the estimate's error is largest on the device
-    side. Before the first round a device's speed is declared, not measured; emulated
-    in one process, the devices' compute ran 20-23% above the profile where the
-    server's ran 5% above ([Note: real clocks] in estimate.py), so the deeper split's
-    estimated gain, made on the device, is the part most likely to be missing. A
-    shallower split also needs less device memory and moves a smaller half at every
-    aggregation. Measured on this machine: in all eight recorded runs of
-    bench/planner_accuracy.py with its nine cases (sessions 6-10, each with its own
-    profile), mobilenetv3-small on wifi chose P = 5 N = 1, with P = 3 N = 1 estimated
-    0.8-1.8% behind; P = 5 scored 0.950-0.981 in seven of them where P = 3 scored
-    0.983-1.000, and 1.000 against 0.999 in the eighth. Re-selecting those runs'
-    recorded estimates with a 2% margin changes that case to P = 3 in all eight and no
-    other case; with 1%, five of the eight (one of them to P = 4, 0.964); with 3%, also
-    mobilenetv3-small on 4g in session 6 (0.879 to 1.000). The margin is held against
-    ``choice``'s estimate, not each step's, so the fleet estimate grows by at most
-    ``margin`` in all. Within a split point the best estimate wins (N is not a
+    [Note: shallow splits] Plans close in the estimate are a coin toss in practice, and
+    the toss is not fair: the estimate's error is largest on the device side. Before
+    the first round a device's speed is declared, not measured; emulated in one process,
+    the devices' compute runs further above the profile than the server's ([Note: real
+    clocks] in estimate.py), so the deeper split's estimated gain, made on the device,
+    is the part most likely to be missing. A shallower split also needs less device
+    memory and moves a smaller half at every aggregation. `SHALLOW_MARGIN` comes from
+    re-selecting the planner bench's recorded estimates (bench/planner_accuracy.py, its
+    nine cases, a fresh profile per run): in every run one case took a deeper split
+    estimated just ahead of a shallower one that ran faster (once, about as fast); this
+    margin moves that case to the shallower split in every run and changes no other, a
+    smaller one moves it only in some (evidence: the planner_accuracy runs in
+    bench/results from 2026-11-21-s6-planner to 2026-11-22-s10c-planner). The margin is
+    held against ``choice``'s estimate, not each step's, so the fleet estimate grows by
+    at most ``margin`` in all. Within a split point the best estimate wins (N is not a
     device-side bet of this kind). Candidates whose `_uniform_bound` passes the limit
     are not tried, and none after `WORK_BUDGET` micro-batches.
     """
@@ -213,13 +211,12 @@ def _steady(objective: Objective, choice: list[int], band: float) -> list[int]:
     speed band.
 
     [Note: speed band] A profile measures the machine at one moment, and this machine's
-    speed moves: five profiles of mobilenetv3-small in a row put its server pass at 16
-    samples at 32.4-41.4 ms, every size alike. The best N weighs compute against the
-    links, so it moves with that speed: five profiles in a row chose P3 N1 three times
-    and P3 N2 twice for mobilenetv3-small on 4g, P2 N32 three times and N16 twice for
-    vgg5 on 4g+ (bench/results/2026-11-27-s20-planner/notes.md). Each candidate N at the
-    group's split point whose estimate at the profile's speeds is within `BAND_MARGIN`
-    of the choice's is estimated again with the devices' and the server's compute
+    speed moves from one profile to the next, every batch size alike. The best N weighs
+    compute against the links, so it moves with that speed: profiles taken in a row
+    choose different Ns for the same case (evidence:
+    bench/results/2026-11-27-s20-planner/notes.md). Each candidate N at the group's
+    split point whose estimate at the profile's speeds is within `BAND_MARGIN` of the
+    choice's is estimated again with the devices' and the server's compute
     seconds each scaled by 1 / ``band``, 1 and ``band`` (`SPEED_BAND`; nine points,
     links as profiled); at each point its regret is its estimate over the best of the
     candidates there. The least mean regret wins, and the Ns within `BAND_TIE` of it
@@ -231,7 +228,7 @@ def _steady(objective: Objective, choice: list[int], band: float) -> list[int]:
     The rule and its constants were chosen on re-estimates of fresh profiles against
     the measured epochs of the planner bench (the notes above): it steadies the choice
     where the band covers the machine's swings, and cannot where one profile is slower
-    than the band (vgg5 on 4g+ once took N8, 5% slower than N16).
+    than the band (there it may still take a slower N).
     """
     candidates = objective.candidates
     limit = objective(choice)[0] * (1 + BAND_MARGIN)
@@ -274,25 +271,23 @@ def _symmetric(objective: Objective, choice: list[int]) -> list[int]:
     [Note: identical devices] Devices with the same profile and candidates are
     interchangeable. A mixed plan for them (say P=3 for one, P=5 for the other) wins in
     the estimate by staggering their server requests; the runtime staggers them anyway
-    as the devices drift out of phase. Measured on this machine
-    (bench/planner_accuracy.py, mobilenetv3-small, two identical devices): the mixed
-    plans the search chose ran 0.97 / 0.83 / 0.79 / 0.88 s epochs where the best
-    uniform plan ran 0.85 / 0.72 / 0.65 / 0.83 s, while their estimates were 3% or less
-    apart. So for each group of identical devices with mixed plans, the best uniform
-    choice (every member on the same candidate, the other devices as chosen) is kept if
-    its estimate is within the margin. Every candidate of the group is a uniform choice
-    to try, not only the plans the mix holds: the mix (P=5 N=1, P=3 N=2) of
-    mobilenetv3-small on 4g held neither half of the best uniform plan, P=3 N=1
-    (estimated 0.729 s), and taking P=5 N=1 for both (0.754 s) ran 0.874 s epochs
-    against 0.805 s (bench/results/2026-11-22-s9a-planner). The margin was 5% until
-    session 18, when five profiles of that case in a row (bench/planner_accuracy.py
-    --stability 5) chose the mix three times and P=3 N=1 twice, the mix estimated up to
-    7.3% ahead: noise in the profile moved the choice across the margin, between plans
-    of which the uniform one ran faster every time it was measured. At 10% every
-    profile gives the uniform plan. The trials go in the order
-    of a lower bound of their estimate, the larger of a member's floor epoch and the
-    group's server seconds per epoch, and stop where that bound reaches the best trial
-    (no later one can beat it) or after `WORK_BUDGET` micro-batches of schedules.
+    as the devices drift out of phase. In the planner bench (bench/planner_accuracy.py,
+    two identical devices) the mixed plans the search chose ran slower than the best
+    uniform plan, while their estimates were close. So for each group of identical
+    devices with mixed plans, the best uniform choice (every member on the same
+    candidate, the other devices as chosen) is kept if its estimate is within the
+    margin. Every candidate of the group is a uniform choice to try, not only the plans
+    the mix holds: a mix can hold neither half of the best uniform plan, and one of its
+    halves for every member can run slower than that plan (evidence:
+    bench/results/2026-11-22-s9a-planner). The margin is wide because noise in a profile
+    moves a mix's estimated lead across a narrower one, between plans of which the
+    uniform one ran faster every time it was measured; `SYMMETRY_MARGIN` is wide enough
+    that fresh profiles of the same case keep to the uniform plan (evidence:
+    bench/results/2026-11-26-s18-planner, from bench/planner_accuracy.py --stability).
+    The trials go in the order of a lower bound of their estimate, the larger of a
+    member's floor epoch and the group's server seconds per epoch, and stop where that
+    bound reaches the best trial (no later one can beat it) or after `WORK_BUDGET`
+    micro-batches of schedules.
     """
     candidates = objective.candidates
     best_value = objective(choice)[0]

@@ -29,11 +29,11 @@ task of their own and work on any clock.
 [Note: wire slots do not drift] A frame's slot starts when the wire frees or when the
 frame was ready (its ``send`` was called, or the ``ready_at`` its sender gives),
 whichever is later, not when the send got going after the previous one. On the real
-clock a sleep wakes late (the event loop rounds timers up to the millisecond: 0.6 ms
-on average here), so the previous send returns, and the next send of a queue gets
-going, that much after the previous slot ended. Starting the next slot from there
-added the delay to every frame of a busy link: vgg5's 66 kB activations on wifi
-(10.5 ms on the wire) took 11.4 ms each, a link about 9% slower than its bandwidth.
+clock a sleep wakes late (the event loop rounds timers up to the millisecond), so the
+previous send returns, and the next send of a queue gets going, that much after the
+previous slot ended. Starting the next slot from there would add the delay to every
+frame of a busy link, which would then carry less than its bandwidth, the more so the
+shorter its frames' wire time.
 The runtime's send loop (`aiopipe.runtime.peer`) passes each frame's posting time as
 ``ready_at``. Each send still returns up to one late wake-up after its slot ends,
 without adding up. Under a `VirtualClock`, sleeps are exact and nothing changes.

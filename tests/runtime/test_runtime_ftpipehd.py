@@ -124,9 +124,9 @@ async def test_a_device_slower_than_declared_gets_less_from_the_next_epoch(
     the homogeneous cuts, the coordinator measures the capacities from the epoch's trace
     and re-partitions (§III-D), and the next epoch takes about half as long. The
     re-partition is recorded (``/status``'s replans)."""
-    from aiopipe.runtime import device as device_module
+    from aiopipe.runtime import device_node as device_module
 
-    honest = device_module._DeviceNode._run_config
+    honest = device_module.DeviceNode._run_config
 
     def slow_device_3(self: Any, plan: Any) -> RunConfig:
         config = honest(self, plan)
@@ -134,7 +134,7 @@ async def test_a_device_slower_than_declared_gets_less_from_the_next_epoch(
             return config.replace(device_slowdown=(1.0, 1.0, 1.0, 10.0))
         return config
 
-    monkeypatch.setattr(device_module._DeviceNode, "_run_config", slow_device_3)
+    monkeypatch.setattr(device_module.DeviceNode, "_run_config", slow_device_3)
     config = CONFIG.replace(devices=4, partition="auto", samples_per_device=160, epochs=3,
                             momentum=0.0, first_repartition_after=0)
     with caplog.at_level(logging.INFO, logger="aiopipe.server"):
@@ -158,14 +158,14 @@ async def test_a_neighbour_s_next_round_may_come_before_ours_with_a_new_cut(
     Device 1's RoundStart crawls down a slow link while device 0 already sends the new
     round's activations ([Note: early activations]): twice the size the old cut allowed,
     they must be taken, not refused as too large."""
-    from aiopipe.runtime import device as device_module
+    from aiopipe.runtime import device_node as device_module
 
-    honest = device_module._DeviceNode._run_config
+    honest = device_module.DeviceNode._run_config
 
     def really(self: Any, plan: Any) -> RunConfig:
         return honest(self, plan).replace(device_slowdown=(10.0, 1.0, 1.0, 1.0))
 
-    monkeypatch.setattr(device_module._DeviceNode, "_run_config", really)
+    monkeypatch.setattr(device_module.DeviceNode, "_run_config", really)
     fast = {"up_mbps": 1000.0, "down_mbps": 1000.0}
     config = CONFIG.replace(devices=4, partition="auto", samples_per_device=160, epochs=2,
                             momentum=0.0, device_slowdown=(1.0, 10.0, 10.0, 10.0),

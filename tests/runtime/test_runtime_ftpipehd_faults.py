@@ -345,15 +345,15 @@ async def test_the_first_re_partition_comes_after_the_first_batches(
     replication: device 3, declared alike but really 10x slower, loses units from batch
     5 on. The pipeline flushes there: the run ends with the weights of the reference
     whose first round is split after 4 batches, and every batch counted once."""
-    from aiopipe.runtime import device as device_module
+    from aiopipe.runtime import device_node as device_module
 
-    honest = device_module._DeviceNode._run_config
+    honest = device_module.DeviceNode._run_config
 
     def slow_device_3(self: Any, plan: Any) -> RunConfig:
         config = honest(self, plan)
         return config.replace(device_slowdown=(1.0, 1.0, 1.0, 10.0))
 
-    monkeypatch.setattr(device_module._DeviceNode, "_run_config", slow_device_3)
+    monkeypatch.setattr(device_module.DeviceNode, "_run_config", slow_device_3)
     config = CONFIG.replace(partition="auto", first_repartition_after=4)
     result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
     (change, *later) = result.epochs[0].changes

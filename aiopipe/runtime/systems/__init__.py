@@ -13,7 +13,7 @@ Each built-in system lives in its own package, with the modules only it uses:
 `ftpipehd`, `asteroid` and `hadfl`. A run's ``mode`` names one of them, or a system
 written outside the package as ``"module:attribute"`` (the convention ``model``,
 ``loss`` and ``optimizer`` use): `system_class` finds it. The coordinator
-(aiopipe.runtime.coordinator) and the device shell (aiopipe.runtime.device) do the
+(aiopipe.runtime.coordinator) and the device shell (aiopipe.runtime.device_node) do the
 rest the same way for every system.
 """
 

@@ -55,7 +55,6 @@ import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -76,6 +75,12 @@ from aiopipe.runtime.plan import (
 from aiopipe.runtime.plan_text import log_plan
 from aiopipe.runtime.systems import planning_batch_sizes
 from aiopipe.runtime.systems.asteroid.device import AsteroidDevice
+from aiopipe.runtime.systems.asteroid.replay import (
+    CarriedResults,
+    declared_device,
+    measured_device,
+    parameter_names,
+)
 from aiopipe.runtime.systems.base import Rounds, Setup
 from aiopipe.runtime.systems.ftpipehd.chain import gather_from, replica_check
 from aiopipe.runtime.systems.pipeline.coordinator import (
@@ -85,9 +90,7 @@ from aiopipe.runtime.systems.pipeline.coordinator import (
     StageLost,
     play_or_lost,
 )
-from aiopipe.scheduler.actions import Action
 from aiopipe.scheduler.asteroid import (
-    Device,
     HppModel,
     HppPlan,
     HppStage,
@@ -99,15 +102,13 @@ from aiopipe.scheduler.asteroid import (
 from aiopipe.scheduler.estimate import DeviceProfile
 from aiopipe.scheduler.placement import Pipeline as StagePipeline
 from aiopipe.scheduler.placement import Placement, Stage
-from aiopipe.scheduler.schedule import Schedule, check_schedule
+from aiopipe.scheduler.schedule import Schedule, check_schedule, with_reductions
 from aiopipe.wording import plural
 
 __all__ = ["Asteroid"]
 
 log = logging.getLogger("aiopipe.server")
 
-#: The budget of a device without one (bytes): effectively unlimited.
-_UNLIMITED = float(1 << 60)
 #: A lightweight re-plan whose estimated iteration is more than this many times what the
 #: devices left should take (the plan's estimate before, scaled by the compute lost)
 #: is checked against the planner's, and the better taken.
@@ -156,7 +157,7 @@ class Asteroid(Pipeline):
             config, self.model, setup.in_shape, setup.test_set,
             sizes=planning_batch_sizes(config))
         self._hpp = HppModel.of(model_profile(self.model, setup.in_shape, costs))
-        self._fleet = [_declared(config, k) for k in range(config.devices)]
+        self._fleet = [declared_device(config, k) for k in range(config.devices)]
         #: real clocks plan from what the devices measure of themselves ([Note: device
         #: profiles] in aiopipe.runtime.profiling): `prepare` plans again with it
         self.wants_profiles = setup.cost_table is None and config.profile_devices
@@ -247,13 +248,8 @@ class Asteroid(Pipeline):
 
     def _schedule(self, n: int) -> Schedule:
         """The pipeline's schedule, each group's REDUCE right before its STEP."""
-        schedule = super()._schedule(n)
-        actions = tuple(
-            tuple(a for b in stage_actions for a in (
-                (Action(p, "REDUCE"), b) if b.kind == "STEP" and len(self.groups[p]) > 1
-                else (b,)))
-            for p, stage_actions in enumerate(schedule.actions))
-        grouped = Schedule(schedule.name, schedule.micro_batches, actions)
+        grouped = with_reductions(super()._schedule(n), [
+            p for p, group in enumerate(self.groups) if len(group) > 1])
         check_schedule(grouped)
         return grouped
 
@@ -280,7 +276,7 @@ class Asteroid(Pipeline):
         self._samples = list(samples)
         n = self.parallel_batches
         if devices is not None:
-            self._fleet = [_measured(self.config, k, profile)
+            self._fleet = [measured_device(self.config, k, profile)
                            for k, profile in enumerate(devices)]
             self._place(self._planned() if self._auto else self._given())
             self.schedule = self._schedule(n)
@@ -371,7 +367,7 @@ class Asteroid(Pipeline):
         self._keep = False
         if set(self.workers) != set(alive):
             self._replan(rounds, round_no, epoch, alive, "at its start")
-        start, carried = 0, _Carried()  # where the attempt starts; what came before
+        start, carried = 0, CarriedResults()  # where the attempt starts; what came before
         while True:
             try:
                 done = await self._play_round(
@@ -561,7 +557,7 @@ class Asteroid(Pipeline):
             states = [state_from_wire(results[d].tensors) for d in group]
             merged = dict(states[0])
             if len(states) > 1:
-                parameters = set(_parameter_names(states[0], self.model))
+                parameters = set(parameter_names(states[0], self.model))
                 for name, tensor in states[0].items():
                     if name not in parameters and tensor.is_floating_point():
                         merged[name] = torch.stack([s[name] for s in states]).mean(0)
@@ -602,79 +598,3 @@ class Asteroid(Pipeline):
         """
         raise ConfigError("mode asteroid cannot resume from a checkpoint yet: its "
                           "optimizer state lives on the devices")
-
-
-class _Carried:
-    """What a round's attempts given up on trained before the backup point the round
-    goes on from: samples through the first stage and through the last (by device), and
-    the last stage's loss and correct predictions."""
-
-    def __init__(self) -> None:
-        self.samples: dict[int, int] = {}
-        self.last: dict[int, int] = {}  # the last stage's members' samples
-        self.loss_sum, self.correct = 0.0, 0
-
-    def add(self, point: tuple[int, dict[int, tuple[int, Replica]]], start: int,
-            plan: Asteroid) -> int:
-        """Count the given-up attempt (from iteration ``start``, on ``plan`` as it was)
-        up to ``point``; the point's batches. A group's last stage: the holder's share
-        of the loss, scaled to the whole micro-batch (an estimate)."""
-        batches, found = point
-        n, micro = plan.parallel_batches, plan.micro_batch_size
-        for group, kept in ((plan.groups[0], self.samples), (plan.groups[-1], self.last)):
-            for d in group:
-                first, stop = plan.rows[d]
-                kept[d] = kept.get(d, 0) + (batches - start) * (stop - first) * n
-        holder, replica = found[plan.stages - 1]
-        first, stop = plan.rows.get(holder, (0, micro))
-        scale = micro / (stop - first) if holder in plan.groups[-1] else 1.0
-        self.loss_sum += replica.loss_sum * scale
-        self.correct += round(replica.correct * scale)
-        return batches
-
-    def added_to(self, results: dict[int, RoundResult], groups: Sequence[Sequence[int]]
-                 ) -> dict[int, RoundResult]:
-        """``results`` with what came before counted in: each device's samples (those of
-        one no longer in the first stage, whose samples count as the epoch's, by the
-        first stage's first member; likewise the last stage's by its first member, so
-        that it too counts each of the epoch's samples once: unless the plan now has one
-        stage, whose members the first stage's count), the loss and correct by the last
-        stage's first member."""
-        if not self.samples and not self.loss_sum and not self.correct:
-            return results
-        results = dict(results)
-        first, last = groups[0][0], groups[-1][0]
-        moved = [(d if d in groups[0] else first, samples)
-                 for d, samples in self.samples.items()]
-        if len(groups) > 1:
-            moved += [(d if d in groups[-1] else last, samples)
-                      for d, samples in self.last.items()]
-        for k, samples in moved:
-            results[k] = replace(results[k], samples=results[k].samples + samples)
-        results[last] = replace(results[last], loss_sum=results[last].loss_sum + self.loss_sum,
-                                correct=results[last].correct + self.correct)
-        return results
-
-
-def _declared(config: RunConfig, device: int) -> Device:
-    """Device ``device`` as the config declares it: its ``device_slowdown`` times the
-    coordinator's table, its ``device_memory_mb`` and its uplink."""
-    return _measured(config, device, None)
-
-
-def _measured(config: RunConfig, device: int, profile: DeviceProfile | None) -> Device:
-    """Device ``device`` as it measured itself (``profile``: its own cost table and the
-    rate of its uplink, where it could time it), within its ``device_memory_mb``; what
-    it did not measure as declared (unshaped links: effectively unlimited)."""
-    memory = float(config.device_memory_bytes_of(device) or _UNLIMITED)
-    uplink = profile.uplink if profile is not None else config.device_network(device).up
-    bps = uplink.bandwidth_bps
-    return Device(config.device_slowdown_of(device), memory, bps / 8 if bps else _UNLIMITED,
-                  profile.costs if profile is not None else None)
-
-
-def _parameter_names(state: Mapping[str, torch.Tensor], model: torch.nn.Module) -> list[str]:
-    """The names in a stage's ``state`` that are parameters of the whole ``model`` (a
-    stage's state keys are the model's own: units keep their indices)."""
-    names = {name for name, _ in model.named_parameters()}
-    return [name for name in state if name in names]

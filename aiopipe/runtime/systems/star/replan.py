@@ -20,12 +20,12 @@ reports):
   measurable time is unshaped. Latency is not observable from one side: the
   configured one is kept. This holds only where a send lasts the frame's wire time
   (`Link.paces_sends`: memory links, websockets shaped by aiopipe). On a plain
-  websocket a send returns once the OS has buffered the frame: between processes on
-  4g-shaped veth pairs, vgg5's 13-82 kB frames took 0.1 ms to "send" (a gigabit, seen
-  from the sender) and a 164 kB frame 23 ms against 141 ms on the wire, so the
-  re-planner moved devices to split points with large activations and every switch
-  lengthened the epoch (bench/results/2026-11-21-vgg5). There the bandwidths are
-  kept as before (declared by the ``network`` preset).
+  websocket a send returns once the OS has buffered the frame, well before its wire
+  time, so bandwidths read from send times come out far above the link's, most of all
+  for frames small enough to fit the buffers: a re-planner that trusted them moved
+  devices to split points with large activations, and every switch lengthened the
+  epoch (evidence: bench/results/2026-11-21-vgg5). There the bandwidths are kept as
+  before (declared by the ``network`` preset).
 A device without slices in the round (lost, or fl) keeps its previous profile.
 
 [Note: switching] Only plans that keep every device's samples per iteration (B' x N)
