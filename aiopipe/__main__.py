@@ -62,7 +62,7 @@ async def _train(config: RunConfig, port: int, device_restarts: int = 0) -> int:
     print(_run_line(config), flush=True)
     secret = generate_secret().encode()  # this run's; each device gets its own token
     from aiopipe.api import Server  # torch: after the arguments parsed
-    from aiopipe.runtime.systems import system_class
+    from aiopipe.runtime.systems.base import system_class
 
     display = RunDisplay()
     async with Server(config, host="127.0.0.1", port=port, token_secret=secret,

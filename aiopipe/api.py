@@ -48,7 +48,7 @@ from aiopipe.runtime.plan import (
     measure_planning_costs,
     train_dataset,
 )
-from aiopipe.runtime.systems import planning_batch_sizes, system_class
+from aiopipe.runtime.systems.base import planning_batch_sizes, system_class
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.transport import Link, open_memory_link_pair, open_websocket_link

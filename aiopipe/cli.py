@@ -25,8 +25,10 @@ from aiopipe.config import (
     SCHEDULES,
     RunConfig,
 )
+from aiopipe.config_toml import fold_system_tables, read_run_keys
 from aiopipe.errors import AiopipeError, ConfigError
 from aiopipe.metrics.results import EpochMetrics, RunResult
+from aiopipe.runtime.systems.registry import option_owners, options_of
 
 __all__ = [
     "RUN_OPTION_KEYS",
@@ -86,7 +88,8 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     """Options that override the config file's keys."""
     run = parser.add_argument_group("run options (override the config file)")
     run.add_argument("--config", type=Path, help="TOML file with run keys (see README)")
-    run.add_argument("--mode", choices=MODES, help="training mode (default pipar)")
+    run.add_argument("--mode", help=f"training mode: {', '.join(MODES)} or module:attribute, "
+                                    "a system of your own (default pipar)")
     run.add_argument("--model", help="model name (vgg5, resnet18, mobilenetv3-small, vgg16, "
                                      "resnet101, mobilenetv3-large) or module:function, a "
                                      "factory of the nn.Sequential of split units "
@@ -112,59 +115,24 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--parallel-batches", type=_int_list,
                      help="micro-batches per iteration N: an integer, a comma list per "
                           "device, or auto (the planner picks; best with N dividing B)")
-    run.add_argument("--partition", type=_int_list,
-                     help="modes pipeline, ftpipehd, asteroid: the S-1 cut points (comma "
-                          "list) or auto (balanced; asteroid: its planner's)")
-    run.add_argument("--stage-groups", type=_groups,
-                     help="mode asteroid: the devices of each stage, e.g. 0,1/2 (stage 0 on "
-                          "devices 0 and 1, which split every micro-batch, stage 1 on "
-                          "device 2), or auto (the planner's, with --partition auto)")
-    run.add_argument("--rescheduling", choices=RESCHEDULINGS,
-                     help="mode asteroid: how to re-plan when a device is lost: lightweight "
-                          "(default: adjust the plan) or heavy (plan again from scratch)")
-    run.add_argument("--schedule", choices=SCHEDULES,
-                     help="modes pipeline and asteroid: 1f1b (default) or gpipe")
-    run.add_argument("--version-aggregation", type=int,
-                     help="mode ftpipehd: stage p averages its S - p in-flight weight "
-                          "versions every this many times S - p updates (0: never)")
-    run.add_argument("--global-replication-every", type=int,
-                     help="mode ftpipehd: batches between global replications (a flush; "
-                          "where re-partitioning happens and a fault's replay starts; "
-                          "0: once per epoch; default 100)")
-    run.add_argument("--first-repartition-after", type=int,
-                     help="mode ftpipehd with auto cuts: batches before the first "
-                          "re-partition (then at each global replication; 0: none before "
-                          "the first global replication; default 10)")
-    run.add_argument("--chain-replication-every", type=int,
-                     help="modes ftpipehd and asteroid: batches between chain replications "
-                          "(ftpipehd: each stage's weights to the next stage's device; "
-                          "asteroid: a stage's only device backs its stage up to the next "
-                          "stage's first device, the last stage to the first); a fault's "
-                          "replay starts from the latest one that survived; 0: none; "
-                          "default 50")
-    run.add_argument("--warmup-epochs", type=int,
-                     help="mode hadfl: epochs of the mutual negotiation (each device one "
-                          "epoch at --warmup-learning-rate, then the whole fleet averages); "
-                          "its times size the local steps")
-    run.add_argument("--warmup-learning-rate", type=float,
-                     help="mode hadfl: the negotiation's small learning rate")
-    run.add_argument("--local-steps", type=_steps,
-                     help="mode hadfl: capacity (each device as many mini-batches as fit "
-                          "its speed in a period) or a number every device trains a round")
-    run.add_argument("--sync-periods", type=int,
-                     help="mode hadfl: T_sync, hyperperiods between synchronisations")
-    run.add_argument("--ring-size", type=int,
-                     help="mode hadfl: N_p, devices that average each round (0: half)")
-    run.add_argument("--version-smoothing", type=float,
-                     help="mode hadfl: Holt's smoothing factor for version prediction")
-    run.add_argument("--group-size", type=int,
-                     help="mode hadfl: devices per group, each averaging within itself "
-                          "(0: one group)")
-    run.add_argument("--inter-group-every", type=int,
-                     help="mode hadfl with groups: rounds between inter-group averages")
-    run.add_argument("--ring-timeout", type=float,
-                     help="mode hadfl: seconds a ring member waits for its upstream before "
-                          "it asks it; as long again without an answer and it is bypassed")
+    # the systems' own options: each one's help is its system's (`_group_by_system`)
+    run.add_argument("--partition", type=_int_list)
+    run.add_argument("--stage-groups", type=_groups)
+    run.add_argument("--rescheduling", choices=RESCHEDULINGS)
+    run.add_argument("--schedule", choices=SCHEDULES)
+    run.add_argument("--version-aggregation", type=int)
+    run.add_argument("--global-replication-every", type=int)
+    run.add_argument("--first-repartition-after", type=int)
+    run.add_argument("--chain-replication-every", type=int)
+    run.add_argument("--warmup-epochs", type=int)
+    run.add_argument("--warmup-learning-rate", type=float)
+    run.add_argument("--local-steps", type=_steps)
+    run.add_argument("--sync-periods", type=int)
+    run.add_argument("--ring-size", type=int)
+    run.add_argument("--version-smoothing", type=float)
+    run.add_argument("--group-size", type=int)
+    run.add_argument("--inter-group-every", type=int)
+    run.add_argument("--ring-timeout", type=float)
     run.add_argument("--network", help="network preset: 4g, 4g+, wifi or lan")
     run.add_argument("--device-timeout", type=float,
                      help="seconds of silence before a device connection is given up "
@@ -173,9 +141,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--reconnect-grace", type=float,
                      help="seconds a disconnected device has to reconnect before its round "
                           "goes on without it (default 10)")
-    run.add_argument("--replan", dest="replan", action="store_true", default=None,
-                     help='with "auto" plans, re-plan between rounds from live measurements '
-                          "(experimental: off by default)")
+    run.add_argument("--replan", dest="replan", action="store_true", default=None)
     run.add_argument("--no-device-profiles", dest="profile_devices", action="store_false",
                      default=None,
                      help='with "auto" (asteroid: any plan), plan from the server\'s own '
@@ -192,34 +158,43 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                      help="compute slowdown factor(s) >= 1 to emulate slow devices")
     run.add_argument("--aggregation-every", type=int,
                      help="FedAvg every this many iterations (0 = every epoch)")
-    run.add_argument("--aggregation", choices=AGGREGATIONS,
-                     help="how device models are combined (default fedavg; the others "
-                          "bound what a few bad devices can do)")
-    run.add_argument("--outliers", choices=OUTLIERS,
-                     help="a device update far above the round's median: keep (default), "
-                          "clip or drop it")
-    run.add_argument("--privacy", choices=PRIVACY_METHODS,
-                     help="modes fl, sl, sfl, pipar: differential privacy on the devices: "
-                          "classic (noise on the uploaded model half) or pixeldp (noise "
-                          "on every training input)")
-    run.add_argument("--privacy-noise", type=float,
-                     help="the privacy noise's standard deviation")
-    run.add_argument("--server-lanes", type=int,
-                     help="modes sfl, pipar: server passes of different devices' replicas "
-                          "run at once (threads; for a server with that many cores or a GPU)")
-    run.add_argument("--devices-per-round", type=_count_or_fraction,
-                     help="modes fl, sl, sfl, pipar: devices sampled to train in each round: "
-                          "a count, or a fraction in (0, 1) of the devices; 0: every device")
+    run.add_argument("--aggregation", choices=AGGREGATIONS)
+    run.add_argument("--outliers", choices=OUTLIERS)
+    run.add_argument("--privacy", choices=PRIVACY_METHODS)
+    run.add_argument("--privacy-noise", type=float)
+    run.add_argument("--server-lanes", type=int)
+    run.add_argument("--devices-per-round", type=_count_or_fraction)
     run.add_argument("--learning-rate", type=float, help="SGD learning rate")
     run.add_argument("--momentum", type=float, help="SGD momentum")
     run.add_argument("--seed", type=int, help="random seed")
     run.add_argument("--out-dir", help="results directory (default runs/<date-time>; one "
                                        "that holds results is refused)")
+    groups = _group_by_system(parser, run)
     defaults = RunConfig()
-    for action in run._group_actions:  # say each default, from the config's own
+    for action in (a for group in (run, *groups) for a in group._group_actions):
         if (action.dest in RUN_OPTION_KEYS and action.help and "default" not in action.help
                 and not isinstance(action, argparse._StoreFalseAction)):
             action.help += f" (default {_shown(getattr(defaults, action.dest))})"
+
+
+def _group_by_system(parser: argparse.ArgumentParser, run: argparse._ArgumentGroup
+                     ) -> list[argparse._ArgumentGroup]:
+    """Move the options that systems declare out of ``run``, into a group per set of
+    modes that take them, with the help each system gives (aiopipe.runtime.systems.
+    registry); the groups made."""
+    owners = option_owners()
+    groups: dict[tuple[str, ...], argparse._ArgumentGroup] = {}
+    for action in list(run._group_actions):
+        modes = owners.get(action.dest)
+        if modes is None:
+            continue
+        if modes not in groups:
+            names = ", ".join(modes[:-1]) + " and " + modes[-1] if len(modes) > 1 else modes[0]
+            groups[modes] = parser.add_argument_group(f"options of mode {names}")
+        run._group_actions.remove(action)
+        groups[modes]._group_actions.append(action)
+        action.help = options_of(modes[0]).keys[action.dest]
+    return list(groups.values())
 
 
 def _count_or_fraction(text: str) -> int | float:
@@ -266,23 +241,19 @@ def config_from_args(args: argparse.Namespace, **defaults: Any) -> RunConfig:
     """
     overrides = {k: getattr(args, k) for k in RUN_OPTION_KEYS if getattr(args, k) is not None}
     if args.config is not None:
-        base = RunConfig.from_toml(args.config).to_mapping()
+        data = read_run_keys(args.config)
+        mode = str(overrides.get("mode") or data.get("mode") or RunConfig().mode)
+        in_file = fold_system_tables(data, mode, where=f"config file {str(args.config)!r}")
+        given = set(in_file)
+        base = RunConfig.from_mapping({**in_file, "mode": mode}).to_mapping()
         if base.get("model") == "custom":
             raise ConfigError("a config file cannot hold a custom model")
-        given = _toml_keys(args.config)
         values = {**{k: v for k, v in defaults.items() if k not in given},
                   **{k: base[k] for k in given}}
     else:
         values = dict(defaults)
     values.update(overrides)
     return RunConfig.from_mapping(values)
-
-
-def _toml_keys(path: Path) -> set[str]:
-    import tomllib
-
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
-    return set(data["run"] if isinstance(data.get("run"), dict) else data)
 
 
 TABLE_HEADER = (f"{'epoch':>5} {'time s':>8} {'loss':>7} {'test acc':>8} {'train acc':>9} "

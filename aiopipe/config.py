@@ -19,34 +19,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aiopipe.config_checks import (
-    check_aggregation,
-    check_devices_per_round,
-    check_hadfl,
-    check_pipeline,
-    check_privacy,
-    check_server_lanes,
-    check_trim,
-    devices_to_trim,
-)
 from aiopipe.config_keys import unknown_keys
-from aiopipe.config_toml import read_run_keys, toml_document
+from aiopipe.config_toml import fold_system_tables, read_run_keys, toml_document
 from aiopipe.config_values import (
     AGGREGATIONS,
     DATA_PARTITIONS,
     INITIAL_WEIGHTS,
-    LINKED_MODES,
     LOSSES,
-    MODES,
     OPTIMIZERS,
     OUTLIERS,
-    PIPELINE_MODES,
     PRIVACY_METHODS,
-    REPLICA_MODES,
     RESCHEDULINGS,
     SCHEDULES,
-    STAR_MODES,
     PerDevice,
+    above,
     fail,
     one_network,
     per_device,
@@ -55,6 +41,7 @@ from aiopipe.config_values import (
 )
 from aiopipe.entrypoints import is_entry_point
 from aiopipe.errors import ConfigError
+from aiopipe.runtime.systems.registry import BUILT_IN, option_owners, options_of
 
 if TYPE_CHECKING:
     from aiopipe.transport.network import NetworkSpec
@@ -63,20 +50,20 @@ __all__ = [
     "AGGREGATIONS",
     "DATA_PARTITIONS",
     "INITIAL_WEIGHTS",
-    "LINKED_MODES",
     "LOSSES",
     "MODES",
     "OPTIMIZERS",
     "OUTLIERS",
-    "PIPELINE_MODES",
     "PRIVACY_METHODS",
-    "REPLICA_MODES",
     "RESCHEDULINGS",
     "SCHEDULES",
-    "STAR_MODES",
     "RunConfig",
-    "devices_to_trim",
 ]
+
+#: The built-in modes (a run may also name a system of its own: "module:attribute").
+MODES = tuple(BUILT_IN)
+#: A run's mode when nothing names one.
+_DEFAULT_MODE = "pipar"
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +270,7 @@ class RunConfig:
         ConfigError: a field has an invalid value (the message names the key).
     """
 
-    mode: str = "pipar"
+    mode: str = _DEFAULT_MODE
     model: Any = "vgg5"
     initial_weights: str = "seed"
     loss: str = "cross-entropy"
@@ -343,8 +330,8 @@ class RunConfig:
     devices_per_round: int | float = 0
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise fail("mode", self.mode, f"one of {', '.join(MODES)}")
+        if not isinstance(self.mode, str):
+            raise fail("mode", self.mode, f"one of {', '.join(MODES)} or module:attribute")
         self._check_model()
         if not isinstance(self.dataset, str) or not self.dataset:
             raise fail("dataset", self.dataset, "a dataset name")
@@ -405,7 +392,9 @@ class RunConfig:
         if self.data_partition not in DATA_PARTITIONS:
             raise fail("data_partition", self.data_partition,
                        f"one of {', '.join(DATA_PARTITIONS)}")
-        check_pipeline(self)
+        if self.partition in DATA_PARTITIONS:
+            raise fail("partition", self.partition, '"auto" or a list of cut points (the '
+                       "data partition is now data_partition)")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise fail("seed", self.seed, "an integer")
         for key in ("heartbeat_interval", "device_timeout"):
@@ -447,12 +436,30 @@ class RunConfig:
              if isinstance(budget, Sequence) else float(budget))
         if not isinstance(self.out_dir, str):
             raise fail("out_dir", self.out_dir, "a path string")
-        check_aggregation(self)
-        check_hadfl(self)
-        check_privacy(self)
-        check_server_lanes(self)
-        check_devices_per_round(self)
-        check_trim(self)
+        f = self.byzantine_devices
+        if isinstance(f, bool) or not isinstance(f, int) or f < 0:
+            raise fail("byzantine_devices", f, "an integer >= 0")
+        set_(self, "scale_limit", above("scale_limit", self.scale_limit, 1))
+        self._check_system()
+
+    def _check_system(self) -> None:
+        """The run's system and its own options (aiopipe.runtime.systems.registry): a
+        key that other systems declare keeps its default; the system checks its own."""
+        try:
+            options = options_of(self.mode)
+        except ConfigError as exc:  # (it says what a mode may be)
+            raise ConfigError(f"config key 'mode': {exc}") from None
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for key, modes in option_owners().items():
+            value = getattr(self, key)
+            if key not in options.keys and value != defaults[key]:
+                why = options_of(modes[0]).elsewhere.get(key)
+                if why is None:
+                    names = [f'"{mode}"' for mode in modes]
+                    why = "it is for mode " + (", ".join(names[:-1]) + " and " + names[-1]
+                                               if len(names) > 1 else names[0])
+                raise fail(key, value, f"its default in mode {self.mode} ({why})")
+        options.check(self)
 
     def round_size(self, alive: int) -> int:
         """Devices that train in a round when ``alive`` can (`devices_per_round`)."""
@@ -576,15 +583,19 @@ class RunConfig:
 
     @classmethod
     def from_toml(cls, path: str | Path, **overrides: Any) -> RunConfig:
-        """Load a TOML file (top-level keys, or a ``[run]`` table), then apply overrides.
+        """Load a TOML file (top-level keys, or a ``[run]`` table; the run's system's
+        options in its table, ``[hadfl]``: `fold_system_tables`), then apply overrides.
 
         Raises:
             ConfigError: the file is missing, is not valid TOML, or holds invalid values.
         """
         data = read_run_keys(path)
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.from_mapping(data)
+        mode = overrides.get("mode") or data.get("mode") or _DEFAULT_MODE
+        values = fold_system_tables(data, str(mode), where=f"config file {str(path)!r}")
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.from_mapping(values)
 
     def to_toml(self) -> str:
-        """The config as a TOML document (what ``config.toml`` in a results dir holds)."""
+        """The config as a TOML document of top-level keys, every key's value (what
+        ``config.toml`` in a results dir holds: `from_mapping` reads it back whole)."""
         return toml_document(self.to_mapping())

@@ -18,17 +18,12 @@ __all__ = [
     "AGGREGATIONS",
     "DATA_PARTITIONS",
     "INITIAL_WEIGHTS",
-    "LINKED_MODES",
     "LOSSES",
-    "MODES",
     "OPTIMIZERS",
     "OUTLIERS",
-    "PIPELINE_MODES",
     "PRIVACY_METHODS",
-    "REPLICA_MODES",
     "RESCHEDULINGS",
     "SCHEDULES",
-    "STAR_MODES",
     "PerDevice",
     "above",
     "device_id",
@@ -39,22 +34,12 @@ __all__ = [
     "positive_int",
 ]
 
-MODES = ("fl", "sl", "sfl", "pipar", "pipeline", "ftpipehd", "asteroid", "hadfl")
-#: The modes whose devices form one pipeline and link to each other directly (a chain:
-#: device p runs stage p; asteroid: a group of devices per stage).
-PIPELINE_MODES = ("pipeline", "ftpipehd", "asteroid")
-#: The modes whose devices link to each other directly (every device listens for peers).
-LINKED_MODES = (*PIPELINE_MODES, "hadfl")
 LOSSES = ("cross-entropy",)
 AGGREGATIONS = ("fedavg", "fedmedian", "trimmed-mean", "krum")
 OUTLIERS = ("keep", "clip", "drop")
 OPTIMIZERS = ("sgd",)
 DATA_PARTITIONS = ("iid", "dirichlet")
 SCHEDULES = ("1f1b", "gpipe")
-#: The modes whose devices talk only to the server (the star: fl, sl, sfl, pipar).
-STAR_MODES = ("fl", "sl", "sfl", "pipar")
-#: The modes whose server holds a replica of its half per device (``server_lanes``).
-REPLICA_MODES = ("sfl", "pipar")
 #: Differential privacy on the devices (aiopipe.runtime.privacy).
 PRIVACY_METHODS = ("none", "classic", "pixeldp")
 #: What a user's own module starts from: re-initialised from ``seed``, or its weights.

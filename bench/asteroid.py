@@ -77,7 +77,7 @@ from aiopipe.runtime.plan import (  # noqa: E402
     model_profile,
     train_dataset,
 )
-from aiopipe.runtime.systems import planning_batch_sizes  # noqa: E402
+from aiopipe.runtime.systems.base import planning_batch_sizes  # noqa: E402
 from aiopipe.scheduler.asteroid import (  # noqa: E402
     KEEP,
     Device,

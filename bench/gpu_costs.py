@@ -31,7 +31,7 @@ from aiopipe.scheduler.costs import measure_costs
 def measure(name: str, device: torch.device, batch_size: int, repeats: int
             ) -> dict[str, object]:
     """One model's table on ``device``."""
-    from aiopipe.runtime.systems import planning_batch_sizes
+    from aiopipe.runtime.systems.base import planning_batch_sizes
 
     config = RunConfig(model=name, batch_size=batch_size, split_point="auto",
                        parallel_batches="auto")

@@ -32,7 +32,7 @@ from aiopipe import CostTable, RunConfig, VirtualClock, simulate
 from aiopipe.errors import ConfigError
 from aiopipe.runtime.compute import resolve_torch_device
 from aiopipe.runtime.plan import build_model, measure_planning_costs, train_dataset
-from aiopipe.runtime.systems import planning_batch_sizes
+from aiopipe.runtime.systems.base import planning_batch_sizes
 
 
 def config_for(args: argparse.Namespace) -> RunConfig:

@@ -46,7 +46,7 @@ from typing import Any
 
 from aiopipe import RunConfig, VirtualClock, simulate
 from aiopipe.runtime.plan import build_model, measure_planning_costs, train_dataset
-from aiopipe.runtime.systems import planning_batch_sizes
+from aiopipe.runtime.systems.base import planning_batch_sizes
 
 REPO = Path(__file__).resolve().parents[1]
 SLOWDOWNS = (1.0, 2.0, 2.0, 4.0)

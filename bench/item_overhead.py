@@ -20,7 +20,7 @@ import asyncio
 
 from aiopipe import RunConfig, SystemClock, VirtualClock, simulate
 from aiopipe.runtime.plan import build_model, measure_planning_costs, train_dataset
-from aiopipe.runtime.systems import planning_batch_sizes
+from aiopipe.runtime.systems.base import planning_batch_sizes
 
 
 def main() -> None:

@@ -98,7 +98,7 @@ from aiopipe.runtime.plan import (
     model_profile,
     train_dataset,
 )
-from aiopipe.runtime.systems import planning_batch_sizes
+from aiopipe.runtime.systems.base import planning_batch_sizes
 from aiopipe.runtime.systems.star.planning import choose_plans, device_plans, resolve_auto
 from aiopipe.runtime.systems.star.replan import live_profiles, reselect
 from aiopipe.scheduler import (

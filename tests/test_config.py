@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiopipe.config import DATA_PARTITIONS, LINKED_MODES, MODES, SCHEDULES, RunConfig
+from aiopipe.config import DATA_PARTITIONS, MODES, SCHEDULES, RunConfig
 from aiopipe.errors import ConfigError
+from aiopipe.runtime.systems.base import system_class
 
 
 def test_defaults_are_valid() -> None:
@@ -404,7 +405,7 @@ def configs(draw: st.DrawFn) -> RunConfig:
         )
     )
     return RunConfig(
-        mode=draw(st.sampled_from([m for m in MODES if m not in LINKED_MODES])),
+        mode=draw(st.sampled_from([m for m in MODES if not system_class(m).links_devices])),
         model=draw(text_without_surrogates.filter(lambda t: bool(t) and ":" not in t)
                    | st.sampled_from(["mylab:net", "pkg.nets:small_cnn"])),
         dataset=draw(text_without_surrogates.filter(bool)),

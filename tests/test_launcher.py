@@ -11,7 +11,7 @@ import pytest
 from aiopipe.__main__ import _device_exited
 from aiopipe.config import MODES
 from aiopipe.errors import TrainingError
-from aiopipe.runtime.systems import system_class
+from aiopipe.runtime.systems.base import system_class
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -132,8 +132,9 @@ class Plan:
         check_index("device_id", self.device_id)
         _check_shape(self.in_shape)
         check_index("num_classes", self.num_classes)
-        if self.mode not in MODES:
-            raise LocalProtocolError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if not isinstance(self.mode, str) or (self.mode not in MODES and ":" not in self.mode):
+            raise LocalProtocolError(f"mode must be one of {MODES} or module:attribute (a "
+                                     f"system of the user's), got {self.mode!r}")
         check_index("run_id", self.run_id)
         check_index("session", self.session)
         if not isinstance(self.peer_keys, Mapping):

@@ -90,7 +90,7 @@ from aiopipe.runtime.run_setup import check_tables, evaluation_data, frame_cap
 from aiopipe.runtime.sampling import sampled_devices
 from aiopipe.runtime.server_faults import ServerFaults
 from aiopipe.runtime.system_rounds import SystemRounds
-from aiopipe.runtime.systems import Setup, System, system_for
+from aiopipe.runtime.systems.base import Setup, System, system_for
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.transport import Link
 from aiopipe.wording import plural

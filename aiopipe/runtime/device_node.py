@@ -73,7 +73,7 @@ from aiopipe.runtime.plan import measure_planning_costs
 from aiopipe.runtime.profiling import ProbeTimer, answer_request
 from aiopipe.runtime.stage import StageWork
 from aiopipe.runtime.stage_round import COORDINATOR
-from aiopipe.runtime.systems import system_class
+from aiopipe.runtime.systems.base import system_class
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.transport import Link

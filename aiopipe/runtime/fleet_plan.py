@@ -18,8 +18,7 @@ from aiopipe.runtime.plan import declared_devices
 from aiopipe.runtime.plan_text import log_plan
 from aiopipe.runtime.profiling import profile_fleet
 from aiopipe.runtime.session import DeviceSession
-from aiopipe.runtime.systems import planning_batch_sizes
-from aiopipe.runtime.systems.base import System
+from aiopipe.runtime.systems.base import System, planning_batch_sizes
 from aiopipe.scheduler.estimate import DeviceProfile
 
 __all__ = ["announcement_refusal", "fleet_profiles", "log_fleet_plan"]

@@ -36,7 +36,7 @@ from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.device import run_device
 from aiopipe.runtime.factories import build_model
 from aiopipe.runtime.plan import train_dataset
-from aiopipe.runtime.systems import system_class
+from aiopipe.runtime.systems.base import system_class
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.transport import Link, LinkSpec, MemoryLink, open_memory_link_pair
 from aiopipe.transport.fabric import MemoryFabric

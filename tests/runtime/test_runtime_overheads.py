@@ -10,7 +10,7 @@ from aiopipe import RunConfig
 from aiopipe.runtime import plan as run_plan
 from aiopipe.runtime.overheads import RuntimeOverheads, measure_runtime_overheads
 from aiopipe.runtime.plan import build_model, measure_planning_costs, train_dataset
-from aiopipe.runtime.systems import planning_batch_sizes
+from aiopipe.runtime.systems.base import planning_batch_sizes
 
 
 def test_overheads_are_measured_through_the_runtime_parts() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, NoReturn, Protocol
+from typing import Any, ClassVar, NoReturn, Protocol, cast
 
 import torch
 from torch import nn
@@ -18,10 +18,12 @@ from aiopipe.protocol import Hello, Replica, ReplicaRequest, RoundResult, RoundS
 from aiopipe.runtime.compute import Compute
 from aiopipe.runtime.device_half import DeviceHalf
 from aiopipe.runtime.stage import ServerStage
+from aiopipe.runtime.systems.registry import find_system
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.estimate import DeviceProfile
 
-__all__ = ["Rounds", "Setup", "System", "refuse_replica"]
+__all__ = ["Rounds", "Setup", "System", "planning_batch_sizes", "refuse_replica", "system_class",
+           "system_for"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,3 +243,30 @@ def refuse_replica(mode: str) -> NoReturn:
         RemoteProtocolError: always.
     """
     raise RemoteProtocolError(f"a replica in mode {mode}")
+
+
+def system_class(mode: str) -> type[System]:
+    """The coordinator half of the system that runs ``mode`` (`find_system`): what it
+    declares, such as ``recovers_lost_devices``, can be asked before a run is set up.
+
+    Raises:
+        ConfigError: no such system.
+    """
+    return cast(type[System], find_system(mode))
+
+
+def system_for(setup: Setup) -> System:
+    """The system ``setup.config.mode`` names, set up (planned) for the run.
+
+    Raises:
+        ConfigError: the config cannot run (no plan fits, a bad partition...).
+    """
+    return system_class(setup.config.mode)(setup)
+
+
+def planning_batch_sizes(config: RunConfig) -> list[int]:
+    """Every batch size a cost table must hold for the run and its planner: the
+    micro-batch sizes the run's system may use (its ``micro_batch_sizes``) and B for
+    whole batches."""
+    sizes = system_class(config.mode).micro_batch_sizes(config)
+    return sorted({*sizes, config.batch_size})

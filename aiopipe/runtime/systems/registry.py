@@ -1,5 +1,12 @@
 """The registry of training systems: which class is the coordinator half of each
-``mode`` (the package docstring, aiopipe.runtime.systems, says what a system is).
+``mode`` (the package docstring, aiopipe.runtime.systems, says what a system is), and
+the options each takes.
+
+A system declares its own options (`SystemOptions`): the config keys only it takes,
+what each means (``--help`` groups them by system; a config file holds them in a table
+named after the mode, ``[hadfl]``), and the checks of their values. A key that no
+system declares is every run's; a key some systems declare keeps its default in the
+others' runs.
 
 Kept apart from the systems and imported by name, so that what needs to know which
 system a run has (a cost table's batch sizes, the launcher) loads no system it does
@@ -9,11 +16,13 @@ not run, and a user's own system is found the same way as a built-in one.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiopipe.errors import ConfigError
 
-__all__ = ["BUILT_IN", "find_system"]
+__all__ = ["BUILT_IN", "SystemOptions", "find_system", "option_owners", "options_of"]
 
 #: The built-in systems by mode: where each one's coordinator half is (loaded when a
 #: run names it, so that a device loads only its own system).
@@ -25,6 +34,66 @@ BUILT_IN: dict[str, str] = {
     "asteroid": "aiopipe.runtime.systems.asteroid.coordinator:Asteroid",
     "hadfl": "aiopipe.runtime.systems.hadfl.coordinator:HADFL",
 }
+
+
+#: Where each built-in mode's options are (light modules: a config's checks load them).
+BUILT_IN_OPTIONS: dict[str, str] = {
+    **{mode: f"aiopipe.runtime.systems.star.options:{mode.upper()}"
+       for mode in ("fl", "sl", "sfl", "pipar")},
+    **{mode: f"aiopipe.runtime.systems.{mode}.options:OPTIONS"
+       for mode in ("pipeline", "ftpipehd", "asteroid", "hadfl")},
+}
+
+
+def _no_check(config: Any) -> None:
+    """No check beyond the common keys'."""
+
+
+@dataclass(frozen=True, slots=True)
+class SystemOptions:
+    """The options a system takes (module docstring): ``keys`` maps each to what it
+    means; ``check(config)`` raises `ConfigError` for an invalid value (naming the key)
+    and may put a valid one in its normal form (a list as a tuple), as `RunConfig`'s own
+    checks do; ``table``: the config file's table of them (default: the mode);
+    ``elsewhere``: for a key, why a run of another system keeps its default (default:
+    which modes take it)."""
+
+    keys: Mapping[str, str] = field(default_factory=dict)
+    check: Callable[[Any], None] = _no_check
+    table: str = ""
+    elsewhere: Mapping[str, str] = field(default_factory=dict)
+
+
+def options_of(mode: str) -> SystemOptions:
+    """The options of the system that runs ``mode``: a built-in mode's, or those a
+    ``"module:attribute"`` system class declares as its ``options`` (none when it
+    declares none). Its ``table`` is filled in (the mode, or the class's name).
+
+    Raises:
+        ConfigError: no such system.
+    """
+    where = BUILT_IN_OPTIONS.get(mode)
+    if where is not None:
+        module_name, _, attribute = where.partition(":")
+        found: SystemOptions = getattr(importlib.import_module(module_name), attribute)
+        table = mode
+    else:
+        system = find_system(mode)
+        found = getattr(system, "options", None) or SystemOptions()
+        table = system.__name__.lower()
+    if not isinstance(found, SystemOptions):
+        raise ConfigError(f"mode {mode!r}: its options are not a SystemOptions")
+    return found if found.table else SystemOptions(found.keys, found.check, table,
+                                                   found.elsewhere)
+
+
+def option_owners() -> dict[str, tuple[str, ...]]:
+    """Every key a built-in system declares, with the modes that take it."""
+    owners: dict[str, tuple[str, ...]] = {}
+    for mode in BUILT_IN_OPTIONS:
+        for key in options_of(mode).keys:
+            owners[key] = (*owners.get(key, ()), mode)
+    return owners
 
 
 def find_system(mode: str) -> type[Any]:

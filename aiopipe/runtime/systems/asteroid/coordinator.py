@@ -73,7 +73,6 @@ from aiopipe.runtime.plan import (
     unit_output_shapes,
 )
 from aiopipe.runtime.plan_text import log_plan
-from aiopipe.runtime.systems import planning_batch_sizes
 from aiopipe.runtime.systems.asteroid.device import AsteroidDevice
 from aiopipe.runtime.systems.asteroid.replay import (
     CarriedResults,
@@ -81,7 +80,7 @@ from aiopipe.runtime.systems.asteroid.replay import (
     measured_device,
     parameter_names,
 )
-from aiopipe.runtime.systems.base import Rounds, Setup
+from aiopipe.runtime.systems.base import Rounds, Setup, planning_batch_sizes
 from aiopipe.runtime.systems.ftpipehd.chain import gather_from, replica_check
 from aiopipe.runtime.systems.pipeline.coordinator import (
     MAX_REPLAYS,

@@ -40,8 +40,7 @@ from aiopipe.protocol import Replica, RoundResult, RoundStart, state_from_wire
 from aiopipe.runtime.momentum import MOMENTUM
 from aiopipe.runtime.plan import measure_planning_costs, unit_output_shapes
 from aiopipe.runtime.plan_text import change_lines, log_lines
-from aiopipe.runtime.systems import planning_batch_sizes
-from aiopipe.runtime.systems.base import Rounds, Setup
+from aiopipe.runtime.systems.base import Rounds, Setup, planning_batch_sizes
 from aiopipe.runtime.systems.ftpipehd.chain import KEPT, gather, replica_check
 from aiopipe.runtime.systems.ftpipehd.device import FTPipeHDDevice
 from aiopipe.runtime.systems.pipeline.coordinator import (

@@ -61,8 +61,7 @@ from aiopipe.runtime.plan import (
     unit_output_shapes,
 )
 from aiopipe.runtime.plan_text import log_plan
-from aiopipe.runtime.systems import planning_batch_sizes
-from aiopipe.runtime.systems.base import Rounds, Setup, refuse_replica
+from aiopipe.runtime.systems.base import Rounds, Setup, planning_batch_sizes, refuse_replica
 from aiopipe.runtime.systems.pipeline.device import PipelineDevice
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.estimate import DeviceProfile

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from aiopipe import models
-from aiopipe.config import RunConfig, devices_to_trim
+from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
 from aiopipe.metrics.trace import Slice
 from aiopipe.protocol import (
@@ -66,9 +66,9 @@ from aiopipe.runtime.plan import (
 from aiopipe.runtime.plan_text import change_lines, log_lines
 from aiopipe.runtime.sampling import sampled_devices
 from aiopipe.runtime.stage import ServerStage, StageWork
-from aiopipe.runtime.systems import planning_batch_sizes
-from aiopipe.runtime.systems.base import Rounds, Setup, refuse_replica
+from aiopipe.runtime.systems.base import Rounds, Setup, planning_batch_sizes, refuse_replica
 from aiopipe.runtime.systems.star.device import StarDevice
+from aiopipe.runtime.systems.star.options import devices_to_trim
 from aiopipe.runtime.systems.star.planning import (
     choose_plans,
     device_plans,

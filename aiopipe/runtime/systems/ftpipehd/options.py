@@ -1,0 +1,53 @@
+"""FTPipeHD's options: its weight aggregation (§III-C), global and chain replication
+(§III-E), when re-partitioning starts (§III-D). Light: a config's checks load it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiopipe.config_values import fail
+from aiopipe.runtime.systems.pipeline.options import PARTITION, check_cuts, check_pipeline
+from aiopipe.runtime.systems.registry import SystemOptions
+
+__all__ = ["CHAIN", "OPTIONS", "check_counts"]
+
+#: Chain replication (FTPipeHD's; Asteroid's backups too).
+CHAIN = {"chain_replication_every":
+         "batches between chain replications (ftpipehd: each stage's weights to the next "
+         "stage's device; asteroid: a stage's only device backs its stage up to the next "
+         "stage's first device, the last stage to the first); a fault's replay starts "
+         "from the latest one that survived; 0: none"}
+
+_KEYS = {
+    **PARTITION,
+    "version_aggregation": "stage p averages its S - p in-flight weight versions every "
+                           "this many times S - p updates (0: never)",
+    "global_replication_every": "batches between global replications (a flush; where "
+                                "re-partitioning happens and a fault's replay starts; 0: "
+                                "once per epoch)",
+    "first_repartition_after": "with auto cuts: batches before the first re-partition "
+                               "(then at each global replication; 0: none before the first "
+                               "global replication)",
+    **CHAIN,
+}
+
+
+def check_counts(config: Any, keys: Any) -> None:
+    """Each of ``keys`` an integer >= 0."""
+    for name in keys:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise fail(name, value, "an integer >= 0")
+
+
+def check(config: Any) -> None:
+    """FTPipeHD's options, and SGD: it applies SGD itself to each stage's versions."""
+    check_cuts(config, one_stage_per_device=True)
+    check_counts(config, [key for key in _KEYS if key != "partition"])
+    if config.optimizer != "sgd":
+        raise fail("optimizer", config.optimizer, 'its default, "sgd": ftpipehd applies SGD '
+                   "(learning_rate, momentum) itself, to each stage's weight versions")
+    check_pipeline(config)
+
+
+OPTIONS = SystemOptions(_KEYS, check)

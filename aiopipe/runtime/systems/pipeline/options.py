@@ -1,0 +1,61 @@
+"""The options of a synchronous pipeline (and what FTPipeHD's and Asteroid's share of
+them): where the model is cut, and the schedule. Light: a config's checks load it."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from aiopipe.config_values import SCHEDULES, fail, positive_int
+from aiopipe.runtime.systems.registry import SystemOptions
+
+__all__ = ["OPTIONS", "PARTITION", "SCHEDULE", "check_cuts", "check_pipeline"]
+
+#: Where the model is cut.
+PARTITION = {"partition": "the S-1 cut points (comma list) or auto (balanced; asteroid: "
+                          "its planner's)"}
+#: How a stage orders its micro-batches.
+SCHEDULE = {"schedule": "1f1b (default) or gpipe"}
+
+
+def check_cuts(config: Any, *, one_stage_per_device: bool) -> None:
+    """``partition``: "auto", or increasing cut points (as a tuple); with
+    ``one_stage_per_device``, one fewer than the devices."""
+    partition = config.partition
+    if isinstance(partition, int) and not isinstance(partition, bool):
+        partition = (partition,)  # one cut point: two stages
+    if isinstance(partition, Sequence) and not isinstance(partition, str):
+        cuts = tuple(positive_int("partition", v) for v in partition)
+        if any(b <= a for a, b in itertools.pairwise(cuts)):
+            raise fail("partition", list(cuts), "increasing cut points")
+        if one_stage_per_device and len(cuts) != config.devices - 1:
+            raise fail("partition", list(cuts),
+                       f"{config.devices - 1} cut points (one fewer than the devices)")
+        object.__setattr__(config, "partition", cuts)
+    elif partition != "auto":
+        raise fail("partition", partition, '"auto" or a list of cut points')
+
+
+def check_pipeline(config: Any) -> None:
+    """What every pipeline needs: two devices or more, one micro-batch count, rounds
+    that are epochs (nothing to aggregate between)."""
+    if config.devices < 2:
+        raise fail("devices", config.devices, "at least 2 for a pipeline (one per stage)")
+    if not isinstance(config.parallel_batches, int):
+        raise fail("parallel_batches", config.parallel_batches,
+                   "one integer for a pipeline (micro-batches per iteration)")
+    if config.aggregation_every:
+        raise fail("aggregation_every", config.aggregation_every,
+                   "0 for a pipeline (its rounds are epochs: it aggregates nothing)")
+
+
+def check(config: Any) -> None:
+    """The synchronous pipeline's options."""
+    check_cuts(config, one_stage_per_device=True)
+    if config.schedule not in SCHEDULES:
+        raise fail("schedule", config.schedule, f"one of {', '.join(SCHEDULES)}")
+    check_pipeline(config)
+
+
+OPTIONS = SystemOptions({**PARTITION, **SCHEDULE}, check)

@@ -1,0 +1,62 @@
+"""A system of the user's, named ``mode = "module:attribute"``: the coordinator and every
+device find it through the registry (aiopipe.runtime.systems.registry), and it trains."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import pytest
+from fleet import COSTS, vgg5_shaped
+
+from aiopipe import RunConfig, VirtualClock, simulate
+from aiopipe.errors import ConfigError
+from aiopipe.protocol import RoundResult
+from aiopipe.runtime.device_half import DeviceHalf
+from aiopipe.runtime.systems.base import Rounds
+from aiopipe.runtime.systems.star.coordinator import Star
+from aiopipe.runtime.systems.star.device import StarDevice
+
+
+class CountingDevice(StarDevice):
+    """A star device that counts the rounds it runs."""
+
+    rounds: ClassVar[list[int]] = []
+
+    async def run_round(self, start: Any) -> int:
+        CountingDevice.rounds.append(self.node.device_id)
+        return await super().run_round(start)
+
+
+class CountingStar(Star):
+    """A star (split learning, one micro-batch) that counts its rounds on both sides."""
+
+    device_half: ClassVar[type[DeviceHalf]] = CountingDevice
+    rounds: ClassVar[int] = 0
+
+    async def run_round(self, rounds: Rounds, round_no: int, epoch: int, first: int,
+                        work: Sequence[int], participants: Sequence[int]
+                        ) -> dict[int, RoundResult]:
+        CountingStar.rounds += 1
+        return await super().run_round(rounds, round_no, epoch, first, work, participants)
+
+
+async def test_a_system_named_by_module_and_attribute_runs_on_both_halves() -> None:
+    CountingStar.rounds, CountingDevice.rounds = 0, []
+    config = RunConfig(mode=f"{__name__}:CountingStar", model=vgg5_shaped, devices=2,
+                       samples_per_device=40, batch_size=10, epochs=2, split_point=2,
+                       test_samples=20)
+    result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
+    assert [e.device_samples for e in result.epochs] == [(40, 40)] * 2
+    assert CountingStar.rounds == 2
+    assert sorted(CountingDevice.rounds) == [0, 0, 1, 1]
+
+
+@pytest.mark.parametrize(("mode", "reason"), [
+    ("no_such_module_here:System", "cannot import no_such_module_here"),
+    (f"{__name__}:CountingDevice", "is not a system class"),
+    (f"{__name__}:Missing", "is not a system class"),
+])
+def test_a_mode_that_names_no_system_is_refused_with_why(mode: str, reason: str) -> None:
+    with pytest.raises(ConfigError, match=reason):
+        RunConfig(mode=mode)
