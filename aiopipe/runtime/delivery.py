@@ -65,11 +65,14 @@ class Delivery:
         #: activations (and group gradients) from peers ahead of the round
         self._early: dict[str, list[Activation | GroupGradient]] = {}
 
-    def start_round(self, assignment: Assignment, pieces: Pieces,
-                    parameters: Expected) -> None:
-        """The round ``assignment`` begins: its messages are joined by ``pieces``; its
-        group gradients hold ``parameters``."""
-        self.assignment, self.pieces, self.parameters = assignment, pieces, parameters
+    def start_round(self, assignment: Assignment, pieces: Pieces | None = None,
+                    parameters: Expected | None = None) -> None:
+        """The round ``assignment`` begins: its messages are joined by ``pieces`` (by
+        default, the assignment's); its group gradients hold ``parameters`` (none by
+        default: a stage in no data-parallel group)."""
+        self.assignment = assignment
+        self.pieces = pieces if pieces is not None else Pieces(assignment)
+        self.parameters = parameters if parameters is not None else {}
 
     def sent(self, activation: Activation) -> None:
         """``activation`` went to the coordinator's stage (re-sent after a reconnection

@@ -221,8 +221,9 @@ class DeviceNode:
             TrainingError: the server refused us or reported an error.
             RemoteProtocolError: a device does not take it.
         """
-        if isinstance(message, Activation | Gradient):
-            self.delivery.deliver(COORDINATOR, message)
+        if isinstance(message, Activation | Gradient):  # the data path, unless the half
+            # takes them (a device that runs stages on both sides of the coordinator's)
+            self._handlers.get(type(message), self.delivery.deliver)(COORDINATOR, message)
         elif isinstance(message, RoundStart):
             if message.round <= self.last_round_received:
                 return False  # sent again after a reconnection: we have it already

@@ -27,6 +27,15 @@ already computed gets its cached gradient again, one still waiting is ignored; a
 round result is ignored. On one connection, by contrast, a repeated activation is a
 protocol error (a replay). A message that breaks the contract ends the session at once,
 with an `ErrorMessage` naming the problem; other devices are unaffected.
+
+[Note: middle stages] The coordinator's stage is usually a device's last (the star's
+server half: it computes the loss). A system may give it a middle stage instead, the
+device running the stages on both sides of it (U-shaped split learning,
+examples/ushaped.py): its activations then go back down to the device, whose
+gradients for them come up, checked like activations (once each, against the round's
+plan). A middle stage computes no loss: the round's loss is the device's. What was in
+flight across a reconnection is not re-sent for a middle stage (the device re-sends its
+activations, and gets the gradients already computed, as for a last stage).
 """
 
 from __future__ import annotations
@@ -131,8 +140,9 @@ class SessionHost(Protocol):
 
 
 class _DeviceRoute:
-    """The device as the previous stage of the coordinator's: gradients go out on the
-    downlink and are kept for re-sending until the device moves to the next iteration."""
+    """The device as the previous stage of the coordinator's (and, for a middle stage,
+    the next): gradients go out on the downlink and are kept for re-sending until the
+    device moves to the next iteration; activations go out on the downlink."""
 
     def __init__(self, session: DeviceSession) -> None:
         self.session = session
@@ -326,7 +336,8 @@ class DeviceSession:
         executor = StageExecutor(
             stage.work, host.compute, stage=assignment.stage, actions=assignment.actions,
             identity=Identity(host.run_id, "server"), inbox=self.inbox,
-            previous=_DeviceRoute(self), next=None, costs=stage.costs)
+            previous=_DeviceRoute(self), next=None if assignment.last else _DeviceRoute(self),
+            costs=stage.costs)
         try:
             for iteration in range(window.first_iteration,
                                    window.first_iteration + window.iterations):
@@ -423,6 +434,8 @@ class DeviceSession:
             self.liveness.heard()
             if isinstance(message, Activation):
                 self._accept_activation(message)
+            elif isinstance(message, Gradient):
+                self._accept_gradient(message)
             elif isinstance(message, RoundResult):
                 self._accept_result(message)
             elif isinstance(message, RoundReport):
@@ -481,6 +494,34 @@ class DeviceSession:
         self.seen.add(key)
         self.inbox.put(("F", *key), message)
 
+    def _accept_gradient(self, message: Gradient) -> None:
+        """Check a gradient for the coordinator's stage against the round and hand it to
+        the stage: only a stage before the last takes them ([Note: middle stages]).
+
+        Raises:
+            RemoteProtocolError: the coordinator's stage is the last, or the gradient is
+                outside the round, breaks the plan, or came twice.
+        """
+        window = self.window
+        assignment = window.assignment if window is not None else None
+        if assignment is None or assignment.last:
+            raise RemoteProtocolError("the server runs no middle stage for this device: it "
+                                      "takes no gradients")
+        key = (message.epoch, message.iteration, message.micro_batch)
+        running = self.result is not None and not self.result.done()
+        verdict = _RULES.verdict(message, assignment, running=running, from_peer=False)
+        if verdict is Verdict.DROP:
+            return  # late: its round is over
+        if verdict is not Verdict.DELIVER:
+            raise RemoteProtocolError("gradient outside a round")
+        check_data_message(message, assignment, sender=self.name, run_id=self.host.run_id)
+        if self.inbox.seen(("B", *key)):
+            raise RemoteProtocolError(f"gradient {key} sent twice")
+        if ArrivalRules.too_far_ahead(self.inbox.held(), assignment, slack=0):
+            raise RemoteProtocolError("more than two iterations' messages ahead of the "
+                                      "server's stage")
+        self.inbox.put(("B", *key), message)
+
     def _accept_result(self, message: RoundResult) -> None:
         if message.round <= self.last_round_done or (
                 self.round_result is not None and self.round_result.round == message.round):
@@ -531,7 +572,8 @@ class DeviceSession:
         self.peak_memory = report_count(message.report, "peak_memory_bytes")
         self.peer_bytes += report_count(message.report, "peer_bytes")
         self.host.recorder.extend(slices)
-        if window.stage is not None:  # the coordinator computed the loss, not the device
+        if window.stage is not None and window.stage.work.last:
+            # the coordinator computed the loss, not the device
             work = window.stage.work
             result = dataclasses.replace(result, loss_sum=float(work.loss_sum),
                                          correct=int(work.correct))

@@ -1,0 +1,416 @@
+"""U-shaped split learning: a training system of your own, written with aiopipe.systems.
+
+The model's units are cut twice. A device runs the first units, [0, P1), and the last,
+[P2, Q): its inputs, its labels and the loss never leave it. The coordinator runs the
+middle, [P1, P2). P1 is the run's ``split_point``; the device keeps the last
+`UShaped.tail_units` units (the classifier). Devices take turns, as in split learning
+("sl"): each starts from the weights the previous one left, and the coordinator keeps
+one middle model that every turn trains. With plain SGD that is plain SGD on the
+devices' batches in turn order (tests/test_example_ushaped.py checks it).
+
+One iteration, N micro-batches, GPipe over three stages::
+
+    device, stage 0 --activation (labels zeroed)--> coordinator, stage 1 --activation-->
+    device, stage 2 (the loss) --gradient--> stage 1 --gradient--> stage 0
+
+The two halves:
+
+- `UShaped`, the coordinator's: per turn, a `RoundStart` that assigns the device stage
+  0 and carries stage 2's units and actions in ``sync["ushaped"]``, with both stages'
+  weights in its tensors (a unit's weights keep its index in their names: "4.weight");
+  the coordinator's own middle stage (`ServerStage`) for the turn; the trained device
+  stages, returned in the `RoundResult`, loaded into the global model, whose middle the
+  coordinator trained in place.
+- `UShapedDevice`, the device's: both stages, each run by a `StageExecutor` over the
+  node's one inbox and compute queue, side by side in every iteration. Labels stay on
+  the device: stage 0's activations go up with zeros for labels, and the true ones are
+  put back on the activations that come down for stage 2.
+
+Run it from this directory (real processes over websockets)::
+
+    python -m aiopipe --mode ushaped:UShaped --devices 3 --epochs 2
+
+or simulate it: ``aiopipe.simulate(RunConfig(mode="ushaped:UShaped", ...))`` with
+this directory on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from functools import partial
+from typing import Any, ClassVar
+
+import torch
+
+from aiopipe import ConfigError, RemoteProtocolError, RunConfig, models
+from aiopipe.systems import (
+    COORDINATOR,
+    HEADER_SLACK_BYTES,
+    Action,
+    Activation,
+    Assignment,
+    Delivery,
+    DeviceContext,
+    DeviceHalf,
+    DeviceProfile,
+    Gradient,
+    Handler,
+    Hello,
+    Identity,
+    Message,
+    Replica,
+    RoundResult,
+    Rounds,
+    RoundStart,
+    ServerStage,
+    Setup,
+    StageExecutor,
+    StageWork,
+    SystemOptions,
+    TensorData,
+    check_schedule,
+    gpipe,
+    make_optimizer,
+    refuse_replica,
+    state_from_wire,
+    state_to_wire,
+    to_tensor_data,
+    unit_output_shapes,
+    with_transfers,
+)
+
+__all__ = ["UShaped", "UShapedDevice"]
+
+#: The key of a `RoundStart`'s ``sync`` that describes the device's second stage.
+SECOND_STAGE = "ushaped"
+
+
+def _actions(n: int) -> tuple[tuple[Action, ...], ...]:
+    """One iteration's actions of stages 0, 1 and 2: GPipe over N micro-batches."""
+    schedule = with_transfers(gpipe(3, n))
+    check_schedule(schedule)
+    return schedule.actions
+
+
+def _text(actions: Sequence[Action]) -> str:
+    return " ".join(map(str, actions))
+
+
+# -- the device half --------------------------------------------------------------------
+
+
+class _ToCoordinator:
+    """A device stage's route to the coordinator's middle stage: an activation goes up
+    with zeros for labels (the true ones wait for it to come back down); a gradient
+    goes up as it is."""
+
+    node = COORDINATOR
+
+    def __init__(self, half: UShapedDevice) -> None:
+        self.half = half
+
+    def send(self, message: Activation | Gradient, name: str, *,
+             ready_at: float | None) -> None:
+        node = self.half.node
+        key = (message.epoch, message.iteration, message.micro_batch)
+        if isinstance(message, Activation):
+            self.half.labels[key] = message.labels
+            zeros = torch.zeros(message.labels.shape, dtype=torch.int64)
+            message = dataclasses.replace(message, labels=to_tensor_data(zeros))
+            node.delivery.sent(message)  # re-sent after a reconnection, until its gradient
+        node.peer.post(message, name, epoch=key[0], iteration=key[1], micro_batch=key[2],
+                       ready_at=ready_at)
+
+
+class UShapedDevice(DeviceHalf):
+    """The device's half (module docstring): stages 0 and 2 of every round."""
+
+    def __init__(self, node: DeviceContext) -> None:
+        super().__init__(node)
+        #: the true labels of the activations sent up, until they come back down
+        self.labels: dict[tuple[int, int, int], TensorData] = {}
+        #: the stages built, by (first unit, stop unit, N): kept between rounds
+        self.works: dict[tuple[int, int, int], StageWork] = {}
+        self.running = False
+        #: stage 2's data path (stage 0's is the node's own)
+        self.upper = Delivery(node.inbox, coordinator=COORDINATOR, rules=self.arrivals,
+                              batch_size=1, running=lambda: self.running,
+                              judge=lambda: node.judge)
+
+    def handlers(self) -> Mapping[type[Message], Handler]:
+        """Activations come down for stage 2: with their labels put back."""
+        return {Activation: self._activation}
+
+    def _activation(self, sender: str, message: Activation) -> None:
+        key = (message.epoch, message.iteration, message.micro_batch)
+        labels = self.labels.pop(key, None)
+        if sender != COORDINATOR or labels is None:
+            raise RemoteProtocolError(f"{sender} sent activation {key}, whose input this "
+                                      "device never sent up")
+        self.upper.deliver(sender, dataclasses.replace(message, labels=labels))
+
+    async def run_round(self, start: RoundStart) -> int:
+        """Both stages, iteration by iteration; then the trained stages and the report.
+
+        Raises:
+            TrainingError: the coordinator failed the round or ended the run.
+            RemoteProtocolError: the round is not a U-shaped one of this run.
+        """
+        node = self.node
+        mark = len(node.recorder.slices)
+        node.inbox.reopen()
+        self.labels.clear()
+        (low, lower), (high, upper) = await node.compute.call(partial(self._stages, start))
+        node.assignment, node.work = low, lower
+        node.delivery.start_round(low)
+        self.upper.start_round(high)
+        self.upper.run_id = node.run_id
+        lower.batch = node.holdings.batches(low)
+        route, me = _ToCoordinator(self), Identity(node.run_id, node.name)
+        executors = [
+            StageExecutor(lower, node.compute, stage=0, actions=low.actions, identity=me,
+                          inbox=node.inbox, previous=None, next=route,
+                          costs=low.charges(node.costs)),
+            StageExecutor(upper, node.compute, stage=2, actions=high.actions, identity=me,
+                          inbox=node.inbox, previous=route, next=None,
+                          costs=high.charges(node.costs))]
+        self.running = True
+        try:
+            for iteration in range(start.first_iteration,
+                                   start.first_iteration + start.iterations):
+                if node.ended is not None:
+                    raise node.ended
+                version = low.version_of(iteration)
+                try:
+                    async with asyncio.TaskGroup() as tasks:
+                        for executor in executors:
+                            tasks.create_task(executor.run(start.epoch, iteration, version))
+                except BaseExceptionGroup as group:  # the first stage's error says why
+                    raise group.exceptions[0] from None
+                node.delivery.iteration_done()
+        finally:
+            self.running = False
+        samples = start.iterations * low.micro_batch_size * low.parallel_batches
+        weights = await node.compute.call(
+            lambda: state_to_wire({**lower.trained_state(), **upper.trained_state()}))
+        result = RoundResult(start.round, samples, float(upper.loss_sum), int(upper.correct),
+                             weights)
+        await node.report(result, mark, upper)
+        return samples
+
+    def _stages(self, start: RoundStart) -> list[tuple[Assignment, StageWork]]:
+        """Stages 0 and 2 of ``start``'s round with its weights (compute thread).
+
+        Raises:
+            RemoteProtocolError: ``start`` does not describe them.
+        """
+        node, holdings = self.node, self.node.holdings
+        second = start.sync.get(SECOND_STAGE)
+        if not isinstance(second, Mapping) or set(second) != {"first_unit", "actions"}:
+            raise RemoteProtocolError(f"round {start.round + 1} describes no second stage")
+        tail = dataclasses.replace(start, stage=2, first_unit=second["first_unit"],
+                                   stop_unit=holdings.units, actions=second["actions"])
+        weights = state_from_wire(start.tensors)
+        stages = []
+        for message in (start, tail):
+            assignment = Assignment.from_round_start(
+                message, units=holdings.units, batch_size=node.config.batch_size,
+                activation_shapes=holdings.activation_shapes, me=node.name)
+            first, stop = assignment.first_unit, assignment.stop_unit
+            work = self.works.get((first, stop, assignment.parallel_batches))
+            if work is None:
+                module = holdings.model_copy(first, stop)
+                work = self.works[first, stop, assignment.parallel_batches] = StageWork(
+                    module, make_optimizer(module, node.config), first=assignment.stage == 0,
+                    last=assignment.last, parallel_batches=assignment.parallel_batches,
+                    num_classes=holdings.plan.num_classes, loss=holdings.loss)
+            own = set(work.module.state_dict())
+            try:
+                work.module.load_state_dict({k: v for k, v in weights.items() if k in own})
+            except RuntimeError as exc:
+                raise RemoteProtocolError(f"round {start.round + 1}'s weights do not fit "
+                                          f"units {first}..{stop - 1}: "
+                                          f"{str(exc).splitlines()[0]}") from None
+            work.clear()
+            work.reset_totals()
+            stages.append((assignment, work))
+        return stages
+
+
+# -- the coordinator half ---------------------------------------------------------------
+
+
+def _check(config: Any) -> None:
+    """One split point for every device and micro-batch counts of their own, no "auto"
+    (the star's planner plans two-stage splits)."""
+    if not isinstance(config.split_point, int):
+        raise ConfigError("config key 'split_point': U-shaped runs take one int")
+    for k in range(config.devices):
+        if not isinstance(config.device_parallel_batches(k), int):
+            raise ConfigError("config key 'parallel_batches': U-shaped runs take ints")
+
+
+class UShaped:
+    """The coordinator's half (module docstring)."""
+
+    device_half: ClassVar[type[DeviceHalf]] = UShapedDevice
+    links_devices: ClassVar[bool] = False
+    recovers_lost_devices: ClassVar[bool] = True  # a lost device's turn is undone
+    options: ClassVar[SystemOptions] = SystemOptions(check=_check)
+    #: units at the model's end that run on the device, after the coordinator's
+    tail_units: ClassVar[int] = 1
+    serves_stages = True
+    resumable = False
+    planned_keys: tuple[str, ...] = ()
+    round_iterations = 0  # a turn is a device's epoch (or ``aggregation_every``)
+    wants_profiles = False
+
+    @staticmethod
+    def micro_batch_sizes(config: RunConfig) -> list[int]:
+        """B / N for each device's N."""
+        return sorted({config.batch_size // int(config.device_parallel_batches(k))
+                       for k in range(config.devices)})
+
+    def __init__(self, setup: Setup) -> None:
+        self.setup, self.config, self.model = setup, setup.config, setup.model
+        self.units = models.unit_count(self.model)
+        split = self.config.split_point
+        if not isinstance(split, int):  # (the options' check says so first)
+            raise ConfigError("config key 'split_point': U-shaped runs take one int")
+        self.cuts = (split, self.units - self.tail_units)
+        if not 1 <= self.cuts[0] < self.cuts[1] < self.units:
+            raise ConfigError(f"config key 'split_point': {self.cuts[0]} leaves no middle "
+                              f"for the coordinator (units {self.cuts[0]}..{self.cuts[1] - 1}"
+                              f" of {self.units}; the device keeps the last {self.tail_units})")
+        # the coordinator's middle shares the global model's units: it trains them in place
+        self.middle = models.units_of(self.model, *self.cuts)
+        self.optimizer = make_optimizer(self.middle, self.config)
+        self.shapes = unit_output_shapes(self.model, setup.in_shape)
+        self.samples: list[int] = []
+
+    def _n(self, k: int) -> int:
+        return int(self.config.device_parallel_batches(k))
+
+    def prepare(self, samples: Sequence[int],
+                devices: Sequence[DeviceProfile] | None = None) -> None:
+        """Keep the devices' sample counts.
+
+        Raises:
+            ConfigError: a device holds fewer samples than one iteration.
+        """
+        self.samples = list(samples)
+        for k in range(self.config.devices):
+            if self.iterations(k) < 1:
+                raise ConfigError(f"device {k} holds {samples[k]} samples, fewer than one "
+                                  f"batch ({self.config.batch_size})")
+
+    def iterations(self, device_id: int) -> int:
+        micro = self.config.batch_size // self._n(device_id)
+        return self.samples[device_id] // (micro * self._n(device_id))
+
+    def plan_entries(self) -> list[dict[str, Any]]:
+        return [{"device": k, "units": [0, self.cuts[0]], "parallel_batches": self._n(k),
+                 "tail": [self.cuts[1], self.units]} for k in range(len(self.samples))]
+
+    def refuse_hello(self, hello: Hello) -> str:
+        return ""
+
+    def peer_keys(self, device_id: int) -> dict[str, str]:
+        return {}
+
+    def frame_limit(self) -> int:
+        """The whole model's state, the largest activation of a batch, a round report."""
+        state = self.model.state_dict()
+        state_bytes = sum(t.numel() * t.element_size() for t in state.values())
+        batch = self.config.batch_size
+        activation = max(math.prod(shape) for shape in self.shapes) * 4 * batch
+        slices = max((self.iterations(k) * (8 * self._n(k) + 4) + 16
+                      for k in range(len(self.samples))), default=16)
+        return int(max(state_bytes, activation + 8 * batch) + HEADER_SLACK_BYTES
+                   + 256 * len(state) + 128 * slices + 4096)
+
+    async def run_round(self, rounds: Rounds, round_no: int, epoch: int, first: int,
+                        work: Sequence[int], participants: Sequence[int]
+                        ) -> dict[int, RoundResult]:
+        """The devices' turns, in order: each trains from the weights the last one left."""
+        done: dict[int, RoundResult] = {}
+        for k in participants:
+            start = await rounds.compute.call(
+                partial(self._round_start, k, round_no, epoch, first, work[k]))
+            before = await rounds.compute.call(self._middle_state)
+            rounds.copy_checkpoint()
+            result = await rounds.play(k, start, self._server_stage(k, start))
+            if result is None:  # lost mid-turn: the middle forgets its part of the turn
+                await rounds.compute.call(partial(self._load_middle, before))
+                continue
+            state = state_from_wire(result.tensors)
+            await rounds.compute.call(partial(self.model.load_state_dict, state, strict=False))
+            done[k] = result
+        return done
+
+    def _round_start(self, k: int, round_no: int, epoch: int, first: int,
+                     iterations: int) -> RoundStart:
+        """Device k's turn: stage 0 assigned, stage 2 in ``sync``, both stages' weights
+        (compute thread)."""
+        p1, p2 = self.cuts
+        n = self._n(k)
+        device = {**models.units_of(self.model, 0, p1).state_dict(),
+                  **models.units_of(self.model, p2, self.units).state_dict()}
+        tensors = state_to_wire({key: v.detach().clone() for key, v in device.items()})
+        lower, _, upper = _actions(n)
+        return RoundStart(round_no, epoch, first, iterations, tensors, 0, 3, 0, p1, n,
+                          self.config.batch_size // n, epoch * self.iterations(k) + first,
+                          _text(lower), sync={SECOND_STAGE: {"first_unit": p2,
+                                                             "actions": _text(upper)}})
+
+    def _server_stage(self, k: int, start: RoundStart) -> ServerStage:
+        """The coordinator's middle stage for device k's turn."""
+        p1, p2 = self.cuts
+        n = start.parallel_batches
+        work = StageWork(self.middle, self.optimizer, first=False, last=False,
+                         parallel_batches=n, num_classes=self.setup.num_classes)
+        assignment = Assignment(
+            "server", start.round, start.epoch, start.first_iteration, start.iterations,
+            1, 3, p1, p2, n, start.micro_batch_size, start.version, _actions(n)[1], {},
+            self.shapes[p1 - 1], self.shapes[p2 - 1])
+        costs = self.setup.server_costs or self.setup.cost_table
+        return ServerStage(work, assignment, assignment.charges(costs))
+
+    def _middle_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        return (copy.deepcopy(self.middle.state_dict()),
+                copy.deepcopy(self.optimizer.state_dict()))
+
+    def _load_middle(self, state: tuple[dict[str, torch.Tensor], dict[str, Any]]) -> None:
+        self.middle.load_state_dict(state[0])
+        self.optimizer.load_state_dict(state[1])
+
+    def unasked_replica(self, device_id: int, replica: Replica,
+                        start: RoundStart | None) -> None:
+        refuse_replica("ushaped")
+
+    def refused_updates(self) -> list[int]:
+        return []
+
+    def epoch_samples(self, device_samples: Sequence[int]) -> int:
+        return sum(device_samples)
+
+    def stage_figures(self, busy: Mapping[str, float], elapsed: float,
+                      peaks: Mapping[int, int], memory: Mapping[int, int]
+                      ) -> list[dict[str, Any]]:
+        return []
+
+    async def after_round(self, rounds: Rounds, round_no: int, epoch: int,
+                          slices: Sequence[Any], served: Sequence[int],
+                          paced: Sequence[bool]) -> dict[str, Any] | None:
+        return None
+
+    def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def restore(self, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
+        """Raises `ConfigError`: U-shaped runs keep no checkpoints yet."""
+        raise ConfigError("a U-shaped run cannot resume: it keeps no checkpoints")
