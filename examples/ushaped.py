@@ -26,6 +26,10 @@ The two halves:
   the device: stage 0's activations go up with zeros for labels, and the true ones are
   put back on the activations that come down for stage 2.
 
+Left out: checkpoints (a U-shaped run does not resume), and what a broken connection
+loses mid-iteration (the coordinator re-sends no activation it passed down: such a
+turn can stall).
+
 Run it from this directory (real processes over websockets)::
 
     python -m aiopipe --mode ushaped:UShaped --devices 3 --epochs 2
@@ -313,8 +317,12 @@ class UShaped:
         return self.samples[device_id] // (micro * self._n(device_id))
 
     def plan_entries(self) -> list[dict[str, Any]]:
-        return [{"device": k, "units": [0, self.cuts[0]], "parallel_batches": self._n(k),
-                 "tail": [self.cuts[1], self.units]} for k in range(len(self.samples))]
+        """Per device: its units (its first stage's, and in words its last stage's and
+        the coordinator's), its N."""
+        p1, p2 = self.cuts
+        return [{"device": k, "units": [0, p1], "parallel_batches": self._n(k),
+                 "schedule": f"and units {p2}-{self.units - 1}; the server {p1}-{p2 - 1}"}
+                for k in range(len(self.samples))]
 
     def refuse_hello(self, hello: Hello) -> str:
         return ""
