@@ -4,11 +4,14 @@ runs as real processes from the launcher."""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -18,6 +21,7 @@ from aiopipe import RunConfig, VirtualClock, simulate
 from aiopipe import data as datasets
 from aiopipe.errors import ConfigError
 from aiopipe.runtime.plan import build_model, device_indices, train_dataset
+from aiopipe.systems import RoundStart, ServerStage, StageWork
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -74,6 +78,53 @@ async def test_ushaped_trains_what_plain_sgd_in_turn_order_trains(n: int) -> Non
         assert not torch.equal(want[key], initial[key])  # every unit trained
     # the loss is the device's (the coordinator's middle stage computes none)
     assert all(e.loss > 0 for e in result.epochs)
+
+
+class _Watching(StageWork):
+    """The coordinator's middle stage, keeping the labels of what it receives."""
+
+    labels: ClassVar[list[torch.Tensor]] = []
+
+    def forward(self, iteration: int, micro_batch: int,
+                received: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if received is not None:
+            _Watching.labels.append(received[1].clone())
+        return super().forward(iteration, micro_batch, received)
+
+
+def _watching_system() -> type:
+    from ushaped import UShaped  # (importable: the fixture)
+
+    class Watched(UShaped):
+        def _server_stage(self, k: int, start: RoundStart) -> ServerStage:
+            stage = super()._server_stage(k, start)
+            work = stage.work
+            return dataclasses.replace(stage, work=_Watching(
+                work.module, work.optimizer, first=False, last=False,
+                parallel_batches=work.parallel_batches, num_classes=work.num_classes))
+
+    return Watched
+
+
+async def test_the_labels_never_leave_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "Watched", _watching_system(), raising=False)
+    _Watching.labels = []
+    config = _config(mode=f"{__name__}:Watched", epochs=1)
+    result = await simulate(config, clock=VirtualClock())
+    assert len(_Watching.labels) == 3 * 2  # devices x iterations, one micro-batch each
+    assert all(labels.shape == (BATCH,) and not labels.any() for labels in _Watching.labels)
+    # the devices computed the loss on their true labels: the equivalence test above
+    assert result.epochs[0].loss > 0
+
+
+def test_the_example_imports_only_the_public_api() -> None:
+    tree = ast.parse((EXAMPLES / "ushaped.py").read_text(encoding="utf-8"))
+    modules = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    modules |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    assert {m for m in modules if m and m.split(".")[0] == "aiopipe"} == {
+        "aiopipe", "aiopipe.systems"}
 
 
 async def test_a_split_that_leaves_no_middle_is_refused() -> None:
