@@ -393,8 +393,10 @@ class UShaped:
                 copy.deepcopy(self.optimizer.state_dict()))
 
     def _load_middle(self, state: tuple[dict[str, torch.Tensor], dict[str, Any]]) -> None:
+        """The middle as a turn began, with no gradient left of the turn's backwards."""
         self.middle.load_state_dict(state[0])
         self.optimizer.load_state_dict(state[1])
+        self.optimizer.zero_grad(set_to_none=True)
 
     def unasked_replica(self, device_id: int, replica: Replica,
                         start: RoundStart | None) -> None:

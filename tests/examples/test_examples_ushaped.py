@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -21,7 +22,7 @@ from aiopipe import RunConfig, VirtualClock, simulate
 from aiopipe import data as datasets
 from aiopipe.errors import ConfigError
 from aiopipe.runtime.plan import build_model, device_indices, train_dataset
-from aiopipe.systems import RoundStart, ServerStage, StageWork
+from aiopipe.systems import Activation, Gradient, RoundStart, ServerStage, StageWork
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -43,14 +44,14 @@ def _config(**changes: object) -> RunConfig:
     return base.replace(**changes)
 
 
-def _plain_sgd(config: RunConfig) -> nn.Sequential:
+def _plain_sgd(config: RunConfig, devices: Sequence[int] | None = None) -> nn.Sequential:
     """The whole model trained by plain SGD: per epoch, each device's batches in its
-    epoch order, device after device."""
+    epoch order, device after device (``devices``: those, by default all)."""
     dataset = train_dataset(config)
     model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate)
     for epoch in range(config.epochs):
-        for k in range(config.devices):
+        for k in range(config.devices) if devices is None else devices:
             order = datasets.epoch_order(device_indices(config, dataset, k), epoch=epoch,
                                          seed=config.seed)
             for first in range(0, len(order) - BATCH + 1, BATCH):
@@ -116,6 +117,30 @@ async def test_the_labels_never_leave_the_device(monkeypatch: pytest.MonkeyPatch
     assert all(labels.shape == (BATCH,) and not labels.any() for labels in _Watching.labels)
     # the devices computed the loss on their true labels: the equivalence test above
     assert result.epochs[0].loss > 0
+
+
+async def test_a_gradient_sent_twice_loses_the_device_and_its_turn_is_undone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The coordinator refuses a device's gradient that comes twice ([Note: middle
+    stages]); the run goes on without the device, and what its turn did to the
+    coordinator's middle is undone: the model is the other devices' turns alone."""
+    import ushaped
+
+    class Doubling(ushaped._ToCoordinator):  # device 0 sends each gradient twice
+        def send(self, message: Activation | Gradient, name: str, *,
+                 ready_at: float | None) -> None:
+            super().send(message, name, ready_at=ready_at)
+            if isinstance(message, Gradient) and self.half.node.device_id == 0:
+                super().send(message, name, ready_at=ready_at)
+
+    monkeypatch.setattr(ushaped, "_ToCoordinator", Doubling)
+    config = _config(epochs=1)
+    result = await simulate(config, clock=VirtualClock())
+    assert [(e.device_samples, e.devices_lost) for e in result.epochs] == [
+        ((0, 2 * BATCH, 2 * BATCH), (0,))]
+    want = _plain_sgd(config, devices=[1, 2]).state_dict()
+    got = result.model.state_dict()
+    assert all(torch.equal(got[key], want[key]) for key in want)
 
 
 def test_the_example_imports_only_the_public_api() -> None:
