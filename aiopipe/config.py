@@ -41,7 +41,7 @@ from aiopipe.config_values import (
 )
 from aiopipe.entrypoints import is_entry_point
 from aiopipe.errors import ConfigError
-from aiopipe.runtime.systems.registry import BUILT_IN, option_owners, options_of
+from aiopipe.runtime.systems.registry import BUILT_IN, option_owners, options_of, why_default
 
 if TYPE_CHECKING:
     from aiopipe.transport.network import NetworkSpec
@@ -453,12 +453,8 @@ class RunConfig:
         for key, modes in option_owners().items():
             value = getattr(self, key)
             if key not in options.keys and value != defaults[key]:
-                why = options_of(modes[0]).elsewhere.get(key)
-                if why is None:
-                    names = [f'"{mode}"' for mode in modes]
-                    why = "it is for mode " + (", ".join(names[:-1]) + " and " + names[-1]
-                                               if len(names) > 1 else names[0])
-                raise fail(key, value, f"its default in mode {self.mode} ({why})")
+                raise fail(key, value, f"its default in mode {self.mode} "
+                           f"({why_default(key, modes)})")
         options.check(self)
 
     def round_size(self, alive: int) -> int:

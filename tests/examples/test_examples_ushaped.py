@@ -62,7 +62,7 @@ def _plain_sgd(config: RunConfig, devices: Sequence[int] | None = None) -> nn.Se
     return model
 
 
-@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("n", [1, pytest.param(2, marks=pytest.mark.slow)])
 async def test_ushaped_trains_what_plain_sgd_in_turn_order_trains(n: int) -> None:
     config = _config(parallel_batches=n)
     result = await simulate(config, clock=VirtualClock())

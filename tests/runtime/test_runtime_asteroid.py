@@ -197,7 +197,8 @@ async def test_each_members_measured_memory_is_within_its_budget_and_the_planner
     (1, "lightweight", [[0, 0, [0, 3]], [2, 1, [3, 5]]]),
     # the last stage's only device: lightweight gives its units to the stage before
     (2, "lightweight", [[0, 0, [0, 5]], [1, 0, [0, 5]]]),
-    (1, "heavy", None),  # the planner from scratch: whatever it finds
+    pytest.param(1, "heavy", None,  # the planner from scratch: whatever it finds
+                 marks=pytest.mark.slow),  # (a training of about 2.5 s)
 ])
 async def test_a_lost_device_is_re_planned_around_and_its_round_played_again(
         killed: int, rescheduling: str, after: list[list[object]] | None) -> None:

@@ -165,6 +165,7 @@ async def test_training_returns_with_its_last_checkpoint_written(tmp_path: Path)
             torch.testing.assert_close(value, whole[name], rtol=0, atol=0)
 
 
+@pytest.mark.slow  # (about 2 s)
 async def test_the_copy_runs_while_the_devices_start_the_next_round(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

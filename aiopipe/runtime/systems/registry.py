@@ -16,13 +16,14 @@ not run, and a user's own system is found the same way as a built-in one.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiopipe.errors import ConfigError
 
-__all__ = ["BUILT_IN", "SystemOptions", "find_system", "option_owners", "options_of"]
+__all__ = ["BUILT_IN", "SystemOptions", "find_system", "option_owners", "options_of",
+           "why_default"]
 
 #: The built-in systems by mode: where each one's coordinator half is (loaded when a
 #: run names it, so that a device loads only its own system).
@@ -94,6 +95,18 @@ def option_owners() -> dict[str, tuple[str, ...]]:
         for key in options_of(mode).keys:
             owners[key] = (*owners.get(key, ()), mode)
     return owners
+
+
+def why_default(key: str, modes: Sequence[str]) -> str:
+    """Why a run of another system keeps ``key``, an option of ``modes``, at its
+    default: what the first of them says (`SystemOptions.elsewhere`), or which modes
+    take it."""
+    why = options_of(modes[0]).elsewhere.get(key)
+    if why is not None:
+        return why
+    names = [f'"{mode}"' for mode in modes]
+    return "it is for mode " + (", ".join(names[:-1]) + " and " + names[-1]
+                                if len(names) > 1 else names[0])
 
 
 def find_system(mode: str) -> type[Any]:
