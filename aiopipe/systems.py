@@ -7,7 +7,8 @@ it as ``mode = "module:attribute"``: the coordinator half, a class that follows 
 ``micro_batch_sizes(config)``, and optionally its ``options`` (`SystemOptions`). The
 coordinator and every device import the module (a device's process must be able to).
 
-- The coordinator half is built from a `Setup`, plans with the devices' sample counts
+- The coordinator half (inherit `SystemDefaults` for what most systems do alike) is
+  built from a `Setup`, plans with the devices' sample counts
   (``prepare``) and runs each round through `Rounds`: ``rounds.play(device_id, start,
   stage)`` sends device ``device_id`` its `RoundStart` and runs ``stage``, the
   `ServerStage` the coordinator computes for it (a `StageWork` and its `Assignment`),
@@ -48,7 +49,7 @@ from aiopipe.runtime.executor import Identity, Inbox, Route, StageExecutor
 from aiopipe.runtime.factories import make_loss, make_optimizer, unit_output_shapes
 from aiopipe.runtime.stage import ServerStage, StageWork
 from aiopipe.runtime.stage_round import COORDINATOR
-from aiopipe.runtime.systems.base import Rounds, Setup, System, refuse_replica
+from aiopipe.runtime.systems.base import Rounds, Setup, System, SystemDefaults, refuse_replica
 from aiopipe.runtime.systems.registry import SystemOptions
 from aiopipe.scheduler.actions import Action, Schedule
 from aiopipe.scheduler.estimate import DeviceProfile
@@ -89,6 +90,7 @@ __all__ = [
     "StageRules",
     "StageWork",
     "System",
+    "SystemDefaults",
     "SystemOptions",
     "TensorData",
     "check_data_message",

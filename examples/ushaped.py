@@ -66,7 +66,6 @@ from aiopipe.systems import (
     Hello,
     Identity,
     Message,
-    Replica,
     RoundResult,
     Rounds,
     RoundStart,
@@ -74,12 +73,12 @@ from aiopipe.systems import (
     Setup,
     StageExecutor,
     StageWork,
+    SystemDefaults,
     SystemOptions,
     TensorData,
     check_schedule,
     gpipe,
     make_optimizer,
-    refuse_replica,
     state_from_wire,
     state_to_wire,
     to_tensor_data,
@@ -258,20 +257,15 @@ def _check(config: Any) -> None:
             raise ConfigError("config key 'parallel_batches': U-shaped runs take ints")
 
 
-class UShaped:
+class UShaped(SystemDefaults):
     """The coordinator's half (module docstring)."""
 
     device_half: ClassVar[type[DeviceHalf]] = UShapedDevice
-    links_devices: ClassVar[bool] = False
     recovers_lost_devices: ClassVar[bool] = True  # a lost device's turn is undone
     options: ClassVar[SystemOptions] = SystemOptions(check=_check)
     #: units at the model's end that run on the device, after the coordinator's
     tail_units: ClassVar[int] = 1
-    serves_stages = True
-    resumable = False
-    planned_keys: tuple[str, ...] = ()
-    round_iterations = 0  # a turn is a device's epoch (or ``aggregation_every``)
-    wants_profiles = False
+    serves_stages = True  # the middle (not resumable: `SystemDefaults`)
 
     @staticmethod
     def micro_batch_sizes(config: RunConfig) -> list[int]:
@@ -397,30 +391,3 @@ class UShaped:
         self.middle.load_state_dict(state[0])
         self.optimizer.load_state_dict(state[1])
         self.optimizer.zero_grad(set_to_none=True)
-
-    def unasked_replica(self, device_id: int, replica: Replica,
-                        start: RoundStart | None) -> None:
-        refuse_replica("ushaped")
-
-    def refused_updates(self) -> list[int]:
-        return []
-
-    def epoch_samples(self, device_samples: Sequence[int]) -> int:
-        return sum(device_samples)
-
-    def stage_figures(self, busy: Mapping[str, float], elapsed: float,
-                      peaks: Mapping[int, int], memory: Mapping[int, int]
-                      ) -> list[dict[str, Any]]:
-        return []
-
-    async def after_round(self, rounds: Rounds, round_no: int, epoch: int,
-                          slices: Sequence[Any], served: Sequence[int],
-                          paced: Sequence[bool]) -> dict[str, Any] | None:
-        return None
-
-    def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
-        return {}
-
-    def restore(self, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
-        """Raises `ConfigError`: U-shaped runs keep no checkpoints yet."""
-        raise ConfigError("a U-shaped run cannot resume: it keeps no checkpoints")

@@ -12,7 +12,7 @@ from torch import nn
 from aiopipe import data as datasets
 from aiopipe.clock import Clock
 from aiopipe.config import RunConfig
-from aiopipe.errors import RemoteProtocolError
+from aiopipe.errors import ConfigError, RemoteProtocolError
 from aiopipe.metrics.trace import Recorder, Slice
 from aiopipe.protocol import Hello, Replica, ReplicaRequest, RoundResult, RoundStart, TensorData
 from aiopipe.runtime.compute import Compute
@@ -22,8 +22,8 @@ from aiopipe.runtime.systems.registry import find_system
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.estimate import DeviceProfile
 
-__all__ = ["Rounds", "Setup", "System", "planning_batch_sizes", "refuse_replica", "system_class",
-           "system_for"]
+__all__ = ["Rounds", "Setup", "System", "SystemDefaults", "planning_batch_sizes", "refuse_replica",
+           "system_class", "system_for"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +234,73 @@ class System(Protocol):
             ConfigError: this system cannot resume from it.
         """
         ...
+
+
+class SystemDefaults:
+    """What most systems' coordinator halves do alike, for a system to inherit and
+    override where it differs: a run that is not resumable, devices that do not link, a
+    coordinator that serves no stage, no re-plan between rounds, no replica taken, no
+    update screened, every device's samples the epoch's, figures per resource kind only.
+    Its ``config`` is the run's (set by the subclass's ``__init__``)."""
+
+    config: RunConfig
+    links_devices: ClassVar[bool] = False
+    recovers_lost_devices: ClassVar[bool] = False
+    serves_stages: bool = False
+    resumable: bool = False
+    planned_keys: tuple[str, ...] = ()
+    wants_profiles: bool = False
+    round_iterations: int = 0
+
+    @staticmethod
+    def micro_batch_sizes(config: RunConfig) -> list[int]:
+        """Whole batches: B."""
+        return [config.batch_size]
+
+    def refuse_hello(self, hello: Hello) -> str:
+        """Every device the run admits is taken."""
+        return ""
+
+    def peer_keys(self, device_id: int) -> dict[str, str]:
+        """Devices do not link: none."""
+        return {}
+
+    def unasked_replica(self, device_id: int, replica: Replica,
+                        start: RoundStart | None) -> None:
+        """Its devices hold no replicas: refused."""
+        refuse_replica(self.config.mode)
+
+    def refused_updates(self) -> list[int]:
+        """No update is screened: none."""
+        return []
+
+    def epoch_samples(self, device_samples: Sequence[int]) -> int:
+        """Every device trains on its own samples: their sum."""
+        return sum(device_samples)
+
+    def stage_figures(self, busy: Mapping[str, float], elapsed: float,
+                      peaks: Mapping[int, int], memory: Mapping[int, int]
+                      ) -> list[dict[str, Any]]:
+        """Figures per resource kind only (`EpochMetrics.busy_s`): none per stage."""
+        return []
+
+    async def after_round(self, rounds: Rounds, round_no: int, epoch: int,
+                          slices: Sequence[Slice], served: Sequence[int],
+                          paced: Sequence[bool]) -> dict[str, Any] | None:
+        """No re-plan between rounds: nothing changed."""
+        return None
+
+    def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
+        """Not resumable: nothing."""
+        return {}
+
+    def restore(self, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
+        """Not resumable.
+
+        Raises:
+            ConfigError: always.
+        """
+        raise ConfigError(f"mode {self.config.mode} cannot resume from a checkpoint")
 
 
 def refuse_replica(mode: str) -> NoReturn:

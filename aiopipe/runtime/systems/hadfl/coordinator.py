@@ -51,7 +51,6 @@ from aiopipe.metrics.trace import MAX_REPORT_SLICES, REPORT_SLICE_BYTES, Slice, 
 from aiopipe.protocol import (
     HEADER_SLACK_BYTES,
     Hello,
-    Replica,
     RoundResult,
     RoundStart,
     TensorData,
@@ -59,7 +58,7 @@ from aiopipe.protocol import (
     state_to_wire,
 )
 from aiopipe.runtime.plan_text import log_plan
-from aiopipe.runtime.systems.base import Rounds, Setup, refuse_replica
+from aiopipe.runtime.systems.base import Rounds, Setup, SystemDefaults
 from aiopipe.runtime.systems.hadfl.device import HADFLDevice
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.estimate import DeviceProfile
@@ -71,7 +70,7 @@ __all__ = ["HADFL"]
 log = logging.getLogger("aiopipe.server")
 
 
-class HADFL:
+class HADFL(SystemDefaults):
     """HADFL's coordinator side (module docstring)."""
 
     planned_keys: tuple[str, ...] = ()
@@ -339,25 +338,6 @@ class HADFL:
             if missing:
                 log.warning("devices %s missed the negotiation: taken as the slowest",
                             missing)
-
-    def unasked_replica(self, device_id: int, replica: Replica,
-                        start: RoundStart | None) -> None:
-        """Its devices hold no replicas: refused."""
-        refuse_replica(self.config.mode)
-
-    def refused_updates(self) -> list[int]:
-        """No update is screened: none."""
-        return []
-
-    def epoch_samples(self, device_samples: Sequence[int]) -> int:
-        """Every device trains on its own samples: their sum."""
-        return sum(device_samples)
-
-    def stage_figures(self, busy: Mapping[str, float], elapsed: float,
-                      peaks: Mapping[int, int], memory: Mapping[int, int]
-                      ) -> list[dict[str, Any]]:
-        """HADFL's figures are per resource kind (`EpochMetrics.busy_s`)."""
-        return []
 
     async def after_round(self, rounds: Rounds, round_no: int, epoch: int,
                           slices: Sequence[Slice], served: Sequence[int],

@@ -42,11 +42,9 @@ from aiopipe import models
 from aiopipe.auth import pair_key
 from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError, RoundStalledError, TrainingError
-from aiopipe.metrics.trace import Slice
 from aiopipe.protocol import (
     HEADER_SLACK_BYTES,
     Hello,
-    Replica,
     RoundResult,
     RoundStart,
     state_from_wire,
@@ -61,7 +59,7 @@ from aiopipe.runtime.plan import (
     unit_output_shapes,
 )
 from aiopipe.runtime.plan_text import log_plan
-from aiopipe.runtime.systems.base import Rounds, Setup, planning_batch_sizes, refuse_replica
+from aiopipe.runtime.systems.base import Rounds, Setup, SystemDefaults, planning_batch_sizes
 from aiopipe.runtime.systems.pipeline.device import PipelineDevice
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.estimate import DeviceProfile
@@ -88,7 +86,7 @@ MAX_REPLAYS = 3
 REPLAY_VERSIONS = 1 << 32
 
 
-class Pipeline:
+class Pipeline(SystemDefaults):
     """The synchronous multi-device pipeline (module docstring)."""
 
     planned_keys: tuple[str, ...] = ()
@@ -447,15 +445,6 @@ class Pipeline:
         self.model.load_state_dict(weights)
         self.momentum.update({name: buf.clone() for name, buf in momentum.items()})
 
-    def unasked_replica(self, device_id: int, replica: Replica,
-                        start: RoundStart | None) -> None:
-        """Its devices hold no replicas: refused."""
-        refuse_replica(self.config.mode)
-
-    def refused_updates(self) -> list[int]:
-        """A pipeline's stages are put side by side, not aggregated: none."""
-        return []
-
     def epoch_samples(self, device_samples: Sequence[int]) -> int:
         """The samples that went through the whole pipeline (device 0's: it holds the
         data, and its stage is the first)."""
@@ -471,14 +460,6 @@ class Pipeline:
                  "idle_s": elapsed - busy.get(f"device{w}/compute", 0.0),
                  "peak_live": peaks.get(w, 0)}
                 for p, (w, (a, b)) in enumerate(zip(self.workers, self.bounds, strict=True))]
-
-    async def after_round(self, rounds: Rounds, round_no: int, epoch: int,
-                          slices: Sequence[Slice], served: Sequence[int],
-                          paced: Sequence[bool]) -> dict[str, Any] | None:
-        """A synchronous pipeline keeps its partition: nothing."""
-        return None
-
-    # -- checkpoints ---------------------------------------------------------------------
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
         """Not resumable: nothing (see the module docstring)."""

@@ -40,7 +40,6 @@ from aiopipe.metrics.trace import Slice
 from aiopipe.protocol import (
     HEADER_SLACK_BYTES,
     Hello,
-    Replica,
     RoundResult,
     RoundStart,
     state_from_wire,
@@ -66,7 +65,7 @@ from aiopipe.runtime.plan import (
 from aiopipe.runtime.plan_text import change_lines, log_lines
 from aiopipe.runtime.sampling import sampled_devices
 from aiopipe.runtime.stage import ServerStage, StageWork
-from aiopipe.runtime.systems.base import Rounds, Setup, planning_batch_sizes, refuse_replica
+from aiopipe.runtime.systems.base import Rounds, Setup, SystemDefaults, planning_batch_sizes
 from aiopipe.runtime.systems.star.device import StarDevice
 from aiopipe.runtime.systems.star.options import devices_to_trim
 from aiopipe.runtime.systems.star.planning import (
@@ -95,7 +94,7 @@ log = logging.getLogger("aiopipe.server")
 PROBE_SAMPLES = 32
 
 
-class Star:
+class Star(SystemDefaults):
     """The star systems (module docstring); ``setup.config.mode`` says which."""
 
     resumable = True
@@ -361,26 +360,11 @@ class Star:
         start = self.round_start(k, round_no, epoch, first, iterations, state)
         return await rounds.play(k, start, self.server_stage(k, start))
 
-    def unasked_replica(self, device_id: int, replica: Replica,
-                        start: RoundStart | None) -> None:
-        """Its devices hold no replicas: refused."""
-        refuse_replica(self.config.mode)
-
     def refused_updates(self) -> list[int]:
         """Devices whose update was refused ([Note: judging updates]), clipped or dropped
         since the last call."""
         refused, self.refused = sorted(set(self.refused)), []
         return refused
-
-    def epoch_samples(self, device_samples: Sequence[int]) -> int:
-        """Every device trains on its own samples: their sum."""
-        return sum(device_samples)
-
-    def stage_figures(self, busy: Mapping[str, float], elapsed: float,
-                      peaks: Mapping[int, int], memory: Mapping[int, int]
-                      ) -> list[dict[str, Any]]:
-        """The star's figures are per resource kind (`EpochMetrics.busy_s`)."""
-        return []
 
     def _prepare(self, k: int) -> dict[str, Any]:
         """Device k's half of the global model, for its `RoundStart`; its replica of the
