@@ -249,6 +249,7 @@ async def _killed_mid_round(config: RunConfig, killed: int, *, into: float = 0.0
     return result, fleet
 
 
+@pytest.mark.slow  # (about 2 s)
 async def test_a_lightweight_replay_keeps_the_stages_left_in_place_exactly(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Device 2 of the last stage's group is lost: devices 0 and 1 keep their stages (the

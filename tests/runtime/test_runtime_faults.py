@@ -234,6 +234,7 @@ async def test_the_run_fails_when_every_device_is_gone_for_good() -> None:
     await clock.aclose()
 
 
+@pytest.mark.slow  # (about 2 s)
 async def test_a_cut_link_is_repaired_and_nothing_is_lost_or_counted_twice() -> None:
     """Cut device 1's link three times mid-round; it reconnects by itself each time. The
     run computes exactly what an undisturbed run computes."""

@@ -214,6 +214,7 @@ async def test_a_round_is_played_again_from_its_latest_chain_replica(killed: int
     assert second.train_accuracy >= 0.0
 
 
+@pytest.mark.slow  # (about 2 s)
 async def test_a_chain_replica_keeps_batch_norm_s_statistics_exact() -> None:
     """MobileNetV3 (batch norm: its running statistics are buffers that every forward
     moves): the snapshot holds them as the chain point's forward left them, not as the

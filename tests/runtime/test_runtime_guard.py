@@ -36,6 +36,7 @@ async def _closed_by_server(reader: asyncio.StreamReader, within: float) -> bool
     return True
 
 
+@pytest.mark.slow  # (about 2 s)
 async def test_idle_and_slow_connections_are_closed_and_the_devices_still_train() -> None:
     async with Server(CONFIG, token_secret=SECRET, join_timeout=60, limits=LIMITS) as server:
         host, port = "127.0.0.1", int(server.url.split(":")[2].split("/")[0])

@@ -29,6 +29,7 @@ async def _device(url: str, k: int, *, listen: bool = True) -> None:
         await device.run()
 
 
+@pytest.mark.slow  # (about 2 s)
 async def test_a_pipeline_over_websockets_computes_what_the_simulation_computes() -> None:
     async with (Server(CONFIG, token_secret=SECRET, join_timeout=60) as server,
                 asyncio.TaskGroup() as tasks):

@@ -101,6 +101,7 @@ async def test_a_faster_link_mid_run_triggers_a_new_plan_that_ends_sooner(
     assert node.describe()["replans"][0]["plans"] == [list(p) for p in event.plans]
 
 
+@pytest.mark.slow  # (about 2 s)
 async def test_nothing_changes_when_the_links_are_as_declared() -> None:
     result, node = await run(BASE, wifi_from_round=None)
     assert node.system.replans == []

@@ -79,6 +79,7 @@ async def test_lanes_on_real_threads_train_the_same_weights_as_passes_in_turn() 
     _same_weights(one.model, three.model)
 
 
+@pytest.mark.slow  # (about 2 s)
 async def test_the_planner_plans_with_the_server_s_lanes() -> None:
     """With the server the bottleneck, more lanes let the plan keep less on the devices
     (or the same), and the estimate it chose by is never longer."""

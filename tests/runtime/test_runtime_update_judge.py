@@ -130,6 +130,7 @@ async def test_a_poisoned_round_result_is_refused_and_its_device_named(
         attacked.final, without_bad.final)
 
 
+@pytest.mark.slow  # (about 2 s)
 async def test_sl_refuses_a_turn_that_would_poison_the_next_device(poison: Poison) -> None:
     poison(1e6)
     result, _ = await _run(CONFIG.replace(mode="sl"))

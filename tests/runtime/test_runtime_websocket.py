@@ -43,6 +43,7 @@ async def _run_over_websockets(config: RunConfig) -> RunResult:
     return result
 
 
+@pytest.mark.slow  # (about 2 s)
 async def test_websocket_run_computes_what_the_simulation_computes() -> None:
     result = await _run_over_websockets(CONFIG)
     reference = await simulate(CONFIG, clock=VirtualClock())

@@ -175,6 +175,7 @@ def test_selection_shares_the_server_in_a_large_fleet() -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow  # (about 2 s)
 def test_a_hundred_devices_and_35_units_finish() -> None:
     # speed is measured in bench/planner.py; this only proves the search ends
     rng = random.Random(7)
