@@ -6,8 +6,9 @@ devices inside `Plan.run` and is written to ``config.toml`` in the results direc
 raises `ConfigError` with one line naming the key, the value and what is accepted.
 
 Beside it: aiopipe.config_values (the named choices and checks of single values),
-aiopipe.config_checks (the keys of one system or feature), aiopipe.config_keys (unknown
-keys) and aiopipe.config_toml (TOML in and out). None of them imports this module.
+aiopipe.config_keys (unknown keys) and aiopipe.config_toml (TOML in and out). None of
+them imports this module. The keys of one system are its own, declared and checked in
+its package (aiopipe.runtime.systems.<name>.options, found through the registry).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Every check raises `ConfigError` with one line naming the key, the value and what is
 accepted (`fail`); a per-device key takes one value for the fleet or a list of one per
-device (`per_device`, read back with `pick`). aiopipe.config and aiopipe.config_checks
-both build on this module, which imports neither.
+device (`per_device`, read back with `pick`). aiopipe.config and the systems' options
+modules build on this module, which imports neither.
 """
 
 from __future__ import annotations
