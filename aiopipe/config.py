@@ -42,7 +42,7 @@ from aiopipe.config_values import (
 )
 from aiopipe.entrypoints import is_entry_point
 from aiopipe.errors import ConfigError
-from aiopipe.runtime.systems.registry import BUILT_IN, option_owners, options_of, why_default
+from aiopipe.runtime.systems.registry import BUILT_IN, check_system, options_of
 
 if TYPE_CHECKING:
     from aiopipe.transport.network import NetworkSpec
@@ -266,6 +266,9 @@ class RunConfig:
             itself where it runs (its units' times, its links' rates:
             aiopipe.runtime.profiling); false: from the server's own table times each
             device's ``device_slowdown`` and the ``network`` as declared.
+        options: the values of the options a user's system declares of its own (keys
+            that are not `RunConfig`'s: `SystemOptions.defaults`), read with `option`;
+            empty for the built-in systems, whose options are keys of their own.
 
     Raises:
         ConfigError: a field has an invalid value (the message names the key).
@@ -329,6 +332,7 @@ class RunConfig:
     privacy_noise: float = 0.01
     server_lanes: int = 1
     devices_per_round: int | float = 0
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, str):
@@ -441,22 +445,12 @@ class RunConfig:
         if isinstance(f, bool) or not isinstance(f, int) or f < 0:
             raise fail("byzantine_devices", f, "an integer >= 0")
         set_(self, "scale_limit", above("scale_limit", self.scale_limit, 1))
-        self._check_system()
+        check_system(self)
 
-    def _check_system(self) -> None:
-        """The run's system and its own options (aiopipe.runtime.systems.registry): a
-        key that other systems declare keeps its default; the system checks its own."""
-        try:
-            options = options_of(self.mode)
-        except ConfigError as exc:  # (it says what a mode may be)
-            raise ConfigError(f"config key 'mode': {exc}") from None
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        for key, modes in option_owners().items():
-            value = getattr(self, key)
-            if key not in options.keys and value != defaults[key]:
-                raise fail(key, value, f"its default in mode {self.mode} "
-                           f"({why_default(key, modes)})")
-        options.check(self)
+    def option(self, key: str) -> Any:
+        """The value of ``key``, an option the run's system declares of its own (given
+        in `options`, else its default)."""
+        return self.options.get(key, options_of(self.mode).defaults[key])
 
     def round_size(self, alive: int) -> int:
         """Devices that train in a round when ``alive`` can (`devices_per_round`)."""

@@ -65,7 +65,8 @@ def fold_system_tables(data: Mapping[str, Any], mode: str, *, where: str
         values = data.get(table)
         if not isinstance(values, dict):
             continue
-        keys = options_of(table_mode).keys
+        options = options_of(table_mode)
+        keys = [*options.keys, *options.defaults]
         for key in values:
             if key not in keys:
                 raise ConfigError(f"{where}: [{table}] holds {key!r}, which is not an option "
@@ -73,11 +74,14 @@ def fold_system_tables(data: Mapping[str, Any], mode: str, *, where: str
                                   f"{', '.join(keys) or 'none'})")
         if table_mode != mode:
             continue
+        if not isinstance(flat.get("options", {}), dict):
+            raise ConfigError(f"{where}: options must be a table")
         for key, value in values.items():
-            if key in flat:
+            into = flat.setdefault("options", {}) if key in options.defaults else flat
+            if key in into or key in flat:
                 raise ConfigError(f"{where}: {key!r} is both at top level and under "
                                   f"[{table}]: keep the one under [{table}]")
-            flat[key] = value
+            into[key] = value
     return flat
 
 

@@ -3,10 +3,11 @@
 The model's units are cut twice. A device runs the first units, [0, P1), and the last,
 [P2, Q): its inputs, its labels and the loss never leave it. The coordinator runs the
 middle, [P1, P2). P1 is the run's ``split_point``; the device keeps the last
-`UShaped.tail_units` units (the classifier). Devices take turns, as in split learning
-("sl"): each starts from the weights the previous one left, and the coordinator keeps
-one middle model that every turn trains. With plain SGD that is plain SGD on the
-devices' batches in turn order (tests/test_example_ushaped.py checks it).
+``tail_units`` units (the classifier; an option of its own, default 1). Devices take
+turns, as in split learning ("sl"): each starts from the weights the previous one
+left, and the coordinator keeps one middle model that every turn trains. With plain
+SGD that is plain SGD on the devices' batches in turn order
+(tests/examples/test_examples_ushaped.py checks it).
 
 One iteration, N micro-batches, GPipe over three stages::
 
@@ -255,6 +256,9 @@ def _check(config: Any) -> None:
     for k in range(config.devices):
         if not isinstance(config.device_parallel_batches(k), int):
             raise ConfigError("config key 'parallel_batches': U-shaped runs take ints")
+    tail = config.option("tail_units")
+    if isinstance(tail, bool) or not isinstance(tail, int) or tail < 1:
+        raise ConfigError(f"config key 'tail_units': got {tail!r}, expected an int >= 1")
 
 
 class UShaped(SystemDefaults):
@@ -262,9 +266,10 @@ class UShaped(SystemDefaults):
 
     device_half: ClassVar[type[DeviceHalf]] = UShapedDevice
     recovers_lost_devices: ClassVar[bool] = True  # a lost device's turn is undone
-    options: ClassVar[SystemOptions] = SystemOptions(check=_check)
-    #: units at the model's end that run on the device, after the coordinator's
-    tail_units: ClassVar[int] = 1
+    options: ClassVar[SystemOptions] = SystemOptions(
+        keys={"tail_units": "units at the model's end that run on the device, after the "
+                            "coordinator's (the classifier: 1)"},
+        defaults={"tail_units": 1}, check=_check)
     serves_stages = True  # the middle (not resumable: `SystemDefaults`)
 
     @staticmethod
@@ -279,6 +284,7 @@ class UShaped(SystemDefaults):
         split = self.config.split_point
         if not isinstance(split, int):  # (the options' check says so first)
             raise ConfigError("config key 'split_point': U-shaped runs take one int")
+        self.tail_units = int(self.config.option("tail_units"))
         self.cuts = (split, self.units - self.tail_units)
         if not 1 <= self.cuts[0] < self.cuts[1] < self.units:
             raise ConfigError(f"config key 'split_point': {self.cuts[0]} leaves no middle "

@@ -203,6 +203,8 @@ BAD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("group_size", 2, {}),
     ("inter_group_every", 0, {"mode": "hadfl"}),
     ("inter_group_every", 2, {}),
+    ("options", {"bogus": 1}, {}),  # a built-in system declares no option of its own
+    ("options", "x", {}),
 ]
 
 

@@ -4,6 +4,7 @@ device find it through the registry (aiopipe.runtime.systems.registry), and it t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -14,6 +15,7 @@ from aiopipe.errors import ConfigError
 from aiopipe.protocol import RoundResult
 from aiopipe.runtime.device_half import DeviceHalf
 from aiopipe.runtime.systems.base import Rounds
+from aiopipe.runtime.systems.registry import SystemOptions
 from aiopipe.runtime.systems.star.coordinator import Star
 from aiopipe.runtime.systems.star.device import StarDevice
 
@@ -60,3 +62,27 @@ async def test_a_system_named_by_module_and_attribute_runs_on_both_halves() -> N
 def test_a_mode_that_names_no_system_is_refused_with_why(mode: str, reason: str) -> None:
     with pytest.raises(ConfigError, match=reason):
         RunConfig(mode=mode)
+
+
+class Tuned(CountingStar):
+    """A system with an option of its own, ``turns`` (default 1)."""
+
+    options: ClassVar[SystemOptions] = SystemOptions(
+        keys={"turns": "how many turns"}, defaults={"turns": 1}, check=lambda config: None)
+
+
+def test_a_users_system_has_options_of_its_own(tmp_path: Path) -> None:
+    mode = f"{__name__}:Tuned"
+    assert RunConfig(mode=mode).option("turns") == 1
+    assert RunConfig(mode=mode, options={"turns": 3}).option("turns") == 3
+    with pytest.raises(ConfigError, match=r"'options'.*Tuned's own \(turns\)"):
+        RunConfig(mode=mode, options={"bogus": 1})
+    with pytest.raises(ConfigError, match=r"'options'.*own \(none\)"):
+        RunConfig(mode="pipar", options={"turns": 3})
+    path = tmp_path / "run.toml"
+    path.write_text(f'mode = "{mode}"\n[tuned]\nturns = 4\n')
+    config = RunConfig.from_toml(path)
+    assert config.option("turns") == 4
+    again = tmp_path / "again.toml"
+    again.write_text(config.to_toml())
+    assert RunConfig.from_toml(again) == config

@@ -15,15 +15,17 @@ not run, and a user's own system is found the same way as a built-in one.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiopipe.config_values import fail
 from aiopipe.errors import ConfigError
 
-__all__ = ["BUILT_IN", "SystemOptions", "find_system", "option_owners", "options_of",
-           "why_default"]
+__all__ = ["BUILT_IN", "SystemOptions", "check_system", "find_system", "option_owners",
+           "options_of", "why_default"]
 
 #: The built-in systems by mode: where each one's coordinator half is (loaded when a
 #: run names it, so that a device loads only its own system).
@@ -57,12 +59,15 @@ class SystemOptions:
     and may put a valid one in its normal form (a list as a tuple), as `RunConfig`'s own
     checks do; ``table``: the config file's table of them (default: the mode);
     ``elsewhere``: for a key, why a run of another system keeps its default (default:
-    which modes take it)."""
+    which modes take it); ``defaults``: the default of each key that is the system's own
+    rather than `RunConfig`'s (a user's system: its values travel in
+    `RunConfig.options`)."""
 
     keys: Mapping[str, str] = field(default_factory=dict)
     check: Callable[[Any], None] = _no_check
     table: str = ""
     elsewhere: Mapping[str, str] = field(default_factory=dict)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
 
 
 def options_of(mode: str) -> SystemOptions:
@@ -85,7 +90,7 @@ def options_of(mode: str) -> SystemOptions:
     if not isinstance(found, SystemOptions):
         raise ConfigError(f"mode {mode!r}: its options are not a SystemOptions")
     return found if found.table else SystemOptions(found.keys, found.check, table,
-                                                   found.elsewhere)
+                                                   found.elsewhere, found.defaults)
 
 
 def option_owners() -> dict[str, tuple[str, ...]]:
@@ -95,6 +100,31 @@ def option_owners() -> dict[str, tuple[str, ...]]:
         for key in options_of(mode).keys:
             owners[key] = (*owners.get(key, ()), mode)
     return owners
+
+
+def check_system(config: Any) -> None:
+    """The run's system and its options (`RunConfig`'s last check): a key that other
+    systems declare keeps its default (the refusal says why: `why_default`), `options`
+    holds only keys of the system's own, and the system checks its own.
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    try:
+        options = options_of(config.mode)
+    except ConfigError as exc:  # (it says what a mode may be)
+        raise ConfigError(f"config key 'mode': {exc}") from None
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    for key, modes in option_owners().items():
+        value = getattr(config, key)
+        if key not in options.keys and value != defaults[key]:
+            raise fail(key, value, f"its default in mode {config.mode} "
+                       f"({why_default(key, modes)})")
+    if not isinstance(config.options, Mapping) or set(config.options) - set(options.defaults):
+        own = ", ".join(options.defaults) or "none"
+        raise fail("options", config.options, f"options of mode {config.mode}'s own ({own})")
+    object.__setattr__(config, "options", dict(config.options))
+    options.check(config)
 
 
 def why_default(key: str, modes: Sequence[str]) -> str:
