@@ -16,6 +16,7 @@ not run, and a user's own system is found the same way as a built-in one.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -78,23 +79,28 @@ def options_of(mode: str) -> SystemOptions:
     Raises:
         ConfigError: no such system.
     """
-    where = BUILT_IN_OPTIONS.get(mode)
-    if where is not None:
-        module_name, _, attribute = where.partition(":")
-        found: SystemOptions = getattr(importlib.import_module(module_name), attribute)
-        table = mode
-    else:
-        system = find_system(mode)
-        found = getattr(system, "options", None) or SystemOptions()
-        table = system.__name__.lower()
+    built_in = BUILT_IN_OPTIONS.get(mode)  # (the lookup that chooses the system)
+    if built_in is not None:
+        return _built_in_options(mode, built_in)
+    system = find_system(mode)
+    found = getattr(system, "options", None) or SystemOptions()
     if not isinstance(found, SystemOptions):
         raise ConfigError(f"mode {mode!r}: its options are not a SystemOptions")
-    return found if found.table else SystemOptions(found.keys, found.check, table,
-                                                   found.elsewhere, found.defaults)
+    return found if found.table else dataclasses.replace(found, table=system.__name__.lower())
 
 
-def option_owners() -> dict[str, tuple[str, ...]]:
-    """Every key a built-in system declares, with the modes that take it."""
+@functools.cache
+def _built_in_options(mode: str, where: str) -> SystemOptions:
+    """Built-in ``mode``'s options, from ``where`` (they never change: loaded once)."""
+    module_name, _, attribute = where.partition(":")
+    found: SystemOptions = getattr(importlib.import_module(module_name), attribute)
+    return found if found.table else dataclasses.replace(found, table=mode)
+
+
+@functools.cache
+def option_owners() -> Mapping[str, tuple[str, ...]]:
+    """Every key a built-in system declares, with the modes that take it (once: the
+    built-in declarations never change)."""
     owners: dict[str, tuple[str, ...]] = {}
     for mode in BUILT_IN_OPTIONS:
         for key in options_of(mode).keys:
