@@ -62,7 +62,7 @@ async def test_a_device_process_sending_gradients_twice_is_refused_and_left_out(
         await fleet.finish(server, honest, within=240)
         assert await hostile.wait(60) != 0  # refused: it says so and exits with an error
     log = server.output.text()
-    assert f"device {BAD}" in log and "sent twice" in log, log[-3000:]
+    assert f"device {BAD} broke the protocol: gradient (0, 0, 0) sent twice" in log, log[-3000:]
     metrics = fleet.metrics()
     assert len(metrics) == 2
     assert BAD in metrics[0]["devices_lost"], metrics
