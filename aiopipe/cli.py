@@ -12,6 +12,7 @@ import math
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -25,7 +26,8 @@ from aiopipe.config import (
     SCHEDULES,
     RunConfig,
 )
-from aiopipe.config_toml import fold_system_tables, read_run_keys
+from aiopipe.config_options import fold_system_tables, system_keys, warn_flat_keys
+from aiopipe.config_toml import read_run_keys
 from aiopipe.errors import AiopipeError, ConfigError
 from aiopipe.metrics.results import EpochMetrics, RunResult
 from aiopipe.runtime.systems.registry import option_owners, options_of
@@ -170,11 +172,15 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--out-dir", help="results directory (default runs/<date-time>; one "
                                        "that holds results is refused)")
     groups = _group_by_system(parser, run)
-    defaults = RunConfig()
+    defaults = RunConfig().to_mapping()
+    owners = option_owners()
     for action in (a for group in (run, *groups) for a in group._group_actions):
         if (action.dest in RUN_OPTION_KEYS and action.help and "default" not in action.help
                 and not isinstance(action, argparse._StoreFalseAction)):
-            action.help += f" (default {_shown(getattr(defaults, action.dest))})"
+            key = action.dest
+            default = (options_of(owners[key][0]).defaults()[key] if key in owners
+                       else defaults[key])
+            action.help += f" (default {_shown(default)})"
 
 
 def _group_by_system(parser: argparse.ArgumentParser, run: argparse._ArgumentGroup
@@ -233,26 +239,27 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "optimizer", "dataset", "test_sample
                    "privacy", "privacy_noise", "server_lanes", "devices_per_round")
 
 
-def config_from_args(args: argparse.Namespace, **defaults: Any) -> RunConfig:
-    """The config file (if any), then ``defaults`` for keys it lacks, then the options.
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The config file (if any), then the options given on the command line (a system's
+    among them: ``--ring-size`` sets the run's ``[hadfl]`` ring_size).
 
     Raises:
         ConfigError: the file or a value is invalid.
     """
     overrides = {k: getattr(args, k) for k in RUN_OPTION_KEYS if getattr(args, k) is not None}
+    flags = system_keys(overrides)
+    values: dict[str, Any] = {}
     if args.config is not None:
+        where = f"config file {str(args.config)!r}"
         data = read_run_keys(args.config)
         mode = str(overrides.get("mode") or data.get("mode") or RunConfig().mode)
-        in_file = fold_system_tables(data, mode, where=f"config file {str(args.config)!r}")
-        given = set(in_file)
-        base = RunConfig.from_mapping({**in_file, "mode": mode}).to_mapping()
-        if base.get("model") == "custom":
+        values, flat = fold_system_tables(data, mode, where=where)
+        if flat:
+            warn_flat_keys(flat, f"{where}'s top level", table=options_of(mode).table)
+        if values.get("model") == "custom":
             raise ConfigError("a config file cannot hold a custom model")
-        values = {**{k: v for k, v in defaults.items() if k not in given},
-                  **{k: base[k] for k in given}}
-    else:
-        values = dict(defaults)
     values.update(overrides)
+    values["options"] = {**values.get("options", {}), **flags}
     return RunConfig.from_mapping(values)
 
 
@@ -287,6 +294,12 @@ def done_line(prog: str, result: RunResult) -> str:
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
+def _log_warning(message: Warning | str, category: type[Warning], filename: str,
+                 lineno: int, file: Any = None, line: str | None = None) -> None:
+    """A warning (the old flat config keys' `FutureWarning`...) as one log line."""
+    logging.getLogger("aiopipe").warning("%s: %s", category.__name__, message)
+
+
 def run_command(prog: str, main: Callable[[], Coroutine[Any, Any, int]]) -> NoReturn:
     """Run ``main`` on uvloop when available; aiopipe errors become one line and exit 2.
 
@@ -301,6 +314,7 @@ def run_command(prog: str, main: Callable[[], Coroutine[Any, Any, int]]) -> NoRe
     logging.basicConfig(level=level if level in _LEVELS else "INFO",
                         format=f"%(asctime)s {prog}: %(message)s", datefmt="%Y-%m-%d %H:%M:%S")
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
+    warnings.showwarning = _log_warning
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     terminated = False

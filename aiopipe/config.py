@@ -14,14 +14,24 @@ its package (aiopipe.runtime.systems.<name>.options, found through the registry)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiopipe.config_keys import unknown_keys
-from aiopipe.config_toml import fold_system_tables, read_run_keys, toml_document
+from aiopipe.config_options import (
+    FLAT_KEYS_UNTIL,
+    fold_system_tables,
+    option_values,
+    plain,
+    system_keys,
+    warn_flat_keys,
+)
+from aiopipe.config_toml import read_run_keys, toml_document
 from aiopipe.config_values import (
     AGGREGATIONS,
     DATA_PARTITIONS,
@@ -42,7 +52,12 @@ from aiopipe.config_values import (
 )
 from aiopipe.entrypoints import is_entry_point
 from aiopipe.errors import ConfigError
-from aiopipe.runtime.systems.registry import BUILT_IN, check_system, options_of
+from aiopipe.runtime.systems.registry import (
+    BUILT_IN,
+    check_system,
+    option_owners,
+    options_of,
+)
 
 if TYPE_CHECKING:
     from aiopipe.transport.network import NetworkSpec
@@ -65,6 +80,7 @@ __all__ = [
 MODES = tuple(BUILT_IN)
 #: A run's mode when nothing names one.
 _DEFAULT_MODE = "pipar"
+_Options = TypeVar("_Options")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,40 +137,6 @@ class RunConfig:
         split_point: units on the device, P (1..Q-1), per device as a list, or "auto".
         parallel_batches: micro-batches per iteration, N, per device as a list, or
             "auto" (a pipeline: one integer).
-        partition: a pipeline's S - 1 cut points (stage p holds units cut[p-1]+1..cut[p];
-            increasing, in 1..Q-1), or "auto": stages of balanced compute (asteroid:
-            Asteroid's planner chooses them with ``stage_groups``).
-        stage_groups: asteroid: the devices of each stage, a list of S lists of device
-            ids (every device in one; each micro-batch is split between a stage's
-            devices by Asteroid's Algorithm 1), or "auto" (the planner, with
-            ``partition`` "auto").
-        rescheduling: asteroid: how the plan changes when a device is lost mid-round
-            (the round is then played again from its start): "lightweight" (§3.4: a
-            group keeps its units on the members left; a stage left without a device
-            gives its units to its neighbours) or "heavy" (the planner from scratch over
-            the devices left: the paper's straw-man).
-        schedule: a pipeline's schedule, "1f1b" (K_p = 2(S - p) - 1 forwards on stage p
-            before one forward, one backward) or "gpipe" (all forwards, then all
-            backwards).
-        version_aggregation: ftpipehd: stage p averages its S - p in-flight weight
-            versions every this many times S - p updates (the paper's multiple; 0:
-            never).
-        global_replication_every: ftpipehd: batches between global replications (the
-            pipeline flushes and the coordinator takes every stage's weights and
-            momentum: a round ends; re-partitioning happens there, and a round lost to
-            a fault is played again from there); 0: once per epoch.
-        first_repartition_after: ftpipehd with "auto" cuts: the run's first
-            re-partition comes after this many batches (the paper's 10: the pipeline
-            flushes there, and the planner takes the capacities they measured), the
-            next ones at each global replication; 0: at the first global replication.
-        chain_replication_every: ftpipehd: batches between chain replications (each
-            stage sends its weights and momentum to the next stage's device, the last
-            stage to the coordinator; a round lost to a fault is played again from the
-            latest point every stage's state survived); asteroid: batches of an epoch
-            between stage backups (every device keeps its stage's state; a stage's
-            only device also sends it to the first device of the next stage, the last
-            stage's to the first stage's: a round lost to a fault is played again from
-            the latest point every stage survived); 0: none.
         network: a preset ("4g", "4g+", "wifi", "lan") or a table with ``up_mbps``,
             ``down_mbps`` and optional ``latency_ms``; or a list of those, one per
             device (each device's own links, PiPar Eqs. 9-10).
@@ -183,33 +165,11 @@ class RunConfig:
             before the server declares it lost and its round goes on without it (the
             recovery time after a crash; a reconnect later than this rejoins at the next
             round).
-        replan: with "auto" split points or micro-batch counts, re-estimate at every
-            round boundary from live measurements (each device's compute and link
-            speeds) and switch plans when the estimate improves enough. Off by default:
-            on really shaped links between processes (bench/shaped.py, vgg5) every
-            switch was estimated to help and made the epochs longer; see the README.
-        replan_threshold: the relative improvement of the estimated remaining time a
-            new plan needs before the coordinator switches to it (0.1 = 10%).
         device_memory_mb: memory budget per device for the planner (one value or one
             per device; 0 = unlimited): the device half's weights, gradients, momentum
             and the activations of N in-flight micro-batches must fit.
-        aggregation: how a round's device models become the global model: "fedavg"
-            (weighted by samples, PiPar Eq. 3), or a robust one that bounds what a few
-            devices can do: "fedmedian" (coordinate-wise median), "trimmed-mean"
-            (dropping ``trim_fraction`` of the highest and of the lowest values per
-            coordinate), "krum" (the model nearest its neighbours, for at most
-            ``byzantine_devices`` bad devices; needs devices >= that + 3).
-        trim_fraction, byzantine_devices: see ``aggregation``. A trimmed mean that would
-            trim nothing from a whole round (floor(trim_fraction x devices a round) = 0)
-            is refused here with the number of devices it needs.
-        outliers: what to do with a device whose update (its whole model, its server
-            replica included, minus the round's starting model) is more than
-            ``outlier_limit`` times the round's median update norm: "keep", "clip"
-            (scaled down to the median's norm: it moves the aggregate no further than a
-            typical device, in its own direction) or "drop" (left out of the
-            aggregation); clipped or dropped devices are named in the log and in
-            ``EpochMetrics.updates_refused``.
-        outlier_limit: see ``outliers``.
+        byzantine_devices: the faulty devices a run tolerates: how many devices' word
+            against a peer excludes it (aiopipe.runtime.exclusion), and Krum's f.
         scale_limit: how far beyond the run's own scale what a peer sends may be,
             whatever the other options: in fl, sl, sfl and pipar a device's update that
             is not finite or whose norm is more than this many times the run's scale
@@ -222,53 +182,29 @@ class RunConfig:
             first tensors, the same cut's in the run's initial model, or the receiver's
             own copy) is refused and its sender named and excluded
             (aiopipe.runtime.judge). NaN or Inf always is.
-        warmup_epochs: hadfl: epochs of the mutual negotiation (§III-B), E_warmup: each
-            is one round in which every device trains one epoch of its data at
-            ``warmup_learning_rate`` and the whole fleet averages; the strategy comes
-            from the seconds they took. 0: none (only with a fixed ``local_steps``).
-        warmup_learning_rate: hadfl: the negotiation's (small) learning rate.
-        local_steps: hadfl: "capacity" (Algorithm 1: each device trains as many
-            mini-batches as fit its speed in a period of ``sync_periods``
-            hyperperiods) or a number of mini-batches every device trains per round
-            (with ``ring_size`` = devices: synchronous decentralized FedAvg; 1: every
-            step all-reduced, as PyTorch DDP).
-        sync_periods: hadfl: T_sync, hyperperiods between synchronisations.
-        ring_size: hadfl: N_p, the devices that average their models each round (0:
-            half the devices, at least 2).
-        version_smoothing: hadfl: Holt's smoothing factor alpha (Eq. 7), in (0, 1).
-        group_size: hadfl: devices per group when there are many (§III-C): each round
-            every group averages within itself (``ring_size`` of its devices, its
-            sender sending on to the rest of the group); 0: one group of all.
-        inter_group_every: hadfl with groups: every this many rounds the round is an
-            inter-group synchronisation instead: one device of each group (drawn as
-            rings are) average, and the average goes to every other device.
-        privacy: differential privacy on the devices (fl, sl, sfl, pipar; PiPar §5.6.2):
-            "none", "classic" (Gaussian noise on the device's model half before it is
-            uploaded) or "pixeldp" (a noise layer before the device's first layer:
-            Gaussian noise on every training input); aiopipe.runtime.privacy.
-        privacy_noise: the noise's standard deviation (weights' units for classic,
-            inputs' for pixeldp: synthetic and normalised data have unit variance).
-        server_lanes: sfl, pipar: passes of different devices' server replicas the server
-            runs at once (PiPar §3.2.3 Fig. 3c): its compute threads, for a server with
-            that many cores or a GPU; 1 runs every pass in turn. The planner plans with
-            it ([Note: server lanes]); each device's own passes stay in order.
-        devices_per_round: fl, sl, sfl, pipar: how many devices train in each round,
+        devices_per_round: how many devices train in each round,
             sampled anew every round (Flower's fraction_fit in spirit): 0, every device;
             an integer n >= 1, n of them; a fraction in (0, 1), that share of the
             devices rounded up. The choice is seeded by ``seed``, the epoch and the round
             (`sampled_devices`), among the devices alive then, and recorded in each
-            epoch's ``sampled``; FedAvg weighs the sampled devices' samples.
-        ring_timeout: hadfl: seconds a ring member waits for its upstream before it
-            asks whether it is alive (a handshake); an upstream that does not answer
-            within as long again (or whose link broke) is bypassed.
+            epoch's ``sampled``; FedAvg weighs the sampled devices' samples. Only systems that
+            sample devices take it (`SystemOptions.samples_devices`: fl, sl, sfl, pipar).
         profile_devices: with "auto" (and in mode asteroid, any plan: its rows are
             balanced by speed) on real clocks, plan from what each device measures of
             itself where it runs (its units' times, its links' rates:
             aiopipe.runtime.profiling); false: from the server's own table times each
             device's ``device_slowdown`` and the ``network`` as declared.
-        options: the values of the options a user's system declares of its own (keys
-            that are not `RunConfig`'s: `SystemOptions.defaults`), read with `option`;
-            empty for the built-in systems, whose options are keys of their own.
+        options: the options of the run's system: an instance of its options dataclass
+            (`SystemOptions.values`: `StarOptions` for fl and sl, `ReplicaOptions` for
+            sfl and pipar, `PipelineOptions`, `FTPipeHDOptions`, `AsteroidOptions`,
+            `HADFLOptions`, or a user's system's own), given as one or as a mapping of
+            the keys to change (a config file's table named after the mode, ``[hadfl]``);
+            the defaults fill the rest. `RunConfig` keeps what every run has; what only
+            one system takes is its own (aiopipe.runtime.systems.registry).
+
+    Flat system keys (``RunConfig(mode="hadfl", ring_size=3)``, ``config.ring_size``,
+    ``ring_size = 3`` at a config file's top level) are the old form: read for one more
+    release, each with a `FutureWarning` that says where the key goes now.
 
     Raises:
         ConfigError: a field has an invalid value (the message names the key).
@@ -291,10 +227,6 @@ class RunConfig:
     aggregation_every: int = 0
     learning_rate: float = 0.02
     momentum: float = 0.9
-    partition: str | tuple[int, ...] = "auto"
-    stage_groups: str | tuple[tuple[int, ...], ...] = "auto"
-    schedule: str = "1f1b"
-    rescheduling: str = "lightweight"
     data_partition: str = "iid"
     dirichlet_alpha: float = 0.5
     test_samples: int = 1000
@@ -305,34 +237,12 @@ class RunConfig:
     heartbeat_interval: float = 5.0
     device_timeout: float = 60.0
     reconnect_grace: float = 10.0
-    replan: bool = False
-    replan_threshold: float = 0.1
     device_memory_mb: float | tuple[float, ...] = 0.0
     profile_devices: bool = True
-    aggregation: str = "fedavg"
-    trim_fraction: float = 0.2
     byzantine_devices: int = 1
-    outliers: str = "keep"
-    outlier_limit: float = 10.0
     scale_limit: float = 1000.0
-    version_aggregation: int = 1
-    global_replication_every: int = 100
-    chain_replication_every: int = 50
-    first_repartition_after: int = 10
-    warmup_epochs: int = 1
-    warmup_learning_rate: float = 0.002
-    local_steps: int | str = "capacity"
-    sync_periods: int = 1
-    ring_size: int = 0
-    version_smoothing: float = 0.5
-    ring_timeout: float = 5.0
-    group_size: int = 0
-    inter_group_every: int = 4
-    privacy: str = "none"
-    privacy_noise: float = 0.01
-    server_lanes: int = 1
     devices_per_round: int | float = 0
-    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    options: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, str):
@@ -397,9 +307,6 @@ class RunConfig:
         if self.data_partition not in DATA_PARTITIONS:
             raise fail("data_partition", self.data_partition,
                        f"one of {', '.join(DATA_PARTITIONS)}")
-        if self.partition in DATA_PARTITIONS:
-            raise fail("partition", self.partition, '"auto" or a list of cut points (the '
-                       "data partition is now data_partition)")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise fail("seed", self.seed, "an integer")
         for key in ("heartbeat_interval", "device_timeout"):
@@ -418,15 +325,9 @@ class RunConfig:
         ):
             raise fail("reconnect_grace", grace, "a finite number of seconds > 0")
         set_(self, "reconnect_grace", float(grace))
-        for key in ("shape_links", "replan", "profile_devices"):
+        for key in ("shape_links", "profile_devices"):
             if not isinstance(getattr(self, key), bool):
                 raise fail(key, getattr(self, key), "true or false")
-        threshold = self.replan_threshold
-        if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not (
-            math.isfinite(threshold) and 0 <= threshold < 1
-        ):
-            raise fail("replan_threshold", threshold, "a number in [0, 1)")
-        set_(self, "replan_threshold", float(threshold))
         budget = self.device_memory_mb
         budgets = budget if isinstance(budget, Sequence) else (budget,)
         if isinstance(budget, Sequence) and len(budgets) != self.devices:
@@ -445,12 +346,29 @@ class RunConfig:
         if isinstance(f, bool) or not isinstance(f, int) or f < 0:
             raise fail("byzantine_devices", f, "an integer >= 0")
         set_(self, "scale_limit", above("scale_limit", self.scale_limit, 1))
+        self._check_devices_per_round()
         check_system(self)
 
-    def option(self, key: str) -> Any:
-        """The value of ``key``, an option the run's system declares of its own (given
-        in `options`, else its default)."""
-        return self.options.get(key, options_of(self.mode).defaults[key])
+    def options_as(self, kind: type[_Options]) -> _Options:
+        """The run's system's options, typed as ``kind`` (its options dataclass, or a
+        base of it).
+
+        Raises:
+            TypeError: the run's options are not a ``kind``.
+        """
+        if not isinstance(self.options, kind):
+            raise TypeError(f"mode {self.mode}'s options are a "
+                            f"{type(self.options).__name__}, not a {kind.__name__}")
+        return self.options
+
+    def _check_devices_per_round(self) -> None:
+        """Sampling per round: 0, a count up to ``devices``, or a fraction in (0, 1)."""
+        value = self.devices_per_round
+        expected = f"0 (every device), an integer 1..{self.devices} or a fraction in (0, 1)"
+        if isinstance(value, bool) or not isinstance(value, int | float) or (
+                isinstance(value, int) and not 0 <= value <= self.devices) or (
+                isinstance(value, float) and not 0 < value < 1):
+            raise fail("devices_per_round", value, expected)
 
     def round_size(self, alive: int) -> int:
         """Devices that train in a round when ``alive`` can (`devices_per_round`)."""
@@ -499,12 +417,6 @@ class RunConfig:
                     '(model=my_model, called under the seed), or set initial_weights='
                     "\"given\" to train from the module's own weights")
 
-    def ring_members(self, devices: int | None = None) -> int:
-        """HADFL's N_p among ``devices`` (default: the fleet; a group's size): ``ring_size``,
-        or half of them (at least 2, at most all)."""
-        n = self.devices if devices is None else devices
-        return min(n, self.ring_size or max(2, math.ceil(n / 2)))
-
     # -- per-device views ------------------------------------------------------------
 
     def device_split_point(self, device_id: int) -> int | str:
@@ -540,53 +452,123 @@ class RunConfig:
     # -- conversions -----------------------------------------------------------------
 
     def replace(self, **changes: Any) -> RunConfig:
-        """A copy with some fields changed (validated again)."""
-        return dataclasses.replace(self, **changes)
+        """A copy with some fields changed (validated again). ``options`` given as a
+        mapping changes only the options it names; a new ``mode`` keeps the options its
+        system also takes."""
+        options = changes.pop("options", None)
+        flat = system_keys(changes)
+        if flat:
+            warn_flat_keys(flat, "replace()")
+        if options is not None and not isinstance(options, Mapping):
+            return dataclasses.replace(self, options=options, **changes)
+        takes = options_of(changes.get("mode", self.mode)).keys
+        kept = {k: v for k, v in option_values(self.options).items() if k in takes}
+        return dataclasses.replace(self, options={**kept, **flat, **(options or {})},
+                                   **changes)
 
     def to_mapping(self) -> dict[str, Any]:
-        """Plain TOML-able values of every field (a custom model becomes "custom")."""
+        """Plain TOML-able values of every field (a custom model becomes "custom"); the
+        options in a table named after the system (``"hadfl": {...}``), as a config file
+        holds them."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name == "model" and not isinstance(value, str):
                 value = "custom"
-            if isinstance(value, tuple):
-                value = [list(v) if isinstance(v, tuple) else v for v in value]
-            if isinstance(value, Mapping):
-                value = dict(value)
-            out[f.name] = value
+            if f.name == "options":
+                out[options_of(self.mode).table] = plain(option_values(value))
+                continue
+            out[f.name] = plain(value)
         return out
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
-        """Build from plain values, refusing unknown keys.
+    def from_mapping(cls, values: Mapping[str, Any], *, warn: bool = True) -> RunConfig:
+        """Build from plain values (`to_mapping`'s form; the run's options in its
+        system's table, or as ``options``), refusing unknown keys. A system's key at top
+        level is the old form (class docstring): read, with a `FutureWarning` unless
+        ``warn`` is false (an old checkpoint's config, which the user did not write).
 
         Raises:
             ConfigError: an unknown key or an invalid value.
         """
+        mode = str(values.get("mode") or _DEFAULT_MODE)
+        nested, flat = fold_system_tables(values, mode, where="config")
+        if flat and warn:
+            warn_flat_keys(flat, "a config's top level", table=options_of(mode).table)
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = [k for k in values if k not in known]  # in the order given
+        unknown = [k for k in nested if k not in known]  # in the order given
         if unknown:
-            raise ConfigError(unknown_keys(unknown, known))
+            raise ConfigError(unknown_keys(unknown, known | set(option_owners())))
         kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
-                                  for k, v in values.items()}
+                                  for k, v in nested.items()}
         return cls(**kwargs)
 
     @classmethod
     def from_toml(cls, path: str | Path, **overrides: Any) -> RunConfig:
         """Load a TOML file (top-level keys, or a ``[run]`` table; the run's system's
-        options in its table, ``[hadfl]``: `fold_system_tables`), then apply overrides.
+        options in its table, ``[hadfl]``), then apply ``overrides`` (None: not given).
 
         Raises:
             ConfigError: the file is missing, is not valid TOML, or holds invalid values.
         """
+        where = f"config file {str(path)!r}"
         data = read_run_keys(path)
-        mode = overrides.get("mode") or data.get("mode") or _DEFAULT_MODE
-        values = fold_system_tables(data, str(mode), where=f"config file {str(path)!r}")
-        values.update({k: v for k, v in overrides.items() if v is not None})
+        mode = str(overrides.get("mode") or data.get("mode") or _DEFAULT_MODE)
+        values, flat = fold_system_tables(data, mode, where=where)
+        if flat:
+            warn_flat_keys(flat, f"{where}'s top level", table=options_of(mode).table)
+        given = {k: v for k, v in overrides.items() if v is not None}
+        changes = system_keys(given)
+        if changes:
+            warn_flat_keys(changes, "from_toml()")
+        values.update(given)
+        values["options"] = {**values.get("options", {}), **changes}
         return cls.from_mapping(values)
 
     def to_toml(self) -> str:
-        """The config as a TOML document of top-level keys, every key's value (what
-        ``config.toml`` in a results dir holds: `from_mapping` reads it back whole)."""
-        return toml_document(self.to_mapping())
+        """The config as a TOML document: every common key's value at top level, then
+        the options in the system's table (what ``config.toml`` in a results dir holds:
+        `from_toml` reads it back whole)."""
+        mapping = self.to_mapping()
+        table = options_of(self.mode).table
+        options = mapping.pop(table)
+        return toml_document(mapping) + f"\n[{table}]\n" + toml_document(options)
+
+
+def _init_with_flat_keys(init: Callable[..., None]) -> Callable[..., None]:
+    """`RunConfig`'s constructor, reading the old flat system keys (class docstring)
+    into ``options`` with a `FutureWarning`."""
+
+    @functools.wraps(init)
+    def __init__(self: RunConfig, *args: Any, **kwargs: Any) -> None:
+        flat = system_keys(kwargs)
+        if flat:
+            warn_flat_keys(flat, "RunConfig()")
+            given = kwargs.get("options")
+            given = option_values(given) if given is not None else {}
+            both = sorted(set(flat) & set(given))
+            if both:
+                raise ConfigError(f"config key {both[0]!r} is given twice: keep the one in "
+                                  "options")
+            kwargs["options"] = {**given, **flat}
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+def _read_flat_key(self: RunConfig, name: str) -> Any:
+    """``config.ring_size``, the old flat read of a system's option (class docstring)."""
+    if name in option_owners():
+        warnings.warn(f"config.{name} reads a system option the old flat way (read until "
+                      f"aiopipe {FLAT_KEYS_UNTIL}): read config.options.{name}",
+                      FutureWarning, stacklevel=2)
+        options = object.__getattribute__(self, "options")
+        if hasattr(options, name):
+            return getattr(options, name)
+        return options_of(option_owners()[name][0]).defaults()[name]  # another system's
+    raise AttributeError(f"'RunConfig' object has no attribute {name!r}")
+
+
+# (set after the class is made, so that type checkers see neither: they are the old form)
+setattr(RunConfig, "__init__", _init_with_flat_keys(RunConfig.__init__))  # noqa: B010
+setattr(RunConfig, "__getattr__", _read_flat_key)  # noqa: B010

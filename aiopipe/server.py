@@ -125,7 +125,8 @@ def resumed_config(args: argparse.Namespace) -> RunConfig:
     from aiopipe.runtime.checkpoint import load_checkpoint
 
     meta = load_checkpoint(Path(args.resume) / "checkpoint")[1]
-    return RunConfig.from_mapping({**meta["config"], "out_dir": str(args.resume)})
+    # (an older checkpoint's config is in the old flat form: read without a warning)
+    return RunConfig.from_mapping({**meta["config"], "out_dir": str(args.resume)}, warn=False)
 
 
 def _is_loopback(host: str) -> bool:

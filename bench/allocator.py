@@ -68,7 +68,7 @@ def measure() -> dict[str, float]:
     config = RunConfig(mode="pipar", model="resnet18", devices=2, samples_per_device=128,
                        batch_size=32, epochs=2, split_point=1, parallel_batches=8,
                        device_slowdown=4.0, test_samples=0, network="4g", torch_threads=1,
-                       replan=False)
+                       options={"replan": False})
     result = asyncio.run(simulate(config, clock=SystemClock(), progress=lambda m: None))
     out["resnet18 P1 N8 4g epoch (s)"] = result.epochs[-1].time_s
     out["resnet18 P1 N8 4g server busy (s)"] = result.epochs[-1].busy_s["server"]

@@ -41,7 +41,7 @@ MODES: dict[str, dict[str, Any]] = {
     "pipeline": {"parallel_batches": 2},
     "ftpipehd": {"parallel_batches": 2},
     "asteroid": {},
-    "hadfl": {"warmup_epochs": 0, "local_steps": 2},
+    "hadfl": {"options": {"warmup_epochs": 0, "local_steps": 2}},
 }
 JUDGING = ("judge", "judge_data", "judge_tensors", "judge_against")
 

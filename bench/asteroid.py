@@ -170,7 +170,8 @@ def _fleet_config(scale: float, mbps: float, **changes: object) -> RunConfig:
 
 THROUGHPUT_RUNS: dict[str, dict[str, object]] = {
     "asteroid (auto)": {},
-    "data parallel": {"stage_groups": [list(range(len(SLOWDOWNS)))], "partition": []},
+    "data parallel": {"options": {"stage_groups": [list(range(len(SLOWDOWNS)))],
+                                  "partition": []}},
     "pipeline parallel": {"mode": "pipeline", "device_memory_mb": 0.0},
     "fl": {"mode": "fl", "parallel_batches": 1, "split_point": 5, "device_memory_mb": 0.0},
 }
@@ -277,11 +278,12 @@ def processes(out: Path | None, scale: float, mbps: float, samples: int) -> None
     _written(out, f"processes-x{scale:g}-{mbps:g}mbps", lines, rows)
 
 
-FAULT_RUN = {"mode": "asteroid", "devices": 3, "model": "vgg5", "stage_groups": [[0, 1], [2]],
-             "partition": [2], "samples_per_device": 960, "batch_size": 32, "network": "wifi",
-             "parallel_batches": 2, "epochs": 4, "learning_rate": 0.02, "momentum": 0.5,
-             "test_samples": 1000, "heartbeat_interval": 0.5, "device_timeout": 5.0,
-             "reconnect_grace": 2.0, "chain_replication_every": 5}
+#: the run's keys (ProcessFleet writes asteroid's own under ``[asteroid]``)
+FAULT_RUN = {"mode": "asteroid", "devices": 3, "model": "vgg5", "samples_per_device": 960,
+             "batch_size": 32, "network": "wifi", "parallel_batches": 2, "epochs": 4,
+             "learning_rate": 0.02, "momentum": 0.5, "test_samples": 1000,
+             "heartbeat_interval": 0.5, "device_timeout": 5.0, "reconnect_grace": 2.0,
+             "stage_groups": [[0, 1], [2]], "partition": [2], "chain_replication_every": 5}
 #: who is killed (a member of stage 0's group, or stage 1's only device), how the plan
 #: changes, and whether stages are backed up (every 5 batches) or not
 SCENARIOS = {"none": ((), "lightweight", True), "member": ((1,), "lightweight", True),
@@ -349,12 +351,13 @@ def faults(out: Path | None, into: float, only: list[str] | None = None, *,
     rows = [asyncio.run(_fault_run(scenario, into, changes)) for scenario in chosen]
     base = rows[0]["accuracy"]
     lines = [f"Between processes: {FAULT_RUN['devices']} devices, stages "
-             f"{FAULT_RUN['stage_groups']}, wifi links (50 Mbit/s, paced by each sender), "
-             f"vgg5, {FAULT_RUN['epochs']} epochs of {samples} samples per device, "
+             f"{FAULT_RUN['stage_groups']}, wifi links (50 Mbit/s, paced by each "
+             f"sender), vgg5, {FAULT_RUN['epochs']} epochs of {samples} samples per device, "
              f"compute {slowdown:g}x this host's; the kill {into:g} s "
              "into epoch 2; reconnect_grace "
              f"{FAULT_RUN['reconnect_grace']:g} s; stage backups every "
-             f"{FAULT_RUN['chain_replication_every']} batches (but where it says none).", "",
+             f"{FAULT_RUN['chain_replication_every']} batches (but where it says "
+             "none).", "",
              "| scenario | test accuracy | Δ from none | kill → given up s | "
              "stall noticed → replay sent s | re-planning ms | replay from batch | "
              "replay sent → first forward s | epoch times s |",
@@ -380,14 +383,15 @@ def faults(out: Path | None, into: float, only: list[str] | None = None, *,
 def backups(out: Path | None) -> None:
     """What stage backups cost training (``--backups``), in virtual time."""
     rows = {}
-    base_config = RunConfig(mode="asteroid", devices=2, model="vgg5", stage_groups=[[0], [1]],
-                            partition=[4], samples_per_device=960, batch_size=32,
-                            parallel_batches=2, epochs=1, network="wifi", test_samples=0)
+    base_config = RunConfig(mode="asteroid", devices=2, model="vgg5", samples_per_device=960,
+                            batch_size=32,
+                            parallel_batches=2, epochs=1, network="wifi", test_samples=0,
+                            options={"stage_groups": [[0], [1]], "partition": [4]})
     model = build_model(base_config, num_classes=10, in_shape=(3, 32, 32))
     costs = measure_planning_costs(base_config, model, (3, 32, 32), None,
                                    sizes=planning_batch_sizes(base_config))  # one table
     for every in (0, 20, 5, 1):
-        config = base_config.replace(chain_replication_every=every)
+        config = base_config.replace(options={"chain_replication_every": every})
         result = asyncio.run(simulate(config, clock=VirtualClock(), cost_table=costs))
         rows[every] = {"every": every, "epoch_s": result.epochs[0].time_s}
     base = rows[0]["epoch_s"]

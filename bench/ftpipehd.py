@@ -79,7 +79,7 @@ async def _run(config: RunConfig) -> tuple[list[float], list[float]]:
 def _between_processes(config: RunConfig, network: str) -> float:
     """The last epoch's time of ``config`` as ``python -m aiopipe`` with four device
     processes (links shaped to ``network``)."""
-    assert isinstance(config.partition, tuple)
+    assert isinstance(config.options.partition, tuple)
     with tempfile.TemporaryDirectory() as tmp:
         command = [
             sys.executable, "-m", "aiopipe", "--mode", "ftpipehd", "--devices", "4",
@@ -88,7 +88,7 @@ def _between_processes(config: RunConfig, network: str) -> float:
             "--epochs", str(config.epochs), "--momentum", str(config.momentum),
             "--learning-rate", str(config.learning_rate), "--network", network,
             "--device-slowdown", ",".join(f"{config.device_slowdown_of(k):g}" for k in range(4)),
-            "--partition", ",".join(map(str, config.partition)), "--out-dir", f"{tmp}/run"]
+            "--partition", ",".join(map(str, config.options.partition)), "--out-dir", f"{tmp}/run"]
         subprocess.run(command, check=True, capture_output=True, text=True, timeout=1800)
         lines = Path(f"{tmp}/run/metrics.jsonl").read_text().splitlines()
     return float(json.loads(lines[-1])["time_s"])
@@ -109,11 +109,11 @@ async def throughput(model: str, samples: int, batch: int, *, processes: bool = 
     dynamic = planner.cuts(list(slow), range(4))
     rows = []
     for name, config in (
-            ("homogeneous (PipeDream)", base.replace(partition=homogeneous.cuts)),
-            ("FTPipeHD, declared", base.replace(partition=dynamic.cuts)),
+            ("homogeneous (PipeDream)", base.replace(options={"partition": homogeneous.cuts})),
+            ("FTPipeHD, declared", base.replace(options={"partition": dynamic.cuts})),
     ):
         result = await simulate(config, clock=VirtualClock(), cost_table=costs)
-        rows.append((name, config.partition, result.epochs[-1].time_s))
+        rows.append((name, config.options.partition, result.epochs[-1].time_s))
     # declared alike, really 1, 1, 1, 10: the first epoch measures, the second re-plans
     from aiopipe.runtime import device_node as device_module
 
@@ -124,17 +124,17 @@ async def throughput(model: str, samples: int, batch: int, *, processes: bool = 
 
     device_module.DeviceNode._run_config = really_slow  # type: ignore[method-assign]
     try:
-        measured = await simulate(base.replace(device_slowdown=1.0, partition="auto"),
+        measured = await simulate(base.replace(device_slowdown=1.0, options={"partition": "auto"}),
                                   clock=VirtualClock(), cost_table=costs)
     finally:
         device_module.DeviceNode._run_config = honest  # type: ignore[method-assign]
     first, second = measured.epochs
     if processes:
         for name, config in (
-                ("processes, homogeneous", base.replace(partition=homogeneous.cuts)),
-                ("processes, FTPipeHD", base.replace(partition=dynamic.cuts)),
+                ("processes, homogeneous", base.replace(options={"partition": homogeneous.cuts})),
+                ("processes, FTPipeHD", base.replace(options={"partition": dynamic.cuts})),
         ):
-            rows.append((name, config.partition, _between_processes(config, network)))
+            rows.append((name, config.options.partition, _between_processes(config, network)))
     estimate = planner.time(homogeneous.cuts, slow, range(4))
     print(f"{model}: 4 stages, devices 1, 1, 1, 10x; {samples} samples, B = {batch}; "
           f"estimated batch time homogeneous {estimate:.4f} s, "
@@ -157,7 +157,7 @@ async def capacity_change(model: str, samples: int, batch: int, every: int, at: 
 
     base = RunConfig(mode="ftpipehd", model=model, devices=4, samples_per_device=samples,
                      batch_size=batch, epochs=1, test_samples=100, seed=3, momentum=0.5,
-                     learning_rate=0.02, global_replication_every=every)
+                     learning_rate=0.02, options={"global_replication_every": every})
     costs = _measure(base, None)
     planner = Planner.of(base, costs, build_model(base, num_classes=10,
                                                    in_shape=(3, 32, 32)), (3, 32, 32), batch)
@@ -172,7 +172,8 @@ async def capacity_change(model: str, samples: int, batch: int, every: int, at: 
     curves = {}
     DeviceHalf.run_round = slow_from_batch  # type: ignore[method-assign]
     try:
-        for name, config in (("homogeneous cuts kept", base.replace(partition=homogeneous)),
+        for name, config in (("homogeneous cuts kept",
+                              base.replace(options={"partition": homogeneous})),
                              ("FTPipeHD re-partitioning", base)):
             result = await simulate(config, clock=VirtualClock(), cost_table=costs)
             ends = sorted(t.end - result.trace_origin for t in result.trace
@@ -231,7 +232,8 @@ async def replication_cost(model: str, samples: int, batch: int,
     for network in ("lan", "wifi"):
         rows = []
         for every in intervals:
-            config = base.replace(global_replication_every=every, network=network)
+            config = base.replace(network=network,
+                                  options={"global_replication_every": every})
             epoch = (await simulate(config, clock=VirtualClock(), cost_table=costs)).epochs[0]
             rows.append((every, epoch.time_s, epoch.bytes_up + epoch.bytes_down))
         reference = next(t for e, t, _ in rows if e == 0) if 0 in intervals else rows[0][1]
@@ -258,7 +260,8 @@ async def chain_cost(model: str, samples: int, batch: int, intervals: list[int])
     for network in ("lan", "wifi"):
         rows = []
         for every in intervals:
-            config = base.replace(chain_replication_every=every, network=network)
+            config = base.replace(network=network,
+                                  options={"chain_replication_every": every})
             result = await simulate(config, clock=VirtualClock(), cost_table=costs)
             wire = sum(s.duration for s in result.trace if s.name == "replica")
             points = sum(len(range(every, min(100, batches - r), every)) if every else 0
@@ -320,16 +323,16 @@ async def main() -> None:
                              processes=args.processes, network=args.network)
         return
     base = RunConfig(model=args.model, devices=3, samples_per_device=args.samples,
-                     batch_size=args.batch_size, epochs=args.epochs, partition=(1, 3),
+                     batch_size=args.batch_size, epochs=args.epochs,
                      test_samples=500, seed=3, learning_rate=args.learning_rate,
-                     mode="pipeline", parallel_batches=1)
+                     mode="pipeline", parallel_batches=1, options={"partition": (1, 3)})
     print(f"{args.model}, 3 stages cut at (1, 3), {args.samples} samples, B = "
           f"{args.batch_size}, lr {args.learning_rate}, {args.epochs} epochs; "
           "loss / test accuracy per epoch")
     for momentum in args.momentum:
         variants = [("pipeline (sync)", base.replace(momentum=momentum))]
         variants += [(f"ftpipehd agg {m}", base.replace(mode="ftpipehd", momentum=momentum,
-                                                        version_aggregation=m))
+                                                        options={"version_aggregation": m}))
                      for m in args.aggregation]
         for name, config in variants:
             started = time.monotonic()

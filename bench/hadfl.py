@@ -57,10 +57,11 @@ def runs(samples: int) -> dict[str, dict[str, Any]]:
     """Each run's config keys (besides the fleet's)."""
     batches = samples // BATCH
     return {
-        "hadfl": {"mode": "hadfl", "ring_size": 2},
-        "decentralized FedAvg": {"mode": "hadfl", "warmup_epochs": 0,
-                                 "local_steps": batches, "ring_size": 4},
-        "DDP-like": {"mode": "hadfl", "warmup_epochs": 0, "local_steps": 1, "ring_size": 4},
+        "hadfl": {"mode": "hadfl", "options": {"ring_size": 2}},
+        "decentralized FedAvg": {"mode": "hadfl", "options": {
+            "warmup_epochs": 0, "local_steps": batches, "ring_size": 4}},
+        "DDP-like": {"mode": "hadfl", "options": {
+            "warmup_epochs": 0, "local_steps": 1, "ring_size": 4}},
         "central FL": {"mode": "fl"},
     }
 

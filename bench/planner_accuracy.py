@@ -147,8 +147,8 @@ class Settings:
             mode="pipar", model=model, dataset=self.dataset, devices=self.devices,
             samples_per_device=self.samples_per_device, batch_size=self.batch_size, epochs=1,
             split_point="auto", parallel_batches="auto", network=network,
-            device_slowdown=self.slowdown, test_samples=20, seed=self.seed, replan=False,
-            torch_threads=1,
+            device_slowdown=self.slowdown, test_samples=20, seed=self.seed,
+            torch_threads=1, options={"replan": False},
         )
 
 

@@ -65,8 +65,8 @@ def main() -> None:
                 config = RunConfig(model=args.model, devices=args.devices,
                                    samples_per_device=args.samples, batch_size=48,
                                    epochs=args.epochs, network=args.network,
-                                   device_slowdown=args.slowdown, privacy=method,
-                                   privacy_noise=noise, **keys)
+                                   device_slowdown=args.slowdown, **keys,
+                                   options={"privacy": method, "privacy_noise": noise})
                 epochs = one_run(config, Path(scratch))
                 rows[f"{mode} {method}"] = {
                     "mode": mode, "method": method, "noise": noise,

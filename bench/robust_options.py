@@ -44,17 +44,18 @@ from aiopipe.runtime.systems.star import coordinator as star_module
 BAD = 3
 COSTS = CostTable.uniform(5, forward=0.001, backward=0.002)
 JUDGE_OFF = {"scale_limit": 1e300}
+#: each option's RunConfig keys (the aggregator's under ``options``)
 OPTIONS: dict[str, dict[str, Any]] = {
     "fedavg keep (judge off)": JUDGE_OFF,
     "fedavg keep": {},
-    "fedavg clip before (judge off)": {"outliers": "clip", **JUDGE_OFF},
-    "fedavg clip (judge off)": {"outliers": "clip", **JUDGE_OFF},
-    "fedavg clip": {"outliers": "clip"},
-    "fedavg drop": {"outliers": "drop"},
-    "fedmedian (judge off)": {"aggregation": "fedmedian", **JUDGE_OFF},
-    "fedmedian": {"aggregation": "fedmedian"},
-    "trimmed-mean 0.25": {"aggregation": "trimmed-mean", "trim_fraction": 0.25},
-    "krum f=1": {"aggregation": "krum"},
+    "fedavg clip before (judge off)": {"options": {"outliers": "clip"}, **JUDGE_OFF},
+    "fedavg clip (judge off)": {"options": {"outliers": "clip"}, **JUDGE_OFF},
+    "fedavg clip": {"options": {"outliers": "clip"}},
+    "fedavg drop": {"options": {"outliers": "drop"}},
+    "fedmedian (judge off)": {"options": {"aggregation": "fedmedian"}, **JUDGE_OFF},
+    "fedmedian": {"options": {"aggregation": "fedmedian"}},
+    "trimmed-mean 0.25": {"options": {"aggregation": "trimmed-mean", "trim_fraction": 0.25}},
+    "krum f=1": {"options": {"aggregation": "krum"}},
 }
 ATTACKS = ("none", "act x1e6", "update x30", "update x-30", "update x-5")
 

@@ -43,7 +43,7 @@ def run(config: RunConfig, clock: str, table: CostTable) -> dict[str, Any]:
                                       progress=lambda metrics: None))
     epoch = result.epochs[-1]
     plans = sorted({(p["split_point"], p["parallel_batches"]) for p in epoch.plan or []})
-    return {"clock": clock, "lanes": config.server_lanes, "epoch_s": round(epoch.time_s, 3),
+    return {"clock": clock, "lanes": config.options.server_lanes, "epoch_s": round(epoch.time_s, 3),
             "server_busy_s": round(epoch.busy_s["server"], 3),
             "device_busy_s": round(epoch.busy_s["device"], 3),
             "plans": [f"P{p}N{n}" for p, n in plans],
@@ -79,7 +79,7 @@ def main() -> None:
     rows = []
     for clock in args.clocks.split(","):
         for lanes in (int(v) for v in args.lanes.split(",")):
-            row = run(base.replace(server_lanes=lanes), clock, table)
+            row = run(base.replace(options={"server_lanes": lanes}), clock, table)
             rows.append(row)
             print(row, flush=True)
     lines = [f"{args.model}, {args.devices} devices x {args.samples} samples, B = 100, "

@@ -256,9 +256,16 @@ def _check(config: Any) -> None:
     for k in range(config.devices):
         if not isinstance(config.device_parallel_batches(k), int):
             raise ConfigError("config key 'parallel_batches': U-shaped runs take ints")
-    tail = config.option("tail_units")
+    tail = config.options_as(UShapedOptions).tail_units
     if isinstance(tail, bool) or not isinstance(tail, int) or tail < 1:
         raise ConfigError(f"config key 'tail_units': got {tail!r}, expected an int >= 1")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UShapedOptions:
+    """U-shaped split learning's own options (a config file's ``[ushaped]`` table)."""
+
+    tail_units: int = 1
 
 
 class UShaped(SystemDefaults):
@@ -267,9 +274,10 @@ class UShaped(SystemDefaults):
     device_half: ClassVar[type[DeviceHalf]] = UShapedDevice
     recovers_lost_devices: ClassVar[bool] = True  # a lost device's turn is undone
     options: ClassVar[SystemOptions] = SystemOptions(
+        UShapedOptions,
         keys={"tail_units": "units at the model's end that run on the device, after the "
                             "coordinator's (the classifier: 1)"},
-        defaults={"tail_units": 1}, check=_check)
+        check=_check)
     serves_stages = True  # the middle (not resumable: `SystemDefaults`)
 
     @staticmethod
@@ -284,7 +292,7 @@ class UShaped(SystemDefaults):
         split = self.config.split_point
         if not isinstance(split, int):  # (the options' check says so first)
             raise ConfigError("config key 'split_point': U-shaped runs take one int")
-        self.tail_units = int(self.config.option("tail_units"))
+        self.tail_units = self.config.options_as(UShapedOptions).tail_units
         self.cuts = (split, self.units - self.tail_units)
         if not 1 <= self.cuts[0] < self.cuts[1] < self.units:
             raise ConfigError(f"config key 'split_point': {self.cuts[0]} leaves no middle "

@@ -36,6 +36,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from aiopipe.config import RunConfig
+from aiopipe.runtime.systems.registry import option_owners, options_of
+
 __all__ = ["NO_PICTURES", "REPO", "Line", "Output", "Process", "ProcessFleet", "TcpProxy",
            "check_pipeline_figures", "child_env", "listening_port"]
 
@@ -279,16 +282,24 @@ class ProcessFleet:
     Args:
         directory: where the run's config file and results go.
         config: run keys for the server's ``--config`` file (TOML: numbers, strings,
-            booleans).
+            booleans); the run's system's options among them go in its table
+            (``[hadfl]``).
         pictures: whether the processes may draw the results' pictures (`NO_PICTURES`).
     """
 
     def __init__(self, directory: Path, config: Mapping[str, object], *,
                  pictures: bool = False) -> None:
         self.directory = directory
+        self.config = dict(config)  # the run's keys
         self.pictures = pictures
         self.config_file = directory / "run.toml"
-        self.config_file.write_text("".join(f"{k} = {_toml(v)}\n" for k, v in config.items()))
+        owners = option_owners()
+        top = "".join(f"{k} = {_toml(v)}\n" for k, v in config.items() if k not in owners)
+        own = "".join(f"{k} = {_toml(v)}\n" for k, v in config.items() if k in owners)
+        if own:
+            table = options_of(str(config.get("mode", RunConfig().mode))).table
+            top += f"[{table}]\n{own}"
+        self.config_file.write_text(top)
         self.out_dir = directory / "run"
         self.processes: list[Process] = []
         self.url = ""

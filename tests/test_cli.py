@@ -372,8 +372,8 @@ def test_replanning_is_off_unless_asked_for() -> None:
 
     parser = argparse.ArgumentParser()
     add_run_options(parser)
-    assert config_from_args(parser.parse_args([])).replan is False
-    assert config_from_args(parser.parse_args(["--replan"])).replan is True
+    assert config_from_args(parser.parse_args([])).options.replan is False
+    assert config_from_args(parser.parse_args(["--replan"])).options.replan is True
 
 
 _WITHOUT_TORCH = """

@@ -15,6 +15,28 @@ from hypothesis import strategies as st
 from aiopipe.config import DATA_PARTITIONS, MODES, SCHEDULES, RunConfig
 from aiopipe.errors import ConfigError
 from aiopipe.runtime.systems.base import system_class
+from aiopipe.runtime.systems.registry import option_owners
+
+
+def _nested(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with the systems' keys among them moved into ``options`` (the tables
+    below name every key alike: `RunConfig`'s own and a system's)."""
+    out = dict(values)
+    owners = option_owners()
+    options = {k: out.pop(k) for k in list(out) if k in owners}
+    if options:
+        given = out.get("options")
+        out["options"] = {**(given if isinstance(given, dict) else {}), **options}
+    return out
+
+
+def _config(**values: Any) -> RunConfig:
+    return RunConfig(**_nested(values))
+
+
+def _value(config: RunConfig, key: str) -> Any:
+    """``key``'s value: `RunConfig`'s own, or its system's option."""
+    return getattr(config.options if key in option_owners() else config, key)
 
 
 def test_defaults_are_valid() -> None:
@@ -215,13 +237,14 @@ def test_invalid_value_raises_config_error_naming_the_key(
     key: str, value: Any, others: dict[str, Any]
 ) -> None:
     with pytest.raises(ConfigError, match=f"'{key}'"):
-        RunConfig(**others, **{key: value})
+        _config(**others, **{key: value})
     with pytest.raises(ConfigError, match=f"'{key}'"):
-        RunConfig.from_mapping({**others, key: list(value) if isinstance(value, tuple) else value})
+        RunConfig.from_mapping(_nested(
+            {**others, key: list(value) if isinstance(value, tuple) else value}))
 
 
 def test_every_field_is_covered_by_the_bad_values_table() -> None:
-    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    fields = {f.name for f in dataclasses.fields(RunConfig)} | set(option_owners())
     assert fields == {key for key, _, _ in BAD_VALUES}
 
 
@@ -277,15 +300,15 @@ GOOD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("key", "value", "others"), GOOD_VALUES, ids=[f"{k}={v!r}" for k, v, _ in GOOD_VALUES]
 )
 def test_valid_values_are_accepted(key: str, value: Any, others: dict[str, Any]) -> None:
-    config = RunConfig(**others, **{key: value})
-    assert getattr(config, key) == value
+    config = _config(**others, **{key: value})
+    assert _value(config, key) == value
 
 
 def test_a_pipeline_takes_one_cut_point_as_an_int_and_names_the_data_partition_rename(
 ) -> None:
-    assert RunConfig(mode="pipeline", devices=2, partition=3).partition == (3,)
+    assert RunConfig(mode="pipeline", devices=2, options={"partition": 3}).options.partition == (3,)
     with pytest.raises(ConfigError, match="now data_partition"):
-        RunConfig(partition="iid")
+        RunConfig(options={"partition": "iid"})
     with pytest.raises(ConfigError, match="one integer for a pipeline"):
         RunConfig(mode="pipeline", devices=2, parallel_batches=(2, 2))
     with pytest.raises(ConfigError, match="at least 2"):
@@ -503,7 +526,7 @@ def test_invalid_toml_is_named(tmp_path: Path, text: str) -> None:
 def test_errors_are_one_line() -> None:
     for key, value, others in BAD_VALUES:
         with pytest.raises(ConfigError) as info:
-            RunConfig(**others, **{key: value})
+            _config(**others, **{key: value})
         assert "\n" not in str(info.value), (key, value)
 
 
@@ -522,8 +545,9 @@ def test_a_file_cannot_mix_top_level_keys_and_a_run_table(tmp_path: Path) -> Non
 
 
 def test_asteroids_stage_groups_round_trip_through_toml(tmp_path: Path) -> None:
-    config = RunConfig(mode="asteroid", devices=3, partition=[2], stage_groups=[[0, 1], [2]],
-                       parallel_batches=2)
+    config = RunConfig(mode="asteroid", devices=3,
+                       parallel_batches=2,
+                       options={"partition": [2], "stage_groups": [[0, 1], [2]]})
     path = tmp_path / "run.toml"
     path.write_text(config.to_toml())
     assert RunConfig.from_toml(path) == config
@@ -531,7 +555,7 @@ def test_asteroids_stage_groups_round_trip_through_toml(tmp_path: Path) -> None:
 
 def test_a_trimmed_mean_that_would_trim_nothing_says_how_many_devices_it_needs() -> None:
     with pytest.raises(ConfigError) as info:
-        RunConfig(aggregation="trimmed-mean", devices=4)
+        RunConfig(devices=4, options={"aggregation": "trimmed-mean"})
     assert str(info.value) == (
         "config key 'trim_fraction': got 0.2, expected at least 5 devices a round to trim "
         "any (floor(0.2 x 4) = 0: nothing would be trimmed), or trim_fraction >= 0.25")

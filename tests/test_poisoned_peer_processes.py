@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 
 import pytest
-from real_processes import ProcessFleet
+from real_processes import Process, ProcessFleet
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -45,21 +45,30 @@ runpy.run_module("aiopipe.device", run_name="__main__")
 '''
 
 
+async def _start(fleet: ProcessFleet, tmp_path: Path, module: str, source: str,
+                 *device_args: str) -> tuple[Process, list[Process]]:
+    """The server and the devices of ``fleet``, device BAD running ``module`` (written
+    from ``source``); once the honest ones finished, BAD must have been told it is
+    excluded (it exits with an error)."""
+    (tmp_path / f"{module}.py").write_text(source)
+    server = await fleet.start_server()
+    devices = []
+    for k in range(int(fleet.config["devices"])):
+        if k == BAD:
+            devices.append(await fleet.start(f"device{k}", [
+                module, "--server", fleet.url, "--device-id", str(k), *device_args],
+                env={"PYTHONPATH": str(tmp_path)}))
+        else:
+            devices.append(await fleet.start_device(k, *device_args))
+    await fleet.finish(server, [d for k, d in enumerate(devices) if k != BAD], within=240)
+    assert await devices[BAD].wait(30) != 0  # told it is excluded
+    return server, devices
+
+
 async def test_a_device_process_poisoning_its_neighbour_is_excluded(tmp_path: Path) -> None:
-    (tmp_path / "poisoning_device.py").write_text(POISONING_DEVICE)
     async with ProcessFleet(tmp_path, RUN) as fleet:
-        server = await fleet.start_server()
-        devices = []
-        for k in range(RUN["devices"]):
-            if k == BAD:
-                devices.append(await fleet.start(f"device{k}", [
-                    "poisoning_device", "--server", fleet.url, "--device-id", str(k),
-                    "--listen", "127.0.0.1:0"], env={"PYTHONPATH": str(tmp_path)}))
-            else:
-                devices.append(await fleet.start_device(k, "--listen", "127.0.0.1:0"))
-        honest = [d for k, d in enumerate(devices) if k != BAD]
-        await fleet.finish(server, honest, within=240)
-        assert await devices[BAD].wait(30) != 0  # told it is excluded
+        server, _ = await _start(fleet, tmp_path, "poisoning_device", POISONING_DEVICE,
+                                 "--listen", "127.0.0.1:0")
     metrics = fleet.metrics()
     assert [m["devices_excluded"] for m in metrics] == [[BAD], []]
     assert all(math.isfinite(m["loss"]) for m in metrics)
@@ -67,3 +76,49 @@ async def test_a_device_process_poisoning_its_neighbour_is_excluded(tmp_path: Pa
     log = server.output.text()
     assert f"device {BAD} is excluded from the run: device 2 refused what it sent" in log
     assert f"device{BAD} sent values out of range" in log
+
+
+STAR_RUN = {"mode": "pipar", "devices": 3, "model": "vgg5", "samples_per_device": 100,
+            "batch_size": 20, "epochs": 2, "test_samples": 200, "split_point": 2,
+            "parallel_batches": 2, "heartbeat_interval": 0.5, "device_timeout": 5.0,
+            "reconnect_grace": 2.0}
+
+#: ``python -m poisoning_star_device ARGS``: ``python -m aiopipe.device ARGS`` whose
+#: activations to the server's stage are x1e6
+POISONING_STAR_DEVICE = '''
+import dataclasses
+import runpy
+
+from aiopipe.protocol import Activation, to_tensor_data, to_torch
+from aiopipe.runtime import stage_round
+
+honest = stage_round._ServerRoute.send
+
+
+def send(self, message, name, *, ready_at):
+    if isinstance(message, Activation):
+        message = dataclasses.replace(
+            message, tensor=to_tensor_data(to_torch(message.tensor) * 1e6))
+    honest(self, message, name, ready_at=ready_at)
+
+
+stage_round._ServerRoute.send = send
+runpy.run_module("aiopipe.device", run_name="__main__")
+'''
+
+
+async def test_a_device_process_poisoning_the_servers_stage_is_excluded(
+        tmp_path: Path) -> None:
+    """The coordinator's own stage judges what devices send it ([Note: judging
+    arrivals]): the first x1e6 activation is refused, the device excluded and told so,
+    and the honest devices finish both epochs with finite losses."""
+    async with ProcessFleet(tmp_path, STAR_RUN) as fleet:
+        server, devices = await _start(fleet, tmp_path, "poisoning_star_device",
+                                       POISONING_STAR_DEVICE)
+    metrics = fleet.metrics()
+    assert [m["devices_excluded"] for m in metrics] == [[BAD], []]
+    assert all(math.isfinite(m["loss"]) for m in metrics)
+    log = server.output.text()
+    assert (f"device {BAD} is excluded from the run: the coordinator refused what it sent: "
+            f"device{BAD} sent values out of range: activation (0, 0, 0)") in log, log[-3000:]
+    assert "sent values out of range" in devices[BAD].output.text()  # it was told why

@@ -20,21 +20,24 @@ PACKAGE = Path(__file__).resolve().parent.parent / "aiopipe"
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_every_declared_option_is_a_config_key_with_a_meaning(mode: str) -> None:
-    fields = {f.name for f in dataclasses.fields(RunConfig)}
+def test_every_declared_option_is_a_field_of_the_systems_own_with_a_meaning(mode: str) -> None:
+    """RunConfig keeps what every run has: a system's options are its own dataclass's."""
+    common = {f.name for f in dataclasses.fields(RunConfig)}
     options = options_of(mode)
     assert options.table == mode
-    assert set(options.keys) <= fields
+    assert set(options.keys) == {f.name for f in dataclasses.fields(options.values)}
+    assert not set(options.keys) & common
     assert all(text.strip() for text in options.keys.values())
+    assert isinstance(RunConfig(mode=mode, devices=3).options, options.values)
 
 
 def test_another_systems_option_keeps_its_default_and_the_refusal_names_its_modes() -> None:
     with pytest.raises(ConfigError, match=r"'local_steps'.*mode pipar.*\"hadfl\""):
-        RunConfig(mode="pipar", local_steps=3)
+        RunConfig(mode="pipar", options={"local_steps": 3})
     with pytest.raises(ConfigError, match=r"'partition'.*\"pipeline\", \"ftpipehd\" and "
                                           r"\"asteroid\""):
-        RunConfig(mode="sfl", partition=(2,))
-    assert RunConfig(mode="hadfl", local_steps=3).local_steps == 3
+        RunConfig(mode="sfl", options={"partition": (2,)})
+    assert RunConfig(mode="hadfl", options={"local_steps": 3}).options.local_steps == 3
 
 
 def test_the_modes_table_holds_its_options(tmp_path: Path) -> None:
@@ -42,11 +45,12 @@ def test_the_modes_table_holds_its_options(tmp_path: Path) -> None:
     path.write_text('mode = "hadfl"\ndevices = 4\n[hadfl]\nlocal_steps = 3\nring_size = 2\n'
                     '[ftpipehd]\nglobal_replication_every = 7\n')
     config = RunConfig.from_toml(path)
-    assert (config.local_steps, config.ring_size) == (3, 2)
-    assert config.global_replication_every == 100  # another system's table: not this run's
+    assert (config.options.local_steps, config.options.ring_size) == (3, 2)
+    assert not hasattr(config.options, "global_replication_every")  # not this run's table
     # the same file run as ftpipehd takes that table instead
     ftpipehd = RunConfig.from_toml(path, mode="ftpipehd")
-    assert (ftpipehd.global_replication_every, ftpipehd.local_steps) == (7, "capacity")
+    assert ftpipehd.options.global_replication_every == 7
+    assert not hasattr(ftpipehd.options, "local_steps")
 
 
 @pytest.mark.parametrize(("text", "reason"), [
@@ -72,7 +76,7 @@ def test_the_command_line_takes_the_table_of_the_mode_it_names(tmp_path: Path) -
     add_run_options(parser)
     args = parser.parse_args(["--config", str(path), "--mode", "asteroid", "--devices", "3"])
     config = config_from_args(args)
-    assert (config.mode, config.rescheduling) == ("asteroid", "heavy")
+    assert (config.mode, config.options.rescheduling) == ("asteroid", "heavy")
 
 
 def test_help_groups_each_systems_options() -> None:
@@ -114,3 +118,91 @@ def test_no_mode_is_compared_outside_the_systems_packages() -> None:
     found = [where for path in [*modules, PACKAGE / "config.py"]
              for where in _mode_comparisons(path)]
     assert found == []
+
+
+# -- the old flat form: read for one release, with a FutureWarning ----------------------
+
+
+def test_flat_keys_in_python_are_read_with_a_warning_saying_where_they_go() -> None:
+    new = RunConfig(mode="hadfl", devices=3, options={"ring_size": 2, "local_steps": 4})
+    with pytest.warns(FutureWarning, match=r"RunConfig\(\): ring_size, local_steps are system "
+                                           r"options.*options=\{'ring_size': \.\.\."):
+        old = RunConfig(mode="hadfl", devices=3, ring_size=2, local_steps=4)  # type: ignore[call-arg]
+    assert old == new
+    with pytest.warns(FutureWarning, match=r"config\.ring_size .*config\.options\.ring_size"):
+        assert old.ring_size == 2  # type: ignore[attr-defined]
+    with pytest.warns(FutureWarning, match=r"replace\(\): group_size"):
+        assert old.replace(group_size=3) == new.replace(options={"group_size": 3})
+    with pytest.raises(ConfigError, match="'ring_size' is given twice"), \
+            pytest.warns(FutureWarning):
+        RunConfig(mode="hadfl", ring_size=2, options={"ring_size": 3})  # type: ignore[call-arg]
+
+
+def test_flat_keys_at_a_files_top_level_are_read_with_a_warning(tmp_path: Path) -> None:
+    import argparse
+
+    flat = tmp_path / "flat.toml"
+    flat.write_text('mode = "ftpipehd"\ndevices = 3\nglobal_replication_every = 7\n')
+    table = tmp_path / "table.toml"
+    table.write_text('mode = "ftpipehd"\ndevices = 3\n[ftpipehd]\nglobal_replication_every = 7\n')
+    with pytest.warns(FutureWarning, match=r"top level: global_replication_every is a system "
+                                           r"option.*under \[ftpipehd\]"):
+        old = RunConfig.from_toml(flat)
+    assert old == RunConfig.from_toml(table)
+    assert old.options.global_replication_every == 7
+    parser = argparse.ArgumentParser()
+    add_run_options(parser)
+    with pytest.warns(FutureWarning, match=r"under \[ftpipehd\]"):
+        assert config_from_args(parser.parse_args(["--config", str(flat)])) == old
+    # flags are not the old form: no warning
+    assert config_from_args(parser.parse_args(
+        ["--config", str(table), "--chain-replication-every", "5"])).options == \
+        old.options.__class__(global_replication_every=7, chain_replication_every=5)
+
+
+def test_a_config_file_holds_the_systems_options_in_its_table() -> None:
+    config = RunConfig(mode="asteroid", devices=3, options={"rescheduling": "heavy"})
+    text = config.to_toml()
+    top, _, table = text.partition("\n[asteroid]\n")
+    assert 'rescheduling = "heavy"' in table
+    assert not any(line.split(" = ")[0] in option_owners() for line in top.splitlines())
+    mapping = config.to_mapping()
+    assert mapping["asteroid"]["rescheduling"] == "heavy"
+    assert "rescheduling" not in mapping
+
+
+def test_an_old_flat_config_mapping_is_read_quietly_where_the_user_did_not_write_it() -> None:
+    """An older checkpoint's config (every system's key at top level, the others' at
+    their defaults) resumes: `from_mapping(..., warn=False)`."""
+    import warnings
+
+    config = RunConfig(mode="hadfl", devices=3, options={"ring_size": 2})
+    old = {k: v for k, v in config.to_mapping().items() if k != "hadfl"}
+    for mode in MODES:
+        old.update(options_of(mode).defaults())
+    old.update(config.to_mapping()["hadfl"])
+    old = {k: list(v) if isinstance(v, tuple) else v for k, v in old.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert RunConfig.from_mapping(old, warn=False) == config
+    with pytest.warns(FutureWarning):
+        assert RunConfig.from_mapping(old) == config
+
+
+def test_a_server_started_on_an_old_flat_file_logs_one_line_per_warning(tmp_path: Path) -> None:
+    """Between processes: the deprecation is one log line (not a Python warning's two),
+    and the run's own error still says what is wrong."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "old.toml"
+    path.write_text('mode = "hadfl"\ndevices = 3\nring_size = 2\nepochs = 0\n')
+    done = subprocess.run([sys.executable, "-m", "aiopipe.server", "--config", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    lines = done.stderr.splitlines()
+    [warned] = [line for line in lines if "FutureWarning" in line]
+    assert "ring_size is a system option" in warned
+    assert "under [hadfl]" in warned
+    assert "warnings.warn" not in done.stderr
+    assert "config key 'epochs'" in done.stderr

@@ -282,7 +282,8 @@ async def test_exact_accounting_says_what_differs() -> None:
         assert_exact_accounting(result, lost={5: [(1, 1)]})
     with pytest.raises(ConfigError, match="hadfl"):
         assert_exact_accounting(dataclasses.replace(result, config=CONFIG.replace(
-            mode="hadfl", aggregation_every=0, split_point=1, local_steps=1, warmup_epochs=0)))
+            mode="hadfl", aggregation_every=0, split_point=1,
+            options={"local_steps": 1, "warmup_epochs": 0})))
 
 
 async def test_same_weights_names_what_differs() -> None:

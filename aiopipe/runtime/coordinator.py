@@ -51,6 +51,7 @@ from aiopipe.clock import Clock, wait_for
 from aiopipe.config import RunConfig
 from aiopipe.errors import (
     ConfigError,
+    PoisonedValueError,
     RefusedError,
     TrainingError,
 )
@@ -58,7 +59,9 @@ from aiopipe.metrics.results import EpochMetrics, RunResult
 from aiopipe.metrics.trace import Recorder
 from aiopipe.protocol import (
     TRAINING_FINISHED,
+    Activation,
     EvalRequest,
+    Gradient,
     Hello,
     Plan,
     Ready,
@@ -68,6 +71,7 @@ from aiopipe.protocol import (
     state_to_wire,
 )
 from aiopipe.runtime.admission import Admission
+from aiopipe.runtime.assignment import Assignment
 from aiopipe.runtime.checkpoint import Checkpoints
 from aiopipe.runtime.compute import Compute, resolve_torch_device, warm_up_torch
 from aiopipe.runtime.endings import finite_state, keep_unfinished
@@ -84,9 +88,10 @@ from aiopipe.runtime.evaluation import held_out_accuracy, test_accuracy
 from aiopipe.runtime.exclusion import Exclusions
 from aiopipe.runtime.factories import build_model
 from aiopipe.runtime.fleet_plan import announcement_refusal, fleet_profiles, log_fleet_plan
+from aiopipe.runtime.judge import ArrivalJudge
 from aiopipe.runtime.resume import checkpoint_meta, read_resumable
 from aiopipe.runtime.resume import epoch_from as _epoch_from  # (tests import it here)
-from aiopipe.runtime.run_setup import check_tables, evaluation_data, frame_cap
+from aiopipe.runtime.run_setup import check_tables, cut_priors, evaluation_data, frame_cap
 from aiopipe.runtime.sampling import sampled_devices
 from aiopipe.runtime.server_faults import ServerFaults
 from aiopipe.runtime.system_rounds import SystemRounds
@@ -162,9 +167,13 @@ class Coordinator:
         self.max_frame_bytes = frame_cap(config, model, self.in_shape)
         self.recorder = Recorder()
         self.compute = Compute(clock, self.recorder, "server/compute",
-                               charge_costs=cost_table is not None, lanes=config.server_lanes)
+                               charge_costs=cost_table is not None,
+                               lanes=self.system.server_lanes)
         self.admission = Admission(self)
         self.exclusions = Exclusions(config.byzantine_devices)
+        #: judges the values devices send the coordinator's stages ([Note: judging
+        #: arrivals]); its priors come from the initial model on the evaluation set
+        self.arrival_judge = ArrivalJudge(limit=config.scale_limit, others_as_prior=True)
         self.sessions = self.admission.sessions
         self.connected = self.admission.connected
         self.joined = self.admission.joined
@@ -275,14 +284,36 @@ class Coordinator:
         exclude whom `Exclusions.accuse` says, like a lost device ([Note: judging
         arrivals])."""
         verdict = self.exclusions.accuse(accuser, culprit, reason)
-        if verdict is None:
-            return
-        device, why = verdict
+        if verdict is not None:
+            self._excluded(*verdict)
+
+    def judge_data(self, device_id: int, message: Activation | Gradient,
+                   assignment: Assignment) -> None:
+        """Judge the values device ``device_id`` sent the coordinator's stage against the
+        cut's scale. A refusal ends its session, as any broken protocol does, and
+        excludes it, as a device a neighbour names is ([Note: judging arrivals]).
+
+        Raises:
+            PoisonedValueError: out of range, or not finite.
+        """
+        try:
+            self.arrival_judge.judge_data(f"device{device_id}", message,
+                                          first_unit=assignment.first_unit,
+                                          stop_unit=assignment.stop_unit)
+        except PoisonedValueError as error:
+            why = f"the coordinator refused what it sent: {error}"
+            if self.exclusions.exclude(device_id, why):
+                self._excluded(device_id, why, dismiss=False)
+            raise
+
+    def _excluded(self, device: int, why: str, *, dismiss: bool = True) -> None:
+        """``device`` is excluded for ``why``: logged, counted in the epoch's figures,
+        and (``dismiss``) its session ended with the reason."""
         log.warning("device %d is excluded from the run: %s", device, why)
         tally = self._tally
         tally["excluded"] = sorted({*tally.get("excluded", ()), device})
         session = self.sessions.get(device)
-        if session is not None:
+        if session is not None and dismiss:
             session.dismiss(f"excluded: {why}", f"excluded from the run: {why}")
 
     def server_failed(self, device_id: int, error: BaseException) -> None:
@@ -368,6 +399,10 @@ class Coordinator:
                 units=models.unit_count(self.model), clock=self.clock)
         with self.clock.hold():
             await asyncio.to_thread(self.system.prepare, self.system_samples, devices)
+            if self.system.serves_stages and self.test_set is not None and len(self.test_set):
+                rows = min(self.system.micro_batch_sizes(self.config))
+                self.arrival_judge.set_cut_priors(await asyncio.to_thread(
+                    cut_priors, self.config, self.model, self.test_set, rows))
         self.prepared = True
         if self._resume is not None:
             tensors, meta = self._resume

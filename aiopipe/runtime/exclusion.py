@@ -49,6 +49,14 @@ class Exclusions:
         self.excluded[culprit] = why
         return culprit, why
 
+    def exclude(self, device: int, why: str) -> bool:
+        """The coordinator itself refused what ``device`` sent (``why``): exclude it (its
+        own judgement needs no accuser); whether it was not excluded already."""
+        if device in self.excluded:
+            return False
+        self.excluded[device] = why
+        return True
+
     def refusal(self, device: int) -> str:
         """Why ``device`` may not join again ("" when it may)."""
         why = self.excluded.get(device)

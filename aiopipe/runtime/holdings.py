@@ -54,7 +54,7 @@ from aiopipe.runtime.factories import (
     model_template,
     optimizer_states,
 )
-from aiopipe.runtime.judge import scale_of
+from aiopipe.runtime.judge import cut_scales
 from aiopipe.runtime.momentum import load_momentum, split_momentum
 from aiopipe.runtime.plan import device_data
 from aiopipe.runtime.profiling import host_fingerprint
@@ -193,19 +193,8 @@ class Holdings:
         dropout's, are given back). The arrival judge's priors ([Note: judging
         arrivals]). Compute thread.
         """
-        model = self.model_copy().train()
         x, y = self.dataset.batch(range(min(max(rows, 2), len(self.dataset))))
-        device = next(model.parameters(), torch.empty(0)).device
-        inputs: list[torch.Tensor] = []
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            h = x.to(device).requires_grad_(True)
-            for unit in model:
-                inputs.append(h)
-                h = unit(h)
-            grads = torch.autograd.grad(self.loss(h, y.to(device)), inputs,
-                                        allow_unused=True)
-        return tuple((scale_of(a), scale_of(g) if g is not None else 0.0)
-                     for a, g in zip(inputs, grads, strict=True))
+        return cut_scales(self.model_copy(), self.loss, x, y)
 
     def assign(self, message: RoundStart, previous: Assignment | None,
                work: StageWork | None, backup: Replica | None = None,

@@ -12,7 +12,8 @@ trains on it is ruined, or ruins the next one. An `ArrivalJudge` sees the values
   whose scale is more than ``limit`` times the stream's reference is refused. The
   reference is the median of the stream's last accepted scales; before a stream has
   any, a *prior* stands in (the scale the receiver measured itself at the same cut of
-  the run's initial model: `Holdings.cut_scales`).
+  the run's initial model: `cut_scales`; where it measured none, optionally, the
+  other senders' references on streams of that kind).
 - **against the receiver's own copy**, where it has one (a group member's gradient
   against its own, a ring neighbour's weights against its own weights): the same limit
   on the ratio of their scales, with no history needed.
@@ -27,7 +28,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -35,7 +36,7 @@ import torch
 from aiopipe.errors import ConfigError, PoisonedValueError
 from aiopipe.protocol import Activation, Gradient, TensorData, to_torch
 
-__all__ = ["DEFAULT_SCALE_LIMIT", "ArrivalJudge", "all_finite", "scale_of"]
+__all__ = ["DEFAULT_SCALE_LIMIT", "ArrivalJudge", "all_finite", "cut_scales", "scale_of"]
 
 #: how many times a stream's reference scale a tensor may be (the default of the
 #: ``scale_limit`` option): far above what honest training moves in a round,
@@ -60,6 +61,26 @@ def all_finite(tensor: torch.Tensor) -> bool:
     return math.isfinite(scale_of(tensor))
 
 
+def cut_scales(model: torch.nn.Sequential, loss: Callable[..., torch.Tensor],
+               x: torch.Tensor, y: torch.Tensor) -> tuple[tuple[float, float], ...]:
+    """Per unit i of ``model``: the largest magnitude of the activation that enters it and
+    of ``loss``'s gradient with respect to that activation, on the batch ``x``, ``y``,
+    computed as training computes (train mode; call it on a copy, so that no statistics
+    of the run change; the random numbers it draws, dropout's, are given back). The
+    priors of the data streams at each cut (`ArrivalJudge.set_cut_priors`)."""
+    model.train()
+    device = next(model.parameters(), torch.empty(0)).device
+    inputs: list[torch.Tensor] = []
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        h = x.to(device).requires_grad_(True)
+        for unit in model:
+            inputs.append(h)
+            h = unit(h)
+        grads = torch.autograd.grad(loss(h, y.to(device)), inputs, allow_unused=True)
+    return tuple((scale_of(a), scale_of(g) if g is not None else 0.0)
+                 for a, g in zip(inputs, grads, strict=True))
+
+
 @dataclass(slots=True)
 class _Stream:
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
@@ -75,16 +96,21 @@ class ArrivalJudge:
 
     ``limit``: how many times its reference a tensor's scale may be. ``priors``: a
     reference per stream kind (e.g. ``"activation"``) for streams with no history yet.
+    ``others_as_prior``: where a kind has no prior, the other senders' references of
+    that kind stand in (the coordinator's, whose senders are alike devices: with
+    none, a sender's first tensors set its own reference).
 
     Raises:
         ConfigError: ``limit`` is not a number > 1.
     """
 
     def __init__(self, *, limit: float = DEFAULT_SCALE_LIMIT,
-                 priors: Mapping[str, float] | None = None) -> None:
+                 priors: Mapping[str, float] | None = None,
+                 others_as_prior: bool = False) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int | float) or not limit > 1:
             raise ConfigError(f"the arrival scale limit must be a number > 1, got {limit!r}")
         self.limit = float(limit)
+        self.others_as_prior = others_as_prior
         self.priors: dict[str, float] = {}
         self._streams: dict[tuple[str, str], _Stream] = {}
         for kind, prior in (priors or {}).items():
@@ -184,9 +210,15 @@ class ArrivalJudge:
         """Judge a finite ``scale`` on ``sender``'s ``kind`` stream; remember it once
         accepted."""
         stream = self._streams.setdefault((sender, kind), _Stream())
-        reference = stream.reference(self.priors.get(kind))
+        prior, whose = self.priors.get(kind), "this cut's in the initial model"
+        if prior is None and self.others_as_prior:  # the other senders' streams of its kind
+            others = [s.reference(None) for (who, k), s in self._streams.items()
+                      if k == kind and who != sender and s.recent]
+            prior, whose = (statistics.median(o for o in others if o is not None)
+                            if others else None), "the other senders' ones"
+        reference = stream.reference(prior)
         self._within(sender, what, scale, reference, "its earlier ones" if stream.recent
-                     else "this cut's in the initial model")
+                     else whose)
         if scale > 0:  # an all-zero tensor says nothing of the scale
             stream.recent.append(scale)
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from aiopipe.config import RunConfig
+from aiopipe.config_options import flat_config
 from aiopipe.errors import ConfigError
 from aiopipe.metrics.results import EpochMetrics
 from aiopipe.runtime.checkpoint import load_checkpoint
@@ -44,16 +45,20 @@ def checkpoint_meta(config: RunConfig, *, epoch: int, next_round: int, elapsed: 
 def read_resumable(directory: Path, config: RunConfig, planned_keys: Sequence[str]
                    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The checkpoint in ``directory``, once it is for the run ``config`` describes (the
-    ``planned_keys``, what "auto" chose, are the checkpoint's).
+    ``planned_keys``, what "auto" chose, are the checkpoint's). Its meta's config
+    becomes one level of keys (`flat_config`), as `System.restore` reads it.
 
     Raises:
         ConfigError: none there, or it is another run's.
     """
     tensors, meta = load_checkpoint(directory)
-    # a key the checkpoint's version did not have ran as its default does
-    meta["config"] = {**RunConfig().to_mapping(), **dict(meta.get("config", {}))}
+    saved_config = dict(meta.get("config", {}))
+    # a key the checkpoint's version did not have ran as its default does; one level of
+    # keys, the system's options among them (an older checkpoint's are already so)
+    defaults = RunConfig(mode=str(saved_config.get("mode", config.mode))).to_mapping()
+    meta["config"] = {**flat_config(defaults), **flat_config(saved_config)}
     saved = dict(meta["config"])
-    current = config.to_mapping()
+    current = flat_config(config.to_mapping())
     for key in ("out_dir", *planned_keys):  # "auto" plans: the checkpoint's
         saved.pop(key, None)
         current.pop(key, None)

@@ -1,7 +1,7 @@
 """What the coordinator derives from the config before any device joins: the run's kind
 of data and its evaluation set ([Note: the devices' data] in coordinator.py), whether
-the cost tables given fit the model, and the largest frame a connection may carry until
-the run is planned.
+the cost tables given fit the model, the largest frame a connection may carry until
+the run is planned, and the scales its stages judge what devices send by.
 
 Functions of the config and the model, kept apart from the coordinator's connections
 and rounds.
@@ -9,6 +9,7 @@ and rounds.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -18,10 +19,12 @@ from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
 from aiopipe.metrics.trace import MAX_REPORT_SLICES, REPORT_SLICE_BYTES
 from aiopipe.protocol import HEADER_SLACK_BYTES
+from aiopipe.runtime.factories import make_loss
+from aiopipe.runtime.judge import cut_scales
 from aiopipe.runtime.plan import unit_output_shapes
 from aiopipe.scheduler.costs import CostTable
 
-__all__ = ["check_tables", "evaluation_data", "frame_cap"]
+__all__ = ["check_tables", "cut_priors", "evaluation_data", "frame_cap"]
 
 
 def evaluation_data(config: RunConfig
@@ -71,3 +74,13 @@ def check_tables(units: int, **tables: CostTable | None) -> None:
         if table is not None and table.units != units:
             raise ConfigError(f"{name} has {table.units} units, the model {units}: it was "
                               "measured for another model")
+
+
+def cut_priors(config: RunConfig, model: torch.nn.Sequential, test_set: datasets.Dataset,
+               rows: int) -> tuple[tuple[float, float], ...]:
+    """The scales of the data at each cut of the initial ``model`` (a copy of it) on the
+    first ``rows`` samples of the evaluation set: what the coordinator's stages judge the
+    first activations and gradients a device sends against, as devices judge their
+    neighbours' ([Note: judging arrivals] in aiopipe/runtime/judge.py). Compute thread."""
+    x, y = test_set.batch(range(min(max(rows, 2), len(test_set))))
+    return cut_scales(copy.deepcopy(model), make_loss(config), x, y)

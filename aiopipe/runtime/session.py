@@ -81,7 +81,7 @@ from aiopipe.protocol import (
     TensorData,
 )
 from aiopipe.runtime.arrivals import ArrivalRules, Verdict
-from aiopipe.runtime.assignment import check_data_message
+from aiopipe.runtime.assignment import Assignment, check_data_message
 from aiopipe.runtime.compute import Compute
 from aiopipe.runtime.executor import Identity, Inbox, StageExecutor
 from aiopipe.runtime.liveness import Liveness
@@ -118,6 +118,16 @@ class SessionHost(Protocol):
     def accuse(self, accuser: int, culprit: int, reason: str) -> None:
         """Device ``accuser`` refused what its neighbour ``culprit`` sent this round
         ([Note: judging arrivals])."""
+        ...
+
+    def judge_data(self, device_id: int, message: Activation | Gradient,
+                   assignment: Assignment) -> None:
+        """Judge the values device ``device_id`` sent the coordinator's stage (a refusal
+        excludes it: [Note: judging arrivals]).
+
+        Raises:
+            PoisonedValueError: out of range, or not finite.
+        """
         ...
 
     def unasked_replica(self, device_id: int, replica: Replica,
@@ -487,6 +497,7 @@ class DeviceSession:
         if verdict is not Verdict.DELIVER or assignment is None:
             raise RemoteProtocolError("activation outside a round")
         check_data_message(message, assignment, sender=self.name, run_id=self.host.run_id)
+        self.host.judge_data(self.device_id, message, assignment)
         if ArrivalRules.too_far_ahead(self.inbox.held(), assignment, slack=0):
             # an honest device is never more than an iteration ahead of the server
             raise RemoteProtocolError("more than two iterations' activations ahead of the "
@@ -517,6 +528,7 @@ class DeviceSession:
         check_data_message(message, assignment, sender=self.name, run_id=self.host.run_id)
         if self.inbox.seen(("B", *key)):
             raise RemoteProtocolError(f"gradient {key} sent twice")
+        self.host.judge_data(self.device_id, message, assignment)
         if ArrivalRules.too_far_ahead(self.inbox.held(), assignment, slack=0):
             raise RemoteProtocolError("more than two iterations' messages ahead of the "
                                       "server's stage")

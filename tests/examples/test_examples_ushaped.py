@@ -143,6 +143,33 @@ async def test_a_gradient_sent_twice_loses_the_device_and_its_turn_is_undone(
     assert all(torch.equal(got[key], want[key]) for key in want)
 
 
+async def test_a_gradient_scaled_x1e6_excludes_the_device_and_its_turn_is_undone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The coordinator judges the values of the gradients its middle stage takes against
+    the cut's scale in the initial model ([Note: judging arrivals]): device 0's x1e6
+    gradient is refused at once, the device excluded, and what its turn did undone."""
+    import ushaped
+
+    from aiopipe.protocol import to_tensor_data, to_torch
+
+    class Scaling(ushaped._ToCoordinator):  # device 0's gradients x1e6
+        def send(self, message: Activation | Gradient, name: str, *,
+                 ready_at: float | None) -> None:
+            if isinstance(message, Gradient) and self.half.node.device_id == 0:
+                message = dataclasses.replace(
+                    message, tensor=to_tensor_data(to_torch(message.tensor) * 1e6))
+            super().send(message, name, ready_at=ready_at)
+
+    monkeypatch.setattr(ushaped, "_ToCoordinator", Scaling)
+    config = _config(epochs=1)
+    result = await simulate(config, clock=VirtualClock())
+    assert [(e.device_samples, e.devices_excluded) for e in result.epochs] == [
+        ((0, 2 * BATCH, 2 * BATCH), (0,))]
+    want = _plain_sgd(config, devices=[1, 2]).state_dict()
+    got = result.model.state_dict()
+    assert all(torch.equal(got[key], want[key]) for key in want)
+
+
 def test_the_example_imports_only_the_public_api() -> None:
     tree = ast.parse((EXAMPLES / "ushaped.py").read_text(encoding="utf-8"))
     modules = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}

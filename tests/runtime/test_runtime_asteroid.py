@@ -51,9 +51,9 @@ def _model() -> nn.Sequential:
 
 def _config(**changes: object) -> RunConfig:
     base = RunConfig(mode="asteroid", model=_model(), devices=3, samples_per_device=4 * BATCH,
-                     batch_size=BATCH, epochs=1, partition=[2], stage_groups=[[0, 1], [2]],
+                     batch_size=BATCH, epochs=1,
                      parallel_batches=2, learning_rate=LR, momentum=0.9, test_samples=20,
-                     seed=3)
+                     seed=3, options={"partition": [2], "stage_groups": [[0, 1], [2]]})
     return base.replace(**changes)
 
 
@@ -99,8 +99,9 @@ def _reference(config: RunConfig, rows: dict[int, tuple[int, int]], first_stage:
 async def test_hybrid_pipeline_training_equals_unsplit_training(
         groups: list[list[int]], cuts: list[int], slowdowns: list[float], schedule: str,
         n: int) -> None:
-    config = _config(devices=len(slowdowns), stage_groups=groups, partition=cuts,
-                     device_slowdown=slowdowns, schedule=schedule, parallel_batches=n)
+    config = _config(devices=len(slowdowns),
+                     device_slowdown=slowdowns, parallel_batches=n,
+                     options={"stage_groups": groups, "partition": cuts, "schedule": schedule})
     result = await simulate(config, clock=VirtualClock())
     rows = _rows(result.final.plan)
     iterations = result.final.samples // BATCH
@@ -125,8 +126,9 @@ async def test_a_slower_member_computes_fewer_rows() -> None:
 
 
 async def test_auto_takes_the_planners_stages_groups_and_rows() -> None:
-    config = _config(devices=4, partition="auto", stage_groups="auto",
-                     device_slowdown=[1.0, 1.0, 4.0, 4.0])
+    config = _config(devices=4,
+                     device_slowdown=[1.0, 1.0, 4.0, 4.0],
+                     options={"partition": "auto", "stage_groups": "auto"})
     result = await simulate(config, clock=VirtualClock())
     plan = result.final.plan
     assert sorted(int(e["device"]) for e in plan) == [0, 1, 2, 3]
@@ -153,7 +155,7 @@ def test_the_plan_follows_what_the_devices_measured_of_themselves() -> None:
     assert system.rows[0][1] - system.rows[0][0] == system.rows[1][1] - system.rows[1][0]
     system.prepare([4 * BATCH] * 3, measured(1.0, 3.0, 1.0))
     assert (system.rows[0], system.rows[1], system.rows[2]) == ((0, 6), (6, 8), (0, 8))
-    declared = _config(devices=4, partition="auto", stage_groups="auto")
+    declared = _config(devices=4, options={"partition": "auto", "stage_groups": "auto"})
     system = Coordinator(declared, clock=VirtualClock(), cost_table=table).system
     assert isinstance(system, Asteroid)
     before, slow = system.estimate_s(), system.groups[0][0]
@@ -164,8 +166,9 @@ def test_the_plan_follows_what_the_devices_measured_of_themselves() -> None:
 
 
 def test_a_fleet_whose_memory_cannot_hold_the_model_is_refused_naming_a_device() -> None:
-    config = _config(devices=2, partition="auto", stage_groups="auto",
-                     device_memory_mb=[0.01, 0.01])
+    config = _config(devices=2,
+                     device_memory_mb=[0.01, 0.01],
+                     options={"partition": "auto", "stage_groups": "auto"})
     with pytest.raises(ConfigError, match="device"):
         Coordinator(config, clock=VirtualClock())
 
@@ -181,8 +184,8 @@ async def test_each_members_measured_memory_is_within_its_budget_and_the_planner
     15% above it."""
     config = RunConfig(mode="asteroid", model="vgg5", devices=4, samples_per_device=128,
                        batch_size=32, epochs=1, parallel_batches=4, test_samples=0, seed=3,
-                       schedule=schedule, device_slowdown=[1.0, 2.0, 2.0, 4.0],
-                       device_memory_mb=[40.0, 24.0, 16.0, 12.0])
+                       device_slowdown=[1.0, 2.0, 2.0, 4.0],
+                       device_memory_mb=[40.0, 24.0, 16.0, 12.0], options={"schedule": schedule})
     result = await simulate(config, clock=VirtualClock())
     for stage in result.final.stages:
         peak, planned = stage["peak_memory_mb"], stage["planned_memory_mb"]
@@ -206,9 +209,11 @@ async def test_a_lost_device_is_re_planned_around_and_its_round_played_again(
     given up; the devices left wait, the coordinator re-plans over them and plays the
     round again from its start: the run ends, the lost device out of the plan, every
     epoch's samples counted once by the plan that completed it."""
-    config = _config(model="vgg5", devices=3, stage_groups=[[0, 1], [2]], partition=[2],
+    config = _config(model="vgg5", devices=3,
                      epochs=3, samples_per_device=6 * BATCH, heartbeat_interval=0.5,
-                     device_timeout=2.0, reconnect_grace=1.0, rescheduling=rescheduling)
+                     device_timeout=2.0, reconnect_grace=1.0,
+                     options={"stage_groups": [[0, 1], [2]], "partition": [2],
+                              "rescheduling": rescheduling})
     result, _ = await _killed_mid_round(config, killed)
     first, second, third = result.epochs
     assert killed not in [e["device"] for e in third.plan]
@@ -257,9 +262,10 @@ async def test_a_lightweight_replay_keeps_the_stages_left_in_place_exactly(
     three), so the replay sends them no weights; each starts again from the state it
     kept of the round's start, and the run ends with the weights of a replay that sent
     them."""
-    config = _config(model="vgg5", devices=3, stage_groups=[[0], [1, 2]], partition=[3],
+    config = _config(model="vgg5", devices=3,
                      epochs=3, samples_per_device=6 * BATCH, heartbeat_interval=0.5,
-                     device_timeout=2.0, reconnect_grace=1.0)
+                     device_timeout=2.0, reconnect_grace=1.0,
+                     options={"stage_groups": [[0], [1, 2]], "partition": [3]})
     kept, _ = await _killed_mid_round(config, 2, into=1.0)  # a few steps in
     original = Asteroid._starts
 
@@ -288,9 +294,11 @@ async def test_a_lost_device_s_stage_is_restored_from_the_latest_backup_point(
     played again from the latest backup point, not from its start, the epoch keeps its
     samples, and the devices that kept their own snapshot start from it, ending bit for
     bit where a replay that sent every stage its weights and momentum ends."""
-    config = _config(model="vgg5", devices=3, stage_groups=[[0, 1], [2]], partition=[2],
+    config = _config(model="vgg5", devices=3,
                      epochs=3, samples_per_device=6 * BATCH, heartbeat_interval=0.5,
-                     device_timeout=2.0, reconnect_grace=1.0, chain_replication_every=2)
+                     device_timeout=2.0, reconnect_grace=1.0,
+                     options={"stage_groups": [[0, 1], [2]], "partition": [2],
+                              "chain_replication_every": 2})
     kept, _ = await _killed_mid_round(config, killed, into=1.0)
     original = Asteroid._starts
 
@@ -316,10 +324,11 @@ async def test_a_much_worse_adjustment_falls_back_to_the_planner() -> None:
     the devices left should manage; the planner's plan (a pipeline) is taken instead.
     The round goes on from a backup point; the samples before it count, device 1's too,
     though it no longer runs the first stage."""
-    config = _config(model="vgg5", devices=3, stage_groups=[[0, 1], [2]], partition=[2],
+    config = _config(model="vgg5", devices=3,
                      epochs=2, samples_per_device=6 * BATCH, heartbeat_interval=0.5,
                      device_timeout=2.0, reconnect_grace=1.0, network="wifi",
-                     chain_replication_every=2)
+                     options={"stage_groups": [[0, 1], [2]], "partition": [2],
+                              "chain_replication_every": 2})
     fast = CostTable.uniform(5, forward=1e-4, backward=2e-4, batch=10)  # links dominate
     result, _ = await _killed_mid_round(config, 2, into=0.6, costs=fast)
     [change] = result.epochs[1].changes
@@ -333,9 +342,11 @@ async def test_the_last_stage_is_backed_up_to_the_first() -> None:
     """Three one-device stages: the last stage's only device (2) backs its stage up to
     the first stage's (0), over a link of their own; lost, its stage is restored from
     there and the round goes on from the latest backup point."""
-    config = _config(model="vgg5", devices=3, stage_groups=[[0], [1], [2]], partition=[2, 3],
+    config = _config(model="vgg5", devices=3,
                      epochs=2, samples_per_device=6 * BATCH, heartbeat_interval=0.5,
-                     device_timeout=2.0, reconnect_grace=1.0, chain_replication_every=2)
+                     device_timeout=2.0, reconnect_grace=1.0,
+                     options={"stage_groups": [[0], [1], [2]], "partition": [2, 3],
+                              "chain_replication_every": 2})
     result, _ = await _killed_mid_round(config, 2, into=1.0)
     [change] = result.epochs[1].changes
     assert change["lost"] == [2]
@@ -352,10 +363,11 @@ async def test_a_round_stopped_by_a_broken_link_is_played_again_exactly(backups:
     same plan, every device from the state it kept of the round's start (weights,
     buffers, momentum) or, with stage backups every 2 batches, from its own snapshot at
     the latest backup point, and the run ends bit for bit where an undisturbed one does."""
-    config = _config(model="vgg5", devices=3, stage_groups=[[0, 1], [2]], partition=[2],
+    config = _config(model="vgg5", devices=3,
                      epochs=3, samples_per_device=6 * BATCH, heartbeat_interval=0.5,
                      device_timeout=2.0, reconnect_grace=1.0,
-                     chain_replication_every=backups)
+                     options={"stage_groups": [[0, 1], [2]], "partition": [2],
+                              "chain_replication_every": backups})
     undisturbed = await simulate(config, clock=VirtualClock())
 
     class Recorded(MemoryFabric):

@@ -31,11 +31,11 @@ async def test_a_device_absent_for_a_whole_epoch_is_listed_as_lost() -> None:
     assert_exact_accounting(result, lost={2: every_round})
 
 
-ASTEROID = RunConfig(mode="asteroid", model=vgg5_shaped, devices=3,
-                     stage_groups=[[0, 1], [2]], partition=[2], samples_per_device=320,
+ASTEROID = RunConfig(mode="asteroid", model=vgg5_shaped, devices=3, samples_per_device=320,
                      batch_size=32, parallel_batches=2, epochs=3, test_samples=20,
                      heartbeat_interval=0.5, device_timeout=3.0, reconnect_grace=1.0,
-                     profile_devices=False)
+                     profile_devices=False,
+                     options={"stage_groups": [[0, 1], [2]], "partition": [2]})
 
 
 async def _asteroid_killed(config: RunConfig, killed: int, into: float) -> RunResult:
@@ -73,7 +73,8 @@ async def test_asteroid_counts_a_replayed_epoch_once_by_the_first_and_the_last_s
     left. The epoch's samples (the first stage's members') equal what its last stage's
     members saw: the given-up attempt's up to the point, and the replay's (before, the
     last stage's counts left out the first part: 384 or 448 of 640)."""
-    result = await _asteroid_killed(ASTEROID.replace(chain_replication_every=2), killed, 2.5)
+    result = await _asteroid_killed(ASTEROID.replace(options={"chain_replication_every": 2}),
+                                    killed, 2.5)
     [change] = result.epochs[1].changes
     assert change["from_iteration"] > 0  # played again from a backup point
     for epoch in result.epochs:

@@ -18,11 +18,13 @@ import torch
 from fleet import COSTS, NETWORK, suite_fleet, vgg5_shaped
 
 from aiopipe import RunConfig, TrainingError, VirtualClock, simulate
+from aiopipe.config import MODES
 from aiopipe.errors import ConfigError
 from aiopipe.protocol import PROTOCOL_VERSION, Hello, Plan, decode, encode
 from aiopipe.runtime.checkpoint import load_checkpoint
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.device import DeviceSummary
+from aiopipe.runtime.systems.registry import options_of
 from aiopipe.testing import Fleet, ready_for
 
 # 3 devices x 80 samples, B=20: 4 iterations per epoch, 2 rounds of 2 iterations; a
@@ -350,8 +352,9 @@ async def test_an_epoch_in_which_nobody_trained_has_no_loss() -> None:
 async def test_a_checkpoint_of_an_earlier_version_resumes_with_its_new_keys_defaulted(
         tmp_path: Path) -> None:
     """A checkpoint written before a config key existed (here ``server_lanes`` and
-    ``devices_per_round``) ran as the key's default does: it resumes; one whose keys
-    differ from the run's is still another run's."""
+    ``devices_per_round``) ran as the key's default does: it resumes, also from the old
+    flat form of a config (a system's options at top level); one whose keys differ from
+    the run's is still another run's."""
     config = CONFIG.replace(epochs=1)
     clock = VirtualClock()
     async with asyncio.TaskGroup() as tasks:
@@ -363,8 +366,14 @@ async def test_a_checkpoint_of_an_earlier_version_resumes_with_its_new_keys_defa
     await clock.aclose()
     path = tmp_path / "checkpoint.json"
     meta = json.loads(path.read_text())
+    # the earlier version's form: every key at top level, every system's options among
+    # them (at their defaults where they were another system's)
+    saved = meta["config"]
+    flat = {key: value for m in MODES for key, value in options_of(m).defaults().items()}
+    flat.update({k: v for k, v in saved.items() if k != "pipar"}, **saved["pipar"])
     for key in ("server_lanes", "devices_per_round"):
-        del meta["config"][key]
+        del flat[key]
+    meta["config"] = {k: list(v) if isinstance(v, tuple) else v for k, v in flat.items()}
     path.write_text(json.dumps(meta))
     node = Coordinator(config, clock=VirtualClock(), cost_table=COSTS,
                        checkpoint_dir=tmp_path, resume=True)

@@ -20,15 +20,15 @@ from aiopipe.scheduler.async_pipeline import one_f_one_b
 
 COSTS = CostTable.uniform(5, forward=0.001, backward=0.002)
 CONFIG = RunConfig(mode="ftpipehd", model="vgg5", devices=3, samples_per_device=80,
-                   batch_size=8, epochs=2, partition=(1, 3), learning_rate=0.05,
-                   momentum=0.9, test_samples=20, seed=3)
+                   batch_size=8, epochs=2, learning_rate=0.05,
+                   momentum=0.9, test_samples=20, seed=3, options={"partition": (1, 3)})
 
 
 def _reference(config: RunConfig) -> dict[str, torch.Tensor]:
     dataset = train_dataset(config)
     model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
-    assert isinstance(config.partition, tuple)
-    stages = models.partition(model, list(config.partition))
+    assert isinstance(config.options.partition, tuple)
+    stages = models.partition(model, list(config.options.partition))
     batch = config.batch_size
     epochs = []
     for epoch in range(config.epochs):
@@ -37,7 +37,7 @@ def _reference(config: RunConfig) -> dict[str, torch.Tensor]:
         epochs.append([dataset.batch(order[b * batch:(b + 1) * batch])
                        for b in range(len(order) // batch)])
     final = delayed_sgd(stages, epochs, lr=config.learning_rate, momentum=config.momentum,
-                        every=config.version_aggregation)
+                        every=config.options.version_aggregation)
     with torch.no_grad():
         for stage, weights in zip(stages, final, strict=True):
             for name, param in stage.named_parameters():
@@ -47,7 +47,7 @@ def _reference(config: RunConfig) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("every", [1, 0, 2])
 async def test_ftpipehd_computes_what_its_rules_define(every: int) -> None:
-    config = CONFIG.replace(version_aggregation=every)
+    config = CONFIG.replace(options={"version_aggregation": every})
     result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
     assert [e.samples for e in result.epochs] == [80, 80]
     want = _reference(config)
@@ -73,11 +73,11 @@ async def test_ftpipehd_learns() -> None:
 
 
 @pytest.mark.parametrize(("changes", "message"), [
-    ({"version_aggregation": -1}, "version_aggregation"),
-    ({"mode": "pipeline", "version_aggregation": 2}, "version_aggregation"),
-    ({"schedule": "gpipe"}, "schedule"),
+    ({"options": {"version_aggregation": -1}}, "version_aggregation"),
+    ({"mode": "pipeline", "options": {"version_aggregation": 2}}, "version_aggregation"),
+    ({"options": {"schedule": "gpipe"}}, "schedule"),
     ({"optimizer": "mypackage.opt:make"}, "optimizer"),
-    ({"devices": 1, "partition": ()}, "devices"),
+    ({"devices": 1, "options": {"partition": ()}}, "devices"),
 ])
 def test_ftpipehd_config_is_checked(changes: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -90,12 +90,14 @@ async def test_auto_cuts_give_a_10x_slower_device_less_and_the_epoch_is_shorter(
     homogeneous partition (the earliest of the balanced cuts) gives it two, and the
     asynchronous pipeline's epoch takes about half as long (its slowest stage sets the
     pace)."""
-    base = CONFIG.replace(devices=4, partition="auto", device_slowdown=(10.0, 1.0, 1.0, 1.0),
-                          samples_per_device=160, epochs=1, momentum=0.0)
+    base = CONFIG.replace(devices=4, device_slowdown=(10.0, 1.0, 1.0, 1.0),
+                          samples_per_device=160, epochs=1, momentum=0.0,
+                          options={"partition": "auto"})
     dynamic = await simulate(base, clock=VirtualClock(), cost_table=COSTS)
     units = [p["units"] for p in dynamic.epochs[0].plan]
     assert units[0] == [0, 1]
-    homogeneous = await simulate(base.replace(partition=(2, 3, 4)), clock=VirtualClock(),
+    homogeneous = await simulate(base.replace(options={"partition": (2, 3, 4)}),
+                                 clock=VirtualClock(),
                                  cost_table=COSTS)
     ratio = homogeneous.epochs[0].time_s / dynamic.epochs[0].time_s
     assert 1.6 < ratio <= 2.0, ratio
@@ -135,8 +137,9 @@ async def test_a_device_slower_than_declared_gets_less_from_the_next_epoch(
         return config
 
     monkeypatch.setattr(device_module.DeviceNode, "_run_config", slow_device_3)
-    config = CONFIG.replace(devices=4, partition="auto", samples_per_device=160, epochs=3,
-                            momentum=0.0, first_repartition_after=0)
+    config = CONFIG.replace(devices=4, samples_per_device=160, epochs=3,
+                            momentum=0.0,
+                            options={"partition": "auto", "first_repartition_after": 0})
     with caplog.at_level(logging.INFO, logger="aiopipe.server"):
         result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
     first, second, third = result.epochs
@@ -167,9 +170,10 @@ async def test_a_neighbour_s_next_round_may_come_before_ours_with_a_new_cut(
 
     monkeypatch.setattr(device_module.DeviceNode, "_run_config", really)
     fast = {"up_mbps": 1000.0, "down_mbps": 1000.0}
-    config = CONFIG.replace(devices=4, partition="auto", samples_per_device=160, epochs=2,
+    config = CONFIG.replace(devices=4, samples_per_device=160, epochs=2,
                             momentum=0.0, device_slowdown=(1.0, 10.0, 10.0, 10.0),
-                            network=[fast, {"up_mbps": 1000.0, "down_mbps": 2.0}, fast, fast])
+                            network=[fast, {"up_mbps": 1000.0, "down_mbps": 2.0}, fast, fast],
+                            options={"partition": "auto"})
     result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
     first, second = result.epochs
     (change,) = first.changes

@@ -30,9 +30,9 @@ from aiopipe.transport.fabric import MemoryFabric
 
 COSTS = CostTable.uniform(5, forward=0.01, backward=0.02, batch=8)
 CONFIG = RunConfig(mode="ftpipehd", model="vgg5", devices=4, samples_per_device=80,
-                   batch_size=8, epochs=2, partition=(1, 2, 3), learning_rate=0.05,
+                   batch_size=8, epochs=2, learning_rate=0.05,
                    momentum=0.9, test_samples=20, seed=3, heartbeat_interval=0.5,
-                   device_timeout=2.0, reconnect_grace=1.0)
+                   device_timeout=2.0, reconnect_grace=1.0, options={"partition": (1, 2, 3)})
 
 
 class _Run:
@@ -94,7 +94,7 @@ def _reference(config: RunConfig, cuts_by_round: list[list[int]],
     round r is two, its first c batches and the others (a replay from a chain point)."""
     dataset = train_dataset(config)
     model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
-    batch, every = config.batch_size, config.global_replication_every
+    batch, every = config.batch_size, config.options.global_replication_every
     rounds = []
     for epoch in range(config.epochs):
         order = datasets.epoch_order(device_indices(config, dataset, 0), epoch=epoch,
@@ -110,7 +110,7 @@ def _reference(config: RunConfig, cuts_by_round: list[list[int]],
             rounds.append((cuts_by_round[len(rounds)], part))
     assert len(rounds) == len(cuts_by_round)
     delayed_sgd_rounds(model, rounds, lr=config.learning_rate, momentum=config.momentum,
-                       every=config.version_aggregation)
+                       every=config.options.version_aggregation)
     return model.state_dict()
 
 
@@ -123,7 +123,7 @@ def _assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) ->
 async def test_rounds_end_at_each_global_replication(every: int) -> None:
     """Global replication every 3 batches: each epoch's 10 batches in rounds of 3, 3, 3
     and 1, the pipeline flushed between them (0: one round an epoch)."""
-    config = CONFIG.replace(global_replication_every=every, version_aggregation=2)
+    config = CONFIG.replace(options={"global_replication_every": every, "version_aggregation": 2})
     result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
     rounds = 8 if every else 2
     _assert_same(result.model.state_dict(), _reference(config, [[1, 2, 3]] * rounds))
@@ -185,7 +185,7 @@ async def test_a_round_is_played_again_from_its_latest_chain_replica(killed: int
     stage's device, the last stage's on the coordinator), so only the batches after that
     are played again. The run ends with the weights of the reference whose epoch 2 is
     two rounds split there, and every batch counted once (loss and correct too)."""
-    config = CONFIG.replace(chain_replication_every=3)
+    config = CONFIG.replace(options={"chain_replication_every": 3})
     run = _Run(config, VirtualClock())
 
     async def kill(run: _Run) -> None:
@@ -219,8 +219,8 @@ async def test_a_chain_replica_keeps_batch_norm_s_statistics_exact() -> None:
     """MobileNetV3 (batch norm: its running statistics are buffers that every forward
     moves): the snapshot holds them as the chain point's forward left them, not as the
     later forwards already run by then did, so the replay is exact."""
-    config = CONFIG.replace(model="mobilenetv3-small", chain_replication_every=3,
-                            partition=(2, 5, 8), epochs=1)
+    config = CONFIG.replace(model="mobilenetv3-small", epochs=1,
+                            options={"chain_replication_every": 3, "partition": (2, 5, 8)})
     run = _Run(config, VirtualClock(),
                CostTable.uniform(15, forward=0.01, backward=0.02, batch=8))
 
@@ -240,7 +240,7 @@ async def test_a_chain_replica_keeps_batch_norm_s_statistics_exact() -> None:
 async def test_two_workers_killed_at_once_leave_a_two_stage_pipeline() -> None:
     """Devices 1 and 2 killed together: stage 1's chain replicas were on both, so no
     point of the round survived whole, and it is played again from its start."""
-    config = CONFIG.replace(chain_replication_every=3)
+    config = CONFIG.replace(options={"chain_replication_every": 3})
     run = _Run(config, VirtualClock())
 
     async def kill(run: _Run) -> None:
@@ -267,7 +267,7 @@ async def test_a_worker_restarted_at_once_takes_its_stage_in_the_replay() -> Non
     the same four devices with the same cuts (the new process gets its stage's weights
     with the round). It holds no chain replica (it is asked before it has set up): its
     stage's comes from device 3, so the round goes on from its latest chain point."""
-    config = CONFIG.replace(chain_replication_every=3)
+    config = CONFIG.replace(options={"chain_replication_every": 3})
     run = _Run(config, VirtualClock())
 
     async def restart(run: _Run) -> None:
@@ -320,7 +320,7 @@ async def test_only_the_round_under_way_is_played_again() -> None:
     4 and 2): device 2 killed in epoch 2's second round (round 5). The rounds before
     stand; that one is played again by devices 0, 1 and 3 from the weights the one before
     ended with, and the last round keeps their cuts."""
-    config = CONFIG.replace(global_replication_every=4)
+    config = CONFIG.replace(options={"global_replication_every": 4})
     run = _Run(config, VirtualClock())
 
     async def kill(run: _Run) -> None:
@@ -355,7 +355,7 @@ async def test_the_first_re_partition_comes_after_the_first_batches(
         return config.replace(device_slowdown=(1.0, 1.0, 1.0, 10.0))
 
     monkeypatch.setattr(device_module.DeviceNode, "_run_config", slow_device_3)
-    config = CONFIG.replace(partition="auto", first_repartition_after=4)
+    config = CONFIG.replace(options={"partition": "auto", "first_repartition_after": 4})
     result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
     (change, *later) = result.epochs[0].changes
     assert change["round"] == 1  # the run's first round (counted from 1)
@@ -366,7 +366,8 @@ async def test_the_first_re_partition_comes_after_the_first_batches(
     # the weights: round 1 split after 4 batches, the rest under the new cuts
     rounds = [change["before"], change["after"], change["after"]]
     _assert_same(result.model.state_dict(), _reference(config, rounds, split=(0, 4)))
-    slower = await simulate(config.replace(first_repartition_after=0), clock=VirtualClock(),
+    slower = await simulate(config.replace(options={"first_repartition_after": 0}),
+                            clock=VirtualClock(),
                             cost_table=COSTS)
     assert result.epochs[0].time_s < slower.epochs[0].time_s
 
@@ -376,7 +377,8 @@ async def test_a_re_partition_takes_the_links_as_measured() -> None:
     but device 0's link to device 1 really carries 20 Mbit/s: the first re-partition
     (after 4 batches) knows the link's rate from how long device 0's activations took on
     it, and cuts where stage 0's output is smaller."""
-    config = CONFIG.replace(partition="auto", first_repartition_after=4, epochs=1)
+    config = CONFIG.replace(epochs=1,
+                            options={"partition": "auto", "first_repartition_after": 4})
     run = _Run(config, VirtualClock(), links={("device0", "device1"): LinkSpec(2e7)})
 
     async def nothing(run: _Run) -> None:
@@ -460,7 +462,7 @@ async def test_a_restarted_server_resumes_from_its_checkpoint(tmp_path: Path) ->
     stage's weights and momentum between rounds, so a server killed mid-round and
     started again with ``resume`` plays that round again from the checkpoint, and the
     run ends bit for bit where an undisturbed one does."""
-    config = CONFIG.replace(global_replication_every=4)
+    config = CONFIG.replace(options={"global_replication_every": 4})
     clock = VirtualClock()
     async with asyncio.TaskGroup() as tasks:
         fleet = suite_fleet(config, clock, tasks, cost_table=COSTS, fabric=MemoryFabric(clock))

@@ -98,7 +98,8 @@ async def test_rings_of_every_device_average_what_plain_pytorch_trains_bit_for_b
     """Decentralized FedAvg as HADFL runs it (every device in the ring, 4 steps each a
     round): the model the coordinator backs up after each epoch is, bit for bit, the
     ring-ordered average of three models trained by plain PyTorch."""
-    config = _config(warmup_epochs=0, local_steps=4, ring_size=3, epochs=3)
+    config = _config(epochs=3,
+                     options={"warmup_epochs": 0, "local_steps": 4, "ring_size": 3})
     result = await simulate(config, clock=VirtualClock())
     rounds = _rounds(result)
     assert [r["steps"] for r in rounds] == [[4, 4, 4]] * 3  # ceil(9 / 12): a round an epoch
@@ -118,7 +119,8 @@ async def test_local_steps_follow_speed_and_the_coordinator_carries_no_models_bu
     epochs and the local steps 4:4:2:1 of it; rings of two, the others merge the
     average; the coordinator's downlink carries control messages only, its uplink one
     backup per epoch; the same seed gives the same run."""
-    config = _config(devices=4, device_slowdown=(1, 1, 2, 4), ring_size=2, epochs=4)
+    config = _config(devices=4, device_slowdown=(1, 1, 2, 4), epochs=4,
+                     options={"ring_size": 2})
     first = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
     again = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
     rounds = _rounds(first)
@@ -159,9 +161,10 @@ async def test_a_dead_ring_member_is_bypassed_and_comes_back_from_the_backup() -
     training. Its downstream hears nothing, asks, gets no answer, and the three others
     average among themselves; later rounds go on without it; restarted, it starts from
     the coordinator's backup and joins the rings again."""
-    config = _config(devices=4, warmup_epochs=0, local_steps=3, ring_size=4, epochs=6,
-                     ring_timeout=0.5, heartbeat_interval=0.5, device_timeout=2.0,
-                     reconnect_grace=1.0)
+    config = _config(devices=4, epochs=6, heartbeat_interval=0.5, device_timeout=2.0,
+                     reconnect_grace=1.0,
+                     options={"warmup_epochs": 0, "local_steps": 3, "ring_size": 4,
+                              "ring_timeout": 0.5})
     clock = VirtualClock()
     async with asyncio.TaskGroup() as tasks:
         fleet = suite_fleet(config, clock, tasks, fabric=MemoryFabric(clock))
@@ -202,8 +205,9 @@ async def test_a_silent_ring_member_is_asked_then_bypassed(
         original(self, device, message, name, background=background)
 
     monkeypatch.setattr(PartialSync, "_send", silent)
-    config = _config(devices=4, warmup_epochs=0, local_steps=3, ring_size=4, epochs=3,
-                     ring_timeout=0.5)
+    config = _config(devices=4, epochs=3,
+                     options={"warmup_epochs": 0, "local_steps": 3, "ring_size": 4,
+                              "ring_timeout": 0.5})
     result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
     rounds = _rounds(result)
     assert [r["lost"] for r in rounds] == [[], [], []]
@@ -213,8 +217,8 @@ async def test_a_silent_ring_member_is_asked_then_bypassed(
     # device 2 heard nothing either (its asks went nowhere): it averaged with nobody
     assert f"device2: ring member device{upstream_of_2} is dead" in caplog.text
     # the round took the two waits (the wait, then the handshake's)
-    assert result.epochs[1].time_s >= 2 * config.ring_timeout
-    assert result.epochs[1].time_s > result.epochs[2].time_s + 2 * config.ring_timeout - 0.2
+    assert result.epochs[1].time_s >= 2 * config.options.ring_timeout
+    assert result.epochs[1].time_s > result.epochs[2].time_s + 2 * config.options.ring_timeout - 0.2
 
 
 async def test_a_resumed_run_goes_on_from_the_backup_with_the_negotiated_strategy(
@@ -222,7 +226,8 @@ async def test_a_resumed_run_goes_on_from_the_backup_with_the_negotiated_strateg
     """The server stops after two epochs (negotiation and one) and is started again
     from its checkpoint with new device processes: every device starts from the backup,
     the strategy is the negotiated one (no second negotiation), and the run ends."""
-    config = _config(devices=3, device_slowdown=(1, 2, 2), ring_size=2, epochs=4)
+    config = _config(devices=3, device_slowdown=(1, 2, 2), epochs=4,
+                     options={"ring_size": 2})
 
     async def run(resume: bool, stop_after: int | None) -> Coordinator:
         clock = VirtualClock()
@@ -265,8 +270,9 @@ async def test_groups_average_within_themselves_and_across_every_few_rounds() ->
     """Six devices in groups of three: rings of two within each group (its sender
     serving the group's third device), and every second round, and each epoch's last,
     a ring of one device per group whose average reaches everyone."""
-    config = _config(devices=6, warmup_epochs=0, local_steps=1, ring_size=2, group_size=3,
-                     inter_group_every=2, epochs=3, samples_per_device=2 * BATCH)
+    config = _config(devices=6, epochs=3, samples_per_device=2 * BATCH,
+                     options={"warmup_epochs": 0, "local_steps": 1, "ring_size": 2,
+                              "group_size": 3, "inter_group_every": 2})
     result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
     rounds = _rounds(result)
     assert len(rounds) == 6  # ceil(12 batches / 6 steps) = 2 rounds an epoch
@@ -303,8 +309,8 @@ async def test_a_device_slower_than_negotiated_stops_at_its_budget_not_holding_t
             self.compute.slowdown = 8.0  # was 4
         return await original(self, start, route)
 
-    config = _config(devices=4, device_slowdown=(1, 2, 2, 4), ring_size=4, epochs=4,
-                     samples_per_device=4 * BATCH)
+    config = _config(devices=4, device_slowdown=(1, 2, 2, 4), epochs=4,
+                     samples_per_device=4 * BATCH, options={"ring_size": 4})
     calm = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
     monkeypatch.setattr(PartialSync, "run_round", disturbed)
     result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)

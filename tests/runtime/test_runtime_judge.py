@@ -134,3 +134,15 @@ def test_the_accused_is_excluded_and_a_device_that_names_too_many_is() -> None:
     assert two.accuse(0, 1, "a")[0] == 1  # type: ignore[index]
     assert two.accuse(0, 2, "b")[0] == 2  # type: ignore[index]
     assert two.accuse(0, 3, "c")[0] == 0  # type: ignore[index]
+
+
+def test_without_a_prior_the_coordinator_judges_a_first_tensor_by_the_other_senders() -> None:
+    """The coordinator's judge (``others_as_prior``) with no measure of a cut: a device's
+    first tensor there is judged against the other devices' streams of that cut."""
+    judge = ArrivalJudge(limit=1000, others_as_prior=True)
+    for scale in (1.0, 1.2, 0.9):
+        judge.judge("device0", "activation@2", torch.full((3,), scale), what="a")
+    judge.judge("device1", "activation@2", torch.full((3,), 500.0), what="a")
+    with pytest.raises(PoisonedValueError, match="the other senders' ones"):
+        judge.judge("device2", "activation@2", torch.full((3,), 1e6), what="a")
+    judge.judge("device2", "activation@3", torch.full((3,), 1e6), what="a")  # no one else's

@@ -36,9 +36,9 @@ CUTS = {2: [2], 3: [1, 3], 4: [1, 2, 4]}
 
 def _config(stages: int, schedule: str, n: int, **changes: object) -> RunConfig:
     base = RunConfig(mode="pipeline", model="vgg5", devices=stages, samples_per_device=2 * BATCH,
-                     batch_size=BATCH, epochs=1, partition=CUTS[stages], schedule=schedule,
+                     batch_size=BATCH, epochs=1,
                      parallel_batches=n, learning_rate=LR, momentum=0.9, test_samples=20,
-                     seed=3)
+                     seed=3, options={"partition": CUTS[stages], "schedule": schedule})
     return base.replace(**changes)
 
 

@@ -44,9 +44,9 @@ pytestmark = pytest.mark.timeout(60)
 
 MICRO = 4  # batch 8 / N 2
 CONFIG = RunConfig(mode="pipeline", model="vgg5", devices=2, samples_per_device=40,
-                   batch_size=8, parallel_batches=2, partition=[2], epochs=1,
+                   batch_size=8, parallel_batches=2, epochs=1,
                    test_samples=20, heartbeat_interval=0.5, device_timeout=2.0,
-                   reconnect_grace=1.0)
+                   reconnect_grace=1.0, options={"partition": [2]})
 COSTS = CostTable.uniform(5, forward=0.01, backward=0.02, batch=2)
 
 

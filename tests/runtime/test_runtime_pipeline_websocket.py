@@ -20,7 +20,8 @@ from aiopipe.transport.peering import dial_peer
 
 SECRET = b"test-secret-of-32-bytes-at-least"
 CONFIG = RunConfig(mode="pipeline", devices=3, samples_per_device=32, batch_size=8,
-                   epochs=2, partition=[1, 3], parallel_batches=4, test_samples=40, seed=5)
+                   epochs=2, parallel_batches=4, test_samples=40, seed=5,
+                   options={"partition": [1, 3]})
 
 
 async def _device(url: str, k: int, *, listen: bool = True) -> None:
@@ -50,7 +51,7 @@ async def test_a_pipeline_over_websockets_computes_what_the_simulation_computes(
 
 
 async def test_a_device_that_does_not_listen_is_refused_with_the_reason() -> None:
-    config = CONFIG.replace(devices=2, partition=[2])
+    config = CONFIG.replace(devices=2, options={"partition": [2]})
     async with Server(config, token_secret=SECRET, join_timeout=5) as server:
         with pytest.raises(TrainingError, match="start device 0 with an address its peers"):
             await _device(server.url, 0, listen=False)
@@ -94,8 +95,9 @@ async def test_links_between_devices_are_paced_at_the_sender_s_uplink() -> None:
     from aiopipe.runtime.plan import build_model, unit_output_shapes
 
     rate_mbps = 16.0
-    config = CONFIG.replace(devices=2, partition=[1], epochs=1, network=[
-        {"up_mbps": rate_mbps, "down_mbps": 1000.0}, {"up_mbps": 1000.0, "down_mbps": 1000.0}])
+    config = CONFIG.replace(devices=2, epochs=1, network=[
+        {"up_mbps": rate_mbps, "down_mbps": 1000.0}, {"up_mbps": 1000.0, "down_mbps": 1000.0}],
+                            options={"partition": [1]})
     model = build_model(config, num_classes=10, in_shape=(3, 32, 32))
     shape = unit_output_shapes(model, (3, 32, 32))[0]
     assert models.unit_count(model) == 5

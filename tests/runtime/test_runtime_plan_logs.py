@@ -116,7 +116,7 @@ async def test_a_device_s_profile_is_logged_in_words(caplog: pytest.LogCaptureFi
               "server (split 2), 4 micro-batches of 5, 2 iterations an epoch"]),
     (CONFIG.replace(mode="fl"), ["planned fl: devices 0-1: the whole model (units 0-4), "
                                  "batches of 20, 2 iterations an epoch"]),
-    (CONFIG.replace(mode="pipeline", partition=[2]), [
+    (CONFIG.replace(mode="pipeline", options={"partition": [2]}), [
         "planned pipeline (4 micro-batches of 5, 1f1b, 2 iterations an epoch):",
         "  stage 0, device 0: units 0-1", "  stage 1, device 1: units 2-4"]),
 ], ids=["pipar", "fl", "pipeline"])
@@ -156,8 +156,8 @@ async def test_a_pipar_re_plan_is_logged_as_what_changed(
 
     monkeypatch.setattr(star_module, "live_profiles", lambda *a, **_: (None, a[4]))
     monkeypatch.setattr(star_module, "reselect", reselect)
-    config = CONFIG.replace(split_point="auto", parallel_batches="auto", replan=True,
-                            aggregation_every=1, epochs=1)
+    config = CONFIG.replace(split_point="auto", parallel_batches="auto",
+                            aggregation_every=1, epochs=1, options={"replan": True})
     with caplog.at_level(logging.INFO, logger="aiopipe.server"):
         await simulate(config, clock=VirtualClock(), cost_table=COSTS)
     [line] = [m for m in _messages(caplog) if m.startswith("re-planned")]

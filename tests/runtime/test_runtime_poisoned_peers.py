@@ -39,7 +39,7 @@ BASE = RunConfig(model=vgg5_shaped, devices=4, samples_per_device=200, batch_siz
 PIPELINE = BASE.replace(mode="pipeline", parallel_batches=2)
 FTPIPEHD = BASE.replace(mode="ftpipehd", parallel_batches=2)
 ASTEROID = BASE.replace(mode="asteroid")
-HADFL = BASE.replace(mode="hadfl", warmup_epochs=0, local_steps=2)
+HADFL = BASE.replace(mode="hadfl", options={"warmup_epochs": 0, "local_steps": 2})
 
 
 def _scaled(tensor: TensorData, factor: float) -> TensorData:

@@ -1,7 +1,9 @@
 """One authenticated device poisons the model (issue: hold against hostile peers): it
-sends its server replica activations scaled by a huge finite factor. With the robust
-options on (``outliers = "drop"``) the global model's test accuracy stays within 2
-points of a clean run's and the device is named; without them, the update judge that
+sends its server replica activations scaled by a huge finite factor. The coordinator's
+arrival judge refuses the first of them and excludes the device ([Note: judging
+arrivals]); each layer behind it holds alone too: with the arrival judge off and the
+robust options on (``outliers = "drop"``) the global model's test accuracy stays within
+2 points of a clean run's and the device is named; without them, the update judge that
 runs whatever the options refuses the replica's x1e6 update; with that judge off too, the
 model is ruined (the attack is real).
 
@@ -23,12 +25,19 @@ from aiopipe.metrics.results import RunResult
 from aiopipe.protocol import Activation, to_tensor_data, to_torch
 from aiopipe.runtime import stage_round
 from aiopipe.runtime.aggregation import UpdateJudge
+from aiopipe.runtime.judge import ArrivalJudge
 
 COSTS = CostTable.uniform(5, forward=0.001, backward=0.002)
 BAD = 3
 CONFIG = RunConfig(devices=4, samples_per_device=200, batch_size=20, epochs=3, split_point=2,
                    parallel_batches=1, test_samples=1000, learning_rate=0.05)
-ROBUST = CONFIG.replace(outliers="drop")
+ROBUST = CONFIG.replace(options={"outliers": "drop"})
+
+
+@pytest.fixture
+def without_arrival_judge(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The coordinator takes what devices send as it comes (the layers behind it)."""
+    monkeypatch.setattr(ArrivalJudge, "judge_data", lambda self, *args, **kwargs: None)
 
 
 @pytest.fixture
@@ -66,7 +75,21 @@ def clean() -> RunResult:
 # aiopipe/runtime/systems/star.py), so a robust run of x1e6 would repeat the next test's
 # run exactly; x1e15 takes another path (the server's loss is not finite: the device is
 # lost)
+async def test_the_coordinators_arrival_judge_excludes_the_poisoning_device_at_once(
+        poison: Any, clean: RunResult, caplog: pytest.LogCaptureFixture) -> None:
+    """Default options: the first x1e6 activation is refused, the device excluded; the
+    others train on, and no update of the device's is ever aggregated."""
+    poison(1e6)
+    attacked = await _run(CONFIG)
+    assert attacked.final.accuracy >= clean.final.accuracy - 0.02, (attacked.final, clean.final)
+    assert [list(e.devices_excluded) for e in attacked.epochs] == [[BAD], [], []]
+    assert not any(e.updates_refused for e in attacked.epochs)
+    assert (f"device {BAD} is excluded from the run: the coordinator refused what it sent: "
+            f"device{BAD} sent values out of range: activation (0, 0, 0)") in caplog.text
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("without_arrival_judge")
 async def test_a_poisoning_device_cannot_move_the_model_with_the_robust_options(
         poison: Any, clean: RunResult) -> None:
     poison(1e15)
@@ -77,6 +100,7 @@ async def test_a_poisoning_device_cannot_move_the_model_with_the_robust_options(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("without_arrival_judge")
 async def test_without_them_the_update_judge_still_holds_x1e6(
         poison: Any, clean: RunResult) -> None:
     """Default options: the replica that trained on x1e6 activations moves ~1e12 times
@@ -88,6 +112,7 @@ async def test_without_them_the_update_judge_still_holds_x1e6(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("without_arrival_judge")
 async def test_without_them_or_the_judge_the_attack_ruins_the_model(
         poison: Any, monkeypatch: pytest.MonkeyPatch, clean: RunResult) -> None:
     """The attack is real: with the update judge switched off, x1e6 ruins the model."""

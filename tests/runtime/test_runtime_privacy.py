@@ -22,7 +22,7 @@ async def test_classic_noise_reaches_the_global_model_as_fedavg_averages_it() ->
     differs from the noiseless run's by noise of std sigma / sqrt(2); the same seed
     gives the same noise."""
     plain = await simulate(CONFIG, clock=VirtualClock(), cost_table=COSTS)
-    private = CONFIG.replace(privacy="classic", privacy_noise=0.05)
+    private = CONFIG.replace(options={"privacy": "classic", "privacy_noise": 0.05})
     noisy = await simulate(private, clock=VirtualClock(), cost_table=COSTS)
     again = await simulate(private, clock=VirtualClock(), cost_table=COSTS)
     diffs = torch.cat([(noisy.model.state_dict()[k] - v).reshape(-1)
@@ -37,7 +37,7 @@ async def test_pixeldp_trains_on_noised_inputs_in_the_split_modes() -> None:
     noiseless run's, reproducibly."""
     config = CONFIG.replace(mode="pipar", split_point=2, parallel_batches=2)
     plain = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
-    private = config.replace(privacy="pixeldp", privacy_noise=0.5)
+    private = config.replace(options={"privacy": "pixeldp", "privacy_noise": 0.5})
     noisy = await simulate(private, clock=VirtualClock(), cost_table=COSTS)
     again = await simulate(private, clock=VirtualClock(), cost_table=COSTS)
     weight = "0.0.weight"
@@ -60,4 +60,4 @@ def test_the_noise_has_the_asked_spread_and_leaves_integers_alone() -> None:
 
 def test_privacy_is_for_the_star_modes() -> None:
     with pytest.raises(ConfigError, match="privacy"):
-        RunConfig(mode="hadfl", privacy="classic")
+        RunConfig(mode="hadfl", options={"privacy": "classic"})

@@ -128,7 +128,8 @@ async def test_metrics_describe_each_device_of_a_finished_run() -> None:
 
 async def test_a_pipeline_reports_the_loss_of_its_last_stage_only() -> None:
     config = RunConfig(mode="pipeline", devices=3, samples_per_device=32, batch_size=8,
-                       epochs=1, partition=[1, 3], parallel_batches=4, test_samples=0, seed=5)
+                       epochs=1, parallel_batches=4, test_samples=0, seed=5,
+                       options={"partition": [1, 3]})
     result, m, _ = await _run_and_scrape(config, listen=True)
     assert _per_device(m, "aiopipe_device_train_loss") == {
         2: pytest.approx(result.final.loss)}
@@ -209,8 +210,9 @@ async def test_lost_and_refused_devices_are_counted_per_finished_epoch() -> None
 async def test_asteroid_reports_the_loss_of_its_last_stages_devices() -> None:
     """The last stage is a group (devices 1 and 2): each reports the loss of its rows."""
     config = RunConfig(mode="asteroid", devices=3, samples_per_device=32, batch_size=8,
-                       epochs=1, partition=[2], stage_groups=[[0], [1, 2]],
-                       parallel_batches=2, test_samples=0, seed=5)
+                       epochs=1,
+                       parallel_batches=2, test_samples=0, seed=5,
+                       options={"partition": [2], "stage_groups": [[0], [1, 2]]})
     result, m, _ = await _run_and_scrape(config, listen=True)
     loss = _per_device(m, "aiopipe_device_train_loss")
     assert set(loss) == {1, 2}

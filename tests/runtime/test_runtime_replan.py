@@ -30,7 +30,7 @@ from aiopipe.transport.network import LinkSpec
 BASE = RunConfig(mode="pipar", model=vgg5_shaped, devices=2, samples_per_device=150, batch_size=50,
                  epochs=2, split_point="auto", parallel_batches="auto", network="4g",
                  device_slowdown=4.0, aggregation_every=1, test_samples=20, seed=1,
-                 replan=True)
+                 options={"replan": True})
 
 # a fixed table shaped like vgg5's measured one (per-sample seconds shrink along the
 # units), so that the plans below do not depend on this machine: on 4g the planner
@@ -81,7 +81,7 @@ async def test_a_faster_link_mid_run_triggers_a_new_plan_that_ends_sooner(
     # already takes fewer micro-batches, which after the change to wifi leaves the new
     # plan about 9% ahead, under the 10% threshold): the link's change is what moves the plan
     monkeypatch.setattr(select_module, "SPEED_BAND", 1.0)
-    kept, kept_node = await run(BASE.replace(replan=False), wifi_from_round=1)
+    kept, kept_node = await run(BASE.replace(options={"replan": False}), wifi_from_round=1)
     switched, node = await run(BASE, wifi_from_round=1)
     assert kept_node.system.replans == []
     assert len(node.system.replans) == 1, node.system.replans

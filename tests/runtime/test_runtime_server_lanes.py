@@ -62,7 +62,7 @@ def test_busy_seconds_are_the_union_of_a_track_s_slices() -> None:
 
 async def test_lanes_in_virtual_time_train_the_same_weights_in_a_shorter_epoch() -> None:
     one = await simulate(CONFIG, clock=VirtualClock(), cost_table=COSTS)
-    two = await simulate(CONFIG.replace(server_lanes=2), clock=VirtualClock(),
+    two = await simulate(CONFIG.replace(options={"server_lanes": 2}), clock=VirtualClock(),
                          cost_table=COSTS)
     _same_weights(one.model, two.model)
     before, after = one.epochs[-1], two.epochs[-1]
@@ -75,7 +75,7 @@ async def test_lanes_in_virtual_time_train_the_same_weights_in_a_shorter_epoch()
 async def test_lanes_on_real_threads_train_the_same_weights_as_passes_in_turn() -> None:
     config = CONFIG.replace(epochs=1)
     one = await simulate(config, clock=SystemClock())
-    three = await simulate(config.replace(server_lanes=3), clock=SystemClock())
+    three = await simulate(config.replace(options={"server_lanes": 3}), clock=SystemClock())
     _same_weights(one.model, three.model)
 
 
@@ -86,7 +86,7 @@ async def test_the_planner_plans_with_the_server_s_lanes() -> None:
     config = CONFIG.replace(split_point="auto", parallel_batches="auto", device_slowdown=4.0,
                             epochs=1)
     one = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
-    four = await simulate(config.replace(server_lanes=4), clock=VirtualClock(),
+    four = await simulate(config.replace(options={"server_lanes": 4}), clock=VirtualClock(),
                           cost_table=COSTS)
     points = [min(p["split_point"] for p in r.epochs[0].plan) for r in (one, four)]
     assert points[1] <= points[0]

@@ -154,8 +154,8 @@ async def test_a_trimmed_mean_that_trims_nothing_in_a_round_says_so(
     """Five devices trim one at each end (the config refuses four); with one refused, a
     round of four trims nothing, and the log says so once."""
     poison(1e6)
-    config = CONFIG.replace(mode="fl", devices=5, samples_per_device=40, epochs=2,
-                            aggregation="trimmed-mean", test_samples=100)
+    config = CONFIG.replace(mode="fl", devices=5, samples_per_device=40, epochs=2, test_samples=100,
+                            options={"aggregation": "trimmed-mean"})
     with caplog.at_level(logging.WARNING, logger="aiopipe"):
         result, _ = await _run(config)
     assert [e.updates_refused for e in result.epochs] == [(BAD,), (BAD,)]

@@ -3,6 +3,7 @@ device find it through the registry (aiopipe.runtime.systems.registry), and it t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -64,25 +65,36 @@ def test_a_mode_that_names_no_system_is_refused_with_why(mode: str, reason: str)
         RunConfig(mode=mode)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class TunedOptions:
+    """`Tuned`'s options."""
+
+    turns: int = 1
+
+
 class Tuned(CountingStar):
     """A system with an option of its own, ``turns`` (default 1)."""
 
     options: ClassVar[SystemOptions] = SystemOptions(
-        keys={"turns": "how many turns"}, defaults={"turns": 1}, check=lambda config: None)
+        TunedOptions, keys={"turns": "how many turns"}, check=lambda config: None)
 
 
 def test_a_users_system_has_options_of_its_own(tmp_path: Path) -> None:
     mode = f"{__name__}:Tuned"
-    assert RunConfig(mode=mode).option("turns") == 1
-    assert RunConfig(mode=mode, options={"turns": 3}).option("turns") == 3
-    with pytest.raises(ConfigError, match=r"'options'.*Tuned's own \(turns\)"):
+    assert RunConfig(mode=mode).options_as(TunedOptions).turns == 1
+    assert RunConfig(mode=mode, options={"turns": 3}).options == TunedOptions(turns=3)
+    assert RunConfig(mode=mode, options=TunedOptions(turns=2)).options.turns == 2
+    with pytest.raises(ConfigError, match=r"'options'.*'bogus' is not an option of mode "
+                       r".*Tuned \(its options: turns\)"):
         RunConfig(mode=mode, options={"bogus": 1})
-    with pytest.raises(ConfigError, match=r"'options'.*own \(none\)"):
+    with pytest.raises(ConfigError, match=r"'turns' is not an option of mode pipar"):
         RunConfig(mode="pipar", options={"turns": 3})
+    with pytest.raises(TypeError, match="not a TunedOptions"):
+        RunConfig(mode="pipar").options_as(TunedOptions)
     path = tmp_path / "run.toml"
     path.write_text(f'mode = "{mode}"\n[tuned]\nturns = 4\n')
     config = RunConfig.from_toml(path)
-    assert config.option("turns") == 4
+    assert config.options_as(TunedOptions).turns == 4
     again = tmp_path / "again.toml"
     again.write_text(config.to_toml())
     assert RunConfig.from_toml(again) == config

@@ -109,6 +109,8 @@ class System(Protocol):
     links_devices: ClassVar[bool]
     #: whether the coordinator runs a stage for devices (it serves micro-batches)
     serves_stages: bool
+    #: the coordinator's compute lanes: its stages' passes it runs at once
+    server_lanes: int
 
     #: the run's config with every "auto" resolved
     config: RunConfig
@@ -247,6 +249,7 @@ class SystemDefaults:
     links_devices: ClassVar[bool] = False
     recovers_lost_devices: ClassVar[bool] = False
     serves_stages: bool = False
+    server_lanes: int = 1
     resumable: bool = False
     planned_keys: tuple[str, ...] = ()
     wants_profiles: bool = False

@@ -25,8 +25,8 @@ from typing import Any
 from aiopipe.config_values import fail
 from aiopipe.errors import ConfigError
 
-__all__ = ["BUILT_IN", "SystemOptions", "check_system", "find_system", "option_owners",
-           "options_of", "why_default"]
+__all__ = ["BUILT_IN", "NoOptions", "SystemOptions", "check_system", "find_system",
+           "option_owners", "options_of", "why_default"]
 
 #: The built-in systems by mode: where each one's coordinator half is (loaded when a
 #: run names it, so that a device loads only its own system).
@@ -54,21 +54,47 @@ def _no_check(config: Any) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class SystemOptions:
-    """The options a system takes (module docstring): ``keys`` maps each to what it
-    means; ``check(config)`` raises `ConfigError` for an invalid value (naming the key)
-    and may put a valid one in its normal form (a list as a tuple), as `RunConfig`'s own
-    checks do; ``table``: the config file's table of them (default: the mode);
-    ``elsewhere``: for a key, why a run of another system keeps its default (default:
-    which modes take it); ``defaults``: the default of each key that is the system's own
-    rather than `RunConfig`'s (a user's system: its values travel in
-    `RunConfig.options`)."""
+class NoOptions:
+    """The options of a system that declares none."""
 
+
+@dataclass(frozen=True, slots=True)
+class SystemOptions:
+    """The options a system takes (module docstring). ``values``: a frozen dataclass whose
+    fields are the options, with their defaults (a run's values are an instance of it:
+    `RunConfig.options`); ``keys`` maps each field to what it means (``--help``);
+    ``check(config)`` raises `ConfigError` for an invalid value (naming the key) and may
+    put a valid one in its normal form (a list as a tuple: ``object.__setattr__`` on
+    ``config.options``), as `RunConfig`'s own checks do; ``table``: the config file's
+    table of them (default: the mode); ``elsewhere``: for a key, why a run of another
+    system keeps its default (default: which modes take it); ``samples_devices``: the
+    system trains the devices sampled per round (``devices_per_round``) rather than
+    every device every round."""
+
+    values: type[Any] = NoOptions
     keys: Mapping[str, str] = field(default_factory=dict)
     check: Callable[[Any], None] = _no_check
     table: str = ""
     elsewhere: Mapping[str, str] = field(default_factory=dict)
-    defaults: Mapping[str, Any] = field(default_factory=dict)
+    samples_devices: bool = False
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.values, type) and dataclasses.is_dataclass(self.values)):
+            raise ConfigError(f"SystemOptions.values must be a dataclass, got {self.values!r}")
+        fields = [f.name for f in dataclasses.fields(self.values)]
+        try:
+            self.values()
+        except TypeError:
+            raise ConfigError(f"SystemOptions.values: every field of "
+                              f"{self.values.__name__} needs a default") from None
+        if sorted(fields) != sorted(self.keys):
+            raise ConfigError(f"SystemOptions of {self.values.__name__}: keys "
+                              f"({', '.join(self.keys) or 'none'}) must say what each field "
+                              f"means ({', '.join(fields) or 'none'})")
+
+    def defaults(self) -> dict[str, Any]:
+        """Each option's default."""
+        return {f.name: getattr(self.values(), f.name) for f in dataclasses.fields(self.values)}
 
 
 def options_of(mode: str) -> SystemOptions:
@@ -109,9 +135,11 @@ def option_owners() -> Mapping[str, tuple[str, ...]]:
 
 
 def check_system(config: Any) -> None:
-    """The run's system and its options (`RunConfig`'s last check): a key that other
-    systems declare keeps its default (the refusal says why: `why_default`), `options`
-    holds only keys of the system's own, and the system checks its own.
+    """The run's system and its options (`RunConfig`'s last check): ``config.options``
+    becomes an instance of the system's options dataclass (from a mapping of the keys
+    given, the defaults filling the rest); a key of another system's options keeps its
+    default there (the refusal says why: `why_default`); devices sampled per round only
+    where the system samples them; then the system checks its own.
 
     Raises:
         ConfigError: naming the key.
@@ -120,17 +148,41 @@ def check_system(config: Any) -> None:
         options = options_of(config.mode)
     except ConfigError as exc:  # (it says what a mode may be)
         raise ConfigError(f"config key 'mode': {exc}") from None
-    defaults = {f.name: f.default for f in dataclasses.fields(config)}
-    for key, modes in option_owners().items():
-        value = getattr(config, key)
-        if key not in options.keys and value != defaults[key]:
-            raise fail(key, value, f"its default in mode {config.mode} "
-                       f"({why_default(key, modes)})")
-    if not isinstance(config.options, Mapping) or set(config.options) - set(options.defaults):
-        own = ", ".join(options.defaults) or "none"
-        raise fail("options", config.options, f"options of mode {config.mode}'s own ({own})")
-    object.__setattr__(config, "options", dict(config.options))
+    given = config.options
+    if not isinstance(given, options.values):
+        if given is None:
+            given = {}
+        if not isinstance(given, Mapping):
+            raise fail("options", given, f"a table of mode {config.mode}'s options or a "
+                       f"{options.values.__name__}")
+        given = options.values(**_own_keys(given, options, config.mode))
+    object.__setattr__(config, "options", given)
+    if config.devices_per_round and not options.samples_devices:
+        raise fail("devices_per_round", config.devices_per_round, "its default in mode "
+                   f"{config.mode} (devices are sampled per round in fl, sl, sfl and pipar)")
     options.check(config)
+
+
+def _own_keys(given: Mapping[str, Any], options: SystemOptions, mode: str) -> dict[str, Any]:
+    """The keys of ``given`` that are ``options``'; another system's key is left out
+    where it has that system's default, and refused otherwise.
+
+    Raises:
+        ConfigError: a key of another system's, not at its default; a key of none.
+    """
+    own: dict[str, Any] = {}
+    owners = option_owners()
+    for key, value in given.items():
+        if key in options.keys:
+            own[key] = tuple(value) if isinstance(value, list) else value
+        elif key in owners:
+            if value != options_of(owners[key][0]).defaults()[key]:
+                raise fail(key, value, f"its default in mode {mode} "
+                           f"({why_default(key, owners[key])})")
+        else:
+            raise ConfigError(f"config key 'options': {key!r} is not an option of mode "
+                              f"{mode} (its options: {', '.join(options.keys) or 'none'})")
+    return own
 
 
 def why_default(key: str, modes: Sequence[str]) -> str:

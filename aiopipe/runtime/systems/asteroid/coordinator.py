@@ -74,6 +74,7 @@ from aiopipe.runtime.plan import (
 )
 from aiopipe.runtime.plan_text import log_plan
 from aiopipe.runtime.systems.asteroid.device import AsteroidDevice
+from aiopipe.runtime.systems.asteroid.options import AsteroidOptions
 from aiopipe.runtime.systems.asteroid.replay import (
     CarriedResults,
     declared_device,
@@ -160,7 +161,7 @@ class Asteroid(Pipeline):
         #: real clocks plan from what the devices measure of themselves ([Note: device
         #: profiles] in aiopipe.runtime.profiling): `prepare` plans again with it
         self.wants_profiles = setup.cost_table is None and config.profile_devices
-        self._auto = config.stage_groups == "auto"
+        self._auto = config.options.stage_groups == "auto"
         self._place(self._planned() if self._auto else self._given())
         check_trainable(self.model, setup.in_shape,
                         [DevicePlan(0, self.units, n, self.micro_batch_size, 0)], config)
@@ -197,13 +198,12 @@ class Asteroid(Pipeline):
         Raises:
             ConfigError: a group cannot hold its stage (memory), or the cuts do not fit.
         """
-        config = self.config
-        groups = config.stage_groups
-        assert isinstance(groups, tuple)
-        assert isinstance(config.partition, tuple)
-        bounds = [0, *config.partition, self.units]
+        options = self.config.options_as(AsteroidOptions)
+        groups, cuts = options.stage_groups, options.partition
+        assert isinstance(groups, tuple), "resolved by the planner"
+        bounds = [0, *(int(c) for c in cuts), self.units]
         if bounds[-2] >= self.units:
-            raise ConfigError(f"config key 'partition': cut points {list(config.partition)} "
+            raise ConfigError(f"config key 'partition': cut points {list(cuts)} "
                               f"do not fit a model of {self.units} units")
         stages = []
         for p, group in enumerate(groups):
@@ -222,7 +222,7 @@ class Asteroid(Pipeline):
         """The most micro-batches stage p of ``stages`` holds at once: K_p under 1F1B,
         all N under GPipe."""
         n = self.parallel_batches
-        return n if self.config.schedule == "gpipe" else min(2 * (stages - p) - 1, n)
+        return n if self.config.options.schedule == "gpipe" else min(2 * (stages - p) - 1, n)
 
     def _place(self, stages: Sequence[HppStage]) -> None:  # type: ignore[override]
         """The stages on their groups, each member's rows of a micro-batch."""
@@ -242,8 +242,9 @@ class Asteroid(Pipeline):
             Stage(s.first, s.stop, tuple(f"device{d}" for d in s.devices)) for s in stages)),))
         self.pipeline = self.placement.pipelines[0]
         if len(self.workers) == self.config.devices:  # (after a loss, the plan tells)
-            self.config = self.config.replace(partition=tuple(s.stop for s in stages[:-1]),
-                                              stage_groups=tuple(self.groups))
+            self.config = self.config.replace(options={
+                "partition": tuple(s.stop for s in stages[:-1]),
+                "stage_groups": tuple(self.groups)})
 
     def _schedule(self, n: int) -> Schedule:
         """The pipeline's schedule, each group's REDUCE right before its STEP."""
@@ -294,7 +295,7 @@ class Asteroid(Pipeline):
         micro-batches and schedule; the first also the plan's estimated iteration time."""
         entries = [{"stage": p, "device": d, "units": list(self.bounds[p]),
                     "rows": list(self.rows[d]), "parallel_batches": self.parallel_batches,
-                    "schedule": self.config.schedule}
+                    "schedule": self.config.options.schedule}
                    for p, group in enumerate(self.groups) for d in group]
         entries[0]["estimate_s"] = self.estimate_s()
         return entries
@@ -311,7 +312,7 @@ class Asteroid(Pipeline):
         last stage are neighbours too (the last backs up to the first)."""
         p, last = self.stage_of(device), self.stages - 1
         near = {q for q in (p - 1, p, p + 1) if 0 <= q <= last}
-        if self.config.chain_replication_every and p in (0, last):
+        if self.config.options.chain_replication_every and p in (0, last):
             near.add(last - p)
         return {f"device{d}": {"stage": q, "address": rounds.address_of(d),
                                "rows": list(self.rows[d])}
@@ -375,7 +376,7 @@ class Asteroid(Pipeline):
                 self.momentum = {}
                 return carried.added_to(done, self.groups)
             except StageLost as lost:
-                self._keep = self.config.rescheduling == "lightweight"
+                self._keep = self.config.options.rescheduling == "lightweight"
                 log.warning("round %d: %s; playing the round again", round_no + 1, lost)
                 # a neighbour's link may break a moment before the coordinator's own link
                 # to a dead device does: give that a heartbeat interval (at most 1 s)
@@ -442,7 +443,7 @@ class Asteroid(Pipeline):
         alive, then of its backup node; that state loaded here (the weights into the
         model, the momentum kept to send). (batches, by stage: its holder and replica),
         or None when none survived whole (or there are no backups)."""
-        every = self.config.chain_replication_every
+        every = self.config.options.chain_replication_every
         if not every:
             return None
         holders = []
@@ -474,7 +475,7 @@ class Asteroid(Pipeline):
 
     def frame_limit(self) -> int:
         """The whole model's state, with momentum when stage backups may send it."""
-        backups = self.config.chain_replication_every and backs_up_momentum(self.config)
+        backups = self.config.options.chain_replication_every and backs_up_momentum(self.config)
         return self._frame_limit(self.iterations_per_epoch, extra_tensors=list(
             self.model.parameters()) if backups else ())
 
@@ -487,7 +488,7 @@ class Asteroid(Pipeline):
             TrainingError: ``workers`` cannot hold the model.
         """
         n, micro = self.parallel_batches, self.micro_batch_size
-        if self.config.rescheduling == "lightweight" and set(workers) <= set(self.workers):
+        if self.config.options.rescheduling == "lightweight" and set(workers) <= set(self.workers):
             adjusted = adjusted_plan(self._hpp, self._fleet, self.hpp_stages,
                                      set(self.workers) - set(workers), n, micro)
             if adjusted is not None:

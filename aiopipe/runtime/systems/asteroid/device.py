@@ -39,7 +39,7 @@ class AsteroidDevice(ChainDevice):
                           wraps_epoch=True)
 
     def keeps_replicas(self) -> bool:
-        return bool(self.node.config.chain_replication_every)
+        return bool(self.node.config.options.chain_replication_every)
 
     def accept(self, sender: str, replica: Replica) -> None:
         assert self.chain is not None

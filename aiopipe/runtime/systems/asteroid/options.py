@@ -4,19 +4,51 @@ its backups (chain replication). Light: a config's checks load it."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from aiopipe.config_values import RESCHEDULINGS, SCHEDULES, device_id, fail
+from aiopipe.config_values import RESCHEDULINGS, device_id, fail
 from aiopipe.runtime.systems.ftpipehd.options import CHAIN, check_counts
 from aiopipe.runtime.systems.pipeline.options import (
     PARTITION,
     SCHEDULE,
     check_cuts,
     check_pipeline,
+    check_schedule,
 )
 from aiopipe.runtime.systems.registry import SystemOptions
 
-__all__ = ["OPTIONS"]
+__all__ = ["OPTIONS", "AsteroidOptions"]
+
+
+@dataclass(frozen=True, slots=True)
+class AsteroidOptions:
+    """Asteroid's options.
+
+    Attributes:
+        partition: the S - 1 cut points, or "auto": Asteroid's planner chooses them
+            with ``stage_groups``.
+        stage_groups: the devices of each stage, a list of S lists of device ids (every
+            device in one; each micro-batch is split between a stage's devices by
+            Asteroid's Algorithm 1), or "auto" (the planner, with ``partition`` "auto").
+        rescheduling: how the plan changes when a device is lost mid-round (the round
+            is then played again from its start): "lightweight" (§3.4: a group keeps its
+            units on the members left; a stage left without a device gives its units to
+            its neighbours) or "heavy" (the planner from scratch over the devices left:
+            the paper's straw-man).
+        schedule: "1f1b" or "gpipe", as a pipeline's.
+        chain_replication_every: batches of an epoch between stage backups (every
+            device keeps its stage's state; a stage's only device also sends it to the
+            first device of the next stage, the last stage's to the first stage's: a
+            round lost to a fault is played again from the latest point every stage
+            survived); 0: none.
+    """
+
+    partition: str | tuple[int, ...] = "auto"
+    stage_groups: str | tuple[tuple[int, ...], ...] = "auto"
+    rescheduling: str = "lightweight"
+    schedule: str = "1f1b"
+    chain_replication_every: int = 50
 
 _KEYS = {
     **PARTITION,
@@ -34,22 +66,23 @@ def check(config: Any) -> None:
     """Asteroid's options: cut points, groups that hold every device once, one more
     group than cut points (or both "auto")."""
     check_cuts(config, one_stage_per_device=False)
-    if config.schedule not in SCHEDULES:
-        raise fail("schedule", config.schedule, f"one of {', '.join(SCHEDULES)}")
+    options = config.options_as(AsteroidOptions)
+    check_schedule(options.schedule)
     check_counts(config, CHAIN)
     _check_stage_groups(config)
-    if config.rescheduling not in RESCHEDULINGS:
-        raise fail("rescheduling", config.rescheduling, f"one of {', '.join(RESCHEDULINGS)}")
+    if options.rescheduling not in RESCHEDULINGS:
+        raise fail("rescheduling", options.rescheduling, f"one of {', '.join(RESCHEDULINGS)}")
     check_pipeline(config)
 
 
 def _check_stage_groups(config: Any) -> None:
     """"auto" with an "auto" partition, or every device in exactly one of one more
     groups than cut points."""
-    groups = config.stage_groups
+    options = config.options_as(AsteroidOptions)
+    groups = options.stage_groups
     if groups == "auto":
-        if config.partition != "auto":
-            raise fail("partition", list(config.partition), '"auto" when stage_groups '
+        if options.partition != "auto":
+            raise fail("partition", list(options.partition), '"auto" when stage_groups '
                        'is "auto" (the planner chooses both)')
         return
     if isinstance(groups, str) or not isinstance(groups, Sequence) or not groups or any(
@@ -62,10 +95,10 @@ def _check_stage_groups(config: Any) -> None:
     if members != list(range(config.devices)):
         raise fail("stage_groups", [list(g) for g in fixed],
                    f"every device of 0..{config.devices - 1} in exactly one group")
-    if config.partition == "auto" or len(config.partition) != len(fixed) - 1:
-        raise fail("partition", config.partition, f"{len(fixed) - 1} cut points (one "
+    if options.partition == "auto" or len(options.partition) != len(fixed) - 1:
+        raise fail("partition", options.partition, f"{len(fixed) - 1} cut points (one "
                    "fewer than the stage groups)")
-    object.__setattr__(config, "stage_groups", fixed)
+    object.__setattr__(options, "stage_groups", fixed)
 
 
-OPTIONS = SystemOptions(_KEYS, check)
+OPTIONS = SystemOptions(AsteroidOptions, _KEYS, check)

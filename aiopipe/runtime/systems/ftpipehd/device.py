@@ -49,7 +49,7 @@ class ChainDevice(DeviceHalf):
         if self.keeps_replicas():
             self.chain = ChainReplicas(self.node.holdings.template.model,
                                        momentum=backs_up_momentum(config),
-                                       every=config.chain_replication_every)
+                                       every=config.options.chain_replication_every)
 
     def handlers(self) -> Mapping[type[Message], Handler]:
         return {ReplicaRequest: self._answer, Replica: self._replica}
@@ -142,8 +142,8 @@ def _new_work(module: torch.nn.Sequential, assignment: Assignment,
         num_classes=holdings.plan.num_classes, loss=holdings.loss,
         stages=assignment.stages, stage=assignment.stage,
         lr=config.learning_rate, momentum=config.momentum,
-        aggregate_every=config.version_aggregation,
-        chain_every=config.chain_replication_every)
+        aggregate_every=config.options.version_aggregation,
+        chain_every=config.options.chain_replication_every)
 
 
 def _prepare(work: StageWork, assignment: Assignment, momentum: Mapping[str, Any],

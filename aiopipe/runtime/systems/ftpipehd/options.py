@@ -3,13 +3,44 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from aiopipe.config_values import fail
 from aiopipe.runtime.systems.pipeline.options import PARTITION, check_cuts, check_pipeline
 from aiopipe.runtime.systems.registry import SystemOptions
 
-__all__ = ["CHAIN", "OPTIONS", "check_counts"]
+__all__ = ["CHAIN", "OPTIONS", "FTPipeHDOptions", "check_counts"]
+
+
+@dataclass(frozen=True, slots=True)
+class FTPipeHDOptions:
+    """FTPipeHD's options.
+
+    Attributes:
+        partition: the S - 1 cut points, or "auto" (balanced by the devices' measured
+            capacities, and re-partitioned as the run measures them).
+        version_aggregation: stage p averages its S - p in-flight weight versions every
+            this many times S - p updates (the paper's multiple; 0: never).
+        global_replication_every: batches between global replications (the pipeline
+            flushes and the coordinator takes every stage's weights and momentum: a
+            round ends; re-partitioning happens there, and a round lost to a fault is
+            played again from there); 0: once per epoch.
+        first_repartition_after: with "auto" cuts: the run's first re-partition comes
+            after this many batches (the paper's 10: the pipeline flushes there, and the
+            planner takes the capacities they measured), the next ones at each global
+            replication; 0: at the first global replication.
+        chain_replication_every: batches between chain replications (each stage sends
+            its weights and momentum to the next stage's device, the last stage to the
+            coordinator; a round lost to a fault is played again from the latest point
+            every stage's state survived); 0: none.
+    """
+
+    partition: str | tuple[int, ...] = "auto"
+    version_aggregation: int = 1
+    global_replication_every: int = 100
+    first_repartition_after: int = 10
+    chain_replication_every: int = 50
 
 #: Chain replication (FTPipeHD's; Asteroid's backups too).
 CHAIN = {"chain_replication_every":
@@ -35,7 +66,7 @@ _KEYS = {
 def check_counts(config: Any, keys: Any) -> None:
     """Each of ``keys`` an integer >= 0."""
     for name in keys:
-        value = getattr(config, name)
+        value = getattr(config.options, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise fail(name, value, "an integer >= 0")
 
@@ -50,4 +81,4 @@ def check(config: Any) -> None:
     check_pipeline(config)
 
 
-OPTIONS = SystemOptions(_KEYS, check)
+OPTIONS = SystemOptions(FTPipeHDOptions, _KEYS, check)

@@ -394,7 +394,7 @@ class PartialSync:
         Raises:
             _Restart: the ring changed (we or another member bypassed a dead one).
         """
-        timeout = self.config.ring_timeout
+        timeout = self.config.options.ring_timeout
         waited_from = self.clock.now()
         deadline, asked = waited_from + timeout, False
         while True:

@@ -133,7 +133,7 @@ class Pipeline(SystemDefaults):
             raise ConfigError(f"config key 'devices': {self.stages} stages, but "
                               f"{config.model if isinstance(config.model, str) else 'the model'}"
                               f" has only {self.units} units")
-        cuts = config.partition
+        cuts = config.options.partition
         if cuts == "auto":
             cuts = self._auto_cuts([config.device_slowdown_of(p) for p in range(self.stages)])
         assert isinstance(cuts, tuple)
@@ -189,14 +189,14 @@ class Pipeline(SystemDefaults):
             raise ConfigError(f"config key 'partition': {exc} for a model of {self.units} "
                               "units") from None
         if len(self.workers) == self.config.devices:  # (after a loss the plan tells)
-            self.config = self.config.replace(partition=cuts)
+            self.config = self.config.replace(options={"partition": cuts})
         self.pipeline = self.placement.pipelines[0]
         #: (first, stop) units of each stage
         self.bounds = [(s.first_unit, s.stop_unit) for s in self.pipeline.stages]
 
     def _schedule(self, n: int) -> Schedule:
         schedule = with_transfers(one_f_one_b(self.stages, n)
-                                  if self.config.schedule == "1f1b"
+                                  if self.config.options.schedule == "1f1b"
                                   else gpipe(self.stages, n))
         check_schedule(schedule)
         return schedule
@@ -219,7 +219,8 @@ class Pipeline(SystemDefaults):
     def plan_entries(self) -> list[dict[str, Any]]:
         """Per stage: its device, units (first, stop), micro-batches and schedule."""
         return [{"stage": p, "device": self.workers[p], "units": [a, b],
-                 "parallel_batches": self.parallel_batches, "schedule": self.config.schedule}
+                 "parallel_batches": self.parallel_batches,
+                 "schedule": self.config.options.schedule}
                 for p, (a, b) in enumerate(self.bounds)]
 
     def iterations(self, device_id: int) -> int:

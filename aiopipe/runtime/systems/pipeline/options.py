@@ -5,12 +5,29 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from aiopipe.config_values import SCHEDULES, fail, positive_int
+from aiopipe.config_values import DATA_PARTITIONS, SCHEDULES, fail, positive_int
 from aiopipe.runtime.systems.registry import SystemOptions
 
-__all__ = ["OPTIONS", "PARTITION", "SCHEDULE", "check_cuts", "check_pipeline"]
+__all__ = ["OPTIONS", "PARTITION", "SCHEDULE", "PipelineOptions", "check_cuts",
+           "check_pipeline", "check_schedule"]
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineOptions:
+    """The options of a synchronous pipeline.
+
+    Attributes:
+        partition: the S - 1 cut points (stage p holds units cut[p-1]+1..cut[p];
+            increasing, in 1..Q-1), or "auto": stages of balanced compute.
+        schedule: "1f1b" (K_p = 2(S - p) - 1 forwards on stage p before one forward,
+            one backward) or "gpipe" (all forwards, then all backwards).
+    """
+
+    partition: str | tuple[int, ...] = "auto"
+    schedule: str = "1f1b"
 
 #: Where the model is cut.
 PARTITION = {"partition": "the S-1 cut points (comma list) or auto (balanced; asteroid: "
@@ -22,7 +39,11 @@ SCHEDULE = {"schedule": "1f1b (default) or gpipe"}
 def check_cuts(config: Any, *, one_stage_per_device: bool) -> None:
     """``partition``: "auto", or increasing cut points (as a tuple); with
     ``one_stage_per_device``, one fewer than the devices."""
-    partition = config.partition
+    options = config.options
+    partition = options.partition
+    if partition in DATA_PARTITIONS:
+        raise fail("partition", partition, '"auto" or a list of cut points (the data '
+                   "partition is now data_partition)")
     if isinstance(partition, int) and not isinstance(partition, bool):
         partition = (partition,)  # one cut point: two stages
     if isinstance(partition, Sequence) and not isinstance(partition, str):
@@ -32,7 +53,7 @@ def check_cuts(config: Any, *, one_stage_per_device: bool) -> None:
         if one_stage_per_device and len(cuts) != config.devices - 1:
             raise fail("partition", list(cuts),
                        f"{config.devices - 1} cut points (one fewer than the devices)")
-        object.__setattr__(config, "partition", cuts)
+        object.__setattr__(options, "partition", cuts)
     elif partition != "auto":
         raise fail("partition", partition, '"auto" or a list of cut points')
 
@@ -53,9 +74,18 @@ def check_pipeline(config: Any) -> None:
 def check(config: Any) -> None:
     """The synchronous pipeline's options."""
     check_cuts(config, one_stage_per_device=True)
-    if config.schedule not in SCHEDULES:
-        raise fail("schedule", config.schedule, f"one of {', '.join(SCHEDULES)}")
+    check_schedule(config.options.schedule)
     check_pipeline(config)
 
 
-OPTIONS = SystemOptions({**PARTITION, **SCHEDULE}, check)
+def check_schedule(schedule: str) -> None:
+    """A schedule aiopipe has."""
+    if schedule not in SCHEDULES:
+        raise fail("schedule", schedule, f"one of {', '.join(SCHEDULES)}")
+
+
+#: Why the other systems' runs keep the cut points at their default.
+ELSEWHERE = {"partition": 'it is for mode "pipeline", "ftpipehd" and "asteroid" (the data '
+                          "partition is now data_partition)"}
+
+OPTIONS = SystemOptions(PipelineOptions, {**PARTITION, **SCHEDULE}, check, elsewhere=ELSEWHERE)

@@ -67,7 +67,11 @@ from aiopipe.runtime.sampling import sampled_devices
 from aiopipe.runtime.stage import ServerStage, StageWork
 from aiopipe.runtime.systems.base import Rounds, Setup, SystemDefaults, planning_batch_sizes
 from aiopipe.runtime.systems.star.device import StarDevice
-from aiopipe.runtime.systems.star.options import devices_to_trim
+from aiopipe.runtime.systems.star.options import (
+    devices_to_trim,
+    server_lanes_of,
+    star_options,
+)
 from aiopipe.runtime.systems.star.planning import (
     choose_plans,
     device_plans,
@@ -113,6 +117,7 @@ class Star(SystemDefaults):
         self.setup = setup
         self.config = config
         self.serves_stages = config.mode != "fl"  # sl, sfl, pipar: the server half
+        self.server_lanes = server_lanes_of(config)
         self.model = setup.model
         self.units = models.unit_count(self.model)
         self.num_classes = setup.num_classes
@@ -162,7 +167,7 @@ class Star(SystemDefaults):
                 config, self.model, self.in_shape, self.setup.test_set,
                 sizes=planning_batch_sizes(config))
             self.planning = model_profile(self.model, self.in_shape, planning_costs,
-                                          server_lanes=config.server_lanes)
+                                          server_lanes=self.server_lanes)
             self.live = (list(devices) if devices is not None
                          else declared_devices(config, self.samples,
                                                costs=self._device_costs()))
@@ -395,8 +400,8 @@ class Star(SystemDefaults):
         norms = update_norms(states, start)
         scale = self.judge.scale(norms, start)[0]
         accepted = self._refuse(self.judge.refusals(norms, start), states)
-        kept, outliers = screen_updates(accepted, start, action=config.outliers,
-                                        limit=config.outlier_limit, norms=norms)
+        kept, outliers = screen_updates(accepted, start, action=star_options(config).outliers,
+                                        limit=star_options(config).outlier_limit, norms=norms)
         for k, ratio in sorted(outliers.items()):
             log.warning("device %d's update is %.3g x the round's median: %s", k, ratio,
                         "dropped" if k not in kept else "clipped")
@@ -408,7 +413,7 @@ class Star(SystemDefaults):
         self._probe_once()
         state, left_out = judged_aggregate(
             kept, weights, norms, start, judge=self.judge, scale=scale,
-            method=config.aggregation, trim=config.trim_fraction,
+            method=star_options(config).aggregation, trim=star_options(config).trim_fraction,
             byzantine=config.byzantine_devices)
         self._refuse(left_out, kept)
         if state is None:
@@ -433,13 +438,13 @@ class Star(SystemDefaults):
         """Warn (once per count) when a trimmed mean of ``n`` models trims nothing: the
         config refuses that for a whole round, a round that lost devices can still."""
         config = self.config
-        if (config.aggregation != "trimmed-mean" or n in self._untrimmed
-                or math.floor(config.trim_fraction * n) > 0):
+        if (star_options(config).aggregation != "trimmed-mean" or n in self._untrimmed
+                or math.floor(star_options(config).trim_fraction * n) > 0):
             return
         self._untrimmed.add(n)
         log.warning("a round of %s: the trimmed mean trims nothing (floor(%g x %d) "
-                    "= 0; it needs %d)", plural(n, "update"), config.trim_fraction, n,
-                    devices_to_trim(config.trim_fraction))
+                    "= 0; it needs %d)", plural(n, "update"), star_options(config).trim_fraction, n,
+                    devices_to_trim(star_options(config).trim_fraction))
 
     def _refuse(self, refusals: Mapping[int, str],
                 states: Mapping[int, dict[str, torch.Tensor]]
@@ -480,7 +485,7 @@ class Star(SystemDefaults):
         """Re-estimate from the round's trace and switch plans when a fresh selection is
         estimated to be better by more than ``replan_threshold``."""
         config = self.config
-        if (self.auto_config is None or self.planning is None or not config.replan
+        if (self.auto_config is None or self.planning is None or not star_options(config).replan
                 or config.mode not in ("sfl", "pipar") or config.devices_per_round):
             return None  # (sampled: each round is planned anew, `plan_round`)
         planning, auto = self.planning, self.auto_config

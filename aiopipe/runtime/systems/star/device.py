@@ -14,6 +14,7 @@ from aiopipe.runtime.assignment import Assignment
 from aiopipe.runtime.device_half import DeviceHalf
 from aiopipe.runtime.privacy import noisy_batch, noisy_state, round_generator
 from aiopipe.runtime.stage import Batch, StageWork
+from aiopipe.runtime.systems.star.options import star_options
 
 __all__ = ["StarDevice"]
 
@@ -25,8 +26,9 @@ class StarDevice(DeviceHalf):
     def batches(self, batch: Batch, start: RoundStart, assignment: Assignment) -> Batch:
         """With PixelDP the first stage reads its inputs noised (aiopipe.runtime.privacy)."""
         config = self.node.config
-        if config.privacy == "pixeldp" and assignment.stage == 0:
-            return partial(noisy_batch, batch, config.privacy_noise,
+        options = star_options(config)
+        if options.privacy == "pixeldp" and assignment.stage == 0:
+            return partial(noisy_batch, batch, options.privacy_noise,
                            round_generator(config.seed, self.node.device_id, start.round))
         return batch
 
@@ -37,7 +39,8 @@ class StarDevice(DeviceHalf):
         noised (aiopipe.runtime.privacy)."""
         state = work.current_state()
         config = self.node.config
-        if config.privacy == "classic":
-            state = noisy_state(state, config.privacy_noise, round_generator(
+        options = star_options(config)
+        if options.privacy == "classic":
+            state = noisy_state(state, options.privacy_noise, round_generator(
                 config.seed, self.node.device_id, round_no))
         return state

@@ -6,12 +6,76 @@ server replica per device). Light: a config's checks load it."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from aiopipe.config_values import AGGREGATIONS, OUTLIERS, PRIVACY_METHODS, above, fail
 from aiopipe.runtime.systems.registry import SystemOptions
 
-__all__ = ["FL", "PIPAR", "SFL", "SL", "devices_to_trim"]
+__all__ = ["FL", "PIPAR", "SFL", "SL", "ReplicaOptions", "StarOptions", "devices_to_trim",
+           "server_lanes_of", "star_options"]
+
+
+@dataclass(frozen=True, slots=True)
+class StarOptions:
+    """The options of fl and sl (and, with `ReplicaOptions`, of sfl and pipar).
+
+    Attributes:
+        aggregation: how a round's device models become the global model: "fedavg"
+            (weighted by samples, PiPar Eq. 3), or a robust one that bounds what a few
+            devices can do: "fedmedian" (coordinate-wise median), "trimmed-mean"
+            (dropping ``trim_fraction`` of the highest and of the lowest values per
+            coordinate), "krum" (the model nearest its neighbours, for at most
+            ``byzantine_devices`` bad devices; needs devices >= that + 3).
+        trim_fraction: see ``aggregation``. A trimmed mean that would trim nothing from
+            a whole round (floor(trim_fraction x devices a round) = 0) is refused with
+            the number of devices it needs.
+        outliers: what to do with a device whose update (its whole model, its server
+            replica included, minus the round's starting model) is more than
+            ``outlier_limit`` times the round's median update norm: "keep", "clip"
+            (scaled down to the median's norm: it moves the aggregate no further than a
+            typical device, in its own direction) or "drop" (left out of the
+            aggregation); clipped or dropped devices are named in the log and in
+            ``EpochMetrics.updates_refused``.
+        outlier_limit: see ``outliers``.
+        privacy: differential privacy on the devices (PiPar §5.6.2): "none", "classic"
+            (Gaussian noise on the device's model half before it is uploaded) or
+            "pixeldp" (a noise layer before the device's first layer: Gaussian noise on
+            every training input); aiopipe.runtime.privacy.
+        privacy_noise: the noise's standard deviation (weights' units for classic,
+            inputs' for pixeldp: synthetic and normalised data have unit variance).
+        replan: with "auto" split points or micro-batch counts, re-estimate at every
+            round boundary from live measurements (each device's compute and link
+            speeds) and switch plans when the estimate improves enough. Off by default:
+            on really shaped links between processes (bench/shaped.py, vgg5) every
+            switch was estimated to help and made the epochs longer; see the README.
+        replan_threshold: the relative improvement of the estimated remaining time a
+            new plan needs before the coordinator switches to it (0.1 = 10%).
+    """
+
+    aggregation: str = "fedavg"
+    trim_fraction: float = 0.2
+    outliers: str = "keep"
+    outlier_limit: float = 10.0
+    privacy: str = "none"
+    privacy_noise: float = 0.01
+    replan: bool = False
+    replan_threshold: float = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaOptions(StarOptions):
+    """The options of sfl and pipar, whose server holds a replica per device: the star's
+    and the server's concurrent passes.
+
+    Attributes:
+        server_lanes: passes of different devices' server replicas the server runs at
+            once (PiPar §3.2.3 Fig. 3c): its compute threads, for a server with that
+            many cores or a GPU; 1 runs every pass in turn. The planner plans with it
+            ([Note: server lanes]); each device's own passes stay in order.
+    """
+
+    server_lanes: int = 1
 
 #: What every star mode takes.
 _KEYS = {
@@ -24,8 +88,6 @@ _KEYS = {
     "privacy": "differential privacy on the devices: classic (noise on the uploaded model "
                "half) or pixeldp (noise on every training input)",
     "privacy_noise": "the privacy noise's standard deviation",
-    "devices_per_round": "devices sampled to train in each round: a count, or a fraction "
-                         "in (0, 1) of the devices; 0: every device",
     "replan": 'with "auto" plans, re-plan between rounds from live measurements '
               "(experimental: off by default)",
     "replan_threshold": "re-plan when the estimated epoch would be this fraction shorter",
@@ -39,27 +101,50 @@ _REPLICA_KEYS = {
 
 def check(config: Any) -> None:
     """The star's options: known aggregation, outliers and privacy methods, a trimmed
-    mean that trims, a sampling that is a count or a fraction, server lanes >= 1."""
-    if config.aggregation not in AGGREGATIONS:
-        raise fail("aggregation", config.aggregation, f"one of {', '.join(AGGREGATIONS)}")
-    trim = config.trim_fraction
+    mean that trims, server lanes >= 1."""
+    options = config.options_as(StarOptions)
+    set_ = object.__setattr__
+    if options.aggregation not in AGGREGATIONS:
+        raise fail("aggregation", options.aggregation, f"one of {', '.join(AGGREGATIONS)}")
+    trim = options.trim_fraction
     if isinstance(trim, bool) or not isinstance(trim, int | float) or not 0 <= trim < 0.5:
         raise fail("trim_fraction", trim, "a number in [0, 0.5)")
-    object.__setattr__(config, "trim_fraction", float(trim))
-    if config.aggregation == "krum" and config.devices < config.byzantine_devices + 3:
+    set_(options, "trim_fraction", float(trim))
+    if options.aggregation == "krum" and config.devices < config.byzantine_devices + 3:
         raise fail("byzantine_devices", config.byzantine_devices,
                    f"at most devices - 3 ({config.devices - 3}) for krum")
-    if config.outliers not in OUTLIERS:
-        raise fail("outliers", config.outliers, f"one of {', '.join(OUTLIERS)}")
-    object.__setattr__(config, "outlier_limit", above("outlier_limit", config.outlier_limit, 1))
-    if config.privacy not in PRIVACY_METHODS:
-        raise fail("privacy", config.privacy, f"one of {', '.join(PRIVACY_METHODS)}")
-    object.__setattr__(config, "privacy_noise", above("privacy_noise", config.privacy_noise, 0))
-    lanes = config.server_lanes
-    if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
-        raise fail("server_lanes", lanes, "an int >= 1")
-    _check_devices_per_round(config)
-    _check_trim(config)
+    if options.outliers not in OUTLIERS:
+        raise fail("outliers", options.outliers, f"one of {', '.join(OUTLIERS)}")
+    set_(options, "outlier_limit", above("outlier_limit", options.outlier_limit, 1))
+    if options.privacy not in PRIVACY_METHODS:
+        raise fail("privacy", options.privacy, f"one of {', '.join(PRIVACY_METHODS)}")
+    set_(options, "privacy_noise", above("privacy_noise", options.privacy_noise, 0))
+    if not isinstance(options.replan, bool):
+        raise fail("replan", options.replan, "true or false")
+    threshold = options.replan_threshold
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not (
+        math.isfinite(threshold) and 0 <= threshold < 1
+    ):
+        raise fail("replan_threshold", threshold, "a number in [0, 1)")
+    set_(options, "replan_threshold", float(threshold))
+    if isinstance(options, ReplicaOptions):
+        lanes = options.server_lanes
+        if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
+            raise fail("server_lanes", lanes, "an int >= 1")
+    _check_trim(config, options)
+
+
+def star_options(config: Any) -> StarOptions:
+    """A star run's options; the star's defaults for a system of a user's that reuses
+    the star's halves with options of its own."""
+    options = config.options
+    return options if isinstance(options, StarOptions) else StarOptions()
+
+
+def server_lanes_of(config: Any) -> int:
+    """The server's concurrent passes in a star run (1 where it holds no replicas)."""
+    options = config.options
+    return options.server_lanes if isinstance(options, ReplicaOptions) else 1
 
 
 def devices_to_trim(trim: float) -> int:
@@ -74,24 +159,12 @@ def devices_to_trim(trim: float) -> int:
     return n
 
 
-def _check_devices_per_round(config: Any) -> None:
-    """Sampling per round: 0, a count up to ``devices``, or a fraction in (0, 1)."""
-    value = config.devices_per_round
-    expected = f"0 (every device), an integer 1..{config.devices} or a fraction in (0, 1)"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise fail("devices_per_round", value, expected)
-    if isinstance(value, int) and not 0 <= value <= config.devices:
-        raise fail("devices_per_round", value, expected)
-    if isinstance(value, float) and not 0 < value < 1:
-        raise fail("devices_per_round", value, expected)
-
-
-def _check_trim(config: Any) -> None:
+def _check_trim(config: Any, options: StarOptions) -> None:
     """A trimmed mean must trim something from a whole fleet's round (a round that
     lost devices and trims nothing is warned about: `Star`)."""
-    if config.aggregation != "trimmed-mean":
+    if options.aggregation != "trimmed-mean":
         return
-    trim, size = config.trim_fraction, config.round_size(config.devices)
+    trim, size = options.trim_fraction, config.round_size(config.devices)
     need = devices_to_trim(trim)
     if not need:
         raise fail("trim_fraction", trim, "a fraction > 0 with aggregation "
@@ -107,11 +180,12 @@ def _check_trim(config: Any) -> None:
 #: Why the other systems' runs keep them at their defaults.
 _ELSEWHERE = {
     "privacy": "it is for fl, sl, sfl and pipar",
-    "devices_per_round": "devices are sampled per round in fl, sl, sfl and pipar",
     "server_lanes": "the server runs one replica per device only in sfl and pipar",
 }
 
-FL = SystemOptions(_KEYS, check, elsewhere=_ELSEWHERE)
-SL = SystemOptions(_KEYS, check, elsewhere=_ELSEWHERE)
-SFL = SystemOptions({**_KEYS, **_REPLICA_KEYS}, check, elsewhere=_ELSEWHERE)
-PIPAR = SystemOptions({**_KEYS, **_REPLICA_KEYS}, check, elsewhere=_ELSEWHERE)
+FL = SystemOptions(StarOptions, _KEYS, check, elsewhere=_ELSEWHERE, samples_devices=True)
+SL = SystemOptions(StarOptions, _KEYS, check, elsewhere=_ELSEWHERE, samples_devices=True)
+SFL = SystemOptions(ReplicaOptions, {**_KEYS, **_REPLICA_KEYS}, check, elsewhere=_ELSEWHERE,
+                    samples_devices=True)
+PIPAR = SystemOptions(ReplicaOptions, {**_KEYS, **_REPLICA_KEYS}, check,
+                      elsewhere=_ELSEWHERE, samples_devices=True)

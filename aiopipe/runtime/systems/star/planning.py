@@ -12,6 +12,7 @@ from torch import nn
 from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
 from aiopipe.runtime.plan import DevicePlan, declared_devices, model_profile
+from aiopipe.runtime.systems.star.options import server_lanes_of
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
 
@@ -118,7 +119,7 @@ def resolve_auto(config: RunConfig, model: nn.Sequential, in_shape: tuple[int, .
     Raises:
         ConfigError: no plan fits (e.g. a device with fewer samples than one iteration).
     """
-    profile = model_profile(model, in_shape, costs, server_lanes=config.server_lanes)
+    profile = model_profile(model, in_shape, costs, server_lanes=server_lanes_of(config))
     return with_plans(config, choose_plans(config, profile, declared_devices(config, samples)))
 
 

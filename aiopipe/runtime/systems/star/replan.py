@@ -47,6 +47,7 @@ from typing import Any
 from aiopipe.config import RunConfig
 from aiopipe.metrics.trace import Slice
 from aiopipe.runtime.plan import DevicePlan
+from aiopipe.runtime.systems.star.options import star_options
 from aiopipe.runtime.systems.star.planning import choose_plans
 from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile, estimate_epoch
 from aiopipe.transport.network import LinkSpec
@@ -138,7 +139,7 @@ def reselect(auto: RunConfig, profile: ModelProfile, devices: Sequence[DevicePro
     ``auto``: the run's config with its "auto" fields; ``current``: the (P_k, N_k) run
     so far. Returns (plans, estimated epoch under ``current``, under a fresh selection):
     the fresh selection when it is estimated better by more than
-    ``auto.replan_threshold``, else ``current``. The selection takes the estimate's own
+    ``replan_threshold``, else ``current``. The selection takes the estimate's own
     N (no speed band, [Note: speed band] in aiopipe/scheduler/select.py): the speeds are
     the round's own, and the threshold is what guards a switch against their noise.
     """
@@ -146,7 +147,7 @@ def reselect(auto: RunConfig, profile: ModelProfile, devices: Sequence[DevicePro
     b, every = auto.batch_size, auto.aggregation_every
     before = estimate_epoch(profile, list(devices), current, b, aggregation_every=every)
     after = estimate_epoch(profile, list(devices), chosen, b, aggregation_every=every)
-    if chosen != list(current) and after < before * (1 - auto.replan_threshold):
+    if chosen != list(current) and after < before * (1 - star_options(auto).replan_threshold):
         return chosen, before, after
     return list(current), before, after
 
