@@ -1,0 +1,250 @@
+"""Any one-input model as split units: trace its forward and cut it between children.
+
+aiopipe splits an ``nn.Sequential`` of units (`aiopipe.models.split`). `split_units` gives
+that shape to any other ``nn.Module`` whose ``forward(x)`` returns one tensor, without
+copying anything: the units hold the model's own modules, parameters and buffers.
+
+Theory of operation:
+
+1. *Trace.* ``torch.fx`` records ``forward`` as a graph. The model's top-level children
+   (and the entries of a top-level ``nn.ModuleList`` or ``nn.ModuleDict``) are leaves:
+   they are called, not traced into, so control flow inside a child is fine. The trace
+   is made with every module in train mode and again in eval mode; if the two differ,
+   ``forward`` reads ``self.training`` itself and a trace would freeze one of them.
+2. *Cut.* Each call of a child after the first is a candidate cut. A cut passes one
+   tensor, so it is made at the latest point between that call and the previous child
+   call where exactly one value is still needed later; plain operations there
+   (``torch.flatten``, ``x + y``) join the unit before. Where no such point exists (a
+   skip connection around the cut) the cut is dropped and the units on either side
+   merge. A cut that would put a parameter or buffer in two units (a module called at
+   two places, tied weights) is dropped too: a tensor is trained on one node only.
+3. *Build.* Each unit is a ``GraphModule`` of its slice of the graph, rooted at the
+   model, so it holds the original objects under their original qualified names.
+
+Why ``torch.fx`` and not ``torch.export``: fx keeps the module hierarchy and the very
+parameter objects, needs no example input and is fast; export lowers everything to ATen
+operators, needs an example input, and would need unflattening to find the children
+again. Why not ``torch.fx.passes.split_module``: it passes every parameter or buffer
+that ``forward`` reads directly (``x + self.pos_embed``) into the pieces as an extra
+input held by the parent, so a unit would take several tensors and own no such
+parameter, and it renames ``features.0`` to ``features_0``, changing the state-dict keys.
+"""
+
+from __future__ import annotations
+
+import bisect
+import inspect
+import itertools
+import operator
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import fx, nn
+
+from aiopipe.errors import ConfigError
+
+__all__ = ["split_units"]
+
+
+def split_units(module: nn.Module, *, at: Sequence[str] | None = None) -> nn.Sequential:
+    """``module`` as an ``nn.Sequential`` of split units that share its objects.
+
+    An ``nn.Sequential`` is returned as it is (the same object). Any other module is
+    traced (see the module docstring) and cut before every call of a top-level child,
+    or, with ``at``, only before the children named there (an entry of a top-level
+    ``nn.ModuleList`` is named like ``"blocks.3"``). Each unit takes one tensor and
+    returns one; chaining them computes exactly ``module(x)``, and the units' parameters
+    and buffers are ``module``'s own. Cuts that cannot pass a single tensor are dropped
+    silently unless ``at`` asked for them; a model with no valid cut (a skip around
+    everything) comes back as one unit, and the caller decides whether that is enough.
+
+    Raises:
+        ConfigError: ``module`` is not an ``nn.Module``; ``at`` is given for an
+            ``nn.Sequential``; its ``forward`` does not take exactly one input or does not
+            return one value; torch.fx cannot trace it or it branches on
+            ``self.training``; ``at`` names something that is not a called child, or a
+            cut that cannot be made (it says which values cross it).
+    """
+    if isinstance(module, nn.Sequential):
+        if at is not None:
+            raise ConfigError("an nn.Sequential is already split units; `at` applies to "
+                              "other models, which are traced")
+        return module
+    if not isinstance(module, nn.Module):
+        raise ConfigError(f"can only split an nn.Module; got {type(module).__name__}")
+    name = type(module).__name__
+    _check_signature(module, name)
+    leaves = _children(module)
+    nodes = list(_trace(module, frozenset(leaves), name).nodes)
+    returned = nodes[-1].args[0]
+    if not isinstance(returned, fx.Node):
+        raise ConfigError(f"cannot split {name}: its forward returns a "
+                          f"{type(returned).__name__}; aiopipe splits models of one "
+                          "tensor output")
+    flow = _Flow(nodes, returned)
+    cuts = _cuts(flow, leaves, at, name)
+    cuts = _unshared(module, flow, cuts, strict=at is not None, name=name)
+    bounds = [0, *cuts, len(nodes)]
+    return nn.Sequential(*(_unit(module, flow, a, b) for a, b in itertools.pairwise(bounds)))
+
+
+class _LeafChildren(fx.Tracer):
+    """A tracer that calls the named modules instead of tracing into them."""
+
+    def __init__(self, leaves: frozenset[str]) -> None:
+        super().__init__()
+        self.leaves = leaves
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return (module_qualified_name in self.leaves
+                or super().is_leaf_module(m, module_qualified_name))
+
+
+class _Flow:
+    """The traced nodes in order, and which values are still needed at each point."""
+
+    def __init__(self, nodes: list[fx.Node], returned: fx.Node) -> None:
+        self.nodes = nodes
+        self.returned = returned
+        index = {node: i for i, node in enumerate(nodes)}
+        self.last_use = {node: max((index[u] for u in node.users), default=-1)
+                         for node in nodes}
+
+    def crossing(self, point: int) -> list[fx.Node]:
+        """Values made before ``point`` (a node index) and used at or after it.
+        Attributes are not values: any unit reads them from the model itself."""
+        return [node for node in self.nodes[:point]
+                if node.op != "get_attr" and self.last_use[node] >= point]
+
+
+def _check_signature(module: nn.Module, name: str) -> None:
+    params = list(inspect.signature(module.forward).parameters.values())
+    variadic = [p for p in params if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if variadic:
+        stars = "*" if variadic[0].kind is variadic[0].VAR_POSITIONAL else "**"
+        raise ConfigError(f"cannot split {name}: its forward takes {stars}{variadic[0].name}; "
+                          "aiopipe splits models of one input")
+    if len(params) != 1:
+        raise ConfigError(f"cannot split {name}: its forward takes {len(params)} inputs "
+                          f"({', '.join(p.name for p in params)}); aiopipe splits models "
+                          "of one input")
+
+
+def _children(module: nn.Module) -> list[str]:
+    """Qualified names of the modules ``forward`` can call as units, in order."""
+    names: list[str] = []
+    for child_name, child in module._modules.items():
+        if isinstance(child, nn.ModuleList | nn.ModuleDict):
+            names += [f"{child_name}.{key}" for key in child._modules]
+        elif child is not None:
+            names.append(child_name)
+    return names
+
+
+def _trace(module: nn.Module, leaves: frozenset[str], name: str) -> fx.Graph:
+    modes = {m: m.training for m in module.modules()}
+    graphs: list[fx.Graph] = []
+    try:
+        for training in (True, False):
+            for m in modes:
+                m.training = training  # each flag alone: .train() would reset children
+            graphs.append(_LeafChildren(leaves).trace(module))
+    except Exception as exc:
+        found = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise ConfigError(
+            f"cannot split {name}: torch.fx cannot trace its forward ({found}); make it an "
+            "nn.Sequential of units, or move that code into a child module (children are "
+            "called, not traced)") from exc
+    finally:
+        for m, training in modes.items():
+            m.training = training
+    if str(graphs[0]) != str(graphs[1]):
+        raise ConfigError(f"cannot split {name}: its forward reads self.training, which a "
+                          "trace would freeze; move that code into a child module")
+    return graphs[0]
+
+
+def _cuts(flow: _Flow, leaves: list[str], at: Sequence[str] | None, name: str) -> list[int]:
+    """Node indices to cut before, one per child call that can be a cut."""
+    calls = [i for i, node in enumerate(flow.nodes)
+             if node.op == "call_module" and node.target in leaves]
+    called = [str(flow.nodes[i].target) for i in calls]
+    for wanted in at or ():
+        if wanted not in called:
+            what = "is never called by forward" if wanted in leaves else "is not a child"
+            raise ConfigError(f"cannot cut {name} before {wanted!r}: it {what} "
+                              f"(its children: {', '.join(leaves)})")
+        if wanted not in called[1:]:
+            raise ConfigError(f"cannot cut {name} before {wanted!r}: it is the first "
+                              "child called, so nothing comes before it")
+    cuts: list[int] = []
+    for previous, here in itertools.pairwise(calls):
+        target = str(flow.nodes[here].target)
+        if at is not None and target not in at:
+            continue
+        point = next((p for p in range(here, previous, -1) if len(flow.crossing(p)) == 1),
+                     None)
+        if point is not None:
+            cuts.append(point)
+        elif at is not None:
+            values = [node.name for node in flow.crossing(here)]
+            raise ConfigError(f"cannot cut {name} before {target!r}: {len(values)} values "
+                              f"cross it ({', '.join(values)}) and a cut passes one tensor")
+    return cuts
+
+
+def _unshared(module: nn.Module, flow: _Flow, cuts: list[int], *, strict: bool,
+              name: str) -> list[int]:
+    """``cuts`` less those that would put one parameter or buffer in two units."""
+    spans: dict[int, tuple[int, int]] = {}  # id(tensor) -> first and last unit using it
+    for i, node in enumerate(flow.nodes):
+        unit = bisect.bisect_right(cuts, i)
+        for tensor in _state_used(module, node):
+            first, last = spans.get(id(tensor), (unit, unit))
+            spans[id(tensor)] = (min(first, unit), max(last, unit))
+    names = {id(t): key for key, t in itertools.chain(
+        module.named_parameters(remove_duplicate=False),
+        module.named_buffers(remove_duplicate=False))}
+    kept: list[int] = []
+    for k, point in enumerate(cuts, start=1):  # cut k starts unit k
+        shared = [names[t] for t, (first, last) in spans.items() if first < k <= last]
+        if not shared:
+            kept.append(point)
+        elif strict:
+            raise ConfigError(f"cannot cut {name} before {flow.nodes[point].target!r}: "
+                              f"{shared[0]!r} is used on both sides")
+    return kept
+
+
+def _state_used(module: nn.Module, node: fx.Node) -> Iterator[torch.Tensor]:
+    """The parameters and buffers that running ``node`` reads."""
+    held = [module.get_submodule(str(node.target))] if node.op == "call_module" else []
+    for source in node.all_input_nodes:
+        if source.op == "get_attr":
+            attr = operator.attrgetter(str(source.target))(module)
+            if isinstance(attr, nn.Module):
+                held.append(attr)
+            elif isinstance(attr, torch.Tensor):
+                yield attr
+    for m in held:
+        yield from itertools.chain(m.parameters(), m.buffers())
+
+
+def _unit(module: nn.Module, flow: _Flow, start: int, stop: int) -> fx.GraphModule:
+    """Nodes ``start .. stop - 1`` as a module of one tensor in and one tensor out."""
+    nodes = flow.nodes
+    incoming = nodes[0] if start == 0 else flow.crossing(start)[0]
+    outgoing = flow.returned if stop == len(nodes) else flow.crossing(stop)[0]
+    graph = fx.Graph()
+    env = {incoming: graph.placeholder(incoming.name)}
+
+    def look_up(node: fx.Node) -> fx.Node:
+        if node not in env and node.op == "get_attr":  # read where it is used
+            env[node] = graph.get_attr(str(node.target))
+        return env[node]
+
+    for node in nodes[start:stop]:
+        if node.op not in ("placeholder", "get_attr", "output"):
+            env[node] = graph.node_copy(node, look_up)
+    graph.output(look_up(outgoing))
+    return fx.GraphModule(module, graph)
