@@ -1,0 +1,345 @@
+"""Tracing a model into split units: the units compute exactly the model, bit for bit,
+share its parameters and buffers, and cut only where one tensor crosses."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, fx, nn
+
+from aiopipe.errors import ConfigError
+from aiopipe.models import merge_states, model_digest, split, unit_count, units_of
+from aiopipe.models.trace import split_units
+
+IMAGES = (4, 3, 16, 16)
+
+
+class Classifier(nn.Module):
+    """torchvision's shape: features, avgpool, a flatten in forward, classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
+            nn.MaxPool2d(2), nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.avgpool = nn.AdaptiveAvgPool2d((2, 2))
+        self.classifier = nn.Sequential(nn.Linear(32, 16), nn.ReLU(), nn.Dropout(0.5),
+                                        nn.Linear(16, 10))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.features(x)
+        x = self.avgpool(x)
+        x = torch.flatten(x, 1)
+        return self.classifier(x)
+
+
+class Residual(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(channels, channels, 3, padding=1),
+                                  nn.BatchNorm2d(channels))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.relu(self.body(x) + x)  # a skip inside a child: the child is one unit
+
+
+class SmallResNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.block1 = Residual(8)
+        self.block2 = Residual(8)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.block2(self.block1(self.stem(x))))
+
+
+class Three(nn.Module):
+    """Three linear children ``a``, ``b``, ``c`` joined by ``join`` in forward."""
+
+    def __init__(self, join: Callable[[Three, Tensor], Tensor]) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(12, 12), nn.Linear(12, 12), nn.Linear(12, 5)
+        self.join = join
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.join(self, x)
+
+
+def add_before_c(m: Three, x: Tensor) -> Tensor:
+    y = m.a(x)
+    z = m.b(y)
+    return m.c(z + y)
+
+
+def add_after_c(m: Three, x: Tensor) -> Tensor:
+    y = m.a(x)
+    z = m.b(y)
+    return m.c(z) + y[:, :5]
+
+
+def skip_everything(m: Three, x: Tensor) -> Tensor:
+    return m.c(m.b(m.a(x))) + x[:, :5]
+
+
+class Gate(nn.Module):
+    def forward(self, x: Tensor) -> Tensor:
+        if x.mean() > 0:  # data-dependent: fx could not trace this, but does not need to
+            return x * 2
+        return x - 1
+
+
+class Gated(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate, self.a, self.b = Gate(), nn.Linear(12, 12), nn.Linear(12, 5)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.b(self.a(self.gate(x)))
+
+
+class Tied(nn.Module):
+    """``a`` called twice and a parameter read directly by forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(12, 12), nn.Linear(12, 12), nn.Linear(12, 5)
+        self.pos = nn.Parameter(torch.randn(12))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.a(self.b(self.a(x)))
+        return self.c(x + self.pos)
+
+
+class Blocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(12, 12) for _ in range(3))
+        self.head = nn.Linear(12, 5)
+
+    def forward(self, x: Tensor) -> Tensor:
+        for block in self.blocks:
+            x = torch.tanh(block(x))
+        return self.head(x)
+
+
+def _equivalent(model: nn.Module, x: Tensor, *, train: bool = True,
+                at: Sequence[str] | None = None) -> nn.Sequential:
+    """Split ``model`` and check that its units compute it bit for bit: the output, the
+    gradient of every parameter and (in train mode) the updated buffers."""
+    model.zero_grad(set_to_none=True)
+    reference = copy.deepcopy(model)
+    units = split_units(model, at=at)
+    for m in (model, units, reference):
+        m.train(train)
+    outputs = []
+    for net in (reference, units):
+        torch.manual_seed(7)  # the same dropout masks
+        out = net(x)
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        outputs.append(out)
+    assert torch.equal(outputs[1], outputs[0])
+    for (key, got), (_, expected) in zip(model.named_parameters(),
+                                          reference.named_parameters(), strict=True):
+        assert got.grad is not None, key
+        assert expected.grad is not None, key
+        assert torch.equal(got.grad, expected.grad), key
+    for (key, got), (_, expected) in zip(model.named_buffers(), reference.named_buffers(),
+                                          strict=True):
+        assert torch.equal(got, expected), key
+    return units
+
+
+def _children_of(units: nn.Sequential) -> list[list[str]]:
+    return [list(unit._modules) for unit in units]
+
+
+def _images() -> Tensor:
+    return torch.randn(IMAGES)
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_a_classifier_is_three_units_and_the_flatten_joins_one(train: bool) -> None:
+    torch.manual_seed(0)
+    units = _equivalent(Classifier(), _images(), train=train)
+    assert _children_of(units) == [["features"], ["avgpool"], ["classifier"]]
+    flattens = [[n.target for n in unit.graph.nodes if n.target is torch.flatten]
+                for unit in units]
+    assert flattens == [[], [torch.flatten], []]
+    assert all(isinstance(unit, fx.GraphModule) for unit in units)
+
+
+def test_residual_blocks_as_children_are_one_unit_each() -> None:
+    torch.manual_seed(0)
+    units = _equivalent(SmallResNet(), _images())
+    assert _children_of(units) == [["stem"], ["block1"], ["block2"], ["head"]]
+
+
+def test_a_sum_of_two_values_before_a_child_is_cut_after_the_sum() -> None:
+    torch.manual_seed(0)
+    units = _equivalent(Three(add_before_c), torch.randn(4, 12))
+    assert _children_of(units) == [["a"], ["b"], ["c"]]  # unit 1 is b(y) + y
+
+
+def test_a_skip_across_a_cut_merges_the_units_on_either_side() -> None:
+    torch.manual_seed(0)
+    units = _equivalent(Three(add_after_c), torch.randn(4, 12))
+    assert _children_of(units) == [["a"], ["b", "c"]]
+    with pytest.raises(ConfigError, match=r"before 'c': 2 values cross it \(a, b\)"):
+        split_units(Three(add_after_c), at=["c"])
+
+
+def test_a_skip_around_everything_leaves_one_unit() -> None:
+    torch.manual_seed(0)
+    units = _equivalent(Three(skip_everything), torch.randn(4, 12))
+    assert _children_of(units) == [["a", "b", "c"]]
+
+
+def test_control_flow_inside_a_child_is_not_traced() -> None:
+    torch.manual_seed(0)
+    model = Gated()
+    for x in (torch.rand(4, 12) + 1, -torch.rand(4, 12) - 1):  # both branches of the gate
+        units = _equivalent(model, x)
+        assert _children_of(units) == [["gate"], ["a"], ["b"]]
+
+
+def test_a_module_called_twice_stays_in_one_unit_and_forward_reads_a_parameter() -> None:
+    torch.manual_seed(0)
+    model = Tied()
+    units = _equivalent(model, torch.randn(4, 12))
+    assert _children_of(units) == [["a", "b"], ["c"]]
+    assert units[0].pos is model.pos
+    # a unit's own attributes come before its children, as in any nn.Module
+    assert list(units.state_dict()) == ["0.pos", "0.a.weight", "0.a.bias", "0.b.weight",
+                                        "0.b.bias", "1.c.weight", "1.c.bias"]
+    with pytest.raises(ConfigError, match=r"before 'b': 'a.weight' is used on both sides"):
+        split_units(Tied(), at=["b"])
+
+
+def test_entries_of_a_module_list_are_units() -> None:
+    torch.manual_seed(0)
+    units = _equivalent(Blocks(), torch.randn(4, 12))
+    assert _children_of(units) == [["blocks"]] * 3 + [["head"]]
+    assert [list(unit.blocks._modules) for unit in units[:3]] == [["0"], ["1"], ["2"]]
+
+
+class Branching(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(12, 12)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.sum() > 0:
+            return self.a(x)
+        return x
+
+
+class DropsOnItsOwn(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(12, 12), nn.Linear(12, 5)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.b(F.dropout(self.a(x), 0.5, self.training))
+
+
+def test_control_flow_in_forward_itself_is_a_one_line_error() -> None:
+    with pytest.raises(ConfigError, match=r"cannot split Branching: torch\.fx .*control flow"
+                       ) as caught:
+        split_units(Branching())
+    assert "\n" not in str(caught.value)
+
+
+def test_reading_self_training_in_forward_is_an_error_and_modes_are_kept() -> None:
+    model = DropsOnItsOwn()
+    model.a.eval()
+    with pytest.raises(ConfigError, match=r"DropsOnItsOwn: its forward reads self\.training"):
+        split_units(model)
+    assert model.training
+    assert not model.a.training
+    assert model.b.training
+
+
+class TwoInputs(nn.Module):
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        return x * mask
+
+
+class Pair(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(12, 12)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return self.a(x), x
+
+
+class Variadic(nn.Module):
+    def forward(self, *xs: Tensor) -> Tensor:
+        return xs[0]
+
+
+@pytest.mark.parametrize(("model", "message"), [
+    (TwoInputs(), r"^cannot split TwoInputs: its forward takes 2 inputs \(x, mask\); "),
+    (Variadic(), r"^cannot split Variadic: its forward takes \*xs; "),
+    (Pair(), r"^cannot split Pair: its forward returns a tuple; "),
+])
+def test_a_forward_not_of_one_tensor_to_one_tensor_is_refused(model: nn.Module,
+                                                               message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        split_units(model)
+
+
+def test_at_cuts_only_before_the_children_it_names() -> None:
+    torch.manual_seed(0)
+    units = _equivalent(Classifier(), _images(), at=["classifier"])
+    assert _children_of(units) == [["features", "avgpool"], ["classifier"]]
+
+
+@pytest.mark.parametrize(("at", "message"), [
+    (["head"], r"before 'head': it is not a child \(its children: features, avgpool, "),
+    (["features"], r"before 'features': it is the first child called"),
+])
+def test_at_naming_no_possible_cut_is_an_error(at: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        split_units(Classifier(), at=at)
+
+
+def test_a_sequential_comes_back_as_it_is() -> None:
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    assert split_units(model) is model
+    with pytest.raises(ConfigError, match="already split units"):
+        split_units(model, at=["1"])
+
+
+def test_units_share_the_models_parameters_and_buffers() -> None:
+    model = Classifier()
+    units = split_units(model)
+    assert {id(p) for p in units.parameters()} == {id(p) for p in model.parameters()}
+    assert {id(b) for b in units.buffers()} == {id(b) for b in model.buffers()}
+    assert units[0].features is model.features
+    assert [key.split(".", 1)[1] for key in units.state_dict()] == list(model.state_dict())
+
+
+def test_units_work_with_the_split_helpers() -> None:
+    torch.manual_seed(0)
+    model, x = SmallResNet().eval(), _images()
+    units = split_units(model)
+    whole = model(x)
+    q = unit_count(units)
+    assert q == 4
+    for p in range(q + 1):
+        first, rest = units_of(units, 0, p), units_of(units, p, q)
+        assert (unit_count(first), unit_count(rest)) == (p, q - p)
+        assert torch.equal(rest(first(x)), whole)
+        device, server = split(units, p)
+        assert list(merge_states(device.state_dict(), server.state_dict())) == list(
+            units.state_dict())
+    copied = copy.deepcopy(units)
+    assert torch.equal(copied(x), whole)
+    assert model_digest(copied) == model_digest(units)
