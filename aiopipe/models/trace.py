@@ -54,9 +54,10 @@ def split_units(module: nn.Module, *, at: Sequence[str] | None = None) -> nn.Seq
     or, with ``at``, only before the children named there (an entry of a top-level
     ``nn.ModuleList`` is named like ``"blocks.3"``). Each unit takes one tensor and
     returns one; chaining them computes exactly ``module(x)``, and the units' parameters
-    and buffers are ``module``'s own. Cuts that cannot pass a single tensor are dropped
-    silently unless ``at`` asked for them; a model with no valid cut (a skip around
-    everything) comes back as one unit, and the caller decides whether that is enough.
+    and buffers are ``module``'s own (a child that ``forward`` never calls is in no
+    unit). Cuts that cannot pass a single tensor are dropped silently unless ``at``
+    asked for them; a model with no valid cut (a skip around everything) comes back as
+    one unit, and the caller decides whether that is enough.
 
     Raises:
         ConfigError: ``module`` is not an ``nn.Module``; ``at`` is given for an
@@ -189,7 +190,8 @@ def _cuts(flow: _Flow, leaves: list[str], at: Sequence[str] | None, name: str) -
         elif at is not None:
             values = [node.name for node in flow.crossing(here)]
             raise ConfigError(f"cannot cut {name} before {target!r}: {len(values)} values "
-                              f"cross it ({', '.join(values)}) and a cut passes one tensor")
+                              f"cross it (fx nodes {', '.join(values)}) and a cut passes one "
+                              "tensor")
     return cuts
 
 
@@ -212,7 +214,8 @@ def _unshared(module: nn.Module, flow: _Flow, cuts: list[int], *, strict: bool,
             kept.append(point)
         elif strict:
             raise ConfigError(f"cannot cut {name} before {flow.nodes[point].target!r}: "
-                              f"{shared[0]!r} is used on both sides")
+                              f"{shared[0]!r} is used on both sides (a tensor lives in "
+                              "one unit)")
     return kept
 
 
