@@ -165,7 +165,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--privacy", choices=PRIVACY_METHODS)
     run.add_argument("--privacy-noise", type=float)
     run.add_argument("--server-lanes", type=int)
-    run.add_argument("--devices-per-round", type=_count_or_fraction)
+    run.add_argument("--devices-per-round", type=_count_or_fraction,
+                     help="devices sampled to train in each round: a count, or a fraction "
+                          "in (0, 1) of the devices; 0: every device (fl, sl, sfl, pipar)")
     run.add_argument("--learning-rate", type=float, help="SGD learning rate")
     run.add_argument("--momentum", type=float, help="SGD momentum")
     run.add_argument("--seed", type=int, help="random seed")

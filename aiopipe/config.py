@@ -105,11 +105,13 @@ class RunConfig:
             plans and keeps a backup, off the data path).
         model: a model name of `aiopipe.models.MODEL_NAMES`, ``module:function`` (a
             factory, called with ``num_classes`` and ``in_shape`` if it takes them, that
-            returns the ``nn.Sequential`` of split units; every node imports it), or,
-            in-process only (it cannot go in TOML), such a factory itself (a callable)
-            or the user's own ``torch.nn.Sequential``. A name's or a factory's weights
-            are drawn under ``seed``.
-        initial_weights: what a user's ``torch.nn.Sequential`` starts from: "seed" (the
+            returns the model; every node imports it), or, in-process only (it cannot
+            go in TOML), such a factory itself (a callable) or the user's own
+            ``torch.nn.Module``. A model is an ``nn.Sequential`` of split units, or any
+            other one-input module, traced and cut between its children
+            (`aiopipe.models.split_units`). A name's or a factory's weights are drawn
+            under ``seed``.
+        initial_weights: what a user's ``torch.nn.Module`` starts from: "seed" (the
             default) re-initialises a copy of it from ``seed`` (every module's
             ``reset_parameters()``), so that a run's initial weights are a function of
             the config alone: two configs built by one function train alike, whatever
@@ -381,7 +383,7 @@ class RunConfig:
         """``model`` and ``initial_weights`` ([Note: initial weights] in
         aiopipe/runtime/factories.py)."""
         model, weights = self.model, self.initial_weights
-        kinds = "a model name, module:function, a callable factory or a torch.nn.Sequential"
+        kinds = "a model name, module:function, a callable factory or a torch.nn.Module"
         if weights not in INITIAL_WEIGHTS:
             raise fail("initial_weights", weights, " or ".join(
                 f'"{w}"' for w in INITIAL_WEIGHTS))
@@ -392,13 +394,13 @@ class RunConfig:
         else:
             from torch import nn  # local: config stays importable without building models
 
-            own = isinstance(model, nn.Sequential)
-            if not own and (isinstance(model, nn.Module) or not callable(model)):
+            own = isinstance(model, nn.Module)
+            if not own and not callable(model):
                 raise fail("model", model, kinds)
         if weights == "given" and not own:
             raise fail("initial_weights", weights, '"seed" for a model built by name or '
                        'factory (its weights are drawn under seed; "given" keeps a '
-                       "torch.nn.Sequential's own weights)")
+                       "torch.nn.Module's own weights)")
         if own and weights == "seed":
             from aiopipe.models.initialisers import parameters_not_reset  # torch-bound
 
@@ -453,17 +455,16 @@ class RunConfig:
 
     def replace(self, **changes: Any) -> RunConfig:
         """A copy with some fields changed (validated again). ``options`` given as a
-        mapping changes only the options it names; a new ``mode`` keeps the options its
-        system also takes."""
+        mapping changes only the options it names (the system's options dataclass
+        replaces them all); a new ``mode`` keeps the options its system also takes."""
         options = changes.pop("options", None)
         flat = system_keys(changes)
         if flat:
             warn_flat_keys(flat, "replace()")
-        if options is not None and not isinstance(options, Mapping):
-            return dataclasses.replace(self, options=options, **changes)
         takes = options_of(changes.get("mode", self.mode)).keys
-        kept = {k: v for k, v in option_values(self.options).items() if k in takes}
-        return dataclasses.replace(self, options={**kept, **flat, **(options or {})},
+        kept = ({} if options is not None and not isinstance(options, Mapping)  # a whole one
+                else {k: v for k, v in option_values(self.options).items() if k in takes})
+        return dataclasses.replace(self, options={**kept, **flat, **option_values(options)},
                                    **changes)
 
     def to_mapping(self) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """Models as sequences of split units: the PiPar zoo, and splitting any such model.
 
 A model is an ``nn.Sequential`` whose top-level children are the split units; `build`
-makes the zoo's models by name (`MODEL_NAMES`), `as_sequential` accepts a user's own, and
-`split` cuts one in a device half and a server half that share its modules, `partition`
-in any number of consecutive stages.
+makes the zoo's models by name (`MODEL_NAMES`), `as_units` accepts a user's own (an
+``nn.Sequential`` as it is, any other ``nn.Module`` traced and cut between its children:
+`split_units`), and `split` cuts one in a device half and a server half that share its
+modules, `partition` in any number of consecutive stages.
 """
 
 from __future__ import annotations
@@ -17,17 +18,20 @@ from aiopipe.models.split import (
     unit_count,
     units_of,
 )
+from aiopipe.models.trace import as_units, split_units
 from aiopipe.models.zoo import MIN_SIDE, MODEL_NAMES, build
 
 __all__ = [
     "MIN_SIDE",
     "MODEL_NAMES",
     "as_sequential",
+    "as_units",
     "build",
     "merge_states",
     "model_digest",
     "partition",
     "split",
+    "split_units",
     "unit_count",
     "units_of",
 ]

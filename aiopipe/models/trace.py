@@ -42,8 +42,22 @@ import torch
 from torch import fx, nn
 
 from aiopipe.errors import ConfigError
+from aiopipe.models.split import as_sequential
 
-__all__ = ["split_units"]
+__all__ = ["as_units", "split_units"]
+
+
+def as_units(model: nn.Module | Sequence[nn.Module]) -> nn.Sequential:
+    """A user's model as split units: an ``nn.Sequential`` or a list of units as they
+    are (`as_sequential`), any other ``nn.Module`` traced and cut between its children
+    (`split_units`).
+
+    Raises:
+        ConfigError: see `as_sequential` and `split_units`.
+    """
+    if isinstance(model, nn.Module) and not isinstance(model, nn.Sequential | nn.ModuleList):
+        return split_units(model)
+    return as_sequential(model)
 
 
 def split_units(module: nn.Module, *, at: Sequence[str] | None = None) -> nn.Sequential:

@@ -51,7 +51,8 @@ def build_model(config: RunConfig, *, num_classes: int, in_shape: Sequence[int]
 
     Raises:
         ConfigError: an unknown model name, shapes it cannot take, or a factory that
-            fails or returns something else than split units.
+            fails or returns something that is not a model (any ``nn.Module``: one that
+            is not an ``nn.Sequential`` of units is traced, `aiopipe.models.as_units`).
     """
     with _BUILDING:
         return _build(config, num_classes=num_classes, in_shape=in_shape)
@@ -61,7 +62,7 @@ def _build(config: RunConfig, *, num_classes: int, in_shape: Sequence[int]) -> n
     torch.manual_seed(config.seed)
     model = config.model
     if isinstance(model, nn.Module):
-        copied = copy.deepcopy(models.as_sequential(model))
+        copied = copy.deepcopy(models.as_units(model))
         return copied if config.initial_weights == "given" else reinitialise(copied)
     if not isinstance(model, str) or is_entry_point(model):
         if isinstance(model, str):
@@ -71,7 +72,7 @@ def _build(config: RunConfig, *, num_classes: int, in_shape: Sequence[int]) -> n
         made = call_factory(factory, name, what="model", num_classes=num_classes,
                             in_shape=tuple(in_shape))
         try:
-            return models.as_sequential(made)
+            return models.as_units(made)
         except ConfigError as exc:
             raise ConfigError(f"model {name!r} returned {type(made).__name__}: {exc}"
                               ) from None

@@ -180,7 +180,8 @@ async def test_a_callable_model_is_the_in_process_factory() -> None:
     ("mylab:net", "given", "initial_weights"),
     (_factory, "given", "initial_weights"),
     (None, "pretrained", "initial_weights"),
-    (nn.Linear(4, 2), "seed", "model"),  # a module, but not split units
+    # (any module is a model now, traced into units: issue 44; a tensor is not)
+    (torch.zeros(2), "seed", "model"),
     (42, "seed", "model"),
 ])
 def test_bad_models_and_initial_weights_are_config_errors(
