@@ -56,3 +56,39 @@ def test_a_traced_model_trains_between_processes(tmp_path: Path) -> None:
     assert losses[-1] < losses[0], losses
     [plan] = {tuple(p["split_point"] for p in e["plan"]) for e in epochs}
     assert all(1 <= p <= 3 for p in plan)  # among the four traced units' cuts
+
+
+UNTRACEABLE = '''
+from torch import nn
+
+
+class Branching(nn.Module):
+    def __init__(self, num_classes, in_shape):
+        super().__init__()
+        self.flat = nn.Flatten()
+        self.a = nn.Linear(3 * 32 * 32, 16)
+        self.b = nn.Linear(16, num_classes)
+
+    def forward(self, x):
+        h = self.a(self.flat(x))
+        if h.mean() > 0:  # branching on data in the top-level forward: fx cannot trace it
+            h = h * 2
+        return self.b(h)
+
+
+def net(num_classes, in_shape):
+    return Branching(num_classes, in_shape)
+'''
+
+
+def test_a_model_that_cannot_be_traced_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "branching.py").write_text(UNTRACEABLE)
+    done = subprocess.run(
+        [sys.executable, "-m", "aiopipe", "--model", "branching:net", "--devices", "2",
+         "--epochs", "1", "--out-dir", str(tmp_path / "run")],
+        env=child_env({"PYTHONPATH": str(tmp_path)}), capture_output=True, text=True,
+        timeout=120, cwd=tmp_path)
+    assert done.returncode == 2
+    [line] = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert "cannot split Branching: torch.fx cannot trace its forward" in line
+    assert "Traceback" not in done.stderr

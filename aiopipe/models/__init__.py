@@ -18,7 +18,7 @@ from aiopipe.models.split import (
     unit_count,
     units_of,
 )
-from aiopipe.models.trace import as_units, split_units
+from aiopipe.models.trace import as_units, split_here, split_units
 from aiopipe.models.zoo import MIN_SIDE, MODEL_NAMES, build
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "model_digest",
     "partition",
     "split",
+    "split_here",
     "split_units",
     "unit_count",
     "units_of",

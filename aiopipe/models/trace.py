@@ -44,7 +44,17 @@ from torch import fx, nn
 from aiopipe.errors import ConfigError
 from aiopipe.models.split import as_sequential
 
-__all__ = ["as_units", "split_units"]
+__all__ = ["as_units", "split_here", "split_units"]
+
+
+def split_here(x: torch.Tensor) -> torch.Tensor:
+    """Mark a cut in a model's ``forward``: ``x = split_here(x)`` (as torch's pipelining's
+    ``pipe_split()``). Where a model calls it, `split_units` cuts there, and only there,
+    instead of between its children; ``x`` must be the one value that crosses. Outside
+    a trace it returns ``x`` itself."""
+    if isinstance(x, fx.Proxy):
+        return x.tracer.create_proxy("call_function", split_here, (x,), {})
+    return x
 
 
 def as_units(model: nn.Module | Sequence[nn.Module]) -> nn.Sequential:
@@ -65,7 +75,8 @@ def split_units(module: nn.Module, *, at: Sequence[str] | None = None) -> nn.Seq
 
     An ``nn.Sequential`` is returned as it is (the same object). Any other module is
     traced (see the module docstring) and cut before every call of a top-level child,
-    or, with ``at``, only before the children named there (an entry of a top-level
+    or where its ``forward`` calls `split_here`, or, with ``at``, only before the
+    children named there (an entry of a top-level
     ``nn.ModuleList`` is named like ``"blocks.3"``). Each unit takes one tensor and
     returns one; chaining them computes exactly ``module(x)``, and the units' parameters
     and buffers are ``module``'s own (a child that ``forward`` never calls is in no
@@ -98,7 +109,8 @@ def split_units(module: nn.Module, *, at: Sequence[str] | None = None) -> nn.Seq
                           "tensor output")
     flow = _Flow(nodes, returned)
     cuts = _cuts(flow, leaves, at, name)
-    cuts = _unshared(module, flow, cuts, strict=at is not None, name=name)
+    asked = at is not None or any(node.target is split_here for node in nodes)
+    cuts = _unshared(module, flow, cuts, strict=asked, name=name)
     bounds = [0, *cuts, len(nodes)]
     return nn.Sequential(*(_unit(module, flow, a, b) for a, b in itertools.pairwise(bounds)))
 
@@ -180,7 +192,12 @@ def _trace(module: nn.Module, leaves: frozenset[str], name: str) -> fx.Graph:
 
 
 def _cuts(flow: _Flow, leaves: list[str], at: Sequence[str] | None, name: str) -> list[int]:
-    """Node indices to cut before, one per child call that can be a cut."""
+    """Node indices to cut before: after each `split_here` if ``forward`` calls it, else
+    one per child call that can be a cut."""
+    marks = [i for i, node in enumerate(flow.nodes)
+             if node.op == "call_function" and node.target is split_here]
+    if marks:
+        return _marked_cuts(flow, marks, at, name)
     calls = [i for i, node in enumerate(flow.nodes)
              if node.op == "call_module" and node.target in leaves]
     called = [str(flow.nodes[i].target) for i in calls]
@@ -207,6 +224,27 @@ def _cuts(flow: _Flow, leaves: list[str], at: Sequence[str] | None, name: str) -
                               f"cross it (fx nodes {', '.join(values)}) and a cut passes one "
                               "tensor")
     return cuts
+
+
+def _marked_cuts(flow: _Flow, marks: list[int], at: Sequence[str] | None,
+                 name: str) -> list[int]:
+    """A cut right after each `split_here` call, where its value must be the only one
+    that crosses.
+
+    Raises:
+        ConfigError: ``at`` given too, or other values cross a marked cut.
+    """
+    if at is not None:
+        raise ConfigError(f"cannot split {name} both at its split_here() marks and at "
+                          f"{list(at)}: choose one")
+    for i in marks:
+        values = [node.name for node in flow.crossing(i + 1)]
+        if values != [flow.nodes[i].name]:
+            others = [v for v in values if v != flow.nodes[i].name]
+            raise ConfigError(f"cannot split {name} at its split_here() mark "
+                              f"{marks.index(i) + 1}: {', '.join(others)} cross it too "
+                              "(fx nodes), and a cut passes one tensor")
+    return [i + 1 for i in marks if i + 1 < len(flow.nodes) - 1]
 
 
 def _unshared(module: nn.Module, flow: _Flow, cuts: list[int], *, strict: bool,

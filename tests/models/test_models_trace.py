@@ -13,7 +13,7 @@ from torch import Tensor, fx, nn
 
 from aiopipe.errors import ConfigError
 from aiopipe.models import merge_states, model_digest, split, unit_count, units_of
-from aiopipe.models.trace import split_units
+from aiopipe.models.trace import split_here, split_units
 
 IMAGES = (4, 3, 16, 16)
 
@@ -344,3 +344,45 @@ def test_units_work_with_the_split_helpers() -> None:
     copied = copy.deepcopy(units)
     assert torch.equal(copied(x), whole)
     assert model_digest(copied) == model_digest(units)
+
+
+class Marked(nn.Module):
+    """Three children; ``forward`` marks one cut with `split_here`, inside no child."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(6, 8)
+        self.b = nn.Linear(8, 8)
+        self.c = nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.relu(self.b(torch.relu(self.a(x))))
+        h = split_here(h)
+        return self.c(h)
+
+
+class MarkedAcrossASkip(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(6, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.a(x)
+        z = split_here(torch.relu(y))
+        return self.b(z) + y
+
+
+def test_split_here_marks_the_only_cuts() -> None:
+    units = _equivalent(Marked(), torch.randn(5, 6))
+    assert _children_of(units) == [["a", "b"], ["c"]]
+    x = torch.randn(2, 6)
+    assert split_here(x) is x  # outside a trace: nothing
+
+
+def test_a_mark_that_more_than_one_value_crosses_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"split_here\(\) mark 1: a cross it too") as info:
+        split_units(MarkedAcrossASkip())
+    assert "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match="choose one"):
+        split_units(Marked(), at=["c"])
