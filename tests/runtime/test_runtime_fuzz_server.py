@@ -971,6 +971,7 @@ class FakeDevice:
         self.harness, self.clock, self.training = harness, harness.clock, training
         self.frames = 0  # junk frames sent
         self.rounds = 0  # rounds it misbehaved in
+        self.excluded = False  # the coordinator excluded it for values it sent
 
     async def next_message(self, link: MemoryLink, kind: type[Any]) -> Any:
         """The next message of type ``kind``; None if the run or the connection ended."""
@@ -997,6 +998,12 @@ class FakeDevice:
                 return link
             assert isinstance(answer, ErrorMessage), answer
             if answer.message == "the run is over":
+                await link.aclose()
+                raise RunOver
+            if answer.code == "refused" and "was excluded from the run" in answer.message:
+                # values the coordinator's stage refused (out of range, NaN or Inf)
+                # exclude it ([Note: judging arrivals]): nothing more to send
+                self.excluded = True
                 await link.aclose()
                 raise RunOver
             assert answer.code == "busy", answer
@@ -1143,8 +1150,13 @@ def test_a_misbehaving_device_is_refused_and_the_others_train_on(episodes: list[
     result, harness, summaries = asyncio.run(run_with([0], misbehave))
     check_honest(result, harness, summaries, [0])
     (fake,) = fakes
-    # the junk stops when the run ends (the server then admits nobody)
-    assert fake.frames >= 20
+    # the junk stops when the run ends (the server then admits nobody), or when the
+    # coordinator excluded the device for values it sent
+    assert fake.frames >= 20 or fake.excluded
+    if fake.excluded:  # for what the coordinator's stage refused, and for nothing else
+        assert harness.node.exclusions.excluded[1].startswith(
+            "the coordinator refused what it sent: device1 sent values out of range"), (
+            harness.node.exclusions.excluded)
 
 
 # --- strangers ------------------------------------------------------------------------------

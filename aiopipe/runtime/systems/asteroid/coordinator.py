@@ -79,7 +79,7 @@ from aiopipe.runtime.systems.asteroid.replay import (
     CarriedResults,
     declared_device,
     measured_device,
-    parameter_names,
+    merged_stage,
 )
 from aiopipe.runtime.systems.base import Rounds, Setup, planning_batch_sizes
 from aiopipe.runtime.systems.ftpipehd.chain import gather_from, replica_check
@@ -161,7 +161,7 @@ class Asteroid(Pipeline):
         #: real clocks plan from what the devices measure of themselves ([Note: device
         #: profiles] in aiopipe.runtime.profiling): `prepare` plans again with it
         self.wants_profiles = setup.cost_table is None and config.profile_devices
-        self._auto = config.options.stage_groups == "auto"
+        self._auto = config.options_as(AsteroidOptions).stage_groups == "auto"
         self._place(self._planned() if self._auto else self._given())
         check_trainable(self.model, setup.in_shape,
                         [DevicePlan(0, self.units, n, self.micro_batch_size, 0)], config)
@@ -182,6 +182,10 @@ class Asteroid(Pipeline):
         #: each parameter's momentum at the backup point a replay starts from (sent with
         #: the weights then); empty otherwise
         self.momentum: dict[str, torch.Tensor] = {}
+
+    @property
+    def _options(self) -> AsteroidOptions:
+        return self.config.options_as(AsteroidOptions)
 
     def _planned(self) -> list[HppStage]:
         """Asteroid's planner on the cost table and the fleet.
@@ -222,7 +226,7 @@ class Asteroid(Pipeline):
         """The most micro-batches stage p of ``stages`` holds at once: K_p under 1F1B,
         all N under GPipe."""
         n = self.parallel_batches
-        return n if self.config.options.schedule == "gpipe" else min(2 * (stages - p) - 1, n)
+        return n if self._options.schedule == "gpipe" else min(2 * (stages - p) - 1, n)
 
     def _place(self, stages: Sequence[HppStage]) -> None:  # type: ignore[override]
         """The stages on their groups, each member's rows of a micro-batch."""
@@ -295,7 +299,7 @@ class Asteroid(Pipeline):
         micro-batches and schedule; the first also the plan's estimated iteration time."""
         entries = [{"stage": p, "device": d, "units": list(self.bounds[p]),
                     "rows": list(self.rows[d]), "parallel_batches": self.parallel_batches,
-                    "schedule": self.config.options.schedule}
+                    "schedule": self._options.schedule}
                    for p, group in enumerate(self.groups) for d in group]
         entries[0]["estimate_s"] = self.estimate_s()
         return entries
@@ -312,7 +316,7 @@ class Asteroid(Pipeline):
         last stage are neighbours too (the last backs up to the first)."""
         p, last = self.stage_of(device), self.stages - 1
         near = {q for q in (p - 1, p, p + 1) if 0 <= q <= last}
-        if self.config.options.chain_replication_every and p in (0, last):
+        if self._options.chain_replication_every and p in (0, last):
             near.add(last - p)
         return {f"device{d}": {"stage": q, "address": rounds.address_of(d),
                                "rows": list(self.rows[d])}
@@ -376,7 +380,7 @@ class Asteroid(Pipeline):
                 self.momentum = {}
                 return carried.added_to(done, self.groups)
             except StageLost as lost:
-                self._keep = self.config.options.rescheduling == "lightweight"
+                self._keep = self._options.rescheduling == "lightweight"
                 log.warning("round %d: %s; playing the round again", round_no + 1, lost)
                 # a neighbour's link may break a moment before the coordinator's own link
                 # to a dead device does: give that a heartbeat interval (at most 1 s)
@@ -443,7 +447,7 @@ class Asteroid(Pipeline):
         alive, then of its backup node; that state loaded here (the weights into the
         model, the momentum kept to send). (batches, by stage: its holder and replica),
         or None when none survived whole (or there are no backups)."""
-        every = self.config.options.chain_replication_every
+        every = self._options.chain_replication_every
         if not every:
             return None
         holders = []
@@ -475,7 +479,7 @@ class Asteroid(Pipeline):
 
     def frame_limit(self) -> int:
         """The whole model's state, with momentum when stage backups may send it."""
-        backups = self.config.options.chain_replication_every and backs_up_momentum(self.config)
+        backups = self._options.chain_replication_every and backs_up_momentum(self.config)
         return self._frame_limit(self.iterations_per_epoch, extra_tensors=list(
             self.model.parameters()) if backups else ())
 
@@ -488,7 +492,7 @@ class Asteroid(Pipeline):
             TrainingError: ``workers`` cannot hold the model.
         """
         n, micro = self.parallel_batches, self.micro_batch_size
-        if self.config.options.rescheduling == "lightweight" and set(workers) <= set(self.workers):
+        if self._options.rescheduling == "lightweight" and set(workers) <= set(self.workers):
             adjusted = adjusted_plan(self._hpp, self._fleet, self.hpp_stages,
                                      set(self.workers) - set(workers), n, micro)
             if adjusted is not None:
@@ -552,17 +556,9 @@ class Asteroid(Pipeline):
     def _merge(self, results: Mapping[int, RoundResult]) -> None:
         """Each stage's weights from its first member (its members' are the same);
         floating-point buffers averaged over the members (compute thread)."""
-        stages = []
-        for group in self.groups:
-            states = [state_from_wire(results[d].tensors) for d in group]
-            merged = dict(states[0])
-            if len(states) > 1:
-                parameters = set(parameter_names(states[0], self.model))
-                for name, tensor in states[0].items():
-                    if name not in parameters and tensor.is_floating_point():
-                        merged[name] = torch.stack([s[name] for s in states]).mean(0)
-            stages.append(merged)
-        self._absorb(models.merge_states(*stages))
+        self._absorb(models.merge_states(*(
+            merged_stage([state_from_wire(results[d].tensors) for d in group], self.model)
+            for group in self.groups)))
 
     def epoch_samples(self, device_samples: Sequence[int]) -> int:
         """The samples that went through the whole pipeline: the first stage's members'."""

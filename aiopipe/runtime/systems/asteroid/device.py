@@ -20,6 +20,7 @@ from aiopipe.runtime.judge import scale_of
 from aiopipe.runtime.momentum import stage_snapshot
 from aiopipe.runtime.peer_links import PeerRoute
 from aiopipe.runtime.stage import StageWork
+from aiopipe.runtime.systems.asteroid.options import AsteroidOptions
 from aiopipe.runtime.systems.ftpipehd.chain import ChainReplicas, backup_node
 from aiopipe.runtime.systems.ftpipehd.device import ChainDevice
 
@@ -39,7 +40,7 @@ class AsteroidDevice(ChainDevice):
                           wraps_epoch=True)
 
     def keeps_replicas(self) -> bool:
-        return bool(self.node.config.options.chain_replication_every)
+        return bool(self.node.config.options_as(AsteroidOptions).chain_replication_every)
 
     def accept(self, sender: str, replica: Replica) -> None:
         assert self.chain is not None

@@ -17,6 +17,7 @@ from aiopipe.scheduler.asteroid import Device
 from aiopipe.scheduler.estimate import DeviceProfile
 
 __all__ = ["UNLIMITED", "CarriedResults", "GroupPlan", "declared_device", "measured_device",
+           "merged_stage",
            "parameter_names"]
 
 #: The budget of a device without one (bytes): effectively unlimited.
@@ -116,3 +117,17 @@ def parameter_names(state: Mapping[str, torch.Tensor], model: torch.nn.Module) -
     stage's state keys are the model's own: units keep their indices)."""
     names = {name for name, _ in model.named_parameters()}
     return [name for name in state if name in names]
+
+
+def merged_stage(states: Sequence[Mapping[str, torch.Tensor]], model: torch.nn.Module
+                 ) -> dict[str, torch.Tensor]:
+    """A stage's state from its members' ``states``: the first member's weights (the
+    members' are the same), its floating-point buffers (each member's batch statistics)
+    averaged over the members."""
+    merged = dict(states[0])
+    if len(states) > 1:
+        parameters = set(parameter_names(states[0], model))
+        for name, tensor in states[0].items():
+            if name not in parameters and tensor.is_floating_point():
+                merged[name] = torch.stack([s[name] for s in states]).mean(0)
+    return merged

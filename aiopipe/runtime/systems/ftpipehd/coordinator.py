@@ -43,6 +43,7 @@ from aiopipe.runtime.plan_text import change_lines, log_lines
 from aiopipe.runtime.systems.base import Rounds, Setup, planning_batch_sizes
 from aiopipe.runtime.systems.ftpipehd.chain import KEPT, gather, replica_check
 from aiopipe.runtime.systems.ftpipehd.device import FTPipeHDDevice
+from aiopipe.runtime.systems.ftpipehd.options import FTPipeHDOptions
 from aiopipe.runtime.systems.pipeline.coordinator import (
     MAX_REPLAYS,
     Pipeline,
@@ -84,7 +85,7 @@ class FTPipeHD(Pipeline):
         super().__init__(setup)
         #: "auto" cuts are re-planned after every round from measured capacities, and a
         #: resumed run goes on with the ones the planner had chosen
-        self.replanning = setup.config.options.partition == "auto"
+        self.replanning = setup.config.options_as(FTPipeHDOptions).partition == "auto"
         self.planned_keys = ("partition",) if self.replanning else ()
         self.round_iterations = 0  # a round's batches, once `prepare` knows
         #: whether the round under way was played again after a fault
@@ -149,7 +150,7 @@ class FTPipeHD(Pipeline):
         if batches < 1:
             raise ConfigError(f"device 0 holds {samples[0]} samples, fewer than one "
                               f"batch ({self.micro_batch_size})")
-        every = self.config.options.global_replication_every
+        every = self.config.options_as(FTPipeHDOptions).global_replication_every
         self.iterations_per_epoch = batches
         self.round_iterations = min(every, batches) if every else batches
         self._round_of(self.round_iterations)
@@ -212,7 +213,7 @@ class FTPipeHD(Pipeline):
             rounds.record_change(self._recovery(round_no, epoch, "at its start"))
         attempt = _Attempt(first, work[0])
         # the run's first re-partition, a few batches in (§III-D: after 10)
-        early = self.config.options.first_repartition_after if (
+        early = self.config.options_as(FTPipeHDOptions).first_repartition_after if (
             self.replanning and (epoch, first) == (0, 0)) else 0
         self._replanned_early = False
         while True:
@@ -322,7 +323,7 @@ class FTPipeHD(Pipeline):
         ``bounds[p]`` on ``workers[p]``) that the chain replication kept (batches after
         which it was taken, the last stage's loss and correct count until then); None
         when none survived whole."""
-        if not self.config.options.chain_replication_every:
+        if not self.config.options_as(FTPipeHDOptions).chain_replication_every:
             return None
         sound = replica_check(self.model, bounds, round_no, self.micro_batch_size,
                               momentum=bool(self.config.momentum), what="replica")

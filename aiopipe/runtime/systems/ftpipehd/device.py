@@ -29,6 +29,7 @@ from aiopipe.runtime.stage import StageWork
 from aiopipe.runtime.stage_round import COORDINATOR
 from aiopipe.runtime.systems.ftpipehd.async_weights import AsyncStageWork
 from aiopipe.runtime.systems.ftpipehd.chain import ChainReplicas
+from aiopipe.runtime.systems.ftpipehd.options import FTPipeHDOptions, chain_options
 
 __all__ = ["STAGE_RULES", "ChainDevice", "FTPipeHDDevice"]
 
@@ -49,7 +50,7 @@ class ChainDevice(DeviceHalf):
         if self.keeps_replicas():
             self.chain = ChainReplicas(self.node.holdings.template.model,
                                        momentum=backs_up_momentum(config),
-                                       every=config.options.chain_replication_every)
+                                       every=chain_options(config).chain_replication_every)
 
     def handlers(self) -> Mapping[type[Message], Handler]:
         return {ReplicaRequest: self._answer, Replica: self._replica}
@@ -142,8 +143,8 @@ def _new_work(module: torch.nn.Sequential, assignment: Assignment,
         num_classes=holdings.plan.num_classes, loss=holdings.loss,
         stages=assignment.stages, stage=assignment.stage,
         lr=config.learning_rate, momentum=config.momentum,
-        aggregate_every=config.options.version_aggregation,
-        chain_every=config.options.chain_replication_every)
+        aggregate_every=config.options_as(FTPipeHDOptions).version_aggregation,
+        chain_every=config.options_as(FTPipeHDOptions).chain_replication_every)
 
 
 def _prepare(work: StageWork, assignment: Assignment, momentum: Mapping[str, Any],

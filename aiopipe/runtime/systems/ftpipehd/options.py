@@ -4,13 +4,34 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from aiopipe.config_values import fail
 from aiopipe.runtime.systems.pipeline.options import PARTITION, check_cuts, check_pipeline
 from aiopipe.runtime.systems.registry import SystemOptions
 
-__all__ = ["CHAIN", "OPTIONS", "FTPipeHDOptions", "check_counts"]
+__all__ = ["CHAIN", "OPTIONS", "ChainOptions", "FTPipeHDOptions", "chain_options",
+           "check_counts"]
+
+
+@runtime_checkable
+class ChainOptions(Protocol):
+    """The options of a system whose stages replicate along the chain (FTPipeHD,
+    Asteroid's backups)."""
+
+    chain_replication_every: int
+
+
+def chain_options(config: Any) -> ChainOptions:
+    """The run's options, as those of a system whose stages replicate along the chain.
+
+    Raises:
+        TypeError: the run's system replicates nothing along a chain.
+    """
+    options = config.options
+    if not isinstance(options, ChainOptions):
+        raise TypeError(f"mode {config.mode}'s options have no chain_replication_every")
+    return options
 
 
 @dataclass(frozen=True, slots=True)

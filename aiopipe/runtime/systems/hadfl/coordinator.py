@@ -124,14 +124,18 @@ class HADFL(SystemDefaults):
         if short:
             raise ConfigError(f"device {short[0]} holds {samples[short[0]]} samples, fewer "
                               f"than a mini-batch ({b})")
-        if self.config.options.warmup_epochs == 0:
+        if self._options.warmup_epochs == 0:
             self._strategy([1.0] * len(self.batches))
             self._log_strategy("planned hadfl")
         else:
             log.info("planned hadfl: a mutual negotiation of %s first (every device trains "
                      "its data once an epoch, then all average), then local steps by each "
                      "device's measured speed",
-                     plural(self.config.options.warmup_epochs, "epoch"))
+                     plural(self._options.warmup_epochs, "epoch"))
+
+    @property
+    def _options(self) -> HADFLOptions:
+        return self.config.options_as(HADFLOptions)
 
     def _strategy(self, times: Sequence[float]) -> None:
         config = self.config
@@ -147,7 +151,7 @@ class HADFL(SystemDefaults):
         local steps a round and, negotiated, its seconds a step."""
         generator, config = self.generator, self.config
         assert generator is not None
-        timed = isinstance(config.options.local_steps, str)  # by speed: from the negotiation
+        timed = isinstance(self._options.local_steps, str)  # by speed: from the negotiation
         entries = [{"device": k, "local_steps": steps, **({"step_s": t} if timed else {})}
                    for k, (steps, t) in enumerate(zip(generator.steps, generator.step_times,
                                                       strict=True))]
@@ -222,7 +226,7 @@ class HADFL(SystemDefaults):
         rings, predicted = self._rings(alive, backup)
         steps = ({k: self.batches[k] for k in alive} if self.generator is None
                  else {k: self.generator.steps[k] for k in alive})
-        lr = config.options.warmup_learning_rate if self.generator is None else config.learning_rate
+        lr = self._options.warmup_learning_rate if self.generator is None else config.learning_rate
         # each ring's sender sends its average to the devices of its pool left out
         receivers = {ring[0]: [k for k in pool if k not in ring] for ring, pool in rings}
         sender = rings[0][0][0]  # (its average is the backup)
@@ -289,24 +293,24 @@ class HADFL(SystemDefaults):
         expected = generator.predict(self.versions if self._holt_started else None)
         self._holt_started = True
         groups = [[k for k in g if k in alive]
-                  for g in groups_of(config.devices, config.options.group_size)]
+                  for g in groups_of(config.devices, self._options.group_size)]
         groups = [g for g in groups if g]
         self._rounds_run += 1
         if len(groups) == 1:
-            drawn = generator.draw(expected, alive, config.options.ring_members(config.devices))
+            drawn = generator.draw(expected, alive, self._options.ring_members(config.devices))
             return [(list(drawn), alive)], [round(v, 6) for v in expected]
-        if backup or self._rounds_run % config.options.inter_group_every == 0:
+        if backup or self._rounds_run % self._options.inter_group_every == 0:
             across = [generator.draw(expected, g, 1)[0] for g in groups]
             self._rng.shuffle(across)
             return [(across, alive)], [round(v, 6) for v in expected]
-        return ([(list(generator.draw(expected, g, config.options.ring_members(len(g)))), g)
+        return ([(list(generator.draw(expected, g, self._options.ring_members(len(g)))), g)
                  for g in groups], [round(v, 6) for v in expected])
 
     def _budget(self, k: int) -> float:
         """The seconds device k's local steps should take, by the negotiation (0: no
         limit: the negotiation itself, or fixed local steps)."""
         generator = self.generator
-        if generator is None or not isinstance(self.config.options.local_steps, str):
+        if generator is None or not isinstance(self._options.local_steps, str):
             return 0.0
         return generator.steps[k] * generator.step_times[k]
 
@@ -333,7 +337,7 @@ class HADFL(SystemDefaults):
             if s.epoch == epoch and s.name == "FB" and s.track.endswith("/compute") and (
                     k is not None):
                 self.warmup_times[k] += s.end - s.start
-        if epoch + 1 >= self.config.options.warmup_epochs:
+        if epoch + 1 >= self._options.warmup_epochs:
             missing = [k for k, t in enumerate(self.warmup_times) if t <= 0]
             fallback = max(self.warmup_times)
             # a device that missed the negotiation is taken as the slowest one

@@ -77,6 +77,7 @@ from aiopipe.runtime.judge import ArrivalJudge, scale_of
 from aiopipe.runtime.peer_links import PeerRoute
 from aiopipe.runtime.stage import StageWork, check_tensors, expected_of
 from aiopipe.runtime.systems.hadfl.gossip import RingAverage, chunk_bounds, chunk_sent
+from aiopipe.runtime.systems.hadfl.options import HADFLOptions
 from aiopipe.scheduler.costs import CostTable
 
 __all__ = ["PartialSync", "SyncMessage", "SyncPlan", "flat_state", "load_flat"]
@@ -394,7 +395,7 @@ class PartialSync:
         Raises:
             _Restart: the ring changed (we or another member bypassed a dead one).
         """
-        timeout = self.config.options.ring_timeout
+        timeout = self.config.options_as(HADFLOptions).ring_timeout
         waited_from = self.clock.now()
         deadline, asked = waited_from + timeout, False
         while True:

@@ -61,6 +61,7 @@ from aiopipe.runtime.plan import (
 from aiopipe.runtime.plan_text import log_plan
 from aiopipe.runtime.systems.base import Rounds, Setup, SystemDefaults, planning_batch_sizes
 from aiopipe.runtime.systems.pipeline.device import PipelineDevice
+from aiopipe.runtime.systems.pipeline.options import cut_options, scheduled_options
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.estimate import DeviceProfile
 from aiopipe.scheduler.partition import balanced_partition
@@ -133,7 +134,7 @@ class Pipeline(SystemDefaults):
             raise ConfigError(f"config key 'devices': {self.stages} stages, but "
                               f"{config.model if isinstance(config.model, str) else 'the model'}"
                               f" has only {self.units} units")
-        cuts = config.options.partition
+        cuts = cut_options(config).partition
         if cuts == "auto":
             cuts = self._auto_cuts([config.device_slowdown_of(p) for p in range(self.stages)])
         assert isinstance(cuts, tuple)
@@ -196,7 +197,7 @@ class Pipeline(SystemDefaults):
 
     def _schedule(self, n: int) -> Schedule:
         schedule = with_transfers(one_f_one_b(self.stages, n)
-                                  if self.config.options.schedule == "1f1b"
+                                  if scheduled_options(self.config).schedule == "1f1b"
                                   else gpipe(self.stages, n))
         check_schedule(schedule)
         return schedule
@@ -220,7 +221,7 @@ class Pipeline(SystemDefaults):
         """Per stage: its device, units (first, stop), micro-batches and schedule."""
         return [{"stage": p, "device": self.workers[p], "units": [a, b],
                  "parallel_batches": self.parallel_batches,
-                 "schedule": self.config.options.schedule}
+                 "schedule": scheduled_options(self.config).schedule}
                 for p, (a, b) in enumerate(self.bounds)]
 
     def iterations(self, device_id: int) -> int:

@@ -6,13 +6,66 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from aiopipe.config_values import DATA_PARTITIONS, SCHEDULES, fail, positive_int
 from aiopipe.runtime.systems.registry import SystemOptions
 
-__all__ = ["OPTIONS", "PARTITION", "SCHEDULE", "PipelineOptions", "check_cuts",
-           "check_pipeline", "check_schedule"]
+__all__ = [
+    "OPTIONS",
+    "PARTITION",
+    "SCHEDULE",
+    "CutOptions",
+    "PipelineOptions",
+    "ScheduledOptions",
+    "check_cuts",
+    "check_pipeline",
+    "check_schedule",
+    "cut_options",
+    "scheduled_options",
+]
+
+
+@runtime_checkable
+class CutOptions(Protocol):
+    """The options of a system whose model is cut into stages (the pipeline, FTPipeHD,
+    Asteroid): their ``partition``."""
+
+    partition: str | tuple[int, ...]
+
+
+@runtime_checkable
+class ScheduledOptions(CutOptions, Protocol):
+    """The options of a pipeline with a schedule (the pipeline, Asteroid)."""
+
+    schedule: str
+
+
+def cut_options(config: Any) -> CutOptions:
+    """The run's options, as those of a pipeline cut into stages.
+
+    Raises:
+        TypeError: the run's system cuts no stages.
+    """
+    options: CutOptions = _protocol(config, CutOptions)
+    return options
+
+
+def scheduled_options(config: Any) -> ScheduledOptions:
+    """The run's options, as those of a pipeline with a schedule.
+
+    Raises:
+        TypeError: the run's system has no schedule.
+    """
+    options: ScheduledOptions = _protocol(config, ScheduledOptions)
+    return options
+
+
+def _protocol(config: Any, kind: Any) -> Any:
+    if not isinstance(config.options, kind):
+        raise TypeError(f"mode {config.mode}'s options have no {kind.__name__} "
+                        f"({type(config.options).__name__})")
+    return config.options
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +127,7 @@ def check_pipeline(config: Any) -> None:
 def check(config: Any) -> None:
     """The synchronous pipeline's options."""
     check_cuts(config, one_stage_per_device=True)
-    check_schedule(config.options.schedule)
+    check_schedule(config.options_as(PipelineOptions).schedule)
     check_pipeline(config)
 
 
