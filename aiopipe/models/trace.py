@@ -70,7 +70,8 @@ def as_units(model: nn.Module | Sequence[nn.Module]) -> nn.Sequential:
     return as_sequential(model)
 
 
-def split_units(module: nn.Module, *, at: Sequence[str] | None = None) -> nn.Sequential:
+def split_units(module: nn.Module, *, at: Sequence[str] | None = None,
+                several: bool = False) -> nn.Sequential:
     """``module`` as an ``nn.Sequential`` of split units that share its objects.
 
     An ``nn.Sequential`` is returned as it is (the same object). Any other module is
@@ -83,6 +84,12 @@ def split_units(module: nn.Module, *, at: Sequence[str] | None = None) -> nn.Seq
     unit). Cuts that cannot pass a single tensor are dropped silently unless ``at``
     asked for them; a model with no valid cut (a skip around everything) comes back as
     one unit, and the caller decides whether that is enough.
+
+    ``several``: a cut may pass several values (a skip connection across it, a mask):
+    it is made where the fewest cross, and a unit that takes or returns several takes
+    or returns them as a tuple, in the order the model made them. What the runtime
+    carries across a cut is still one tensor, so the commands split with one
+    (`as_units`); this is the units the runtime will carry structures of.
 
     Raises:
         ConfigError: ``module`` is not an ``nn.Module``; ``at`` is given for an
@@ -108,7 +115,7 @@ def split_units(module: nn.Module, *, at: Sequence[str] | None = None) -> nn.Seq
                           f"{type(returned).__name__}; aiopipe splits models of one "
                           "tensor output")
     flow = _Flow(nodes, returned)
-    cuts = _cuts(flow, leaves, at, name)
+    cuts = _cuts(flow, leaves, at, name, several=several)
     asked = at is not None or any(node.target is split_here for node in nodes)
     cuts = _unshared(module, flow, cuts, strict=asked, name=name)
     bounds = [0, *cuts, len(nodes)]
@@ -191,13 +198,14 @@ def _trace(module: nn.Module, leaves: frozenset[str], name: str) -> fx.Graph:
     return graphs[0]
 
 
-def _cuts(flow: _Flow, leaves: list[str], at: Sequence[str] | None, name: str) -> list[int]:
+def _cuts(flow: _Flow, leaves: list[str], at: Sequence[str] | None, name: str, *,
+          several: bool = False) -> list[int]:
     """Node indices to cut before: after each `split_here` if ``forward`` calls it, else
-    one per child call that can be a cut."""
+    one per child call that can be a cut (``several``: where the fewest values cross)."""
     marks = [i for i, node in enumerate(flow.nodes)
              if node.op == "call_function" and node.target is split_here]
     if marks:
-        return _marked_cuts(flow, marks, at, name)
+        return _marked_cuts(flow, marks, at, name, several=several)
     calls = [i for i, node in enumerate(flow.nodes)
              if node.op == "call_module" and node.target in leaves]
     called = [str(flow.nodes[i].target) for i in calls]
@@ -214,8 +222,9 @@ def _cuts(flow: _Flow, leaves: list[str], at: Sequence[str] | None, name: str) -
         target = str(flow.nodes[here].target)
         if at is not None and target not in at:
             continue
-        point = next((p for p in range(here, previous, -1) if len(flow.crossing(p)) == 1),
-                     None)
+        counts = {p: len(flow.crossing(p)) for p in range(here, previous, -1)}
+        fewest = min(counts.values()) if several else 1
+        point = next((p for p, n in counts.items() if n == fewest), None)
         if point is not None:
             cuts.append(point)
         elif at is not None:
@@ -227,9 +236,9 @@ def _cuts(flow: _Flow, leaves: list[str], at: Sequence[str] | None, name: str) -
 
 
 def _marked_cuts(flow: _Flow, marks: list[int], at: Sequence[str] | None,
-                 name: str) -> list[int]:
+                 name: str, *, several: bool = False) -> list[int]:
     """A cut right after each `split_here` call, where its value must be the only one
-    that crosses.
+    that crosses (``several``: or others with it).
 
     Raises:
         ConfigError: ``at`` given too, or other values cross a marked cut.
@@ -239,7 +248,7 @@ def _marked_cuts(flow: _Flow, marks: list[int], at: Sequence[str] | None,
                           f"{list(at)}: choose one")
     for i in marks:
         values = [node.name for node in flow.crossing(i + 1)]
-        if values != [flow.nodes[i].name]:
+        if values != [flow.nodes[i].name] and not several:
             others = [v for v in values if v != flow.nodes[i].name]
             raise ConfigError(f"cannot split {name} at its split_here() mark "
                               f"{marks.index(i) + 1}: {', '.join(others)} cross it too "
@@ -286,12 +295,18 @@ def _state_used(module: nn.Module, node: fx.Node) -> Iterator[torch.Tensor]:
 
 
 def _unit(module: nn.Module, flow: _Flow, start: int, stop: int) -> fx.GraphModule:
-    """Nodes ``start .. stop - 1`` as a module of one tensor in and one tensor out."""
+    """Nodes ``start .. stop - 1`` as a module of the values that cross its first cut
+    in (one, or a tuple of several) and those that cross its last cut out (alike)."""
     nodes = flow.nodes
-    incoming = nodes[0] if start == 0 else flow.crossing(start)[0]
-    outgoing = flow.returned if stop == len(nodes) else flow.crossing(stop)[0]
+    incoming = [nodes[0]] if start == 0 else flow.crossing(start)
+    outgoing = [flow.returned] if stop == len(nodes) else flow.crossing(stop)
     graph = fx.Graph()
-    env = {incoming: graph.placeholder(incoming.name)}
+    if len(incoming) == 1:
+        env = {incoming[0]: graph.placeholder(incoming[0].name)}
+    else:
+        values = graph.placeholder("values")
+        env = {node: graph.call_function(operator.getitem, (values, k))
+               for k, node in enumerate(incoming)}
 
     def look_up(node: fx.Node) -> fx.Node:
         if node not in env and node.op == "get_attr":  # read where it is used
@@ -301,5 +316,6 @@ def _unit(module: nn.Module, flow: _Flow, start: int, stop: int) -> fx.GraphModu
     for node in nodes[start:stop]:
         if node.op not in ("placeholder", "get_attr", "output"):
             env[node] = graph.node_copy(node, look_up)
-    graph.output(look_up(outgoing))
+    out = [look_up(node) for node in outgoing]
+    graph.output(out[0] if len(out) == 1 else tuple(out))
     return fx.GraphModule(module, graph)

@@ -386,3 +386,55 @@ def test_a_mark_that_more_than_one_value_crosses_is_refused() -> None:
     assert "\n" not in str(info.value)
     with pytest.raises(ConfigError, match="choose one"):
         split_units(Marked(), at=["c"])
+
+
+class UNetLike(nn.Module):
+    """Skips across cuts: ``up1(up2(down2(down1(x))) + d2) + d1``-style, on vectors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down1 = nn.Sequential(nn.Linear(6, 8), nn.ReLU())
+        self.down2 = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        self.middle = nn.Linear(8, 8)
+        self.up2 = nn.Linear(8, 8)
+        self.up1 = nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        d1 = self.down1(x)
+        d2 = self.down2(d1)
+        m = torch.relu(self.middle(d2))
+        u2 = self.up2(m + d2)
+        return self.up1(u2 + d1)
+
+
+def test_with_several_a_cut_passes_a_tuple_and_the_units_compute_the_model() -> None:
+    model = UNetLike()
+    one = split_units(model)
+    several = split_units(model, several=True)
+    assert len(one) < len(several) == 5  # one tensor a cut: the skips merge units
+    x = torch.randn(4, 6)
+    values = x
+    crossing = []
+    for unit in several:
+        values = unit(values)
+        crossing.append(len(values) if isinstance(values, tuple) else 1)
+    assert crossing == [1, 2, 2, 1, 1]  # d1, (d1, d2), (d1, m + d2), u2 + d1, output
+    reference = copy.deepcopy(model)
+    out, want = several(x), reference(x)
+    assert torch.equal(out, want)
+    out.sum().backward()
+    want.sum().backward()
+    for (key, got), (_, expected) in zip(model.named_parameters(),
+                                          reference.named_parameters(), strict=True):
+        assert got.grad is not None
+        assert expected.grad is not None
+        assert torch.equal(got.grad, expected.grad), key
+
+
+def test_several_lets_a_marked_cut_pass_what_crosses_it() -> None:
+    model = MarkedAcrossASkip()
+    units = split_units(model, several=True)
+    x = torch.randn(3, 6)
+    assert len(units) == 2
+    assert isinstance(units[0](x), tuple)
+    assert torch.equal(units(x), model(x))
