@@ -16,12 +16,12 @@ from typing import ClassVar
 
 import pytest
 import torch
+from plain_training import train_in_turns
 from torch import nn
 
 from aiopipe import RunConfig, VirtualClock, simulate
-from aiopipe import data as datasets
 from aiopipe.errors import ConfigError
-from aiopipe.runtime.plan import build_model, device_indices, train_dataset
+from aiopipe.runtime.plan import build_model, train_dataset
 from aiopipe.systems import Activation, Gradient, RoundStart, ServerStage, StageWork
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,15 +50,8 @@ def _plain_sgd(config: RunConfig, devices: Sequence[int] | None = None) -> nn.Se
     dataset = train_dataset(config)
     model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate)
-    for epoch in range(config.epochs):
-        for k in range(config.devices) if devices is None else devices:
-            order = datasets.epoch_order(device_indices(config, dataset, k), epoch=epoch,
-                                         seed=config.seed)
-            for first in range(0, len(order) - BATCH + 1, BATCH):
-                x, y = dataset.batch(order[first:first + BATCH])
-                optimizer.zero_grad()
-                nn.functional.cross_entropy(model(x), y).backward()
-                optimizer.step()
+    train_in_turns(model, optimizer, config,
+                   range(config.devices) if devices is None else devices, BATCH)
     return model
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from plain_training import train_in_turns
 from torch import nn
 
 from aiopipe import RunConfig, VirtualClock, simulate
-from aiopipe import data as datasets
 from aiopipe.errors import ConfigError
 from aiopipe.models import unit_count
-from aiopipe.runtime.plan import build_model, device_indices, train_dataset
+from aiopipe.runtime.plan import build_model, train_dataset
 
 BATCH = 10
 LR = 0.05
@@ -51,14 +51,7 @@ def _plain_pytorch(config: RunConfig) -> dict[str, torch.Tensor]:
     model = SkipNet(dataset.num_classes, dataset.in_shape)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate,
                                 momentum=config.momentum)
-    for epoch in range(config.epochs):
-        order = datasets.epoch_order(device_indices(config, dataset, 0), epoch=epoch,
-                                     seed=config.seed)
-        for first in range(0, len(order) - BATCH + 1, BATCH):
-            x, y = dataset.batch(order[first:first + BATCH])
-            optimizer.zero_grad()
-            nn.functional.cross_entropy(model(x), y).backward()
-            optimizer.step()
+    train_in_turns(model, optimizer, config, [0], BATCH)
     return model.state_dict()
 
 
