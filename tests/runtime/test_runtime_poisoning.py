@@ -75,6 +75,7 @@ def clean() -> RunResult:
 # aiopipe/runtime/systems/star.py), so a robust run of x1e6 would repeat the next test's
 # run exactly; x1e15 takes another path (the server's loss is not finite: the device is
 # lost)
+@pytest.mark.slow
 async def test_the_coordinators_arrival_judge_excludes_the_poisoning_device_at_once(
         poison: Any, clean: RunResult, caplog: pytest.LogCaptureFixture) -> None:
     """Default options: the first x1e6 activation is refused, the device excluded; the
