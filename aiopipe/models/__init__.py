@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from aiopipe.models.split import (
     as_sequential,
+    frozen_parameters,
     merge_states,
     model_digest,
     partition,
@@ -27,6 +28,7 @@ __all__ = [
     "as_sequential",
     "as_units",
     "build",
+    "frozen_parameters",
     "merge_states",
     "model_digest",
     "partition",

@@ -36,7 +36,8 @@ from torch import Tensor, nn
 
 from aiopipe.errors import ConfigError
 
-__all__ = ["as_sequential", "merge_states", "model_digest", "partition", "split",
+__all__ = ["as_sequential", "frozen_parameters", "merge_states", "model_digest",
+           "partition", "split",
            "unit_count", "units_of"]
 
 _ACCEPTED = (
@@ -151,6 +152,12 @@ def units_of(model: nn.Sequential, first: int, stop: int) -> nn.Sequential:
         ConfigError: as `partition`.
     """
     return partition(model, [first, stop])[1]
+
+
+def frozen_parameters(module: nn.Module) -> frozenset[str]:
+    """The state-dict names of ``module``'s frozen parameters (``requires_grad`` false):
+    a frozen base never changes, so it need not travel once every node holds it."""
+    return frozenset(name for name, p in module.named_parameters() if not p.requires_grad)
 
 
 def merge_states(*states: Mapping[str, Tensor]) -> dict[str, Tensor]:

@@ -184,7 +184,8 @@ class _Lanes:
             if granted.done() and not granted.cancelled():
                 self.give(count)  # granted, then cancelled before it could run
             else:
-                self._waiting.remove((count, granted))
+                if (count, granted) in self._waiting:  # (`_grant` may have passed it)
+                    self._waiting.remove((count, granted))
                 self._grant()
             raise
 

@@ -61,7 +61,7 @@ from aiopipe.runtime.profiling import host_fingerprint
 from aiopipe.runtime.stage import Batch, StageWork
 from aiopipe.wording import plural
 
-__all__ = ["KEPT_ROUNDS", "Holdings", "StageRules"]
+__all__ = ["KEPT_ROUNDS", "Holdings", "StageRules", "load_stage_state"]
 
 #: Rounds whose starting optimizer state a device keeps ([Note: a redone round]).
 KEPT_ROUNDS = 3
@@ -244,10 +244,10 @@ class Holdings:
         momentum: dict[str, torch.Tensor] = {}
         if not keep:
             state, momentum = split_momentum(state_from_wire(message.tensors))
-            work.module.load_state_dict(state)
+            load_stage_state(work.module, state, f"round {message.round + 1}")
         elif replayed and backup is not None and kept_stage:
             state, momentum = split_momentum(state_from_wire(backup.tensors))
-            work.module.load_state_dict(state)
+            load_stage_state(work.module, state, "the stage's backup")
         elif replayed:
             self._restart(work, name, message.round)
         if momentum and rules.prepare is None:
@@ -320,3 +320,22 @@ def _micro_batch(dataset: datasets.Dataset, order: np.ndarray, micro: int, paral
     if wrap:
         return dataset.batch(np.take(order, np.arange(first, first + micro), mode="wrap"))
     return dataset.batch(order[first:first + micro])
+
+
+def load_stage_state(module: torch.nn.Module, state: Mapping[str, torch.Tensor],
+                     what: str) -> None:
+    """Load ``state`` into a stage: every tensor of the stage but its frozen parameters,
+    which a system may leave out ([Note: frozen bases] in
+    aiopipe/runtime/systems/star/coordinator.py: the stage holds them already).
+
+    Raises:
+        RemoteProtocolError: ``state`` lacks another tensor of the stage, or holds one
+            the stage does not have.
+    """
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    lacking = sorted(set(missing) - models.frozen_parameters(module))
+    if lacking or unexpected:
+        raise RemoteProtocolError(f"{what} does not match the stage: "
+                                  f"{'lacks ' + ', '.join(lacking) if lacking else ''}"
+                                  f"{'; ' if lacking and unexpected else ''}"
+                                  f"{'holds ' + ', '.join(unexpected) if unexpected else ''}")

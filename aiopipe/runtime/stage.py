@@ -242,7 +242,8 @@ class StageWork:
         self._held.pop(key, None)
         if self.last:
             assert saved.output is not None  # the last stage never recomputes
-            torch.autograd.backward(saved.output)
+            if saved.output.requires_grad:  # (else nothing before it trains)
+                torch.autograd.backward(saved.output)
         else:
             if gradient is None:
                 raise ValueError("a backward before the last stage needs a gradient")
@@ -252,7 +253,8 @@ class StageWork:
             except RemoteProtocolError:
                 self.optimizer.zero_grad(set_to_none=True)
                 raise
-            torch.autograd.backward(out, gradient)
+            if out.requires_grad:  # (else a frozen first stage: nothing to train)
+                torch.autograd.backward(out, gradient)
         if saved.inputs is None:
             return None
         grad = saved.inputs.grad

@@ -119,6 +119,8 @@ class Star(SystemDefaults):
         self.serves_stages = config.mode != "fl"  # sl, sfl, pipar: the server half
         self.server_lanes = server_lanes_of(config)
         self.model = setup.model
+        #: the global model's frozen parameters ([Note: frozen bases])
+        self.frozen = models.frozen_parameters(self.model)
         self.units = models.unit_count(self.model)
         self.num_classes = setup.num_classes
         self.in_shape = setup.in_shape
@@ -378,14 +380,20 @@ class Star(SystemDefaults):
         if split_point < self.units:
             self.replicas.open(k, split_point, self.config)
         half = models.split(self.model, split_point)[0]
-        return state_to_wire({key: v.detach().clone() for key, v in half.state_dict().items()})
+        frozen = models.frozen_parameters(half)  # [Note: frozen bases]: devices hold them
+        return state_to_wire({key: v.detach().clone() for key, v in half.state_dict().items()
+                              if key not in frozen})
 
-    def _whole_state(self, k: int, result: RoundResult) -> dict[str, torch.Tensor]:
+    def _whole_state(self, k: int, result: RoundResult, start: Mapping[str, torch.Tensor]
+                     ) -> dict[str, torch.Tensor]:
+        """Device k's whole model after the round: its half, its replica of the other
+        half, and the frozen parameters as they were (they did not travel)."""
         returned = state_from_wire(result.tensors)
-        if k not in self.replicas:
-            return dict(returned)
-        replica = {key: v.cpu() for key, v in self.replicas[k][0].state_dict().items()}
-        return models.merge_states(returned, replica)
+        if k in self.replicas:
+            replica = {key: v.cpu() for key, v in self.replicas[k][0].state_dict().items()}
+            returned = models.merge_states(returned, replica)
+        return {**{key: start[key] for key in self.frozen if key not in returned},
+                **returned}
 
     def _aggregate(self, results: Mapping[int, RoundResult]) -> None:
         """The devices whose round completed, judged ([Note: judging updates]), screened
@@ -395,7 +403,7 @@ class Star(SystemDefaults):
         from its device is not kept either."""
         config = self.config
         start = self.model.state_dict()
-        states = {k: self._whole_state(k, res) for k, res in results.items()}
+        states = {k: self._whole_state(k, res, start) for k, res in results.items()}
         weights = {k: float(res.samples) for k, res in results.items()}
         norms = update_norms(states, start)
         scale = self.judge.scale(norms, start)[0]
@@ -461,7 +469,7 @@ class Star(SystemDefaults):
         """SL: the next device starts from this device's weights, if the judge accepts
         them ([Note: judging updates]; else from the weights this device started from)."""
         start = self.model.state_dict()
-        state = self._whole_state(k, result)
+        state = self._whole_state(k, result, start)
         norms = update_norms({k: state}, start)
         refusals = self.judge.refusals(norms, start)
         if not refusals:
@@ -564,3 +572,17 @@ def _profile_key(device: DeviceProfile) -> tuple[object, ...]:
     """What makes two devices' profiles alike for the planner (its table by identity:
     a `CostTable` does not hash)."""
     return device.slowdown, device.uplink, device.downlink, device.samples, id(device.costs)
+
+
+# Note [frozen bases]
+# ~~~~~~~~~~~~~~~~~~~
+# A parameter with ``requires_grad`` false (a frozen base under a fine-tuned head or an
+# adapter) never changes: no optimizer steps it. Every node builds the model alike (the
+# digests agree), so every node holds it already, and in fl, sl, sfl and pipar it does
+# not travel: a `RoundStart` leaves it out of the device's half, the device's upload
+# leaves it out, and the stage loads what it was sent around it (`load_stage_state`,
+# which refuses any other missing tensor). The coordinator aggregates the whole models
+# with the frozen parameters as the round began (`_whole_state`); every built-in
+# aggregation keeps equal tensors exact (FedAvg sums in float64; the median, the trimmed
+# mean and Krum pick values), so a frozen base stays bit for bit, as
+# tests/runtime/test_runtime_frozen_bases.py checks. The other systems still send them.

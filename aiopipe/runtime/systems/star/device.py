@@ -9,6 +9,7 @@ from functools import partial
 
 import torch
 
+from aiopipe.models import frozen_parameters
 from aiopipe.protocol import RoundStart
 from aiopipe.runtime.assignment import Assignment
 from aiopipe.runtime.device_half import DeviceHalf
@@ -35,9 +36,11 @@ class StarDevice(DeviceHalf):
     def upload_state(self, work: StageWork, round_no: int) -> dict[str, torch.Tensor]:
         """The trained stage, sharing the stage's memory on the CPU (no copy): it is kept
         until the next `RoundStart` (for re-sending), and only that round's weights,
-        loaded after it, change the stage again; with classic differential privacy,
-        noised (aiopipe.runtime.privacy)."""
-        state = work.current_state()
+        loaded after it, change the stage again; its frozen parameters left out (they do
+        not change); with classic differential privacy, noised
+        (aiopipe.runtime.privacy)."""
+        frozen = frozen_parameters(work.module)  # [Note: frozen bases]: never sent
+        state = {key: v for key, v in work.current_state().items() if key not in frozen}
         config = self.node.config
         options = star_options(config)
         if options.privacy == "classic":
