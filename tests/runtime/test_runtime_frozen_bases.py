@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from bench_scripts import load_bench
 from plain_training import train_in_turns
-from torch import nn
 
 from aiopipe import CostTable, RunConfig, VirtualClock, simulate
 from aiopipe.runtime.plan import build_model, train_dataset
@@ -17,18 +17,10 @@ BATCH = 10
 COSTS = CostTable.uniform(4, forward=0.001, backward=0.002)
 
 
-def frozen_base(num_classes: int, in_shape: tuple[int, ...]) -> nn.Sequential:
-    """Four units, the first two frozen (a pretrained base under a trained head)."""
-    features = 1
-    for side in in_shape:
-        features *= side
-    model = nn.Sequential(nn.Sequential(nn.Flatten(), nn.Linear(features, 32), nn.ReLU()),
-                          nn.Sequential(nn.Linear(32, 32), nn.ReLU()),
-                          nn.Sequential(nn.Linear(32, 32), nn.Tanh()),
-                          nn.Linear(32, num_classes))
-    for unit in list(model)[:2]:
-        unit.requires_grad_(False)
-    return model
+#: four units, the first two frozen (a pretrained base under a trained head): the
+#: model bench/frozen_bases.py measures
+BENCH = load_bench("frozen_bases")
+frozen_base = BENCH.frozen_base
 
 
 def _config(**changes: object) -> RunConfig:
@@ -75,10 +67,8 @@ async def test_frozen_parameters_do_not_travel_and_fedavg_does_not_round_them(
     for key in ("0.1.weight", "0.1.bias", "1.0.weight", "1.0.bias"):
         assert torch.equal(got[key], initial[key]), key
 
-    def unfrozen(num_classes: int, in_shape: tuple[int, ...]) -> nn.Sequential:
-        return frozen_base(num_classes, in_shape).requires_grad_(True)
-
-    everything = await simulate(config.replace(model=unfrozen), clock=VirtualClock(),
+    everything = await simulate(config.replace(model=BENCH.everything_trained),
+                                clock=VirtualClock(),
                                 cost_table=COSTS)
     frozen_bytes = sum(v.numel() * v.element_size() for k, v in initial.items()
                        if k.startswith(("0.", "1.")))
