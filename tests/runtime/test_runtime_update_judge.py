@@ -13,7 +13,7 @@ and the server gave up with "every device was lost".
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import pytest
@@ -175,11 +175,11 @@ async def test_an_update_under_the_norm_limit_that_wrecks_the_loss_is_refused(
     without_bad = await reference("fl")
     honest = star_module.Star._whole_state
 
-    def boosted(self: Any, k: int, result: RoundResult) -> dict[str, torch.Tensor]:
-        state = honest(self, k, result)
+    def boosted(self: Any, k: int, result: RoundResult,
+                start: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        state = honest(self, k, result, start)
         if k != BAD:
             return state
-        start = self.model.state_dict()
         return {key: start[key] + (v - start[key]) * 900 if v.is_floating_point() else v
                 for key, v in state.items()}
 
