@@ -657,21 +657,25 @@ def test_a_cost_table_keeps_its_aggregation_cost() -> None:
         CostTable.from_mapping({**older, "aggregate": {"fixed": -1.0, "per_device": 0.0}})
 
 
+@pytest.mark.slow  # (5 s: long enough to time in CPU seconds beside a busy core)
 def test_the_aggregation_is_timed_fixed_and_per_device() -> None:
-    """Work that costs ~2000 units plus ~4000 units per device: both parts come out
-    positive and in that order (CPU time of in-place arithmetic, no allocation: a loaded machine
-    hardly moves it; the median of three, and a fixed part a third of one device's run,
-    so that one disturbed timing cannot turn it negative, as ~1000 once did)."""
+    """Work that costs 1M steps plus 2M steps per device: both parts come out positive
+    and in that order. The steps are pure-Python arithmetic on one int, timed in CPU
+    time: no memory traffic, which a second busy core slows (tensor arithmetic here once
+    came out 35% slower in one of its two timings, under the suite's other worker, and
+    swapped the parts), and long enough (tens of ms) that a preemption is noise: with a
+    memory-bound loop on the other core the fixed part measured 0.42-0.57 of the
+    per-device part (0.5 nominal; 0.08-1.48 at a tenth of the steps)."""
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
     calls: list[int] = []
-    x = torch.ones(50_000)
 
     def aggregate(devices: int) -> None:
         calls.append(devices)
-        for _ in range(2000 + 4000 * devices):
-            x.mul_(0.5).add_(1.0)
+        total = 0
+        for step in range(1_000_000 + 2_000_000 * devices):
+            total += step
 
-    costs = measure_costs(model, (12,), [2], repeats=3, warmup=0, aggregate=aggregate,
+    costs = measure_costs(model, (12,), [2], repeats=1, warmup=0, aggregate=aggregate,
                           clock="cpu")
     fixed, per_device = costs.aggregate
     assert set(calls) == {1, 2}
