@@ -657,29 +657,28 @@ def test_a_cost_table_keeps_its_aggregation_cost() -> None:
         CostTable.from_mapping({**older, "aggregate": {"fixed": -1.0, "per_device": 0.0}})
 
 
-@pytest.mark.slow  # (5 s: long enough to time in CPU seconds beside a busy core)
-def test_the_aggregation_is_timed_fixed_and_per_device() -> None:
-    """Work that costs 1M steps plus 2M steps per device: both parts come out positive
-    and in that order. The steps are pure-Python arithmetic on one int, timed in CPU
-    time: no memory traffic, which a second busy core slows (tensor arithmetic here once
-    came out 35% slower in one of its two timings, under the suite's other worker, and
-    swapped the parts), and long enough (tens of ms) that a preemption is noise: with a
-    memory-bound loop on the other core the fixed part measured 0.42-0.57 of the
-    per-device part (0.5 nominal; 0.08-1.48 at a tenth of the steps)."""
+def test_the_aggregation_is_timed_fixed_and_per_device(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Work that costs 1 ms plus 4 ms per device comes out as exactly those two parts,
+    from timings of 1 and 2 devices. The CPU clock is the test's own (each call of the
+    work advances it by its cost): real CPU seconds of any work move by a third beside
+    the suite's other worker, which once swapped the parts and once made the fixed part
+    negative."""
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
     calls: list[int] = []
+    seconds = [0.0]
+    monkeypatch.setattr(time, "thread_time", lambda: seconds[0])
 
     def aggregate(devices: int) -> None:
         calls.append(devices)
-        total = 0
-        for step in range(1_000_000 + 2_000_000 * devices):
-            total += step
+        seconds[0] += 0.001 + 0.004 * devices
 
     costs = measure_costs(model, (12,), [2], repeats=1, warmup=0, aggregate=aggregate,
                           clock="cpu")
     fixed, per_device = costs.aggregate
     assert set(calls) == {1, 2}
-    assert 0 < fixed < per_device
+    assert math.isclose(fixed, 0.001, rel_tol=1e-6)
+    assert math.isclose(per_device, 0.004, rel_tol=1e-6)
     assert measure_costs(model, (12,), [2], repeats=1, warmup=0).aggregate == (0.0, 0.0)
 
 
