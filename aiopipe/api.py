@@ -29,7 +29,7 @@ from torch import nn
 from aiopipe.auth import Revocations, check_secret
 from aiopipe.clock import Clock, SystemClock, VirtualClock
 from aiopipe.config import RunConfig
-from aiopipe.data import Dataset, as_dataset
+from aiopipe.data import Dataset, as_dataset, kind_of
 from aiopipe.errors import AiopipeError, ConfigError, TrainingError, TransportError
 from aiopipe.metrics.results import (
     EpochMetrics,
@@ -163,13 +163,14 @@ def _measure(config: RunConfig, dataset: Dataset | None) -> CostTable:
             f"{type(dataset).__module__}.{type(dataset).__qualname__}")
     if dataset is None:
         dataset = train_dataset(config)
-    model = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
+    kind = kind_of(dataset)
+    model = build_model(config, num_classes=kind.classes, in_shape=kind.in_shape)
     sizes = planning_batch_sizes(config)
-    key = cost_key(model, dataset.in_shape, data, sizes,
+    key = cost_key(model, kind.inputs, data, sizes,
                    {"threads": config.torch_threads, "learning_rate": config.learning_rate,
                     "momentum": config.momentum})
     return cached_costs(key, partial(measure_planning_costs, config, model,
-                                     dataset.in_shape, dataset, sizes=sizes))
+                                     kind.inputs, dataset, sizes=sizes))
 
 
 async def _serve(node: Coordinator, link: Link) -> None:

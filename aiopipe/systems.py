@@ -26,6 +26,7 @@ examples/ushaped.py is a whole system written with these names only.
 
 from __future__ import annotations
 
+from aiopipe.models.crossing import Crossing, crossing_bytes
 from aiopipe.protocol import (
     HEADER_SLACK_BYTES,
     Activation,
@@ -46,8 +47,8 @@ from aiopipe.runtime.assignment import Assignment, check_data_message
 from aiopipe.runtime.delivery import Delivery
 from aiopipe.runtime.device_half import DeviceContext, DeviceHalf, Handler, StageRules
 from aiopipe.runtime.executor import Identity, Inbox, Route, StageExecutor
-from aiopipe.runtime.factories import make_loss, make_optimizer, unit_output_shapes
-from aiopipe.runtime.stage import ServerStage, StageWork
+from aiopipe.runtime.factories import make_loss, make_optimizer, unit_crossings
+from aiopipe.runtime.stage import Sent, ServerStage, StageWork
 from aiopipe.runtime.stage_round import COORDINATOR
 from aiopipe.runtime.systems.base import Rounds, Setup, System, SystemDefaults, refuse_replica
 from aiopipe.runtime.systems.registry import SystemOptions
@@ -68,6 +69,7 @@ __all__ = [
     "Activation",
     "ArrivalRules",
     "Assignment",
+    "Crossing",
     "Delivery",
     "DeviceContext",
     "DeviceHalf",
@@ -84,6 +86,7 @@ __all__ = [
     "Rounds",
     "Route",
     "Schedule",
+    "Sent",
     "ServerStage",
     "Setup",
     "StageExecutor",
@@ -95,6 +98,7 @@ __all__ = [
     "TensorData",
     "check_data_message",
     "check_schedule",
+    "crossing_bytes",
     "gpipe",
     "make_loss",
     "make_optimizer",
@@ -105,6 +109,6 @@ __all__ = [
     "state_to_wire",
     "to_tensor_data",
     "to_torch",
-    "unit_output_shapes",
+    "unit_crossings",
     "with_transfers",
 ]

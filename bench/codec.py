@@ -36,14 +36,14 @@ def main() -> None:
 
     activation = torch.randn(100, 32, 32, 32)
     labels = torch.randint(0, 10, (100,))
-    message = Activation(0, 0, 3, 7, 1, 0, "device0", "server", to_tensor_data(activation),
+    message = Activation(0, 0, 3, 7, 1, 0, "device0", "server", (to_tensor_data(activation),),
                          to_tensor_data(labels))
     raw = activation.numpy().data.cast("B")
     array = activation.numpy()
     frame = encode(message)
     received = decode(frame)
     if not isinstance(received, Activation) or not torch.equal(
-        to_torch(received.tensor), activation
+        to_torch(received.tensors[0]), activation
     ):
         raise SystemExit("round trip failed")
 
@@ -51,12 +51,12 @@ def main() -> None:
         return decode(encode(message))
 
     def full_path() -> object:
-        wire = Activation(0, 0, 3, 7, 1, 0, "device0", "server", to_tensor_data(activation),
-                          to_tensor_data(labels))
+        wire = Activation(0, 0, 3, 7, 1, 0, "device0", "server",
+                          (to_tensor_data(activation),), to_tensor_data(labels))
         received = decode(encode(wire))
         if not isinstance(received, Activation):
             raise SystemExit("round trip failed")
-        return to_torch(received.tensor), to_torch(received.labels)
+        return to_torch(received.tensors[0]), to_torch(received.labels)
 
     cases: dict[str, Callable[[], object]] = {
         "copy: bytes(memoryview)": lambda: bytes(raw),

@@ -76,7 +76,7 @@ def _scaled_activations(factor: float) -> Any:
     def send(self: Any, message: Any, name: str, *, ready_at: float | None) -> None:
         if self.owner.device_id == BAD and isinstance(message, Activation):
             message = dataclasses.replace(
-                message, tensor=to_tensor_data(to_torch(message.tensor) * factor))
+                message, tensors=(to_tensor_data(to_torch(message.tensors[0]) * factor),))
         honest(self, message, name, ready_at=ready_at)
 
     return send

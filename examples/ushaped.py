@@ -44,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any, ClassVar
@@ -78,12 +77,13 @@ from aiopipe.systems import (
     SystemOptions,
     TensorData,
     check_schedule,
+    crossing_bytes,
     gpipe,
     make_optimizer,
     state_from_wire,
     state_to_wire,
     to_tensor_data,
-    unit_output_shapes,
+    unit_crossings,
     with_transfers,
 )
 
@@ -223,7 +223,7 @@ class UShapedDevice(DeviceHalf):
         for message in (start, tail):
             assignment = Assignment.from_round_start(
                 message, units=holdings.units, batch_size=node.config.batch_size,
-                activation_shapes=holdings.activation_shapes, me=node.name)
+                crossings=holdings.crossings, me=node.name)
             first, stop = assignment.first_unit, assignment.stop_unit
             work = self.works.get((first, stop, assignment.parallel_batches))
             if work is None:
@@ -301,7 +301,7 @@ class UShaped(SystemDefaults):
         # the coordinator's middle shares the global model's units: it trains them in place
         self.middle = models.units_of(self.model, *self.cuts)
         self.optimizer = make_optimizer(self.middle, self.config)
-        self.shapes = unit_output_shapes(self.model, setup.in_shape)
+        self.shapes = unit_crossings(self.model, setup.data.inputs)
         self.samples: list[int] = []
 
     def _n(self, k: int) -> int:
@@ -343,7 +343,7 @@ class UShaped(SystemDefaults):
         state = self.model.state_dict()
         state_bytes = sum(t.numel() * t.element_size() for t in state.values())
         batch = self.config.batch_size
-        activation = max(math.prod(shape) for shape in self.shapes) * 4 * batch
+        activation = max(crossing_bytes(c) for c in self.shapes) * batch
         slices = max((self.iterations(k) * (8 * self._n(k) + 4) + 16
                       for k in range(len(self.samples))), default=16)
         return int(max(state_bytes, activation + 8 * batch) + HEADER_SLACK_BYTES
@@ -388,7 +388,7 @@ class UShaped(SystemDefaults):
         p1, p2 = self.cuts
         n = start.parallel_batches
         work = StageWork(self.middle, self.optimizer, first=False, last=False,
-                         parallel_batches=n, num_classes=self.setup.num_classes)
+                         parallel_batches=n, num_classes=self.setup.data.classes)
         assignment = Assignment(
             "server", start.round, start.epoch, start.first_iteration, start.iterations,
             1, 3, p1, p2, n, start.micro_batch_size, start.version, _actions(n)[1], {},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -14,16 +15,23 @@ from aiopipe.runtime.plan import device_indices, train_dataset
 
 
 def train_in_turns(model: nn.Module, optimizer: torch.optim.Optimizer, config: RunConfig,
-                   devices: Sequence[int], batch: int) -> None:
+                   devices: Sequence[int], batch: int,
+                   own: Sequence[datasets.Dataset] | None = None) -> None:
     """Per epoch, each of ``devices`` in turn: its batches of ``batch`` samples in its
-    epoch order, one optimizer step each, with cross-entropy."""
-    dataset = train_dataset(config)
+    epoch order, one optimizer step each, with cross-entropy. ``own``: each device's
+    own data (else its shard of the config's dataset); inputs that are a tuple are the
+    model's several inputs."""
+    dataset = train_dataset(config) if own is None else None
     for epoch in range(config.epochs):
         for k in devices:
-            order = datasets.epoch_order(device_indices(config, dataset, k), epoch=epoch,
-                                         seed=config.seed)
+            data = own[k] if own is not None else dataset
+            assert data is not None
+            indices = (np.arange(len(data)) if own is not None
+                       else device_indices(config, data, k))
+            order = datasets.epoch_order(indices, epoch=epoch, seed=config.seed)
             for first in range(0, len(order) - batch + 1, batch):
-                x, y = dataset.batch(order[first:first + batch])
+                x, y = data.batch(order[first:first + batch])
                 optimizer.zero_grad()
-                nn.functional.cross_entropy(model(x), y).backward()
+                out = model(*x) if isinstance(x, tuple) else model(x)
+                nn.functional.cross_entropy(out, y).backward()
                 optimizer.step()

@@ -36,7 +36,7 @@ honest = peer.Peer.post
 def post(self, message, *args, **kwargs):
     if isinstance(message, Activation) and message.destination.startswith("device"):
         message = dataclasses.replace(
-            message, tensor=to_tensor_data(to_torch(message.tensor) * 1e6))
+            message, tensors=(to_tensor_data(to_torch(message.tensors[0]) * 1e6),))
     return honest(self, message, *args, **kwargs)
 
 
@@ -98,7 +98,7 @@ honest = stage_round._ServerRoute.send
 def send(self, message, name, *, ready_at):
     if isinstance(message, Activation):
         message = dataclasses.replace(
-            message, tensor=to_tensor_data(to_torch(message.tensor) * 1e6))
+            message, tensors=(to_tensor_data(to_torch(message.tensors[0]) * 1e6),))
     honest(self, message, name, ready_at=ready_at)
 
 

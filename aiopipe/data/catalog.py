@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Final
 
 from aiopipe.data.dataset import SPLITS, Dataset, check_seed, check_size, check_split
+from aiopipe.data.kind import DataKind
 from aiopipe.data.readers import FileDataset, open_cifar10, open_cifar100, open_mnist
 from aiopipe.data.synthetic import SYNTHETIC_SPECS, SyntheticDataset
 from aiopipe.errors import ConfigError
@@ -37,8 +38,8 @@ _FILE_SHAPES: Final[dict[str, tuple[tuple[int, ...], int]]] = {
 }
 
 
-def data_format(name: str) -> tuple[tuple[int, ...], int] | None:
-    """``(input shape, classes)`` of the dataset called ``name``, known from the name
+def data_format(name: str) -> DataKind | None:
+    """The kind of the dataset called ``name`` (images of classes), known from the name
     alone, without opening a file; None for a name that is not `open_dataset`'s (a
     ``module:function`` entry point: only its data can tell).
 
@@ -47,10 +48,10 @@ def data_format(name: str) -> tuple[tuple[int, ...], int] | None:
     """
     spec = SYNTHETIC_SPECS.get(name)
     if spec is not None:
-        return spec.in_shape, spec.num_classes
+        return DataKind.classified(spec.in_shape, spec.num_classes)
     kind, sep, _ = name.partition(":")
     if sep and kind in _FILE_SHAPES:
-        return _FILE_SHAPES[kind]
+        return DataKind.classified(*_FILE_SHAPES[kind])
     if not sep:
         raise ConfigError(
             f"dataset: unknown {name!r}; expected one of {', '.join(DATASET_NAMES)}, "

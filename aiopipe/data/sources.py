@@ -14,7 +14,6 @@ kinds of source become a `Dataset`:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,7 +25,7 @@ from aiopipe.data.catalog import FILE_FORMATS, open_dataset
 from aiopipe.data.dataset import Dataset, check_indices
 from aiopipe.errors import ConfigError
 
-__all__ = ["Shard", "TorchDataset", "as_dataset", "describe", "open_device_data"]
+__all__ = ["Shard", "TorchDataset", "as_dataset", "open_device_data"]
 
 
 class TorchDataset:
@@ -213,11 +212,3 @@ def open_device_data(spec: str, *, split: str = "train", seed: int = 0,
             return Shard(made, np.arange(size))
         return made
     return open_dataset(spec, split=split, size=size, seed=seed)
-
-
-def describe(dataset: Dataset) -> tuple[int, tuple[int, ...], int]:
-    """``(samples, input shape, classes)``: what a device announces of its data."""
-    shape = tuple(int(d) for d in dataset.in_shape)
-    if math.prod(shape) < 1:
-        raise ConfigError(f"dataset {dataset.name}: inputs of shape {shape} are empty")
-    return len(dataset), shape, int(dataset.num_classes)

@@ -1,8 +1,10 @@
 """Any one-input model as split units: trace its forward and cut it between children.
 
 aiopipe splits an ``nn.Sequential`` of units (`aiopipe.models.split`). `split_units` gives
-that shape to any other ``nn.Module`` whose ``forward(x)`` returns one tensor, without
-copying anything: the units hold the model's own modules, parameters and buffers.
+that shape to any other ``nn.Module`` whose ``forward`` takes its inputs as positional
+tensors (the first unit takes several as one tuple, as the data gives them) and returns
+one value, without copying anything: the units hold the model's own modules, parameters
+and buffers.
 
 Theory of operation:
 
@@ -11,13 +13,13 @@ Theory of operation:
    they are called, not traced into, so control flow inside a child is fine. The trace
    is made with every module in train mode and again in eval mode; if the two differ,
    ``forward`` reads ``self.training`` itself and a trace would freeze one of them.
-2. *Cut.* Each call of a child after the first is a candidate cut. A cut passes one
-   tensor, so it is made at the latest point between that call and the previous child
-   call where exactly one value is still needed later; plain operations there
-   (``torch.flatten``, ``x + y``) join the unit before. Where no such point exists (a
-   skip connection around the cut) the cut is dropped and the units on either side
-   merge. A cut that would put a parameter or buffer in two units (a module called at
-   two places, tied weights) is dropped too: a tensor is trained on one node only.
+2. *Cut.* Each call of a child after the first is a candidate cut. It is made at the
+   latest point between that call and the previous child call where the fewest values
+   are still needed later (plain operations there, ``torch.flatten``, ``x + y``, join
+   the unit before); every such value crosses, as a tuple when there are several (a
+   skip connection around the cut, a mask every block takes: `aiopipe.models.crossing`).
+   A cut that would put a parameter or buffer in two units (a module called at two
+   places, tied weights) is dropped: a tensor is trained on one node only.
 3. *Build.* Each unit is a ``GraphModule`` of its slice of the graph, rooted at the
    model, so it holds the original objects under their original qualified names.
 
@@ -71,30 +73,29 @@ def as_units(model: nn.Module | Sequence[nn.Module]) -> nn.Sequential:
 
 
 def split_units(module: nn.Module, *, at: Sequence[str] | None = None,
-                several: bool = False) -> nn.Sequential:
+                several: bool = True) -> nn.Sequential:
     """``module`` as an ``nn.Sequential`` of split units that share its objects.
 
     An ``nn.Sequential`` is returned as it is (the same object). Any other module is
     traced (see the module docstring) and cut before every call of a top-level child,
     or where its ``forward`` calls `split_here`, or, with ``at``, only before the
     children named there (an entry of a top-level
-    ``nn.ModuleList`` is named like ``"blocks.3"``). Each unit takes one tensor and
-    returns one; chaining them computes exactly ``module(x)``, and the units' parameters
-    and buffers are ``module``'s own (a child that ``forward`` never calls is in no
-    unit). Cuts that cannot pass a single tensor are dropped silently unless ``at``
-    asked for them; a model with no valid cut (a skip around everything) comes back as
-    one unit, and the caller decides whether that is enough.
+    ``nn.ModuleList`` is named like ``"blocks.3"``). Chaining the units computes
+    exactly ``module(x)``, and the units' parameters and buffers are ``module``'s own (a
+    child that ``forward`` never calls is in no unit).
 
-    ``several``: a cut may pass several values (a skip connection across it, a mask):
-    it is made where the fewest cross, and a unit that takes or returns several takes
-    or returns them as a tuple, in the order the model made them. What the runtime
-    carries across a cut is still one tensor, so the commands split with one
-    (`as_units`); this is the units the runtime will carry structures of.
+    What crosses a cut: every value computed before it and used after it (a skip
+    connection, a mask, the model's second input), the fewest of them: the cut is made
+    where the fewest cross, and a unit that takes or returns several takes or returns
+    them as a tuple, in the order the model made them (`aiopipe.models.crossing`; the
+    runtime carries the tuple). With ``several`` false a cut passes one tensor: cuts
+    that cannot are dropped silently unless ``at`` asked for them, and a model with no
+    such cut (a skip around everything) comes back as one unit.
 
     Raises:
         ConfigError: ``module`` is not an ``nn.Module``; ``at`` is given for an
-            ``nn.Sequential``; its ``forward`` does not take exactly one input or does not
-            return one value; torch.fx cannot trace it or it branches on
+            ``nn.Sequential``; its ``forward`` takes no input or variadic ones, or does
+            not return one value; torch.fx cannot trace it or it branches on
             ``self.training``; ``at`` names something that is not a called child, or a
             cut that cannot be made (it says which values cross it).
     """
@@ -157,11 +158,9 @@ def _check_signature(module: nn.Module, name: str) -> None:
     if variadic:
         stars = "*" if variadic[0].kind is variadic[0].VAR_POSITIONAL else "**"
         raise ConfigError(f"cannot split {name}: its forward takes {stars}{variadic[0].name}; "
-                          "aiopipe splits models of one input")
-    if len(params) != 1:
-        raise ConfigError(f"cannot split {name}: its forward takes {len(params)} inputs "
-                          f"({', '.join(p.name for p in params)}); aiopipe splits models "
-                          "of one input")
+                          "aiopipe splits models of named positional inputs")
+    if not params:
+        raise ConfigError(f"cannot split {name}: its forward takes no input")
 
 
 def _children(module: nn.Module) -> list[str]:
@@ -298,7 +297,8 @@ def _unit(module: nn.Module, flow: _Flow, start: int, stop: int) -> fx.GraphModu
     """Nodes ``start .. stop - 1`` as a module of the values that cross its first cut
     in (one, or a tuple of several) and those that cross its last cut out (alike)."""
     nodes = flow.nodes
-    incoming = [nodes[0]] if start == 0 else flow.crossing(start)
+    incoming = ([n for n in nodes if n.op == "placeholder"] if start == 0
+                else flow.crossing(start))
     outgoing = [flow.returned] if stop == len(nodes) else flow.crossing(stop)
     graph = fx.Graph()
     if len(incoming) == 1:

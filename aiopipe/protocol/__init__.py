@@ -12,6 +12,7 @@ from aiopipe.protocol.codec import (
     FRAME_MAGIC,
     HEADER_SLACK_BYTES,
     MAX_HEADER_BYTES,
+    MAX_LEAVES,
     MAX_TENSOR_NDIM,
     MAX_TREE_DEPTH,
     TENSOR_SLACK_BYTES,
@@ -59,10 +60,13 @@ from aiopipe.protocol.messages import (
 )
 from aiopipe.protocol.tensors import (
     TORCH_DTYPES,
+    leaves_from_wire,
+    leaves_to_wire,
     state_from_wire,
     state_to_wire,
     to_tensor_data,
     to_torch,
+    wire_dtype,
 )
 
 __all__ = [
@@ -74,6 +78,7 @@ __all__ = [
     "MAX_ACTIONS_CHARS",
     "MAX_ADDRESS_CHARS",
     "MAX_HEADER_BYTES",
+    "MAX_LEAVES",
     "MAX_NODE_NAME_BYTES",
     "MAX_REASON_CHARS",
     "MAX_TENSOR_NDIM",
@@ -114,8 +119,11 @@ __all__ = [
     "check_node_name",
     "decode",
     "encode",
+    "leaves_from_wire",
+    "leaves_to_wire",
     "state_from_wire",
     "state_to_wire",
     "to_tensor_data",
     "to_torch",
+    "wire_dtype",
 ]

@@ -22,7 +22,8 @@ dataclass field name to its value. Scalars travel as msgpack ints, floats and st
 nested msgpack maps of plain values (str, int, float, bool, arrays, maps with str keys;
 arrays come back as lists, and there is no nil). A ``TensorData`` field travels as the
 descriptor ``[dtype, shape, offset, nbytes]`` (offset relative to the data region), a
-``Mapping[str, TensorData]`` as a map from name to descriptor.
+tuple of them (an activation's or a gradient's leaves, 1 to ``MAX_LEAVES``) as an array
+of descriptors, a ``Mapping[str, TensorData]`` as a map from name to descriptor.
 
 The layout is canonical and checked: tensors appear in the data region in field order
 (and, within a mapping, in the map's order), each at the first aligned offset after the
@@ -68,6 +69,7 @@ import msgpack
 from aiopipe.errors import FrameTooLargeError, LocalProtocolError, RemoteProtocolError
 from aiopipe.protocol.fields import (
     FRAME_ALIGNMENT,
+    MAX_LEAVES,
     MAX_TENSOR_NDIM,
     MAX_TREE_DEPTH,
     ZEROS,
@@ -117,6 +119,7 @@ __all__ = [
     "FRAME_MAGIC",
     "HEADER_SLACK_BYTES",
     "MAX_HEADER_BYTES",
+    "MAX_LEAVES",
     "MAX_TENSOR_NDIM",
     "MAX_TREE_DEPTH",
     "TENSOR_SLACK_BYTES",
@@ -163,12 +166,14 @@ _SCHEMAS: Final[dict[type[Any], tuple[str, Schema]]] = {
             ("server_time", "float"),
             ("session", "int"),
             ("peer_keys", "tree"),
-            ("in_shape", "ints"),
+            ("inputs", "crossing"),
+            ("target", "crossing"),
             ("num_classes", "int"),
         ),
     ),
-    Ready: ("ready", (("samples", "int"), ("in_shape", "ints"), ("num_classes", "int"),
-                      ("model_digest", "str"), ("host", "str"), ("held_out", "int"))),
+    Ready: ("ready", (("samples", "int"), ("inputs", "crossing"), ("target", "crossing"),
+                      ("num_classes", "int"), ("model_digest", "str"), ("host", "str"),
+                      ("held_out", "int"))),
     EvalRequest: ("eval_request", (("epoch", "int"), ("tensors", "tensors"))),
     EvalResult: ("eval_result", (("epoch", "int"), ("samples", "int"), ("loss_sum", "float"),
                                  ("correct", "int"))),
@@ -197,8 +202,8 @@ _SCHEMAS: Final[dict[type[Any], tuple[str, Schema]]] = {
             ("sync", "tree"),
         ),
     ),
-    Activation: ("activation", (*_STAGE_ADDRESS, ("tensor", "tensor"), ("labels", "tensor"))),
-    Gradient: ("gradient", (*_STAGE_ADDRESS, ("tensor", "tensor"))),
+    Activation: ("activation", (*_STAGE_ADDRESS, ("tensors", "leaves"), ("labels", "tensor"))),
+    Gradient: ("gradient", (*_STAGE_ADDRESS, ("tensors", "leaves"))),
     GroupGradient: ("group_gradient", (*_STAGE_ADDRESS[:4], *_STAGE_ADDRESS[5:],
                                        ("tensors", "tensors"))),
     RoundResult: (

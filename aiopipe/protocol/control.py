@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from aiopipe.errors import LocalProtocolError
-from aiopipe.protocol.base import TensorData, check_index, check_node_name
+from aiopipe.protocol.base import DTYPE_SIZES, TensorData, check_index, check_node_name
+from aiopipe.protocol.fields import MAX_LEAVES
 
 __all__ = [
     "MAX_ACTIONS_CHARS",
@@ -60,12 +61,28 @@ def _check_address(what: str, address: object) -> None:
                                  f"{MAX_ADDRESS_CHARS} characters")
 
 
-def _check_shape(shape: object) -> None:
-    if not isinstance(shape, tuple) or not 1 <= len(shape) <= MAX_INPUT_DIMS or any(
-            isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= 1 << 20
-            for d in shape):
-        raise LocalProtocolError(f"in_shape must be 1 to {MAX_INPUT_DIMS} ints in "
-                                 f"1..{1 << 20}, got {shape!r}")
+#: What a sample's input is when not said: one float32 value.
+ONE_INPUT: Final = (("float32", (1,)),)
+#: What a sample's target is when not said: a class index.
+CLASS_TARGET: Final = (("int64", ()),)
+
+
+def _check_data(name: str, crossing: object, *, leaves: int) -> None:
+    """``crossing`` (`Plan.inputs` or `.target`) is 1 to ``leaves`` pairs of a dtype that
+    travels and a per-sample shape of at most `MAX_INPUT_DIMS` ints in 1..2**20 (an
+    input has at least one dimension, a target may have none)."""
+    least = 1 if name == "inputs" else 0
+    count = f"1 to {leaves} (dtype, shape) pairs" if leaves > 1 else "one (dtype, shape) pair"
+    if not isinstance(crossing, tuple) or not 1 <= len(crossing) <= leaves or any(
+            not isinstance(leaf, tuple) or len(leaf) != 2 or not isinstance(leaf[0], str)
+            or leaf[0] not in DTYPE_SIZES
+            or not isinstance(leaf[1], tuple) or not least <= len(leaf[1]) <= MAX_INPUT_DIMS
+            or any(isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= 1 << 20
+                   for d in leaf[1])
+            for leaf in crossing):
+        raise LocalProtocolError(
+            f"{name} must be {count} with {least} to "
+            f"{MAX_INPUT_DIMS} dimensions in 1..{1 << 20}, got {crossing!r}")
 
 
 _DEVICE_NAME = re.compile(r"device[0-9]{1,9}")
@@ -114,8 +131,10 @@ class Plan:
     every other device this one may link to directly (a pipeline's) to the key of their
     pair (`aiopipe.auth.pair_key`, 64 hex digits): what the two prove to each other when
     they connect (`aiopipe.transport.fabric`); empty when the run has no such links.
-    ``in_shape`` and ``num_classes``: the run's kind of data, which the model is built
-    for (a device's own data must match it).
+    ``inputs``, ``target`` and ``num_classes``: the run's kind of data, which the model
+    is built for (a device's own data must match it; `aiopipe.data.DataKind`): each
+    input's and the target's dtype and per-sample shape, and the classes a target of
+    class indices ranges over (0: the target is not class indices).
     """
 
     device_id: int
@@ -125,12 +144,14 @@ class Plan:
     server_time: float = 0.0
     session: int = 0
     peer_keys: Mapping[str, Any] = field(default_factory=dict)
-    in_shape: tuple[int, ...] = (1,)
+    inputs: tuple[tuple[str, tuple[int, ...]], ...] = ONE_INPUT
+    target: tuple[tuple[str, tuple[int, ...]], ...] = CLASS_TARGET
     num_classes: int = 1
 
     def __post_init__(self) -> None:
         check_index("device_id", self.device_id)
-        _check_shape(self.in_shape)
+        _check_data("inputs", self.inputs, leaves=MAX_LEAVES)
+        _check_data("target", self.target, leaves=1)
         check_index("num_classes", self.num_classes)
         if not isinstance(self.mode, str) or (self.mode not in MODES and ":" not in self.mode):
             raise LocalProtocolError(f"mode must be one of {MODES} or module:attribute (a "
@@ -148,15 +169,16 @@ class Plan:
 @dataclass(frozen=True, slots=True)
 class Ready:
     """A device has set up for the run (its answer to a new session's `Plan`): what it
-    holds, its own data (``samples`` training samples whose inputs have shape
-    ``in_shape`` and whose labels range over ``num_classes``), and the digest of the
+    holds, its own data (``samples`` training samples of the kind ``inputs``, ``target``
+    and ``num_classes`` describe, as `Plan`'s do), and the digest of the
     model it built from the run's config (`aiopipe.models.model_digest`): the
     coordinator plans and weights from what devices announce and refuses a device whose
     data or model do not fit the run. ``held_out``: samples of its own held-out data it
     evaluates the global model on after each epoch (0: none; `EvalRequest`)."""
 
     samples: int
-    in_shape: tuple[int, ...]
+    inputs: tuple[tuple[str, tuple[int, ...]], ...]
+    target: tuple[tuple[str, tuple[int, ...]], ...]
     num_classes: int
     model_digest: str
     host: str = ""
@@ -166,7 +188,8 @@ class Ready:
         check_index("samples", self.samples)
         check_index("num_classes", self.num_classes)
         check_index("held_out", self.held_out)
-        _check_shape(self.in_shape)
+        _check_data("inputs", self.inputs, leaves=MAX_LEAVES)
+        _check_data("target", self.target, leaves=1)
         for name in ("model_digest", "host"):
             value = getattr(self, name)
             if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{0,64}", value) or (

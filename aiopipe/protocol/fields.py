@@ -17,7 +17,7 @@ import msgpack
 from aiopipe.errors import LocalProtocolError, RemoteProtocolError
 from aiopipe.protocol.base import DTYPE_SIZES, TensorData
 
-__all__ = ["FRAME_ALIGNMENT", "MAX_TENSOR_NDIM", "MAX_TREE_DEPTH"]
+__all__ = ["FRAME_ALIGNMENT", "MAX_LEAVES", "MAX_TENSOR_NDIM", "MAX_TREE_DEPTH"]
 
 #: Every tensor starts at a multiple of this many bytes from the data region's start (with
 #: a 16-aligned frame buffer, as CPython's large ``bytes`` objects are, every element is
@@ -34,7 +34,11 @@ _INT_MIN: Final = -(2**63)
 _UINT_MAX: Final = 2**64 - 1
 
 #: How a field travels: a scalar, a list of ints, a plain-value tree, or tensors.
-FieldType = Literal["int", "float", "str", "ints", "tree", "tensor", "tensors"]
+FieldType = Literal["int", "float", "str", "ints", "tree", "tensor", "leaves", "tensors",
+                    "crossing"]
+
+#: Most tensors a "leaves" field holds (what crosses one cut: an activation's leaves).
+MAX_LEAVES: Final = 16
 
 #: Most integers an "ints" field holds.
 MAX_INTS: Final = 64
@@ -97,6 +101,33 @@ def _tree(value: object, where: str, depth: int, error: type[Exception]) -> obje
             return out
         return [_tree(item, f"{where}[{i}]", depth + 1, error) for i, item in enumerate(value)]
     raise error(f"{where}: unsupported value of type {type_name(value)}")
+
+
+def _crossing(value: object, where: str, error: type[Exception]
+              ) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``value`` as a crossing (`aiopipe.models.crossing`): 1 to `MAX_LEAVES` pairs of a
+    dtype name and a shape of at most `MAX_TENSOR_NDIM` ints >= 0.
+
+    Raises:
+        error: it is not one.
+    """
+    if not isinstance(value, list | tuple) or not 1 <= len(value) <= MAX_LEAVES:
+        raise error(f"{where}: wrong field type: expected 1 to {MAX_LEAVES} [dtype, shape] "
+                    f"pairs, got {brief(value)}")
+    out = []
+    for leaf in value:
+        if not isinstance(leaf, list | tuple) or len(leaf) != 2:
+            raise error(f"{where}: expected a [dtype, shape] pair, got {brief(leaf)}")
+        dtype, shape = leaf
+        if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
+            raise error(f"{where}: dtype unknown: {brief(dtype)}")
+        if not isinstance(shape, list | tuple) or len(shape) > MAX_TENSOR_NDIM or any(
+                not isinstance(d, int) or isinstance(d, bool) or not 0 <= d <= _UINT_MAX
+                for d in shape):
+            raise error(f"{where}: shape must be at most {MAX_TENSOR_NDIM} ints >= 0, got "
+                        f"{brief(shape)}")
+        out.append((dtype, tuple(shape)))
+    return tuple(out)
 
 
 # --- encode ---------------------------------------------------------------------------
@@ -171,8 +202,16 @@ def encode_field(kind: str, name: str, ftype: FieldType, value: object, enc: Enc
         if not isinstance(value, Mapping):
             raise LocalProtocolError(f"{where}: expected a mapping, got {type_name(value)}")
         return _tree(value, where, 0, LocalProtocolError)
+    if ftype == "crossing":
+        return [[dtype, list(shape)] for dtype, shape in _crossing(value, where,
+                                                                   LocalProtocolError)]
     if ftype == "tensor":
         return enc.tensor(value, where)
+    if ftype == "leaves":
+        if not isinstance(value, tuple) or not 1 <= len(value) <= MAX_LEAVES:
+            raise LocalProtocolError(f"{where}: expected a tuple of 1 to {MAX_LEAVES} "
+                                     f"tensors, got {brief(value)}")
+        return [enc.tensor(item, f"{where}[{i}]") for i, item in enumerate(value)]
     if not isinstance(value, Mapping):
         raise LocalProtocolError(f"{where}: expected a mapping of tensors, got {type_name(value)}")
     out: dict[str, object] = {}
@@ -292,8 +331,15 @@ def decode_field(kind: str, name: str, ftype: FieldType, value: object, dec: Dec
                 f"{where}: wrong field type: expected map, got {type_name(value)}"
             )
         return _tree(value, where, 0, RemoteProtocolError)
+    if ftype == "crossing":
+        return _crossing(value, where, RemoteProtocolError)
     if ftype == "tensor":
         return dec.tensor(value, where)
+    if ftype == "leaves":
+        if not isinstance(value, list) or not 1 <= len(value) <= MAX_LEAVES:
+            raise RemoteProtocolError(f"{where}: wrong field type: expected 1 to "
+                                      f"{MAX_LEAVES} tensors, got {brief(value)}")
+        return tuple(dec.tensor(item, f"{where}[{i}]") for i, item in enumerate(value))
     if not isinstance(value, dict):
         raise RemoteProtocolError(
             f"{where}: wrong field type: expected map of tensors, got {type_name(value)}"

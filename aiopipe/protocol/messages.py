@@ -11,8 +11,8 @@ Conversation of a device ``k`` with the coordinator ``C`` (the server)::
 
     k → C  Hello(version, device_id, session, address)
     C → k  Plan(device_id, mode, run, run_id, server_time, session, peer_keys,
-                in_shape, num_classes)
-    k → C  Ready(samples, in_shape, num_classes, model_digest, host)   (a new session
+                inputs, target, num_classes)
+    k → C  Ready(samples, inputs, target, num_classes, model_digest, host)   (a new session
            only: the device has built the run's model and opened its own data)
     after each epoch, to every device that announced held-out data:
       C → k  EvalRequest(epoch, tensors)              (the whole global model)
@@ -27,9 +27,9 @@ Conversation of a device ``k`` with the coordinator ``C`` (the server)::
       per iteration, as the round's actions say, between neighbouring stages (the
       coordinator's own stage in the split modes, another device in a pipeline):
         p → p+1  Activation(run_id, stage, epoch, iteration, micro_batch, version,
-                            source, destination, tensor, labels)
+                            source, destination, tensors, labels)
         p+1 → p  Gradient(run_id, stage, epoch, iteration, micro_batch, version,
-                          source, destination, tensor)
+                          source, destination, tensors)
       asteroid's data-parallel groups, once per iteration (REDUCE), to each member
       of the same stage:
         k → k'   GroupGradient(run_id, stage, epoch, iteration, version, source,
@@ -131,7 +131,7 @@ __all__ = [
 ]
 
 #: Version of the conversation drawn above, which `Hello.version` names.
-PROTOCOL_VERSION: Final = 9
+PROTOCOL_VERSION: Final = 10
 
 
 #: Every message kind that travels (`aiopipe.protocol.codec` frames each).

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 import torch
@@ -29,7 +29,8 @@ import torch
 from aiopipe.errors import LocalProtocolError
 from aiopipe.protocol.messages import TensorData
 
-__all__ = ["TORCH_DTYPES", "state_from_wire", "state_to_wire", "to_tensor_data", "to_torch"]
+__all__ = ["TORCH_DTYPES", "leaves_from_wire", "leaves_to_wire", "state_from_wire",
+           "state_to_wire", "to_tensor_data", "to_torch", "wire_dtype"]
 
 #: torch dtype of every wire dtype name (the keys of DTYPE_SIZES).
 TORCH_DTYPES: Final[Mapping[str, torch.dtype]] = {
@@ -53,6 +54,18 @@ def _check_byte_order() -> None:
         raise LocalProtocolError("aiopipe tensors need a little-endian host")
 
 
+def wire_dtype(dtype: torch.dtype) -> str:
+    """The wire's name of ``dtype``.
+
+    Raises:
+        LocalProtocolError: it cannot travel (see ``DTYPE_SIZES``).
+    """
+    name = _WIRE_NAMES.get(dtype)
+    if name is None:
+        raise LocalProtocolError(f"tensor dtype {dtype} cannot travel")
+    return name
+
+
 def to_tensor_data(tensor: torch.Tensor) -> TensorData:
     """Describe ``tensor`` for the wire, detached and on the CPU, without copying if possible.
 
@@ -65,9 +78,7 @@ def to_tensor_data(tensor: torch.Tensor) -> TensorData:
             big-endian.
     """
     _check_byte_order()
-    name = _WIRE_NAMES.get(tensor.dtype)
-    if name is None:
-        raise LocalProtocolError(f"tensor dtype {tensor.dtype} cannot travel")
+    name = wire_dtype(tensor.dtype)
     flat = tensor.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)
     data = flat.view(torch.uint8).numpy().data  # a memoryview that keeps the tensor alive
     return TensorData(name, tuple(tensor.shape), data)
@@ -126,3 +137,13 @@ def state_from_wire(tensors: Mapping[str, TensorData]) -> dict[str, torch.Tensor
         LocalProtocolError: as `to_torch`.
     """
     return {name: to_torch(data) for name, data in tensors.items()}
+
+
+def leaves_to_wire(tensors: Sequence[torch.Tensor]) -> tuple[TensorData, ...]:
+    """An activation's or a gradient's leaves for the wire (`to_tensor_data` each)."""
+    return tuple(to_tensor_data(t) for t in tensors)
+
+
+def leaves_from_wire(tensors: Sequence[TensorData]) -> tuple[torch.Tensor, ...]:
+    """Received leaves as torch tensors (`to_torch` each: no copies, shared frame memory)."""
+    return tuple(to_torch(t) for t in tensors)

@@ -11,12 +11,12 @@ I/O, no torch.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from aiopipe.errors import ConfigError, RemoteProtocolError
+from aiopipe.models.crossing import Crossing, crossing_bytes, gradient_leaves
 from aiopipe.protocol import HEADER_SLACK_BYTES, Activation, Gradient, RoundStart
 from aiopipe.scheduler.actions import Action
 from aiopipe.scheduler.costs import CostTable
@@ -29,7 +29,8 @@ __all__ = ["Assignment", "check_data_message"]
 class Assignment:
     """What one node computes in a round (see `RoundStart`), checked.
 
-    ``input_shape`` / ``output_shape``: per-sample shapes of the stage's input and output.
+    ``input`` / ``output``: what crosses the stage's first and last cut, per sample
+    (`aiopipe.models.crossing`)
     """
 
     me: str
@@ -46,8 +47,8 @@ class Assignment:
     version: int
     actions: tuple[Action, ...]
     peers: Mapping[str, Mapping[str, Any]]
-    input_shape: tuple[int, ...]
-    output_shape: tuple[int, ...]
+    input: Crossing
+    output: Crossing
     #: the rows of every micro-batch this node computes (its share in a data-parallel
     #: group); the default (0, 0) stands for all of them
     rows: tuple[int, int] = (0, 0)
@@ -58,10 +59,11 @@ class Assignment:
 
     @classmethod
     def from_round_start(cls, message: RoundStart, *, units: int, batch_size: int,
-                         activation_shapes: tuple[tuple[int, ...], ...],
+                         crossings: Sequence[Crossing],
                          me: str, whole_batches: bool = False) -> Assignment:
         """The assignment ``message`` gives node ``me`` in a run of a model of ``units``
-        units (``activation_shapes[u]``: per-sample shape after unit u, the input at 0).
+        units (``crossings[u]``: what crosses after unit u per sample, the input
+        at 0).
         ``whole_batches``: each micro-batch is a whole batch (FTPipeHD streams an epoch's
         batches as one iteration's micro-batches).
 
@@ -97,8 +99,8 @@ class Assignment:
                                       ) from None
         return cls(me, message.round, message.epoch, message.first_iteration,
                    message.iterations, stage, stages, first, stop, n, micro, message.version,
-                   actions, dict(message.peers), activation_shapes[first],
-                   activation_shapes[stop], rows)
+                   actions, dict(message.peers), crossings[first],
+                   crossings[stop], rows)
 
     @property
     def last(self) -> bool:
@@ -142,7 +144,7 @@ class Assignment:
 
     def frame_limit(self) -> int:
         """The largest activation or gradient frame this stage's neighbours may send."""
-        return data_frame_limit([self.input_shape, self.output_shape], self.micro_batch_size)
+        return data_frame_limit([self.input, self.output], self.micro_batch_size)
 
     def version_of(self, iteration: int) -> int:
         """The version of the weights in ``iteration`` (optimizer steps taken in the run)."""
@@ -210,11 +212,11 @@ def _check_groups(message: RoundStart, me: str, rows: tuple[int, int]) -> None:
                 f"{[list(r) for r in bounds]}, which do not split a micro-batch of {micro}")
 
 
-def data_frame_limit(shapes: Sequence[Sequence[int]], micro_batch_size: int) -> int:
+def data_frame_limit(crossings: Sequence[Crossing], micro_batch_size: int) -> int:
     """The largest activation (with its labels) or gradient frame of a micro-batch of
-    ``micro_batch_size`` samples whose per-sample tensor has one of ``shapes``."""
-    largest = max(math.prod(shape) for shape in shapes)
-    return 4 * micro_batch_size * largest + 8 * micro_batch_size + HEADER_SLACK_BYTES
+    ``micro_batch_size`` samples across a cut of one of ``crossings``."""
+    largest = max(crossing_bytes(c) for c in crossings)
+    return micro_batch_size * (largest + 8) + HEADER_SLACK_BYTES
 
 
 def check_data_message(message: Activation | Gradient, assignment: Assignment, *,
@@ -247,12 +249,20 @@ def check_data_message(message: Activation | Gradient, assignment: Assignment, *
                                   f"the plan says {a.version_of(message.iteration)}")
     first, stop = a.rows_with(sender) if sender in a.peers else (0, a.share)
     rows = stop - first
-    shape = (rows, *(a.input_shape if isinstance(message, Activation) else a.output_shape))
-    if message.tensor.dtype != "float32" or message.tensor.shape != shape:
-        raise RemoteProtocolError(f"{kind} {key} is {message.tensor.dtype} "
-                                  f"{message.tensor.shape}, the plan says float32 {shape}")
+    crossing = a.input if isinstance(message, Activation) else gradient_leaves(a.output)
+    sent = tuple((t.dtype, t.shape) for t in message.tensors)
+    planned = tuple((dtype, (rows, *shape)) for dtype, shape in crossing)
+    if sent != planned:
+        raise RemoteProtocolError(f"{kind} {key} is {_leaves_text(sent)}, the plan says "
+                                  f"{_leaves_text(planned)}")
     if isinstance(message, Activation) and (
             message.labels.dtype != "int64" or message.labels.shape != (rows,)):
         raise RemoteProtocolError(
             f"labels {key} are {message.labels.dtype} {message.labels.shape}, the plan "
             f"says int64 ({rows},)")
+
+
+def _leaves_text(leaves: Sequence[tuple[str, tuple[int, ...]]]) -> str:
+    """Leaves as an error message names them: ``float32 (4, 8)`` or a list of several."""
+    text = [f"{dtype} {shape}" for dtype, shape in leaves]
+    return text[0] if len(text) == 1 else f"[{', '.join(text)}]"

@@ -148,23 +148,23 @@ class Coordinator:
         self.progress = progress
         # [Note: the devices' data] the run's kind of data, from the dataset's name (or
         # its test split); training data is the devices' own
-        self.in_shape, self.num_classes, self.test_set = evaluation_data(config)
-        model = build_model(config, num_classes=self.num_classes, in_shape=self.in_shape)
+        self.data, self.test_set = evaluation_data(config)
+        model = build_model(config, num_classes=self.data.classes, in_shape=self.data.in_shape)
         check_tables(models.unit_count(model), cost_table=cost_table,
                      server_cost_table=server_cost_table)
         self.model_digest = models.model_digest(model)
         #: names the run in every stage-addressed message
         self.run_id = (1 << 61) | secrets.randbits(61)  # 9 bytes in msgpack: frame sizes fixed
         self.torch_device = resolve_torch_device(torch_device)
-        self.system: System = system_for(Setup(config, model, self.in_shape, self.num_classes,
-                                               self.test_set, cost_table, new_run_secret(),
+        self.system: System = system_for(Setup(config, model, self.data, self.test_set,
+                                               cost_table, new_run_secret(),
                                                self.torch_device, server_cost_table))
         #: what each device announced it holds (`Ready`), by id
         self.announced: dict[int, Ready] = {}
         #: what each device measured of itself, by id (``/status``)
         self.profiled: dict[int, dict[str, float | None]] = {}
         self.prepared = False  # the system has planned for the announced fleet
-        self.max_frame_bytes = frame_cap(config, model, self.in_shape)
+        self.max_frame_bytes = frame_cap(config, model, self.data)
         self.recorder = Recorder()
         self.compute = Compute(clock, self.recorder, "server/compute",
                                charge_costs=cost_table is not None,
@@ -247,8 +247,8 @@ class Coordinator:
         """The `Plan` answering device ``device_id``'s hello."""
         return Plan(device_id, self.config.mode, self.config.to_mapping(), self.run_id,
                     server_time=self.clock.now(), session=session,
-                    peer_keys=self.system.peer_keys(device_id), in_shape=self.in_shape,
-                    num_classes=self.num_classes)
+                    peer_keys=self.system.peer_keys(device_id), inputs=self.data.inputs,
+                    target=(self.data.target,), num_classes=self.data.classes)
 
     def refuse_hello(self, hello: Hello) -> str:
         """Why the system cannot take this device ("" when it can): it was excluded, or
@@ -263,7 +263,7 @@ class Coordinator:
             RefusedError: its data or model do not fit the run (it is told why).
         """
         problem = announcement_refusal(
-            device_id, ready, in_shape=self.in_shape, num_classes=self.num_classes,
+            device_id, ready, data=self.data,
             model_digest=self.model_digest, dataset=self.config.dataset,
             planned=self.system_samples if self.prepared else None)
         if problem:

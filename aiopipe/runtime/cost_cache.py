@@ -34,6 +34,7 @@ from torch import nn
 
 from aiopipe._version import __version__
 from aiopipe.errors import ConfigError
+from aiopipe.models.crossing import Crossing, as_crossing
 from aiopipe.scheduler.costs import CostTable
 
 __all__ = ["cache_directory", "cached_costs", "cost_key"]
@@ -53,11 +54,12 @@ def cache_directory(environ: Mapping[str, str] | None = None) -> Path | None:
     return Path(base) / "aiopipe" / "costs"
 
 
-def cost_key(model: nn.Sequential, in_shape: Sequence[int], data: str,
+def cost_key(model: nn.Sequential, inputs: Crossing | Sequence[int], data: str,
              sizes: Sequence[int], settings: Mapping[str, Any]) -> str:
     """A name for the table of ``model`` on this machine: a hash of what it depends on.
 
-    ``data``: what the micro-batches are loaded from (its loading is charged);
+    ``inputs``: the model's (`aiopipe.models.crossing.as_crossing`); ``data``: what the
+    micro-batches are loaded from (its loading is charged);
     ``settings``: anything else the measurement used (threads, learning rate...).
     """
     described = {
@@ -66,7 +68,8 @@ def cost_key(model: nn.Sequential, in_shape: Sequence[int], data: str,
         "torch": torch.__version__, "aiopipe": __version__,
         "units": [[repr(unit), [list(p.shape) for p in unit.parameters()]]
                   for unit in model.children()],
-        "in_shape": list(in_shape), "data": data, "sizes": sorted(set(sizes)),
+        "inputs": [[dtype, list(shape)] for dtype, shape in as_crossing(inputs)],
+        "data": data, "sizes": sorted(set(sizes)),
         "settings": dict(sorted(settings.items())),
     }
     text = json.dumps(described, sort_keys=True, default=str)

@@ -367,7 +367,7 @@ class DeviceNode:
         async def measure(sizes: tuple[int, ...]) -> CostTable:
             held = self.holdings
             costs = await self.compute.call(partial(
-                measure_planning_costs, self.config, held.model_copy(), self.plan.in_shape,
+                measure_planning_costs, self.config, held.model_copy(), self.plan.inputs,
                 held.dataset, sizes=sizes))
             log.info("device %d: profiled itself", self.device_id)
             return costs

@@ -46,9 +46,16 @@ from typing import Any, Protocol
 import torch
 
 from aiopipe.errors import TrainingError
-from aiopipe.protocol import Activation, Gradient, to_tensor_data, to_torch
+from aiopipe.protocol import (
+    Activation,
+    Gradient,
+    leaves_from_wire,
+    leaves_to_wire,
+    to_tensor_data,
+    to_torch,
+)
 from aiopipe.runtime.compute import Compute
-from aiopipe.runtime.stage import StageWork
+from aiopipe.runtime.stage import Sent, StageWork
 from aiopipe.scheduler.actions import Action
 
 __all__ = ["SLICE_NAMES", "Identity", "Inbox", "Route", "StageExecutor"]
@@ -228,7 +235,7 @@ class StageExecutor:
                 self._route(self.next).send(Activation(
                     self.identity.run_id, self.stage, epoch, iteration, n, version,
                     self.identity.node, self._route(self.next).node,
-                    to_tensor_data(activation), to_tensor_data(labels)),
+                    leaves_to_wire(activation), to_tensor_data(labels)),
                     SLICE_NAMES[kind], ready_at=compute.last_end)
                 continue
             if kind == "SEND_B":
@@ -236,7 +243,7 @@ class StageExecutor:
                 self._route(self.previous).send(Gradient(
                     self.identity.run_id, self.stage, epoch, iteration, n, version,
                     self.identity.node, self._route(self.previous).node,
-                    to_tensor_data(gradient)), SLICE_NAMES[kind], ready_at=compute.last_end)
+                    leaves_to_wire(gradient)), SLICE_NAMES[kind], ready_at=compute.last_end)
                 continue
             if kind == "REDUCE":
                 if self.reduce is None:
@@ -292,22 +299,22 @@ def _then_step(work: Callable[[], Any], stage: StageWork) -> Any:
     return result
 
 
-def _received(message: Activation | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _received(message: Activation | None) -> Sent | None:
     if message is None:
         return None
-    return to_torch(message.tensor), to_torch(message.labels)
+    return leaves_from_wire(message.tensors), to_torch(message.labels)
 
 
 def _forward(work: StageWork, iteration: int, n: int, message: Activation | None
-             ) -> tuple[torch.Tensor, torch.Tensor] | None:
+             ) -> Sent | None:
     return work.forward(iteration, n, _received(message))
 
 
 def _backward(work: StageWork, iteration: int, n: int, message: Gradient | None
-              ) -> torch.Tensor | None:
-    return work.backward(iteration, n, to_torch(message.tensor) if message else None)
+              ) -> tuple[torch.Tensor, ...] | None:
+    return work.backward(iteration, n, leaves_from_wire(message.tensors) if message else None)
 
 
 def _forward_backward(work: StageWork, iteration: int, n: int, message: Activation | None
-                      ) -> torch.Tensor | None:
+                      ) -> tuple[torch.Tensor, ...] | None:
     return work.forward_backward(iteration, n, _received(message))

@@ -31,18 +31,21 @@ from torch import nn
 
 from aiopipe import models
 from aiopipe.config import RunConfig
+from aiopipe.data.kind import DataKind
 from aiopipe.entrypoints import call_factory, is_entry_point, load_entry_point
 from aiopipe.errors import ConfigError
+from aiopipe.models.crossing import Crossing, crossing_of, example, leaves
 from aiopipe.models.initialisers import initialiser, parameters_not_reset
 
 __all__ = ["Loss", "ModelTemplate", "build_model", "make_loss", "make_optimizer",
            "model_template", "optimizer_states", "parameters_not_reset", "reinitialise",
-           "unit_output_shapes"]
+           "unit_crossings"]
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
-#: The mean loss of a micro-batch from its logits and labels.
-Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+#: The mean loss of a micro-batch from the model's output (one tensor, or a tuple) and
+#: the target.
+Loss = Callable[[Any, torch.Tensor], torch.Tensor]
 
 
 def build_model(config: RunConfig, *, num_classes: int, in_shape: Sequence[int]
@@ -137,8 +140,9 @@ class ModelTemplate:
     model: nn.Sequential
     #: `aiopipe.models.model_digest` of it
     digest: str
-    #: per-sample shapes: the model's input, then after each unit
-    activation_shapes: tuple[tuple[int, ...], ...]
+    #: what crosses each cut per sample: the model's input, then after each unit
+    #: (`aiopipe.models.crossing`)
+    crossings: tuple[Crossing, ...]
 
 
 #: [Note: shared templates] the templates built, newest last, each with the global
@@ -152,16 +156,16 @@ _KEPT_TEMPLATES = 4
 _BUILDING = threading.RLock()
 
 
-def model_template(config: RunConfig, *, num_classes: int, in_shape: Sequence[int]
-                   ) -> ModelTemplate:
-    """The run's initial model as `build_model` builds it, shared by every caller in this
-    process with the same model, seed and shapes ([Note: shared templates]).
+def model_template(config: RunConfig, data: DataKind) -> ModelTemplate:
+    """The run's initial model as `build_model` builds it for data of the kind ``data``,
+    shared by every caller in this process with the same model, seed and kind of data
+    ([Note: shared templates]).
 
     [Note: shared templates] Every device of an in-process simulation built its own
     whole model, although it trains only its stage of it and the stage's weights come
     with each round: 2.2 MiB of vgg5 per device, 22 GiB for 10,000 devices. A device
     now copies its stage's units from the process's one template when it trains. A
-    template is built once per (model, seed, classes, input shape), and the global torch
+    template is built once per (model, seed, kind of data), and the global torch
     generator is left as that build left it, on later calls too, so that what draws from
     it next (dropout in training) draws the same numbers as when every device built its
     own. A user's model object (not a name) is keyed by its identity and the state of
@@ -172,14 +176,13 @@ def model_template(config: RunConfig, *, num_classes: int, in_shape: Sequence[in
         ConfigError: as `build_model`.
     """
     model = config.model
-    shape = tuple(in_shape)
     with _BUILDING:
-        key = (_model_key(config), config.seed, num_classes, shape)
+        key = (_model_key(config), config.seed, data)
         found = _TEMPLATES.pop(key, None)
         if found is None:
-            built = build_model(config, num_classes=num_classes, in_shape=shape)
+            built = build_model(config, num_classes=data.classes, in_shape=data.in_shape)
             template = ModelTemplate(built, models.model_digest(built),
-                                     (shape, *unit_output_shapes(built, shape)))
+                                     (data.inputs, *unit_crossings(built, data.inputs)))
             found = (template, torch.get_rng_state(), model)
             while len(_TEMPLATES) >= _KEPT_TEMPLATES:
                 del _TEMPLATES[next(iter(_TEMPLATES))]
@@ -207,19 +210,31 @@ def _object_key(model: object) -> tuple[object, ...]:
     return (id(model), *((t.data_ptr(), t._version) for t in state.values()))
 
 
-def unit_output_shapes(model: nn.Sequential, in_shape: tuple[int, ...]
-                        ) -> list[tuple[int, ...]]:
-    """Per-sample output shape of every unit (one dry forward pass of one sample)."""
-    shapes = []
+def unit_crossings(model: nn.Sequential, inputs: Crossing) -> list[Crossing]:
+    """What every unit's output is per sample (one dry forward pass of two samples of
+    zeros as ``inputs`` describes the model's input), leaf by leaf.
+
+    Raises:
+        ConfigError: a unit's output is not a tensor or a flat tuple of tensors, or a
+            value it passes on does not hold the samples' rows first.
+    """
+    crossings = []
     was_training = model.training
     model.eval()
-    with torch.no_grad():
-        x = torch.zeros(1, *in_shape)
-        for unit in model.children():
-            x = unit(x)
-            shapes.append(tuple(x.shape[1:]))
-    model.train(was_training)
-    return shapes
+    try:
+        with torch.no_grad():
+            x: object = example(inputs, 2)
+            for u, unit in enumerate(model.children()):
+                x = unit(x)
+                crossing = crossing_of(x)
+                if any(t.shape[0] != 2 for t in leaves(x)):
+                    raise ConfigError(f"unit {u} passes on a value without the samples' "
+                                      "rows first: every value that crosses a cut must hold "
+                                      "the micro-batch's rows first")
+                crossings.append(crossing)
+    finally:
+        model.train(was_training)
+    return crossings
 
 
 def make_loss(config: RunConfig) -> Loss:

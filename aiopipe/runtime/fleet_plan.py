@@ -13,6 +13,7 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from aiopipe.clock import Clock
+from aiopipe.data import DataKind
 from aiopipe.protocol import Ready
 from aiopipe.runtime.plan import declared_devices
 from aiopipe.runtime.plan_text import log_plan
@@ -24,18 +25,19 @@ from aiopipe.scheduler.estimate import DeviceProfile
 __all__ = ["announcement_refusal", "fleet_profiles", "log_fleet_plan"]
 
 
-def announcement_refusal(k: int, ready: Ready, *, in_shape: tuple[int, ...],
-                         num_classes: int, model_digest: str, dataset: str,
+def announcement_refusal(k: int, ready: Ready, *, data: DataKind, model_digest: str,
+                         dataset: str,
                          planned: Sequence[int] | None) -> str:
     """Why device k's announcement does not fit the run ("" when it does): the run's
     input shape, classes, model and dataset, and the samples each device was planned
     for (None: not planned yet)."""
-    if ready.in_shape != in_shape:
-        return (f"device {k}'s inputs have shape {ready.in_shape}, the run's "
-                f"{in_shape} (its dataset {dataset!r})")
-    if ready.num_classes > num_classes:
-        return (f"device {k}'s labels range over {ready.num_classes} classes, the run's "
-                f"model has {num_classes}")
+    own = DataKind(ready.inputs, ready.target[0], ready.num_classes)
+    if (own.inputs, own.target) != (data.inputs, data.target):
+        return (f"device {k}'s data has {own.describe()}; the run's has {data.describe()} "
+                f"(its dataset {dataset!r})")
+    if own.classes > data.classes:
+        return (f"device {k}'s labels range over {own.classes} classes, the run's "
+                f"model has {data.classes}")
     if ready.model_digest != model_digest:
         return (f"device {k} built another model than the server (digest "
                 f"{ready.model_digest[:12]} against {model_digest[:12]}): both "

@@ -89,13 +89,13 @@ class GroupRoute:
              ready_at: float | None) -> None:
         """Post to each member its rows of ``message``."""
         for route, (first, stop) in self.members:
+            tensors = tuple(rows_of(t, first, stop) for t in message.tensors)
             if isinstance(message, Activation):
                 piece: Activation | Gradient = dataclasses.replace(
-                    message, destination=route.node, tensor=rows_of(message.tensor, first, stop),
+                    message, destination=route.node, tensors=tensors,
                     labels=rows_of(message.labels, first, stop))
             else:
-                piece = dataclasses.replace(message, destination=route.node,
-                                            tensor=rows_of(message.tensor, first, stop))
+                piece = dataclasses.replace(message, destination=route.node, tensors=tensors)
             route.send(piece, name, ready_at=ready_at)
 
 
@@ -140,12 +140,13 @@ class Pieces:
         if parts is None:
             return None
         pieces = [p for p in parts if isinstance(p, Activation | Gradient)]
-        tensor = _joined([p.tensor for p in pieces])
+        tensors = tuple(_joined([p.tensors[i] for p in pieces])
+                        for i in range(len(pieces[0].tensors)))
         first = pieces[0]
         if isinstance(first, Activation):
             labels = _joined([p.labels for p in pieces if isinstance(p, Activation)])
-            return dataclasses.replace(first, tensor=tensor, labels=labels)
-        return dataclasses.replace(first, tensor=tensor)
+            return dataclasses.replace(first, tensors=tensors, labels=labels)
+        return dataclasses.replace(first, tensors=tensors)
 
     def gather(self, key: Key, sender: str, message: GroupGradient
                ) -> dict[str, GroupGradient] | None:

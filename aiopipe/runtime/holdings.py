@@ -36,6 +36,7 @@ from aiopipe import data as datasets
 from aiopipe import models
 from aiopipe.config import RunConfig
 from aiopipe.errors import RemoteProtocolError
+from aiopipe.models.crossing import Crossing
 from aiopipe.protocol import (
     EvalRequest,
     EvalResult,
@@ -106,8 +107,8 @@ class Holdings:
     #: where the device's stages compute
     torch_device: torch.device
     loss: Loss
-    #: per-sample shapes: the model's input, then after each unit
-    activation_shapes: tuple[tuple[int, ...], ...]
+    #: what crosses each cut per sample: the model's input, then after each unit
+    crossings: tuple[Crossing, ...]
     #: the device's own held-out data, on which it evaluates the global model
     held_out: datasets.Dataset | None = None
     #: [Note: a redone round] the rounds last started (at most `KEPT_ROUNDS`): their
@@ -130,10 +131,10 @@ class Holdings:
         """
         torch.set_num_threads(config.torch_threads)
         dataset = own if own is not None else device_data(config, plan.device_id)
-        template = model_template(config, num_classes=plan.num_classes,
-                                  in_shape=plan.in_shape)
+        template = model_template(config, datasets.DataKind(plan.inputs, plan.target[0],
+                                                            plan.num_classes))
         return cls(config, plan, dataset, template, torch_device, make_loss(config),
-                   template.activation_shapes, held_out)
+                   template.crossings, held_out)
 
     @property
     def units(self) -> int:
@@ -149,9 +150,10 @@ class Holdings:
 
     def ready(self) -> Ready:
         """What the device announces: its data and the digest of the model it built."""
-        samples, in_shape, num_classes = datasets.describe(self.dataset)
-        return Ready(samples, in_shape, num_classes, self.template.digest,
-                     host_fingerprint(), len(self.held_out) if self.held_out else 0)
+        kind = datasets.kind_of(self.dataset)
+        return Ready(len(self.dataset), kind.inputs, (kind.target,), kind.classes,
+                     self.template.digest, host_fingerprint(),
+                     len(self.held_out) if self.held_out else 0)
 
     def evaluate(self, request: EvalRequest) -> EvalResult:
         """The global model of ``request`` on the held-out data: samples, summed loss,
@@ -213,7 +215,7 @@ class Holdings:
         asynchronous = rules.whole_batches
         assignment = Assignment.from_round_start(
             message, units=self.units, batch_size=self.config.batch_size,
-            activation_shapes=self.activation_shapes, me=name, whole_batches=asynchronous)
+            crossings=self.crossings, me=name, whole_batches=asynchronous)
         kept_stage = (previous is not None and work is not None
                       and assignment.same_stage(previous, whole_batches=asynchronous))
         if not kept_stage:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from aiopipe.errors import ConfigError, PoisonedValueError
+from aiopipe.models.crossing import is_floating, joined, leaves
 from aiopipe.protocol import Activation, Gradient, TensorData, to_torch
 
 __all__ = ["DEFAULT_SCALE_LIMIT", "ArrivalJudge", "all_finite", "cut_scales", "scale_of"]
@@ -62,23 +63,31 @@ def all_finite(tensor: torch.Tensor) -> bool:
 
 
 def cut_scales(model: torch.nn.Sequential, loss: Callable[..., torch.Tensor],
-               x: torch.Tensor, y: torch.Tensor) -> tuple[tuple[float, float], ...]:
+               x: torch.Tensor | tuple[torch.Tensor, ...], y: torch.Tensor
+               ) -> tuple[tuple[float, float], ...]:
     """Per unit i of ``model``: the largest magnitude of the activation that enters it and
-    of ``loss``'s gradient with respect to that activation, on the batch ``x``, ``y``,
-    computed as training computes (train mode; call it on a copy, so that no statistics
-    of the run change; the random numbers it draws, dropout's, are given back). The
-    priors of the data streams at each cut (`ArrivalJudge.set_cut_priors`)."""
+    of ``loss``'s gradient with respect to that activation, on the batch ``x``, ``y``
+    (over its floating-point leaves, where several cross), computed as training
+    computes (train mode; call it on a copy, so that no statistics of the run change;
+    the random numbers it draws, dropout's, are given back). The priors of the data
+    streams at each cut (`ArrivalJudge.set_cut_priors`)."""
     model.train()
     device = next(model.parameters(), torch.empty(0)).device
-    inputs: list[torch.Tensor] = []
+    inputs: list[tuple[torch.Tensor, ...]] = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        h = x.to(device).requires_grad_(True)
+        h: object = joined([t.to(device).requires_grad_(t.is_floating_point())
+                            for t in leaves(x)])
         for unit in model:
-            inputs.append(h)
+            inputs.append(tuple(t for t in leaves(h) if t.requires_grad))
             h = unit(h)
-        grads = torch.autograd.grad(loss(h, y.to(device)), inputs, allow_unused=True)
-    return tuple((scale_of(a), scale_of(g) if g is not None else 0.0)
-                 for a, g in zip(inputs, grads, strict=True))
+        flat = [t for floats in inputs for t in floats]
+        grads = iter(torch.autograd.grad(loss(h, y.to(device)), flat, allow_unused=True))
+    out = []
+    for floats in inputs:
+        unit_grads = [next(grads) for _ in floats]
+        out.append((max((scale_of(a) for a in floats), default=0.0),
+                    max((scale_of(g) for g in unit_grads if g is not None), default=0.0)))
+    return tuple(out)
 
 
 @dataclass(slots=True)
@@ -146,7 +155,12 @@ class ArrivalJudge:
             kind, what = f"activation@{first_unit}", f"activation {key}"
         else:
             kind, what = f"gradient@{stop_unit}", f"gradient {key}"
-        self.judge(sender, kind, to_torch(message.tensor), what=what)
+        scale = 0.0
+        for i, data in enumerate(message.tensors):
+            if is_floating(data.dtype):
+                scale = max(scale, self._finite_scale(sender, to_torch(data),
+                                                      f"{what} tensor {i}"))
+        self._record(sender, kind, scale, what)
 
     def judge_tensors(self, sender: str, kind: str, tensors: Mapping[str, TensorData], *,
                       what: str, own: Mapping[str, torch.Tensor] | float | None = None

@@ -115,9 +115,9 @@ async def _round_trips(shape: tuple[int, ...], repeats: int, warmup: int) -> flo
             message = await server.receive()
             if not isinstance(message, Activation):
                 raise TypeError(f"expected an Activation, got {type(message).__name__}")
-            gradient = to_tensor_data(to_torch(message.tensor))
+            gradient = to_tensor_data(to_torch(message.tensors[0]))
             server.post(Gradient(0, 1, 0, 0, message.micro_batch, 0, "server", "device0",
-                                 gradient), "d",
+                                 (gradient,)), "d",
                         micro_batch=message.micro_batch)
 
     async def answer() -> None:
@@ -136,9 +136,9 @@ async def _round_trips(shape: tuple[int, ...], repeats: int, warmup: int) -> flo
             for n in range(total):
                 start = time.perf_counter()
                 waiting[n] = loop.create_future()
-                device.post(Activation(0, 0, 0, 0, n, 0, "device0", "server", activation, labels),
-                            "u", micro_batch=n)
-                to_torch((await waiting[n]).tensor)
+                device.post(Activation(0, 0, 0, 0, n, 0, "device0", "server", (activation,),
+                                       labels), "u", micro_batch=n)
+                to_torch((await waiting[n]).tensors[0])
                 times.append(time.perf_counter() - start)
             device.finish()
             server.finish()

@@ -29,8 +29,18 @@ from torch import nn
 from aiopipe import data as datasets
 from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
+from aiopipe.models.crossing import (
+    Crossing,
+    as_crossing,
+    crossing_bytes,
+    example,
+    gradient_leaves,
+    joined,
+    leaves,
+)
+from aiopipe.protocol import leaves_to_wire
 from aiopipe.runtime.aggregation import fedavg
-from aiopipe.runtime.factories import build_model, unit_output_shapes
+from aiopipe.runtime.factories import build_model, unit_crossings
 from aiopipe.runtime.memory import saved_bytes
 from aiopipe.runtime.overheads import measure_runtime_overheads
 from aiopipe.scheduler.costs import CostTable, measure_costs
@@ -47,7 +57,7 @@ __all__ = [
     "measure_planning_costs",
     "model_profile",
     "train_dataset",
-    "unit_output_shapes",
+    "unit_crossings",
 ]
 
 
@@ -120,8 +130,8 @@ def device_indices(config: RunConfig, dataset: datasets.Dataset, device_id: int)
 _SHARDS: dict[tuple[object, ...], tuple[np.ndarray, ...]] = {}
 
 
-def check_trainable(model: nn.Sequential, in_shape: tuple[int, ...], plans: list[DevicePlan],
-                    config: RunConfig) -> None:
+def check_trainable(model: nn.Sequential, inputs: Crossing | Sequence[int],
+                    plans: list[DevicePlan], config: RunConfig) -> None:
     """Refuse plans whose micro-batches ``model`` cannot train on.
 
     One training pass (forward and backward, in training mode) of a copy of ``model`` on
@@ -129,7 +139,8 @@ def check_trainable(model: nn.Sequential, in_shape: tuple[int, ...], plans: list
     channel, so a model whose maps shrink to 1x1 cannot train on one sample, and a run
     would fail in its first pass. A model that trains on the smallest micro-batch trains
     on larger ones. The model, its batch-norm statistics and torch's random state are
-    left as they were. ``config`` gives the model's name and the batch size for the error.
+    left as they were. ``inputs``: the model's (`aiopipe.models.crossing.as_crossing`).
+    ``config`` gives the model's name and the batch size for the error.
 
     Raises:
         ConfigError: the pass fails; the message says at which size and what to change.
@@ -139,7 +150,8 @@ def check_trainable(model: nn.Sequential, in_shape: tuple[int, ...], plans: list
     with torch.random.fork_rng(devices=[]):
         probe = copy.deepcopy(model).train()
         try:
-            probe(torch.zeros(size, *in_shape)).sum().backward()
+            out = leaves(probe(example(as_crossing(inputs), size)))
+            sum(o.sum() for o in out if o.is_floating_point()).backward()  # type: ignore[union-attr]
         except (RuntimeError, ValueError) as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             name = config.model if isinstance(config.model, str) else "the custom model"
@@ -150,7 +162,8 @@ def check_trainable(model: nn.Sequential, in_shape: tuple[int, ...], plans: list
                 "parallel_batches or a larger batch_size") from None
 
 
-def measure_planning_costs(config: RunConfig, model: nn.Sequential, in_shape: tuple[int, ...],
+def measure_planning_costs(config: RunConfig, model: nn.Sequential,
+                           inputs: Crossing | Sequence[int],
                            dataset: datasets.Dataset | None, *,
                            sizes: Sequence[int], repeats: int = 5,
                            warmup: int = 2) -> CostTable:
@@ -179,8 +192,11 @@ def measure_planning_costs(config: RunConfig, model: nn.Sequential, in_shape: tu
         for _ in range(devices + 1):
             model.load_state_dict(state)
 
-    overheads = measure_runtime_overheads((1, *unit_output_shapes(model, in_shape)[0]))
-    return measure_costs(model, in_shape, sizes, repeats=repeats, warmup=warmup,
+    crossing = as_crossing(inputs)
+    # messages as large as the first cut's (its leaves' bytes as one float32 tensor)
+    first_cut = crossing_bytes(unit_crossings(model, crossing)[0])
+    overheads = measure_runtime_overheads((1, max(1, first_cut // 4)))
+    return measure_costs(model, crossing, sizes, repeats=repeats, warmup=warmup,
                          learning_rate=config.learning_rate, momentum=config.momentum,
                          threads=config.torch_threads,
                          load_batch=None if dataset is None else load_batch,
@@ -192,41 +208,43 @@ def measure_planning_costs(config: RunConfig, model: nn.Sequential, in_shape: tu
 _TYPICAL_RUN_ID = 2**62 - 1
 
 
-def model_profile(model: nn.Sequential, in_shape: tuple[int, ...],
+def model_profile(model: nn.Sequential, inputs: Crossing | Sequence[int],
                   costs: CostTable, *, server_lanes: int = 1) -> ModelProfile:
     """What the planner knows about ``model``: ``costs`` plus the activation, frame and
     state sizes of every split unit (frame overheads are the codec's own figures), and
     the server's ``server_lanes``."""
     from aiopipe.protocol import Activation, Gradient, encode, to_tensor_data
 
-    shapes = unit_output_shapes(model, in_shape)
-    activation_bytes = tuple(4 * math.prod(s) for s in shapes)
-    sample = torch.zeros(1, *shapes[0])
+    crossing = as_crossing(inputs)
+    crossings = unit_crossings(model, crossing)
+    activation_bytes = tuple(crossing_bytes(c) for c in crossings)
+    sample = leaves_to_wire(leaves(example(crossings[0], 1)))
     labels = torch.zeros(1, dtype=torch.int64)
     ids = (_TYPICAL_RUN_ID, 0, 0, 0, 0, 0, "device0", "server")  # as a run's frames carry
-    act_overhead = len(encode(Activation(*ids, to_tensor_data(sample),
-                                         to_tensor_data(labels)))) - activation_bytes[0] - 8
-    grad_overhead = len(encode(Gradient(*ids, to_tensor_data(sample)))) - activation_bytes[0]
+    act_overhead = len(encode(Activation(*ids, sample, to_tensor_data(labels)))
+                       ) - activation_bytes[0] - 8
+    gradient = leaves_to_wire(leaves(example(gradient_leaves(crossings[0]) or crossings[0], 1)))
+    grad_overhead = len(encode(Gradient(*ids, gradient))) - activation_bytes[0]
     state_bytes = tuple(sum(t.numel() * t.element_size() for t in unit.state_dict().values())
                         for unit in model.children())
     return ModelProfile(costs, activation_bytes, state_bytes,
                         frame_overhead=grad_overhead, activation_frame_overhead=act_overhead,
-                        saved_bytes=saved_bytes_per_sample(model, in_shape),
+                        saved_bytes=saved_bytes_per_sample(model, crossing),
                         server_lanes=server_lanes)
 
 
-def saved_bytes_per_sample(model: nn.Sequential, in_shape: tuple[int, ...], *,
+def saved_bytes_per_sample(model: nn.Sequential, inputs: Crossing | Sequence[int], *,
                            samples: int = 4) -> tuple[int, ...]:
     """Per unit, the bytes per sample autograd keeps from its forward for the backward,
     its input included (`aiopipe.runtime.memory.saved_bytes`), measured on ``samples``
     zeros in training mode on a copy (the model's batch-norm statistics stay as
     they are)."""
     twin = copy.deepcopy(model).train()
-    x = torch.zeros(samples, *in_shape)
+    x: object = example(as_crossing(inputs), samples)
     out: list[int] = []
     for u, unit in enumerate(twin.children()):
-        x = x.detach().requires_grad_(u > 0)
-        y, held = saved_bytes(partial(unit, x), list(unit.parameters()), [x])
+        taken = [t.detach().requires_grad_(u > 0 and t.is_floating_point()) for t in leaves(x)]
+        y, held = saved_bytes(partial(unit, joined(taken)), list(unit.parameters()), taken)
         out.append(math.ceil(held / samples))
         x = y
     return tuple(out)

@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from aiopipe.models.crossing import Value, joined, leaves
+
 __all__ = ["noisy_batch", "noisy_inputs", "noisy_state", "round_generator"]
 
 
@@ -50,10 +52,12 @@ def noisy_inputs(x: torch.Tensor, sigma: float, generator: torch.Generator) -> t
     return x + sigma * noise.to(x.device)
 
 
-def noisy_batch(batch: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]],
+def noisy_batch(batch: Callable[[int, int], tuple[Value, torch.Tensor]],
                 sigma: float, generator: torch.Generator, iteration: int, n: int
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                ) -> tuple[Value, torch.Tensor]:
     """Micro-batch n of ``iteration`` as ``batch`` loads it, through PixelDP's noise
-    layer (bind the first three with ``functools.partial``: a stage's ``batch``)."""
+    layer on each floating-point input (bind the first three with
+    ``functools.partial``: a stage's ``batch``)."""
     x, labels = batch(iteration, n)
-    return noisy_inputs(x, sigma, generator), labels
+    return joined([noisy_inputs(t, sigma, generator) if t.is_floating_point() else t
+                   for t in leaves(x)]), labels

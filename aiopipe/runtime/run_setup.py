@@ -10,7 +10,6 @@ and rounds.
 from __future__ import annotations
 
 import copy
-import math
 
 import torch
 
@@ -18,19 +17,19 @@ from aiopipe import data as datasets
 from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
 from aiopipe.metrics.trace import MAX_REPORT_SLICES, REPORT_SLICE_BYTES
+from aiopipe.models.crossing import crossing_bytes
 from aiopipe.protocol import HEADER_SLACK_BYTES
 from aiopipe.runtime.factories import make_loss
 from aiopipe.runtime.judge import cut_scales
-from aiopipe.runtime.plan import unit_output_shapes
+from aiopipe.runtime.plan import unit_crossings
 from aiopipe.scheduler.costs import CostTable
 
 __all__ = ["check_tables", "cut_priors", "evaluation_data", "frame_cap"]
 
 
-def evaluation_data(config: RunConfig
-                    ) -> tuple[tuple[int, ...], int, datasets.Dataset | None]:
-    """The run's input shape and classes, and the coordinator's evaluation set (the test
-    split of ``config.dataset``, ``test_samples`` of it; None when 0).
+def evaluation_data(config: RunConfig) -> tuple[datasets.DataKind, datasets.Dataset | None]:
+    """The run's kind of data, and the coordinator's evaluation set (the test split of
+    ``config.dataset``, ``test_samples`` of it; None when 0).
 
     Raises:
         ConfigError: the dataset is unknown or unreadable.
@@ -42,12 +41,11 @@ def evaluation_data(config: RunConfig
                                              size=config.test_samples or None)
     if known is None:
         assert test_set is not None
-        _, shape, classes = datasets.describe(test_set)
-        known = shape, classes
-    return known[0], known[1], test_set if config.test_samples else None
+        known = datasets.kind_of(test_set)
+    return known, test_set if config.test_samples else None
 
 
-def frame_cap(config: RunConfig, model: torch.nn.Sequential, in_shape: tuple[int, ...]
+def frame_cap(config: RunConfig, model: torch.nn.Sequential, data: datasets.DataKind
               ) -> int:
     """The largest frame a device's connection may carry before the run is planned:
     the whole model's state, an activation of the whole batch, a round's action list and
@@ -55,8 +53,8 @@ def frame_cap(config: RunConfig, model: torch.nn.Sequential, in_shape: tuple[int
     state = model.state_dict()
     state_bytes = sum(t.numel() * t.element_size() for t in state.values())
     batch = config.batch_size
-    widest = max(math.prod(s) for s in (in_shape, *unit_output_shapes(model, in_shape)))
-    activation = 4 * batch * widest + 8 * batch
+    widest = max(crossing_bytes(c) for c in (data.inputs, *unit_crossings(model, data.inputs)))
+    activation = batch * (widest + crossing_bytes((data.target,)))
     actions = 16 * (6 * batch + 2)
     return int(max(state_bytes, activation) + HEADER_SLACK_BYTES + 256 * len(state) + actions
                + REPORT_SLICE_BYTES * MAX_REPORT_SLICES)

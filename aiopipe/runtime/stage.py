@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from aiopipe.errors import RemoteProtocolError
+from aiopipe.models.crossing import Value, joined, leaves
 from aiopipe.protocol import TensorData, to_torch
 from aiopipe.runtime.assignment import Assignment
 from aiopipe.runtime.factories import Loss
@@ -55,9 +56,9 @@ from aiopipe.runtime.judge import all_finite
 from aiopipe.runtime.memory import saved_bytes, state_bytes
 from aiopipe.scheduler.actions import Action
 
-__all__ = ["Batch", "Expected", "ServerStage", "StageInputError", "StageWork",
-           "check_output", "check_tensors", "checked_gradient", "checked_input_gradient",
-           "expected_of", "recomputable"]
+__all__ = ["Batch", "Expected", "Sent", "ServerStage", "StageInputError", "StageWork",
+           "Value", "check_output", "check_tensors", "checked_gradient", "expected_of",
+           "input_gradients", "recomputable"]
 
 
 class StageInputError(RemoteProtocolError):
@@ -81,18 +82,23 @@ def _stage_input_error(message: str, from_next: bool) -> StageInputError:
 Expected = Mapping[str, tuple[str, tuple[int, ...]]]
 
 #: Reads micro-batch ``n`` of iteration ``i``: inputs and labels (the first stage's data).
-Batch = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
+Batch = Callable[[int, int], tuple[Value, torch.Tensor]]
+
+#: What a stage sends on: the leaves of its output and the labels.
+Sent = tuple[tuple[torch.Tensor, ...], torch.Tensor]
 
 
 @dataclass(slots=True)
 class _Saved:
     """What a micro-batch's backward needs, kept from its forward."""
 
-    #: the stage's output, or the loss on the last stage (None: recomputed from ``x``)
-    output: torch.Tensor | None
-    inputs: torch.Tensor | None  # the received activation (requires grad), later stages
+    #: the stage's output leaves, or the loss on the last stage (None: recomputed from
+    #: ``x``)
+    output: tuple[torch.Tensor, ...] | None
+    #: the received activation's leaves (the floating ones require grad), later stages
+    inputs: tuple[torch.Tensor, ...] | None
     #: with `StageWork.recompute`: the forward's input and the generator's state before it
-    x: torch.Tensor | None = None
+    x: Value | None = None
     rng: torch.Tensor | None = None
 
 
@@ -184,13 +190,13 @@ class StageWork:
         self._held.clear()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def forward(self, iteration: int, micro_batch: int,
-                received: tuple[torch.Tensor, torch.Tensor] | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Forward one micro-batch; the activation and labels to send on (None on the last
-        stage, which keeps the loss for its backward).
+    def forward(self, iteration: int, micro_batch: int, received: Sent | None = None
+                ) -> Sent | None:
+        """Forward one micro-batch; the activation's leaves and the labels to send on
+        (None on the last stage, which keeps the loss for its backward).
 
-        ``received``: the activation and labels from the previous stage (later stages).
+        ``received``: the activation's leaves and labels from the previous stage (later
+        stages).
 
         Raises:
             RemoteProtocolError: a received input fails [Note: hostile inputs].
@@ -203,10 +209,10 @@ class StageWork:
             check_output(out, inputs)
             self._saved[key] = _Saved(None, inputs, x, rng)
             self.peak_live = max(self.peak_live, len(self._saved))
-            return out.detach().cpu(), labels.cpu()
+            return tuple(o.detach().cpu() for o in out), labels.cpu()
         if self.measure_memory:
             out, held = saved_bytes(partial(self._through, x, labels),
-                                    self.module.parameters(), [x])
+                                    self.module.parameters(), list(leaves(x)))
             self._held[key] = held
             self.peak_held = max(self.peak_held, sum(self._held.values()))
         else:
@@ -218,19 +224,21 @@ class StageWork:
         self.peak_live = max(self.peak_live, len(self._saved))
         if self.last:
             return None
-        return out.detach().cpu(), labels.cpu()
+        return tuple(o.detach().cpu() for o in out), labels.cpu()
 
-    def _through(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """The stage's output for ``x`` (the last stage's: the loss)."""
+    def _through(self, x: Value, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The stage's output leaves for ``x`` (the last stage's: the loss, alone)."""
         out = self.module(x)
-        return self._loss(out, labels) if self.last else out
+        return (self._loss(out, labels),) if self.last else leaves(out)
 
     def backward(self, iteration: int, micro_batch: int,
-                 gradient: torch.Tensor | None = None) -> torch.Tensor | None:
-        """Backward one micro-batch; the gradient w.r.t. the stage's input to send back
-        (None on the first stage).
+                 gradient: tuple[torch.Tensor, ...] | None = None
+                 ) -> tuple[torch.Tensor, ...] | None:
+        """Backward one micro-batch; the gradients w.r.t. the stage's input to send back,
+        one per floating-point leaf (None on the first stage).
 
-        ``gradient``: w.r.t. the stage's output, from the next stage (all but the last).
+        ``gradient``: w.r.t. the stage's output, one per floating-point leaf, from the
+        next stage (all but the last).
 
         Raises:
             RemoteProtocolError: the gradient does not match the output, or the pass gives
@@ -242,43 +250,38 @@ class StageWork:
         self._held.pop(key, None)
         if self.last:
             assert saved.output is not None  # the last stage never recomputes
-            if saved.output.requires_grad:  # (else nothing before it trains)
-                torch.autograd.backward(saved.output)
+            if saved.output[0].requires_grad:  # (else nothing before it trains)
+                torch.autograd.backward(saved.output[0])
         else:
             if gradient is None:
                 raise ValueError("a backward before the last stage needs a gradient")
             out = saved.output if saved.output is not None else self._again(saved)
             try:
-                gradient = checked_gradient(gradient.to(self.device), out)
+                pairs = checked_gradient(tuple(g.to(self.device) for g in gradient), out)
             except RemoteProtocolError:
                 self.optimizer.zero_grad(set_to_none=True)
                 raise
-            if out.requires_grad:  # (else a frozen first stage: nothing to train)
-                torch.autograd.backward(out, gradient)
+            if pairs:  # (else a frozen first stage: nothing to train)
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         if saved.inputs is None:
             return None
-        grad = saved.inputs.grad
-        if grad is None:
-            raise RemoteProtocolError("the stage's input got no gradient")
         try:
-            return checked_input_gradient(grad)
+            return input_gradients(saved.inputs)
         except RemoteProtocolError:
             self.optimizer.zero_grad(set_to_none=True)
             raise
 
-    def _again(self, saved: _Saved) -> torch.Tensor:
+    def _again(self, saved: _Saved) -> tuple[torch.Tensor, ...]:
         """The stage's output for a micro-batch forwarded with `recompute`, with its graph:
         the forward again, on the same input and generator state."""
         assert saved.x is not None
         assert saved.rng is not None
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(saved.rng)
-            out: torch.Tensor = self.module(saved.x)
-        return out
+            return leaves(self.module(saved.x))
 
     def forward_backward(self, iteration: int, micro_batch: int,
-                         received: tuple[torch.Tensor, torch.Tensor] | None = None
-                         ) -> torch.Tensor | None:
+                         received: Sent | None = None) -> tuple[torch.Tensor, ...] | None:
         """Forward, loss and backward of one micro-batch on the last stage, as one item
         (PiPar's server pass); the gradient w.r.t. the input.
 
@@ -293,25 +296,26 @@ class StageWork:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _inputs(self, key: tuple[int, int], received: tuple[torch.Tensor, torch.Tensor] | None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def _inputs(self, key: tuple[int, int], received: Sent | None
+                ) -> tuple[Value, torch.Tensor, tuple[torch.Tensor, ...] | None]:
         if self.first:
             if self.batch is None:
                 raise ValueError("the first stage has no data for this round")
             x, labels = self.batch(*key)
-            return x.to(self.device), labels.to(self.device), None
+            return joined([t.to(self.device) for t in leaves(x)]), labels.to(self.device), None
         if received is None:
             raise ValueError("a later stage's forward needs the received activation")
         activation, labels = received
         # [Note: hostile inputs] the previous stage may be another party's device
         if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= self.num_classes):
             raise StageInputError(f"labels outside 0..{self.num_classes - 1}")
-        if not all_finite(activation):
+        if not all(all_finite(t) for t in activation if t.is_floating_point()):
             raise StageInputError("activation holds NaN or Inf")
-        inputs = activation.detach().to(self.device).requires_grad_(True)
-        return inputs, labels.to(self.device), inputs
+        inputs = tuple(t.detach().to(self.device).requires_grad_(t.is_floating_point())
+                       for t in activation)
+        return joined(inputs), labels.to(self.device), inputs
 
-    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def _loss(self, logits: Value, labels: torch.Tensor) -> torch.Tensor:
         loss = self.loss(logits, labels)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise ValueError(f"the loss must be one number (a micro-batch's mean), got "
@@ -322,13 +326,15 @@ class StageWork:
             raise StageInputError("activation gives a NaN or Inf loss: its values are "
                                       "out of range")
         self.loss_sum += float(loss.detach()) * labels.numel()
-        self.correct += int((logits.detach().argmax(1) == labels).sum())
+        if isinstance(logits, torch.Tensor):
+            self.correct += int((logits.detach().argmax(1) == labels).sum())
         if self.fraction != 1.0:
             return loss * self.fraction / self.parallel_batches
         return loss / self.parallel_batches
 
 
-def check_output(out: torch.Tensor, inputs: torch.Tensor | None) -> None:
+def check_output(out: tuple[torch.Tensor, ...], inputs: tuple[torch.Tensor, ...] | None
+                 ) -> None:
     """A middle stage's output, before it is sent on: non-finite from a received (and
     judged finite) input means the input was out of range for the model, the previous
     stage's doing; passed on, the next stage would blame this one ([Note: hostile
@@ -337,37 +343,54 @@ def check_output(out: torch.Tensor, inputs: torch.Tensor | None) -> None:
     Raises:
         StageInputError: it is not finite and came from a received input.
     """
-    if inputs is not None and not all_finite(out):
+    if inputs is not None and not all(all_finite(o) for o in out if o.is_floating_point()):
         raise StageInputError("activation gives NaN or Inf outputs: its values are out "
                               "of range")
 
 
-def checked_gradient(gradient: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
-    """``gradient``, received for ``output``, once it fits it and is finite ([Note:
-    hostile inputs]).
+def checked_gradient(gradient: tuple[torch.Tensor, ...], output: tuple[torch.Tensor, ...]
+                     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``gradient``, received for ``output``'s floating-point leaves, once it fits them
+    and is finite ([Note: hostile inputs]); paired with the leaves it flows into (those
+    that require grad: a leaf computed from nothing trainable takes none).
 
     Raises:
         RemoteProtocolError: it does not.
     """
-    if gradient.shape != output.shape or gradient.dtype != output.dtype:
-        raise StageInputError(
-            f"gradient of shape {tuple(gradient.shape)} {gradient.dtype} for an "
-            f"activation of shape {tuple(output.shape)} {output.dtype}", from_next=True)
-    if not all_finite(gradient):
-        raise StageInputError("gradient holds NaN or Inf", from_next=True)
-    return gradient
+    floating = [o for o in output if o.is_floating_point()]
+    if len(gradient) != len(floating):
+        raise StageInputError(f"{len(gradient)} gradient tensors for an activation of "
+                              f"{len(floating)} floating-point tensors", from_next=True)
+    for g, o in zip(gradient, floating, strict=True):
+        if g.shape != o.shape or g.dtype != o.dtype:
+            raise StageInputError(
+                f"gradient of shape {tuple(g.shape)} {g.dtype} for an activation of "
+                f"shape {tuple(o.shape)} {o.dtype}", from_next=True)
+        if not all_finite(g):
+            raise StageInputError("gradient holds NaN or Inf", from_next=True)
+    return [(o, g) for o, g in zip(floating, gradient, strict=True) if o.requires_grad]
 
 
-def checked_input_gradient(grad: torch.Tensor) -> torch.Tensor:
-    """The gradient of a stage's input to send back (on the CPU), once it is finite.
+def input_gradients(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The gradients of a stage's received floating-point leaves to send back (on the
+    CPU; zeros for a leaf the stage's output does not depend on), once they are finite.
 
     Raises:
-        RemoteProtocolError: it is not: the received activation was out of range.
+        RemoteProtocolError: they are not: the received activation was out of range.
     """
-    if not all_finite(grad):
-        raise StageInputError("activation gives NaN or Inf gradients: its values are "
+    out = []
+    for t in inputs:
+        if not t.is_floating_point():
+            continue
+        grad = t.grad if t.grad is not None else torch.zeros_like(t)
+        if not all_finite(grad):
+            raise StageInputError("activation gives NaN or Inf gradients: its values are "
                                   "out of range")
-    return grad.cpu()
+        out.append(grad.cpu())
+    if not out:
+        raise RemoteProtocolError("the stage's input has no floating-point value to "
+                                  "take a gradient")
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)

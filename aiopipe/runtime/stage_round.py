@@ -108,7 +108,7 @@ class StageRound:
         if node.peers is not None:
             # a re-partition: a neighbour may send the next round's activations (of
             # another cut) before our RoundStart comes ([Note: early activations])
-            default = (data_frame_limit(node.holdings.activation_shapes,
+            default = (data_frame_limit(node.holdings.crossings,
                                         assignment.micro_batch_size)
                        if rules.whole_batches else max(
                            assignment.frame_limit(),

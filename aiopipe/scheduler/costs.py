@@ -49,15 +49,17 @@ import torch
 from torch import nn
 
 from aiopipe.errors import ConfigError
+from aiopipe.models.crossing import Crossing, Value, as_crossing, example, joined, leaves
 from aiopipe.scheduler.cost_table import CostTable
 
 __all__ = ["CostTable", "measure_costs"]
 
 
-def measure_costs(model: nn.Sequential, in_shape: Sequence[int], batch_sizes: Sequence[int], *,
+def measure_costs(model: nn.Sequential, in_shape: Crossing | Sequence[int],
+                  batch_sizes: Sequence[int], *,
                   repeats: int = 5, warmup: int = 2, learning_rate: float = 0.01,
                   momentum: float = 0.9, threads: int | None = None,
-                  load_batch: Callable[[int], torch.Tensor] | None = None,
+                  load_batch: Callable[[int], Value] | None = None,
                   aggregate: Callable[[int], object] | None = None,
                   handover: float = 0.0, message: float = 0.0,
                   stage_overheads: bool = True, clock: str = "auto") -> CostTable:
@@ -129,7 +131,7 @@ def measure_costs(model: nn.Sequential, in_shape: Sequence[int], batch_sizes: Se
     timer = _Timer(warmup, repeats, cpu=clock != "wall", device=device)
     if load_batch is not None and device.type != "cpu":
         on_cpu = load_batch
-        load_batch = lambda size: on_cpu(size).to(device)  # noqa: E731 (as a stage loads)
+        load_batch = lambda size: _on(on_cpu(size), device)  # noqa: E731 (as a stage loads)
     try:
         forward, backward = _unit_times(units, in_shape, sorted(set(batch_sizes)), timer,
                                         load_batch if stage_overheads else None)
@@ -231,8 +233,8 @@ def _scaled(table: dict[int, dict[int, float]], factor: float) -> dict[int, dict
     return {u: {b: t * factor for b, t in row.items()} for u, row in table.items()}
 
 
-def _unit_times(units: Sequence[nn.Module], in_shape: Sequence[int], sizes: Sequence[int],
-                timer: _Timer, load_batch: Callable[[int], torch.Tensor] | None,
+def _unit_times(units: Sequence[nn.Module], in_shape: Crossing | Sequence[int],
+                sizes: Sequence[int], timer: _Timer, load_batch: Callable[[int], Value] | None,
                 ) -> tuple[dict[int, dict[int, float]], dict[int, dict[int, float]]]:
     """Forward and backward seconds per unit and batch size (the last unit with the loss).
 
@@ -250,7 +252,7 @@ def _unit_times(units: Sequence[nn.Module], in_shape: Sequence[int], sizes: Sequ
     backward: dict[int, dict[int, float]] = {u: {} for u in range(len(units))}
     last = len(units) - 1
     for batch in sizes:
-        x = torch.randn(batch, *in_shape, device=timer.device)
+        x = _on(example(as_crossing(in_shape), batch, random=True), timer.device)
         for u, unit in enumerate(units):
             try:
                 load = partial(load_batch, batch) if load_batch is not None and u == 0 else None
@@ -266,8 +268,8 @@ def _unit_times(units: Sequence[nn.Module], in_shape: Sequence[int], sizes: Sequ
     return forward, backward
 
 
-def _in_sequence(units: Sequence[nn.Module], in_shape: Sequence[int], timer: _Timer,
-                 load_batch: Callable[[int], torch.Tensor] | None,
+def _in_sequence(units: Sequence[nn.Module], in_shape: Crossing | Sequence[int],
+                 timer: _Timer, load_batch: Callable[[int], Value] | None,
                  forward: dict[int, dict[int, float]], backward: dict[int, dict[int, float]],
                  step: dict[int, float], step_overhead: float, learning_rate: float,
                  momentum: float) -> None:
@@ -309,7 +311,7 @@ def _in_sequence(units: Sequence[nn.Module], in_shape: Sequence[int], timer: _Ti
     def one_pass(batch: int) -> tuple[float, float, float]:
         mark = timer.mark()
         x = (load_batch(batch) if load_batch is not None
-             else torch.randn(batch, *in_shape, device=timer.device))
+             else _on(example(as_crossing(in_shape), batch, random=True), timer.device))
         out = model(x)
         root = _root(out, loss=True)
         f = timer.since(mark)
@@ -352,9 +354,9 @@ def _in_sequence(units: Sequence[nn.Module], in_shape: Sequence[int], timer: _Ti
             step[u] = whole * weights[u] / total
 
 
-def _pass_times(unit: nn.Module, x: torch.Tensor, timer: _Timer, *, grad_input: bool,
-                loss: bool, load: Callable[[], torch.Tensor] | None = None,
-                ) -> tuple[float, float, torch.Tensor]:
+def _pass_times(unit: nn.Module, x: Value, timer: _Timer, *, grad_input: bool,
+                loss: bool, load: Callable[[], Value] | None = None,
+                ) -> tuple[float, float, Value]:
     """Median forward and backward seconds of ``unit`` on ``x``, and its output.
 
     With ``load``, each timed forward runs on ``load()`` instead of ``x``, its call timed
@@ -371,38 +373,60 @@ def _pass_times(unit: nn.Module, x: torch.Tensor, timer: _Timer, *, grad_input: 
         out = _train_pass(unit, x, grad_input=grad_input, loss=loss)
     for _ in range(timer.repeats):
         mark = timer.mark()
-        inp = (x if load is None else load()).detach().requires_grad_(grad_input)
-        out = unit(inp)
+        out = unit(_taken(x if load is None else load(), grad_input))
         root = _root(out, loss=loss)
         f_times.append(timer.since(mark))
         mark = timer.mark()
         _backward(root, out)
         b_times.append(timer.since(mark))
-    return statistics.median(f_times), statistics.median(b_times), out.detach()
+    return statistics.median(f_times), statistics.median(b_times), _detached(out)
 
 
-def _train_pass(unit: nn.Module, x: torch.Tensor, *, grad_input: bool,
-                loss: bool) -> torch.Tensor:
+def _train_pass(unit: nn.Module, x: Value, *, grad_input: bool, loss: bool) -> Value:
     """One untimed forward and backward, as `_pass_times` times them."""
-    out: torch.Tensor = unit(x.detach().requires_grad_(grad_input))
+    out: Value = unit(_taken(x, grad_input))
     _backward(_root(out, loss=loss), out)
     return out
 
 
-def _root(out: torch.Tensor, *, loss: bool) -> torch.Tensor:
-    """Where a timed backward starts: with ``loss`` and class scores, cross-entropy on
-    random labels, as the server's pass does; otherwise ``out`` itself."""
-    if loss and out.dim() == 2:
+def _taken(x: Value, grad_input: bool) -> Value:
+    """``x`` detached as a stage takes it: its floating leaves require grad with
+    ``grad_input``."""
+    return joined([t.detach().requires_grad_(grad_input and t.is_floating_point())
+                   for t in leaves(x)])
+
+
+def _detached(x: Value) -> Value:
+    return joined([t.detach() for t in leaves(x)])
+
+
+def _on(x: Value, device: torch.device) -> Value:
+    return joined([t.to(device) for t in leaves(x)])
+
+
+def _root(out: Value, *, loss: bool) -> Value:
+    """Where a timed backward starts: with ``loss`` and scores over the last dimension
+    (a class per sample, or per token), cross-entropy on random labels, as the server's
+    pass does; otherwise ``out`` itself."""
+    if loss and isinstance(out, torch.Tensor) and out.dim() >= 2 and out.is_floating_point():
+        scores = out.flatten(0, -2)
         return nn.functional.cross_entropy(
-            out, torch.randint(out.shape[1], (len(out),), device=out.device))
+            scores, torch.randint(scores.shape[1], (len(scores),), device=out.device))
     return out
 
 
-def _backward(root: torch.Tensor, out: torch.Tensor) -> None:
-    """Backward from ``root``: from the loss, or from a gradient of ones on ``out``, as a
-    device's backward starts from the server's gradient."""
-    if root.requires_grad:
-        torch.autograd.backward(root, None if root is not out else torch.ones_like(out))
+def _backward(root: Value, out: Value) -> None:
+    """Backward from ``root``: from the loss, or from a gradient of ones on each of
+    ``out``'s floating leaves that require grad, as a device's backward starts from the
+    server's gradient."""
+    if root is not out:
+        assert isinstance(root, torch.Tensor)
+        if root.requires_grad:
+            torch.autograd.backward(root)
+        return
+    started = [t for t in leaves(out) if t.requires_grad]
+    if started:
+        torch.autograd.backward(started, [torch.ones_like(t) for t in started])
 
 
 def _step_times(units: Sequence[nn.Module], timer: _Timer, learning_rate: float,

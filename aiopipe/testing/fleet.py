@@ -64,8 +64,8 @@ def ready_for(plan: Plan, samples: int) -> Ready:
     """What an honest device that holds ``samples`` samples announces after ``plan``
     (scripted devices send it by hand)."""
     config = RunConfig.from_mapping(plan.run)
-    model = build_model(config, num_classes=plan.num_classes, in_shape=plan.in_shape)
-    return Ready(samples, plan.in_shape, plan.num_classes, model_digest(model))
+    model = build_model(config, num_classes=plan.num_classes, in_shape=plan.inputs[0][1])
+    return Ready(samples, plan.inputs, plan.target, plan.num_classes, model_digest(model))
 
 
 async def joined(node: Coordinator) -> Coordinator:
@@ -73,8 +73,8 @@ async def joined(node: Coordinator) -> Coordinator:
     shard): planned, and, when it resumes, restored from its checkpoint."""
     config = node.config
     for k in range(config.devices):
-        node.announced[k] = Ready(config.device_samples_of(k), node.in_shape,
-                                  node.num_classes, node.model_digest)
+        node.announced[k] = Ready(config.device_samples_of(k), node.data.inputs,
+                                  (node.data.target,), node.data.classes, node.model_digest)
     await node._prepare()
     return node
 

@@ -22,7 +22,7 @@ from torch import nn
 from aiopipe import RunConfig, VirtualClock, simulate
 from aiopipe.errors import ConfigError
 from aiopipe.runtime.plan import build_model, train_dataset
-from aiopipe.systems import Activation, Gradient, RoundStart, ServerStage, StageWork
+from aiopipe.systems import Activation, Gradient, RoundStart, Sent, ServerStage, StageWork
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -79,9 +79,8 @@ class _Watching(StageWork):
 
     labels: ClassVar[list[torch.Tensor]] = []
 
-    def forward(self, iteration: int, micro_batch: int,
-                received: tuple[torch.Tensor, torch.Tensor] | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def forward(self, iteration: int, micro_batch: int, received: Sent | None = None
+                ) -> Sent | None:
         if received is not None:
             _Watching.labels.append(received[1].clone())
         return super().forward(iteration, micro_batch, received)
@@ -150,7 +149,7 @@ async def test_a_gradient_scaled_x1e6_excludes_the_device_and_its_turn_is_undone
                  ready_at: float | None) -> None:
             if isinstance(message, Gradient) and self.half.node.device_id == 0:
                 message = dataclasses.replace(
-                    message, tensor=to_tensor_data(to_torch(message.tensor) * 1e6))
+                    message, tensors=(to_tensor_data(to_torch(message.tensors[0]) * 1e6),))
             super().send(message, name, ready_at=ready_at)
 
     monkeypatch.setattr(ushaped, "_ToCoordinator", Scaling)

@@ -130,12 +130,12 @@ class Blocks(nn.Module):
 
 
 def _equivalent(model: nn.Module, x: Tensor, *, train: bool = True,
-                at: Sequence[str] | None = None) -> nn.Sequential:
+                at: Sequence[str] | None = None, several: bool = True) -> nn.Sequential:
     """Split ``model`` and check that its units compute it bit for bit: the output, the
     gradient of every parameter and (in train mode) the updated buffers."""
     model.zero_grad(set_to_none=True)
     reference = copy.deepcopy(model)
-    units = split_units(model, at=at)
+    units = split_units(model, at=at, several=several)
     for m in (model, units, reference):
         m.train(train)
     outputs = []
@@ -187,17 +187,21 @@ def test_a_sum_of_two_values_before_a_child_is_cut_after_the_sum() -> None:
     assert _children_of(units) == [["a"], ["b"], ["c"]]  # unit 1 is b(y) + y
 
 
-def test_a_skip_across_a_cut_merges_the_units_on_either_side() -> None:
+def test_a_skip_across_a_cut_is_carried_or_with_one_tensor_merges_the_units() -> None:
     torch.manual_seed(0)
     units = _equivalent(Three(add_after_c), torch.randn(4, 12))
+    assert _children_of(units) == [["a"], ["b"], ["c"]]  # (a, b) cross the second cut
+    units = _equivalent(Three(add_after_c), torch.randn(4, 12), several=False)
     assert _children_of(units) == [["a"], ["b", "c"]]
     with pytest.raises(ConfigError, match=r"before 'c': 2 values cross it \(fx nodes a, b\)"):
-        split_units(Three(add_after_c), at=["c"])
+        split_units(Three(add_after_c), at=["c"], several=False)
 
 
-def test_a_skip_around_everything_leaves_one_unit() -> None:
+def test_a_skip_around_everything_is_carried_or_with_one_tensor_leaves_one_unit() -> None:
     torch.manual_seed(0)
     units = _equivalent(Three(skip_everything), torch.randn(4, 12))
+    assert _children_of(units) == [["a"], ["b"], ["c"]]
+    units = _equivalent(Three(skip_everything), torch.randn(4, 12), several=False)
     assert _children_of(units) == [["a", "b", "c"]]
 
 
@@ -266,9 +270,24 @@ def test_reading_self_training_in_forward_is_an_error_and_modes_are_kept() -> No
     assert model.b.training
 
 
-class TwoInputs(nn.Module):
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        return x * mask
+class NoInput(nn.Module):
+    def forward(self) -> Tensor:
+        return torch.zeros(1)
+
+
+class TwoTowers(nn.Module):
+    """Two inputs, each through its own tower, joined by the head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(12, 16)
+        self.b = nn.Linear(5, 16)
+        self.head = nn.Linear(32, 3)
+
+    def forward(self, x: Tensor, z: Tensor) -> Tensor:
+        h = torch.relu(self.a(x))
+        g = torch.relu(self.b(z))
+        return self.head(torch.cat([h, g], 1))
 
 
 class Pair(nn.Module):
@@ -286,7 +305,7 @@ class Variadic(nn.Module):
 
 
 @pytest.mark.parametrize(("model", "message"), [
-    (TwoInputs(), r"^cannot split TwoInputs: its forward takes 2 inputs \(x, mask\); "),
+    (NoInput(), r"^cannot split NoInput: its forward takes no input$"),
     (Variadic(), r"^cannot split Variadic: its forward takes \*xs; "),
     (Pair(), r"^cannot split Pair: its forward returns a tuple; "),
 ])
@@ -382,7 +401,7 @@ def test_split_here_marks_the_only_cuts() -> None:
 
 def test_a_mark_that_more_than_one_value_crosses_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"split_here\(\) mark 1: a cross it too") as info:
-        split_units(MarkedAcrossASkip())
+        split_units(MarkedAcrossASkip(), several=False)
     assert "\n" not in str(info.value)
     with pytest.raises(ConfigError, match="choose one"):
         split_units(Marked(), at=["c"])
@@ -409,8 +428,8 @@ class UNetLike(nn.Module):
 
 def test_with_several_a_cut_passes_a_tuple_and_the_units_compute_the_model() -> None:
     model = UNetLike()
-    one = split_units(model)
-    several = split_units(model, several=True)
+    one = split_units(model, several=False)
+    several = split_units(model)
     assert len(one) < len(several) == 5  # one tensor a cut: the skips merge units
     x = torch.randn(4, 6)
     values = x
@@ -433,8 +452,26 @@ def test_with_several_a_cut_passes_a_tuple_and_the_units_compute_the_model() -> 
 
 def test_several_lets_a_marked_cut_pass_what_crosses_it() -> None:
     model = MarkedAcrossASkip()
-    units = split_units(model, several=True)
+    units = split_units(model)
     x = torch.randn(3, 6)
     assert len(units) == 2
     assert isinstance(units[0](x), tuple)
     assert torch.equal(units(x), model(x))
+
+
+def test_a_model_of_two_inputs_takes_them_as_one_tuple_and_carries_the_other_across() -> None:
+    torch.manual_seed(0)
+    model = TwoTowers()
+    reference = copy.deepcopy(model)
+    units = split_units(model)
+    assert _children_of(units) == [["a"], ["b"], ["head"]]
+    x, z = torch.randn(4, 12), torch.randn(4, 5)
+    first = units[0]((x, z))
+    assert isinstance(first, tuple)
+    assert len(first) == 2
+    out, want = units((x, z)), reference(x, z)
+    assert torch.equal(out, want)
+    out.sum().backward()
+    want.sum().backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad), name

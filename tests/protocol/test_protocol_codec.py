@@ -56,6 +56,7 @@ from aiopipe.protocol import (
     decode,
     encode,
 )
+from aiopipe.protocol.fields import MAX_LEAVES
 
 U64 = 2**64 - 1
 
@@ -86,7 +87,8 @@ RUN = {
 
 SAMPLES: list[Message] = [
     Hello(PROTOCOL_VERSION, 7),
-    Plan(3, "pipar", RUN, 2**62 - 1, 1234.5, 2**62, {"device4": "ab" * 32}, (3, 32, 32), 10),
+    Plan(3, "pipar", RUN, 2**62 - 1, 1234.5, 2**62, {"device4": "ab" * 32},
+         (("float32", (3, 32, 32)),), (("int64", ()),), 10),
     Plan(0, "fl", {}, 1),
     RoundStart(1, 0, 10, 5, {
             "0.weight": td("float32", (8, 3, 3, 3)),
@@ -100,11 +102,12 @@ SAMPLES: list[Message] = [
                {"device1": {"stage": 1, "address": "memory://device1"},
                 "device2": {"stage": 0, "address": "memory://device2", "rows": [4, 6]}},
                (0, 4)),
-    Activation(0, 0, 0, 1, 2, 0, "device0", "server", td("float32", (4, 2, 3, 3)),
+    Activation(0, 0, 0, 1, 2, 0, "device0", "server", (td("float32", (4, 2, 3, 3)),),
                td("int64", (4,))),
-    Activation(0, 0, 1, 0, 0, 0, "device0", "server", td("bfloat16", (0, 7)), td("int64", (0,))),
-    Gradient(0, 1, 0, 1, 2, 0, "server", "device0", td("float32", (4, 2, 3, 3), 3)),
-    Gradient(U64, U64, U64, U64, U64, U64, "m" * 64, "n" * 64, td("float64", (1,))),
+    Activation(0, 0, 1, 0, 0, 0, "device0", "server", (td("bfloat16", (0, 7)),),
+               td("int64", (0,))),
+    Gradient(0, 1, 0, 1, 2, 0, "server", "device0", (td("float32", (4, 2, 3, 3), 3),)),
+    Gradient(U64, U64, U64, U64, U64, U64, "m" * 64, "n" * 64, (td("float64", (1,)),)),
     GroupGradient(3, 1, 0, 7, 7, "device2", "device4", {"3.weight": td("float32", (4, 2)),
                                                         "3.bias": td("float32", (4,))}),
     RoundResult(
@@ -127,9 +130,10 @@ SAMPLES: list[Message] = [
     Heartbeat(123456789),
     Bye(""),
     Bye("round limit reached"),
-    ErrorMessage("protocol", "activation.tensor: dtype unknown: 'complex64'"),
-    Ready(200, (1, 28, 28), 10, "0123456789abcdef" * 2, "fe" * 8),
-    Ready(0, (12,), 3, "ab" * 32),
+    ErrorMessage("protocol", "activation.tensors[0]: dtype unknown: 'complex64'"),
+    Ready(200, (("float32", (1, 28, 28)),), (("int64", ()),), 10, "0123456789abcdef" * 2,
+          "fe" * 8),
+    Ready(0, (("float32", (12,)),), (("int64", ()),), 3, "ab" * 32),
     ProfileRequest((1, 2, 4, 50)),
     Profile({"forward": {"0": {"1": 0.5}}, "backward": {}, "step": {}}, 1.5, 10e6),
     Profile({}, 0.0, 0.0),
@@ -147,6 +151,15 @@ SAMPLES: list[Message] = [
     RingHandshake(7, 4, 0),
     RingHandshake(7, 4, 1),
     SyncedModel(7, 4, 3.5, {"0.weight": td("float32", (8, 3, 3, 3))}),
+    Activation(1, 2, 0, 3, 1, 4, "device1", "device2",
+               (td("float32", (3, 4), 4), td("bool", (3, 4, 2), 5), td("int64", (3,), 6)),
+               td("float32", (3, 5), 7)),
+    Gradient(1, 2, 0, 3, 1, 4, "device2", "device1",
+             (td("float32", (3, 4), 8), td("bfloat16", (3, 1, 1), 9))),
+    Plan(1, "pipar", {}, 5, 0.0, 0, {},
+         (("float32", (3, 8, 8)), ("bool", (64,)), ("int64", (1 << 20,))),
+         (("float32", (5,)),), 0),
+    Ready(9, (("bfloat16", (7,)), ("int8", (1,) * 8)), (("int32", (2, 2)),), 4, "cd" * 8),
 ]
 
 
@@ -208,22 +221,22 @@ def address(buffer: Any) -> int:
 
 
 def test_decode_does_not_copy_tensor_bytes() -> None:
-    message = Activation(0, 0, 0, 0, 0, 0, "device0", "server", td("float32", (16, 8, 4, 4)),
-                         td("int64", (16,)))
+    message = Activation(0, 0, 0, 0, 0, 0, "device0", "server",
+                         (td("float32", (16, 8, 4, 4)), td("bool", (16, 3))), td("int64", (16,)))
     frame = encode(message)
     decoded = decode(frame)
     assert isinstance(decoded, Activation)
     base = address(frame)
-    for tensor in (decoded.tensor, decoded.labels):
+    for tensor in (*decoded.tensors, decoded.labels):
         assert isinstance(tensor.data, memoryview)
         assert tensor.data.obj is frame
         start = address(tensor.data) - base
         assert start > 0
         assert start + tensor.nbytes <= len(frame)
         assert frame[start : start + tensor.nbytes] == tensor.data
-    assert address(decoded.labels.data) - address(decoded.tensor.data) == _align(
-        decoded.tensor.nbytes
-    )
+    first, second = decoded.tensors
+    assert address(second.data) - address(first.data) == _align(first.nbytes)
+    assert address(decoded.labels.data) - address(second.data) == _align(second.nbytes)
 
 
 def _align(n: int) -> int:
@@ -244,7 +257,7 @@ def test_tensors_start_aligned() -> None:
 
 def test_encode_copies_tensor_bytes_once() -> None:
     tensor = TensorData("float32", (1024, 1024), bytes(4 * 1024 * 1024))
-    message = Gradient(0, 1, 0, 0, 0, 0, "server", "device0", tensor)
+    message = Gradient(0, 1, 0, 0, 0, 0, "server", "device0", (tensor,))
     encode(message)  # warm up
     tracemalloc.start()
     try:
@@ -259,10 +272,10 @@ def test_encode_copies_tensor_bytes_once() -> None:
 def test_encode_accepts_any_contiguous_buffer() -> None:
     floats = np.arange(12, dtype=np.float32).reshape(3, 4)
     message = Gradient(0, 1, 0, 0, 0, 0, "server", "device0",
-                       TensorData("float32", (3, 4), floats.data))
+                       (TensorData("float32", (3, 4), floats.data),))
     decoded = decode(encode(message))
     assert isinstance(decoded, Gradient)
-    assert bytes(decoded.tensor.data) == floats.tobytes()
+    assert bytes(decoded.tensors[0].data) == floats.tobytes()
 
 
 # --- frame size limits ----------------------------------------------------------------
@@ -282,6 +295,8 @@ def _non_tensor_bytes(message: Message) -> int:
     for value in (getattr(message, f.name) for f in dataclasses.fields(message)):
         if isinstance(value, TensorData):
             tensors.append(value)
+        elif isinstance(value, tuple):
+            tensors.extend(v for v in value if isinstance(v, TensorData))
         elif isinstance(value, dict):
             tensors.extend(v for v in value.values() if isinstance(v, TensorData))
     return len(encode(message)) - sum(t.nbytes for t in tensors)
@@ -298,11 +313,16 @@ WIDE = (0, *([U64] * 14))  # 15 dimensions, zero elements, the longest shape enc
         Bye("é" * 512),
         ErrorMessage("x" * 24, "✓" * 333),
         Activation(U64, U64, U64, U64, U64, U64, "n" * 64, "m" * 64,
-                   TensorData("bfloat16", WIDE, b""), TensorData("bool", WIDE, b"")),
-        Activation(U64, U64, U64, U64, U64, U64, "n" * 64, "m" * 64, td("bool", (1,) * 15),
+                   (TensorData("bfloat16", WIDE, b""),), TensorData("bool", WIDE, b"")),
+        Activation(U64, U64, U64, U64, U64, U64, "n" * 64, "m" * 64, (td("bool", (1,) * 15),),
                    td("bool", (1,) * 15)),
+        Activation(U64, U64, U64, U64, U64, U64, "n" * 64, "m" * 64,
+                   (TensorData("bfloat16", WIDE, b""),) * MAX_LEAVES,
+                   TensorData("bool", WIDE, b"")),
         Gradient(U64, U64, U64, U64, U64, U64, "m" * 64, "n" * 64,
-                 TensorData("bfloat16", WIDE, b"")),
+                 (TensorData("bfloat16", WIDE, b""),)),
+        Gradient(U64, U64, U64, U64, U64, U64, "m" * 64, "n" * 64,
+                 (TensorData("bfloat16", WIDE, b""),) * MAX_LEAVES),
         RoundStart(U64, U64, U64, U64,
                    {"n" * 63 + str(i): td("bool", (1,) * 15) for i in range(4)}, 0, 2, 0, 2, 1, 1,
                    0, "0F0 0SEND_F0 0RECV_B0 0B0 0STEP"),
@@ -364,14 +384,14 @@ def _resized_tensor() -> TensorData:
         (RoundStart(0, 0, 0, 0, {3: td("int8", (1,))},  # type: ignore[dict-item]
                     0, 2, 0, 2, 1, 1, 0, "0F0 0SEND_F0 0RECV_B0 0B0 0STEP"),
          "tensor name 3 is not a str"),
-        (Gradient(0, 1, 0, 0, 0, 0, "server", "device0", td("int8", (1,) * 33)),
-         "33 dimensions, at most 32"),
-        (Gradient(0, 1, 0, 0, 0, 0, "server", "device0", _resized_tensor()),
-         "the buffer now holds 12"),
+        (Gradient(0, 1, 0, 0, 0, 0, "server", "device0", (td("int8", (1,) * 33),)),
+         "gradient.tensors[0]: 33 dimensions, at most 32 travel"),
+        (Gradient(0, 1, 0, 0, 0, 0, "server", "device0", (td("int8", (2,)), _resized_tensor())),
+         "gradient.tensors[1]: shape (2,) of float32 needs 8 bytes, the buffer now holds 12"),
         (
             Gradient(0, 1, 0, 0, 0, 0, "server", "device0",
-                     TensorData("int8", (4,), memoryview(bytes(8))[::2])),
-            "not C-contiguous",
+                     (TensorData("int8", (4,), memoryview(bytes(8))[::2]),)),
+            "gradient.tensors[0]: tensor bytes are not C-contiguous",
         ),
         (Bye("x" * (MAX_HEADER_BYTES + 1)), "bye: header of 8388627 bytes exceeds 8388608 bytes"),
     ],
@@ -429,10 +449,12 @@ PLAN = {
     "server_time": 0.0,
     "session": 0,
     "peer_keys": {},
-    "in_shape": [3, 32, 32],
+    "inputs": [["float32", [3, 32, 32]]],
+    "target": [["int64", []]],
     "num_classes": 10,
 }
-READY = {"samples": 10, "in_shape": [1, 28, 28], "num_classes": 10,
+READY = {"samples": 10, "inputs": [["float32", [1, 28, 28]]], "target": [["int64", []]],
+         "num_classes": 10,
          "model_digest": "ab" * 16, "host": "", "held_out": 0}
 RESULT = {"round": 0, "samples": 0, "loss_sum": 0.0, "correct": 0, "tensors": {},
           "version": 0.0}
@@ -533,12 +555,15 @@ BAD_FRAMES: list[tuple[str, bytes, str]] = [
         "error.message: wrong field type: expected str, got NoneType",
     ),
     ("bad mode", frame(["plan", {**PLAN, "mode": "x"}]), "invalid plan: mode must be one of"),
-    ("plan shape not ints", frame(["plan", {**PLAN, "in_shape": ["3"]}]),
-     "plan.in_shape: wrong field type: expected at most 64 ints"),
-    ("plan shape empty", frame(["plan", {**PLAN, "in_shape": []}]),
-     "invalid plan: in_shape must be 1 to 8 ints"),
-    ("ready huge shape", frame(["ready", {**READY, "in_shape": [1] * 9}]),
-     "invalid ready: in_shape must be 1 to 8 ints"),
+    ("plan shape not ints", frame(["plan", {**PLAN, "inputs": [["float32", ["3"]]]}]),
+     "plan.inputs: shape must be at most 32 ints >= 0, got ['3']"),
+    ("plan shape empty", frame(["plan", {**PLAN, "inputs": [["float32", []]]}]),
+     "invalid plan: inputs must be 1 to 16 (dtype, shape) pairs with 1 to 8 dimensions in "
+     "1..1048576, got (('float32', ()),)"),
+    ("plan no inputs", frame(["plan", {**PLAN, "inputs": []}]),
+     "plan.inputs: wrong field type: expected 1 to 16 [dtype, shape] pairs, got []"),
+    ("ready huge shape", frame(["ready", {**READY, "inputs": [["float32", [1] * 9]]}]),
+     "invalid ready: inputs must be 1 to 16 (dtype, shape) pairs with 1 to 8 dimensions"),
     ("ready digest not hex", frame(["ready", {**READY, "model_digest": "xyz" * 8}]),
      "invalid ready: model_digest must be hex digits"),
     ("ready host too long", frame(["ready", {**READY, "host": "a" * 65}]),
@@ -576,7 +601,7 @@ BAD_FRAMES: list[tuple[str, bytes, str]] = [
     ),
     (
         "bad node name",
-        tensor_frame("gradient", {**GRAD, "source": "a b", "tensor": F32}, EIGHT),
+        tensor_frame("gradient", {**GRAD, "source": "a b", "tensors": [F32]}, EIGHT),
         "invalid gradient: a node name must be 1..64 letters",
     ),
     (
@@ -629,78 +654,79 @@ BAD_FRAMES: list[tuple[str, bytes, str]] = [
     ),
     (
         "descriptor not list",
-        tensor_frame("gradient", {**GRAD, "tensor": "x"}, EIGHT),
-        "gradient.tensor: tensor descriptor must be [dtype, shape, offset, nbytes]",
+        tensor_frame("gradient", {**GRAD, "tensors": ["x"]}, EIGHT),
+        "gradient.tensors[0]: tensor descriptor must be [dtype, shape, offset, nbytes], got 'x'",
     ),
     (
         "descriptor of 3",
-        tensor_frame("gradient", {**GRAD, "tensor": ["float32", [2], 0]}, EIGHT),
+        tensor_frame("gradient", {**GRAD, "tensors": [["float32", [2], 0]]}, EIGHT),
         "tensor descriptor must be",
     ),
     (
         "dtype unknown",
-        tensor_frame("gradient", {**GRAD, "tensor": ["complex64", [1], 0, 8]}, EIGHT),
-        "gradient.tensor: dtype unknown: 'complex64'",
+        tensor_frame("gradient", {**GRAD, "tensors": [["complex64", [1], 0, 8]]}, EIGHT),
+        "gradient.tensors[0]: dtype unknown: 'complex64'",
     ),
     (
         "dtype not str",
-        tensor_frame("gradient", {**GRAD, "tensor": [4, [2], 0, 8]}, EIGHT),
+        tensor_frame("gradient", {**GRAD, "tensors": [[4, [2], 0, 8]]}, EIGHT),
         "dtype unknown: 4",
     ),
     (
         "shape not list",
-        tensor_frame("gradient", {**GRAD, "tensor": ["float32", 2, 0, 8]}, EIGHT),
+        tensor_frame("gradient", {**GRAD, "tensors": [["float32", 2, 0, 8]]}, EIGHT),
         "shape must be a list",
     ),
     (
         "shape negative",
-        tensor_frame("gradient", {**GRAD, "tensor": ["float32", [-2], 0, 8]}, EIGHT),
+        tensor_frame("gradient", {**GRAD, "tensors": [["float32", [-2], 0, 8]]}, EIGHT),
         "shape must hold ints >= 0",
     ),
     (
         "shape of str",
-        tensor_frame("gradient", {**GRAD, "tensor": ["float32", ["2"], 0, 8]}, EIGHT),
+        tensor_frame("gradient", {**GRAD, "tensors": [["float32", ["2"], 0, 8]]}, EIGHT),
         "shape must hold ints >= 0",
     ),
     (
         "too many dims",
-        tensor_frame("gradient", {**GRAD, "tensor": ["int8", [1] * 33, 0, 1]}, b"\x00"),
+        tensor_frame("gradient", {**GRAD, "tensors": [["int8", [1] * 33, 0, 1]]}, b"\x00"),
         "at most 32 ints",
     ),
     (
         "offset str",
-        tensor_frame("gradient", {**GRAD, "tensor": ["float32", [2], "0", 8]}, EIGHT),
+        tensor_frame("gradient", {**GRAD, "tensors": [["float32", [2], "0", 8]]}, EIGHT),
         "tensor offset must be an int >= 0",
     ),
     (
         "nbytes negative",
-        tensor_frame("gradient", {**GRAD, "tensor": ["float32", [2], 0, -8]}, EIGHT),
+        tensor_frame("gradient", {**GRAD, "tensors": [["float32", [2], 0, -8]]}, EIGHT),
         "tensor nbytes must be an int >= 0",
     ),
     (
         "length mismatch",
-        tensor_frame("gradient", {**GRAD, "tensor": ["float32", [2], 0, 7]}, EIGHT),
+        tensor_frame("gradient", {**GRAD, "tensors": [["float32", [2], 0, 7]]}, EIGHT),
         "shape/byte-length mismatch: shape [2] of float32 needs 8 bytes, descriptor says 7",
     ),
     (
         "huge shape",
-        tensor_frame("gradient", {**GRAD, "tensor": ["float64", [U64, U64], 0, 8]}, EIGHT),
+        tensor_frame("gradient", {**GRAD, "tensors": [["float64", [U64, U64], 0, 8]]}, EIGHT),
         "shape/byte-length mismatch",
     ),
     (
         "offset moved",
-        tensor_frame("gradient", {**GRAD, "tensor": ["float32", [2], 64, 8]}, bytes(72)),
+        tensor_frame("gradient", {**GRAD, "tensors": [["float32", [2], 64, 8]]}, bytes(72)),
         "tensor offset 64 is not the canonical 0",
     ),
     (
         "out of range",
-        tensor_frame("gradient", {**GRAD, "tensor": ["float32", [4], 0, 16]}, EIGHT),
+        tensor_frame("gradient", {**GRAD, "tensors": [["float32", [4], 0, 16]]}, EIGHT),
         "tensor bytes out of range",
     ),
-    ("no data region", frame(["gradient", {**GRAD, "tensor": F32}]), "tensor bytes out of range"),
+    ("no data region", frame(["gradient", {**GRAD, "tensors": [F32]}]),
+     "gradient.tensors[0]: tensor bytes out of range"),
     (
         "trailing bytes",
-        tensor_frame("gradient", {**GRAD, "tensor": F32}, bytes(9)),
+        tensor_frame("gradient", {**GRAD, "tensors": [F32]}, bytes(9)),
         "1 trailing bytes after the message",
     ),
     ("trailing after bye", BYE_FRAME + b"\x00", "1 trailing bytes after the message"),
@@ -718,26 +744,58 @@ BAD_FRAMES: list[tuple[str, bytes, str]] = [
     ),
     (
         "bool not 0/1",
-        tensor_frame("gradient", {**GRAD, "tensor": ["bool", [3], 0, 3]}, b"\x00\x01\x02"),
-        "gradient.tensor: bool tensor holds bytes other than 0 and 1",
+        tensor_frame("gradient", {**GRAD, "tensors": [["bool", [3], 0, 3]]}, b"\x00\x01\x02"),
+        "gradient.tensors[0]: bool tensor holds bytes other than 0 and 1",
     ),
     (
         "batch mismatch",
         tensor_frame(
             "activation",
-            {**GRAD, "tensor": ["int8", [2], 0, 2], "labels": ["int8", [3], FRAME_ALIGNMENT, 3]},
+            {**GRAD, "tensors": [["int8", [2], 0, 2]],
+             "labels": ["int8", [3], FRAME_ALIGNMENT, 3]},
             bytes(FRAME_ALIGNMENT + 3),
         ),
-        "invalid activation: activation batch 2 != labels batch 3",
+        "invalid activation: activation tensor 0 of shape (2,) does not have the "
+        "micro-batch's 3 rows first",
     ),
     (
         "no batch dim",
         tensor_frame(
             "activation",
-            {**GRAD, "tensor": ["int8", [], 0, 1], "labels": ["int8", [], FRAME_ALIGNMENT, 1]},
+            {**GRAD, "tensors": [["int8", [1], 0, 1]],
+             "labels": ["int8", [], FRAME_ALIGNMENT, 1]},
             bytes(FRAME_ALIGNMENT + 1),
         ),
-        "invalid activation: activation and labels need a batch dimension",
+        "invalid activation: labels need a batch dimension",
+    ),
+    (
+        "activation leaf without batch dim",
+        tensor_frame(
+            "activation",
+            {**GRAD, "tensors": [["int8", [], 0, 1]],
+             "labels": ["int8", [1], FRAME_ALIGNMENT, 1]},
+            bytes(FRAME_ALIGNMENT + 1),
+        ),
+        "invalid activation: activation tensor 0 of shape () does not have the "
+        "micro-batch's 1 rows first",
+    ),
+    (
+        "gradient without batch dim",
+        tensor_frame("gradient", {**GRAD, "tensors": [["float32", [], 0, 4]]}, bytes(4)),
+        "invalid gradient: gradient tensor 0 has no batch dimension",
+    ),
+    (
+        "gradient rows disagree",
+        tensor_frame("gradient", {**GRAD, "tensors": [["int8", [2], 0, 2],
+                                                     ["int8", [3], FRAME_ALIGNMENT, 3]]},
+                     bytes(FRAME_ALIGNMENT + 3)),
+        "invalid gradient: gradient tensor 1 of shape (3,) does not have the micro-batch's 2 "
+        "rows first",
+    ),
+    (
+        "old single tensor field",
+        tensor_frame("gradient", {**GRAD, "tensor": F32}, EIGHT),
+        "gradient: missing field 'tensors'",
     ),
     (
         "tensors not map",
@@ -784,8 +842,8 @@ def _with_byte(data: bytes, index: int, value: int) -> bytes:
 
 
 def _padding_cases() -> list[tuple[str, bytes, str]]:
-    good = encode(Activation(0, 0, 0, 0, 0, 0, "device12", "server", td("int8", (3,)),
-                             td("int8", (3,))))
+    good = encode(Activation(0, 0, 0, 0, 0, 0, "device12", "server",
+                             (td("int8", (3,)), td("bool", (3,))), td("int8", (3,))))
     header_len = struct.unpack_from("<I", good, 4)[0]
     first_pad = 8 + header_len  # first byte of padding after the header
     data_start = _align(first_pad)
@@ -794,11 +852,16 @@ def _padding_cases() -> list[tuple[str, bytes, str]]:
         (
             "nonzero header padding",
             _with_byte(good, first_pad, 1),
-            "activation.tensor: nonzero padding",
+            "activation.tensors[0]: nonzero padding",
+        ),
+        (
+            "nonzero padding between leaves",
+            _with_byte(good, data_start + 3, 1),
+            "activation.tensors[1]: nonzero padding",
         ),
         (
             "nonzero tensor padding",
-            _with_byte(good, data_start + 3, 1),
+            _with_byte(good, data_start + FRAME_ALIGNMENT + 3, 1),
             "activation.labels: nonzero padding",
         ),
         ("truncated data", good[:-1], "tensor bytes out of range"),
@@ -819,8 +882,18 @@ def test_decode_rejects(frame_bytes: bytes, error: str) -> None:
 
 def test_hand_made_frame_helper_builds_valid_frames() -> None:
     """The table's frames differ from valid ones only in the named defect."""
-    assert decode(tensor_frame("gradient", {**GRAD, "tensor": F32}, EIGHT)) == Gradient(
-        0, 1, 0, 0, 0, 0, "server", "device0", TensorData("float32", (2,), EIGHT))
+    assert decode(tensor_frame("gradient", {**GRAD, "tensors": [F32]}, EIGHT)) == Gradient(
+        0, 1, 0, 0, 0, 0, "server", "device0", (TensorData("float32", (2,), EIGHT),))
+    assert decode(tensor_frame("activation", {**GRAD, "tensors": [F32],
+                                              "labels": ["int8", [2], FRAME_ALIGNMENT, 2]},
+                               bytes(FRAME_ALIGNMENT + 2))) == Activation(
+        0, 1, 0, 0, 0, 0, "server", "device0", (TensorData("float32", (2,), EIGHT),),
+        TensorData("int8", (2,), bytes(2)))
+    assert decode(frame(["plan", PLAN])) == Plan(0, "sl", {}, 1, 0.0, 0, {},
+                                                 (("float32", (3, 32, 32)),), (("int64", ()),),
+                                                 10)
+    assert decode(frame(["ready", READY])) == Ready(10, (("float32", (1, 28, 28)),),
+                                                    (("int64", ()),), 10, "ab" * 16)
     assert decode(BYE_FRAME) == Bye("done")
 
 
@@ -839,11 +912,11 @@ def test_decode_rejects_strided_frames_locally() -> None:
 def test_encode_accepts_empty_multidimensional_buffers() -> None:
     empty = np.zeros((2, 0, 3), dtype=np.float32)
     message = Gradient(0, 1, 0, 0, 0, 0, "server", "device0",
-                       TensorData("float32", (2, 0, 3), empty.data))
+                       (TensorData("float32", (2, 0, 3), empty.data),))
     decoded = decode(encode(message))
     assert isinstance(decoded, Gradient)
-    assert decoded.tensor.shape == (2, 0, 3)
-    assert decoded.tensor.nbytes == 0
+    assert decoded.tensors[0].shape == (2, 0, 3)
+    assert decoded.tensors[0].nbytes == 0
 
 
 def test_a_stall_s_reason_is_bounded() -> None:
@@ -866,3 +939,323 @@ def test_an_accusation_names_a_device_and_a_bounded_reason() -> None:
             Accusation(0, culprit, "why")
     with pytest.raises(LocalProtocolError, match="longer than 500"):
         Accusation(0, "device1", "x" * (MAX_REASON_CHARS + 1))
+
+
+# --- an activation's leaves (protocol 10) ---------------------------------------------
+
+
+def _header(frame_bytes: bytes) -> Any:
+    header_len = struct.unpack_from("<I", frame_bytes, 4)[0]
+    return msgpack.unpackb(frame_bytes[8 : 8 + header_len], raw=False)
+
+
+def test_activation_of_three_leaves_of_different_dtypes_round_trips_bit_exactly() -> None:
+    leaves = (td("float32", (4, 3), 1), td("bool", (4, 5), 2), td("int64", (4,), 3))
+    labels = td("int64", (4,), 4)
+    message = Activation(0, 1, 2, 3, 4, 5, "device0", "device1", leaves, labels)
+    frame_bytes = encode(message)
+    decoded = decode(frame_bytes)
+    assert isinstance(decoded, Activation)
+    assert decoded == message
+    assert isinstance(decoded.tensors, tuple)
+    assert [(t.dtype, t.shape) for t in decoded.tensors] == [
+        ("float32", (4, 3)), ("bool", (4, 5)), ("int64", (4,))]
+    for sent, received in zip(leaves, decoded.tensors, strict=True):
+        assert bytes(received.data) == bytes(sent.data)
+    assert bytes(decoded.labels.data) == bytes(labels.data)
+    assert encode(decoded) == frame_bytes
+    # canonical layout: the leaves in order, then the labels, each at the next aligned offset
+    kind, fields = _header(frame_bytes)
+    assert kind == "activation"
+    assert fields["tensors"] == [["float32", [4, 3], 0, 48], ["bool", [4, 5], 48, 20],
+                                 ["int64", [4], 80, 32]]
+    assert fields["labels"] == ["int64", [4], 112, 32]
+    assert "tensor" not in fields
+    data_start = _align(8 + struct.unpack_from("<I", frame_bytes, 4)[0])
+    for (_, _, offset, nbytes), received in zip(fields["tensors"], decoded.tensors, strict=True):
+        assert address(received.data) - address(frame_bytes) == data_start + offset
+        assert received.nbytes == nbytes
+    assert len(frame_bytes) == data_start + 112 + 32
+
+
+def test_activation_leaves_must_agree_on_rows() -> None:
+    with pytest.raises(LocalProtocolError, match=_literal(
+            "activation tensor 1 of shape (3, 5) does not have the micro-batch's 4 rows first")):
+        Activation(0, 0, 0, 0, 0, 0, "device0", "server",
+                   (td("float32", (4, 3)), td("bool", (3, 5)), td("int64", (4,))),
+                   td("int64", (4,)))
+    with pytest.raises(LocalProtocolError, match=_literal(
+            "activation tensor 0 of shape (4, 3) does not have the micro-batch's 5 rows first")):
+        Activation(0, 0, 0, 0, 0, 0, "device0", "server", (td("float32", (4, 3)),),
+                   td("int64", (5,)))
+    with pytest.raises(LocalProtocolError, match=_literal(
+            "gradient tensor 1 of shape (2, 3) does not have the micro-batch's 4 rows first")):
+        Gradient(0, 0, 0, 0, 0, 0, "server", "device0",
+                 (td("float32", (4, 3)), td("float32", (2, 3))))
+    bad = tensor_frame(
+        "activation",
+        {**GRAD, "tensors": [["float32", [4], 0, 16], ["int8", [3], FRAME_ALIGNMENT, 3]],
+         "labels": ["int64", [4], 2 * FRAME_ALIGNMENT, 32]},
+        bytes(2 * FRAME_ALIGNMENT + 32),
+    )
+    with pytest.raises(RemoteProtocolError, match=_literal(
+            "invalid activation: activation tensor 1 of shape (3,) does not have the "
+            "micro-batch's 4 rows first")) as info:
+        decode(bad)
+    assert type(info.value) is RemoteProtocolError
+    good = bad.replace(msgpack.packb(["int8", [3], FRAME_ALIGNMENT, 3]),
+                       msgpack.packb(["int8", [4], FRAME_ALIGNMENT, 4]))
+    assert good != bad
+    assert decode(good) == Activation(  # the same frame, rows agreeing: decodes
+        0, 1, 0, 0, 0, 0, "server", "device0",
+        (TensorData("float32", (4,), bytes(16)), TensorData("int8", (4,), bytes(4))),
+        TensorData("int64", (4,), bytes(32)))
+
+
+def test_more_than_max_leaves_are_refused_both_ways() -> None:
+    assert MAX_LEAVES == 16
+    many = (td("int8", (2,)),) * (MAX_LEAVES + 1)
+    for leaves in (many, ()):
+        with pytest.raises(LocalProtocolError, match=r"^activation needs a tuple of 1 to 16 "
+                           rf"TensorData, got a tuple of {len(leaves)}$"):
+            Activation(0, 0, 0, 0, 0, 0, "device0", "server", leaves, td("int8", (2,)))
+    with pytest.raises(LocalProtocolError, match=r"^gradient needs a tuple of 1 to 16 "
+                       r"TensorData, got a tuple of 17$"):
+        Gradient(0, 0, 0, 0, 0, 0, "server", "device0", many)
+    # 16 is the most that travels
+    most = Activation(0, 0, 0, 0, 0, 0, "device0", "server", many[:MAX_LEAVES],
+                      td("int8", (2,)))
+    assert decode(encode(most)) == most
+    # encode checks too (a message forced past its own check)
+    object.__setattr__(most, "tensors", many)
+    with pytest.raises(LocalProtocolError, match=_literal(
+            "activation.tensors: expected a tuple of 1 to 16 tensors, got (TensorData(")):
+        encode(most)
+
+    def activation_frame(count: int) -> bytes:
+        descriptors = [["int8", [2], i * FRAME_ALIGNMENT, 2] for i in range(count)]
+        labels = ["int8", [2], count * FRAME_ALIGNMENT, 2]
+        return tensor_frame("activation", {**GRAD, "tensors": descriptors, "labels": labels},
+                            bytes(count * FRAME_ALIGNMENT + 2))
+
+    decoded = decode(activation_frame(MAX_LEAVES))
+    assert isinstance(decoded, Activation)
+    assert len(decoded.tensors) == MAX_LEAVES
+    with pytest.raises(RemoteProtocolError, match=_literal(
+            "activation.tensors: wrong field type: expected 1 to 16 tensors, got [['int8', ")):
+        decode(activation_frame(MAX_LEAVES + 1))
+    with pytest.raises(RemoteProtocolError, match=_literal(
+            "gradient.tensors: wrong field type: expected 1 to 16 tensors, got []")):
+        decode(frame(["gradient", {**GRAD, "tensors": []}]))
+
+
+@pytest.mark.parametrize(
+    ("tensors", "error"),
+    [
+        pytest.param({"0": F32}, "gradient.tensors: wrong field type: expected 1 to 16 "
+                     "tensors, got {'0': ['float32', [2], 0, 8]}", id="map"),
+        pytest.param(F32, "gradient.tensors[0]: tensor descriptor must be [dtype, shape, "
+                     "offset, nbytes], got 'float32'", id="bare descriptor"),
+        pytest.param(["float32", [2], 0, 8, 0], "gradient.tensors[0]: tensor descriptor must "
+                     "be [dtype, shape, offset, nbytes], got 'float32'", id="five-item list"),
+        pytest.param("float32", "gradient.tensors: wrong field type: expected 1 to 16 tensors, "
+                     "got 'float32'", id="str"),
+        pytest.param(None, "gradient.tensors: wrong field type: expected 1 to 16 tensors, "
+                     "got None", id="nil"),
+    ],
+)
+def test_leaves_that_are_not_a_list_of_descriptors_are_refused(tensors: object,
+                                                                 error: str) -> None:
+    with pytest.raises(RemoteProtocolError, match=f"^{_literal(error)}$") as info:
+        decode(tensor_frame("gradient", {**GRAD, "tensors": tensors}, EIGHT))
+    assert type(info.value) is RemoteProtocolError
+    activation_error = error.replace("gradient", "activation")
+    with pytest.raises(RemoteProtocolError, match=f"^{_literal(activation_error)}$"):
+        decode(tensor_frame("activation", {**GRAD, "tensors": tensors,
+                                           "labels": ["int8", [2], FRAME_ALIGNMENT, 2]},
+                            bytes(FRAME_ALIGNMENT + 2)))
+
+
+def test_encode_refuses_leaves_that_are_not_a_tuple_of_tensors() -> None:
+    message = Gradient(0, 0, 0, 0, 0, 0, "server", "device0", (td("float32", (2,)),))
+    object.__setattr__(message, "tensors", td("float32", (2,)))
+    with pytest.raises(LocalProtocolError,
+                       match=_literal("gradient.tensors: expected a tuple of 1 to 16 tensors")):
+        encode(message)
+    object.__setattr__(message, "tensors", (td("float32", (2,)), b"x"))
+    with pytest.raises(LocalProtocolError,
+                       match=_literal("gradient.tensors[1]: expected TensorData, got bytes")):
+        encode(message)
+
+
+def test_a_gradient_needs_a_batch_dimension() -> None:
+    with pytest.raises(LocalProtocolError,
+                       match=r"^gradient tensor 0 has no batch dimension$"):
+        Gradient(0, 0, 0, 0, 0, 0, "server", "device0", (td("float32", ()),))
+    with pytest.raises(LocalProtocolError, match=_literal(
+            "gradient tensor 1 of shape () does not have the micro-batch's 2 rows first")):
+        Gradient(0, 0, 0, 0, 0, 0, "server", "device0", (td("float32", (2,)), td("int64", ())))
+    with pytest.raises(LocalProtocolError, match=r"^labels need a batch dimension$"):
+        Activation(0, 0, 0, 0, 0, 0, "device0", "server", (td("float32", (2,)),),
+                   td("int64", ()))
+
+
+# --- the run's kind of data: Plan.inputs / .target, Ready's -------------------------------
+
+
+MULTI_INPUTS = (("float32", (3, 16, 16)), ("bool", (16,)), ("int64", (1 << 20,)))
+VECTOR_TARGET = (("float32", (5,)),)
+
+
+def test_plan_and_ready_with_multi_leaf_inputs_and_a_vector_target_round_trip() -> None:
+    plan = Plan(2, "pipar", {}, 7, 1.0, 3, {}, MULTI_INPUTS, VECTOR_TARGET, 0)
+    ready = Ready(40, MULTI_INPUTS, VECTOR_TARGET, 0, "ab" * 32, "", 5)
+    for message in (plan, ready):
+        frame_bytes = encode(message)
+        decoded = decode(frame_bytes)
+        assert decoded == message
+        assert isinstance(decoded, Plan | Ready)
+        assert decoded.inputs == MULTI_INPUTS
+        assert decoded.target == VECTOR_TARGET
+        assert all(type(leaf) is tuple and type(leaf[1]) is tuple
+                   for leaf in (*decoded.inputs, *decoded.target))
+        assert encode(decoded) == frame_bytes
+        _, fields = _header(frame_bytes)
+        assert fields["inputs"] == [["float32", [3, 16, 16]], ["bool", [16]],
+                                    ["int64", [1 << 20]]]
+        assert fields["target"] == [["float32", [5]]]
+        assert "in_shape" not in fields
+
+
+def test_plan_defaults_to_one_float_input_and_a_class_index_target() -> None:
+    plan = Plan(0, "fl", {}, 1)
+    assert plan.inputs == (("float32", (1,)),)
+    assert plan.target == (("int64", ()),)
+    assert decode(encode(plan)) == plan
+
+
+ONE = (("float32", (1,)),)
+CLASS = (("int64", ()),)
+_INPUTS_ERROR = ("inputs must be 1 to 16 (dtype, shape) pairs with 1 to 8 dimensions in "
+                 "1..1048576, got ")
+_TARGET_ERROR = ("target must be one (dtype, shape) pair with 0 to 8 dimensions in "
+                 "1..1048576, got ")
+
+
+@pytest.mark.parametrize(
+    ("inputs", "target", "error"),
+    [
+        pytest.param((("complex64", (3,)),), CLASS, _INPUTS_ERROR + "(('complex64', (3,)),)",
+                     id="unknown dtype"),
+        pytest.param((("float32", (3, 0)),), CLASS, _INPUTS_ERROR + "(('float32', (3, 0)),)",
+                     id="zero dim"),
+        pytest.param((("float32", (1,) * 9),), CLASS,
+                     _INPUTS_ERROR + f"(('float32', {(1,) * 9!r}),)", id="nine dims"),
+        pytest.param((), CLASS, _INPUTS_ERROR + "()", id="no inputs"),
+        pytest.param((("float32", ()),), CLASS, _INPUTS_ERROR + "(('float32', ()),)",
+                     id="scalar input"),
+        pytest.param((("float32", (1 << 20 + 1,)),), CLASS,
+                     _INPUTS_ERROR + "(('float32', (2097152,)),)", id="dim too big"),
+        pytest.param((("float32", (True,)),), CLASS, _INPUTS_ERROR + "(('float32', (True,)),)",
+                     id="bool dim"),
+        pytest.param((("float32", [3]),), CLASS, _INPUTS_ERROR + "(('float32', [3]),)",
+                     id="list shape"),
+        pytest.param((("float32", (3,), 0),), CLASS, _INPUTS_ERROR + "(('float32', (3,), 0),)",
+                     id="triple"),
+        pytest.param(("float32", (3,)), CLASS, _INPUTS_ERROR + "('float32', (3,))",
+                     id="bare pair"),
+        pytest.param([("float32", (3,))], CLASS, _INPUTS_ERROR + "[('float32', (3,))]",
+                     id="list of pairs"),
+        pytest.param((("float32", (1,)),) * 17, CLASS,
+                     _INPUTS_ERROR + repr((("float32", (1,)),) * 17), id="17 inputs"),
+        pytest.param(ONE, (("int64", ()), ("int64", ())),
+                     _TARGET_ERROR + "(('int64', ()), ('int64', ()))", id="two targets"),
+        pytest.param(ONE, (), _TARGET_ERROR + "()", id="no target"),
+        pytest.param(ONE, (("float32", (1,) * 9),),
+                     _TARGET_ERROR + f"(('float32', {(1,) * 9!r}),)", id="nine-dim target"),
+        pytest.param(ONE, (("str", ()),), _TARGET_ERROR + "(('str', ()),)",
+                     id="unknown target dtype"),
+    ],
+)
+def test_plan_and_ready_refuse_a_bad_kind_of_data(inputs: Any, target: Any, error: str) -> None:
+    with pytest.raises(LocalProtocolError, match=f"^{_literal(error)}$"):
+        Plan(0, "fl", {}, 1, 0.0, 0, {}, inputs, target, 10)
+    with pytest.raises(LocalProtocolError, match=f"^{_literal(error)}$"):
+        Ready(10, inputs, target, 10, "ab" * 16)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "error"),
+    [
+        pytest.param("float32", "plan.inputs: wrong field type: expected 1 to 16 "
+                     "[dtype, shape] pairs, got 'float32'", id="str"),
+        pytest.param({"float32": [3]}, "plan.inputs: wrong field type: expected 1 to 16 "
+                     "[dtype, shape] pairs, got {'float32': [3]}", id="map"),
+        pytest.param(["float32", [3]], "plan.inputs: expected a [dtype, shape] pair, got "
+                     "'float32'", id="bare pair"),
+        pytest.param([3, 32, 32], "plan.inputs: expected a [dtype, shape] pair, got 3",
+                     id="old in_shape"),
+        pytest.param([["float32", [3], 0]], "plan.inputs: expected a [dtype, shape] pair, got "
+                     "['float32', [3], 0]", id="triple"),
+        pytest.param([{"float32": [3]}], "plan.inputs: expected a [dtype, shape] pair, got "
+                     "{'float32': [3]}", id="map pair"),
+        pytest.param([["complex64", [3]]], "plan.inputs: dtype unknown: 'complex64'",
+                     id="unknown dtype"),
+        pytest.param([[3, [3]]], "plan.inputs: dtype unknown: 3", id="dtype not str"),
+        pytest.param([["float32", 3]], "plan.inputs: shape must be at most 32 ints >= 0, got 3",
+                     id="shape not list"),
+        pytest.param([["float32", [True]]], "plan.inputs: shape must be at most 32 ints >= 0, "
+                     "got [True]", id="bool dim"),
+        pytest.param([["float32", [-1]]], "plan.inputs: shape must be at most 32 ints >= 0, "
+                     "got [-1]", id="negative dim"),
+        pytest.param([["float32", [1]]] * 17, "plan.inputs: wrong field type: expected 1 to 16 "
+                     "[dtype, shape] pairs, got [['float32', [1]], ", id="17 pairs"),
+        pytest.param([["float32", [0]]], "invalid plan: " + _INPUTS_ERROR
+                     + "(('float32', (0,)),)", id="zero dim"),
+        pytest.param([["float32", [1] * 9]], "invalid plan: " + _INPUTS_ERROR
+                     + f"(('float32', {(1,) * 9!r}),)", id="nine dims"),
+    ],
+)
+def test_plan_frame_with_bad_inputs_is_refused(inputs: object, error: str) -> None:
+    with pytest.raises(RemoteProtocolError, match=_literal(error)) as info:
+        decode(frame(["plan", {**PLAN, "inputs": inputs}]))
+    assert type(info.value) is RemoteProtocolError
+    assert "\n" not in str(info.value)
+    with pytest.raises(RemoteProtocolError,
+                       match=_literal(error.replace("plan", "ready"))) as info:
+        decode(frame(["ready", {**READY, "inputs": inputs}]))
+
+
+@pytest.mark.parametrize(
+    ("target", "error"),
+    [
+        pytest.param([], "plan.target: wrong field type: expected 1 to 16 [dtype, shape] "
+                     "pairs, got []", id="empty"),
+        pytest.param(["int64", []], "plan.target: expected a [dtype, shape] pair, got 'int64'",
+                     id="bare pair"),
+        pytest.param([["int64", []], ["int64", []]], "invalid plan: " + _TARGET_ERROR
+                     + "(('int64', ()), ('int64', ()))", id="two pairs"),
+        pytest.param([["float32", [1] * 9]], "invalid plan: " + _TARGET_ERROR
+                     + f"(('float32', {(1,) * 9!r}),)", id="nine dims"),
+    ],
+)
+def test_plan_frame_with_a_bad_target_is_refused(target: object, error: str) -> None:
+    with pytest.raises(RemoteProtocolError, match=_literal(error)) as info:
+        decode(frame(["plan", {**PLAN, "target": target}]))
+    assert type(info.value) is RemoteProtocolError
+
+
+def test_an_old_plan_with_in_shape_is_refused() -> None:
+    old = {key: value for key, value in PLAN.items() if key not in ("inputs", "target")}
+    with pytest.raises(RemoteProtocolError, match=r"^plan: missing field 'inputs'$"):
+        decode(frame(["plan", {**old, "in_shape": [3, 32, 32]}]))
+    with pytest.raises(RemoteProtocolError, match=r"^plan: unknown field 'in_shape'$"):
+        decode(frame(["plan", {**PLAN, "in_shape": [3, 32, 32]}]))
+
+
+def test_encode_refuses_a_plan_forced_past_its_check() -> None:
+    plan = Plan(0, "fl", {}, 1)
+    object.__setattr__(plan, "inputs", (("float32", "3"),))
+    with pytest.raises(LocalProtocolError, match=_literal(
+            "plan.inputs: shape must be at most 32 ints >= 0, got '3'")):
+        encode(plan)

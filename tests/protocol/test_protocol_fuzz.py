@@ -31,6 +31,7 @@ from aiopipe.protocol import (
     Hello,
     Message,
     Plan,
+    Ready,
     RoundReport,
     RoundResult,
     RoundStart,
@@ -38,6 +39,7 @@ from aiopipe.protocol import (
     decode,
     encode,
 )
+from aiopipe.protocol.fields import MAX_LEAVES
 
 U64 = 2**64 - 1
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -60,10 +62,20 @@ def tensors(draw: st.DrawFn, shape: st.SearchStrategy[tuple[int, ...]] = small_d
 
 
 @st.composite
-def batched_pair(draw: st.DrawFn) -> tuple[TensorData, TensorData]:
+def batched_leaves(draw: st.DrawFn) -> tuple[tuple[TensorData, ...], TensorData]:
+    """1 to 4 leaves and labels, all with the same rows first."""
     batch = draw(st.integers(0, 4))
     rest = st.lists(st.integers(0, 3), max_size=3).map(lambda r: (batch, *r))
-    return draw(tensors(rest)), draw(tensors(rest))
+    leaves = tuple(draw(st.lists(tensors(rest), min_size=1, max_size=4)))
+    return leaves, draw(tensors(rest))
+
+
+#: A run's kind of data (`Plan.inputs`, `.target`), as `Plan` accepts it.
+dims = st.integers(1, 1 << 20)
+dtypes = st.sampled_from(sorted(DTYPE_SIZES))
+data_inputs = st.lists(st.tuples(dtypes, st.lists(dims, min_size=1, max_size=8).map(tuple)),
+                       min_size=1, max_size=MAX_LEAVES).map(tuple)
+data_targets = st.tuples(st.tuples(dtypes, st.lists(dims, max_size=8).map(tuple)))
 
 
 names = st.text(max_size=12)
@@ -88,7 +100,10 @@ messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Hello, indices, indices, indices, st.text(ascii_printable, max_size=40)),
     st.builds(Plan, indices, st.sampled_from(MODES), trees, indices, st.floats(), indices,
               st.dictionaries(node_names, st.text("0123456789abcdef", min_size=64, max_size=64),
-                              max_size=3)),
+                              max_size=3), data_inputs, data_targets, indices),
+    st.builds(Ready, indices, data_inputs, data_targets, indices,
+              st.text("0123456789abcdef", min_size=16, max_size=64),
+              st.text("0123456789abcdef", max_size=64), indices),
     st.builds(RoundStart, indices, indices, indices, indices, tensor_maps,
               st.integers(0, 3), st.integers(4, 9), st.integers(0, 3), st.integers(4, 40),
               st.integers(1, U64), st.integers(1, U64), indices,
@@ -96,11 +111,12 @@ messages: st.SearchStrategy[Message] = st.one_of(
               st.dictionaries(node_names, st.fixed_dictionaries(
                   {"stage": indices, "address": st.text(ascii_printable, max_size=40)}),
                   max_size=3)),
-    batched_pair().flatmap(lambda p: st.builds(
+    batched_leaves().flatmap(lambda p: st.builds(
         Activation, indices, indices, indices, indices, indices, indices, node_names,
         node_names, st.just(p[0]), st.just(p[1]))),
-    st.builds(Gradient, indices, indices, indices, indices, indices, indices, node_names,
-              node_names, tensors()),
+    batched_leaves().flatmap(lambda p: st.builds(
+        Gradient, indices, indices, indices, indices, indices, indices, node_names,
+        node_names, st.just(p[0]))),
     st.builds(
         RoundResult,
         indices,
@@ -203,6 +219,7 @@ msgpack_values = st.recursive(
         [
             "hello",
             "plan",
+            "ready",
             "round_start",
             "activation",
             "gradient",
@@ -237,9 +254,18 @@ def _seed_frames() -> list[bytes]:
             Plan(1, "pipar", {"a": [1, 2.5, "x", {"b": True}], "c": {}}, 1, 5.0),
             RoundStart(1, 2, 3, 4, {"w": tensor("float16", (2, 3)), "b": tensor("bool", (3,))}, 0,
                        2, 0, 2, 1, 1, 0, "0F0 0SEND_F0 0RECV_B0 0B0 0STEP"),
-            Activation(0, 0, 1, 2, 3, 0, "device0", "server", tensor("bfloat16", (2, 2)),
+            Activation(0, 0, 1, 2, 3, 0, "device0", "server", (tensor("bfloat16", (2, 2)),),
                        tensor("int64", (2,))),
-            Gradient(0, 1, 1, 2, 3, 0, "server", "device0", tensor("float32", (1, 3))),
+            Activation(0, 0, 1, 2, 3, 0, "device0", "server",
+                       (tensor("float32", (2, 3)), tensor("bool", (2, 4)), tensor("int64", (2,))),
+                       tensor("float32", (2, 5))),
+            Gradient(0, 1, 1, 2, 3, 0, "server", "device0", (tensor("float32", (1, 3)),)),
+            Gradient(0, 1, 1, 2, 3, 0, "server", "device0",
+                     (tensor("float32", (1, 3)), tensor("float16", (1,)))),
+            Plan(1, "sl", {}, 1, 0.0, 0, {}, (("float32", (3, 8, 8)), ("bool", (8,))),
+                 (("float32", (5,)),), 0),
+            Ready(4, (("float32", (3, 8, 8)), ("bool", (8,))), (("int64", ()),), 10,
+                  "ab" * 16),
             RoundResult(1, 2, 0.5, 1, {"x": tensor("int8", (5,))}),
             RoundReport(1, {"busy": [1.0, 2.0]}),
             Heartbeat(9),

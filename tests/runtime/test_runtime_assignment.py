@@ -8,11 +8,13 @@ import re
 import pytest
 
 from aiopipe.errors import RemoteProtocolError
+from aiopipe.models.crossing import single
 from aiopipe.protocol import RoundStart
 from aiopipe.runtime.assignment import Assignment
 
 FIRST = "0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1 0STEP"
-SHAPES = ((3, 32, 32), (32, 16, 16), (64, 8, 8), (128, 4, 4), (128, 2, 2), (10,))
+SHAPES = tuple(single(s) for s in ((3, 32, 32), (32, 16, 16), (64, 8, 8), (128, 4, 4), (128, 2, 2),
+                                    (10,)))
 
 
 def _start(actions: str, **changes: object) -> RoundStart:
@@ -27,12 +29,12 @@ def _start(actions: str, **changes: object) -> RoundStart:
 
 def _assign(message: RoundStart) -> Assignment:
     return Assignment.from_round_start(message, units=5, batch_size=8,
-                                       activation_shapes=SHAPES, me="device0")
+                                       crossings=SHAPES, me="device0")
 
 
 def test_a_first_stage_is_taken_with_its_shapes_and_neighbour() -> None:
     assignment = _assign(_start(FIRST))
-    assert (assignment.input_shape, assignment.output_shape) == ((3, 32, 32), (64, 8, 8))
+    assert (assignment.input, assignment.output) == (single((3, 32, 32)), single((64, 8, 8)))
     assert assignment.peer_at(1) == "device1"
     assert assignment.version_of(1) == 1
     # activations or gradients of (64, 8, 8) floats, 4 per micro-batch, with labels

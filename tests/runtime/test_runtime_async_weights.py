@@ -63,17 +63,17 @@ def _pipeline(momentum: float, every: int, pick: random.Random | None
     def run(i: int) -> None:
         kind, b = orders[i].popleft()
         if kind == "F":
-            out = stages[i].forward(b, data[b][0] if i == 0 else inputs.pop((i, b)))
+            (out,) = stages[i].forward(b, data[b][0] if i == 0 else inputs.pop((i, b)))
             if i == n - 1:
                 losses[b] = F.cross_entropy(out, data[b][1])
             else:
                 inputs[i + 1, b] = out.detach()
         else:
             back = (stages[i].backward(b, loss=losses.pop(b)) if i == n - 1
-                    else stages[i].backward(b, grads.pop((i, b))))
+                    else stages[i].backward(b, (grads.pop((i, b)),)))
             if i > 0:
                 assert back is not None
-                grads[i - 1, b] = back
+                (grads[i - 1, b],) = back
 
     while any(orders):
         candidates = [i for i in range(n) if ready(i)]
@@ -111,21 +111,20 @@ def test_updates_out_of_order_are_refused() -> None:
     stage.forward(0, x)
     stage.forward(1, x)
     with pytest.raises(ValueError, match="update 1 after -1"):
-        stage.backward(1, torch.ones(3, 2))
+        stage.backward(1, (torch.ones(3, 2),))
 
 
 def test_an_input_gradient_that_is_refused_leaves_the_weights_as_they_were() -> None:
     """A hostile activation that makes the input's gradient non-finite is refused before
     its update is applied: the stage's weights and version are untouched."""
     from aiopipe.errors import RemoteProtocolError
-    from aiopipe.runtime.stage import checked_input_gradient
 
     stage = StageWeights(_units()[2], STAGES, 2, lr=LR, momentum=0.9)  # the last stage
     before = stage.current()
-    out = stage.forward(0, torch.full((6, 32), 3e38))  # finite, but the logits overflow
+    (out,) = stage.forward(0, torch.full((6, 32), 3e38))  # finite, but the logits overflow
     loss = F.cross_entropy(out, torch.zeros(6, dtype=torch.long))
     with pytest.raises(RemoteProtocolError, match="NaN or Inf"):
-        stage.backward(0, loss=loss, check=checked_input_gradient)
+        stage.backward(0, loss=loss)
     assert stage.applied == -1
     for name, value in stage.current().items():
         assert torch.equal(value, before[name])

@@ -12,7 +12,6 @@ old round is dropped) or after the server declared it lost."""
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 from dataclasses import dataclass, field
 
@@ -22,6 +21,7 @@ from fleet import COSTS, NETWORK, WIRE, suite_fleet, vgg5_shaped
 
 from aiopipe import RunConfig, VirtualClock, models, simulate
 from aiopipe.metrics.results import RunResult
+from aiopipe.models.crossing import crossing_bytes
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.device import DeviceSummary
 from aiopipe.testing import Fleet
@@ -82,7 +82,7 @@ def largest_frame(node: Coordinator) -> int:
     for plan in system.plans:
         half = models.split(node.model, plan.split_point)[0]
         state = sum(t.numel() * t.element_size() for t in half.state_dict().values())
-        activation = math.prod(system.activation_shapes[plan.split_point - 1]) * 4
+        activation = crossing_bytes(system.crossings[plan.split_point - 1])
         sizes.append(max(state, activation * plan.micro_batch_size))
     return max(sizes)
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from aiopipe import CostTable, RunConfig, VirtualClock, simulate
 from aiopipe import data as datasets
+from aiopipe.data import DataKind
 from aiopipe.errors import ConfigError
 from aiopipe.models import model_digest, unit_count
 from aiopipe.runtime import factories
@@ -114,18 +115,18 @@ def test_a_template_is_built_once_and_leaves_the_generator_as_a_build_does() -> 
     """[Note: shared templates]: one model per (model, seed, shapes) in a process; the
     global generator after each call is where a fresh build would leave it."""
     config = RunConfig(model="vgg5", seed=11)
-    first = model_template(config, num_classes=10, in_shape=(3, 32, 32))
+    first = model_template(config, DataKind.classified((3, 32, 32), 10))
     after_first = torch.get_rng_state()
     torch.rand(5)  # someone draws meanwhile
-    second = model_template(config, num_classes=10, in_shape=(3, 32, 32))
+    second = model_template(config, DataKind.classified((3, 32, 32), 10))
     assert second is first
     assert torch.equal(torch.get_rng_state(), after_first)
     built = build_model(config, num_classes=10, in_shape=(3, 32, 32))
     assert torch.equal(torch.get_rng_state(), after_first)
     assert first.digest == model_digest(built)
-    assert first.activation_shapes[0] == (3, 32, 32)
-    assert len(first.activation_shapes) == unit_count(built) + 1
-    other = model_template(config.replace(seed=12), num_classes=10, in_shape=(3, 32, 32))
+    assert first.crossings[0] == (("float32", (3, 32, 32)),)
+    assert len(first.crossings) == unit_count(built) + 1
+    other = model_template(config.replace(seed=12), DataKind.classified((3, 32, 32), 10))
     assert other is not first
     assert not torch.equal(next(other.model.parameters()), next(first.model.parameters()))
 
@@ -133,11 +134,11 @@ def test_a_template_is_built_once_and_leaves_the_generator_as_a_build_does() -> 
 def test_a_users_model_changed_between_runs_gets_a_new_template() -> None:
     model = nn.Sequential(nn.Sequential(nn.Flatten(), nn.Linear(12, 4)), nn.Linear(4, 2))
     config = RunConfig(model=model, initial_weights="given")  # its own weights count
-    first = model_template(config, num_classes=2, in_shape=(3, 2, 2))
-    assert model_template(config, num_classes=2, in_shape=(3, 2, 2)) is first
+    first = model_template(config, DataKind.classified((3, 2, 2), 2))
+    assert model_template(config, DataKind.classified((3, 2, 2), 2)) is first
     with torch.no_grad():
         model[1].weight.mul_(2.0)  # e.g. weights loaded into it before the next run
-    again = model_template(config, num_classes=2, in_shape=(3, 2, 2))
+    again = model_template(config, DataKind.classified((3, 2, 2), 2))
     assert again is not first
     assert torch.equal(again.model[1].weight, model[1].weight)
 
@@ -153,7 +154,7 @@ def test_templates_built_in_threads_at_once_are_the_seeds(
 
     def build() -> None:
         start.wait()
-        built.append(model_template(config, num_classes=10, in_shape=(3, 32, 32)))
+        built.append(model_template(config, DataKind.classified((3, 32, 32), 10)))
 
     threads = [threading.Thread(target=build) for _ in range(6)]
     for thread in threads:

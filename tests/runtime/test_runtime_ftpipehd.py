@@ -193,7 +193,7 @@ def test_a_device_told_to_keep_weights_it_does_not_hold_refuses_the_round() -> N
     from aiopipe.runtime.systems.ftpipehd.device import STAGE_RULES
 
     config = CONFIG
-    plan = Plan(1, "ftpipehd", {}, 1 << 63, in_shape=(3, 32, 32), num_classes=10)
+    plan = Plan(1, "ftpipehd", {}, 1 << 63, inputs=(("float32", (3, 32, 32)),), num_classes=10)
     holdings = Holdings.open(config, plan, None, torch.device("cpu"))
     from aiopipe.scheduler import schedule
 

@@ -157,7 +157,7 @@ def stage_addressed(epoch: int, iteration: int, micro_batch: int, data: TensorDa
                     labels: TensorData) -> Activation:
     """Device 1's activation, addressed as the plan says."""
     return Activation(RUN_ID, 0, epoch, iteration, micro_batch,
-                      version(epoch, iteration) % 2**64, "device1", "server", data, labels)
+                      version(epoch, iteration) % 2**64, "device1", "server", (data,), labels)
 
 
 def activation(epoch: int, iteration: int, micro_batch: int, seed: int = 0) -> Activation:
@@ -176,7 +176,7 @@ def device_half_state() -> tuple[dict[str, TensorData], int]:
 STATE, LIMIT = device_half_state()
 #: What device 1 announces on every new session (the samples it held when the run was
 #: planned: anything else is refused)
-READY = Ready(SHARE, (3, 32, 32), 10, models.model_digest(
+READY = Ready(SHARE, (("float32", (3, 32, 32)),), (("int64", ()),), 10, models.model_digest(
     build_model(CONFIG, num_classes=10, in_shape=(3, 32, 32))))
 
 
@@ -285,7 +285,7 @@ def base_message(name: str, ctx: Context) -> Message:
         "report": lambda: RoundReport(
             start.round, {"slices": [["device1/compute", "f", 0.0, 1.0, 0, 0, 0]]}
         ),
-        "gradient": lambda: Gradient(0, 1, 0, 0, 0, 0, "server", "device0", tensor((2, 3))),
+        "gradient": lambda: Gradient(0, 1, 0, 0, 0, 0, "server", "device0", (tensor((2, 3)),)),
         "bye": lambda: Bye("done"),
     }
     return builders[name]()
@@ -489,14 +489,15 @@ class InRound:
             return True
         if message.version != version(message.epoch, message.iteration):
             return True
-        if message.tensor.dtype != "float32" or message.tensor.shape != SHAPE:
+        if len(message.tensors) != 1 or (message.tensors[0].dtype, message.tensors[0].shape
+                                         ) != ("float32", SHAPE):
             return True
         if message.labels.dtype != "int64" or message.labels.shape != (MICRO,):
             return True
         values = to_torch(message.labels)
         if int(values.min()) < 0 or int(values.max()) >= 10:
             return True
-        values = to_torch(message.tensor)
+        values = to_torch(message.tensors[0])
         if not bool(torch.isfinite(values).all()):
             return True
         if float(values.abs().max()) > 1e30:
@@ -652,7 +653,7 @@ plain: st.SearchStrategy[Message] = st.builds(Heartbeat, indices) | st.sampled_f
         Hello(PROTOCOL_VERSION, 0),
         Plan(1, "pipar", {"mode": "pipar"}, 1),
         RoundStart(0, 0, 0, 1, {}, 0, 2, 0, 2, 1, 1, 0, "0F0 0SEND_F0 0RECV_B0 0B0 0STEP"),
-        Gradient(0, 1, 0, 0, 0, 0, "server", "device0", tensor((2, 3))),
+        Gradient(0, 1, 0, 0, 0, 0, "server", "device0", (tensor((2, 3)),)),
         ErrorMessage("protocol", "no"),
         Bye("leaving"),
     ]
@@ -742,7 +743,7 @@ STRAY_MESSAGES: list[Message] = [
     Heartbeat(1),
     Bye("hi"),
     ErrorMessage("x", "y"),
-    Gradient(0, 1, 0, 0, 0, 0, "server", "device0", tensor((2,))),
+    Gradient(0, 1, 0, 0, 0, 0, "server", "device0", (tensor((2,)),)),
     RoundResult(HUGE, ROUND_SAMPLES, 0.0, 0, STATE),
     RoundReport(HUGE, {"slices": []}),
     Replica(HUGE, 0, 1, 0.0, 0, {}),  # (a chain replica nobody asked for)

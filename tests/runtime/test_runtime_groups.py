@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from aiopipe.errors import RemoteProtocolError
+from aiopipe.models.crossing import single
 from aiopipe.protocol import Activation, Gradient, GroupGradient, RoundStart, to_tensor_data
 from aiopipe.protocol import to_torch as torch_of
 from aiopipe.runtime.assignment import Assignment
@@ -23,7 +24,7 @@ from aiopipe.runtime.groups import (
     sum_gradients,
 )
 
-SHAPES = ((3, 4, 4), (2, 4, 4), (5,))
+SHAPES = tuple(single(s) for s in ((3, 4, 4), (2, 4, 4), (5,)))
 ACTIONS = "1RECV_F0 1F0 1SEND_F0 1RECV_B0 1B0 1SEND_B0 1REDUCE 1STEP"
 
 
@@ -39,7 +40,7 @@ def _assignment(me: str = "device1") -> Assignment:
     start = RoundStart(0, 0, 0, 2, {}, 1, 3, 1, 2, 1, 6, 10, ACTIONS, peers,
                        tuple(rows[me]))
     return Assignment.from_round_start(start, units=3, batch_size=6,
-                                       activation_shapes=SHAPES, me=me)
+                                       crossings=SHAPES, me=me)
 
 
 def _activation(source: str, first: int, stop: int, destination: str = "device1"
@@ -47,7 +48,7 @@ def _activation(source: str, first: int, stop: int, destination: str = "device1"
     rows = stop - first
     values = torch.arange(first, stop, dtype=torch.float32)[:, None, None, None].expand(
         rows, 3, 4, 4).contiguous()
-    return Activation(7, 0, 0, 0, 0, 10, source, destination, to_tensor_data(values),
+    return Activation(7, 0, 0, 0, 0, 10, source, destination, (to_tensor_data(values),),
                       to_tensor_data(torch.arange(first, stop)))
 
 
@@ -66,7 +67,7 @@ def test_pieces_from_the_previous_stage_are_joined_in_row_order() -> None:
     joined = pieces.join(key, "device0", _activation("device0", 0, 2))
     assert isinstance(joined, Activation)
     assert torch.equal(torch_of(joined.labels), torch.arange(0, 4))
-    assert torch.equal(torch_of(joined.tensor)[:, 0, 0, 0], torch.arange(0.0, 4.0))
+    assert torch.equal(torch_of(joined.tensors[0])[:, 0, 0, 0], torch.arange(0.0, 4.0))
 
 
 def test_a_piece_sent_twice_is_refused() -> None:

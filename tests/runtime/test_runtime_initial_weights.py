@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from aiopipe import RunConfig
+from aiopipe.data import DataKind
 from aiopipe.errors import ConfigError
 from aiopipe.runtime.factories import build_model, model_template, parameters_not_reset
 from aiopipe.testing import assert_same_weights, run_undisturbed
@@ -69,7 +70,7 @@ async def test_a_run_with_given_weights_starts_from_them() -> None:
     model = _model()
     config = _config(model, initial_weights="given")
     first = await run_undisturbed(config)
-    template = model_template(config, num_classes=10, in_shape=SHAPE).model
+    template = model_template(config, DataKind.classified(SHAPE, 10)).model
     assert torch.equal(template.state_dict()["1.weight"], model.state_dict()["1.weight"])
     with torch.no_grad():
         dict(model.named_parameters())["1.weight"].mul_(2.0)  # loaded before the next run
@@ -167,8 +168,8 @@ async def test_a_callable_model_is_the_in_process_factory() -> None:
     want = _factory(10, SHAPE)  # called under the seed, with what it declares
     built = build_model(config, num_classes=10, in_shape=SHAPE)
     assert_same_weights(built, want)
-    template = model_template(config, num_classes=10, in_shape=SHAPE)
-    assert model_template(_config(_factory), num_classes=10, in_shape=SHAPE) is template
+    template = model_template(config, DataKind.classified(SHAPE, 10))
+    assert model_template(_config(_factory), DataKind.classified(SHAPE, 10)) is template
     result = await run_undisturbed(config)  # devices build it too
     assert_same_weights(await run_undisturbed(_config(_factory)), result)
     assert_same_weights(await run_undisturbed(_config()), result)  # the module, drawn alike

@@ -17,7 +17,7 @@ from aiopipe.runtime.judge import RECENT, ArrivalJudge, scale_of
 
 def _activation(tensor: torch.Tensor, micro_batch: int = 0) -> Activation:
     return Activation(1, 0, 0, 0, micro_batch, 0, "device0", "device1",
-                      to_tensor_data(tensor), to_tensor_data(torch.zeros(len(tensor),
+                      (to_tensor_data(tensor),), to_tensor_data(torch.zeros(len(tensor),
                                                                          dtype=torch.int64)))
 
 
@@ -61,7 +61,7 @@ def test_the_first_tensors_of_a_stream_are_judged_against_the_prior() -> None:
     judge.judge_data("device0", _activation(torch.full((2, 3), 50.0)), first_unit=1,
                      stop_unit=3)
     gradient = Gradient(1, 2, 0, 0, 0, 0, "device2", "device1",
-                        to_tensor_data(torch.full((2, 3), 1e6)))
+                        (to_tensor_data(torch.full((2, 3), 1e6)),))
     judge.judge_data("device2", gradient, first_unit=1, stop_unit=3)  # no prior at cut 3
 
 

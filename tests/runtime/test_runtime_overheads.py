@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from aiopipe import RunConfig
+from aiopipe.models.crossing import crossing_bytes, single
 from aiopipe.runtime import plan as run_plan
 from aiopipe.runtime.overheads import RuntimeOverheads, measure_runtime_overheads
 from aiopipe.runtime.plan import build_model, measure_planning_costs, train_dataset
@@ -42,8 +43,8 @@ def test_planning_costs_charge_the_runtime_overheads(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(run_plan, "measure_runtime_overheads", fixed)
     costs = measure_planning_costs(config, model, dataset.in_shape, dataset, repeats=1,
                                    warmup=0, sizes=planning_batch_sizes(config))
-    first = run_plan.unit_output_shapes(model, dataset.in_shape)[0]
-    assert shapes == [(1, *first)]
+    first = run_plan.unit_crossings(model, single(dataset.in_shape))[0]
+    assert shapes == [(1, crossing_bytes(first) // 4)]
     last = costs.units - 1
     for b in costs.forward[0]:
         assert costs.forward[0][b] >= 1.0  # 0.5 + 2.0 / 4

@@ -32,8 +32,9 @@ def _frame_bytes(shape: tuple[int, ...]) -> tuple[int, int]:
         numel *= d
     tensor = TensorData("float32", shape, bytes(numel * 4))
     labels = TensorData("int64", (shape[0],), bytes(shape[0] * 8))
-    return (len(encode(Activation(2**62 - 1, 0, 0, 0, 0, 0, "device0", "server", tensor, labels))),
-            len(encode(Gradient(2**62 - 1, 1, 0, 0, 0, 0, "server", "device0", tensor))))
+    return (len(encode(Activation(2**62 - 1, 0, 0, 0, 0, 0, "device0", "server", (tensor,),
+                                  labels))),
+            len(encode(Gradient(2**62 - 1, 1, 0, 0, 0, 0, "server", "device0", (tensor,)))))
 
 
 def _critical_path(f: float, u: float, s: float, d: float, b: float, step: float,

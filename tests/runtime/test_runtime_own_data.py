@@ -96,8 +96,9 @@ async def test_unequal_shards_of_an_emulated_fleet() -> None:
 
 
 @pytest.mark.parametrize(("own", "reason"), [
-    (Images(20, seed=3, shape=(1, 28, 28)), r"device 1's inputs have shape \(1, 28, 28\), "
-                                            r"the run's \(3, 32, 32\)"),
+    (Images(20, seed=3, shape=(1, 28, 28)), r"device 1's data has inputs float32 \(1, 28, 28\), "
+                                            r"target int64 \(\) of 10 classes; the run's has "
+                                            r"inputs float32 \(3, 32, 32\)"),
     (Images(20, seed=3, classes=12), "device 1's labels range over 12 classes, the run's "
                                      "model has 10"),
 ])

@@ -35,7 +35,8 @@ CONFIG = RunConfig(mode="hadfl", model="vgg5", devices=4, batch_size=16,
 
 def _device(me: int = 1) -> PartialSync:
     """Device ``me`` in round 0 of a ring 0 -> 1 -> 2 (device 3 left out)."""
-    plan = Plan(me, "hadfl", CONFIG.to_mapping(), RUN, in_shape=(3, 32, 32), num_classes=10)
+    plan = Plan(me, "hadfl", CONFIG.to_mapping(), RUN, inputs=(("float32", (3, 32, 32)),),
+                num_classes=10)
     holdings = Holdings.open(CONFIG, plan, None, torch.device("cpu"))
     clock = VirtualClock()
     sync = PartialSync(me=me, holdings=holdings, compute=Compute(clock, Recorder(), "c"),

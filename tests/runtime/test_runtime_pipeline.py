@@ -113,8 +113,8 @@ def _frame_bytes(config: RunConfig, node: Coordinator, cut: int, micro: int) -> 
         x = unit(x)
     tensor = TensorData("float32", tuple(x.shape), bytes(x.numel() * 4))
     labels = TensorData("int64", (micro,), bytes(micro * 8))
-    activation = Activation(node.run_id, 0, 0, 0, 0, 0, "device0", "device1", tensor, labels)
-    gradient = Gradient(node.run_id, 1, 0, 0, 0, 0, "device1", "device0", tensor)
+    activation = Activation(node.run_id, 0, 0, 0, 0, 0, "device0", "device1", (tensor,), labels)
+    gradient = Gradient(node.run_id, 1, 0, 0, 0, 0, "device1", "device0", (tensor,))
     return len(encode(activation)), len(encode(gradient))
 
 

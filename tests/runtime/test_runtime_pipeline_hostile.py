@@ -55,7 +55,7 @@ def _activation(plan: Plan, start: RoundStart, iteration: int, micro_batch: int,
     """What an honest stage 0 sends for (iteration, micro_batch) of ``start``'s round."""
     return Activation(plan.run_id, 0, start.epoch, iteration, micro_batch,
                       start.version + iteration - start.first_iteration, "device0", "device1",
-                      to_tensor_data(torch.zeros(shape)),
+                      (to_tensor_data(torch.zeros(shape)),),
                       to_tensor_data(torch.zeros(shape[0], dtype=torch.int64)))
 
 

@@ -15,6 +15,7 @@ from aiopipe import Device, RunConfig, Server, TrainingError, VirtualClock, simu
 from aiopipe.auth import mint_token, pair_key
 from aiopipe.clock import SystemClock
 from aiopipe.errors import AiopipeError, AuthenticationError
+from aiopipe.models.crossing import single
 from aiopipe.transport.fabric import open_websocket_endpoint
 from aiopipe.transport.peering import dial_peer
 
@@ -92,14 +93,14 @@ async def test_links_between_devices_are_paced_at_the_sender_s_uplink() -> None:
     0's activations to device 1 leave at device 0's uplink rate, so the epoch lasts at
     least their bytes' wire time at that rate."""
     from aiopipe import models
-    from aiopipe.runtime.plan import build_model, unit_output_shapes
+    from aiopipe.runtime.plan import build_model, unit_crossings
 
     rate_mbps = 16.0
     config = CONFIG.replace(devices=2, epochs=1, network=[
         {"up_mbps": rate_mbps, "down_mbps": 1000.0}, {"up_mbps": 1000.0, "down_mbps": 1000.0}],
                             options={"partition": [1]})
     model = build_model(config, num_classes=10, in_shape=(3, 32, 32))
-    shape = unit_output_shapes(model, (3, 32, 32))[0]
+    shape = unit_crossings(model, single((3, 32, 32)))[0][0][1]
     assert models.unit_count(model) == 5
     micro = config.batch_size // 4
     activations = config.samples_per_device // micro

@@ -76,8 +76,8 @@ def poison(monkeypatch: pytest.MonkeyPatch) -> Any:
                     message = dataclasses.replace(message, tensors={
                         n: _scaled(t, factor) for n, t in message.tensors.items()})
                 else:
-                    message = dataclasses.replace(message,
-                                                  tensor=_scaled(message.tensor, factor))
+                    message = dataclasses.replace(message, tensors=tuple(
+                        _scaled(t, factor) for t in message.tensors))
             return post(self, message, *args, **kwargs)
 
         monkeypatch.setattr(peer.Peer, "post", peer_post)

@@ -49,8 +49,8 @@ def poison(monkeypatch: pytest.MonkeyPatch) -> Any:
 
         def send(self: Any, message: Any, name: str, *, ready_at: float | None) -> None:
             if self.owner.device_id == BAD and isinstance(message, Activation):
-                scaled = to_tensor_data(to_torch(message.tensor) * factor)
-                message = dataclasses.replace(message, tensor=scaled)
+                scaled = to_tensor_data(to_torch(message.tensors[0]) * factor)
+                message = dataclasses.replace(message, tensors=(scaled,))
             honest(self, message, name, ready_at=ready_at)
 
         monkeypatch.setattr(stage_round._ServerRoute, "send", send)

@@ -1,5 +1,6 @@
-"""A user's model that is not an ``nn.Sequential`` (issue 44, item 1, one tensor across
-each cut): aiopipe traces it into units (`aiopipe.models.split_units`) and every system
+"""A user's model that is not an ``nn.Sequential`` (issue 44, item 1): aiopipe traces it
+into units (`aiopipe.models.split_units`), carries what crosses each cut (one tensor,
+or several: a skip connection across the cut, a model's second input) and every system
 trains it as plain PyTorch trains the model itself."""
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ import pytest
 import torch
 from plain_training import train_in_turns
 from torch import nn
+from two_views import HALF, TwoViews
+from two_views import dataset as two_views
 
 from aiopipe import RunConfig, VirtualClock, simulate
 from aiopipe.errors import ConfigError
@@ -34,6 +37,39 @@ class SkipNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.stem(x)
         return self.head(self.body(y) + y)
+
+
+class SkipAcross(nn.Module):
+    """A skip connection across a cut: ``head(b(a(y)) + y)`` with ``y = stem(x)``; the
+    cut before ``b`` carries ``y`` and ``a``'s output. Units [stem] [a] [b, +] [head]."""
+
+    def __init__(self, num_classes: int, in_shape: tuple[int, ...]) -> None:
+        super().__init__()
+        features = 1
+        for side in in_shape:
+            features *= side
+        self.stem = nn.Sequential(nn.Flatten(), nn.Linear(features, 24), nn.ReLU())
+        self.a = nn.Sequential(nn.Linear(24, 24), nn.Tanh())
+        self.b = nn.Sequential(nn.Linear(24, 24), nn.Tanh())
+        self.head = nn.Linear(24, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.stem(x)
+        return self.head(self.b(self.a(y)) + y)
+
+
+class TwoTowers(nn.Module):
+    """Two inputs (`two_views`), a tower each, and a head: the cut after the first tower
+    carries its output and the second input. Units [top] [bottom] [head]."""
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.top = nn.Sequential(nn.Linear(HALF, 16), nn.ReLU())
+        self.bottom = nn.Sequential(nn.Linear(HALF, 16), nn.ReLU())
+        self.head = nn.Linear(32, num_classes)
+
+    def forward(self, top: torch.Tensor, bottom: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cat([self.top(top), self.bottom(bottom)], 1))
 
 
 def _config(**changes: object) -> RunConfig:
@@ -106,3 +142,64 @@ def test_a_model_that_cannot_be_traced_is_one_line_naming_it() -> None:
     message = str(info.value)
     assert "\n" not in message
     assert "cannot split Branching: torch.fx cannot trace its forward" in message
+
+
+#: How each system runs a model of four units on two devices (pipar: one device and the
+#: server), cut at unit ``CUT``: where two values cross
+CUT = 2
+SYSTEMS = [
+    {"split_point": CUT},
+    {"mode": "pipeline", "devices": 2, "options": {"partition": [CUT], "schedule": "1f1b"}},
+    {"mode": "asteroid", "devices": 2,
+     "options": {"partition": [CUT], "stage_groups": [[0], [1]]}},
+]
+SYSTEM_IDS = ["pipar", "pipeline-1f1b", "asteroid"]
+
+
+def _trained_plainly(model: nn.Module, config: RunConfig,
+                     own: list[TwoViews] | None = None) -> dict[str, torch.Tensor]:
+    """``model`` itself (not split) trained by plain SGD on device 0's batches."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate,
+                                momentum=config.momentum)
+    train_in_turns(model, optimizer, config, [0], BATCH, own)
+    return model.state_dict()
+
+
+def _same_weights(result_model: nn.Module, want: dict[str, torch.Tensor]) -> None:
+    got = {key.partition(".")[2]: value for key, value in result_model.state_dict().items()}
+    assert set(got) == set(want)
+    for key, value in want.items():
+        assert torch.allclose(got[key], value, rtol=1e-5, atol=1e-7), key
+
+
+@pytest.mark.parametrize("changes", SYSTEMS, ids=SYSTEM_IDS)
+async def test_a_skip_across_a_cut_trains_as_plain_pytorch_trains_it(
+        changes: dict[str, object]) -> None:
+    config = _config(model=SkipAcross, **changes)
+    dataset = train_dataset(config)
+    units = build_model(config, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
+    assert unit_count(units) == 4
+    crossing = units[:CUT](dataset.batch([0, 1])[0])
+    assert isinstance(crossing, tuple)
+    assert len(crossing) == 2
+    result = await simulate(config, clock=VirtualClock())
+    torch.manual_seed(config.seed)
+    _same_weights(result.model, _trained_plainly(SkipAcross(dataset.num_classes,
+                                                            dataset.in_shape), config))
+
+
+def _two_towers(num_classes: int) -> TwoTowers:
+    return TwoTowers(num_classes)
+
+
+@pytest.mark.parametrize("changes", SYSTEMS, ids=SYSTEM_IDS)
+async def test_a_model_of_two_inputs_trains_as_plain_pytorch_trains_it(
+        changes: dict[str, object]) -> None:
+    config = _config(model=_two_towers, dataset="two_views:dataset", **{
+        **changes, "split_point": 1, "options": {
+            **changes.get("options", {}), "partition": [1]}} if "options" in changes
+        else {"split_point": 1})
+    own = [two_views("train", seed=k, size=4 * BATCH) for k in range(config.devices)]
+    result = await simulate(config, clock=VirtualClock(), datasets=own)
+    torch.manual_seed(config.seed)
+    _same_weights(result.model, _trained_plainly(TwoTowers(10), config, own))

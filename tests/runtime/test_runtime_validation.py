@@ -56,7 +56,7 @@ def _activation(epoch: int, iteration: int, micro_batch: int, tensor: TensorData
     """Device 1's activation (`misbehave` sets the run's id) made by the weights of the
     iteration's version (round 0 starts at version 0)."""
     return Activation(0, 0, epoch, iteration, micro_batch, iteration, "device1", "server",
-                      tensor, labels)
+                      (tensor,), labels)
 
 
 BAD = {
@@ -161,9 +161,9 @@ def test_finite_activations_too_large_for_the_model_are_refused_before_they_trai
     labels = torch.arange(10) % 10
     huge = torch.full((10, 64, 8, 8), 3e38)
     with pytest.raises(RemoteProtocolError, match="NaN or Inf loss: its values are out of range"):
-        stage.forward_backward(0, 0, (huge, labels))
+        stage.forward_backward(0, 0, ((huge,), labels))
     assert all(p.grad is None for p in replica.parameters())  # nothing reached the weights
     large = torch.full((10, 64, 8, 8), 1e10)
-    gradient = stage.forward_backward(0, 1, (large, labels))  # large but computable: accepted
+    gradient = stage.forward_backward(0, 1, ((large,), labels))  # large, computable: accepted
     assert gradient is not None
-    assert torch.isfinite(gradient).all()
+    assert torch.isfinite(gradient[0]).all()

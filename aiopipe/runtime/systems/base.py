@@ -30,9 +30,10 @@ __all__ = ["Rounds", "Setup", "System", "SystemDefaults", "planning_batch_sizes"
 class Setup:
     """What every system starts from (devices' sample counts come later: `prepare`).
 
-    ``model``: the whole model, initialized from the seed, for inputs of ``in_shape``
-    and ``num_classes`` classes; ``test_set``: the coordinator's evaluation data, if any
-    (profiling loads micro-batches of it: data of the run's kind); ``cost_table``: charge
+    ``model``: the whole model, initialized from the seed, for data of the kind
+    ``data`` (`aiopipe.data.DataKind`: its inputs, target and classes); ``test_set``: the
+    coordinator's evaluation data, if any (profiling loads micro-batches of it: data of
+    the run's kind); ``cost_table``: charge
     compute from it (virtual time) and plan with it; ``run_secret``: this run's secret,
     from which peer keys derive; ``torch_device``: where the coordinator's own stages
     compute (the global model stays on the CPU); ``server_costs``: charge the
@@ -43,8 +44,7 @@ class Setup:
 
     config: RunConfig
     model: nn.Sequential
-    in_shape: tuple[int, ...]
-    num_classes: int
+    data: datasets.DataKind
     test_set: datasets.Dataset | None
     cost_table: CostTable | None
     run_secret: bytes

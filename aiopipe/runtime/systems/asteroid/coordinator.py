@@ -70,7 +70,7 @@ from aiopipe.runtime.plan import (
     check_trainable,
     measure_planning_costs,
     model_profile,
-    unit_output_shapes,
+    unit_crossings,
 )
 from aiopipe.runtime.plan_text import log_plan
 from aiopipe.runtime.systems.asteroid.device import AsteroidDevice
@@ -152,18 +152,18 @@ class Asteroid(Pipeline):
         self.parallel_batches = n
         self.micro_batch_size = config.batch_size // n
         self._secret = setup.run_secret
-        self.activation_shapes = unit_output_shapes(self.model, setup.in_shape)
+        self.crossings = unit_crossings(self.model, setup.data.inputs)
         costs = setup.cost_table or measure_planning_costs(
-            config, self.model, setup.in_shape, setup.test_set,
+            config, self.model, setup.data.inputs, setup.test_set,
             sizes=planning_batch_sizes(config))
-        self._hpp = HppModel.of(model_profile(self.model, setup.in_shape, costs))
+        self._hpp = HppModel.of(model_profile(self.model, setup.data.inputs, costs))
         self._fleet = [declared_device(config, k) for k in range(config.devices)]
         #: real clocks plan from what the devices measure of themselves ([Note: device
         #: profiles] in aiopipe.runtime.profiling): `prepare` plans again with it
         self.wants_profiles = setup.cost_table is None and config.profile_devices
         self._auto = config.options_as(AsteroidOptions).stage_groups == "auto"
         self._place(self._planned() if self._auto else self._given())
-        check_trainable(self.model, setup.in_shape,
+        check_trainable(self.model, setup.data.inputs,
                         [DevicePlan(0, self.units, n, self.micro_batch_size, 0)], config)
         self.schedule = self._schedule(n)
         self.iterations_per_epoch = 0  # `prepare` knows: the first stage's data

@@ -17,7 +17,7 @@ from, and parameters that move to another device keep their momentum.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -25,14 +25,17 @@ from torch import nn
 from torch.func import functional_call
 
 from aiopipe.errors import RemoteProtocolError
+from aiopipe.models.crossing import joined, leaves
 from aiopipe.protocol import TensorData, state_to_wire
 from aiopipe.runtime.factories import Loss
 from aiopipe.runtime.momentum import MOMENTUM
 from aiopipe.runtime.stage import (
+    Sent,
     StageWork,
+    Value,
     check_output,
     checked_gradient,
-    checked_input_gradient,
+    input_gradients,
 )
 from aiopipe.scheduler.async_pipeline import aggregates_before, forward_weights, version_of
 
@@ -57,9 +60,9 @@ class StageWeights:
         self.versions: dict[int, dict[str, torch.Tensor]] = {-1: initial}  # W(j)
         self.applied = -1  # the last update applied
         self.momentum_buffers: dict[str, torch.Tensor] = {}
-        #: batch -> (its input, the weights' leaves its forward used, its output)
-        self.stashes: dict[int, tuple[torch.Tensor, dict[str, torch.Tensor],
-                                      torch.Tensor]] = {}
+        #: batch -> (its input's leaves, the weights its forward used, its output's leaves)
+        self.stashes: dict[int, tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor],
+                                      tuple[torch.Tensor, ...]]] = {}
 
     def restart(self) -> None:
         """The module's parameters are version 0 again (a new round: the pipeline was
@@ -72,7 +75,7 @@ class StageWeights:
         """The paper's version number of ``W(update)``."""
         return version_of(self.stages, self.stage, update, self.aggregate_every)
 
-    def forward(self, batch: int, inputs: torch.Tensor) -> torch.Tensor:
+    def forward(self, batch: int, inputs: Value) -> tuple[torch.Tensor, ...]:
         """Batch ``batch``'s forward with ``W(batch − n)`` (vertical sync); its input, the
         weights and the graph are stashed for its backward. Returns the output (in the
         graph: the last stage takes its loss from it).
@@ -81,40 +84,47 @@ class StageWeights:
             KeyError: that version is gone (the stage was driven out of order).
         """
         used = self.versions[forward_weights(self.stages, batch)]
-        leaves = {n: t.detach().requires_grad_(True) for n, t in used.items()}
-        inputs = inputs.detach().requires_grad_(self.stage > 0 and inputs.is_floating_point())
-        output: torch.Tensor = functional_call(self.module, leaves, (inputs,))
-        self.stashes[batch] = (inputs, leaves, output)
+        weights = {n: t.detach().requires_grad_(True) for n, t in used.items()}
+        taken = tuple(t.detach().requires_grad_(self.stage > 0 and t.is_floating_point())
+                      for t in leaves(inputs))
+        output = leaves(functional_call(self.module, weights, (joined(taken),)))
+        self.stashes[batch] = (taken, weights, output)
         return output
 
-    def backward(self, batch: int, grad_output: torch.Tensor | None = None, *,
-                 loss: torch.Tensor | None = None,
-                 check: Callable[[torch.Tensor], torch.Tensor] | None = None
-                 ) -> torch.Tensor | None:
+    def backward(self, batch: int, grad_output: tuple[torch.Tensor, ...] | None = None, *,
+                 loss: torch.Tensor | None = None) -> tuple[torch.Tensor, ...] | None:
         """Batch ``batch``'s backward on its stashed weights (``loss`` at the last stage,
-        else the gradient of the output), then its update: ``W(batch)``. Updates must come
-        in batch order. Returns the gradient of the input (None at stage 0), passed
-        through ``check`` before the update is applied (so an input whose gradient
-        ``check`` refuses leaves the weights as they were).
+        else the gradients of the output's floating-point leaves, checked with
+        `checked_gradient`), then its update: ``W(batch)``. Updates must come in batch
+        order. Returns the gradients of the input's floating-point leaves (None at stage
+        0), checked finite before the
+        update is applied (so an input whose gradient is refused leaves the weights as
+        they were).
 
         Raises:
             ValueError: an update out of order, or neither ``loss`` nor a gradient.
-            Exception: what ``check`` raises.
+            RemoteProtocolError: the input's gradients are not finite.
         """
         if batch != self.applied + 1:
             raise ValueError(f"stage {self.stage}: update {batch} after {self.applied}")
-        inputs, leaves, output = self.stashes.pop(batch)
-        wrt = [*leaves.values(), *([inputs] if inputs.requires_grad else [])]
+        inputs, weights, output = self.stashes[batch]
         if loss is not None:
-            grads = torch.autograd.grad(loss, wrt)
+            outputs, given = [loss], None
         elif grad_output is not None:
-            grads = torch.autograd.grad(output, wrt, grad_output)
+            pairs = checked_gradient(grad_output, output)  # the stash kept if refused
+            outputs, given = [o for o, _ in pairs], [g for _, g in pairs]
         else:
             raise ValueError("a backward needs the loss or the output's gradient")
-        grad_input = grads[-1] if inputs.requires_grad else None
-        if grad_input is not None and check is not None:
-            grad_input = check(grad_input)
-        self._apply(batch, dict(zip(leaves, grads[:len(leaves)], strict=True)))
+        del self.stashes[batch]
+        for t in inputs:
+            t.grad = None
+        torch.autograd.backward(outputs, given, inputs=[*weights.values(),
+                                                       *(t for t in inputs if t.requires_grad)])
+        grad_input = None
+        if self.stage > 0:
+            grad_input = input_gradients(inputs)
+        self._apply(batch, {n: w.grad if w.grad is not None else torch.zeros_like(w)
+                            for n, w in weights.items()})
         return grad_input
 
     def _apply(self, update: int, grads: Mapping[str, torch.Tensor]) -> None:
@@ -251,9 +261,8 @@ class AsyncStageWork(StageWork):
             state[MOMENTUM + name] = buf.detach().to("cpu", copy=True)
         return state
 
-    def forward(self, iteration: int, micro_batch: int,
-                received: tuple[torch.Tensor, torch.Tensor] | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def forward(self, iteration: int, micro_batch: int, received: Sent | None = None
+                ) -> Sent | None:
         """Batch ``micro_batch``'s forward with the weights vertical sync gives it.
 
         Raises:
@@ -268,12 +277,13 @@ class AsyncStageWork(StageWork):
                                              for n, b in self.module.named_buffers()}
         self.peak_live = max(self.peak_live, len(self.weights.stashes))
         if self.last:
-            self._losses[micro_batch] = self._loss(out, labels)
+            self._losses[micro_batch] = self._loss(joined(out), labels)
             return None
-        return out.detach().cpu(), labels.cpu()
+        return tuple(o.detach().cpu() for o in out), labels.cpu()
 
     def backward(self, iteration: int, micro_batch: int,
-                 gradient: torch.Tensor | None = None) -> torch.Tensor | None:
+                 gradient: tuple[torch.Tensor, ...] | None = None
+                 ) -> tuple[torch.Tensor, ...] | None:
         """Batch ``micro_batch``'s backward on its stashed weights and its update; the
         gradient of the input to send back (None on the first stage).
 
@@ -281,15 +291,12 @@ class AsyncStageWork(StageWork):
             RemoteProtocolError: the gradient is not finite, or does not fit the output.
         """
         if self.last:
-            grad_input = self.weights.backward(
-                micro_batch, loss=self._losses.pop(micro_batch), check=checked_input_gradient)
+            grad_input = self.weights.backward(micro_batch, loss=self._losses.pop(micro_batch))
         elif gradient is None:
             raise ValueError("a backward before the last stage needs a gradient")
         else:
-            output = self.weights.stashes[micro_batch][2]
             grad_input = self.weights.backward(
-                micro_batch, checked_gradient(gradient.to(output.device), output),
-                check=checked_input_gradient)
+                micro_batch, tuple(g.to(self.device) for g in gradient))
         if self._chain_point(micro_batch):
             self._snapshot(micro_batch)
         return grad_input

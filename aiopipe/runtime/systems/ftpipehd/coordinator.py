@@ -36,9 +36,10 @@ from aiopipe import models
 from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError, RemoteProtocolError
 from aiopipe.metrics.trace import Slice
+from aiopipe.models.crossing import Crossing, crossing_bytes
 from aiopipe.protocol import Replica, RoundResult, RoundStart, state_from_wire
 from aiopipe.runtime.momentum import MOMENTUM
-from aiopipe.runtime.plan import measure_planning_costs, unit_output_shapes
+from aiopipe.runtime.plan import measure_planning_costs, unit_crossings
 from aiopipe.runtime.plan_text import change_lines, log_lines
 from aiopipe.runtime.systems.base import Rounds, Setup, planning_batch_sizes
 from aiopipe.runtime.systems.ftpipehd.chain import KEPT, gather, replica_check
@@ -120,9 +121,9 @@ class FTPipeHD(Pipeline):
         if self._planner is None:
             setup = self.setup
             costs = setup.cost_table or measure_planning_costs(
-                self.config, self.model, setup.in_shape, setup.test_set,
+                self.config, self.model, setup.data.inputs, setup.test_set,
                 sizes=planning_batch_sizes(self.config))
-            self._planner = Planner.of(self.config, costs, self.model, setup.in_shape,
+            self._planner = Planner.of(self.config, costs, self.model, setup.data.inputs,
                                        self.micro_batch_size)
         return self._planner
 
@@ -462,13 +463,13 @@ class Planner:
 
     @classmethod
     def of(cls, config: RunConfig, costs: CostTable, model: torch.nn.Sequential,
-           in_shape: tuple[int, ...], batch: int) -> Planner:
+           inputs: Crossing, batch: int) -> Planner:
         """The planner of ``config``'s run."""
         units = models.unit_count(model)
         times = tuple(costs.forward_time(u, u + 1, batch) + costs.backward_time(u, u + 1, batch)
                       for u in range(units))
-        shapes = unit_output_shapes(model, in_shape)
-        sizes = tuple(4.0 * math.prod(shapes[u]) * batch for u in range(units))
+        crossings = unit_crossings(model, inputs)
+        sizes = tuple(float(crossing_bytes(crossings[u]) * batch) for u in range(units))
         rates = [config.device_network(k).up.bandwidth_bps for k in range(config.devices)]
         return cls(times, sizes, tuple(r / 8 if r is not None else math.inf for r in rates))
 

@@ -56,7 +56,7 @@ from aiopipe.runtime.plan import (
     DevicePlan,
     check_trainable,
     measure_planning_costs,
-    unit_output_shapes,
+    unit_crossings,
 )
 from aiopipe.runtime.plan_text import log_plan
 from aiopipe.runtime.systems.base import Rounds, Setup, SystemDefaults, planning_batch_sizes
@@ -142,9 +142,9 @@ class Pipeline(SystemDefaults):
         #: the worker list and cuts before the last change (`_enlist`)
         self._before: tuple[list[int], list[int]] = (list(self.workers), self._cuts())
         self.iterations_per_epoch = 0  # `prepare` knows: device 0's announced samples
-        check_trainable(self.model, setup.in_shape,
+        check_trainable(self.model, setup.data.inputs,
                         [DevicePlan(0, self.units, n, self.micro_batch_size, 0)], config)
-        self.activation_shapes = unit_output_shapes(self.model, setup.in_shape)
+        self.crossings = unit_crossings(self.model, setup.data.inputs)
         self.schedule: Schedule = self._schedule(n)
         self._secret = setup.run_secret
 
@@ -165,7 +165,7 @@ class Pipeline(SystemDefaults):
         times its slowdown)."""
         setup = self.setup
         costs = setup.cost_table or measure_planning_costs(
-            self.config, self.model, setup.in_shape, setup.test_set,
+            self.config, self.model, setup.data.inputs, setup.test_set,
             sizes=planning_batch_sizes(self.config))
         return tuple(balanced_partition(costs, len(slowdowns), self.micro_batch_size,
                                         slowdowns))

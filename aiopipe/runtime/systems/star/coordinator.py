@@ -37,6 +37,7 @@ from aiopipe import models
 from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
 from aiopipe.metrics.trace import Slice
+from aiopipe.models.crossing import crossing_bytes
 from aiopipe.protocol import (
     HEADER_SLACK_BYTES,
     Hello,
@@ -60,7 +61,7 @@ from aiopipe.runtime.plan import (
     declared_devices,
     measure_planning_costs,
     model_profile,
-    unit_output_shapes,
+    unit_crossings,
 )
 from aiopipe.runtime.plan_text import change_lines, log_lines
 from aiopipe.runtime.sampling import sampled_devices
@@ -122,8 +123,8 @@ class Star(SystemDefaults):
         #: the global model's frozen parameters ([Note: frozen bases])
         self.frozen = models.frozen_parameters(self.model)
         self.units = models.unit_count(self.model)
-        self.num_classes = setup.num_classes
-        self.in_shape = setup.in_shape
+        self.num_classes = setup.data.classes
+        self.inputs = setup.data.inputs
         self.cost_table = setup.cost_table
         #: what the coordinator's own stages cost (its own table, or everyone's)
         self.server_costs = setup.server_costs or setup.cost_table
@@ -141,7 +142,7 @@ class Star(SystemDefaults):
         self.replans: list[Replan] = []
         self.plans: list[DevicePlan] = []
         self.replicas = ReplicaPool(self.model, setup.torch_device)
-        self.activation_shapes = unit_output_shapes(self.model, self.in_shape)
+        self.crossings = unit_crossings(self.model, self.inputs)
         self._schedules: dict[tuple[int, int], tuple[str, tuple[Action, ...]]] = {}
         #: devices whose update was refused, clipped or dropped since `refused_updates`
         self.refused: list[int] = []
@@ -149,7 +150,7 @@ class Star(SystemDefaults):
         self.judge = UpdateJudge(config.scale_limit)
         self._untrimmed: set[int] = set()  # round sizes warned of (`_say_if_untrimmed`)
         if self.auto_config is None:  # refuse what cannot train before devices join
-            check_trainable(self.model, self.in_shape, device_plans(
+            check_trainable(self.model, self.inputs, device_plans(
                 config, self.units, [config.batch_size] * config.devices), config)
 
     def prepare(self, samples: Sequence[int],
@@ -166,9 +167,9 @@ class Star(SystemDefaults):
         self.samples = list(samples)
         if self.auto_config is not None:
             planning_costs = self.server_costs or measure_planning_costs(
-                config, self.model, self.in_shape, self.setup.test_set,
+                config, self.model, self.inputs, self.setup.test_set,
                 sizes=planning_batch_sizes(config))
-            self.planning = model_profile(self.model, self.in_shape, planning_costs,
+            self.planning = model_profile(self.model, self.inputs, planning_costs,
                                           server_lanes=self.server_lanes)
             self.live = (list(devices) if devices is not None
                          else declared_devices(config, self.samples,
@@ -178,7 +179,7 @@ class Star(SystemDefaults):
         self.plans = device_plans(config, self.units, self.samples)
         self.placement = star([p.split_point for p in self.plans], self.units)
         if self.auto_config is not None:
-            check_trainable(self.model, self.in_shape, self.plans, config)
+            check_trainable(self.model, self.inputs, self.plans, config)
 
     def _first_plans(self, config: RunConfig) -> list[tuple[int, int]]:
         """The plans before the first round: the whole fleet's; sampled per round, those
@@ -258,7 +259,8 @@ class Star(SystemDefaults):
         state = self.model.state_dict()
         state_bytes = sum(t.numel() * t.element_size() for t in state.values())
         batch = self.config.batch_size
-        act = max(math.prod(s) for s in self.activation_shapes) * 4 * batch + 8 * batch
+        act = batch * (max(crossing_bytes(c) for c in self.crossings)
+                       + crossing_bytes((self.setup.data.target,)))
         # a RoundReport carries the device's trace of the round: a few slices per
         # micro-batch, each well under 128 bytes as msgpack
         most = batch if self.auto_config else 0  # N after re-planning
@@ -307,7 +309,7 @@ class Star(SystemDefaults):
         assignment = Assignment(
             "server", start.round, start.epoch, start.first_iteration, start.iterations, 1, 2,
             p, self.units, plan.parallel_batches, plan.micro_batch_size, start.version,
-            self._actions(plan)[1], {}, self.activation_shapes[p - 1], ())
+            self._actions(plan)[1], {}, self.crossings[p - 1], ())
         return ServerStage(work, assignment, assignment.charges(self.server_costs))
 
     @staticmethod
