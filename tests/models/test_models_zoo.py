@@ -107,7 +107,7 @@ def test_no_dropout_anywhere() -> None:
         assert not any(isinstance(m, nn.Dropout) for m in model.modules()), name
 
 
-def test_vgg5_crossings_per_unit() -> None:
+def test_vgg5_activation_shapes_per_unit() -> None:
     model = _model("vgg5", (3, 32, 32))
     x = torch.randn(2, 3, 32, 32)
     shapes = []
