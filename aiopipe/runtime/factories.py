@@ -79,12 +79,8 @@ def _build(config: RunConfig, *, num_classes: int, in_shape: Sequence[int]) -> n
         except ConfigError as exc:
             raise ConfigError(f"model {name!r} returned {type(made).__name__}: {exc}"
                               ) from None
-    shape = tuple(in_shape)
-    if len(shape) != 3:
-        raise ConfigError(f"model {model!r} takes images (channels, height, width); the "
-                          f"data's inputs have shape {shape}")
-    return models.build(model, num_classes=num_classes, in_shape=(shape[0], shape[1],
-                                                                   shape[2]))
+    return models.as_units(models.build(model, num_classes=num_classes,
+                                        in_shape=tuple(in_shape)))
 
 
 def reinitialise(model: ModuleT) -> ModuleT:
