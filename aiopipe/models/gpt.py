@@ -4,9 +4,9 @@ Unlike the image models it is not an ``nn.Sequential``: `GPT.forward` computes t
 padding mask once and hands it to every block beside the residual stream, so a cut
 between two blocks passes two tensors, ``mask`` (bool ``[B, T]``) and ``x`` (float32
 ``[B, T, d]``), in that order (`aiopipe.models.split_units` orders the values that cross
-a cut as the model made them). ``split_units(model, several=True)`` cuts it into
-``embed`` (with the mask), one unit per block, ``norm`` and ``head``; one-tensor cuts
-(`aiopipe.models.as_units`) can only be made after the last block.
+a cut as the model made them). `aiopipe.models.as_units` cuts it into ``embed`` (with
+the mask), one unit per block, ``norm`` and ``head``, and the runtime carries both
+tensors across each cut.
 
 [Note: padding] Token `PAD` (byte 0, which source text barely contains) marks padding:
 no query attends to a padding key, except that every position attends to itself, so no

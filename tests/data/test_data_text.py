@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from aiopipe.data import Dataset, data_format, open_dataset, partition
+from aiopipe.data import DataKind, Dataset, data_format, kind_of, open_dataset, partition
 from aiopipe.data.text import CONTEXT, MAX_BYTES, StdlibText, stdlib_bytes
 from aiopipe.errors import ConfigError
 
@@ -26,7 +26,8 @@ def test_it_is_a_dataset_of_byte_windows() -> None:
     data = _open()
     assert isinstance(data, Dataset)
     assert (data.name, data.num_classes, data.in_shape) == (NAME, 256, (64,))
-    assert data_format(NAME) == ((64,), 256)
+    assert data_format(NAME) == DataKind((("int64", (64,)),), ("int64", (64,)), 256)
+    assert kind_of(data) == data_format(NAME)
     assert len(data) > 50_000
 
 

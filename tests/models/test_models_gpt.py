@@ -55,7 +55,7 @@ def test_parameter_count_is_under_a_million() -> None:
 
 
 def test_units_are_embed_each_block_norm_and_head() -> None:
-    units = split_units(_model(), several=True)
+    units = split_units(_model())
     owners = [sorted({name.rsplit(".", 2)[0] if name.startswith("blocks") else
                       name.split(".")[0] for name, _ in unit.named_parameters()})
               for unit in units]
@@ -64,7 +64,7 @@ def test_units_are_embed_each_block_norm_and_head() -> None:
 
 
 def test_cuts_between_blocks_carry_the_mask_and_the_residual_stream() -> None:
-    units = split_units(_model(), several=True)
+    units = split_units(_model())
     tokens = _tokens()
     value: object = tokens
     crossing = []
@@ -87,7 +87,7 @@ def test_cuts_between_blocks_carry_the_mask_and_the_residual_stream() -> None:
 
 def test_split_units_equal_the_model_bit_for_bit_with_gradients() -> None:
     model = _model()
-    units = split_units(model, several=True)
+    units = split_units(model)
     tokens = _tokens()
     target = torch.randint(0, VOCAB, tokens.shape, generator=torch.Generator().manual_seed(2))
     whole = model(tokens)
@@ -105,8 +105,9 @@ def test_split_units_equal_the_model_bit_for_bit_with_gradients() -> None:
     assert all(torch.equal(got[n], expected[n]) for n in expected)
 
 
-def test_one_tensor_cuts_leave_the_blocks_in_one_unit() -> None:
-    assert len(as_units(_model())) == 3
+def test_the_runtime_takes_it_cut_between_blocks_and_one_tensor_cuts_merge_them() -> None:
+    assert len(as_units(_model())) == 7
+    assert len(split_units(_model(), several=False)) == 3
 
 
 def test_attention_mask_is_causal_hides_padding_and_keeps_the_diagonal() -> None:

@@ -30,8 +30,8 @@ def _model(name: str, in_shape: tuple[int, int, int], num_classes: int = 10) -> 
     return build(name, num_classes=num_classes, in_shape=in_shape)
 
 
-def test_model_names_are_the_six_sorted() -> None:
-    assert tuple(sorted(UNITS)) == MODEL_NAMES
+def test_model_names_are_the_six_and_the_language_model_sorted() -> None:
+    assert tuple(sorted([*UNITS, "gpt-tiny"])) == MODEL_NAMES
     assert isinstance(MODEL_NAMES, tuple)
 
 
@@ -103,7 +103,7 @@ def test_vgg5_has_no_batch_norm_and_vgg16_has() -> None:
 
 def test_no_dropout_anywhere() -> None:
     for name in MODEL_NAMES:
-        model = _model(name, (3, 32, 32))
+        model = build(name, num_classes=10, in_shape=(64,) if name == "gpt-tiny" else (3, 32, 32))
         assert not any(isinstance(m, nn.Dropout) for m in model.modules()), name
 
 
