@@ -96,8 +96,13 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                                      "resnet101, mobilenetv3-large) or module:function, a "
                                      "factory of the nn.Sequential of split units "
                                      "(default vgg5)")
-    run.add_argument("--loss", help="cross-entropy (default) or module:function, a factory "
-                                    "of loss(logits, labels)")
+    run.add_argument("--loss", help="cross-entropy (default; over the output's last "
+                                    "dimension), mse, or module:function, a factory of "
+                                    "loss(output, target)")
+    run.add_argument("--metric", help="what is reported as accuracy: accuracy (default), "
+                                      "none (the loss alone) or module:function, a factory "
+                                      "of metric(output, target), a micro-batch's "
+                                      "per-sample scores in [0, 1] summed")
     run.add_argument("--optimizer", help="sgd (default) or module:function, a factory "
                                          "called with params, learning_rate, momentum")
     run.add_argument("--dataset", help="the server's evaluation data and an emulated fleet's "
@@ -227,8 +232,8 @@ def _shown(value: object) -> str:
     return str(value)
 
 
-RUN_OPTION_KEYS = ("mode", "model", "loss", "optimizer", "dataset", "test_samples", "devices",
-                   "samples_per_device", "batch_size", "epochs", "split_point",
+RUN_OPTION_KEYS = ("mode", "model", "loss", "metric", "optimizer", "dataset", "test_samples",
+                   "devices", "samples_per_device", "batch_size", "epochs", "split_point",
                    "parallel_batches", "network", "device_slowdown", "aggregation_every",
                    "learning_rate", "seed", "out_dir", "shape_links", "device_timeout",
                    "heartbeat_interval", "reconnect_grace", "replan", "device_memory_mb",

@@ -37,6 +37,7 @@ from aiopipe.config_values import (
     DATA_PARTITIONS,
     INITIAL_WEIGHTS,
     LOSSES,
+    METRICS,
     OPTIMIZERS,
     OUTLIERS,
     PRIVACY_METHODS,
@@ -67,6 +68,7 @@ __all__ = [
     "DATA_PARTITIONS",
     "INITIAL_WEIGHTS",
     "LOSSES",
+    "METRICS",
     "MODES",
     "OPTIMIZERS",
     "OUTLIERS",
@@ -119,8 +121,14 @@ class RunConfig:
             ``reset_parameters()`` covers is refused. "given": its own weights as they
             are (pretrained ones). Models by name or factory take only "seed"
             (docs/design.md §Initial weights).
-        loss: "cross-entropy", or ``module:function``: a factory returning
-            ``loss(logits, labels)``, the mean loss of a micro-batch.
+        loss: "cross-entropy" (over the output's last dimension: a class per sample,
+            or per token), "mse" (a float target), or ``module:function``: a factory
+            returning ``loss(output, target)``, the mean loss of a micro-batch, given
+            the model's output and the data's target as they are.
+        metric: what is reported beside the loss, as the runs' accuracy: "accuracy"
+            (a classifier's, per sample or per token), "none" (the loss alone), or
+            ``module:function``: a factory returning ``metric(output, target)``, the
+            micro-batch's per-sample scores in [0, 1], summed.
         optimizer: "sgd" (with ``learning_rate`` and ``momentum``), or
             ``module:function``: a factory called with ``params`` and, if it takes
             them, ``learning_rate`` and ``momentum``, returning a torch optimizer.
@@ -216,6 +224,7 @@ class RunConfig:
     model: Any = "vgg5"
     initial_weights: str = "seed"
     loss: str = "cross-entropy"
+    metric: str = "accuracy"
     optimizer: str = "sgd"
     dataset: str = "synthetic-cifar10"
     devices: int = 2
@@ -252,7 +261,7 @@ class RunConfig:
         self._check_model()
         if not isinstance(self.dataset, str) or not self.dataset:
             raise fail("dataset", self.dataset, "a dataset name")
-        for key, builtin in (("loss", LOSSES), ("optimizer", OPTIMIZERS)):
+        for key, builtin in (("loss", LOSSES), ("metric", METRICS), ("optimizer", OPTIMIZERS)):
             value = getattr(self, key)
             if value not in builtin and not is_entry_point(value):
                 raise fail(key, value, f"{' or '.join(map(repr, builtin))} or module:function")

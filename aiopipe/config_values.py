@@ -19,6 +19,7 @@ __all__ = [
     "DATA_PARTITIONS",
     "INITIAL_WEIGHTS",
     "LOSSES",
+    "METRICS",
     "OPTIMIZERS",
     "OUTLIERS",
     "PRIVACY_METHODS",
@@ -34,7 +35,9 @@ __all__ = [
     "positive_int",
 ]
 
-LOSSES = ("cross-entropy",)
+LOSSES = ("cross-entropy", "mse")
+#: What the runs report beside the loss (aiopipe.runtime.factories.make_metric).
+METRICS = ("accuracy", "none")
 AGGREGATIONS = ("fedavg", "fedmedian", "trimmed-mean", "krum")
 OUTLIERS = ("keep", "clip", "drop")
 OPTIMIZERS = ("sgd",)

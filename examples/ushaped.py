@@ -201,7 +201,7 @@ class UShapedDevice(DeviceHalf):
         samples = start.iterations * low.micro_batch_size * low.parallel_batches
         weights = await node.compute.call(
             lambda: state_to_wire({**lower.trained_state(), **upper.trained_state()}))
-        result = RoundResult(start.round, samples, float(upper.loss_sum), int(upper.correct),
+        result = RoundResult(start.round, samples, float(upper.loss_sum), float(upper.correct),
                              weights)
         await node.report(result, mark, upper)
         return samples
@@ -223,7 +223,8 @@ class UShapedDevice(DeviceHalf):
         for message in (start, tail):
             assignment = Assignment.from_round_start(
                 message, units=holdings.units, batch_size=node.config.batch_size,
-                crossings=holdings.crossings, me=node.name)
+                crossings=holdings.crossings, me=node.name,
+                target=holdings.plan.target[0])
             first, stop = assignment.first_unit, assignment.stop_unit
             work = self.works.get((first, stop, assignment.parallel_batches))
             if work is None:
@@ -231,7 +232,8 @@ class UShapedDevice(DeviceHalf):
                 work = self.works[first, stop, assignment.parallel_batches] = StageWork(
                     module, make_optimizer(module, node.config), first=assignment.stage == 0,
                     last=assignment.last, parallel_batches=assignment.parallel_batches,
-                    num_classes=holdings.plan.num_classes, loss=holdings.loss)
+                    num_classes=holdings.plan.num_classes, loss=holdings.loss,
+                    metric=holdings.metric)
             own = set(work.module.state_dict())
             try:
                 work.module.load_state_dict({k: v for k, v in weights.items() if k in own})
@@ -392,7 +394,7 @@ class UShaped(SystemDefaults):
         assignment = Assignment(
             "server", start.round, start.epoch, start.first_iteration, start.iterations,
             1, 3, p1, p2, n, start.micro_batch_size, start.version, _actions(n)[1], {},
-            self.shapes[p1 - 1], self.shapes[p2 - 1])
+            self.shapes[p1 - 1], self.shapes[p2 - 1], target=self.setup.data.target)
         costs = self.setup.server_costs or self.setup.cost_table
         return ServerStage(work, assignment, assignment.charges(costs))
 

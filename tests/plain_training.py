@@ -11,6 +11,7 @@ from torch import nn
 
 from aiopipe import RunConfig
 from aiopipe import data as datasets
+from aiopipe.runtime.factories import cross_entropy
 from aiopipe.runtime.plan import device_indices, train_dataset
 
 
@@ -18,7 +19,8 @@ def train_in_turns(model: nn.Module, optimizer: torch.optim.Optimizer, config: R
                    devices: Sequence[int], batch: int,
                    own: Sequence[datasets.Dataset] | None = None) -> None:
     """Per epoch, each of ``devices`` in turn: its batches of ``batch`` samples in its
-    epoch order, one optimizer step each, with cross-entropy. ``own``: each device's
+    epoch order, one optimizer step each, with cross-entropy (over the output's last
+    dimension: per sample, or per token). ``own``: each device's
     own data (else its shard of the config's dataset); inputs that are a tuple are the
     model's several inputs."""
     dataset = train_dataset(config) if own is None else None
@@ -33,5 +35,5 @@ def train_in_turns(model: nn.Module, optimizer: torch.optim.Optimizer, config: R
                 x, y = data.batch(order[first:first + batch])
                 optimizer.zero_grad()
                 out = model(*x) if isinstance(x, tuple) else model(x)
-                nn.functional.cross_entropy(out, y).backward()
+                cross_entropy(out, y).backward()
                 optimizer.step()

@@ -14,7 +14,7 @@ from typing import Final
 from aiopipe import auth
 from aiopipe.errors import ConfigError, LocalProtocolError
 
-__all__ = ["DTYPE_SIZES", "TensorData", "check_node_name"]
+__all__ = ["DTYPE_SIZES", "TensorData", "check_node_name", "check_score"]
 
 #: Element size in bytes of every dtype that may travel.
 DTYPE_SIZES: Final[Mapping[str, int]] = {
@@ -52,6 +52,23 @@ def check_index(name: str, value: int) -> None:
     """
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise LocalProtocolError(f"{name} must be a non-negative int, got {value!r}")
+
+
+def check_score(owner: object, name: str, samples: int | None = None) -> None:
+    """Refuse ``owner.name`` unless it is a finite number >= 0 (at most ``samples`` when
+    given): a sum of per-sample scores in [0, 1] (accuracies: correct predictions, for a
+    classifier), and store it as a float (an int is taken as one).
+
+    Raises:
+        LocalProtocolError: it is not.
+    """
+    value = getattr(owner, name)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            math.isfinite(value) and value >= 0):
+        raise LocalProtocolError(f"{name} must be a finite number >= 0, got {value!r}")
+    if samples is not None and value > samples:
+        raise LocalProtocolError(f"{name} {value} exceeds samples {samples}")
+    object.__setattr__(owner, name, float(value))
 
 
 @dataclass(frozen=True, slots=True)

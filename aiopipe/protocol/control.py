@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from aiopipe.errors import LocalProtocolError
-from aiopipe.protocol.base import DTYPE_SIZES, TensorData, check_index, check_node_name
+from aiopipe.protocol.base import (
+    DTYPE_SIZES,
+    TensorData,
+    check_index,
+    check_node_name,
+    check_score,
+)
 from aiopipe.protocol.fields import MAX_LEAVES
 
 __all__ = [
@@ -213,18 +219,18 @@ class EvalRequest:
 @dataclass(frozen=True, slots=True)
 class EvalResult:
     """What a device's held-out data says of the global model of epoch ``epoch``: its
-    ``samples``, their summed loss and how many were classified right."""
+    ``samples``, their summed loss and their summed accuracy (``correct``: the run's
+    metric per sample, summed; a classifier's right predictions)."""
 
     epoch: int
     samples: int
     loss_sum: float
-    correct: int
+    correct: float
 
     def __post_init__(self) -> None:
-        for name in ("epoch", "samples", "correct"):
+        for name in ("epoch", "samples"):
             check_index(name, getattr(self, name))
-        if self.correct > self.samples:
-            raise LocalProtocolError(f"correct {self.correct} exceeds samples {self.samples}")
+        check_score(self, "correct", self.samples)
         if not isinstance(self.loss_sum, float) or not math.isfinite(self.loss_sum) or (
                 self.loss_sum < 0):
             raise LocalProtocolError(f"loss_sum must be a finite float >= 0, got "
@@ -356,7 +362,7 @@ class RoundResult:
     round: int
     samples: int
     loss_sum: float
-    correct: int
+    correct: float
     tensors: Mapping[str, TensorData]
     version: float = 0.0
 
@@ -367,7 +373,7 @@ class RoundResult:
             raise LocalProtocolError(f"version must be a finite float >= 0, got "
                                      f"{self.version!r}")
         check_index("samples", self.samples)
-        check_index("correct", self.correct)
+        check_score(self, "correct", self.samples)
         if not isinstance(self.loss_sum, float) or not math.isfinite(self.loss_sum):
             raise LocalProtocolError(f"loss_sum must be a finite float, got {self.loss_sum!r}")
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from aiopipe.errors import LocalProtocolError
-from aiopipe.protocol.base import TensorData, check_index
+from aiopipe.protocol.base import TensorData, check_index, check_score
 
 __all__ = [
     "Replica",
@@ -35,12 +35,13 @@ class Replica:
     stage: int
     batches: int
     loss_sum: float
-    correct: int
+    correct: float
     tensors: Mapping[str, TensorData]
 
     def __post_init__(self) -> None:
-        for name in ("round", "stage", "batches", "correct"):
+        for name in ("round", "stage", "batches"):
             check_index(name, getattr(self, name))
+        check_score(self, "correct")
         if not isinstance(self.loss_sum, float) or not math.isfinite(self.loss_sum):
             raise LocalProtocolError(f"loss_sum must be a finite float, got {self.loss_sum!r}")
 

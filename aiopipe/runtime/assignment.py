@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiopipe.errors import ConfigError, RemoteProtocolError
-from aiopipe.models.crossing import Crossing, crossing_bytes, gradient_leaves
+from aiopipe.models.crossing import Crossing, Leaf, crossing_bytes, gradient_leaves
 from aiopipe.protocol import HEADER_SLACK_BYTES, Activation, Gradient, RoundStart
 from aiopipe.scheduler.actions import Action
 from aiopipe.scheduler.costs import CostTable
@@ -52,6 +52,8 @@ class Assignment:
     #: the rows of every micro-batch this node computes (its share in a data-parallel
     #: group); the default (0, 0) stands for all of them
     rows: tuple[int, int] = (0, 0)
+    #: a sample's target, as the run's kind of data says (`aiopipe.data.DataKind`)
+    target: Leaf = ("int64", ())
 
     def __post_init__(self) -> None:
         if self.rows == (0, 0):
@@ -59,11 +61,12 @@ class Assignment:
 
     @classmethod
     def from_round_start(cls, message: RoundStart, *, units: int, batch_size: int,
-                         crossings: Sequence[Crossing],
-                         me: str, whole_batches: bool = False) -> Assignment:
+                         crossings: Sequence[Crossing], me: str,
+                         target: Leaf = ("int64", ()), whole_batches: bool = False
+                         ) -> Assignment:
         """The assignment ``message`` gives node ``me`` in a run of a model of ``units``
         units (``crossings[u]``: what crosses after unit u per sample, the input
-        at 0).
+        at 0; ``target``: a sample's target).
         ``whole_batches``: each micro-batch is a whole batch (FTPipeHD streams an epoch's
         batches as one iteration's micro-batches).
 
@@ -100,7 +103,7 @@ class Assignment:
         return cls(me, message.round, message.epoch, message.first_iteration,
                    message.iterations, stage, stages, first, stop, n, micro, message.version,
                    actions, dict(message.peers), crossings[first],
-                   crossings[stop], rows)
+                   crossings[stop], rows, target)
 
     @property
     def last(self) -> bool:
@@ -255,11 +258,12 @@ def check_data_message(message: Activation | Gradient, assignment: Assignment, *
     if sent != planned:
         raise RemoteProtocolError(f"{kind} {key} is {_leaves_text(sent)}, the plan says "
                                   f"{_leaves_text(planned)}")
+    dtype, shape = a.target
     if isinstance(message, Activation) and (
-            message.labels.dtype != "int64" or message.labels.shape != (rows,)):
+            message.labels.dtype != dtype or message.labels.shape != (rows, *shape)):
         raise RemoteProtocolError(
             f"labels {key} are {message.labels.dtype} {message.labels.shape}, the plan "
-            f"says int64 ({rows},)")
+            f"says {dtype} {(rows, *shape)}")
 
 
 def _leaves_text(leaves: Sequence[tuple[str, tuple[int, ...]]]) -> str:

@@ -86,7 +86,7 @@ from aiopipe.runtime.epoch_figures import (
 )
 from aiopipe.runtime.evaluation import held_out_accuracy, test_accuracy
 from aiopipe.runtime.exclusion import Exclusions
-from aiopipe.runtime.factories import build_model
+from aiopipe.runtime.factories import build_model, make_loss, make_metric
 from aiopipe.runtime.fleet_plan import announcement_refusal, fleet_profiles, log_fleet_plan
 from aiopipe.runtime.judge import ArrivalJudge
 from aiopipe.runtime.resume import checkpoint_meta, read_resumable
@@ -149,6 +149,7 @@ class Coordinator:
         # [Note: the devices' data] the run's kind of data, from the dataset's name (or
         # its test split); training data is the devices' own
         self.data, self.test_set = evaluation_data(config)
+        self.loss, self.metric = make_loss(config), make_metric(config)
         model = build_model(config, num_classes=self.data.classes, in_shape=self.data.in_shape)
         check_tables(models.unit_count(model), cost_table=cost_table,
                      server_cost_table=server_cost_table)
@@ -454,7 +455,8 @@ class Coordinator:
                 await self._checkpoint(epoch, r + 1, self.clock.now() - start, epoch)
         end = self.clock.now()
         traffic = _minus(link_bytes(self.sessions), traffic_before)
-        accuracy = await self.compute.call(partial(test_accuracy, self.model, self.test_set))
+        accuracy = await self.compute.call(partial(test_accuracy, self.model, self.test_set,
+                                                   self.loss, self.metric))
         held_out = await self._evaluate_on_devices(epoch)
         return epoch_metrics(
             epoch, tally, system, elapsed=end - start + float(tally["elapsed_before"]),

@@ -125,6 +125,8 @@ def epoch_metrics(epoch: int, tally: Mapping[str, Any], system: System, *, elaps
     held-out accuracy (overall, per device), the changes the system made and the bytes
     each device sent its peers."""
     devices = system.config.devices
+    if system.config.metric == "none":  # the loss alone is reported
+        held_out = (math.nan, {})
     device_samples = tuple(int(n) for n in tally["device_samples"])
     samples = system.epoch_samples(device_samples)
     busy = busy_by_kind(by_track, devices)
@@ -136,7 +138,8 @@ def epoch_metrics(epoch: int, tally: Mapping[str, Any], system: System, *, elaps
         # an epoch in which nobody trained has no loss (NaN, null in metrics.jsonl)
         loss=float(tally["loss_sum"]) / samples if samples else math.nan,
         accuracy=accuracy,
-        train_accuracy=int(tally["correct"]) / samples if samples else math.nan,
+        train_accuracy=(float(tally["correct"]) / samples
+                        if samples and system.config.metric != "none" else math.nan),
         samples=samples,
         bytes_up=int(up), bytes_down=int(down), plan=system.plan_entries(),
         device_samples=device_samples, devices_lost=lost_in(tally, devices),

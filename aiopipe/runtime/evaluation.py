@@ -23,27 +23,43 @@ import torch
 from aiopipe import data as datasets
 from aiopipe.clock import Clock, wait_for
 from aiopipe.errors import DeviceLostError
+from aiopipe.models.crossing import joined, leaves
 from aiopipe.protocol import EvalRequest, EvalResult
+from aiopipe.runtime.factories import Loss, Metric, scored
 
-__all__ = ["held_out_accuracy", "test_accuracy"]
+__all__ = ["evaluated", "held_out_accuracy", "test_accuracy"]
 
 log = logging.getLogger("aiopipe.server")
 
 
-def test_accuracy(model: torch.nn.Sequential, test_set: datasets.Dataset | None) -> float:
-    """Accuracy of ``model`` on ``test_set`` (NaN without one); compute thread."""
-    if test_set is None:
-        return math.nan
+def evaluated(model: torch.nn.Sequential, data: datasets.Dataset, loss: Loss,
+              metric: Metric | None, *, step: int = 500) -> tuple[float, float]:
+    """``model``'s loss and accuracy on ``data``, each summed over its samples (in eval
+    mode, batches of ``step``; the model is left in train mode); compute thread."""
+    device = next(model.parameters(), torch.empty(0)).device
+    loss_sum = correct = 0.0
     model.eval()
-    correct = 0
     try:
         with torch.no_grad():
-            for first in range(0, len(test_set), 500):
-                x, y = test_set.batch(range(first, min(first + 500, len(test_set))))
-                correct += int((model(x).argmax(1) == y).sum())
+            for first in range(0, len(data), step):
+                x, y = data.batch(range(first, min(first + step, len(data))))
+                y = y.to(device)
+                output = model(joined([t.to(device) for t in leaves(x)]))
+                batch_loss, batch_correct = scored(output, y, loss(output, y), metric)
+                loss_sum += batch_loss
+                correct += batch_correct
     finally:
         model.train()
-    return correct / max(1, len(test_set))
+    return loss_sum, correct
+
+
+def test_accuracy(model: torch.nn.Sequential, test_set: datasets.Dataset | None,
+                  loss: Loss, metric: Metric | None) -> float:
+    """The run's metric of ``model`` on ``test_set`` (NaN without one, or without a
+    metric); compute thread."""
+    if test_set is None or metric is None:
+        return math.nan
+    return evaluated(model, test_set, loss, metric)[1] / max(1, len(test_set))
 
 
 async def held_out_accuracy(

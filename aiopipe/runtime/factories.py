@@ -12,8 +12,13 @@ in-process, ``model`` may also be the factory itself (a callable) or a user's mo
   weights are a function of the config alone, whatever state the global generator was in
   when the user built the module ([Note: initial weights]); with "given" the copy keeps
   the module's own (pretrained) weights;
-- a loss factory is called with nothing and returns ``loss(logits, labels)``, the mean
-  loss of a micro-batch (a scalar tensor);
+- a loss factory is called with nothing and returns ``loss(output, target)``, the mean
+  loss of a micro-batch (a scalar tensor), given the model's output and the target as
+  they are (`aiopipe.data.DataKind`);
+- a metric factory is called with nothing and returns ``metric(output, target)``: a
+  score in [0, 1] per sample of the micro-batch, summed (a number or a 0-d tensor; the
+  runs report the sum over an epoch's samples divided by their count, as accuracy);
+  "accuracy" is a classifier's, "none" reports the loss alone;
 - an optimizer factory is called with ``params`` and, if it declares them,
   ``learning_rate`` and ``momentum``, and returns a ``torch.optim.Optimizer``.
 """
@@ -37,8 +42,9 @@ from aiopipe.errors import ConfigError
 from aiopipe.models.crossing import Crossing, crossing_of, example, leaves
 from aiopipe.models.initialisers import initialiser, parameters_not_reset
 
-__all__ = ["Loss", "ModelTemplate", "build_model", "make_loss", "make_optimizer",
-           "model_template", "optimizer_states", "parameters_not_reset", "reinitialise",
+__all__ = ["Loss", "Metric", "ModelTemplate", "accuracy", "build_model", "cross_entropy",
+           "make_loss", "make_metric", "make_optimizer", "model_template",
+           "optimizer_states", "parameters_not_reset", "reinitialise", "scored",
            "unit_crossings"]
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
@@ -46,6 +52,9 @@ ModuleT = TypeVar("ModuleT", bound=nn.Module)
 #: The mean loss of a micro-batch from the model's output (one tensor, or a tuple) and
 #: the target.
 Loss = Callable[[Any, torch.Tensor], torch.Tensor]
+#: A micro-batch's per-sample scores in [0, 1], summed, from the model's output and the
+#: target.
+Metric = Callable[[Any, torch.Tensor], "torch.Tensor | float"]
 
 
 def build_model(config: RunConfig, *, num_classes: int, in_shape: Sequence[int]
@@ -233,19 +242,85 @@ def unit_crossings(model: nn.Sequential, inputs: Crossing) -> list[Crossing]:
     return crossings
 
 
+def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The mean cross-entropy of scores over the last dimension of ``output`` against
+    the class indices ``target`` of its shape without that dimension: a class per sample
+    (``[B, C]`` and ``[B]``) or per position (a language model's ``[B, T, V]`` and
+    ``[B, T]``, the mean over every position)."""
+    if output.dim() > 2:
+        return nn.functional.cross_entropy(output.flatten(0, -2), target.flatten())
+    return nn.functional.cross_entropy(output, target)
+
+
+def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per sample, the fraction of its class indices in ``target`` that ``output``'s
+    highest score over the last dimension names (1 or 0 for a class per sample; the
+    fraction of positions right for a class per token), summed over the samples: a
+    classifier's correct predictions."""
+    right = output.argmax(-1) == target
+    if right.dim() == 1:
+        return right.sum()
+    return right.flatten(1).double().mean(1).sum()
+
+
+#: The losses and metrics known by name.
+_LOSSES: dict[str, Loss] = {"cross-entropy": cross_entropy,
+                            "mse": nn.functional.mse_loss}
+_METRICS: dict[str, Metric] = {"accuracy": accuracy}
+
+
 def make_loss(config: RunConfig) -> Loss:
-    """The run's loss.
+    """The run's loss: "cross-entropy" (`cross_entropy`), "mse" (the mean squared error
+    of a float target of the output's shape) or a user's factory.
 
     Raises:
         ConfigError: the factory fails or returns something that is not callable.
     """
-    if config.loss == "cross-entropy":
-        return nn.functional.cross_entropy
+    if config.loss in _LOSSES:
+        return _LOSSES[config.loss]
     made = call_factory(load_entry_point(config.loss, what="loss"), config.loss, what="loss")
     if not callable(made):
         raise ConfigError(f"loss {config.loss!r} returned {type(made).__name__}, not a "
-                          "callable loss(logits, labels)")
+                          "callable loss(output, target)")
     return made  # type: ignore[no-any-return]
+
+
+def make_metric(config: RunConfig) -> Metric | None:
+    """The run's metric: "accuracy" (`accuracy`), a user's factory, or None for
+    "none" (the loss alone is reported).
+
+    Raises:
+        ConfigError: the factory fails or returns something that is not callable.
+    """
+    if config.metric == "none":
+        return None
+    if config.metric in _METRICS:
+        return _METRICS[config.metric]
+    made = call_factory(load_entry_point(config.metric, what="metric"), config.metric,
+                        what="metric")
+    if not callable(made):
+        raise ConfigError(f"metric {config.metric!r} returned {type(made).__name__}, not a "
+                          "callable metric(output, target)")
+    return made  # type: ignore[no-any-return]
+
+
+def scored(output: Any, target: torch.Tensor, loss: torch.Tensor, metric: Metric | None
+           ) -> tuple[float, float]:
+    """A micro-batch's loss and accuracy summed over its samples (the mean ``loss``
+    times the rows, and ``metric``'s sum): what a round or an evaluation adds up.
+
+    Raises:
+        ValueError: the metric is not a number in [0, rows].
+    """
+    rows = len(target)
+    if metric is None:
+        return float(loss.detach()) * rows, 0.0
+    value = metric(output.detach() if isinstance(output, torch.Tensor) else output, target)
+    score = float(value.detach() if isinstance(value, torch.Tensor) else value)
+    if not 0.0 <= score <= rows:
+        raise ValueError(f"the metric must be the micro-batch's per-sample scores in [0, 1] "
+                         f"summed, at most its {rows} rows; got {score!r}")
+    return float(loss.detach()) * rows, score
 
 
 def make_optimizer(module: nn.Module, config: RunConfig, *,

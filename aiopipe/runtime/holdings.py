@@ -47,10 +47,13 @@ from aiopipe.protocol import (
     state_from_wire,
 )
 from aiopipe.runtime.assignment import Assignment
+from aiopipe.runtime.evaluation import evaluated
 from aiopipe.runtime.factories import (
     Loss,
+    Metric,
     ModelTemplate,
     make_loss,
+    make_metric,
     make_optimizer,
     model_template,
     optimizer_states,
@@ -107,6 +110,7 @@ class Holdings:
     #: where the device's stages compute
     torch_device: torch.device
     loss: Loss
+    metric: Metric | None
     #: what crosses each cut per sample: the model's input, then after each unit
     crossings: tuple[Crossing, ...]
     #: the device's own held-out data, on which it evaluates the global model
@@ -134,7 +138,7 @@ class Holdings:
         template = model_template(config, datasets.DataKind(plan.inputs, plan.target[0],
                                                             plan.num_classes))
         return cls(config, plan, dataset, template, torch_device, make_loss(config),
-                   template.crossings, held_out)
+                   make_metric(config), template.crossings, held_out)
 
     @property
     def units(self) -> int:
@@ -156,8 +160,8 @@ class Holdings:
                      len(self.held_out) if self.held_out else 0)
 
     def evaluate(self, request: EvalRequest) -> EvalResult:
-        """The global model of ``request`` on the held-out data: samples, summed loss,
-        correct predictions (on a copy of the model: the stage in training keeps its
+        """The global model of ``request`` on the held-out data: samples, summed loss and
+        summed accuracy (`evaluated`: on a copy of the model: the stage in training keeps its
         weights). Compute thread.
 
         Raises:
@@ -173,17 +177,8 @@ class Holdings:
         except RuntimeError as exc:
             raise RemoteProtocolError(f"evaluation weights do not fit the model: "
                                       f"{str(exc).splitlines()[0]}") from None
-        model.eval()
-        device = next(model.parameters(), torch.empty(0)).device
-        loss_sum, correct = 0.0, 0
-        step = self.config.batch_size
-        with torch.no_grad():
-            for first in range(0, len(held), step):
-                x, y = held.batch(range(first, min(first + step, len(held))))
-                x, y = x.to(device), y.to(device)
-                logits = model(x)
-                loss_sum += float(self.loss(logits, y)) * len(y)
-                correct += int((logits.argmax(1) == y).sum())
+        loss_sum, correct = evaluated(model, held, self.loss, self.metric,
+                                      step=self.config.batch_size)
         return EvalResult(request.epoch, len(held), max(loss_sum, 0.0), correct)
 
     def cut_scales(self, rows: int) -> tuple[tuple[float, float], ...]:
@@ -215,7 +210,8 @@ class Holdings:
         asynchronous = rules.whole_batches
         assignment = Assignment.from_round_start(
             message, units=self.units, batch_size=self.config.batch_size,
-            crossings=self.crossings, me=name, whole_batches=asynchronous)
+            crossings=self.crossings, me=name, target=self.plan.target[0],
+            whole_batches=asynchronous)
         kept_stage = (previous is not None and work is not None
                       and assignment.same_stage(previous, whole_batches=asynchronous))
         if not kept_stage:
@@ -232,7 +228,7 @@ class Holdings:
                     module, make_optimizer(module, self.config, previous=kept),
                     first=assignment.stage == 0, last=assignment.last,
                     parallel_batches=assignment.parallel_batches,
-                    num_classes=self.plan.num_classes, loss=self.loss)
+                    num_classes=self.plan.num_classes, loss=self.loss, metric=self.metric)
         assert work is not None
         # [Note: kept weights] FTPipeHD sends no tensors to a device that holds its stage
         # from the last round: it keeps its weights and momentum; Asteroid none to one

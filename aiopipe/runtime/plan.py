@@ -92,8 +92,8 @@ def train_dataset(config: RunConfig) -> datasets.Dataset:
 @functools.lru_cache(maxsize=8)
 def _train_set(dataset: str, seed: int, size: int) -> datasets.Dataset:
     """Opened once per process: every device of an in-process simulation cuts its shard
-    from it."""
-    return datasets.open_dataset(dataset, split="train", seed=seed, size=size)
+    from it (a name's, or a ``module:function``'s)."""
+    return datasets.open_device_data(dataset, split="train", seed=seed, size=size)
 
 
 def device_data(config: RunConfig, device_id: int) -> datasets.Dataset:

@@ -588,7 +588,7 @@ class DeviceSession:
             # the coordinator computed the loss, not the device
             work = window.stage.work
             result = dataclasses.replace(result, loss_sum=float(work.loss_sum),
-                                         correct=int(work.correct))
+                                         correct=float(work.correct))
         self.last_round_done = result.round
         self.result.set_result(result)
 

@@ -51,7 +51,7 @@ from aiopipe.errors import RemoteProtocolError
 from aiopipe.models.crossing import Value, joined, leaves
 from aiopipe.protocol import TensorData, to_torch
 from aiopipe.runtime.assignment import Assignment
-from aiopipe.runtime.factories import Loss
+from aiopipe.runtime.factories import Loss, Metric, accuracy, cross_entropy, scored
 from aiopipe.runtime.judge import all_finite
 from aiopipe.runtime.memory import saved_bytes, state_bytes
 from aiopipe.scheduler.actions import Action
@@ -118,17 +118,19 @@ class StageWork:
         first: the stage reads data (``batch``) instead of received activations.
         last: the stage computes the loss.
         parallel_batches: N, the micro-batches per iteration (the loss is divided by it).
-        num_classes: labels must lie in 0..num_classes-1.
+        num_classes: integer labels must lie in 0..num_classes-1 (0: no classes).
         loss: the run's loss (the last stage's), the mean over a micro-batch.
+        metric: the run's metric (the last stage's accuracy; None: the loss alone).
         batch: the first stage's data; set per round with `use_data`.
     """
 
     def __init__(self, module: nn.Sequential, optimizer: torch.optim.Optimizer, *,
                  first: bool, last: bool, parallel_batches: int, num_classes: int,
-                 loss: Loss = nn.functional.cross_entropy) -> None:
+                 loss: Loss = cross_entropy, metric: Metric | None = accuracy) -> None:
         self.module = module
         self.optimizer = optimizer
         self.loss = loss
+        self.metric = metric
         #: where the stage computes (its parameters' torch device); what it takes in and
         #: gives out stays on the CPU, as on the wire
         self.device = next(module.parameters(), torch.empty(0)).device
@@ -139,9 +141,9 @@ class StageWork:
         self.batch: Batch | None = None
         self._saved: dict[tuple[int, int], _Saved] = {}
         self._labels: dict[tuple[int, int], torch.Tensor] = {}
-        #: the round's loss summed over samples, and correct predictions (last stage)
+        #: the round's loss and accuracy summed over samples (last stage; `scored`)
         self.loss_sum = 0.0
-        self.correct = 0
+        self.correct = 0.0
         #: most micro-batches whose activations were alive at once (forwarded, not yet
         #: backwarded): the memory a schedule costs
         self.peak_live = 0
@@ -164,7 +166,7 @@ class StageWork:
 
     def reset_totals(self) -> None:
         """Start counting a new round's loss, predictions and peak."""
-        self.loss_sum, self.correct, self.peak_live, self.peak_held = 0.0, 0, 0, 0
+        self.loss_sum, self.correct, self.peak_live, self.peak_held = 0.0, 0.0, 0, 0
 
     def peak_memory(self) -> int:
         """The round's peak of what training held, measured: the stage's weights, their
@@ -307,8 +309,11 @@ class StageWork:
             raise ValueError("a later stage's forward needs the received activation")
         activation, labels = received
         # [Note: hostile inputs] the previous stage may be another party's device
-        if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= self.num_classes):
+        if self.num_classes and not labels.is_floating_point() and labels.numel() and (
+                int(labels.min()) < 0 or int(labels.max()) >= self.num_classes):
             raise StageInputError(f"labels outside 0..{self.num_classes - 1}")
+        if labels.is_floating_point() and not all_finite(labels):
+            raise StageInputError("labels hold NaN or Inf")
         if not all(all_finite(t) for t in activation if t.is_floating_point()):
             raise StageInputError("activation holds NaN or Inf")
         inputs = tuple(t.detach().to(self.device).requires_grad_(t.is_floating_point())
@@ -325,9 +330,9 @@ class StageWork:
         if not torch.isfinite(loss):
             raise StageInputError("activation gives a NaN or Inf loss: its values are "
                                       "out of range")
-        self.loss_sum += float(loss.detach()) * labels.numel()
-        if isinstance(logits, torch.Tensor):
-            self.correct += int((logits.detach().argmax(1) == labels).sum())
+        loss_sum, correct = scored(logits, labels, loss, self.metric)
+        self.loss_sum += loss_sum
+        self.correct += correct
         if self.fraction != 1.0:
             return loss * self.fraction / self.parallel_batches
         return loss / self.parallel_batches

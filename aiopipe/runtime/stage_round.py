@@ -146,7 +146,7 @@ class StageRound:
                 watching.cancel()
         samples = message.iterations * assignment.share * assignment.parallel_batches
         weights = await node.compute.call(partial(self._upload, work, message.round))
-        result = RoundResult(message.round, samples, float(work.loss_sum), int(work.correct),
+        result = RoundResult(message.round, samples, float(work.loss_sum), float(work.correct),
                              weights)
         await node.report(result, mark, work)
         return samples

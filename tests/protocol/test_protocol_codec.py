@@ -456,7 +456,7 @@ PLAN = {
 READY = {"samples": 10, "inputs": [["float32", [1, 28, 28]]], "target": [["int64", []]],
          "num_classes": 10,
          "model_digest": "ab" * 16, "host": "", "held_out": 0}
-RESULT = {"round": 0, "samples": 0, "loss_sum": 0.0, "correct": 0, "tensors": {},
+RESULT = {"round": 0, "samples": 0, "loss_sum": 0.0, "correct": 0.0, "tensors": {},
           "version": 0.0}
 REPORT = {"round": 0, "report": {}}
 F32 = ["float32", [2], 0, 8]
@@ -572,8 +572,8 @@ BAD_FRAMES: list[tuple[str, bytes, str]] = [
                                                   "downlink_bps": 0.0}]),
      "invalid profile: seconds must be a finite float >= 0"),
     ("eval more correct than samples", frame(["eval_result", {
-        "epoch": 0, "samples": 2, "loss_sum": 0.5, "correct": 3}]),
-     "invalid eval_result: correct 3 exceeds samples 2"),
+        "epoch": 0, "samples": 2, "loss_sum": 0.5, "correct": 3.0}]),
+     "invalid eval_result: correct 3.0 exceeds samples 2"),
     ("profile request empty", frame(["profile_request", {"batch_sizes": []}]),
      "invalid profile_request: batch_sizes must hold 1 to 64 sizes"),
     (

@@ -117,14 +117,14 @@ messages: st.SearchStrategy[Message] = st.one_of(
     batched_leaves().flatmap(lambda p: st.builds(
         Gradient, indices, indices, indices, indices, indices, indices, node_names,
         node_names, st.just(p[0]))),
-    st.builds(
+    indices.flatmap(lambda samples: st.builds(
         RoundResult,
         indices,
-        indices,
+        st.just(samples),
         st.floats(allow_nan=False, allow_infinity=False),
-        indices,
+        st.floats(0.0, float(samples)),  # the samples' accuracies summed
         tensor_maps,
-    ),
+    )),
     st.builds(RoundReport, indices, trees),
     st.builds(Heartbeat, indices),
     st.builds(Bye, st.text()),
@@ -149,7 +149,9 @@ def test_generated_messages_round_trip(message: Message) -> None:
 
 
 @FAST
-@given(st.builds(RoundResult, indices, indices, st.just(1.0), indices, tensor_maps))
+@given(indices.flatmap(lambda samples: st.builds(
+    RoundResult, indices, st.just(samples), st.just(1.0), st.floats(0.0, float(samples)),
+    tensor_maps)))
 def test_frame_overhead_stays_within_the_documented_bound(message: RoundResult) -> None:
     tensor_bytes = sum(t.nbytes for t in message.tensors.values())
     bound = HEADER_SLACK_BYTES + sum(

@@ -5,6 +5,8 @@ trains it as plain PyTorch trains the model itself."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from plain_training import train_in_turns
@@ -203,3 +205,34 @@ async def test_a_model_of_two_inputs_trains_as_plain_pytorch_trains_it(
     result = await simulate(config, clock=VirtualClock(), datasets=own)
     torch.manual_seed(config.seed)
     _same_weights(result.model, _trained_plainly(TwoTowers(10), config, own))
+
+
+#: gpt-tiny's units: embed (and the mask), four blocks, norm, head; the cuts between
+#: blocks carry the residual stream and the mask
+GPT_UNITS = 7
+
+
+@pytest.mark.parametrize("changes", [
+    {"split_point": 3},
+    {"mode": "pipeline", "devices": 2, "options": {"partition": [3], "schedule": "1f1b"}},
+    {"mode": "asteroid", "devices": 2,
+     "options": {"partition": [3], "stage_groups": [[0], [1]]}},
+], ids=SYSTEM_IDS)
+async def test_the_zoo_transformer_with_its_mask_trains_as_plain_pytorch_trains_it(
+        changes: dict[str, object]) -> None:
+    from aiopipe.models import build
+    from aiopipe.scheduler.costs import CostTable
+
+    config = _config(model="gpt-tiny", dataset="stdlib-text", samples_per_device=2 * BATCH,
+                     epochs=1, momentum=0.0, test_samples=0, **changes)
+    dataset = train_dataset(config)
+    units = build_model(config, num_classes=256, in_shape=dataset.in_shape)
+    assert unit_count(units) == GPT_UNITS
+    crossing = units[:3](dataset.batch([0, 1])[0])
+    assert [t.dtype for t in crossing] == [torch.bool, torch.float32]  # the mask, the stream
+    costs = CostTable.uniform(GPT_UNITS, forward=0.001, backward=0.002, step=0.001, batch=10)
+    result = await simulate(config, clock=VirtualClock(), cost_table=costs)
+    assert result.epochs[0].loss < math.log(256) + 0.2
+    torch.manual_seed(config.seed)
+    _same_weights(result.model, _trained_plainly(build("gpt-tiny", num_classes=256,
+                                                       in_shape=dataset.in_shape), config))

@@ -74,7 +74,7 @@ class AsteroidDevice(ChainDevice):
         tensors = await self.node.compute.call(
             lambda: state_to_wire(stage_snapshot(work, momentum=momentum)))
         replica = Replica(assignment.round, assignment.stage, batches, float(work.loss_sum),
-                          int(work.correct), tensors)
+                          float(work.correct), tensors)
         chain.keep(replica)
         node = backup_node(assignment)
         if node is not None:

@@ -27,7 +27,7 @@ from torch.func import functional_call
 from aiopipe.errors import RemoteProtocolError
 from aiopipe.models.crossing import joined, leaves
 from aiopipe.protocol import TensorData, state_to_wire
-from aiopipe.runtime.factories import Loss
+from aiopipe.runtime.factories import Loss, Metric
 from aiopipe.runtime.momentum import MOMENTUM
 from aiopipe.runtime.stage import (
     Sent,
@@ -163,7 +163,7 @@ class StageWeights:
 
 #: A stage's state after a round's first ``batches`` batches (FTPipeHD's chain
 #: replication): (batches, its state dict and momentum on the wire, loss_sum, correct).
-ChainSnapshot = tuple[int, dict[str, TensorData], float, int]
+ChainSnapshot = tuple[int, dict[str, TensorData], float, float]
 
 
 class AsyncStageWork(StageWork):
@@ -182,18 +182,18 @@ class AsyncStageWork(StageWork):
     snapshots on: `take_snapshots`).
 
     Args:
-        module, first, last, num_classes, loss: as `StageWork`'s.
+        module, first, last, num_classes, loss, metric: as `StageWork`'s.
         stages, stage: the pipeline's length and this stage's place.
         lr, momentum, aggregate_every: as `StageWeights`'.
         chain_every: batches between chain snapshots (0: none).
     """
 
     def __init__(self, module: nn.Sequential, *, first: bool, last: bool, num_classes: int,
-                 loss: Loss, stages: int, stage: int, lr: float, momentum: float,
-                 aggregate_every: int, chain_every: int = 0) -> None:
+                 loss: Loss, metric: Metric | None, stages: int, stage: int, lr: float,
+                 momentum: float, aggregate_every: int, chain_every: int = 0) -> None:
         optimizer = torch.optim.SGD(module.parameters(), lr=lr)  # unused: StageWeights steps
         super().__init__(module, optimizer, first=first, last=last, parallel_batches=1,
-                         num_classes=num_classes, loss=loss)
+                         num_classes=num_classes, loss=loss, metric=metric)
         self.weights = StageWeights(module, stages, stage, lr=lr, momentum=momentum,
                                     aggregate_every=aggregate_every)
         self._losses: dict[int, torch.Tensor] = {}
@@ -235,7 +235,7 @@ class AsyncStageWork(StageWork):
         for name, buf in self.weights.momentum_buffers.items():
             state[MOMENTUM + name] = buf.detach().to("cpu", copy=True)
         self._snapshots.append((batch + 1, state_to_wire(state), float(self.loss_sum),
-                                int(self.correct)))
+                                float(self.correct)))
 
     def load_momentum(self, buffers: Mapping[str, torch.Tensor]) -> None:
         """The round's momentum buffers (by parameter name; copies are kept).

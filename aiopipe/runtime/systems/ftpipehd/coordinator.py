@@ -319,7 +319,7 @@ class FTPipeHD(Pipeline):
 
     async def _chain_point(self, rounds: Rounds, round_no: int, workers: Sequence[int],
                            bounds: Sequence[tuple[int, int]], alive: Sequence[int]
-                           ) -> tuple[int, float, int] | None:
+                           ) -> tuple[int, float, float] | None:
         """Load the latest state of every stage of round ``round_no`` (its stage p: units
         ``bounds[p]`` on ``workers[p]``) that the chain replication kept (batches after
         which it was taken, the last stage's loss and correct count until then); None
@@ -430,9 +430,9 @@ class _Attempt:
     batches: int
     carried: int = 0
     loss_sum: float = 0.0
-    correct: int = 0
+    correct: float = 0.0
 
-    def resumed(self, batches: int, loss_sum: float, correct: int) -> _Attempt:
+    def resumed(self, batches: int, loss_sum: float, correct: float) -> _Attempt:
         """The attempt after the first ``batches`` of this one survived."""
         return _Attempt(self.first + batches, self.batches - batches, self.carried + batches,
                         self.loss_sum + loss_sum, self.correct + correct)

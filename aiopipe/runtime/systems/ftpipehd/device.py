@@ -140,7 +140,7 @@ def _new_work(module: torch.nn.Sequential, assignment: Assignment,
     config = holdings.config
     return AsyncStageWork(
         module, first=assignment.stage == 0, last=assignment.last,
-        num_classes=holdings.plan.num_classes, loss=holdings.loss,
+        num_classes=holdings.plan.num_classes, loss=holdings.loss, metric=holdings.metric,
         stages=assignment.stages, stage=assignment.stage,
         lr=config.learning_rate, momentum=config.momentum,
         aggregate_every=config.options_as(FTPipeHDOptions).version_aggregation,

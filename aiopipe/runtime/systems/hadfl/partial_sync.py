@@ -195,7 +195,7 @@ class PartialSync:
         model = holdings.model_copy()
         self.work = StageWork(model, make_optimizer(model, config), first=True, last=True,
                               parallel_batches=1, num_classes=holdings.plan.num_classes,
-                              loss=holdings.loss)
+                              loss=holdings.loss, metric=holdings.metric)
         self.batch_size = config.batch_size
         self.batches = len(holdings.dataset) // self.batch_size
         if self.batches < 1:
@@ -278,7 +278,7 @@ class PartialSync:
                          for k, v in self.work.module.state_dict().items()}))
         samples = trained * self.batch_size
         return RoundResult(start.round, samples, float(self.work.loss_sum),
-                           int(self.work.correct), tensors, version=float(self.version))
+                           float(self.work.correct), tensors, version=float(self.version))
 
     def _batch(self, step: int, _: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Local step ``step``'s mini-batch ([Note: HADFL rounds])."""

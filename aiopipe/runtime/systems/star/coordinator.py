@@ -54,7 +54,7 @@ from aiopipe.runtime.aggregation import (
     update_norms,
 )
 from aiopipe.runtime.assignment import Assignment
-from aiopipe.runtime.factories import make_loss
+from aiopipe.runtime.factories import make_loss, make_metric
 from aiopipe.runtime.plan import (
     DevicePlan,
     check_trainable,
@@ -129,6 +129,7 @@ class Star(SystemDefaults):
         #: what the coordinator's own stages cost (its own table, or everyone's)
         self.server_costs = setup.server_costs or setup.cost_table
         self.loss = make_loss(config)
+        self.metric = make_metric(config)
         self.samples: list[int] = []
         self.auto_config: RunConfig | None = config if needs_planner(config) else None
         self.planned_keys: tuple[str, ...] = (
@@ -305,11 +306,12 @@ class Star(SystemDefaults):
         p = stages[1].first_unit
         work = StageWork(replica, optimizer, first=False, last=True,
                          parallel_batches=plan.parallel_batches, num_classes=self.num_classes,
-                         loss=self.loss)
+                         loss=self.loss, metric=self.metric)
         assignment = Assignment(
             "server", start.round, start.epoch, start.first_iteration, start.iterations, 1, 2,
             p, self.units, plan.parallel_batches, plan.micro_batch_size, start.version,
-            self._actions(plan)[1], {}, self.crossings[p - 1], ())
+            self._actions(plan)[1], {}, self.crossings[p - 1], (),
+            target=self.setup.data.target)
         return ServerStage(work, assignment, assignment.charges(self.server_costs))
 
     @staticmethod
