@@ -80,9 +80,18 @@ class EpochMetrics:
     sampled: Sequence[Sequence[int]] = ()
     devices_excluded: Sequence[int] = ()
 
+    @property
+    def perplexity(self) -> float:
+        """``exp(loss)``: the model's perplexity where the loss is a cross-entropy (per
+        token, for a language model); NaN without a loss, inf past a float's range."""
+        if math.isnan(self.loss):
+            return math.nan
+        return math.exp(self.loss) if self.loss < 700 else math.inf
+
     def to_mapping(self) -> dict[str, Any]:
-        """Plain JSON-able form (one line of ``metrics.jsonl``)."""
+        """Plain JSON-able form (one line of ``metrics.jsonl``), with the `perplexity`."""
         out = dataclasses.asdict(self)
+        out["perplexity"] = self.perplexity
         out["plan"] = [dict(p) for p in self.plan]
         out["device_samples"] = list(self.device_samples)
         out["devices_lost"] = list(self.devices_lost)

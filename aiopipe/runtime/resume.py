@@ -75,6 +75,7 @@ def read_resumable(directory: Path, config: RunConfig, planned_keys: Sequence[st
 def epoch_from(values: Mapping[str, Any]) -> EpochMetrics:
     """A finished epoch's metrics as a checkpoint keeps them (`EpochMetrics.to_mapping`)."""
     fields = dict(values)
+    fields.pop("perplexity", None)  # derived from the loss
     fields["epoch"] = int(fields["epoch"])  # from 1, as in metrics.jsonl and EpochMetrics
     fields["device_samples"] = tuple(fields.get("device_samples", ()))
     fields["devices_lost"] = tuple(fields.get("devices_lost", ()))
