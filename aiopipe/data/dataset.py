@@ -34,10 +34,15 @@ SPLITS: Final = ("train", "val", "test")
 
 @runtime_checkable
 class Dataset(Protocol):
-    """A fixed set of labelled samples, read or generated on demand.
+    """A fixed set of samples with their targets, read or generated on demand.
 
-    ``x`` from `batch` is float32 ``[b, *in_shape]``, normalized to roughly zero mean and
-    unit standard deviation per channel; ``y`` is int64 ``[b]`` in ``[0, num_classes)``.
+    ``x`` from `batch` is the samples' input, rows first: one tensor (the built-in
+    image sets': float32 ``[b, *in_shape]``, normalized to roughly zero mean and unit
+    standard deviation per channel; token ids: int64) or a tuple of them (a model of
+    several inputs); ``y`` is their targets, rows first: int64 ``[b]`` class labels in
+    ``[0, num_classes)``, or any other tensor (a class per token, values to regress:
+    then ``num_classes`` is the tokens' classes, or 0). `aiopipe.data.kind_of` reads a
+    dataset's kind of data from its first sample.
     """
 
     @property
@@ -47,12 +52,13 @@ class Dataset(Protocol):
 
     @property
     def num_classes(self) -> int:
-        """How many classes the labels range over."""
+        """How many classes the labels range over (0: the targets are not classes)."""
         ...
 
     @property
     def in_shape(self) -> tuple[int, ...]:
-        """The shape of one sample's input (images: channels, height, width)."""
+        """The shape of one sample's (first) input (images: channels, height, width):
+        what model factories are given."""
         ...
 
     def __len__(self) -> int:
@@ -60,12 +66,14 @@ class Dataset(Protocol):
         ...
 
     def labels(self) -> npt.NDArray[np.int64]:
-        """All labels in index order, without decoding any image."""
+        """One integer label per sample in index order, without decoding any image: what
+        a fleet's data is shared out by (`aiopipe.data.partition`); any constant for
+        data without classes (IID shares only)."""
         ...
 
     def batch(
         self, indices: Sequence[int] | npt.NDArray[np.integer]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor | tuple[torch.Tensor, ...], torch.Tensor]:
         """The samples at ``indices`` (in that order; repeats allowed) as ``(x, y)``.
 
         Raises:

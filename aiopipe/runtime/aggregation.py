@@ -27,11 +27,13 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from aiopipe.errors import ConfigError, TrainingError
+from aiopipe.models.crossing import Value
 
 __all__ = ["LOSS_RISE_LIMIT", "UPDATE_SCALE_LIMIT", "Probe", "UpdateJudge", "aggregate",
            "evaluation_probe", "fedavg", "fedmedian", "judged_aggregate", "krum",
@@ -419,8 +421,8 @@ class UpdateJudge:
         self.recent.extend(n for n in norms if math.isfinite(n))
 
 
-def evaluation_probe(model: nn.Module, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                     batch: tuple[torch.Tensor, torch.Tensor]) -> Probe:
+def evaluation_probe(model: nn.Module, loss: Callable[[Any, torch.Tensor], torch.Tensor],
+                     batch: tuple[Value, torch.Tensor]) -> Probe:
     """A `Probe`: ``model``'s architecture with a given state, in evaluation mode and
     without gradients, on ``batch`` (the model's own weights, buffers and modes are left
     as they were)."""

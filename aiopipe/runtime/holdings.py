@@ -36,7 +36,7 @@ from aiopipe import data as datasets
 from aiopipe import models
 from aiopipe.config import RunConfig
 from aiopipe.errors import RemoteProtocolError
-from aiopipe.models.crossing import Crossing
+from aiopipe.models.crossing import Crossing, Value
 from aiopipe.protocol import (
     EvalRequest,
     EvalResult,
@@ -310,7 +310,7 @@ class Holdings:
 
 
 def _micro_batch(dataset: datasets.Dataset, order: np.ndarray, micro: int, parallel: int,
-                 wrap: bool, iteration: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 wrap: bool, iteration: int, n: int) -> tuple[Value, torch.Tensor]:
     """Samples ``micro`` of ``order`` for micro-batch n of ``iteration``; with ``wrap``
     (Asteroid, whose epoch keeps its batches after a re-plan), going round ``order``
     again past its end."""

@@ -31,6 +31,7 @@ from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
 from aiopipe.models.crossing import (
     Crossing,
+    Value,
     as_crossing,
     crossing_bytes,
     example,
@@ -183,7 +184,7 @@ def measure_planning_costs(config: RunConfig, model: nn.Sequential,
     """
     whole = {key: v.detach().clone() for key, v in model.state_dict().items()}
 
-    def load_batch(size: int) -> torch.Tensor:
+    def load_batch(size: int) -> Value:
         assert dataset is not None
         return dataset.batch(np.arange(size) % len(dataset))[0]
 

@@ -146,10 +146,27 @@ def test_a_torch_dataset_becomes_a_dataset_with_its_shape_and_classes() -> None:
     assert y.tolist() == [int(Images(7, seed=0).labels[6]), int(Images(7, seed=0).labels[0])]
 
 
+def test_a_torch_dataset_of_two_inputs_and_float_targets_is_a_regression_of_two_inputs(
+        ) -> None:
+    source = [((torch.full((3,), float(i)), torch.arange(2)), torch.tensor([0.5 * i]))
+              for i in range(4)]
+    data = datasets.as_dataset(source)
+    assert (len(data), data.in_shape, data.num_classes) == (4, (3,), 0)
+    (a, b), y = data.batch([3, 1])
+    assert (a.dtype, b.dtype, y.dtype) == (torch.float32, torch.int64, torch.float32)
+    assert a[:, 0].tolist() == [3.0, 1.0]
+    assert y.tolist() == [[1.5], [0.5]]
+    assert datasets.kind_of(data) == datasets.DataKind(
+        (("float32", (3,)), ("int64", (2,))), ("float32", (1,)), 0)
+
+
 @pytest.mark.parametrize(("source", "reason"), [
     ([], "holds no samples"),
-    ([(torch.zeros(2), "cat")], "is not an integer"),
-    ([(torch.zeros(2), 1), (torch.zeros(3), 0)], "sample 1 has shape"),
+    ([(torch.zeros(2), "cat")], "target 'cat' is neither an integer label nor a tensor"),
+    ([(torch.zeros(2), 1), (torch.zeros(3), 0)], r"sample 1 has inputs of shape \[\(3,\)\], "
+                                                 r"sample 0 \[\(2,\)\]"),
+    ([(torch.zeros(2), torch.zeros(2)), (torch.zeros(2), torch.zeros(3))],
+     r"sample 1's target has shape \(3,\), sample 0's \(2,\)"),
     ([(torch.zeros(2), -1)], "label -1 is negative"),
     (3, "expected a map-style dataset"),
 ])

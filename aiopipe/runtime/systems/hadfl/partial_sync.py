@@ -56,6 +56,7 @@ from aiopipe.clock import Clock, wait_for
 from aiopipe.config import RunConfig
 from aiopipe.errors import AiopipeError, RemoteProtocolError
 from aiopipe.metrics.trace import device_of
+from aiopipe.models.crossing import Value
 from aiopipe.protocol import (
     HEADER_SLACK_BYTES,
     RingBypass,
@@ -280,7 +281,7 @@ class PartialSync:
         return RoundResult(start.round, samples, float(self.work.loss_sum),
                            float(self.work.correct), tensors, version=float(self.version))
 
-    def _batch(self, step: int, _: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _batch(self, step: int, _: int) -> tuple[Value, torch.Tensor]:
         """Local step ``step``'s mini-batch ([Note: HADFL rounds])."""
         epoch, k = divmod(step, self.batches)
         order = self._orders.get(epoch)
