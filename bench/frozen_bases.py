@@ -1,30 +1,33 @@
-"""Bytes a round moves with a frozen base, or with low-rank adapters, against full
-fine-tuning, side by side (issue 44, item 4; [Note: frozen bases] in
+"""Bytes an epoch moves with a frozen base, or with low-rank adapters, against full
+fine-tuning, side by side, in every system (issue 44, item 4; [Note: frozen bases] in
 aiopipe/runtime/systems/star/coordinator.py; aiopipe/models/adapters.py).
 
 Two comparisons, each of two runs that differ only in what trains: three devices of
-unequal shares, synthetic-cifar10, virtual time, the same seed and config otherwise.
+unequal shares, synthetic-cifar10, virtual time, the same seed and config otherwise
+(each system's own options: `MODES`).
 
 - *frozen*: a four-unit model (3072 -> 32 -> 32 -> 32 -> 10), its first two units
-  frozen (98.6% of its parameters) or not; per mode the last epoch's bytes up and down
-  of both runs and their ratio, and whether the frozen units came back bit for bit.
+  frozen (98.6% of its parameters) or not; per mode the last epoch's bytes up, down and
+  between devices (the linked systems' activations, gradients, replicas, backups, group
+  gradients and ring chunks) of both runs and their ratio, and whether the frozen units
+  came back bit for bit.
 - *lora*: a four-unit MLP (3072 -> 512 -> 512 -> 256 -> 10) fully fine-tuned, or with
   rank-4 adapters on every Linear layer and everything else frozen (`add_lora`); both
-  start from the same weights. Per mode: a round's bytes up and down (the last
-  epoch's, which is one round: a round is an epoch without ``aggregation_every``), the
-  SGD momentum held for the trainable tensors (read from a stepped optimizer's state,
-  one model copy), trainable and total parameters, and each epoch's training loss of
-  both.
+  start from the same weights. Per mode: the last epoch's bytes up, down and between
+  devices (in the star modes an epoch is one round: no ``aggregation_every``), the SGD
+  momentum held for the trainable tensors (read from a stepped optimizer's state, one
+  model copy), trainable and total parameters, and each epoch's training loss of both.
 
 Deterministic: bytes on the wire and tensors, not seconds.
 
-    .venv/bin/python bench/frozen_bases.py [--compare frozen lora] [--modes fl sl sfl pipar]
+    .venv/bin/python bench/frozen_bases.py [--compare frozen lora] [--modes fl sl ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+from typing import Any
 
 import torch
 from torch import nn
@@ -73,11 +76,32 @@ def wide_mlp_lora(num_classes: int, in_shape: tuple[int, ...]) -> nn.Sequential:
     return add_lora(wide_mlp(num_classes, in_shape), rank=4)
 
 
+#: Each mode's own settings: the linked systems cut the four units as the star modes'
+#: split point does (the frozen units alone on device 0), FTPipeHD and Asteroid keep
+#: replicas (chain replication, stage backups), Asteroid's second stage is a group of
+#: two (an all-reduce), and HADFL's ring is every device, two local steps a round.
+MODES: dict[str, dict[str, Any]] = {
+    "fl": {}, "sl": {}, "sfl": {}, "pipar": {},
+    "pipeline": {"options": {"partition": [2, 3], "schedule": "1f1b"}},
+    "ftpipehd": {"parallel_batches": 1,
+                 "options": {"partition": [2, 3], "chain_replication_every": 2}},
+    "asteroid": {"options": {"partition": [2], "stage_groups": [[0], [1, 2]],
+                             "chain_replication_every": 2}},
+    "hadfl": {"parallel_batches": 1,
+              "options": {"warmup_epochs": 0, "local_steps": 2, "ring_size": 3}},
+}
+
+
 def _config(mode: str, model: object) -> RunConfig:
-    return RunConfig(mode=mode, model=model, devices=3,  # type: ignore[arg-type]
-                     samples_per_device=(40, 30, 70), batch_size=10, epochs=2,
-                     split_point=2, parallel_batches=2, learning_rate=0.05, momentum=0.9,
-                     test_samples=20, seed=4)
+    config = RunConfig(mode=mode, model=model, devices=3,  # type: ignore[arg-type]
+                       samples_per_device=(40, 30, 70), batch_size=10, epochs=2,
+                       split_point=2, parallel_batches=2, learning_rate=0.05, momentum=0.9,
+                       test_samples=20, seed=4)
+    return config.replace(**MODES[mode])
+
+
+def _ratio(a: int, b: int, digits: int) -> str:
+    return f"{a / b:.{digits}f}" if b else "-"
 
 
 async def compare(mode: str) -> str:
@@ -90,9 +114,10 @@ async def compare(mode: str) -> str:
                           in_shape=dataset.in_shape).state_dict()
     kept = all(torch.equal(frozen.model.state_dict()[k], v) for k, v in initial.items()
                if k.startswith(("0.", "1.")))
-    a, b = frozen.epochs[-1], full.epochs[-1]
-    return (f"| {mode} | {a.bytes_up} | {b.bytes_up} | {a.bytes_up / b.bytes_up:.3f} | "
-            f"{a.bytes_down} | {b.bytes_down} | {a.bytes_down / b.bytes_down:.3f} | "
+    (a_up, a_down, a_peer), (b_up, b_down, b_peer) = _per_epoch(frozen), _per_epoch(full)
+    return (f"| {mode} | {a_up} | {b_up} | {_ratio(a_up, b_up, 3)} | "
+            f"{a_down} | {b_down} | {_ratio(a_down, b_down, 3)} | "
+            f"{a_peer} | {b_peer} | {_ratio(a_peer, b_peer, 3)} | "
             f"{'yes' if kept else 'NO'} |")
 
 
@@ -118,10 +143,11 @@ def _parameter_counts(config: RunConfig) -> tuple[int, int]:
             sum(p.numel() for p in model.parameters()))
 
 
-def _per_round(result: RunResult) -> tuple[int, int]:
-    """The last epoch's bytes up and down: one round (no ``aggregation_every`` here)."""
+def _per_epoch(result: RunResult) -> tuple[int, int, int]:
+    """The last epoch's bytes up, down and between devices (one round in the star
+    modes: no ``aggregation_every`` here)."""
     last = result.epochs[-1]
-    return last.bytes_up, last.bytes_down
+    return last.bytes_up, last.bytes_down, sum(last.peer_bytes)
 
 
 async def compare_lora(mode: str) -> str:
@@ -129,10 +155,12 @@ async def compare_lora(mode: str) -> str:
     adapted = config.replace(model=wide_mlp_lora)
     full = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
     lora = await simulate(adapted, clock=VirtualClock(), cost_table=COSTS)
-    (full_up, full_down), (lora_up, lora_down) = _per_round(full), _per_round(lora)
+    (full_up, full_down, full_peer) = _per_epoch(full)
+    (lora_up, lora_down, lora_peer) = _per_epoch(lora)
     trainable, total = _parameter_counts(adapted)
-    return (f"| {mode} | {full_up} | {lora_up} | {lora_up / full_up:.4f} | "
-            f"{full_down} | {lora_down} | {lora_down / full_down:.4f} | "
+    return (f"| {mode} | {full_up} | {lora_up} | {_ratio(lora_up, full_up, 4)} | "
+            f"{full_down} | {lora_down} | {_ratio(lora_down, full_down, 4)} | "
+            f"{full_peer} | {lora_peer} | {_ratio(lora_peer, full_peer, 4)} | "
             f"{optimizer_state_bytes(config)} | {optimizer_state_bytes(adapted)} | "
             f"{_parameter_counts(config)[0]} / {trainable} / {total} | "
             f"{_losses(full)} | {_losses(lora)} |")
@@ -146,20 +174,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--compare", nargs="*", choices=["frozen", "lora"],
                         default=["frozen", "lora"])
-    parser.add_argument("--modes", nargs="*", default=["fl", "sl", "sfl", "pipar"])
+    parser.add_argument("--modes", nargs="*", choices=list(MODES), default=list(MODES))
     args = parser.parse_args()
     if "frozen" in args.compare:
         print("| mode | up B, frozen base | up B, all trained | ratio | down B, frozen | "
-              "down B, all | ratio | frozen units bit for bit |")
-        print("|---|---|---|---|---|---|---|---|")
+              "down B, all | ratio | peer B, frozen | peer B, all | ratio | "
+              "frozen units bit for bit |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for mode in args.modes:
             print(asyncio.run(compare(mode)))
     if "lora" in args.compare:
-        print("\n| mode | up B/round, full | up B/round, LoRA | ratio | down B/round, full "
-              "| down B/round, LoRA | ratio | optimizer state B, full | "
+        print("\n| mode | up B, full | up B, LoRA | ratio | down B, full "
+              "| down B, LoRA | ratio | peer B, full | peer B, LoRA | ratio | "
+              "optimizer state B, full | "
               "optimizer state B, LoRA | trainable full / trainable LoRA / total params "
               "| loss by epoch, full | loss by epoch, LoRA |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for mode in args.modes:
             print(asyncio.run(compare_lora(mode)))
 

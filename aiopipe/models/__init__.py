@@ -20,6 +20,7 @@ from aiopipe.models.split import (
     split,
     unit_count,
     units_of,
+    without_frozen,
 )
 from aiopipe.models.trace import as_units, split_here, split_units
 from aiopipe.models.zoo import MIN_SIDE, MODEL_NAMES, build
@@ -43,4 +44,5 @@ __all__ = [
     "split_units",
     "unit_count",
     "units_of",
+    "without_frozen",
 ]

@@ -5,8 +5,8 @@ the original layer, frozen, plus two trainable matrices A (rank x in) and B (out
 whose product is added to its output, scaled by ``alpha / rank``. B starts at zero, so
 the adapted model computes exactly what the base did until it trains. By default every
 other parameter is frozen too, and then only A and B train, travel and hold optimizer
-state: aiopipe's star modes leave frozen parameters out of their transfers ([Note:
-frozen bases] in aiopipe/runtime/systems/star/coordinator.py). `merge_lora` folds the
+state: every system leaves frozen parameters out of its transfers ([Note: frozen
+bases] in aiopipe/runtime/systems/star/coordinator.py). `merge_lora` folds the
 adapters back into plain ``nn.Linear`` layers for export; `lora_parameters` names the
 adapters' tensors.
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
 from torch import Tensor, nn
 
@@ -38,7 +39,9 @@ from aiopipe.errors import ConfigError
 
 __all__ = ["as_sequential", "frozen_parameters", "merge_states", "model_digest",
            "partition", "split",
-           "unit_count", "units_of"]
+           "unit_count", "units_of", "without_frozen"]
+
+T = TypeVar("T")
 
 _ACCEPTED = (
     "an nn.Sequential whose top-level children are the split units, or a list (or tuple, "
@@ -158,6 +161,14 @@ def frozen_parameters(module: nn.Module) -> frozenset[str]:
     """The state-dict names of ``module``'s frozen parameters (``requires_grad`` false):
     a frozen base never changes, so it need not travel once every node holds it."""
     return frozenset(name for name, p in module.named_parameters() if not p.requires_grad)
+
+
+def without_frozen(state: Mapping[str, T], module: nn.Module) -> dict[str, T]:
+    """``state`` (of ``module``, or of a model holding it under the same names) less
+    ``module``'s frozen parameters: what a system sends of it ([Note: frozen bases] in
+    aiopipe/runtime/systems/star/coordinator.py); the receiver holds the rest."""
+    frozen = frozen_parameters(module)
+    return {name: value for name, value in state.items() if name not in frozen}
 
 
 def merge_states(*states: Mapping[str, Tensor]) -> dict[str, Tensor]:

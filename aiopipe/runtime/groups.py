@@ -189,20 +189,23 @@ class Pieces:
 
 
 def gradients_of(module: torch.nn.Module) -> dict[str, TensorData]:
-    """The gradients ``module``'s parameters accumulated (zeros where none), for a
-    `GroupGradient` (compute thread)."""
+    """The gradients ``module``'s trainable parameters accumulated (zeros where none),
+    for a `GroupGradient` (compute thread); a frozen parameter has none to share
+    ([Note: frozen bases] in aiopipe/runtime/systems/star/coordinator.py)."""
     return {name: to_tensor_data(p.grad.detach().cpu() if p.grad is not None
                                  else torch.zeros_like(p, device="cpu"))
-            for name, p in module.named_parameters()}
+            for name, p in module.named_parameters() if p.requires_grad}
 
 
 def sum_gradients(module: torch.nn.Module, mine: Mapping[str, TensorData],
                   members: Sequence[str], me: str,
                   received: Mapping[str, GroupGradient]) -> None:
-    """Set each parameter's gradient to the sum of every member's, added in
+    """Set each trainable parameter's gradient to the sum of every member's, added in
     ``members``' order (ours is ``mine``), so that every member gets the same bits
-    (compute thread)."""
+    (compute thread); a frozen one keeps none, so the optimizer holds no state for it."""
     for name, p in module.named_parameters():
+        if not p.requires_grad:
+            continue
         total: torch.Tensor | None = None
         for member in members:
             part = to_torch(mine[name] if member == me else received[member].tensors[name])

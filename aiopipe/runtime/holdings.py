@@ -234,9 +234,12 @@ class Holdings:
         # from the last round: it keeps its weights and momentum; Asteroid none to one
         # that holds its stage in a round played again: it takes them as they were at
         # that round's start
+        # a stage with nothing that travels (its parameters all frozen, no buffers) is
+        # sent no tensors either way: it loads nothing, as it holds all it needs
         replayed = rules.replays
-        keep = rules.keeps_weights and not message.tensors
-        if keep and not kept_stage and next(work.module.parameters(), None) is not None:
+        travels = bool(models.without_frozen(work.module.state_dict(), work.module))
+        keep = rules.keeps_weights and not message.tensors and (kept_stage or travels)
+        if keep and not kept_stage:
             raise RemoteProtocolError(f"round {message.round + 1} asks {name} to keep weights "
                                       "it does not hold")
         momentum: dict[str, torch.Tensor] = {}

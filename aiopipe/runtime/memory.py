@@ -50,10 +50,12 @@ def saved_bytes(run: Callable[[], T], parameters: Iterable[torch.Tensor],
 
 
 def state_bytes(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of ``module``'s parameters and buffers, a gradient per parameter, and the
-    optimizer's state tensors (SGD's momentum)."""
+    """Bytes of ``module``'s parameters and buffers, a gradient per trainable parameter
+    (a frozen one takes none), and the optimizer's state tensors (SGD's momentum)."""
     parameters = sum(p.numel() * p.element_size() for p in module.parameters())
+    gradients = sum(p.numel() * p.element_size() for p in module.parameters()
+                    if p.requires_grad)
     buffers = sum(b.numel() * b.element_size() for b in module.buffers())
     state = sum(t.numel() * t.element_size() for s in optimizer.state.values()
                 for t in s.values() if isinstance(t, torch.Tensor))
-    return 2 * parameters + buffers + state
+    return parameters + gradients + buffers + state

@@ -10,10 +10,11 @@ from collections.abc import Mapping
 import torch
 
 from aiopipe.config import RunConfig
+from aiopipe.models import without_frozen
 from aiopipe.runtime.stage import StageWork
 
 __all__ = ["MOMENTUM", "backs_up_momentum", "load_momentum", "split_momentum",
-           "stage_snapshot"]
+           "stage_snapshot", "trainable_parameters"]
 
 #: How a parameter's momentum buffer is named in a round's tensors (no parameter name
 #: holds a colon).
@@ -36,17 +37,25 @@ def backs_up_momentum(config: RunConfig) -> bool:
 
 
 def stage_snapshot(work: StageWork, *, momentum: bool) -> dict[str, torch.Tensor]:
-    """A CPU copy of a stage's state, and with ``momentum`` each parameter's SGD
-    momentum buffer (zeros where it has none yet): what a stage backup holds
-    (`expected_tensors`)."""
-    state = work.trained_state()
+    """A CPU copy of a stage's state less its frozen parameters, and with ``momentum``
+    each trainable parameter's SGD momentum buffer (zeros where it has none yet): what
+    a stage backup holds (`expected_tensors`) and a pipeline's round returns. A frozen
+    parameter never changes and every node holds it ([Note: frozen bases] in
+    aiopipe/runtime/systems/star/coordinator.py), so it travels nowhere."""
+    state = without_frozen(work.trained_state(), work.module)
     if momentum:
-        for name, param in work.module.named_parameters():
+        for name, param in trainable_parameters(work.module):
             buffer = work.optimizer.state.get(param, {}).get("momentum_buffer")
             state[MOMENTUM + name] = (buffer.detach().to("cpu", copy=True)
                                       if isinstance(buffer, torch.Tensor)
                                       else torch.zeros_like(param, device="cpu"))
     return state
+
+
+def trainable_parameters(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """``module``'s parameters that train (``requires_grad``), by name: the only ones
+    with momentum, on the wire or held."""
+    return [(name, p) for name, p in module.named_parameters() if p.requires_grad]
 
 
 def load_momentum(work: StageWork, momentum: Mapping[str, torch.Tensor]) -> None:

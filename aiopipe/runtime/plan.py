@@ -228,10 +228,13 @@ def model_profile(model: nn.Sequential, inputs: Crossing | Sequence[int],
     grad_overhead = len(encode(Gradient(*ids, gradient))) - activation_bytes[0]
     state_bytes = tuple(sum(t.numel() * t.element_size() for t in unit.state_dict().values())
                         for unit in model.children())
+    frozen_bytes = tuple(sum(p.numel() * p.element_size() for p in unit.parameters()
+                             if not p.requires_grad) for unit in model.children())
     return ModelProfile(costs, activation_bytes, state_bytes,
                         frame_overhead=grad_overhead, activation_frame_overhead=act_overhead,
                         saved_bytes=saved_bytes_per_sample(model, crossing),
-                        server_lanes=server_lanes)
+                        server_lanes=server_lanes,
+                        frozen_bytes=frozen_bytes if any(frozen_bytes) else None)
 
 
 def saved_bytes_per_sample(model: nn.Sequential, inputs: Crossing | Sequence[int], *,

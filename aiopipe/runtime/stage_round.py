@@ -104,7 +104,7 @@ class StageRound:
                           and not rules.whole_batches)
         node.delivery.start_round(assignment, Pieces(assignment), {
             name: (str(p.dtype).removeprefix("torch."), tuple(p.shape))
-            for name, p in work.module.named_parameters()})
+            for name, p in work.module.named_parameters() if p.requires_grad})
         if node.peers is not None:
             # a re-partition: a neighbour may send the next round's activations (of
             # another cut) before our RoundStart comes ([Note: early activations])

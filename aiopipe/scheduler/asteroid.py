@@ -87,24 +87,28 @@ class HppModel:
     size), its output per sample (what a stage sends on) and its parameters (bytes);
     the optimizer's state per parameter byte (SGD with momentum: 1); per sample, what
     a unit's forward keeps for its backward (``saved``; None: its output, an
-    underestimate). Sums over unit ranges come from prefix sums (the planner asks for
-    them hundreds of thousands of times)."""
+    underestimate); the bytes of its frozen parameters, part of its weights, which hold
+    no gradient and no optimizer state and are not all-reduced (``frozen``; None: none).
+    Sums over unit ranges come from prefix sums (the planner asks for them hundreds of
+    thousands of times)."""
 
     costs: CostTable
     activation: tuple[float, ...]
     weights: tuple[float, ...]
     optimizer: float = 1.0
     saved: tuple[float, ...] | None = None
+    frozen: tuple[float, ...] | None = None
 
     @classmethod
     def of(cls, profile: ModelProfile, *, optimizer: float = 1.0) -> HppModel:
         """The planners' shared profile of a model (`aiopipe.runtime.plan.model_profile`)
         as this planner's: its units' outputs, their state as the weights, and what
-        their forwards keep, when measured."""
-        saved = profile.saved_bytes
+        their forwards keep, when measured, and their frozen parameters."""
+        saved, frozen = profile.saved_bytes, profile.frozen_bytes
         return cls(profile.costs, tuple(map(float, profile.activation_bytes)),
                    tuple(map(float, profile.state_bytes)), optimizer,
-                   tuple(map(float, saved)) if saved is not None else None)
+                   tuple(map(float, saved)) if saved is not None else None,
+                   tuple(map(float, frozen)) if frozen is not None else None)
 
     @property
     def units(self) -> int:
@@ -117,6 +121,10 @@ class HppModel:
                 list(itertools.accumulate(self.saved or self.activation, initial=0.0)))
 
     @cached_property
+    def _frozen_sums(self) -> list[float]:
+        return list(itertools.accumulate(self.frozen or [0.0] * self.units, initial=0.0))
+
+    @cached_property
     def _times(self) -> dict[tuple[int, int], tuple[CostTable, list[float], list[float],
                                                       list[float], list[float]]]:
         # (the table's id, samples) -> the table, each unit's forward and backward
@@ -126,15 +134,26 @@ class HppModel:
     def memory(self, first: int, stop: int, samples: int, in_flight: int) -> float:
         """Eq. 3: a member of a stage of units ``first..stop-1`` computing ``samples`` of
         each micro-batch with ``in_flight`` micro-batches' activations held: weights and
-        their gradients, the optimizer's state, what the forwards keep (``saved``)."""
+        the gradients and the optimizer's state of those that train (not of the frozen
+        ones), what the forwards keep (``saved``)."""
         weights, activation = self._sums
         held = in_flight * samples * (activation[stop] - activation[first])
-        return (weights[stop] - weights[first]) * (2.0 + self.optimizer) + held
+        return ((weights[stop] - weights[first]) * (2.0 + self.optimizer)
+                - self._frozen(first, stop) * (1.0 + self.optimizer) + held)
 
     def stage_weights(self, first: int, stop: int) -> float:
         """The parameter bytes of units ``first..stop-1``."""
         weights = self._sums[0]
         return weights[stop] - weights[first]
+
+    def stage_gradients(self, first: int, stop: int) -> float:
+        """The bytes of the gradients of units ``first..stop-1``: their trainable
+        parameters' (what a group all-reduces)."""
+        return self.stage_weights(first, stop) - self._frozen(first, stop)
+
+    def _frozen(self, first: int, stop: int) -> float:
+        frozen = self._frozen_sums
+        return frozen[stop] - frozen[first]
 
     def times(self, first: int, stop: int, samples: int, device: Device) -> tuple[float, float]:
         """Forward and backward seconds of units ``first..stop-1`` on ``samples`` samples
@@ -272,7 +291,8 @@ class _Estimator:
             reduce = 0.0
             if g > 1:
                 rate = min(fleet[d].bandwidth for d in stage.devices)
-                reduce = 2 * (g - 1) / g * model.stage_weights(stage.first, stage.stop) / rate
+                reduce = (2 * (g - 1) / g * model.stage_gradients(stage.first, stage.stop)
+                          / rate)
             known = self._steps[stage] = (max(f for f, _ in times), max(b for _, b in times),
                                           reduce)
         return known

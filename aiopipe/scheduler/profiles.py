@@ -77,6 +77,9 @@ class ModelProfile:
     ``server_lanes``: server passes of different devices' replicas the server runs at
     once (its compute threads, or concurrent passes on a GPU: ``RunConfig.server_lanes``);
     each lane runs a pass in the table's time ([Note: server lanes]).
+    ``frozen_bytes[q]``: the bytes of unit q's frozen parameters (``requires_grad``
+    false), part of ``state_bytes[q]``: they hold no gradient and no optimizer state
+    (Asteroid's memory, Eq. 3) and nothing of them is all-reduced; None: none frozen.
 
     Frame sizes for split point P at micro-batch size B'::
 
@@ -97,6 +100,7 @@ class ModelProfile:
     activation_frame_overhead: int | None = None
     saved_bytes: tuple[int, ...] | None = None
     server_lanes: int = 1
+    frozen_bytes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         q = self.costs.units
@@ -106,7 +110,7 @@ class ModelProfile:
                               f"{self.server_lanes!r}")
         if q < 2:
             raise ConfigError(f"a model needs at least 2 units to split, got {q}")
-        for name in ("activation_bytes", "state_bytes", "saved_bytes"):
+        for name in ("activation_bytes", "state_bytes", "saved_bytes", "frozen_bytes"):
             values = getattr(self, name)
             if values is None:
                 continue

@@ -27,9 +27,11 @@ def delayed_sgd(stages: Sequence[nn.Module], epochs: Sequence[Batches], *, lr: f
                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] =
                 nn.functional.cross_entropy) -> list[dict[str, torch.Tensor]]:
     """Train ``stages`` (consecutive parts of one model) on ``epochs`` (each a list of
-    batches); each stage's final parameters."""
+    batches); each stage's final trainable parameters (a frozen one is the stage's own
+    throughout: it is never stepped)."""
     buffers: list[dict[str, torch.Tensor]] = [{} for _ in stages]
-    weights = [{k: p.detach().clone() for k, p in s.named_parameters()} for s in stages]
+    weights = [{k: p.detach().clone() for k, p in s.named_parameters() if p.requires_grad}
+               for s in stages]
     for batches in epochs:
         weights = _flush_to_flush(stages, weights, batches, buffers, lr=lr,
                                   momentum=momentum, every=every, loss=loss)

@@ -10,7 +10,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import ClassVar
 
+import torch
+
 from aiopipe.errors import NeighbourFaultError, PoisonedValueError
+from aiopipe.models import without_frozen
 from aiopipe.protocol import GroupGradient, Replica, RoundStart, state_to_wire, to_torch
 from aiopipe.runtime.arrivals import ArrivalRules
 from aiopipe.runtime.assignment import Assignment
@@ -38,6 +41,11 @@ class AsteroidDevice(ChainDevice):
     def stage_rules(self) -> StageRules:
         return StageRules(keeps_weights=True, replays=True, measures_memory=True,
                           wraps_epoch=True)
+
+    def upload_state(self, work: StageWork, round_no: int) -> dict[str, torch.Tensor]:
+        """The trained stage less its frozen parameters: the coordinator sent none
+        ([Note: frozen bases] in aiopipe/runtime/systems/star/coordinator.py)."""
+        return without_frozen(work.trained_state(), work.module)
 
     def keeps_replicas(self) -> bool:
         return bool(self.node.config.options_as(AsteroidOptions).chain_replication_every)

@@ -13,6 +13,12 @@ A round's state travels whole: the coordinator sends each stage its weights and 
 momentum buffers (named ``MOMENTUM`` + the parameter's name) and takes both back, so a
 round that is replayed after a fault starts from exactly what its first attempt started
 from, and parameters that move to another device keep their momentum.
+
+Frozen parameters (``requires_grad`` false: a frozen base, the layers under adapters)
+are no part of a version: a forward reads them from the module, no update steps them,
+no momentum is kept for them, and neither a round's state nor a chain snapshot carries
+them (every device holds them: [Note: frozen bases] in
+aiopipe/runtime/systems/star/coordinator.py).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from torch import nn
 from torch.func import functional_call
 
 from aiopipe.errors import RemoteProtocolError
+from aiopipe.models import without_frozen
 from aiopipe.models.crossing import joined, leaves
 from aiopipe.protocol import TensorData, state_to_wire
 from aiopipe.runtime.factories import Loss, Metric
@@ -56,8 +63,8 @@ class StageWeights:
         self.module, self.stages, self.stage = module, stages, stage
         self.k = stages - stage
         self.lr, self.momentum, self.aggregate_every = lr, momentum, aggregate_every
-        initial = {n: p.detach().clone() for n, p in module.named_parameters()}
-        self.versions: dict[int, dict[str, torch.Tensor]] = {-1: initial}  # W(j)
+        #: W(j): the trainable parameters just after update j (module docstring)
+        self.versions: dict[int, dict[str, torch.Tensor]] = {-1: self._trainable()}
         self.applied = -1  # the last update applied
         self.momentum_buffers: dict[str, torch.Tensor] = {}
         #: batch -> (its input's leaves, the weights its forward used, its output's leaves)
@@ -67,9 +74,15 @@ class StageWeights:
     def restart(self) -> None:
         """The module's parameters are version 0 again (a new round: the pipeline was
         flushed); stashes are dropped, the momentum kept (until the round's own is loaded)."""
-        self.versions = {-1: {n: p.detach().clone() for n, p in self.module.named_parameters()}}
+        self.versions = {-1: self._trainable()}
         self.applied = -1
         self.stashes.clear()
+
+    def _trainable(self) -> dict[str, torch.Tensor]:
+        """A copy of the module's trainable parameters (the frozen ones are no part of a
+        version: module docstring)."""
+        return {n: p.detach().clone() for n, p in self.module.named_parameters()
+                if p.requires_grad}
 
     def version(self, update: int) -> int:
         """The paper's version number of ``W(update)``."""
@@ -118,8 +131,9 @@ class StageWeights:
         del self.stashes[batch]
         for t in inputs:
             t.grad = None
-        torch.autograd.backward(outputs, given, inputs=[*weights.values(),
-                                                       *(t for t in inputs if t.requires_grad)])
+        targets = [*weights.values(), *(t for t in inputs if t.requires_grad)]
+        if targets and any(o.requires_grad for o in outputs):  # (else all frozen)
+            torch.autograd.backward(outputs, given, inputs=targets)
         grad_input = None
         if self.stage > 0:
             grad_input = input_gradients(inputs)
@@ -230,7 +244,7 @@ class AsyncStageWork(StageWork):
         weights = self.weights.versions[batch]
         buffers = self._buffers_at.pop(batch)
         state = {name: (weights[name] if name in weights else buffers[name])
-                 for name in self.module.state_dict()}
+                 for name in without_frozen(self.module.state_dict(), self.module)}
         state = {name: t.detach().to("cpu", copy=True) for name, t in state.items()}
         for name, buf in self.weights.momentum_buffers.items():
             state[MOMENTUM + name] = buf.detach().to("cpu", copy=True)
@@ -243,7 +257,7 @@ class AsyncStageWork(StageWork):
         Raises:
             RemoteProtocolError: they are not this stage's parameters' buffers.
         """
-        params = dict(self.module.named_parameters())
+        params = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
         if self.weights.momentum and set(buffers) != set(params):
             raise RemoteProtocolError("a round's momentum buffers are not its stage's "
                                       "parameters'")
@@ -255,8 +269,9 @@ class AsyncStageWork(StageWork):
                                          for n, b in buffers.items()}
 
     def trained_state(self) -> dict[str, torch.Tensor]:
-        """The stage's state dict and its momentum buffers (module docstring)."""
-        state = super().trained_state()
+        """The stage's state dict less its frozen parameters, and its momentum buffers
+        (module docstring)."""
+        state = without_frozen(super().trained_state(), self.module)
         for name, buf in self.weights.momentum_buffers.items():
             state[MOMENTUM + name] = buf.detach().to("cpu", copy=True)
         return state
@@ -304,5 +319,6 @@ class AsyncStageWork(StageWork):
     def step(self) -> None:
         """The round is over (every update applied): the module takes the latest weights."""
         with torch.no_grad():
-            for name, param in self.module.named_parameters():
-                param.copy_(self.weights.versions[self.weights.applied][name])
+            params = dict(self.module.named_parameters())
+            for name, value in self.weights.versions[self.weights.applied].items():
+                params[name].copy_(value)

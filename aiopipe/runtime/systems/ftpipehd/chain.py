@@ -79,14 +79,16 @@ KEPT = 2
 log = logging.getLogger("aiopipe.runtime")
 
 def expected_tensors(module: nn.Module, *, momentum: bool) -> Expected:
-    """What a replica of ``module`` (a stage's units) holds: its state dict, and each
+    """What a replica of ``module`` (a stage's units) holds: its state dict less its
+    frozen parameters (they never change and every device holds them: [Note: frozen
+    bases] in aiopipe/runtime/systems/star/coordinator.py), and each trainable
     parameter's momentum buffer when SGD has momentum."""
     expected = {name: (str(t.dtype).removeprefix("torch."), tuple(t.shape))
-                for name, t in module.state_dict().items()}
+                for name, t in models.without_frozen(module.state_dict(), module).items()}
     if momentum:
         expected.update({MOMENTUM + name: (str(p.dtype).removeprefix("torch."),
                                            tuple(p.shape))
-                         for name, p in module.named_parameters()})
+                         for name, p in module.named_parameters() if p.requires_grad})
     return expected
 
 

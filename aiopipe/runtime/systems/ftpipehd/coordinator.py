@@ -38,7 +38,7 @@ from aiopipe.errors import ConfigError, RemoteProtocolError
 from aiopipe.metrics.trace import Slice
 from aiopipe.models.crossing import Crossing, crossing_bytes
 from aiopipe.protocol import Replica, RoundResult, RoundStart, state_from_wire
-from aiopipe.runtime.momentum import MOMENTUM
+from aiopipe.runtime.momentum import MOMENTUM, trainable_parameters
 from aiopipe.runtime.plan import measure_planning_costs, unit_crossings
 from aiopipe.runtime.plan_text import change_lines, log_lines
 from aiopipe.runtime.systems.base import Rounds, Setup, planning_batch_sizes
@@ -100,12 +100,12 @@ class FTPipeHD(Pipeline):
         self._held: dict[int, tuple[int, tuple[int, int, int, int]]] = {}
         #: per device, the tensors its result must hold when it was sent none
         self._returns: dict[int, Mapping[str, Any]] = {}
-        #: each parameter's momentum buffer (its stage's SGD state travels with its
-        #: weights, aiopipe.runtime.systems.ftpipehd.async_weights)
+        #: each trainable parameter's momentum buffer (its stage's SGD state travels
+        #: with its weights, aiopipe.runtime.systems.ftpipehd.async_weights)
         self.momentum: dict[str, torch.Tensor] = {}
         if setup.config.momentum:
             self.momentum = {name: torch.zeros_like(param.detach())
-                             for name, param in self.model.named_parameters()}
+                             for name, param in trainable_parameters(self.model)}
 
     def _micro_batches(self) -> int:
         """An iteration is one whole batch (a round's are its micro-batches, `prepare`)."""

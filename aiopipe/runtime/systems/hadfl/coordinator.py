@@ -57,6 +57,7 @@ from aiopipe.protocol import (
     state_from_wire,
     state_to_wire,
 )
+from aiopipe.runtime.holdings import load_stage_state
 from aiopipe.runtime.plan_text import log_plan
 from aiopipe.runtime.systems.base import Rounds, Setup, SystemDefaults
 from aiopipe.runtime.systems.hadfl.device import HADFLDevice
@@ -230,8 +231,9 @@ class HADFL(SystemDefaults):
         # each ring's sender sends its average to the devices of its pool left out
         receivers = {ring[0]: [k for k in pool if k not in ring] for ring, pool in rings}
         sender = rings[0][0][0]  # (its average is the backup)
-        template = await rounds.compute.call(lambda: state_to_wire(
-            {k: v.detach().clone() for k, v in self.model.state_dict().items()}))
+        template = await rounds.compute.call(lambda: state_to_wire(  # [Note: frozen bases]
+            {k: v.detach().clone() for k, v in models.without_frozen(
+                self.model.state_dict(), self.model).items()}))
         starts: dict[int, RoundStart] = {}
         for ring, pool in rings:
             for k in pool:
@@ -325,8 +327,9 @@ class HADFL(SystemDefaults):
         return rejoined
 
     def _keep_backup(self, result: RoundResult) -> None:
-        """The sender's average is the model manager's backup (compute thread)."""
-        self.model.load_state_dict(state_from_wire(result.tensors))
+        """The sender's average is the model manager's backup; the frozen parameters,
+        which did not travel, as they are (compute thread)."""
+        load_stage_state(self.model, state_from_wire(result.tensors), "the ring's average")
         self.backup_version = result.version
 
     def _negotiated(self, rounds: Rounds, epoch: int, alive: Sequence[int]) -> None:

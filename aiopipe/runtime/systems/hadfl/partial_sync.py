@@ -16,10 +16,11 @@ it to the coordinator (the model manager's backup). A round:
    start a step that would end (lasting as long as its last) past `PERIOD_SLACK` times
    that (one step at least), so a device slower than it was reaches a lower version
    instead of holding its ring up (§III-B: what Holt's prediction follows);
-2. a ring member averages its model (its floating-point state, and its version, as one
-   flat vector) with the others' by scatter-reduce and all-gather
-   (`aiopipe.runtime.systems.hadfl.gossip.RingAverage`), chunks travelling device to device
-   (`RingChunk`), and takes the average, version included;
+2. a ring member averages its model (its floating-point state but the frozen
+   parameters, which are the same everywhere, and its version, as one flat vector)
+   with the others' by scatter-reduce and all-gather
+   (`aiopipe.runtime.systems.hadfl.gossip.RingAverage`), chunks travelling device to
+   device (`RingChunk`), and takes the average, version included;
 3. the sender posts the average (`SyncedModel`) to every device left out, in the links'
    idle time (aiopipe.runtime.peer [Note: background sends]) and goes on; a device left
    out merges it, whenever it arrives, into its own model between two of its steps (or
@@ -56,6 +57,7 @@ from aiopipe.clock import Clock, wait_for
 from aiopipe.config import RunConfig
 from aiopipe.errors import AiopipeError, RemoteProtocolError
 from aiopipe.metrics.trace import device_of
+from aiopipe.models import without_frozen
 from aiopipe.models.crossing import Value
 from aiopipe.protocol import (
     HEADER_SLACK_BYTES,
@@ -73,7 +75,7 @@ from aiopipe.protocol import (
 )
 from aiopipe.runtime.compute import Compute
 from aiopipe.runtime.factories import make_optimizer
-from aiopipe.runtime.holdings import Holdings
+from aiopipe.runtime.holdings import Holdings, load_stage_state
 from aiopipe.runtime.judge import ArrivalJudge, scale_of
 from aiopipe.runtime.peer_links import PeerRoute
 from aiopipe.runtime.stage import StageWork, check_tensors, expected_of
@@ -140,10 +142,12 @@ class SyncPlan:
 
 
 def flat_state(model: torch.nn.Module, version: float) -> torch.Tensor:
-    """The model's floating-point state (parameters and float buffers, in state order)
-    and ``version``, as one float32 vector."""
+    """The model's floating-point state that changes (trainable parameters and float
+    buffers, in state order) and ``version``, as one float32 vector: a frozen parameter
+    is the same on every device, so the ring does not average it ([Note: frozen bases]
+    in aiopipe/runtime/systems/star/coordinator.py)."""
     parts = [v.detach().reshape(-1).to("cpu", torch.float32)
-             for v in model.state_dict().values() if v.is_floating_point()]
+             for v in _float_state(model, copy=False).values()]
     return torch.cat([*parts, torch.tensor([version], dtype=torch.float32)])
 
 
@@ -151,16 +155,20 @@ def load_flat(model: torch.nn.Module, vector: torch.Tensor) -> float:
     """Load a `flat_state` vector into ``model``; the version it holds."""
     offset = 0
     with torch.no_grad():
-        for value in model.state_dict().values():
-            if value.is_floating_point():
-                n = value.numel()
-                value.copy_(vector[offset:offset + n].reshape(value.shape))
-                offset += n
+        for value in _float_state(model, copy=False).values():
+            n = value.numel()
+            value.copy_(vector[offset:offset + n].reshape(value.shape))
+            offset += n
     return float(vector[offset])
 
 
-def _float_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()
+def _float_state(model: torch.nn.Module, *, copy: bool = True) -> dict[str, torch.Tensor]:
+    """The model's floating-point state less its frozen parameters (what HADFL moves
+    between nodes), on the CPU (``copy``: a copy; else the model's own tensors)."""
+    state = without_frozen(model.state_dict(), model)
+    if not copy:
+        return {k: v for k, v in state.items() if v.is_floating_point()}
+    return {k: v.detach().to("cpu", copy=True) for k, v in state.items()
             if v.is_floating_point()}
 
 
@@ -275,8 +283,8 @@ class PartialSync:
                 await self._broadcast(start, plan.receivers)
                 if plan.backup and sender == plan.sender:
                     tensors = await self.compute.call(lambda: state_to_wire(
-                        {k: v.detach().to("cpu", copy=True)
-                         for k, v in self.work.module.state_dict().items()}))
+                        {k: v.detach().to("cpu", copy=True) for k, v in without_frozen(
+                            self.work.module.state_dict(), self.work.module).items()}))
         samples = trained * self.batch_size
         return RoundResult(start.round, samples, float(self.work.loss_sum),
                            float(self.work.correct), tensors, version=float(self.version))
@@ -305,14 +313,16 @@ class PartialSync:
                 + self.costs.step_time(0, units))
 
     def _load_backup(self, tensors: Mapping[str, TensorData], version: float) -> None:
-        """Start again from the coordinator's backup (compute thread).
+        """Start again from the coordinator's backup, which holds no frozen parameter
+        (ours are the same) (compute thread).
 
         Raises:
             RemoteProtocolError: it is not this model's state.
         """
         model = self.work.module
-        check_tensors(tensors, expected_of(state_to_wire(model.state_dict())), "backup")
-        model.load_state_dict(state_from_wire(tensors))
+        check_tensors(tensors, expected_of(state_to_wire(
+            without_frozen(model.state_dict(), model))), "backup")
+        load_stage_state(model, state_from_wire(tensors), "the coordinator's backup")
         self.work.optimizer = make_optimizer(model, self.config)
         self.version = version
         log.info("%s: starts from the coordinator's backup (version %.3g)", self.name,
@@ -581,7 +591,7 @@ class PartialSync:
                                       "which it does not send to us")
         state = self.work.module.state_dict()
         expected = {k: (str(v.dtype).removeprefix("torch."), tuple(v.shape))
-                    for k, v in state.items() if v.is_floating_point()}
+                    for k, v in _float_state(self.work.module, copy=False).items()}
         check_tensors(message.tensors, expected, "synced model")
         self.judge.judge_tensors(sender, "synced model", message.tensors,
                                  what=f"round {message.round + 1}'s average", own=state)

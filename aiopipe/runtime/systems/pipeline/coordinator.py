@@ -51,7 +51,13 @@ from aiopipe.protocol import (
     state_to_wire,
 )
 from aiopipe.runtime.device_half import DeviceHalf
-from aiopipe.runtime.momentum import MOMENTUM, backs_up_momentum, split_momentum
+from aiopipe.runtime.holdings import load_stage_state
+from aiopipe.runtime.momentum import (
+    MOMENTUM,
+    backs_up_momentum,
+    split_momentum,
+    trainable_parameters,
+)
 from aiopipe.runtime.plan import (
     DevicePlan,
     check_trainable,
@@ -110,12 +116,12 @@ class Pipeline(SystemDefaults):
         config = setup.config
         self.setup, self.config = setup, config
         self.model = setup.model
-        #: each parameter's momentum, sent with the stages' weights when not empty (and
-        #: then returned with them: a replay starts from the round's momentum)
+        #: each trainable parameter's momentum, sent with the stages' weights when not
+        #: empty (and then returned with them: a replay starts from the round's momentum)
         self.momentum: dict[str, torch.Tensor] = {}
         if backs_up_momentum(config):
             self.momentum = {name: torch.zeros_like(param.detach())
-                             for name, param in self.model.named_parameters()}
+                             for name, param in trainable_parameters(self.model)}
         #: the round last played again, (epoch, first iteration), and how many times in
         #: a row with the same devices
         self._replayed: tuple[int, int] | None = None
@@ -427,13 +433,15 @@ class Pipeline(SystemDefaults):
         return [state_to_wire(self._stage_state(stage)) for stage in stages]
 
     def _stage_state(self, stage: torch.nn.Module) -> dict[str, torch.Tensor]:
-        """A stage's weights, and each parameter's momentum when the coordinator holds
-        it (``momentum``: a pipeline's and FTPipeHD's with SGD's momentum, Asteroid's for
-        a replay from a backup point)."""
-        state = {k: v.detach().clone() for k, v in stage.state_dict().items()}
+        """A stage's weights less its frozen parameters (the devices hold them: [Note:
+        frozen bases] in aiopipe/runtime/systems/star/coordinator.py), and each trainable
+        parameter's momentum when the coordinator holds it (``momentum``: a pipeline's
+        and FTPipeHD's with SGD's momentum, Asteroid's for a replay from a backup point)."""
+        state = {k: v.detach().clone()
+                 for k, v in models.without_frozen(stage.state_dict(), stage).items()}
         if self.momentum:
             state.update({MOMENTUM + name: self.momentum[name].clone()
-                          for name, _ in stage.named_parameters()})
+                          for name, _ in trainable_parameters(stage)})
         return state
 
     def _merge(self, results: Mapping[int, RoundResult]) -> None:
@@ -442,9 +450,10 @@ class Pipeline(SystemDefaults):
             *(state_from_wire(results[w].tensors) for w in self.workers)))
 
     def _absorb(self, state: dict[str, torch.Tensor]) -> None:
-        """The model (and momentum) from ``state``, the stages side by side."""
+        """The model (and momentum) from ``state``, the stages side by side; the frozen
+        parameters, which did not travel, as they are."""
         weights, momentum = split_momentum(state)
-        self.model.load_state_dict(weights)
+        load_stage_state(self.model, weights, "the stages side by side")
         self.momentum.update({name: buf.clone() for name, buf in momentum.items()})
 
     def epoch_samples(self, device_samples: Sequence[int]) -> int:

@@ -589,4 +589,10 @@ def _profile_key(device: DeviceProfile) -> tuple[object, ...]:
 # with the frozen parameters as the round began (`_whole_state`); every built-in
 # aggregation keeps equal tensors exact (FedAvg sums in float64; the median, the trimmed
 # mean and Krum pick values), so a frozen base stays bit for bit, as
-# tests/runtime/test_runtime_frozen_bases.py checks. The other systems still send them.
+# tests/runtime/test_runtime_frozen_bases.py checks. The other systems do the same
+# (tests/runtime/test_runtime_frozen_systems.py): the pipeline's, FTPipeHD's and
+# Asteroid's stage states (`Pipeline._stage_state`, `stage_snapshot`), FTPipeHD's chain
+# replicas and Asteroid's backups (`expected_tensors`), Asteroid's group gradients
+# (`gradients_of`) and HADFL's ring chunks, averages and backups (`flat_state`) leave
+# them out; FTPipeHD's hand-written SGD keeps no version or momentum of them, and
+# Asteroid's planner counts no gradient or optimizer state for them (`HppModel`).
