@@ -17,10 +17,9 @@ it to the coordinator (the model manager's backup). A round:
    that (one step at least), so a device slower than it was reaches a lower version
    instead of holding its ring up (§III-B: what Holt's prediction follows);
 2. a ring member averages its model (its floating-point state but the frozen
-   parameters, which are the same everywhere, and its version, as one flat vector)
-   with the others' by scatter-reduce and all-gather
-   (`aiopipe.runtime.systems.hadfl.gossip.RingAverage`), chunks travelling device to
-   device (`RingChunk`), and takes the average, version included;
+   parameters, the same everywhere, and its version, as one flat vector) with the
+   others' by scatter-reduce and all-gather (`aiopipe.runtime.systems.hadfl.gossip.
+   RingAverage`), chunks travelling device to device (`RingChunk`), version included;
 3. the sender posts the average (`SyncedModel`) to every device left out, in the links'
    idle time (aiopipe.runtime.peer [Note: background sends]) and goes on; a device left
    out merges it, whenever it arrives, into its own model between two of its steps (or
