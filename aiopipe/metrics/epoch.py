@@ -79,19 +79,13 @@ class EpochMetrics:
     peer_bytes: Sequence[int] = ()
     sampled: Sequence[Sequence[int]] = ()
     devices_excluded: Sequence[int] = ()
-
-    @property
-    def perplexity(self) -> float:
-        """``exp(loss)``: the model's perplexity where the loss is a cross-entropy (per
-        token, for a language model); NaN without a loss, inf past a float's range."""
-        if math.isnan(self.loss):
-            return math.nan
-        return math.exp(self.loss) if self.loss < 700 else math.inf
+    #: ``exp(loss)`` where the loss is the run's cross-entropy (per token, for a language
+    #: model: its perplexity); NaN for any other loss
+    perplexity: float = math.nan
 
     def to_mapping(self) -> dict[str, Any]:
-        """Plain JSON-able form (one line of ``metrics.jsonl``), with the `perplexity`."""
+        """Plain JSON-able form (one line of ``metrics.jsonl``)."""
         out = dataclasses.asdict(self)
-        out["perplexity"] = self.perplexity
         out["plan"] = [dict(p) for p in self.plan]
         out["device_samples"] = list(self.device_samples)
         out["devices_lost"] = list(self.devices_lost)

@@ -38,6 +38,7 @@ from aiopipe.errors import ConfigError
 from aiopipe.models.gpt import build_gpt_tiny
 from aiopipe.models.mobilenet import build_mobilenetv3_large, build_mobilenetv3_small
 from aiopipe.models.resnet import build_resnet18, build_resnet101
+from aiopipe.models.trace import split_units
 from aiopipe.models.vgg import build_vgg5, build_vgg16
 
 __all__ = ["MAX_CONTEXT", "MIN_CONTEXT", "MIN_SIDE", "MODEL_NAMES", "build"]
@@ -49,15 +50,15 @@ MIN_CONTEXT = 2
 MAX_CONTEXT = 1024
 
 #: (classes, in_shape as given) -> model, after checking in_shape for that model
-_Builder = Callable[[int, object], nn.Module]
+_Builder = Callable[[int, object], nn.Sequential]
 
 
-def _images(builder: Callable[[int, tuple[int, int, int]], nn.Module]) -> _Builder:
+def _images(builder: Callable[[int, tuple[int, int, int]], nn.Sequential]) -> _Builder:
     return lambda classes, in_shape: builder(classes, _checked_shape(in_shape))
 
 
 def _tokens(builder: Callable[[int, tuple[int]], nn.Module]) -> _Builder:
-    return lambda classes, in_shape: builder(classes, _checked_context(in_shape))
+    return lambda classes, in_shape: split_units(builder(classes, _checked_context(in_shape)))
 
 
 _BUILDERS: dict[str, _Builder] = {
@@ -74,13 +75,15 @@ _BUILDERS: dict[str, _Builder] = {
 MODEL_NAMES: tuple[str, ...] = tuple(sorted(_BUILDERS))
 
 
-def build(name: str, *, num_classes: int, in_shape: Sequence[int]) -> nn.Module:
+def build(name: str, *, num_classes: int, in_shape: Sequence[int]) -> nn.Sequential:
     """Build the zoo model ``name`` for ``num_classes`` classes (a vocabulary, for
     ``gpt-tiny``) and inputs of shape ``in_shape``, freshly initialized from torch's
     global generator.
 
-    An image model is an ``nn.Sequential`` whose top-level children are the split units;
-    ``gpt-tiny`` is a `aiopipe.models.gpt.GPT`, split by `aiopipe.models.split_units`.
+    The result is an ``nn.Sequential`` whose top-level children are the split units:
+    an image model's own, ``gpt-tiny``'s traced from its `aiopipe.models.gpt.GPT`
+    (`aiopipe.models.split_units`: embed, each block, norm, head; the mask and the
+    residual stream cross between blocks).
 
     Raises:
         ConfigError: ``name`` is not one of `MODEL_NAMES` (the message lists them),

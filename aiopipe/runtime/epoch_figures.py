@@ -29,6 +29,7 @@ __all__ = [
     "new_tally",
     "numbered_for_people",
     "peer_bytes",
+    "perplexity",
     "served_in_epoch",
 ]
 
@@ -129,14 +130,15 @@ def epoch_metrics(epoch: int, tally: Mapping[str, Any], system: System, *, elaps
         held_out = (math.nan, {})
     device_samples = tuple(int(n) for n in tally["device_samples"])
     samples = system.epoch_samples(device_samples)
+    # an epoch in which nobody trained has no loss (NaN, null in metrics.jsonl)
+    loss = float(tally["loss_sum"]) / samples if samples else math.nan
     busy = busy_by_kind(by_track, devices)
     up, down = traffic
     return EpochMetrics(
         # people count epochs from 1 (`EpochMetrics.epoch`); the loop's index is 0-based
         epoch=epoch + 1, time_s=elapsed, busy_s=busy,
         idle_s={k: elapsed - v for k, v in busy.items()},
-        # an epoch in which nobody trained has no loss (NaN, null in metrics.jsonl)
-        loss=float(tally["loss_sum"]) / samples if samples else math.nan,
+        loss=loss,
         accuracy=accuracy,
         train_accuracy=(float(tally["correct"]) / samples
                         if samples and system.config.metric != "none" else math.nan),
@@ -151,7 +153,15 @@ def epoch_metrics(epoch: int, tally: Mapping[str, Any], system: System, *, elaps
                for track, seconds in sorted(by_track.items()) if "->" in track},
         held_out_accuracy=held_out[0], device_accuracy=held_out[1],
         changes=tuple(changes),
+        perplexity=perplexity(loss) if system.config.loss == "cross-entropy" else math.nan,
         sampled=tuple(tuple(r) for r in tally.get("sampled", ())),
         devices_excluded=tuple(tally.get("excluded", ())),
         peer_bytes=tuple(peers) if system.links_devices else (),
     )
+
+
+def perplexity(loss: float) -> float:
+    """``exp(loss)`` of a cross-entropy: NaN without a loss, inf past a float's range."""
+    if math.isnan(loss):
+        return math.nan
+    return math.exp(loss) if loss < 700 else math.inf

@@ -88,8 +88,7 @@ def _build(config: RunConfig, *, num_classes: int, in_shape: Sequence[int]) -> n
         except ConfigError as exc:
             raise ConfigError(f"model {name!r} returned {type(made).__name__}: {exc}"
                               ) from None
-    return models.as_units(models.build(model, num_classes=num_classes,
-                                        in_shape=tuple(in_shape)))
+    return models.build(model, num_classes=num_classes, in_shape=tuple(in_shape))
 
 
 def reinitialise(model: ModuleT) -> ModuleT:

@@ -75,7 +75,6 @@ def read_resumable(directory: Path, config: RunConfig, planned_keys: Sequence[st
 def epoch_from(values: Mapping[str, Any]) -> EpochMetrics:
     """A finished epoch's metrics as a checkpoint keeps them (`EpochMetrics.to_mapping`)."""
     fields = dict(values)
-    fields.pop("perplexity", None)  # derived from the loss
     fields["epoch"] = int(fields["epoch"])  # from 1, as in metrics.jsonl and EpochMetrics
     fields["device_samples"] = tuple(fields.get("device_samples", ()))
     fields["devices_lost"] = tuple(fields.get("devices_lost", ()))
@@ -87,7 +86,7 @@ def epoch_from(values: Mapping[str, Any]) -> EpochMetrics:
     fields["peer_bytes"] = tuple(fields.get("peer_bytes", ()))
     fields["sampled"] = tuple(tuple(r) for r in fields.get("sampled", ()))
     fields["devices_excluded"] = tuple(fields.get("devices_excluded", ()))
-    for name in ("held_out_accuracy", "accuracy", "loss", "train_accuracy"):
+    for name in ("held_out_accuracy", "accuracy", "loss", "train_accuracy", "perplexity"):
         if fields.get(name) is None:  # NaN is null in JSON
             fields[name] = math.nan
     return EpochMetrics(**fields)

@@ -13,7 +13,7 @@ from torch import nn
 from aiopipe.data import open_dataset
 from aiopipe.errors import ConfigError
 from aiopipe.models import MODEL_NAMES, as_units, build, split_units
-from aiopipe.models.gpt import GPT, PAD, attention_mask
+from aiopipe.models.gpt import GPT, PAD, attention_mask, build_gpt_tiny
 from aiopipe.models.initialisers import parameters_not_reset
 
 VOCAB, T, WIDTH = 256, 64, 128
@@ -21,9 +21,7 @@ VOCAB, T, WIDTH = 256, 64, 128
 
 def _model(seed: int = 0) -> GPT:
     torch.manual_seed(seed)
-    model = build("gpt-tiny", num_classes=VOCAB, in_shape=(T,))
-    assert isinstance(model, GPT)
-    return model
+    return build_gpt_tiny(VOCAB, (T,))
 
 
 def _tokens(batch: int = 3) -> torch.Tensor:
@@ -38,8 +36,15 @@ def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
-def test_gpt_tiny_is_in_the_zoo_as_a_module_with_four_named_children() -> None:
+def test_gpt_tiny_is_in_the_zoo_as_the_units_of_a_module_with_four_named_children(
+        ) -> None:
     assert "gpt-tiny" in MODEL_NAMES
+    torch.manual_seed(0)
+    units = build("gpt-tiny", num_classes=VOCAB, in_shape=(T,))
+    assert isinstance(units, nn.Sequential)
+    assert len(units) == 7
+    tokens = _tokens()
+    assert torch.equal(units(tokens), _model()(tokens))  # the same draws, the same model
     model = _model()
     assert not isinstance(model, nn.Sequential)
     assert [name for name, _ in model.named_children()] == ["embed", "blocks", "norm", "head"]

@@ -220,7 +220,7 @@ GPT_UNITS = 7
 ], ids=SYSTEM_IDS)
 async def test_the_zoo_transformer_with_its_mask_trains_as_plain_pytorch_trains_it(
         changes: dict[str, object]) -> None:
-    from aiopipe.models import build
+    from aiopipe.models.gpt import build_gpt_tiny
     from aiopipe.scheduler.costs import CostTable
 
     config = _config(model="gpt-tiny", dataset="stdlib-text", samples_per_device=2 * BATCH,
@@ -234,5 +234,5 @@ async def test_the_zoo_transformer_with_its_mask_trains_as_plain_pytorch_trains_
     result = await simulate(config, clock=VirtualClock(), cost_table=costs)
     assert result.epochs[0].loss < math.log(256) + 0.2
     torch.manual_seed(config.seed)
-    _same_weights(result.model, _trained_plainly(build("gpt-tiny", num_classes=256,
-                                                       in_shape=dataset.in_shape), config))
+    _same_weights(result.model, _trained_plainly(build_gpt_tiny(256, dataset.in_shape),
+                                                 config))
