@@ -23,16 +23,18 @@ BATCH = 10
 LR = 0.05
 
 
+def _stem(in_shape: tuple[int, ...]) -> nn.Sequential:
+    """Flattened inputs to 24 features."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(in_shape), 24), nn.ReLU())
+
+
 class SkipNet(nn.Module):
     """A stem, a body with a skip around it, and a head: ``head(body(y) + y)``. The skip
     ends before the head, so it crosses no cut: units [stem] [body, +] [head]."""
 
     def __init__(self, num_classes: int, in_shape: tuple[int, ...]) -> None:
         super().__init__()
-        features = 1
-        for side in in_shape:
-            features *= side
-        self.stem = nn.Sequential(nn.Flatten(), nn.Linear(features, 24), nn.ReLU())
+        self.stem = _stem(in_shape)
         self.body = nn.Sequential(nn.Linear(24, 24), nn.Tanh())
         self.head = nn.Linear(24, num_classes)
 
@@ -47,10 +49,7 @@ class SkipAcross(nn.Module):
 
     def __init__(self, num_classes: int, in_shape: tuple[int, ...]) -> None:
         super().__init__()
-        features = 1
-        for side in in_shape:
-            features *= side
-        self.stem = nn.Sequential(nn.Flatten(), nn.Linear(features, 24), nn.ReLU())
+        self.stem = _stem(in_shape)
         self.a = nn.Sequential(nn.Linear(24, 24), nn.Tanh())
         self.b = nn.Sequential(nn.Linear(24, 24), nn.Tanh())
         self.head = nn.Linear(24, num_classes)
