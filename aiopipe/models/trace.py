@@ -38,6 +38,7 @@ import bisect
 import inspect
 import itertools
 import operator
+import re
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -47,6 +48,8 @@ from aiopipe.errors import ConfigError
 from aiopipe.models.split import as_sequential
 
 __all__ = ["as_units", "split_here", "split_units"]
+
+_TENSOR_CONSTANT = re.compile(r"_tensor_constant\d+")
 
 
 def split_here(x: torch.Tensor) -> torch.Tensor:
@@ -191,7 +194,10 @@ def _trace(module: nn.Module, leaves: frozenset[str], name: str) -> fx.Graph:
     finally:
         for m, training in modes.items():
             m.training = training
-    if str(graphs[0]) != str(graphs[1]):
+    # a tensor made in forward is stored on the model once per trace, under a new name
+    # each time (``_tensor_constant0``, then ``1``): the same code, not a mode's branch
+    if _TENSOR_CONSTANT.sub("_tensor_constant", str(graphs[0])) != _TENSOR_CONSTANT.sub(
+            "_tensor_constant", str(graphs[1])):
         raise ConfigError(f"cannot split {name}: its forward reads self.training, which a "
                           "trace would freeze; move that code into a child module")
     return graphs[0]
@@ -258,15 +264,17 @@ def _marked_cuts(flow: _Flow, marks: list[int], at: Sequence[str] | None,
 def _unshared(module: nn.Module, flow: _Flow, cuts: list[int], *, strict: bool,
               name: str) -> list[int]:
     """``cuts`` less those that would put one parameter or buffer in two units."""
+    names = {id(t): key for key, t in itertools.chain(
+        module.named_parameters(remove_duplicate=False),
+        module.named_buffers(remove_duplicate=False))}
     spans: dict[int, tuple[int, int]] = {}  # id(tensor) -> first and last unit using it
     for i, node in enumerate(flow.nodes):
         unit = bisect.bisect_right(cuts, i)
         for tensor in _state_used(module, node):
+            if id(tensor) not in names:  # a constant made in forward: any unit may read it
+                continue
             first, last = spans.get(id(tensor), (unit, unit))
             spans[id(tensor)] = (min(first, unit), max(last, unit))
-    names = {id(t): key for key, t in itertools.chain(
-        module.named_parameters(remove_duplicate=False),
-        module.named_buffers(remove_duplicate=False))}
     kept: list[int] = []
     for k, point in enumerate(cuts, start=1):  # cut k starts unit k
         shared = [names[t] for t, (first, last) in spans.items() if first < k <= last]

@@ -231,10 +231,14 @@ def unit_crossings(model: nn.Sequential, inputs: Crossing) -> list[Crossing]:
             for u, unit in enumerate(model.children()):
                 x = unit(x)
                 crossing = crossing_of(x)
-                if any(t.shape[0] != 2 for t in leaves(x)):
-                    raise ConfigError(f"unit {u} passes on a value without the samples' "
-                                      "rows first: every value that crosses a cut must hold "
-                                      "the micro-batch's rows first")
+                rowless = [i for i, t in enumerate(leaves(x)) if t.shape[0] != 2]
+                if rowless:
+                    shape = tuple(leaves(x)[rowless[0]].shape)
+                    raise ConfigError(
+                        f"unit {u} passes on value {rowless[0]} of shape {shape}, which "
+                        "does not hold the samples' rows first: every value that crosses "
+                        "a cut must (make it per sample, e.g. expand a mask to the batch, "
+                        "or compute it inside the child that uses it)")
                 crossings.append(crossing)
     finally:
         model.train(was_training)

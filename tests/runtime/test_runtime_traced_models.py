@@ -235,3 +235,52 @@ async def test_the_zoo_transformer_with_its_mask_trains_as_plain_pytorch_trains_
     torch.manual_seed(config.seed)
     _same_weights(result.model, _trained_plainly(build_gpt_tiny(256, dataset.in_shape),
                                                  config))
+
+
+class SharedMask(nn.Module):
+    """A (T, T) mask made in ``forward`` from the input and given to every block: it
+    holds no rows, so it cannot cross a cut between the blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = x.new_ones(4, 4).triu()
+        return self.b(self.a(x) @ mask) @ mask
+
+
+def test_a_value_without_the_rows_across_a_cut_is_one_line_saying_what_to_do() -> None:
+    from aiopipe.data import DataKind
+    from aiopipe.runtime.factories import model_template
+
+    config = RunConfig(model=SharedMask(), initial_weights="given")
+    with pytest.raises(ConfigError, match=r"^unit 0 passes on value \d of shape \(4, 4\), "
+                                          r"which does not hold the samples' rows first.*"
+                                          r"expand a mask to the batch"):
+        model_template(config, DataKind.classified((4,), 4))
+
+
+class ConstantMask(nn.Module):
+    """A mask made in ``forward`` from constants alone: fx keeps it as a constant of the
+    model, which every unit reads; nothing about it crosses a cut."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = torch.ones(4, 4).triu()
+        return self.b(self.a(x) @ mask) @ mask
+
+
+def test_a_constant_made_in_forward_is_read_by_every_unit() -> None:
+    torch.manual_seed(0)
+    model = ConstantMask()
+    units = build_model(RunConfig(model=model, initial_weights="given"), num_classes=4,
+                        in_shape=(4,))
+    assert unit_count(units) == 2
+    x = torch.randn(3, 4)
+    assert torch.equal(units(x), model(x))
