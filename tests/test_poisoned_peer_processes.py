@@ -122,3 +122,47 @@ async def test_a_device_process_poisoning_the_servers_stage_is_excluded(
     assert (f"device {BAD} is excluded from the run: the coordinator refused what it sent: "
             f"device{BAD} sent values out of range: activation (0, 0, 0)") in log, log[-3000:]
     assert "sent values out of range" in devices[BAD].output.text()  # it was told why
+
+
+LM_RUN = {"mode": "ftpipehd", "devices": 3, "model": "gpt-tiny", "dataset": "stdlib-text",
+          "samples_per_device": 160, "batch_size": 16, "epochs": 2, "test_samples": 64,
+          "learning_rate": 0.05, "heartbeat_interval": 0.5, "device_timeout": 5.0,
+          "reconnect_grace": 2.0}
+
+#: ``python -m leaf_dropping_device ARGS``: ``python -m aiopipe.device ARGS`` that leaves
+#: the first value out of what crosses its cut to the next device (gpt-tiny's mask)
+LEAF_DROPPING_DEVICE = '''
+import dataclasses
+import runpy
+
+from aiopipe.protocol import Activation
+from aiopipe.runtime import peer
+
+honest = peer.Peer.post
+
+
+def post(self, message, *args, **kwargs):
+    if isinstance(message, Activation) and message.destination.startswith("device"):
+        message = dataclasses.replace(message, tensors=message.tensors[1:])
+    return honest(self, message, *args, **kwargs)
+
+
+peer.Peer.post = post
+runpy.run_module("aiopipe.device", run_name="__main__")
+'''
+
+
+async def test_a_device_process_that_drops_a_value_crossing_its_cut_is_excluded(
+        tmp_path: Path) -> None:
+    """gpt-tiny's cuts between blocks carry the mask and the residual stream; a device
+    that sends only the stream is refused by its neighbour against the plan (the leaves
+    it must send, named), excluded, and the honest two finish with finite losses."""
+    async with ProcessFleet(tmp_path, LM_RUN) as fleet:
+        server, _ = await _start(fleet, tmp_path, "leaf_dropping_device",
+                                 LEAF_DROPPING_DEVICE, "--listen", "127.0.0.1:0")
+    metrics = fleet.metrics()
+    assert [m["devices_excluded"] for m in metrics] == [[BAD], []]
+    assert all(math.isfinite(m["loss"]) for m in metrics)
+    log = server.output.text()
+    assert f"device {BAD} is excluded from the run: device 2 refused what it sent" in log
+    assert "the plan says [bool (" in log
