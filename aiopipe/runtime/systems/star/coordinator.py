@@ -14,8 +14,8 @@ steps the replica. SFL and SL are PiPar with N = 1.
 Per round (an epoch, or ``aggregation_every`` iterations):
 - fl / sfl / pipar: every device gets its stage of the global model and trains it; the
   coordinator serves activations; when every device's result is in, it rebuilds
-  M_k = M^s_k (+) M^c_k per device, FedAvgs weighted by samples (PiPar Eq. 3) and
-  splits back (Eq. 4);
+  M_k = M^s_k (+) M^c_k per device, aggregates them by the run's strategy (FedAvg
+  weighted by samples, PiPar Eq. 3, by default: aiopipe.strategies), splits back (Eq. 4);
 - sl: devices take turns; each starts from the previous one's weights.
 With "auto" split points or micro-batch counts, the plans are chosen here before
 training ([Note: planning]) and, with ``replan``, reconsidered between rounds
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -64,18 +63,18 @@ from aiopipe.runtime.plan import (
     unit_crossings,
 )
 from aiopipe.runtime.plan_text import change_lines, log_lines
-from aiopipe.runtime.sampling import sampled_devices
 from aiopipe.runtime.stage import ServerStage, StageWork
 from aiopipe.runtime.systems.base import Rounds, Setup, SystemDefaults, planning_batch_sizes
 from aiopipe.runtime.systems.star.device import StarDevice
 from aiopipe.runtime.systems.star.options import (
-    devices_to_trim,
     server_lanes_of,
     star_options,
+    untrimmed_warning,
 )
 from aiopipe.runtime.systems.star.planning import (
     choose_plans,
     device_plans,
+    first_plans,
     micro_batch_sizes,
     needs_planner,
     with_plans,
@@ -88,7 +87,8 @@ from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
 from aiopipe.scheduler.placement import star
 from aiopipe.scheduler.schedule import check_schedule, pipar, with_transfers
-from aiopipe.wording import plural
+from aiopipe.strategies import Settings, TrainHook, make_strategy, make_train_hook
+from aiopipe.strategies import uploaded_aggregate as strategy_aggregate
 
 __all__ = ["Star"]
 
@@ -149,6 +149,11 @@ class Star(SystemDefaults):
         self.refused: list[int] = []
         #: every update judged before it is averaged ([Note: judging updates])
         self.judge = UpdateJudge(config.scale_limit)
+        #: how updates become the global model, and its settings for the round
+        #: (aiopipe.strategies); each replica's train hook ([Note: train hooks])
+        self.strategy = make_strategy(config)
+        self.settings: Settings = {}
+        self._hooks: dict[int, TrainHook | None] = {}
         self._untrimmed: set[int] = set()  # round sizes warned of (`_say_if_untrimmed`)
         if self.auto_config is None:  # refuse what cannot train before devices join
             check_trainable(self.model, self.inputs, device_plans(
@@ -175,29 +180,12 @@ class Star(SystemDefaults):
             self.live = (list(devices) if devices is not None
                          else declared_devices(config, self.samples,
                                                costs=self._device_costs()))
-            config = with_plans(config, self._first_plans(config))
+            config = with_plans(config, first_plans(config, self.planning, self.live))
         self.config = config
         self.plans = device_plans(config, self.units, self.samples)
         self.placement = star([p.split_point for p in self.plans], self.units)
         if self.auto_config is not None:
             check_trainable(self.model, self.inputs, self.plans, config)
-
-    def _first_plans(self, config: RunConfig) -> list[tuple[int, int]]:
-        """The plans before the first round: the whole fleet's; sampled per round, those
-        of the first round's likely draw (all alive), each other device taking the plan
-        of a drawn device with its profile, else the first drawn device's ([Note: plans
-        per round])."""
-        assert self.planning is not None
-        if not config.devices_per_round:
-            return choose_plans(config, self.planning, self.live)
-        drawn = sampled_devices(config.seed, 0, 0, range(config.devices),
-                                config.round_size(config.devices))
-        plans = choose_plans(config, self.planning, [self.live[k] for k in drawn],
-                             members=drawn)
-        chosen = dict(zip(drawn, plans, strict=True))
-        by_profile = {_profile_key(self.live[k]): plan for k, plan in chosen.items()}
-        return [chosen.get(k) or by_profile.get(_profile_key(device), plans[0])
-                for k, device in enumerate(self.live)]
 
     async def plan_round(self, rounds: Rounds, participants: Sequence[int]) -> None:
         """[Note: plans per round] With "auto" plans and devices sampled per round, plan
@@ -294,7 +282,8 @@ class Star(SystemDefaults):
         return RoundStart(round_no, epoch, first, iterations, state, 0, len(stages),
                           stages[0].first_unit, stages[0].stop_unit, plan.parallel_batches,
                           plan.micro_batch_size, self._version(plan, epoch, first),
-                          self._actions(plan)[0])
+                          self._actions(plan)[0],
+                          sync={"strategy": dict(self.settings)} if self.settings else {})
 
     def server_stage(self, device_id: int, start: RoundStart) -> ServerStage | None:
         """The stage the coordinator runs for ``device_id`` this round (None in fl)."""
@@ -307,6 +296,9 @@ class Star(SystemDefaults):
         work = StageWork(replica, optimizer, first=False, last=True,
                          parallel_batches=plan.parallel_batches, num_classes=self.num_classes,
                          loss=self.loss, metric=self.metric)
+        if device_id not in self._hooks:
+            self._hooks[device_id] = make_train_hook(self.config)
+        work.start_round(self._hooks[device_id], start.sync.get("strategy", {}))
         assignment = Assignment(
             "server", start.round, start.epoch, start.first_iteration, start.iterations, 1, 2,
             p, self.units, plan.parallel_batches, plan.micro_batch_size, start.version,
@@ -326,6 +318,7 @@ class Star(SystemDefaults):
                         ) -> dict[int, RoundResult]:
         """Parallel rounds with FedAvg (fl, sfl, pipar), or turns (sl)."""
         done: dict[int, RoundResult] = {}
+        self.settings = self.strategy.configure_round(round_no)
         if self.config.mode == "sl":  # devices take turns on one chain of weights
             for k in participants:
                 state = await rounds.compute.call(partial(self._prepare, k))
@@ -425,8 +418,8 @@ class Star(SystemDefaults):
         self._probe_once()
         state, left_out = judged_aggregate(
             kept, weights, norms, start, judge=self.judge, scale=scale,
-            method=star_options(config).aggregation, trim=star_options(config).trim_fraction,
-            byzantine=config.byzantine_devices)
+            combine=lambda some: strategy_aggregate(self.strategy, start, some, weights,
+                                                    self.frozen))
         self._refuse(left_out, kept)
         if state is None:
             log.warning("no aggregate of devices %s passes the judge: the model stays the "
@@ -436,6 +429,7 @@ class Star(SystemDefaults):
         self.judge.accept(norms[k] for k in kept if k not in left_out)
         self._load_global(state)
         self.judge.installed()
+        self.strategy.installed()
 
     def _probe_once(self) -> None:
         """Give the judge the coordinator's evaluation batch (the first `PROBE_SAMPLES`
@@ -447,16 +441,11 @@ class Star(SystemDefaults):
         self.judge.probe = evaluation_probe(self.model, self.loss, batch)
 
     def _say_if_untrimmed(self, n: int) -> None:
-        """Warn (once per count) when a trimmed mean of ``n`` models trims nothing: the
-        config refuses that for a whole round, a round that lost devices can still."""
-        config = self.config
-        if (star_options(config).aggregation != "trimmed-mean" or n in self._untrimmed
-                or math.floor(star_options(config).trim_fraction * n) > 0):
-            return
-        self._untrimmed.add(n)
-        log.warning("a round of %s: the trimmed mean trims nothing (floor(%g x %d) "
-                    "= 0; it needs %d)", plural(n, "update"), star_options(config).trim_fraction, n,
-                    devices_to_trim(star_options(config).trim_fraction))
+        """Warn (once per count) when a trimmed mean of ``n`` models trims nothing."""
+        warning = untrimmed_warning(self.config, n)
+        if warning and n not in self._untrimmed:
+            self._untrimmed.add(n)
+            log.warning("%s", warning)
 
     def _refuse(self, refusals: Mapping[int, str],
                 states: Mapping[int, dict[str, torch.Tensor]]
@@ -550,32 +539,30 @@ class Star(SystemDefaults):
     # -- checkpoints ---------------------------------------------------------------------
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
-        """The global model and each device's replica momentum (a replica starts every
-        round from the global model: [Note: replicas while training])."""
+        """The global model, each device's replica momentum (a replica starts every
+        round from the global model: [Note: replicas while training]) and the strategy's
+        state (``strategy/<name>``: a server optimizer's moments)."""
         whole = self.model.state_dict()
         tensors = {f"model/{k}": v.detach().clone() for k, v in whole.items()}
         tensors.update(self.replicas.checkpoint_tensors(
             [p.split_point for p in self.plans]))
+        tensors.update({f"strategy/{k}": v for k, v in self.strategy.state_dict().items()})
         return tensors
 
     def restore(self, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
-        """Load a checkpoint's model, plans ("auto": the ones the run had re-chosen) and
-        replica momentum."""
+        """Load a checkpoint's model, plans ("auto": the ones the run had re-chosen),
+        replica momentum and strategy state."""
         self.model.load_state_dict({k[6:]: v for k, v in tensors.items()
                                     if k.startswith("model/")})
         self.judge.forget()
+        self.strategy.load_state_dict({k[9:]: v for k, v in tensors.items()
+                                       if k.startswith("strategy/")})
         if self.auto_config is not None:  # go on with the plans the run had (re-)chosen
             resumed = self.config.replace(split_point=config["split_point"],
                                           parallel_batches=config["parallel_batches"])
             self._switch_plans([(p.split_point, p.parallel_batches)
                                 for p in device_plans(resumed, self.units, self.samples)])
         self.replicas.restore(tensors, [p.split_point for p in self.plans])
-
-
-def _profile_key(device: DeviceProfile) -> tuple[object, ...]:
-    """What makes two devices' profiles alike for the planner (its table by identity:
-    a `CostTable` does not hash)."""
-    return device.slowdown, device.uplink, device.downlink, device.samples, id(device.costs)
 
 
 # Note [frozen bases]
