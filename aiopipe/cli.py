@@ -108,7 +108,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                                           "change the devices' loss and gradients before "
                                           "each step, with the round's global weights at "
                                           "hand (fl, sl, sfl, pipar; default none; "
-                                          "--aggregation fedprox brings its own)")
+                                          "aggregation fedprox brings its own)")
     run.add_argument("--dataset", help="the server's evaluation data and an emulated fleet's "
                                        "data: synthetic-cifar10 (default), cifar10:DIR, "
                                        "mnist:DIR... or module:function")

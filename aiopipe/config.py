@@ -80,8 +80,6 @@ __all__ = [
 
 #: The built-in modes (a run may also name a system of its own: "module:attribute").
 MODES = tuple(BUILT_IN)
-#: The modes whose stages run the run's ``train_hook``.
-_HOOKED_MODES = ("fl", "sl", "sfl", "pipar")
 #: A run's mode when nothing names one.
 _DEFAULT_MODE = "pipar"
 _Options = TypeVar("_Options")
@@ -139,7 +137,9 @@ class RunConfig:
             trains a stage, returning a hook that may change the last stage's loss and
             every stage's gradients before the step, with the round's global weights at
             hand (`aiopipe.runtime.stage.TrainHook`, [Note: train hooks]). fl, sl, sfl
-            and pipar (a device's stage and the coordinator's replica of its server half).
+            and pipar (a device's stage and the coordinator's replica of its server
+            half): the systems whose options say they run one
+            (`SystemOptions.runs_train_hook`).
         dataset: a dataset name (``synthetic-cifar10``...) or ``mnist:DIR`` style path:
             the server's evaluation set (its test split, ``test_samples`` of it), and
             the data an emulated fleet (the launcher, `aiopipe.simulate`, a device
@@ -274,7 +274,6 @@ class RunConfig:
             value = getattr(self, key)
             if value not in builtin and not is_entry_point(value):
                 raise fail(key, value, f"{' or '.join(map(repr, builtin))} or module:function")
-        self._check_train_hook()
         for key in ("devices", "batch_size", "epochs", "torch_threads"):
             positive_int(key, getattr(self, key))
         tests = self.test_samples
@@ -381,16 +380,6 @@ class RunConfig:
             raise TypeError(f"mode {self.mode}'s options are a "
                             f"{type(self.options).__name__}, not a {kind.__name__}")
         return self.options
-
-    def _check_train_hook(self) -> None:
-        """``train_hook``: "" or ``module:function``, in a star mode (or a user's own
-        system, which decides)."""
-        hook = self.train_hook
-        if hook != "" and not is_entry_point(hook):
-            raise fail("train_hook", hook, '"" (none) or module:function')
-        if hook and self.mode in BUILT_IN and self.mode not in _HOOKED_MODES:
-            raise fail("train_hook", hook, f'"" in mode {self.mode} (a train hook runs in '
-                       "fl, sl, sfl and pipar)")
 
     def _check_devices_per_round(self) -> None:
         """Sampling per round: 0, a count up to ``devices``, or a fraction in (0, 1)."""

@@ -230,9 +230,11 @@ _ELSEWHERE = {
     "server_lanes": "the server runs one replica per device only in sfl and pipar",
 }
 
-FL = SystemOptions(StarOptions, _KEYS, check, elsewhere=_ELSEWHERE, samples_devices=True)
-SL = SystemOptions(StarOptions, _KEYS, check, elsewhere=_ELSEWHERE, samples_devices=True)
+FL = SystemOptions(StarOptions, _KEYS, check, elsewhere=_ELSEWHERE, samples_devices=True,
+                   runs_train_hook=True)
+SL = SystemOptions(StarOptions, _KEYS, check, elsewhere=_ELSEWHERE, samples_devices=True,
+                   runs_train_hook=True)
 SFL = SystemOptions(ReplicaOptions, {**_KEYS, **_REPLICA_KEYS}, check, elsewhere=_ELSEWHERE,
-                    samples_devices=True)
+                    samples_devices=True, runs_train_hook=True)
 PIPAR = SystemOptions(ReplicaOptions, {**_KEYS, **_REPLICA_KEYS}, check,
-                      elsewhere=_ELSEWHERE, samples_devices=True)
+                      elsewhere=_ELSEWHERE, samples_devices=True, runs_train_hook=True)
