@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -63,6 +64,7 @@ from aiopipe.runtime.plan import (
     unit_crossings,
 )
 from aiopipe.runtime.plan_text import change_lines, log_lines
+from aiopipe.runtime.sampling import sampled_devices
 from aiopipe.runtime.stage import ServerStage, StageWork
 from aiopipe.runtime.systems.base import Rounds, Setup, SystemDefaults, planning_batch_sizes
 from aiopipe.runtime.systems.star.device import StarDevice
@@ -74,9 +76,9 @@ from aiopipe.runtime.systems.star.options import (
 from aiopipe.runtime.systems.star.planning import (
     choose_plans,
     device_plans,
-    first_plans,
     micro_batch_sizes,
     needs_planner,
+    profile_key,
     with_plans,
 )
 from aiopipe.runtime.systems.star.replan import Replan, live_profiles, reselect
@@ -149,12 +151,12 @@ class Star(SystemDefaults):
         self.refused: list[int] = []
         #: every update judged before it is averaged ([Note: judging updates])
         self.judge = UpdateJudge(config.scale_limit)
-        #: how updates become the global model, and its settings for the round
-        #: (aiopipe.strategies); each replica's train hook ([Note: train hooks])
+        #: aiopipe.strategies: the run's, its settings for the round; replicas' train hooks
         self.strategy = make_strategy(config)
         self.settings: Settings = {}
-        self._hooks: dict[int, TrainHook | None] = {}
-        self._untrimmed: set[int] = set()  # round sizes warned of (`_say_if_untrimmed`)
+        self._hooks: defaultdict[int, TrainHook | None] = defaultdict(
+            partial(make_train_hook, config))
+        self._untrimmed: set[str] = set()  # trimmed means that trimmed nothing, warned of
         if self.auto_config is None:  # refuse what cannot train before devices join
             check_trainable(self.model, self.inputs, device_plans(
                 config, self.units, [config.batch_size] * config.devices), config)
@@ -180,12 +182,29 @@ class Star(SystemDefaults):
             self.live = (list(devices) if devices is not None
                          else declared_devices(config, self.samples,
                                                costs=self._device_costs()))
-            config = with_plans(config, first_plans(config, self.planning, self.live))
+            config = with_plans(config, self._first_plans(config))
         self.config = config
         self.plans = device_plans(config, self.units, self.samples)
         self.placement = star([p.split_point for p in self.plans], self.units)
         if self.auto_config is not None:
             check_trainable(self.model, self.inputs, self.plans, config)
+
+    def _first_plans(self, config: RunConfig) -> list[tuple[int, int]]:
+        """The plans before the first round: the whole fleet's; sampled per round, those
+        of the first round's likely draw (all alive), each other device taking the plan
+        of a drawn device with its profile, else the first drawn device's ([Note: plans
+        per round])."""
+        assert self.planning is not None
+        if not config.devices_per_round:
+            return choose_plans(config, self.planning, self.live)
+        drawn = sampled_devices(config.seed, 0, 0, range(config.devices),
+                                config.round_size(config.devices))
+        plans = choose_plans(config, self.planning, [self.live[k] for k in drawn],
+                             members=drawn)
+        chosen = dict(zip(drawn, plans, strict=True))
+        by_profile = {profile_key(self.live[k]): plan for k, plan in chosen.items()}
+        return [chosen.get(k) or by_profile.get(profile_key(device), plans[0])
+                for k, device in enumerate(self.live)]
 
     async def plan_round(self, rounds: Rounds, participants: Sequence[int]) -> None:
         """[Note: plans per round] With "auto" plans and devices sampled per round, plan
@@ -296,8 +315,6 @@ class Star(SystemDefaults):
         work = StageWork(replica, optimizer, first=False, last=True,
                          parallel_batches=plan.parallel_batches, num_classes=self.num_classes,
                          loss=self.loss, metric=self.metric)
-        if device_id not in self._hooks:
-            self._hooks[device_id] = make_train_hook(self.config)
         work.start_round(self._hooks[device_id], start.sync.get("strategy", {}))
         assignment = Assignment(
             "server", start.round, start.epoch, start.first_iteration, start.iterations, 1, 2,
@@ -414,7 +431,9 @@ class Star(SystemDefaults):
         self.refused.extend(sorted(outliers))
         if not kept or sum(weights[k] for k in kept) == 0:
             return
-        self._say_if_untrimmed(len(kept))
+        if (warning := untrimmed_warning(config, len(kept))) and warning not in self._untrimmed:
+            self._untrimmed.add(warning)  # once per count of models
+            log.warning("%s", warning)
         self._probe_once()
         state, left_out = judged_aggregate(
             kept, weights, norms, start, judge=self.judge, scale=scale,
@@ -439,13 +458,6 @@ class Star(SystemDefaults):
             return
         batch = test_set.batch(range(min(PROBE_SAMPLES, len(test_set))))
         self.judge.probe = evaluation_probe(self.model, self.loss, batch)
-
-    def _say_if_untrimmed(self, n: int) -> None:
-        """Warn (once per count) when a trimmed mean of ``n`` models trims nothing."""
-        warning = untrimmed_warning(self.config, n)
-        if warning and n not in self._untrimmed:
-            self._untrimmed.add(n)
-            log.warning("%s", warning)
 
     def _refuse(self, refusals: Mapping[int, str],
                 states: Mapping[int, dict[str, torch.Tensor]]

@@ -12,13 +12,12 @@ from torch import nn
 from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
 from aiopipe.runtime.plan import DevicePlan, declared_devices, model_profile
-from aiopipe.runtime.sampling import sampled_devices
 from aiopipe.runtime.systems.star.options import server_lanes_of
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
 
-__all__ = ["candidate_parallel_batches", "choose_plans", "device_plans", "first_plans",
-           "micro_batch_sizes", "needs_planner", "profile_key", "resolve_auto", "with_plans"]
+__all__ = ["candidate_parallel_batches", "choose_plans", "device_plans", "micro_batch_sizes",
+           "needs_planner", "profile_key", "resolve_auto", "with_plans"]
 
 
 def device_plans(config: RunConfig, units: int, samples: list[int]) -> list[DevicePlan]:
@@ -146,19 +145,3 @@ def profile_key(device: DeviceProfile) -> tuple[object, ...]:
     a `CostTable` does not hash)."""
     return device.slowdown, device.uplink, device.downlink, device.samples, id(device.costs)
 
-
-def first_plans(config: RunConfig, planning: ModelProfile, live: list[DeviceProfile]
-                ) -> list[tuple[int, int]]:
-    """The plans before the first round: the whole fleet's; sampled per round, those
-    of the first round's likely draw (all alive), each other device taking the plan
-    of a drawn device with its profile, else the first drawn device's ([Note: plans
-    per round] in aiopipe.runtime.systems.star.coordinator)."""
-    if not config.devices_per_round:
-        return choose_plans(config, planning, live)
-    drawn = sampled_devices(config.seed, 0, 0, range(config.devices),
-                            config.round_size(config.devices))
-    plans = choose_plans(config, planning, [live[k] for k in drawn], members=drawn)
-    chosen = dict(zip(drawn, plans, strict=True))
-    by_profile = {profile_key(live[k]): plan for k, plan in chosen.items()}
-    return [chosen.get(k) or by_profile.get(profile_key(device), plans[0])
-            for k, device in enumerate(live)]
