@@ -12,7 +12,9 @@
 whatever the options, and the aggregate before it is installed ([Note: judging updates]).
 `screen_updates` then applies the run's ``outliers``: an update whose norm is more than
 ``limit`` times the round's median is clipped to the median's norm or dropped.
-`aggregate` applies the run's aggregator.
+`aggregate` applies an aggregator by name; a run's aggregation is its strategy
+(aiopipe.strategies), whose built-ins call these functions, handed to `judged_aggregate`
+as ``combine``.
 
 The robust three bound what a few devices can do to the result, whatever they send:
 the median and the trimmed mean per coordinate, Krum by picking a model that many
