@@ -170,7 +170,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--aggregation-every", type=int,
                      help="FedAvg every this many iterations (0 = every epoch)")
     run.add_argument("--aggregation", metavar="STRATEGY")
-    run.add_argument("--aggregation-options", type=_keyword_arguments)
+    run.add_argument("--aggregation-options", type=_keyword_arguments, metavar="K=V,...")
     run.add_argument("--outliers", choices=OUTLIERS)
     run.add_argument("--privacy", choices=PRIVACY_METHODS)
     run.add_argument("--privacy-noise", type=float)
@@ -255,6 +255,8 @@ def _shown(value: object) -> str:
         return "on" if value else "off"
     if isinstance(value, tuple | list):
         return ",".join(map(str, value))
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items()) or "none"
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
