@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from aiopipe.config import (
-    AGGREGATIONS,
     MODES,
     OUTLIERS,
     PRIVACY_METHODS,
@@ -105,6 +104,11 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                                       "per-sample scores in [0, 1] summed")
     run.add_argument("--optimizer", help="sgd (default) or module:function, a factory "
                                          "called with params, learning_rate, momentum")
+    run.add_argument("--train-hook", help="module:function, a factory of a hook that may "
+                                          "change the devices' loss and gradients before "
+                                          "each step, with the round's global weights at "
+                                          "hand (fl, sl, sfl, pipar; default none; "
+                                          "aggregation fedprox brings its own)")
     run.add_argument("--dataset", help="the server's evaluation data and an emulated fleet's "
                                        "data: synthetic-cifar10 (default), cifar10:DIR, "
                                        "mnist:DIR... or module:function")
@@ -165,7 +169,8 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                      help="compute slowdown factor(s) >= 1 to emulate slow devices")
     run.add_argument("--aggregation-every", type=int,
                      help="FedAvg every this many iterations (0 = every epoch)")
-    run.add_argument("--aggregation", choices=AGGREGATIONS)
+    run.add_argument("--aggregation", metavar="STRATEGY")
+    run.add_argument("--aggregation-options", type=_keyword_arguments, metavar="K=V,...")
     run.add_argument("--outliers", choices=OUTLIERS)
     run.add_argument("--privacy", choices=PRIVACY_METHODS)
     run.add_argument("--privacy-noise", type=float)
@@ -210,6 +215,29 @@ def _group_by_system(parser: argparse.ArgumentParser, run: argparse._ArgumentGro
     return list(groups.values())
 
 
+def _keyword_arguments(text: str) -> dict[str, Any]:
+    """``--aggregation-options``'s value: ``key=value,key=value``, each value an
+    integer, a number, true/false or else a string."""
+    out: dict[str, Any] = {}
+    for item in filter(None, text.split(",")):
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip().isidentifier():
+            raise argparse.ArgumentTypeError(f"expected key=value,key=value, got {text!r}")
+        out[key.strip()] = _scalar(value.strip())
+    return out
+
+
+def _scalar(text: str) -> Any:
+    if text in ("true", "false"):
+        return text == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def _count_or_fraction(text: str) -> int | float:
     """``--devices-per-round``'s value: an integer count, or a fraction."""
     try:
@@ -227,6 +255,8 @@ def _shown(value: object) -> str:
         return "on" if value else "off"
     if isinstance(value, tuple | list):
         return ",".join(map(str, value))
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items()) or "none"
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
@@ -238,7 +268,7 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "metric", "optimizer", "dataset", "t
                    "learning_rate", "seed", "out_dir", "shape_links", "device_timeout",
                    "heartbeat_interval", "reconnect_grace", "replan", "device_memory_mb",
                    "partition", "stage_groups", "rescheduling", "schedule", "profile_devices",
-                   "aggregation", "outliers",
+                   "aggregation", "aggregation_options", "train_hook", "outliers",
                    "version_aggregation", "momentum", "global_replication_every",
                    "chain_replication_every", "first_repartition_after", "warmup_epochs",
                    "warmup_learning_rate", "local_steps", "sync_periods", "ring_size",

@@ -132,6 +132,14 @@ class RunConfig:
         optimizer: "sgd" (with ``learning_rate`` and ``momentum``), or
             ``module:function``: a factory called with ``params`` and, if it takes
             them, ``learning_rate`` and ``momentum``, returning a torch optimizer.
+        train_hook: "" (none; a strategy may bring its own: FedProx's proximal term), or
+            ``module:function``: a factory, called with no arguments on every node that
+            trains a stage, returning a hook that may change the last stage's loss and
+            every stage's gradients before the step, with the round's global weights at
+            hand (`aiopipe.runtime.stage.TrainHook`, [Note: train hooks]). fl, sl, sfl
+            and pipar (a device's stage and the coordinator's replica of its server
+            half): the systems whose options say they run one
+            (`SystemOptions.runs_train_hook`).
         dataset: a dataset name (``synthetic-cifar10``...) or ``mnist:DIR`` style path:
             the server's evaluation set (its test split, ``test_samples`` of it), and
             the data an emulated fleet (the launcher, `aiopipe.simulate`, a device
@@ -226,6 +234,7 @@ class RunConfig:
     loss: str = "cross-entropy"
     metric: str = "accuracy"
     optimizer: str = "sgd"
+    train_hook: str = ""
     dataset: str = "synthetic-cifar10"
     devices: int = 2
     samples_per_device: int | tuple[int, ...] = 2000

@@ -38,7 +38,9 @@ __all__ = [
 LOSSES = ("cross-entropy", "mse")
 #: What the runs report beside the loss (aiopipe.runtime.factories.make_metric).
 METRICS = ("accuracy", "none")
-AGGREGATIONS = ("fedavg", "fedmedian", "trimmed-mean", "krum")
+#: The built-in strategies (aiopipe.strategies); a run may name its own, module:Class.
+AGGREGATIONS = ("fedavg", "fedmedian", "trimmed-mean", "krum", "multi-krum", "fedavgm",
+                "fedadam", "fedyogi", "fedadagrad", "fedprox")
 OUTLIERS = ("keep", "clip", "drop")
 OPTIMIZERS = ("sgd",)
 DATA_PARTITIONS = ("iid", "dirichlet")

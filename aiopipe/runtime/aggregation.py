@@ -12,7 +12,9 @@
 whatever the options, and the aggregate before it is installed ([Note: judging updates]).
 `screen_updates` then applies the run's ``outliers``: an update whose norm is more than
 ``limit`` times the round's median is clipped to the median's norm or dropped.
-`aggregate` applies the run's aggregator.
+`aggregate` applies an aggregator by name; a run's aggregation is its strategy
+(aiopipe.strategies), whose built-ins call these functions, handed to `judged_aggregate`
+as ``combine``.
 
 The robust three bound what a few devices can do to the result, whatever they send:
 the median and the trimmed mean per coordinate, Krum by picking a model that many
@@ -35,8 +37,8 @@ from torch import nn
 from aiopipe.errors import ConfigError, TrainingError
 from aiopipe.models.crossing import Value
 
-__all__ = ["LOSS_RISE_LIMIT", "UPDATE_SCALE_LIMIT", "Probe", "UpdateJudge", "aggregate",
-           "evaluation_probe", "fedavg", "fedmedian", "judged_aggregate", "krum",
+__all__ = ["LOSS_RISE_LIMIT", "UPDATE_SCALE_LIMIT", "Combine", "Probe", "UpdateJudge",
+           "aggregate", "evaluation_probe", "fedavg", "fedmedian", "judged_aggregate", "krum",
            "screen_updates", "trimmed_mean", "update_norms"]
 
 #: How many times the run's own scale an update's norm may be before it is refused,
@@ -54,6 +56,8 @@ LOSS_RISE_LIMIT = 10.0
 #: A state's loss on the coordinator's evaluation batch, and a blank prediction's (zero
 #: logits: ln C for cross-entropy), as `evaluation_probe` makes it.
 Probe = Callable[[Mapping[str, torch.Tensor]], tuple[float, float]]
+#: The next global state from some devices' states (`judged_aggregate`).
+Combine = Callable[[Mapping[int, Mapping[str, torch.Tensor]]], dict[str, torch.Tensor]]
 
 
 def fedavg(states: Sequence[Mapping[str, torch.Tensor]],
@@ -261,14 +265,17 @@ def _update_norm(state: Mapping[str, torch.Tensor],
 def judged_aggregate(states: Mapping[int, Mapping[str, torch.Tensor]],
                      weights: Mapping[int, float], norms: Mapping[int, float],
                      start: Mapping[str, torch.Tensor], *, judge: UpdateJudge, scale: float,
-                     method: str, trim: float = 0.2, byzantine: int = 1
+                     method: str = "fedavg", trim: float = 0.2, byzantine: int = 1,
+                     combine: Combine | None = None
                      ) -> tuple[dict[str, torch.Tensor] | None, dict[int, str]]:
-    """The aggregate of ``states`` (`aggregate`) that ``judge`` lets be installed, and
-    the devices left out to get it, with why; None when none passes (the round's start
-    stays). While the aggregate has a problem (`UpdateJudge.aggregate_problem`), the
-    device whose leaving out fixes it is left out, the largest update tried first (one
-    trial when that is the culprit); when no single one does, the largest is left out
-    and the rest tried again.
+    """The aggregate of ``states`` (``combine``, a run's strategy: aiopipe.strategies;
+    without it `aggregate` by ``method``) that ``judge`` lets be installed, and the
+    devices left out to get it, with why; None when none passes (the round's start
+    stays). ``combine`` may be called several times, on subsets of ``states``; the
+    aggregate returned is always that of its last call. While the aggregate has a
+    problem (`UpdateJudge.aggregate_problem`), the device whose leaving out fixes it is
+    left out, the largest update tried first (one trial when that is the culprit); when
+    no single one does, the largest is left out and the rest tried again.
 
     Raises:
         TrainingError: see `aggregate`.
@@ -276,8 +283,9 @@ def judged_aggregate(states: Mapping[int, Mapping[str, torch.Tensor]],
     ceiling = judge.loss_ceiling(start)
 
     def judged(ids: Sequence[int]) -> tuple[dict[str, torch.Tensor], str]:
-        state = aggregate({k: states[k] for k in ids}, weights, method=method, trim=trim,
-                          byzantine=byzantine)
+        chosen = {k: states[k] for k in ids}
+        state = (combine(chosen) if combine is not None else
+                 aggregate(chosen, weights, method=method, trim=trim, byzantine=byzantine))
         return state, judge.aggregate_problem(state, start, scale, ceiling)
 
     ids = sorted(states)

@@ -62,7 +62,8 @@ from aiopipe.runtime.judge import cut_scales
 from aiopipe.runtime.momentum import load_momentum, split_momentum
 from aiopipe.runtime.plan import device_data
 from aiopipe.runtime.profiling import host_fingerprint
-from aiopipe.runtime.stage import Batch, StageWork
+from aiopipe.runtime.stage import Batch, StageWork, TrainHook
+from aiopipe.strategies.loading import make_train_hook
 from aiopipe.wording import plural
 
 __all__ = ["KEPT_ROUNDS", "Holdings", "StageRules", "load_stage_state"]
@@ -122,6 +123,9 @@ class Holdings:
     #: asteroid: the stage's state as the last round with weights began (a replay of it
     #: that keeps the stage starts from there: [Note: kept weights])
     start_state: dict[str, torch.Tensor] | None = None
+    #: the run's train hook (fl, sl, sfl, pipar; [Note: train hooks] in
+    #: aiopipe.runtime.stage), given the round's weights as each round's are loaded
+    train_hook: TrainHook | None = None
 
     @classmethod
     def open(cls, config: RunConfig, plan: Plan, own: datasets.Dataset | None,
@@ -137,8 +141,10 @@ class Holdings:
         dataset = own if own is not None else device_data(config, plan.device_id)
         template = model_template(config, datasets.DataKind(plan.inputs, plan.target[0],
                                                             plan.num_classes))
-        return cls(config, plan, dataset, template, torch_device, make_loss(config),
-                   make_metric(config), template.crossings, held_out)
+        holdings = cls(config, plan, dataset, template, torch_device, make_loss(config),
+                       make_metric(config), template.crossings, held_out)
+        holdings.train_hook = make_train_hook(config)
+        return holdings
 
     @property
     def units(self) -> int:
@@ -267,6 +273,7 @@ class Holdings:
         if rules.prepare is not None:
             rules.prepare(work, assignment, momentum, keep)
         work.reset_totals()
+        work.start_round(self.train_hook, message.sync.get("strategy", {}))
         # [Note: a redone round] a round started again begins where it began before
         start = self.round_starts.get(message.round)
         if start is not None and start[0] is work.optimizer:

@@ -42,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -57,7 +57,7 @@ from aiopipe.runtime.memory import saved_bytes, state_bytes
 from aiopipe.scheduler.actions import Action
 
 __all__ = ["Batch", "Expected", "Sent", "ServerStage", "StageInputError", "StageWork",
-           "Value", "check_output", "check_tensors", "checked_gradient", "expected_of",
+           "TrainHook", "Value", "check_output", "check_tensors", "checked_gradient", "expected_of",
            "input_gradients", "recomputable"]
 
 
@@ -100,6 +100,28 @@ class _Saved:
     #: with `StageWork.recompute`: the forward's input and the generator's state before it
     x: Value | None = None
     rng: torch.Tensor | None = None
+
+
+class TrainHook(Protocol):
+    """[Note: train hooks] What a run's ``train_hook`` adds to a stage's training
+    (FedProx's proximal term, gradient clipping, SCAFFOLD's corrections). It sees the
+    round's global weights: `StageWork.start_round` keeps a copy of the stage's
+    trainable parameters as the round's weights were loaded (``work.round_weights``),
+    with the strategy's settings for the round (``work.round_settings``).
+
+    - `loss`: on the last stage, each micro-batch's loss as it is backpropagated (the
+      micro-batch's mean divided by N) -> the loss to backpropagate;
+    - `before_step`: on every stage, before the optimizer step, with the iteration's
+      gradients accumulated (``work.module``'s ``.grad``): adjust them in place.
+    """
+
+    def loss(self, work: StageWork, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to backpropagate instead of ``loss``."""
+        ...
+
+    def before_step(self, work: StageWork) -> None:
+        """Adjust the accumulated gradients before the step."""
+        ...
 
 
 def recomputable(module: nn.Module) -> bool:
@@ -158,6 +180,11 @@ class StageWork:
         #: [Note: recomputed activations] keep each micro-batch's input, not its graph,
         #: and forward it again at its backward (not on the last stage)
         self.recompute = False
+        #: [Note: train hooks] the run's hook (None: none), the round's starting
+        #: trainable parameters and the strategy's settings for the round
+        self.hook: TrainHook | None = None
+        self.round_weights: dict[str, torch.Tensor] = {}
+        self.round_settings: Mapping[str, Any] = {}
 
     @property
     def live(self) -> int:
@@ -167,6 +194,14 @@ class StageWork:
     def reset_totals(self) -> None:
         """Start counting a new round's loss, predictions and peak."""
         self.loss_sum, self.correct, self.peak_live, self.peak_held = 0.0, 0.0, 0, 0
+
+    def start_round(self, hook: TrainHook | None, settings: Mapping[str, Any]) -> None:
+        """[Note: train hooks] The round's weights are loaded: train with ``hook``,
+        keeping a copy of them (its trainable parameters) and the round's ``settings``."""
+        self.hook, self.round_settings = hook, dict(settings)
+        self.round_weights = {} if hook is None else {
+            name: p.detach().clone() for name, p in self.module.named_parameters()
+            if p.requires_grad}
 
     def peak_memory(self) -> int:
         """The round's peak of what training held, measured: the stage's weights, their
@@ -231,7 +266,10 @@ class StageWork:
     def _through(self, x: Value, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The stage's output leaves for ``x`` (the last stage's: the loss, alone)."""
         out = self.module(x)
-        return (self._loss(out, labels),) if self.last else leaves(out)
+        if not self.last:
+            return leaves(out)
+        loss = self._loss(out, labels)
+        return (loss,) if self.hook is None else (self.hook.loss(self, loss),)
 
     def backward(self, iteration: int, micro_batch: int,
                  gradient: tuple[torch.Tensor, ...] | None = None
@@ -294,7 +332,10 @@ class StageWork:
         return self.backward(iteration, micro_batch)
 
     def step(self) -> None:
-        """Apply the accumulated gradients and clear them."""
+        """Apply the accumulated gradients (adjusted by the hook: [Note: train hooks])
+        and clear them."""
+        if self.hook is not None:
+            self.hook.before_step(self)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiopipe.config_values import fail
+from aiopipe.entrypoints import is_entry_point
 from aiopipe.errors import ConfigError
 
 __all__ = ["BUILT_IN", "NoOptions", "SystemOptions", "check_system", "find_system",
@@ -69,7 +70,8 @@ class SystemOptions:
     table of them (default: the mode); ``elsewhere``: for a key, why a run of another
     system keeps its default (default: which modes take it); ``samples_devices``: the
     system trains the devices sampled per round (``devices_per_round``) rather than
-    every device every round."""
+    every device every round; ``runs_train_hook``: its stages run the run's
+    ``train_hook`` (aiopipe.runtime.stage [Note: train hooks])."""
 
     values: type[Any] = NoOptions
     keys: Mapping[str, str] = field(default_factory=dict)
@@ -77,6 +79,7 @@ class SystemOptions:
     table: str = ""
     elsewhere: Mapping[str, str] = field(default_factory=dict)
     samples_devices: bool = False
+    runs_train_hook: bool = False
 
     def __post_init__(self) -> None:
         if not (isinstance(self.values, type) and dataclasses.is_dataclass(self.values)):
@@ -138,8 +141,8 @@ def check_system(config: Any) -> None:
     """The run's system and its options (`RunConfig`'s last check): ``config.options``
     becomes an instance of the system's options dataclass (from a mapping of the keys
     given, the defaults filling the rest); a key of another system's options keeps its
-    default there (the refusal says why: `why_default`); devices sampled per round only
-    where the system samples them; then the system checks its own.
+    default there (the refusal says why: `why_default`); devices sampled per round and
+    a train hook only where the system takes them; then the system checks its own.
 
     Raises:
         ConfigError: naming the key.
@@ -160,6 +163,12 @@ def check_system(config: Any) -> None:
     if config.devices_per_round and not options.samples_devices:
         raise fail("devices_per_round", config.devices_per_round, "its default in mode "
                    f"{config.mode} (devices are sampled per round in fl, sl, sfl and pipar)")
+    hook = config.train_hook
+    if hook != "" and not is_entry_point(hook):
+        raise fail("train_hook", hook, '"" (none) or module:function')
+    if hook and not options.runs_train_hook:
+        raise fail("train_hook", hook, f'"" in mode {config.mode} (its system runs no train '
+                   "hook: fl, sl, sfl and pipar do)")
     options.check(config)
 
 

@@ -14,8 +14,8 @@ steps the replica. SFL and SL are PiPar with N = 1.
 Per round (an epoch, or ``aggregation_every`` iterations):
 - fl / sfl / pipar: every device gets its stage of the global model and trains it; the
   coordinator serves activations; when every device's result is in, it rebuilds
-  M_k = M^s_k (+) M^c_k per device, FedAvgs weighted by samples (PiPar Eq. 3) and
-  splits back (Eq. 4);
+  M_k = M^s_k (+) M^c_k per device, aggregates them by the run's strategy (FedAvg
+  weighted by samples, PiPar Eq. 3, by default: aiopipe.strategies), splits back (Eq. 4);
 - sl: devices take turns; each starts from the previous one's weights.
 With "auto" split points or micro-batch counts, the plans are chosen here before
 training ([Note: planning]) and, with ``replan``, reconsidered between rounds
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -69,15 +69,16 @@ from aiopipe.runtime.stage import ServerStage, StageWork
 from aiopipe.runtime.systems.base import Rounds, Setup, SystemDefaults, planning_batch_sizes
 from aiopipe.runtime.systems.star.device import StarDevice
 from aiopipe.runtime.systems.star.options import (
-    devices_to_trim,
     server_lanes_of,
     star_options,
+    untrimmed_warning,
 )
 from aiopipe.runtime.systems.star.planning import (
     choose_plans,
     device_plans,
     micro_batch_sizes,
     needs_planner,
+    profile_key,
     with_plans,
 )
 from aiopipe.runtime.systems.star.replan import Replan, live_profiles, reselect
@@ -88,7 +89,8 @@ from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
 from aiopipe.scheduler.placement import star
 from aiopipe.scheduler.schedule import check_schedule, pipar, with_transfers
-from aiopipe.wording import plural
+from aiopipe.strategies import Settings, TrainHook, make_strategy, make_train_hook
+from aiopipe.strategies import uploaded_aggregate as strategy_aggregate
 
 __all__ = ["Star"]
 
@@ -149,7 +151,12 @@ class Star(SystemDefaults):
         self.refused: list[int] = []
         #: every update judged before it is averaged ([Note: judging updates])
         self.judge = UpdateJudge(config.scale_limit)
-        self._untrimmed: set[int] = set()  # round sizes warned of (`_say_if_untrimmed`)
+        #: aiopipe.strategies: the run's, its settings for the round; replicas' train hooks
+        self.strategy = make_strategy(config)
+        self.settings: Settings = {}
+        self._hooks: defaultdict[int, TrainHook | None] = defaultdict(
+            partial(make_train_hook, config))
+        self._untrimmed: set[str] = set()  # trimmed means that trimmed nothing, warned of
         if self.auto_config is None:  # refuse what cannot train before devices join
             check_trainable(self.model, self.inputs, device_plans(
                 config, self.units, [config.batch_size] * config.devices), config)
@@ -195,8 +202,8 @@ class Star(SystemDefaults):
         plans = choose_plans(config, self.planning, [self.live[k] for k in drawn],
                              members=drawn)
         chosen = dict(zip(drawn, plans, strict=True))
-        by_profile = {_profile_key(self.live[k]): plan for k, plan in chosen.items()}
-        return [chosen.get(k) or by_profile.get(_profile_key(device), plans[0])
+        by_profile = {profile_key(self.live[k]): plan for k, plan in chosen.items()}
+        return [chosen.get(k) or by_profile.get(profile_key(device), plans[0])
                 for k, device in enumerate(self.live)]
 
     async def plan_round(self, rounds: Rounds, participants: Sequence[int]) -> None:
@@ -294,7 +301,8 @@ class Star(SystemDefaults):
         return RoundStart(round_no, epoch, first, iterations, state, 0, len(stages),
                           stages[0].first_unit, stages[0].stop_unit, plan.parallel_batches,
                           plan.micro_batch_size, self._version(plan, epoch, first),
-                          self._actions(plan)[0])
+                          self._actions(plan)[0],
+                          sync={"strategy": dict(self.settings)} if self.settings else {})
 
     def server_stage(self, device_id: int, start: RoundStart) -> ServerStage | None:
         """The stage the coordinator runs for ``device_id`` this round (None in fl)."""
@@ -307,6 +315,7 @@ class Star(SystemDefaults):
         work = StageWork(replica, optimizer, first=False, last=True,
                          parallel_batches=plan.parallel_batches, num_classes=self.num_classes,
                          loss=self.loss, metric=self.metric)
+        work.start_round(self._hooks[device_id], start.sync.get("strategy", {}))
         assignment = Assignment(
             "server", start.round, start.epoch, start.first_iteration, start.iterations, 1, 2,
             p, self.units, plan.parallel_batches, plan.micro_batch_size, start.version,
@@ -326,6 +335,7 @@ class Star(SystemDefaults):
                         ) -> dict[int, RoundResult]:
         """Parallel rounds with FedAvg (fl, sfl, pipar), or turns (sl)."""
         done: dict[int, RoundResult] = {}
+        self.settings = self.strategy.configure_round(round_no)
         if self.config.mode == "sl":  # devices take turns on one chain of weights
             for k in participants:
                 state = await rounds.compute.call(partial(self._prepare, k))
@@ -421,12 +431,14 @@ class Star(SystemDefaults):
         self.refused.extend(sorted(outliers))
         if not kept or sum(weights[k] for k in kept) == 0:
             return
-        self._say_if_untrimmed(len(kept))
+        if (warning := untrimmed_warning(config, len(kept))) and warning not in self._untrimmed:
+            self._untrimmed.add(warning)  # once per count of models
+            log.warning("%s", warning)
         self._probe_once()
         state, left_out = judged_aggregate(
             kept, weights, norms, start, judge=self.judge, scale=scale,
-            method=star_options(config).aggregation, trim=star_options(config).trim_fraction,
-            byzantine=config.byzantine_devices)
+            combine=lambda some: strategy_aggregate(self.strategy, start, some, weights,
+                                                    self.frozen))
         self._refuse(left_out, kept)
         if state is None:
             log.warning("no aggregate of devices %s passes the judge: the model stays the "
@@ -436,6 +448,7 @@ class Star(SystemDefaults):
         self.judge.accept(norms[k] for k in kept if k not in left_out)
         self._load_global(state)
         self.judge.installed()
+        self.strategy.installed()
 
     def _probe_once(self) -> None:
         """Give the judge the coordinator's evaluation batch (the first `PROBE_SAMPLES`
@@ -445,18 +458,6 @@ class Star(SystemDefaults):
             return
         batch = test_set.batch(range(min(PROBE_SAMPLES, len(test_set))))
         self.judge.probe = evaluation_probe(self.model, self.loss, batch)
-
-    def _say_if_untrimmed(self, n: int) -> None:
-        """Warn (once per count) when a trimmed mean of ``n`` models trims nothing: the
-        config refuses that for a whole round, a round that lost devices can still."""
-        config = self.config
-        if (star_options(config).aggregation != "trimmed-mean" or n in self._untrimmed
-                or math.floor(star_options(config).trim_fraction * n) > 0):
-            return
-        self._untrimmed.add(n)
-        log.warning("a round of %s: the trimmed mean trims nothing (floor(%g x %d) "
-                    "= 0; it needs %d)", plural(n, "update"), star_options(config).trim_fraction, n,
-                    devices_to_trim(star_options(config).trim_fraction))
 
     def _refuse(self, refusals: Mapping[int, str],
                 states: Mapping[int, dict[str, torch.Tensor]]
@@ -550,32 +551,30 @@ class Star(SystemDefaults):
     # -- checkpoints ---------------------------------------------------------------------
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
-        """The global model and each device's replica momentum (a replica starts every
-        round from the global model: [Note: replicas while training])."""
+        """The global model, each device's replica momentum (a replica starts every
+        round from the global model: [Note: replicas while training]) and the strategy's
+        state (``strategy/<name>``: a server optimizer's moments)."""
         whole = self.model.state_dict()
         tensors = {f"model/{k}": v.detach().clone() for k, v in whole.items()}
         tensors.update(self.replicas.checkpoint_tensors(
             [p.split_point for p in self.plans]))
+        tensors.update({f"strategy/{k}": v for k, v in self.strategy.state_dict().items()})
         return tensors
 
     def restore(self, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
-        """Load a checkpoint's model, plans ("auto": the ones the run had re-chosen) and
-        replica momentum."""
+        """Load a checkpoint's model, plans ("auto": the ones the run had re-chosen),
+        replica momentum and strategy state."""
         self.model.load_state_dict({k[6:]: v for k, v in tensors.items()
                                     if k.startswith("model/")})
         self.judge.forget()
+        self.strategy.load_state_dict({k[9:]: v for k, v in tensors.items()
+                                       if k.startswith("strategy/")})
         if self.auto_config is not None:  # go on with the plans the run had (re-)chosen
             resumed = self.config.replace(split_point=config["split_point"],
                                           parallel_batches=config["parallel_batches"])
             self._switch_plans([(p.split_point, p.parallel_batches)
                                 for p in device_plans(resumed, self.units, self.samples)])
         self.replicas.restore(tensors, [p.split_point for p in self.plans])
-
-
-def _profile_key(device: DeviceProfile) -> tuple[object, ...]:
-    """What makes two devices' profiles alike for the planner (its table by identity:
-    a `CostTable` does not hash)."""
-    return device.slowdown, device.uplink, device.downlink, device.samples, id(device.costs)
 
 
 # Note [frozen bases]

@@ -6,14 +6,16 @@ server replica per device). Light: a config's checks load it."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiopipe.config_values import AGGREGATIONS, OUTLIERS, PRIVACY_METHODS, above, fail
+from aiopipe.entrypoints import is_entry_point
 from aiopipe.runtime.systems.registry import SystemOptions
 
 __all__ = ["FL", "PIPAR", "SFL", "SL", "ReplicaOptions", "StarOptions", "devices_to_trim",
-           "server_lanes_of", "star_options"]
+           "server_lanes_of", "star_options", "untrimmed_warning"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +28,13 @@ class StarOptions:
             devices can do: "fedmedian" (coordinate-wise median), "trimmed-mean"
             (dropping ``trim_fraction`` of the highest and of the lowest values per
             coordinate), "krum" (the model nearest its neighbours, for at most
-            ``byzantine_devices`` bad devices; needs devices >= that + 3).
+            ``byzantine_devices`` bad devices; needs devices >= that + 3), "multi-krum"
+            (the mean of the m best-scored by Krum), server optimizers on the round's
+            pseudo-gradient ("fedavgm", "fedadam", "fedyogi", "fedadagrad"), "fedprox"
+            (FedAvg, with the proximal term on the devices), or ``module:Class``: a
+            strategy of the user's own (aiopipe.strategies).
+        aggregation_options: the strategy's constructor's keyword arguments
+            ([Note: strategy options] in aiopipe.strategies.loading).
         trim_fraction: see ``aggregation``. A trimmed mean that would trim nothing from
             a whole round (floor(trim_fraction x devices a round) = 0) is refused with
             the number of devices it needs.
@@ -54,6 +62,7 @@ class StarOptions:
     """
 
     aggregation: str = "fedavg"
+    aggregation_options: Mapping[str, Any] = field(default_factory=dict)
     trim_fraction: float = 0.2
     outliers: str = "keep"
     outlier_limit: float = 10.0
@@ -79,8 +88,14 @@ class ReplicaOptions(StarOptions):
 
 #: What every star mode takes.
 _KEYS = {
-    "aggregation": "how device models are combined (default fedavg; the others bound what "
-                   "a few bad devices can do)",
+    "aggregation": "how device models are combined: fedavg (default), fedmedian, "
+                   "trimmed-mean, krum, multi-krum (these bound what a few bad devices can "
+                   "do), fedavgm, fedadam, fedyogi, fedadagrad (a server optimizer on the "
+                   "round's pseudo-gradient), fedprox (FedAvg with a proximal term on the "
+                   "devices) or module:Class, a strategy of your own",
+    "aggregation_options": "the strategy's keyword arguments, as key=value,key=value "
+                           "(fedadam: eta=0.01,beta1=0.9,beta2=0.99,tau=0.001; fedavgm: "
+                           "eta=1,beta=0.9; fedprox: mu=0.01; multi-krum: keep=m)",
     "trim_fraction": "trimmed-mean: the fraction of models trimmed at each end",
     "outliers": "a device update far above the round's median: keep (default), clip or "
                 "drop it",
@@ -104,15 +119,19 @@ def check(config: Any) -> None:
     mean that trims, server lanes >= 1."""
     options = config.options_as(StarOptions)
     set_ = object.__setattr__
-    if options.aggregation not in AGGREGATIONS:
-        raise fail("aggregation", options.aggregation, f"one of {', '.join(AGGREGATIONS)}")
+    if options.aggregation not in AGGREGATIONS and not is_entry_point(options.aggregation):
+        raise fail("aggregation", options.aggregation,
+                   f"one of {', '.join(AGGREGATIONS)} or module:Class")
+    _check_strategy(config, options)
     trim = options.trim_fraction
     if isinstance(trim, bool) or not isinstance(trim, int | float) or not 0 <= trim < 0.5:
         raise fail("trim_fraction", trim, "a number in [0, 0.5)")
     set_(options, "trim_fraction", float(trim))
-    if options.aggregation == "krum" and config.devices < config.byzantine_devices + 3:
+    if (options.aggregation in ("krum", "multi-krum")
+            and config.devices < config.byzantine_devices + 3):
         raise fail("byzantine_devices", config.byzantine_devices,
-                   f"at most devices - 3 ({config.devices - 3}) for krum")
+                   f"at most devices - 3 ({config.devices - 3}) for "
+                   f"{options.aggregation}")
     if options.outliers not in OUTLIERS:
         raise fail("outliers", options.outliers, f"one of {', '.join(OUTLIERS)}")
     set_(options, "outlier_limit", above("outlier_limit", options.outlier_limit, 1))
@@ -134,6 +153,22 @@ def check(config: Any) -> None:
     _check_trim(config, options)
 
 
+def _check_strategy(config: Any, options: StarOptions) -> None:
+    """``aggregation_options`` is a table; a strategy that is not plain FedAvg is built
+    once, so that a bad ``module:Class`` or argument is refused now, in one line
+    (torch loads only then)."""
+    given = options.aggregation_options
+    if not isinstance(given, Mapping) or not all(isinstance(k, str) for k in given):
+        raise fail("aggregation_options", given, "a table of the strategy's keyword "
+                   "arguments")
+    object.__setattr__(options, "aggregation_options", dict(given))
+    if options.aggregation == "fedavg" and not given:
+        return
+    from aiopipe.strategies.loading import make_strategy  # torch-bound: only when needed
+
+    make_strategy(config)
+
+
 def star_options(config: Any) -> StarOptions:
     """A star run's options; the star's defaults for a system of a user's that reuses
     the star's halves with options of its own."""
@@ -145,6 +180,18 @@ def server_lanes_of(config: Any) -> int:
     """The server's concurrent passes in a star run (1 where it holds no replicas)."""
     options = config.options
     return options.server_lanes if isinstance(options, ReplicaOptions) else 1
+
+
+def untrimmed_warning(config: Any, n: int) -> str:
+    """What to warn of when a trimmed mean of ``n`` models trims nothing ("" when it
+    trims, or is not the run's aggregation): the config refuses that for a whole round,
+    a round that lost devices can still."""
+    options = star_options(config)
+    trim = options.trim_fraction
+    if options.aggregation != "trimmed-mean" or math.floor(trim * n) > 0:
+        return ""
+    return (f"a round of {n} update{'s' if n != 1 else ''}: the trimmed mean trims nothing "
+            f"(floor({trim:g} x {n}) = 0; it needs {devices_to_trim(trim)})")
 
 
 def devices_to_trim(trim: float) -> int:
@@ -183,9 +230,11 @@ _ELSEWHERE = {
     "server_lanes": "the server runs one replica per device only in sfl and pipar",
 }
 
-FL = SystemOptions(StarOptions, _KEYS, check, elsewhere=_ELSEWHERE, samples_devices=True)
-SL = SystemOptions(StarOptions, _KEYS, check, elsewhere=_ELSEWHERE, samples_devices=True)
+FL = SystemOptions(StarOptions, _KEYS, check, elsewhere=_ELSEWHERE, samples_devices=True,
+                   runs_train_hook=True)
+SL = SystemOptions(StarOptions, _KEYS, check, elsewhere=_ELSEWHERE, samples_devices=True,
+                   runs_train_hook=True)
 SFL = SystemOptions(ReplicaOptions, {**_KEYS, **_REPLICA_KEYS}, check, elsewhere=_ELSEWHERE,
-                    samples_devices=True)
+                    samples_devices=True, runs_train_hook=True)
 PIPAR = SystemOptions(ReplicaOptions, {**_KEYS, **_REPLICA_KEYS}, check,
-                      elsewhere=_ELSEWHERE, samples_devices=True)
+                      elsewhere=_ELSEWHERE, samples_devices=True, runs_train_hook=True)

@@ -17,7 +17,7 @@ from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
 
 __all__ = ["candidate_parallel_batches", "choose_plans", "device_plans", "micro_batch_sizes",
-           "needs_planner", "resolve_auto", "with_plans"]
+           "needs_planner", "profile_key", "resolve_auto", "with_plans"]
 
 
 def device_plans(config: RunConfig, units: int, samples: list[int]) -> list[DevicePlan]:
@@ -138,3 +138,10 @@ def candidate_parallel_batches(config: RunConfig) -> list[int]:
 def micro_batch_sizes(config: RunConfig) -> list[int]:
     """Batch sizes to measure costs at: B' = B/N for every N the planner may pick."""
     return sorted({config.batch_size // n for n in candidate_parallel_batches(config)})
+
+
+def profile_key(device: DeviceProfile) -> tuple[object, ...]:
+    """What makes two devices' profiles alike for the planner (its table by identity:
+    a `CostTable` does not hash)."""
+    return device.slowdown, device.uplink, device.downlink, device.samples, id(device.costs)
+
