@@ -248,6 +248,7 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_the_servers_last_line_carries_the_test_accuracy(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``python -m aiopipe.server``'s ``main`` in this process, its one device in a

@@ -28,6 +28,7 @@ CONFIG = RunConfig(mode="pipar", devices=2, samples_per_device=40, batch_size=10
 EPOCH_IN_LOG = re.compile(r"\bepoch (\d+)")
 
 
+@pytest.mark.slow
 async def test_a_simulation_numbers_its_epochs_from_1_everywhere(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     out_dir = tmp_path / "run"

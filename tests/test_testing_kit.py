@@ -35,6 +35,7 @@ CONFIG = RunConfig(mode="pipar", devices=2, samples_per_device=40, batch_size=10
                    network="4g")
 
 
+@pytest.mark.slow
 async def test_a_killed_server_resumes_and_ends_where_an_undisturbed_run_does(
         tmp_path: Path) -> None:
     async with open_fleet(CONFIG) as fleet:
@@ -71,6 +72,7 @@ async def test_a_restart_without_checkpoints_is_refused() -> None:
 
 # -- link faults -----------------------------------------------------------------------
 
+@pytest.mark.slow
 async def test_a_stall_holds_the_link_for_its_time_and_loses_nothing() -> None:
     undisturbed = await run_undisturbed(CONFIG)
     async with open_fleet(CONFIG) as fleet:

@@ -59,12 +59,14 @@ def train_and_test(name: str, *, shuffle_labels: bool) -> float:
         return float((model(x_test).argmax(dim=1) == y_test).float().mean())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["synthetic-cifar10", "synthetic-mnist"])
 def test_small_cnn_learns_well_above_chance_but_not_perfectly(name: str) -> None:
     accuracy = train_and_test(name, shuffle_labels=False)
     assert 0.5 <= accuracy <= 0.95, accuracy
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["synthetic-cifar10", "synthetic-mnist"])
 def test_shuffled_labels_stay_near_chance(name: str) -> None:
     accuracy = train_and_test(name, shuffle_labels=True)

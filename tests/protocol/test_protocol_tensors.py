@@ -138,6 +138,7 @@ def test_zero_element_and_scalar_tensors() -> None:
     assert scalar.item() == 7
 
 
+@pytest.mark.slow
 def test_read_only_buffer_warning_is_handled() -> None:
     """In a fresh process (torch warns once per process), -W error and a read-only frame."""
     code = textwrap.dedent(

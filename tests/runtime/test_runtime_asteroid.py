@@ -203,6 +203,7 @@ async def test_each_members_measured_memory_is_within_its_budget_and_the_planner
     pytest.param(1, "heavy", None,  # the planner from scratch: whatever it finds
                  marks=pytest.mark.slow),  # (a training of about 2.5 s)
 ])
+@pytest.mark.slow
 async def test_a_lost_device_is_re_planned_around_and_its_round_played_again(
         killed: int, rescheduling: str, after: list[list[object]] | None) -> None:
     """Killed mid-round, the device's neighbours' links to it and its connection are

@@ -64,6 +64,7 @@ async def test_auto_split_for_sfl_keeps_one_micro_batch(costs: CostTable) -> Non
     assert isinstance(result.config.split_point, tuple)
 
 
+@pytest.mark.slow
 async def test_auto_is_planned_before_a_real_run_too() -> None:
     """Without a cost table the server measures one on this machine to plan with, once
     the devices have joined."""

@@ -56,6 +56,7 @@ async def _asteroid_killed(config: RunConfig, killed: int, into: float) -> RunRe
     return result
 
 
+@pytest.mark.slow
 async def test_asteroid_lists_a_device_absent_for_a_whole_epoch_as_lost() -> None:
     """Device 0 (a member of the first stage) killed in epoch 2: epoch 3 runs on devices
     1 and 2 and lists device 0 as lost (it was listed for epoch 2 only)."""
@@ -65,6 +66,7 @@ async def test_asteroid_lists_a_device_absent_for_a_whole_epoch_as_lost() -> Non
     assert [e.samples for e in result.epochs] == [640, 640, 640]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("killed", [0, 1, 2])
 async def test_asteroid_counts_a_replayed_epoch_once_by_the_first_and_the_last_stage(
         killed: int) -> None:

@@ -147,6 +147,7 @@ async def test_a_device_that_does_not_come_back_is_left_out_after_the_grace() ->
     assert fleet.outcomes[2] == ["killed"]
 
 
+@pytest.mark.slow
 async def test_a_device_back_within_the_grace_keeps_its_round() -> None:
     """Device 1's link breaks mid-round and the server is unreachable for it for longer
     than device_timeout but less than reconnect_grace: it reconnects with its session,
@@ -266,6 +267,7 @@ async def test_a_cut_link_is_repaired_and_nothing_is_lost_or_counted_twice() -> 
         torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 async def test_a_restarted_server_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     """Kill the server mid-epoch; a new server resumes from the last round checkpoint,
     the devices reconnect by themselves, and every epoch sees exactly its samples: the

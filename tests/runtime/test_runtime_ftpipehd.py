@@ -120,6 +120,7 @@ async def test_the_trace_shows_each_stage_running_the_papers_1f1b_order() -> Non
         assert seen == want, (p, seen)
 
 
+@pytest.mark.slow
 async def test_a_device_slower_than_declared_gets_less_from_the_next_epoch(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """Every device declared alike, but device 3 really 10x slower: the first epoch runs

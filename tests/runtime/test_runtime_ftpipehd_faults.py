@@ -178,6 +178,7 @@ async def test_a_killed_worker_s_round_is_played_again_by_the_others(killed: int
     _assert_same(result.model.state_dict(), _reference(CONFIG, [[1, 2, 3], recovery["after"]]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("killed", [2, 3])
 async def test_a_round_is_played_again_from_its_latest_chain_replica(killed: int) -> None:
     """Chain replication every 3 batches: when a worker is killed mid-round, every stage's
@@ -237,6 +238,7 @@ async def test_a_chain_replica_keeps_batch_norm_s_statistics_exact() -> None:
                  _reference(config, [[2, 5, 8], recovery["after"]], split=(0, resumed)))
 
 
+@pytest.mark.slow
 async def test_two_workers_killed_at_once_leave_a_two_stage_pipeline() -> None:
     """Devices 1 and 2 killed together: stage 1's chain replicas were on both, so no
     point of the round survived whole, and it is played again from its start."""
@@ -289,6 +291,7 @@ async def test_a_worker_restarted_at_once_takes_its_stage_in_the_replay() -> Non
                  _reference(config, [[1, 2, 3]] * 3, split=(1, recovery["batches"][0])))
 
 
+@pytest.mark.slow
 async def test_a_worker_back_after_the_grace_takes_part_from_the_next_round() -> None:
     """Device 2 killed, and started again only after it was given up: the round is played
     again on devices 0, 1 and 3; the next round (epoch 3) runs on all four again. Device
@@ -339,6 +342,7 @@ async def test_only_the_round_under_way_is_played_again() -> None:
                  _reference(config, [before] * 4 + [after] * 2))
 
 
+@pytest.mark.slow
 async def test_the_first_re_partition_comes_after_the_first_batches(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """§III-D: with "auto" cuts the run re-partitions first after
@@ -457,6 +461,7 @@ async def test_a_round_that_stalls_every_time_ends_the_run(
     assert "no gradient came within" in str(result)
 
 
+@pytest.mark.slow
 async def test_a_restarted_server_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     """FTPipeHD's central node checkpoints to disk (§III-E): the coordinator holds every
     stage's weights and momentum between rounds, so a server killed mid-round and

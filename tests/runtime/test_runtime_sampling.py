@@ -123,6 +123,7 @@ async def test_only_the_devices_in_a_round_hold_weights(
     assert most_open == (1 if mode == "sl" else 2)  # sl: one turn at a time
 
 
+@pytest.mark.slow
 async def test_auto_plans_are_made_for_each_rounds_draw(monkeypatch: pytest.MonkeyPatch) -> None:
     """[Note: plans per round]: with "auto" plans, each round's devices are planned as the
     fleet that shares the server in that round, and train with those plans."""

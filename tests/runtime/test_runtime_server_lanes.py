@@ -60,6 +60,7 @@ def test_busy_seconds_are_the_union_of_a_track_s_slices() -> None:
                                                  "device0/compute": 1.0}
 
 
+@pytest.mark.slow
 async def test_lanes_in_virtual_time_train_the_same_weights_in_a_shorter_epoch() -> None:
     one = await simulate(CONFIG, clock=VirtualClock(), cost_table=COSTS)
     two = await simulate(CONFIG.replace(options={"server_lanes": 2}), clock=VirtualClock(),

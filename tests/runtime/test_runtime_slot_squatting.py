@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 
 import aiohttp
+import pytest
 from real_processes import TcpProxy
 from test_runtime_websocket import CONFIG, SECRET, _device
 
@@ -47,6 +48,7 @@ class Squatter:
             await asyncio.sleep(0.01)
 
 
+@pytest.mark.slow
 async def test_silent_connections_with_a_stolen_token_cannot_keep_the_device_out() -> None:
     trained = asyncio.Event()  # an epoch finished: device 1 is in the run
     async with (Server(RUN, token_secret=SECRET, join_timeout=60,

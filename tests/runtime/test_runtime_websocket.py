@@ -143,6 +143,7 @@ async def _until(condition: Callable[[], bool]) -> None:
     raise AssertionError("the condition never held")
 
 
+@pytest.mark.slow
 async def test_a_device_reconnects_by_itself_after_its_connection_drops() -> None:
     """The server drops device 1's websocket mid-round, twice; the device reconnects with
     its token, re-sends what was in flight, and the run computes what an undisturbed one

@@ -331,6 +331,7 @@ def _sequential(
     return total
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(fleets())
 def test_estimate_lies_between_the_busiest_resource_and_the_sequential_sum(
