@@ -8,7 +8,7 @@ MLP, whose losses say nothing of LoRA's quality. Here the base is a language mod
 
 1. *Pretrain* gpt-tiny (`aiopipe.models.gpt.build_gpt_tiny`) in plain PyTorch with Adam
    on ``stdlib-text`` (Python source), seeded, for ``--pretrain-steps`` steps.
-2. *A new task*: `TopicsText`, 64-byte windows of the English documentation in
+2. *A new task*: `ByteWindows`, 64-byte windows of the English documentation in
    ``pydoc_data/topics.py`` (the text ``help()`` shows: the language reference's prose),
    which every CPython install carries and ``stdlib-text`` never reads (it stops long
    before ``pydoc_data/``: checked at start). Same bytes, another language: prose, not
@@ -55,8 +55,8 @@ from torch import nn
 
 from aiopipe import CostTable, RunConfig, RunResult, VirtualClock, simulate
 from aiopipe.data import open_dataset
-from aiopipe.data.dataset import SPLITS, check_indices, check_split
-from aiopipe.data.text import CONTEXT, MAX_BYTES, VOCAB, _source_files
+from aiopipe.data.dataset import SPLITS, check_indices
+from aiopipe.data.text import CONTEXT, MAX_BYTES, VOCAB, ByteWindows, stdlib_files
 from aiopipe.models import add_lora
 from aiopipe.models.gpt import build_gpt_tiny
 from aiopipe.runtime.factories import cross_entropy, make_optimizer
@@ -75,10 +75,6 @@ SEED = 0
 MODES: dict[str, dict[str, Any]] = {"pipar": {"split_point": 2}, "fl": {},
                                     "sfl": {"split_point": 2}}
 
-_PAGE = 16
-_SPLIT_OF_PAGE = (0,) * 18 + (1, 2)
-
-
 def topics_bytes() -> npt.NDArray[np.uint8]:
     """The documentation text of ``pydoc_data.topics`` (what ``help("TOPIC")`` prints),
     topic by topic in sorted order, UTF-8, read-only.
@@ -89,7 +85,7 @@ def topics_bytes() -> npt.NDArray[np.uint8]:
     """
     root = Path(sysconfig.get_paths()["stdlib"])
     total = 0
-    for path in _source_files(root):
+    for path in stdlib_files(root):
         if path.relative_to(root).as_posix() == "pydoc_data/topics.py":
             raise RuntimeError("stdlib-text reads pydoc_data/topics.py on this install")
         total += path.stat().st_size
@@ -100,53 +96,6 @@ def topics_bytes() -> npt.NDArray[np.uint8]:
     stream = np.frombuffer(text, dtype=np.uint8)
     stream.flags.writeable = False
     return stream
-
-
-class TopicsText:
-    """One split of the new task: 64-byte windows of `topics_bytes` and their next bytes,
-    as `aiopipe.data.text.StdlibText` gives Python source (the same kind of data:
-    int64 ``[b, 64]`` inputs and targets, 256 classes), split in pages of 16 windows,
-    18 to ``"train"``, one to ``"val"``, one to ``"test"``."""
-
-    def __init__(self, stream: npt.NDArray[np.uint8], *, split: str = "train",
-                 size: int | None = None) -> None:
-        self._split = check_split(split)
-        self._stream = stream
-        windows = (stream.size - 1) // CONTEXT
-        pages = np.arange(windows, dtype=np.int64) // _PAGE
-        owner = np.asarray(_SPLIT_OF_PAGE)[pages % len(_SPLIT_OF_PAGE)]
-        self._starts = np.flatnonzero(owner == SPLITS.index(self._split))[:size] * CONTEXT
-
-    @property
-    def name(self) -> str:
-        """``"pydoc-topics"``."""
-        return "pydoc-topics"
-
-    @property
-    def num_classes(self) -> int:
-        """256: a target is a byte."""
-        return VOCAB
-
-    @property
-    def in_shape(self) -> tuple[int]:
-        """``(64,)``: one window."""
-        return (CONTEXT,)
-
-    def __len__(self) -> int:
-        """The number of windows."""
-        return int(self._starts.size)
-
-    def labels(self) -> npt.NDArray[np.int64]:
-        """Each window's last target byte."""
-        return self._stream[self._starts + CONTEXT].astype(np.int64)
-
-    def batch(self, indices: Sequence[int] | npt.NDArray[np.integer]
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The windows at ``indices`` as ``(x, y)``, int64 ``[b, 64]`` each."""
-        idx = check_indices(indices, len(self))
-        windows = torch.from_numpy(self._stream[
-            self._starts[idx][:, None] + np.arange(CONTEXT + 1)].astype(np.int64))
-        return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
 
 
 def pretrain(steps: int, *, batch: int = 32, lr: float = 3e-3) -> dict[str, torch.Tensor]:
@@ -190,7 +139,7 @@ def mean_loss(model: nn.Module, data: Any, *, batch: int = 128) -> float:
 
 
 def optimizer_bytes(model: nn.Module, optimizer: torch.optim.Optimizer,
-                    data: TopicsText) -> int:
+                    data: ByteWindows) -> int:
     """Bytes of ``optimizer``'s state after one step on one batch of ``data``: what a
     model copy holds besides its weights, for the tensors that had a gradient."""
     x, y = data.batch(range(8))
@@ -244,9 +193,9 @@ async def finetune(mode: str, model: nn.Module, lr: float, args: argparse.Namesp
 
 
 class Subset:
-    """``indices`` of a `TopicsText`, as a dataset of its own (a device's share)."""
+    """``indices`` of a `ByteWindows`, as a dataset of its own (a device's share)."""
 
-    def __init__(self, data: TopicsText, indices: range) -> None:
+    def __init__(self, data: ByteWindows, indices: range) -> None:
         self._data = data
         self._indices = np.asarray(indices, dtype=np.int64)
 
@@ -298,7 +247,8 @@ def main() -> None:
         args.lrs_full, args.lrs_lora = args.lrs_full[:1], args.lrs_lora[:1]
     began = time.monotonic()
     stream = topics_bytes()
-    splits: dict[str, Any] = {s: TopicsText(stream, split=s) for s in SPLITS}
+    splits: dict[str, Any] = {s: ByteWindows(stream, name="pydoc-topics", split=s)
+                              for s in SPLITS}
     splits["source"] = open_dataset("stdlib-text", split="val", size=512)
     print(f"new task: {stream.size} bytes of pydoc_data.topics; windows train/val/test "
           f"{len(splits['train'])}/{len(splits['val'])}/{len(splits['test'])}; "

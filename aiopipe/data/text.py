@@ -40,7 +40,8 @@ import torch
 from aiopipe.data.dataset import SPLITS, check_indices, check_size, check_split
 from aiopipe.errors import ConfigError
 
-__all__ = ["CONTEXT", "MAX_BYTES", "TEXT_NAME", "VOCAB", "StdlibText", "stdlib_bytes"]
+__all__ = ["CONTEXT", "MAX_BYTES", "TEXT_NAME", "VOCAB", "ByteWindows", "StdlibText",
+           "stdlib_bytes", "stdlib_files"]
 
 TEXT_NAME: Final = "stdlib-text"
 """The name `aiopipe.data.open_dataset` opens this dataset by."""
@@ -73,7 +74,7 @@ def stdlib_bytes() -> npt.NDArray[np.uint8]:
     chunks: list[bytes] = []
     total = 0
     try:
-        for path in _source_files(root):
+        for path in stdlib_files(root):
             chunks.append(path.read_bytes())
             total += len(chunks[-1])
             if total >= MAX_BYTES:
@@ -88,7 +89,7 @@ def stdlib_bytes() -> npt.NDArray[np.uint8]:
     return stream
 
 
-def _source_files(root: Path) -> list[Path]:
+def stdlib_files(root: Path) -> list[Path]:
     """The ``.py`` files under ``root`` outside `_SKIPPED` folders, by relative path."""
     found: list[str] = []
     for folder, subfolders, files in os.walk(root):
@@ -105,35 +106,35 @@ def _split_windows(split: str, windows: int) -> npt.NDArray[np.int64]:
     return np.flatnonzero(owner == SPLITS.index(split)).astype(np.int64)
 
 
-class StdlibText:
-    """One split of ``stdlib-text``: byte windows of Python source and their next bytes.
+class ByteWindows:
+    """One split of a byte stream as a language model's data: windows of ``CONTEXT``
+    bytes and their next bytes, carved in pages as ``stdlib-text`` is (the module
+    docstring).
 
     ``x`` from `batch` is int64 ``[b, CONTEXT]`` of byte values; ``y`` is int64
     ``[b, CONTEXT]``, the byte after each position (``x`` shifted left by one, plus the
     next byte), the targets of a language model.
+
+    Raises:
+        ConfigError: ``split`` is unknown, or ``size`` is not a positive integer or None.
     """
 
-    __slots__ = ("_split", "_starts", "_stream")
+    __slots__ = ("_name", "_split", "_starts", "_stream")
 
-    def __init__(self, *, split: str = "train", size: int | None = None) -> None:
-        """Read the source (once per process) and carve ``split``'s windows; ``size``
-        keeps the first ``size`` of them (None: all).
-
-        Raises:
-            ConfigError: ``split`` is unknown, ``size`` is not a positive integer or None,
-                or the standard library's source cannot be read.
-        """
+    def __init__(self, stream: npt.NDArray[np.uint8], *, name: str, split: str = "train",
+                 size: int | None = None) -> None:
+        self._name = name
         self._split = check_split(split)
         size = check_size(size)
-        self._stream = stdlib_bytes()
+        self._stream = stream
         windows = _split_windows(self._split, (self._stream.size - 1) // CONTEXT)
         self._starts = windows[:size] * CONTEXT
         self._starts.flags.writeable = False
 
     @property
     def name(self) -> str:
-        """``"stdlib-text"``."""
-        return TEXT_NAME
+        """The name it was given."""
+        return self._name
 
     @property
     def num_classes(self) -> int:
@@ -160,7 +161,7 @@ class StdlibText:
         return int(self._starts.size)
 
     def __repr__(self) -> str:
-        return f"StdlibText(split={self._split!r}, size={len(self)})"
+        return f"ByteWindows({self._name!r}, split={self._split!r}, size={len(self)})"
 
     def labels(self) -> npt.NDArray[np.int64]:
         """Each window's last target byte, in index order (see the module docstring)."""
@@ -180,3 +181,18 @@ class StdlibText:
             self._stream[self._starts[idx][:, None] + offsets].astype(np.int64))
         return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
 
+
+class StdlibText(ByteWindows):
+    """One split of ``stdlib-text``: byte windows of the standard library's source."""
+
+    __slots__ = ()
+
+    def __init__(self, *, split: str = "train", size: int | None = None) -> None:
+        """Read the source (once per process) and carve ``split``'s windows; ``size``
+        keeps the first ``size`` of them (None: all).
+
+        Raises:
+            ConfigError: ``split`` is unknown, ``size`` is not a positive integer or None,
+                or the standard library's source cannot be read.
+        """
+        super().__init__(stdlib_bytes(), name=TEXT_NAME, split=split, size=size)
