@@ -14,5 +14,5 @@ from aiopipe.runtime.systems.hadfl.options import HADFLOptions
 from aiopipe.runtime.systems.pipeline.options import PipelineOptions
 from aiopipe.runtime.systems.star.options import ReplicaOptions, StarOptions
 
-__all__ = ["AsteroidOptions", "FTPipeHDOptions", "FedBuffOptions", "HADFLOptions", "PipelineOptions",
-           "ReplicaOptions", "StarOptions"]
+__all__ = ["AsteroidOptions", "FTPipeHDOptions", "FedBuffOptions", "HADFLOptions",
+           "PipelineOptions", "ReplicaOptions", "StarOptions"]

@@ -88,7 +88,9 @@ class ServerBuffer:
             if not deltas:
                 continue
             if value.is_floating_point():
-                total = sum((s * d for s, d in deltas), torch.zeros_like(value, dtype=torch.float64))
+                total = torch.zeros_like(value, dtype=torch.float64)
+                for s, d in deltas:
+                    total += s * d
                 new[key] = (value.double() + scale * total).to(value.dtype)
             else:
                 new[key] = deltas[-1][1].to(value.dtype)

@@ -95,7 +95,7 @@ class FedBuff(SystemDefaults):
     """FedBuff's coordinator side (module docstring)."""
 
     device_half = FedBuffDevice
-    recovers_lost_devices = False  # (a lost device's round is dropped; see the docstring)
+    recovers_lost_devices = True  # a lost device's round under way is dropped; the rest go on
     round_iterations = 1  # an epoch is one round of the epoch loop: [Note: FedBuff rounds]
 
     @staticmethod
