@@ -72,6 +72,21 @@ def test_the_buffer_applies_every_k_arrivals_by_the_papers_rule() -> None:
     assert buffer.version == 2
 
 
+def test_arrivals_past_the_kth_wait_for_the_next_update() -> None:
+    """Three arrivals before the server gets to apply (real time: an update computes
+    while others arrive): the update takes the first K = 2, the third waits."""
+    w0 = {"w": torch.tensor([0.0])}
+    buffer = ServerBuffer(2, 1.0, "none")
+    for value in (1.0, 3.0, 10.0):
+        buffer.add({"w": torch.tensor([value], dtype=torch.float64)}, 0)
+    assert buffer.full
+    w1 = buffer.apply(w0)
+    assert torch.equal(w1["w"], torch.tensor([2.0]))  # (1 + 3) / 2
+    assert not buffer.full
+    assert buffer.taus == [0]
+    assert buffer.version == 1
+
+
 def test_options_are_checked() -> None:
     with pytest.raises(ConfigError, match="'staleness'"):
         _config(options={"staleness": "linear"})

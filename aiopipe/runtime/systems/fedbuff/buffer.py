@@ -78,13 +78,27 @@ class ServerBuffer:
         self.taus.append(tau)
         return len(self.entries) >= self.size
 
-    def apply(self, model: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The new global state from ``model`` (the current one) and the buffer, which
-        empties; the version advances. Tensors no delta holds stay as they are."""
+    @property
+    def full(self) -> bool:
+        """Whether K deltas wait (time for an update)."""
+        return len(self.entries) >= self.size
+
+    def take(self) -> list[tuple[float, dict[str, torch.Tensor]]]:
+        """The first K buffered (s(tau), Delta) pairs, out of the buffer (arrivals past
+        the K-th wait for the next update)."""
+        taken, self.entries = self.entries[:self.size], self.entries[self.size:]
+        self.taus = self.taus[self.size:]
+        return taken
+
+    def combine(self, model: Mapping[str, torch.Tensor],
+                taken: list[tuple[float, dict[str, torch.Tensor]]]) -> dict[str, torch.Tensor]:
+        """The new global state: ``model`` (the current one) + eta_g / len(taken) * the
+        sum of ``taken``'s weighted deltas; tensors no delta holds stay as they are
+        (pure: the version does not move)."""
         new = {key: value.clone() for key, value in model.items()}
-        scale = self.learning_rate / len(self.entries)
+        scale = self.learning_rate / len(taken)
         for key, value in model.items():
-            deltas = [(s, d[key]) for s, d in self.entries if key in d]
+            deltas = [(s, d[key]) for s, d in taken if key in d]
             if not deltas:
                 continue
             if value.is_floating_point():
@@ -94,7 +108,11 @@ class ServerBuffer:
                 new[key] = (value.double() + scale * total).to(value.dtype)
             else:
                 new[key] = deltas[-1][1].to(value.dtype)
-        self.entries.clear()
-        self.taus.clear()
+        return new
+
+    def apply(self, model: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The new global state from ``model`` and the first K buffered deltas
+        (`take`, `combine`); the version advances."""
+        new = self.combine(model, self.take())
         self.version += 1
         return new

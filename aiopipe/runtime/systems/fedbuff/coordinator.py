@@ -10,7 +10,10 @@ it is, trains Q mini-batches (``local_steps``: one of the runtime's rounds, play
 `Rounds.play` like fl's, numbered afresh each time) and uploads its model; the
 coordinator buffers its delta, weighted by its staleness, and answers at once with a
 new `RoundStart` of the newest global model, without waiting for the others. Every K
-arrivals (``buffer_size``) the server applies the buffer and its version advances.
+arrivals (``buffer_size``) the server applies the buffer and its version advances. The
+global model is read (a device's start) and replaced (an update) under one lock, and
+the version advances once the update is installed: the version a device is told is the
+model it got. Arrivals while an update computes wait in the buffer for the next one.
 
 The coordinator's epoch loop sees an epoch as one round (`round_iterations` and
 `iterations` are 1): `run_round` runs the asynchronous loop of every participant under
@@ -251,13 +254,19 @@ class FedBuff(SystemDefaults):
         return delta_of(state_from_wire(result.tensors), start)
 
     async def _update(self, rounds: Rounds, epoch: int) -> None:
-        """Apply the full buffer to the global model (the server's step)."""
+        """Apply the full buffer to the global model (the server's step), K deltas at a
+        time while K wait: arrivals meanwhile may have filled it again, or another
+        arrival's call may have applied it already (the lock orders them)."""
         cost_table = rounds.cost_table
         cost = cost_table.aggregate_time(self.buffer.size) if cost_table else None
         async with self._model_lock:
-            await rounds.compute.run("agg", self._apply, cost=cost, epoch=epoch)
+            while self.buffer.full:
+                taken = self.buffer.take()
+                await rounds.compute.run("agg", partial(self._apply, taken), cost=cost,
+                                         epoch=epoch)
+                self.buffer.version += 1  # (after the install: [Note: FedBuff rounds])
             self._snapshots = {v: s for v, s in self._snapshots.items() if s[1] > 0}
 
-    def _apply(self) -> None:
+    def _apply(self, taken: list[tuple[float, dict[str, torch.Tensor]]]) -> None:
         """The buffer's update, installed (compute thread)."""
-        self.model.load_state_dict(self.buffer.apply(self.model.state_dict()))
+        self.model.load_state_dict(self.buffer.combine(self.model.state_dict(), taken))
