@@ -3,13 +3,14 @@ with a buffer of one as plain SGD, and devices of unequal speed in virtual time.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from fleet import COSTS, vgg5_shaped
+from fleet import COSTS, suite_fleet, vgg5_shaped
 
 from aiopipe import RunConfig, RunResult, VirtualClock, simulate
 from aiopipe import data as datasets
@@ -143,3 +144,32 @@ async def test_fast_devices_contribute_more_and_the_loss_falls() -> None:
     assert result.epochs[-1].loss < result.epochs[0].loss
     samples = [sum(e.device_samples[k] for e in result.epochs) for k in range(3)]
     assert samples[0] > samples[2]
+
+
+@pytest.mark.slow
+async def test_a_lost_device_s_round_is_dropped_and_the_others_go_on() -> None:
+    """Device 2 killed in the middle of epoch 2: its round under way is dropped, the two
+    others finish the epoch's updates without it; restarted, it trains again from the
+    next epoch on."""
+    config = _config(epochs=4, heartbeat_interval=0.5, device_timeout=2.0,
+                     reconnect_grace=1.0, options={"buffer_size": 2, "local_steps": 2})
+    clock = VirtualClock()
+    async with asyncio.TaskGroup() as tasks:
+        fleet = suite_fleet(config, clock, tasks)
+        for k in range(3):
+            fleet.start_device(k)
+        training = tasks.create_task(fleet.node.train())
+        await fleet.until(lambda: len(fleet.node.epochs) == 1)
+        await clock.sleep(0.01)
+        fleet.kill(2)
+        await fleet.until(lambda: len(fleet.node.epochs) == 2)
+        fleet.start_device(2)
+        result = await training
+    await clock.aclose()
+    assert not fleet.crashes
+    epochs = _epochs(result)
+    assert len(result.epochs) == 4
+    assert 2 in result.epochs[1].devices_lost
+    assert epochs[1]["version"] >= 2 * math.ceil(12 / 4)  # the others made the updates
+    assert epochs[-1]["rounds"][2] >= 1  # back
+    assert all(math.isfinite(e.loss) for e in result.epochs)
