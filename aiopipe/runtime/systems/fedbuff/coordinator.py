@@ -25,11 +25,12 @@ those under way finish, and their deltas wait in the buffer for the next epoch: 
 epoch's end is a barrier of at most one round of the slowest device, the price of
 evaluating a consistent model at the coordinator's epochs.
 
+A device lost mid-round: its round under way is dropped (its delta never arrives), the
+others go on; restarted, it trains again from the next epoch.
+
 Left out: sampling devices per round (``devices_per_round`` is refused: every device
 trains all the time; the paper's concurrency limit is not modelled), checkpoints (not
-resumable), a lost device's recovery (its round under way is dropped, the others go
-on, but the launcher treats a lost device as fatal: `recovers_lost_devices` is False),
-the run's aggregation strategies and update judge (the buffer's rule is the
+resumable), the run's aggregation strategies and update judge (the buffer's rule is the
 aggregation).
 """
 
