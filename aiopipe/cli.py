@@ -29,6 +29,7 @@ from aiopipe.config_options import fold_system_tables, system_keys, warn_flat_ke
 from aiopipe.config_toml import read_run_keys
 from aiopipe.errors import AiopipeError, ConfigError
 from aiopipe.metrics.results import EpochMetrics, RunResult
+from aiopipe.runtime.systems.fedbuff.options import STALENESS
 from aiopipe.runtime.systems.registry import option_owners, options_of
 
 __all__ = [
@@ -144,6 +145,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--group-size", type=int)
     run.add_argument("--inter-group-every", type=int)
     run.add_argument("--ring-timeout", type=float)
+    run.add_argument("--buffer-size", type=int)
+    run.add_argument("--server-learning-rate", type=float)
+    run.add_argument("--staleness", choices=STALENESS)
     run.add_argument("--network", help="network preset: 4g, 4g+, wifi or lan")
     run.add_argument("--device-timeout", type=float,
                      help="seconds of silence before a device connection is given up "
@@ -211,7 +215,9 @@ def _group_by_system(parser: argparse.ArgumentParser, run: argparse._ArgumentGro
             groups[modes] = parser.add_argument_group(f"options of mode {names}")
         run._group_actions.remove(action)
         groups[modes]._group_actions.append(action)
-        action.help = options_of(modes[0]).keys[action.dest]
+        helps = {mode: options_of(mode).keys[action.dest] for mode in modes}
+        action.help = (helps[modes[0]] if len(set(helps.values())) == 1
+                       else "; ".join(f"{mode}: {text}" for mode, text in helps.items()))
     return list(groups.values())
 
 
@@ -273,7 +279,8 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "metric", "optimizer", "dataset", "t
                    "chain_replication_every", "first_repartition_after", "warmup_epochs",
                    "warmup_learning_rate", "local_steps", "sync_periods", "ring_size",
                    "version_smoothing", "ring_timeout", "group_size", "inter_group_every",
-                   "privacy", "privacy_noise", "server_lanes", "devices_per_round")
+                   "buffer_size", "server_learning_rate", "staleness", "privacy",
+                   "privacy_noise", "server_lanes", "devices_per_round")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

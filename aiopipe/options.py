@@ -8,10 +8,11 @@ system's own package declares and checks them (aiopipe.runtime.systems.<name>.op
 from __future__ import annotations
 
 from aiopipe.runtime.systems.asteroid.options import AsteroidOptions
+from aiopipe.runtime.systems.fedbuff.options import FedBuffOptions
 from aiopipe.runtime.systems.ftpipehd.options import FTPipeHDOptions
 from aiopipe.runtime.systems.hadfl.options import HADFLOptions
 from aiopipe.runtime.systems.pipeline.options import PipelineOptions
 from aiopipe.runtime.systems.star.options import ReplicaOptions, StarOptions
 
-__all__ = ["AsteroidOptions", "FTPipeHDOptions", "HADFLOptions", "PipelineOptions",
-           "ReplicaOptions", "StarOptions"]
+__all__ = ["AsteroidOptions", "FTPipeHDOptions", "FedBuffOptions", "HADFLOptions",
+           "PipelineOptions", "ReplicaOptions", "StarOptions"]

@@ -234,6 +234,17 @@ BAD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("group_size", 2, {}),
     ("inter_group_every", 0, {"mode": "hadfl"}),
     ("inter_group_every", 2, {}),
+    ("buffer_size", 0, {"mode": "fedbuff"}),
+    ("buffer_size", 2, {}),  # for mode fedbuff only
+    ("server_learning_rate", 0.0, {"mode": "fedbuff"}),
+    ("server_learning_rate", math.inf, {"mode": "fedbuff"}),
+    ("server_learning_rate", 0.5, {}),
+    ("staleness", "linear", {"mode": "fedbuff"}),
+    ("staleness", "none", {}),
+    ("local_steps", 0, {"mode": "fedbuff"}),
+    ("local_steps", "capacity", {"mode": "fedbuff"}),
+    ("aggregation_every", 2, {"mode": "fedbuff"}),  # it updates every K arrivals
+    ("devices_per_round", 1, {"mode": "fedbuff"}),  # every device trains all the time
     ("options", {"bogus": 1}, {}),  # a built-in system declares no option of its own
     ("options", "x", {}),
 ]
@@ -441,8 +452,9 @@ def configs(draw: st.DrawFn) -> RunConfig:
             optional={"latency_ms": st.floats(0, 1e4, allow_nan=False)},
         )
     )
+    mode = draw(st.sampled_from([m for m in MODES if not system_class(m).links_devices]))
     return RunConfig(
-        mode=draw(st.sampled_from([m for m in MODES if not system_class(m).links_devices])),
+        mode=mode,
         model=draw(text_without_surrogates.filter(lambda t: bool(t) and ":" not in t)
                    | st.sampled_from(["mylab:net", "pkg.nets:small_cnn"])),
         dataset=draw(text_without_surrogates.filter(bool)),
@@ -458,7 +470,8 @@ def configs(draw: st.DrawFn) -> RunConfig:
         ),
         network=network,
         device_slowdown=draw(st.floats(1, 1e6) | st.tuples(*[st.floats(1, 1e6)] * devices)),
-        aggregation_every=draw(st.integers(0, 1000)),
+        # (fedbuff updates every buffer_size arrivals: it refuses aggregation_every)
+        aggregation_every=0 if mode == "fedbuff" else draw(st.integers(0, 1000)),
         learning_rate=draw(positive),
         momentum=draw(st.floats(0, 1)),
         data_partition=draw(st.sampled_from(DATA_PARTITIONS)),

@@ -86,8 +86,9 @@ def test_help_groups_each_systems_options() -> None:
     add_run_options(parser)
     text = parser.format_help()
     text = text[text.index("run options"):]  # (after the usage line)
-    hadfl = text[text.index("options of mode hadfl:"):]
-    assert "--local-steps" in hadfl.split("\n\n")[0]
+    shared = text[text.index("options of mode hadfl and fedbuff:"):]  # (Q in both)
+    assert "--local-steps" in shared.split("\n\n")[0]
+    assert "hadfl: capacity" in shared.split("\n\n")[0]
     general = text[:text.index("options of mode")]
     assert "--local-steps" not in general
     assert "--devices" in general

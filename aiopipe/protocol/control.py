@@ -46,7 +46,8 @@ __all__ = [
 ]
 
 #: Training modes a plan can name.
-MODES: Final = ("fl", "sl", "sfl", "pipar", "pipeline", "ftpipehd", "asteroid", "hadfl")
+MODES: Final = ("fl", "sl", "sfl", "pipar", "pipeline", "ftpipehd", "asteroid", "hadfl",
+                 "fedbuff")
 
 #: Longest endpoint address a node may announce.
 MAX_ADDRESS_CHARS: Final = 256

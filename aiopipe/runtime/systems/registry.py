@@ -38,6 +38,7 @@ BUILT_IN: dict[str, str] = {
     "ftpipehd": "aiopipe.runtime.systems.ftpipehd.coordinator:FTPipeHD",
     "asteroid": "aiopipe.runtime.systems.asteroid.coordinator:Asteroid",
     "hadfl": "aiopipe.runtime.systems.hadfl.coordinator:HADFL",
+    "fedbuff": "aiopipe.runtime.systems.fedbuff.coordinator:FedBuff",
 }
 
 
@@ -46,7 +47,7 @@ BUILT_IN_OPTIONS: dict[str, str] = {
     **{mode: f"aiopipe.runtime.systems.star.options:{mode.upper()}"
        for mode in ("fl", "sl", "sfl", "pipar")},
     **{mode: f"aiopipe.runtime.systems.{mode}.options:OPTIONS"
-       for mode in ("pipeline", "ftpipehd", "asteroid", "hadfl")},
+       for mode in ("pipeline", "ftpipehd", "asteroid", "hadfl", "fedbuff")},
 }
 
 
