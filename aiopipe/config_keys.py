@@ -15,31 +15,29 @@ __all__ = ["unknown_keys"]
 
 def unknown_keys(unknown: Sequence[object], known: set[str]) -> str:
     """The error for keys that no `RunConfig` field has: each one named, with the known
-    key it likely meant (`_likely_key`), and the known keys listed when one of them has
+    key it likely meant (`_likely_keys`), and the known keys listed when one of them has
     no such guess; e.g. ``unknown config keys 'epoch' (did you mean 'epochs'?), 'lr'
     (did you mean 'learning_rate'?)``."""
     names = sorted(known)
     said, unguessed = [], False
     for key in unknown:
-        guess = _likely_key(key, names)
-        said.append(repr(key) if guess is None else f"{key!r} (did you mean {guess!r}?)")
-        unguessed = unguessed or guess is None
+        guesses = _likely_keys(key, names)
+        meant = " or ".join(map(repr, guesses))
+        said.append(f"{key!r} (did you mean {meant}?)" if guesses else repr(key))
+        unguessed = unguessed or not guesses
     text = f"unknown config {'key' if len(unknown) == 1 else 'keys'} {', '.join(said)}"
     return text + (f"; known keys: {', '.join(names)}" if unguessed else "")
 
 
-def _likely_key(key: object, names: Sequence[str]) -> str | None:
-    """The known key ``key`` likely meant: itself in lower case with underscores
-    ("Batch-Size"), the one whose words' initials it is ("lr": learning_rate), or the
-    closest spelling (`difflib.get_close_matches`: "epoch", "split_pont"); None when
-    none is close."""
+def _likely_keys(key: object, names: Sequence[str]) -> list[str]:
+    """The known keys ``key`` likely meant: itself in lower case with underscores
+    ("Batch-Size"), those whose words' initials it is ("lr": learning_rate; "bs":
+    batch_size or buffer_size), or the closest spelling (`difflib.get_close_matches`:
+    "epoch", "split_pont"); none when none is close."""
     if not isinstance(key, str):
-        return None
+        return []
     plain = key.strip().lower().replace("-", "_")
     if plain in names:
-        return plain
+        return [plain]
     initials = [n for n in names if "_" in n and "".join(w[:1] for w in n.split("_")) == plain]
-    if len(initials) == 1:
-        return initials[0]
-    close = difflib.get_close_matches(plain, names, n=1)
-    return close[0] if close else None
+    return initials or difflib.get_close_matches(plain, names, n=1)

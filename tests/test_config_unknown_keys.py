@@ -28,11 +28,16 @@ def test_every_unknown_key_is_named_with_a_guess() -> None:
 @pytest.mark.parametrize(("key", "guess"), [
     ("split_pont", "split_point"),  # a typo
     ("Batch-Size", "batch_size"),  # another case, dashes
-    ("bs", "batch_size"),  # initials
+    ("lr", "learning_rate"),  # initials
     ("device", "devices"),
 ])
 def test_a_close_key_is_suggested(key: str, guess: str) -> None:
     assert _error({key: 1}) == f"unknown config key {key!r} (did you mean {guess!r}?)"
+
+
+def test_initials_of_several_keys_suggest_each() -> None:
+    assert _error({"bs": 1}) == ("unknown config key 'bs' (did you mean 'batch_size' or "
+                                 "'buffer_size'?)")
 
 
 def test_a_key_like_none_lists_the_known_keys() -> None:
