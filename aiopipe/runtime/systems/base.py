@@ -22,7 +22,8 @@ from aiopipe.runtime.systems.registry import find_system
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.estimate import DeviceProfile
 
-__all__ = ["Rounds", "Setup", "System", "SystemDefaults", "planning_batch_sizes", "refuse_replica",
+__all__ = ["Rounds", "Setup", "System", "SystemDefaults", "mini_batches", "planning_batch_sizes",
+           "refuse_replica",
            "system_class", "system_for"]
 
 
@@ -340,3 +341,18 @@ def planning_batch_sizes(config: RunConfig) -> list[int]:
     whole batches."""
     sizes = system_class(config.mode).micro_batch_sizes(config)
     return sorted({*sizes, config.batch_size})
+
+
+def mini_batches(samples: Sequence[int], batch_size: int) -> list[int]:
+    """Each device's whole mini-batches of ``batch_size`` in its announced ``samples``
+    (the systems whose devices train the whole model at their own pace: HADFL, FedBuff).
+
+    Raises:
+        ConfigError: a device holds fewer samples than a mini-batch.
+    """
+    batches = [n // batch_size for n in samples]
+    short = [k for k, n in enumerate(batches) if n < 1]
+    if short:
+        raise ConfigError(f"device {short[0]} holds {samples[short[0]]} samples, fewer "
+                          f"than a mini-batch ({batch_size})")
+    return batches

@@ -48,7 +48,6 @@ import torch
 
 from aiopipe import models
 from aiopipe.config import RunConfig
-from aiopipe.errors import ConfigError
 from aiopipe.metrics.trace import MAX_REPORT_SLICES, REPORT_SLICE_BYTES
 from aiopipe.protocol import (
     HEADER_SLACK_BYTES,
@@ -57,7 +56,7 @@ from aiopipe.protocol import (
     state_from_wire,
     state_to_wire,
 )
-from aiopipe.runtime.systems.base import Rounds, Setup, SystemDefaults
+from aiopipe.runtime.systems.base import Rounds, Setup, SystemDefaults, mini_batches
 from aiopipe.runtime.systems.fedbuff.buffer import ServerBuffer, delta_of
 from aiopipe.runtime.systems.fedbuff.device import FedBuffDevice
 from aiopipe.runtime.systems.fedbuff.options import FedBuffOptions
@@ -131,12 +130,7 @@ class FedBuff(SystemDefaults):
         Raises:
             ConfigError: a device holds fewer samples than a mini-batch.
         """
-        b = self.config.batch_size
-        self.batches = [n // b for n in samples]
-        short = [k for k, n in enumerate(self.batches) if n < 1]
-        if short:
-            raise ConfigError(f"device {short[0]} holds {samples[short[0]]} samples, fewer "
-                              f"than a mini-batch ({b})")
+        self.batches = mini_batches(samples, self.config.batch_size)
         log.info("planned fedbuff: %s of %s each, a server update every %s, %s an epoch",
                  "rounds", plural(self.options.local_steps, "mini-batch"),
                  plural(self.options.buffer_size, "arrival"),

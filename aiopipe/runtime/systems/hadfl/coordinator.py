@@ -46,7 +46,6 @@ import torch
 from aiopipe import models
 from aiopipe.auth import pair_key
 from aiopipe.config import RunConfig
-from aiopipe.errors import ConfigError
 from aiopipe.metrics.trace import MAX_REPORT_SLICES, REPORT_SLICE_BYTES, Slice, device_of
 from aiopipe.protocol import (
     HEADER_SLACK_BYTES,
@@ -59,7 +58,7 @@ from aiopipe.protocol import (
 )
 from aiopipe.runtime.holdings import load_stage_state
 from aiopipe.runtime.plan_text import log_plan
-from aiopipe.runtime.systems.base import Rounds, Setup, SystemDefaults
+from aiopipe.runtime.systems.base import Rounds, Setup, SystemDefaults, mini_batches
 from aiopipe.runtime.systems.hadfl.device import HADFLDevice
 from aiopipe.runtime.systems.hadfl.options import HADFLOptions
 from aiopipe.runtime.tasks import first_error
@@ -119,12 +118,7 @@ class HADFL(SystemDefaults):
         Raises:
             ConfigError: a device holds fewer samples than a mini-batch.
         """
-        b = self.config.batch_size
-        self.batches = [n // b for n in samples]
-        short = [k for k, n in enumerate(self.batches) if n < 1]
-        if short:
-            raise ConfigError(f"device {short[0]} holds {samples[short[0]]} samples, fewer "
-                              f"than a mini-batch ({b})")
+        self.batches = mini_batches(samples, self.config.batch_size)
         if self._options.warmup_epochs == 0:
             self._strategy([1.0] * len(self.batches))
             self._log_strategy("planned hadfl")
