@@ -63,9 +63,10 @@ def fleet(mode: str, args: argparse.Namespace, **changes: Any) -> RunConfig:
     n = args.devices
     slowdowns = tuple(round(1 + (args.slowest - 1) * k / max(1, n - 1), 3) for k in range(n))
     return RunConfig(mode=mode, model="fedbuff:cnn", dataset=args.dataset, devices=n,
-                     samples_per_device=args.samples, batch_size=BATCH, epochs=args.epochs,
+                     samples_per_device=args.samples, batch_size=BATCH,
                      device_slowdown=slowdowns, network=args.network, test_samples=1000,
-                     learning_rate=args.learning_rate, momentum=0.0, seed=1, **changes)
+                     learning_rate=args.learning_rate, momentum=0.0, seed=1,
+                     **{"epochs": args.epochs, **changes})
 
 
 def time_to(epochs: list[dict[str, Any]], target: float) -> float | None:
@@ -84,6 +85,8 @@ def main() -> None:
     parser.add_argument("--slowest", type=float, default=10.0)
     parser.add_argument("--samples", type=int, default=256)
     parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--fl-epochs", type=int, default=0,
+                        help="fl's epochs where they differ (a sampled fl epoch is a round)")
     parser.add_argument("--targets", default="0.5,0.6,0.7")
     parser.add_argument("--dataset", default="synthetic-cifar10")
     parser.add_argument("--learning-rate", type=float, default=0.1)
@@ -101,7 +104,8 @@ def main() -> None:
     model = build_model(base, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
     costs = measure_planning_costs(base, model, dataset.in_shape, dataset,
                                    sizes=planning_batch_sizes(base))
-    runs = {"fl": fleet("fl", args, devices_per_round=args.concurrency),
+    runs = {"fl": fleet("fl", args, devices_per_round=args.concurrency,
+                        epochs=args.fl_epochs or args.epochs),
             "fedbuff": fleet("fedbuff", args, options={
                 "buffer_size": args.buffer_size, "local_steps": args.local_steps,
                 "concurrency": args.concurrency})}
