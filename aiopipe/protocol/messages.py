@@ -5,7 +5,8 @@ bytes); `aiopipe.protocol.tensors` converts to and from torch without copies. Th
 modules are pure: no I/O, no torch. The messages live by who sends them:
 `aiopipe.protocol.control` (coordinator ⇄ device), `aiopipe.protocol.stage_data`
 (device ⇄ device within a round), `aiopipe.protocol.systems` (FTPipeHD's replicas,
-HADFL's ring) and `aiopipe.protocol.secagg` (secure aggregation); this module gathers them into `Message`.
+HADFL's ring) and `aiopipe.protocol.secagg` (secure aggregation); this module gathers
+them into `Message`.
 
 Conversation of a device ``k`` with the coordinator ``C`` (the server)::
 

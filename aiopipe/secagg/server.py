@@ -49,6 +49,11 @@ class Server:
         self._step = 0
 
     @property
+    def step(self) -> int:
+        """The step whose messages the server takes now (4: the sum was given)."""
+        return self._step
+
+    @property
     def survivors(self) -> list[int]:
         """The clients whose masked input the sum holds (U3), once step 2 is closed."""
         return sorted(self._requests)

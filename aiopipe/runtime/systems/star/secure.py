@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
@@ -88,6 +88,8 @@ class SecureRound:
     unit: float  # samples of the round's busiest device: weights are samples / unit
     stop: int  # units 1..stop are summed securely
     summands: int  # devices of the round: the encoding's n
+    #: the protocol's server half, once the sum is under way
+    server: Server | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, config: Any, round_no: int, plans: Sequence[Any], work: Sequence[int],
@@ -120,7 +122,7 @@ class SecureRound:
             SecureAggregationError: too few devices to the end (aiopipe.secagg.server).
         """
         setup = RoundSetup(self.round_no, self.seed, tuple(clients), length)
-        server = Server(setup)
+        server = self.server = Server(setup)
         replies = await _ask(rounds, {k: SecAggRequest(self.round_no, 0, setup.clients, (),
                                                        length, {}) for k in clients})
         _take(replies, lambda k, r: server.take_keys(k, PublicKeys(
