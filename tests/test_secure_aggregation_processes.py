@@ -1,5 +1,5 @@
 """Secure aggregation (SecAgg+) between real processes: a server and four device
-processes over authenticated websockets, fl with ``secure_aggregation``; the run
+processes over websockets authenticated by per-device tokens, fl with ``secure_aggregation``; the run
 completes and its model equals plain FedAvg's (the same run in one process, in virtual
 time) within the fixed-point bound."""
 
@@ -14,9 +14,12 @@ from real_processes import ProcessFleet
 pytest.importorskip("cryptography")
 
 from aiopipe import RunConfig, VirtualClock, simulate
+from aiopipe.auth import mint_token
 from aiopipe.secagg import FixedPoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+SECRET = "secure-aggregation-test-secret-0123456789"
 
 
 async def test_four_device_processes_aggregate_securely(tmp_path: Path) -> None:
@@ -24,8 +27,9 @@ async def test_four_device_processes_aggregate_securely(tmp_path: Path) -> None:
            "batch_size": 10, "epochs": 1, "test_samples": 20, "seed": 5,
            "secure_aggregation": True}
     async with ProcessFleet(tmp_path, run) as fleet:
-        server = await fleet.start_server()
-        devices = [await fleet.start_device(k) for k in range(4)]
+        server = await fleet.start_server("--token-secret", SECRET)
+        devices = [await fleet.start_device(k, "--token", mint_token(SECRET.encode(), k))
+                   for k in range(4)]
         await fleet.finish(server, devices, within=240)
     assert [e["device_samples"] for e in fleet.metrics()] == [[40] * 4]
     config = RunConfig.from_toml(fleet.config_file)
