@@ -7,7 +7,7 @@ What a step carries, checked here by name, dtype and shape before anything reads
 (the state machines of aiopipe.secagg check the rest: who may appear, in which step)::
 
     step  request (C -> k)                          reply (k -> C)
-    0     clients (the round's), length             "cipher", "mask": uint8 (32,)
+    0     "clients": int64 (n,) (the round's), length  "cipher", "mask": uint8 (32,)
     1     "cipher:<id>", "mask:<id>": uint8 (32,)   "<id>": uint8 (<= 256,) sealed shares
     2     "<id>": uint8 (<= 256,) sealed shares     "masked": int32 (length,)
     3     clients (survivors), dropped              "<id>": uint8 (66,) a share
@@ -41,6 +41,8 @@ def _check_tensors(kind: str, step: int, tensors: Mapping[str, TensorData],
         shape = (data.dtype, data.shape)
         if kind == "reply" and step == 0:
             ok = name in ("cipher", "mask") and shape == _KEY
+        elif kind == "request" and step == 0:  # (an "ints" field holds at most 64)
+            ok = name == "clients" and data.dtype == "int64" and len(data.shape) == 1
         elif kind == "request" and step == 1:
             ok = bool(_KEYED.fullmatch(name)) and shape == _KEY
         elif (kind, step) in (("reply", 1), ("request", 2)):
@@ -75,9 +77,9 @@ def _check_ids(name: str, ids: tuple[int, ...]) -> None:
 @dataclass(frozen=True, slots=True)
 class SecAggRequest:
     """C -> k: do step ``step`` of round ``round``'s secure aggregation (module
-    docstring): ``clients`` (step 0: the round's; step 3: the survivors among the
-    device's neighbours), ``dropped`` (step 3), ``length`` (step 0: of the summed
-    vector), ``tensors`` (steps 1 and 2)."""
+    docstring): ``clients`` and ``dropped`` (step 3: the survivors and the dropped among
+    the device's neighbours), ``length`` (step 0: of the summed vector), ``tensors``
+    (step 0: the round's devices; steps 1 and 2: keys, sealed shares)."""
 
     round: int
     step: int

@@ -127,7 +127,7 @@ SAMPLES: list[Message] = [
     Replica(0, 3, 0, 0.0, 0, {}),
     ReplicaRequest(4, 50, (0, 2)),
     ReplicaRequest(0, 0, ()),
-    SecAggRequest(3, 0, (0, 1, 5), (), 1234, {}),
+    SecAggRequest(3, 0, (), (), 1234, {"clients": td("int64", (100,))}),
     SecAggRequest(3, 1, (), (), 0, {"cipher:1": td("uint8", (32,)), "mask:1": td("uint8", (32,))}),
     SecAggRequest(3, 2, (), (), 0, {"1": td("uint8", (160,)), "5": td("uint8", (160,))}),
     SecAggRequest(3, 3, (0, 1), (5,), 0, {}),

@@ -123,8 +123,10 @@ class SecureRound:
         """
         setup = RoundSetup(self.round_no, self.seed, tuple(clients), length)
         server = self.server = Server(setup)
-        replies = await _ask(rounds, {k: SecAggRequest(self.round_no, 0, setup.clients, (),
-                                                       length, {}) for k in clients})
+        everyone = np.array(setup.clients, dtype="<i8")
+        replies = await _ask(rounds, {k: SecAggRequest(self.round_no, 0, (), (), length, {
+            "clients": TensorData("int64", everyone.shape, everyone.tobytes())})
+            for k in clients})
         _take(replies, lambda k, r: server.take_keys(k, PublicKeys(
             bytes(r.tensors["cipher"].data), bytes(r.tensors["mask"].data))))
         lists = server.close_keys()

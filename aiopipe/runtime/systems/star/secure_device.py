@@ -105,12 +105,18 @@ class SecureUpload:
 
     def _step(self, request: SecAggRequest, vector: np.ndarray) -> dict[str, TensorData]:
         if request.step == 0:
-            if request.length != vector.size or self._client is not None:
+            if (request.length != vector.size or self._client is not None
+                    or "clients" not in request.tensors):
                 raise RemoteProtocolError(f"a secure round of length {request.length}, this "
                                           f"device's vector has {vector.size}")
-            self._client = Client(RoundSetup(request.round, int(self._settings["seed"]),
-                                             request.clients, request.length),
-                                  self.node.device_id)
+            everyone = np.frombuffer(request.tensors["clients"].data, dtype="<i8")
+            try:
+                setup = RoundSetup(request.round, int(self._settings["seed"]),
+                                   tuple(int(c) for c in everyone), request.length)
+                self._client = Client(setup, self.node.device_id)
+            except (KeyError, ValueError) as exc:
+                raise RemoteProtocolError(f"a secure round this device cannot take part "
+                                          f"in: {exc}") from None
             keys = self._client.advertise()
             return {"cipher": blob(keys.cipher), "mask": blob(keys.mask)}
         client = self._client
