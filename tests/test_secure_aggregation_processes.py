@@ -1,7 +1,7 @@
 """Secure aggregation (SecAgg+) between real processes: a server and four device
-processes over websockets authenticated by per-device tokens, fl with ``secure_aggregation``; the run
-completes and its model equals plain FedAvg's (the same run in one process, in virtual
-time) within the fixed-point bound."""
+processes over websockets authenticated by per-device tokens, fl with
+``secure_aggregation``; the run completes and its model equals plain FedAvg's (the same
+run in one process, in virtual time) within the fixed-point bound."""
 
 from __future__ import annotations
 
