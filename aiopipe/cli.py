@@ -148,6 +148,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--buffer-size", type=int)
     run.add_argument("--server-learning-rate", type=float)
     run.add_argument("--staleness", choices=STALENESS)
+    run.add_argument("--concurrency", type=int)
     run.add_argument("--network", help="network preset: 4g, 4g+, wifi or lan")
     run.add_argument("--device-timeout", type=float,
                      help="seconds of silence before a device connection is given up "
@@ -282,7 +283,7 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "metric", "optimizer", "dataset", "t
                    "chain_replication_every", "first_repartition_after", "warmup_epochs",
                    "warmup_learning_rate", "local_steps", "sync_periods", "ring_size",
                    "version_smoothing", "ring_timeout", "group_size", "inter_group_every",
-                   "buffer_size", "server_learning_rate", "staleness", "privacy",
+                   "buffer_size", "server_learning_rate", "staleness", "concurrency", "privacy",
                    "privacy_noise", "server_lanes", "devices_per_round", "secure_aggregation",
                    "secure_aggregation_clip")
 

@@ -246,6 +246,10 @@ BAD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("server_learning_rate", 0.5, {}),
     ("staleness", "linear", {"mode": "fedbuff"}),
     ("staleness", "none", {}),
+    ("concurrency", -1, {"mode": "fedbuff"}),
+    ("concurrency", 99, {"mode": "fedbuff"}),
+    ("concurrency", True, {"mode": "fedbuff"}),
+    ("concurrency", 1, {}),  # for mode fedbuff only
     ("local_steps", 0, {"mode": "fedbuff"}),
     ("local_steps", "capacity", {"mode": "fedbuff"}),
     ("aggregation_every", 2, {"mode": "fedbuff"}),  # it updates every K arrivals

@@ -76,8 +76,8 @@ class SystemRounds:
         ``returns``: the tensors its result must hold, when not the ones ``start``
         sends."""
         session = self.admission.sessions[device_id]
-        if session.window is None and start.round > 0 and not self.config.devices_per_round:
-            # (sampled per round, a device's first round may be any one)
+        if session.window is None and start.round > 0 and not self.system.devices_sit_out:
+            # (drawn to train, a device's first round may be any one)
             log.warning("device %d takes part again from round %d", device_id,
                         start.round + 1)
         try:

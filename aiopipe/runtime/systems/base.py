@@ -142,6 +142,12 @@ class System(Protocol):
     #: iterations per round (0: ``aggregation_every``'s, or the epoch's)
     round_iterations: int
 
+    @property
+    def devices_sit_out(self) -> bool:
+        """Whether a device may sit rounds out while it is alive (drawn to train), so
+        that its first round in a session may be any round."""
+        ...
+
     #: whether the system plans from the devices' own profiles (aiopipe.runtime.profiling
     #: [Note: device profiles]): the coordinator asks them before `prepare`
     wants_profiles: bool
@@ -269,6 +275,11 @@ class SystemDefaults:
     planned_keys: tuple[str, ...] = ()
     wants_profiles: bool = False
     round_iterations: int = 0
+
+    @property
+    def devices_sit_out(self) -> bool:
+        """Where devices are sampled per round (``devices_per_round``)."""
+        return bool(self.config.devices_per_round)
 
     @staticmethod
     def micro_batch_sizes(config: RunConfig) -> list[int]:
