@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -45,9 +45,12 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from aiopipe.config import RunConfig
 from aiopipe.errors import RemoteProtocolError, SecureAggregationError
 from aiopipe.protocol import RoundResult, SecAggReply, SecAggRequest, TensorData
+from aiopipe.runtime.plan import DevicePlan
 from aiopipe.runtime.systems.base import Rounds
+from aiopipe.runtime.systems.star.options import StarOptions
 from aiopipe.runtime.systems.star.replicas import ReplicaPool
 from aiopipe.secagg import FixedPoint, PublicKeys, RoundSetup, Server
 from aiopipe.strategies import Strategy
@@ -92,11 +95,11 @@ class SecureRound:
     server: Server | None = field(default=None, repr=False)
 
     @classmethod
-    def of(cls, config: Any, round_no: int, plans: Sequence[Any], work: Sequence[int],
-           participants: Sequence[int]) -> SecureRound:
+    def of(cls, config: RunConfig, round_no: int, plans: Sequence[DevicePlan],
+           work: Sequence[int], participants: Sequence[int]) -> SecureRound:
         """Round ``round_no``'s, for ``participants`` training ``work[k]`` iterations
-        each at their ``plans`` (`DevicePlan`)."""
-        options = config.options
+        each at their ``plans``."""
+        options = config.options_as(StarOptions)
         chosen = [plans[k] for k in participants]
         return cls(round_no, config.seed * 1_000_003 + round_no,
                    options.secure_aggregation_clip,
@@ -197,7 +200,8 @@ async def _ask(rounds: Rounds, requests: Mapping[int, SecAggRequest]
     return {k: reply for k, task in asked.items() if (reply := task.result()) is not None}
 
 
-def _take(replies: Mapping[int, SecAggReply], take: Any) -> None:
+def _take(replies: Mapping[int, SecAggReply], take: Callable[[int, SecAggReply], None]
+          ) -> None:
     """Hand each reply to the server's state machine; a device whose reply it refuses
     is left out of the round, as a lost one, and named in the log."""
     for k, reply in sorted(replies.items()):
