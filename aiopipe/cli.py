@@ -180,6 +180,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--privacy", choices=PRIVACY_METHODS)
     run.add_argument("--privacy-noise", type=float)
     run.add_argument("--server-lanes", type=int)
+    run.add_argument("--secure-aggregation", dest="secure_aggregation", action="store_true",
+                     default=None)
+    run.add_argument("--secure-aggregation-clip", type=float)
     run.add_argument("--devices-per-round", type=_count_or_fraction,
                      help="devices sampled to train in each round: a count, or a fraction "
                           "in (0, 1) of the devices; 0: every device (fl, sl, sfl, pipar)")
@@ -281,7 +284,8 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "metric", "optimizer", "dataset", "t
                    "warmup_learning_rate", "local_steps", "sync_periods", "ring_size",
                    "version_smoothing", "ring_timeout", "group_size", "inter_group_every",
                    "buffer_size", "server_learning_rate", "staleness", "concurrency", "privacy",
-                   "privacy_noise", "server_lanes", "devices_per_round")
+                   "privacy_noise", "server_lanes", "devices_per_round", "secure_aggregation",
+                   "secure_aggregation_clip")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

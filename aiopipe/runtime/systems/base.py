@@ -14,7 +14,16 @@ from aiopipe.clock import Clock
 from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError, RemoteProtocolError
 from aiopipe.metrics.trace import Recorder, Slice
-from aiopipe.protocol import Hello, Replica, ReplicaRequest, RoundResult, RoundStart, TensorData
+from aiopipe.protocol import (
+    Hello,
+    Replica,
+    ReplicaRequest,
+    RoundResult,
+    RoundStart,
+    SecAggReply,
+    SecAggRequest,
+    TensorData,
+)
 from aiopipe.runtime.compute import Compute
 from aiopipe.runtime.device_half import DeviceHalf
 from aiopipe.runtime.stage import ServerStage
@@ -98,6 +107,11 @@ class Rounds(Protocol):
 
     async def replicas(self, device_id: int, request: ReplicaRequest) -> list[Replica]:
         """Device ``device_id``'s answer to ``request`` (empty when it was lost)."""
+        ...
+
+    async def secagg(self, device_id: int, request: SecAggRequest) -> SecAggReply | None:
+        """Device ``device_id``'s answer to a secure aggregation step (None when it was
+        lost or too slow)."""
         ...
 
 
