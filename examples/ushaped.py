@@ -27,6 +27,18 @@ The two halves:
   the device: stage 0's activations go up with zeros for labels, and the true ones are
   put back on the activations that come down for stage 2.
 
+[Note: gradient noise] The labels stay on the device, but the gradient the tail sends
+up (of the loss with respect to the middle's output) still leaks them: its direction
+clusters by label (Li et al., ICLR 2022; `aiopipe.attacks.label_inference`, measured by
+bench/label_inference.py). Option ``gradient_noise`` (sigma) adds isotropic Gaussian
+noise to that gradient before it leaves: each sample's row gets noise of expected norm
+sigma times the micro-batch's largest row norm (a noise scaled to the batch's gradients,
+as Li et al.'s isotropic-noise baseline is). The noise is drawn from a generator seeded
+by (the run's seed, ``noise_seed``, the device id, the epoch, iteration and
+micro-batch): a run is reproducible, and a gradient re-sent after a reconnection carries
+the same noise. The coordinator trains its middle on the noisy gradient; the device's
+own stages train on the exact one.
+
 Left out: checkpoints (a U-shaped run does not resume), and what a broken connection
 loses mid-iteration (the coordinator re-sends no activation it passed down: such a
 turn can stall).
@@ -48,6 +60,7 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any, ClassVar
 
+import numpy
 import torch
 
 from aiopipe import ConfigError, RemoteProtocolError, RunConfig, models
@@ -83,6 +96,7 @@ from aiopipe.systems import (
     state_from_wire,
     state_to_wire,
     to_tensor_data,
+    to_torch,
     unit_crossings,
     with_transfers,
 )
@@ -126,8 +140,36 @@ class _ToCoordinator:
             zeros = torch.zeros(message.labels.shape, dtype=torch.int64)
             message = dataclasses.replace(message, labels=to_tensor_data(zeros))
             node.delivery.sent(message)  # re-sent after a reconnection, until its gradient
+        else:
+            options = node.config.options_as(UShapedOptions)
+            if options.gradient_noise > 0:
+                message = with_noise(message, options.gradient_noise, (
+                    node.config.seed, options.noise_seed, node.device_id, *key))
         node.peer.post(message, name, epoch=key[0], iteration=key[1], micro_batch=key[2],
                        ready_at=ready_at)
+
+
+def with_noise(message: Gradient, sigma: float, seed: Sequence[int]) -> Gradient:
+    """``message`` with isotropic Gaussian noise added to its gradient ([Note: gradient
+    noise]): each row (sample) gets noise whose expected norm is ``sigma`` times the
+    largest row norm of the micro-batch, drawn from a generator seeded by ``seed``."""
+    tensors = [to_torch(t) for t in message.tensors]
+    floats = [t for t in tensors if t.is_floating_point()]
+    if not floats:
+        return message
+    rows = floats[0].shape[0]
+    flat = torch.cat([t.reshape(rows, -1).to(torch.float64) for t in floats], dim=1)
+    largest = float(torch.linalg.vector_norm(flat, dim=1).max())
+    std = sigma * largest / flat.shape[1] ** 0.5
+    state = numpy.random.SeedSequence([int(s) for s in seed]).generate_state(1, numpy.uint64)
+    generator = torch.Generator().manual_seed(int(state[0]))
+    noisy = []
+    for t in tensors:
+        if t.is_floating_point():
+            noise = torch.randn(t.shape, generator=generator, dtype=torch.float64) * std
+            t = (t.to(torch.float64) + noise).to(t.dtype)
+        noisy.append(to_tensor_data(t))
+    return dataclasses.replace(message, tensors=tuple(noisy))
 
 
 class UShapedDevice(DeviceHalf):
@@ -258,9 +300,18 @@ def _check(config: Any) -> None:
     for k in range(config.devices):
         if not isinstance(config.device_parallel_batches(k), int):
             raise ConfigError("config key 'parallel_batches': U-shaped runs take ints")
-    tail = config.options_as(UShapedOptions).tail_units
+    options = config.options_as(UShapedOptions)
+    tail = options.tail_units
     if isinstance(tail, bool) or not isinstance(tail, int) or tail < 1:
         raise ConfigError(f"config key 'tail_units': got {tail!r}, expected an int >= 1")
+    noise = options.gradient_noise
+    if isinstance(noise, bool) or not isinstance(noise, int | float) or not noise >= 0 or (
+            noise == float("inf")):
+        raise ConfigError(f"config key 'gradient_noise': got {noise!r}, expected a finite "
+                          "number >= 0")
+    seed = options.noise_seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"config key 'noise_seed': got {seed!r}, expected an int >= 0")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -268,6 +319,8 @@ class UShapedOptions:
     """U-shaped split learning's own options (a config file's ``[ushaped]`` table)."""
 
     tail_units: int = 1
+    gradient_noise: float = 0.0
+    noise_seed: int = 0
 
 
 class UShaped(SystemDefaults):
@@ -278,7 +331,11 @@ class UShaped(SystemDefaults):
     options: ClassVar[SystemOptions] = SystemOptions(
         UShapedOptions,
         keys={"tail_units": "units at the model's end that run on the device, after the "
-                            "coordinator's (the classifier: 1)"},
+                            "coordinator's (the classifier: 1)",
+              "gradient_noise": "Gaussian noise on the gradient the device's tail sends "
+                                "the coordinator, per sample, as a multiple of the "
+                                "micro-batch's largest per-sample norm (0: none)",
+              "noise_seed": "seed of that noise, with the run's seed (0)"},
         check=_check)
     serves_stages = True  # the middle (not resumable: `SystemDefaults`)
 
