@@ -14,8 +14,16 @@ U-shaped zeroes them). Then the server's attacks (`aiopipe.attacks.label_inferen
   and guesses every other sample of that epoch;
 - **cluster**: spherical k-means over the gradients' directions, started at the known
   samples (Liu and Lyu 2022's clustering attack, named by the known samples);
-- **norm AUC**: Li et al.'s norm attack, on the binary task only (``--binary``: class
-  0 against the rest, 1:9; [Note: the norm attack is binary]).
+- **norm AUC**, **cosine AUC**: Li et al.'s two attacks as they score them, on the
+  binary task only (class 0 of ``--dataset`` against the rest, 1:9, the devices' own
+  data: [Note: the norm attack is binary]); the cosine score is the cosine with the
+  known positive.
+
+Tasks (``--tasks``): ``classes``, the dataset's ten classes (model accuracy: the run's
+test set); ``binary``, the task above (model accuracy: the devices' held-out data,
+where predicting "negative" everywhere scores 0.9). A run whose training fails (noise
+large enough that the device's head diverges and the coordinator's judge refuses its
+activations) is reported as failed, its attacks on what the server saw before.
 
 The gradient attacked: in PiPar, the one the server sends each device (with respect to
 the device's activation: computed by the server, which has the labels anyway); in
@@ -25,7 +33,8 @@ server sends down to the device's head. Chance: the share of the most common cla
 (accuracy), 0.5 (AUC).
 
     PYTHONPATH=. .venv/bin/python bench/label_inference.py [--epochs 3] [--devices 2]
-        [--samples 320] [--noise 1,10,100] [--known 1] [--binary] [--out DIR]
+        [--samples 512] [--noise 0.3,1,3] [--known 1] [--tasks classes,binary]
+        [--seed 1] [--out DIR]
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import sys
 import time
 from collections import defaultdict
@@ -42,22 +52,27 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy
 import torch
 
-from aiopipe import RunConfig, VirtualClock, simulate
+from aiopipe import RunConfig, TrainingError, VirtualClock, simulate
 from aiopipe.attacks import (
     accuracy,
     auc,
     cluster_attack,
+    cosine_scores,
     direction_attack,
     known_examples,
     norm_scores,
     rows,
 )
+from aiopipe.data import open_dataset
 from aiopipe.protocol import Activation, Gradient, to_torch
 from aiopipe.runtime import session, stage_round
 
 REPO = Path(__file__).resolve().parents[1]
+#: test samples per device (binary task: held out per device) or of the run
+TEST = 500
 #: (device, epoch, iteration, micro-batch)
 Key = tuple[str, int, int, int]
 
@@ -145,8 +160,12 @@ def attack(gradients: dict[Key, torch.Tensor], truth: dict[Key, torch.Tensor],
         given = known_examples(labels, known, generator)
         scores["direction"].append(accuracy(direction_attack(matrix, given), labels, given))
         scores["cluster"].append(accuracy(cluster_attack(matrix, given), labels, given))
-        if binary:
-            scores["norm_auc"].append(auc(norm_scores(matrix), labels == 1))
+        if binary:  # Li et al.'s scores, over the samples the attacker was not given
+            keep = torch.ones(len(labels), dtype=torch.bool)
+            keep[torch.cat(list(given.values()))] = False
+            positive = labels[keep] == 1
+            scores["norm_auc"].append(auc(norm_scores(matrix)[keep], positive))
+            scores["cosine_auc"].append(auc(cosine_scores(matrix, given[1])[keep], positive))
     return {name: sum(v) / len(v) for name, v in scores.items()}
 
 
@@ -160,25 +179,94 @@ def labels_read(traffic: Traffic) -> float:
     return right / total if total else float("nan")
 
 
-async def one_run(config: RunConfig, route: Any) -> tuple[Traffic, float]:
-    """One simulation, recorded; its traffic and final test accuracy."""
+class Binary:
+    """Samples [first, first + count) of ``base`` (an `aiopipe.data.Dataset`), class 0 as
+    1 (positive) and every other class as 0: Li et al.'s binary task with rare
+    positives (1:9 for a 10-class set)."""
+
+    def __init__(self, base: Any, first: int, count: int) -> None:
+        self.base, self.first, self.count = base, first, count
+
+    @property
+    def name(self) -> str:
+        return f"{self.base.name}-binary"
+
+    @property
+    def num_classes(self) -> int:
+        return 2
+
+    @property
+    def in_shape(self) -> tuple[int, ...]:
+        return tuple(self.base.in_shape)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def labels(self) -> numpy.ndarray:
+        labels = self.base.labels()[self.first:self.first + self.count]
+        return (labels == 0).astype(numpy.int64)
+
+    def batch(self, indices: Sequence[int]) -> tuple[Any, torch.Tensor]:
+        x, y = self.base.batch(numpy.asarray(indices, dtype=numpy.int64) + self.first)
+        return x, (y == 0).to(torch.int64)
+
+
+async def one_run(config: RunConfig, route: Any, binary: bool
+                  ) -> tuple[Traffic, float, str]:
+    """One simulation, recorded; its traffic, final accuracy (on the run's test set, or,
+    ``binary``, on the devices' held-out binary data: the coordinator's test set has ten
+    classes) and, for a run that failed, why (its accuracy NaN, its traffic what came
+    before)."""
+    own: dict[str, Any] = {}
+    if binary:
+        count, devices = int(config.samples_per_device), config.devices  # type: ignore[call-overload]
+        train = open_dataset(config.dataset, size=count * devices, seed=config.seed)
+        test = open_dataset(config.dataset, split="test", size=TEST * devices,
+                            seed=config.seed)
+        own = {"datasets": [Binary(train, k * count, count) for k in range(devices)],
+               "held_out": [Binary(test, k * TEST, TEST) for k in range(devices)]}
     with capture_traffic(route) as traffic:
-        result = await simulate(config, clock=VirtualClock())
-    return traffic, result.epochs[-1].accuracy
+        try:
+            result = await simulate(config, clock=VirtualClock(), **own)
+        except TrainingError as error:
+            return traffic, math.nan, str(error)
+    last = result.epochs[-1]
+    return traffic, last.held_out_accuracy if binary else last.accuracy, ""
+
+
+def _table(title: str, rows_out: Sequence[dict[str, Any]]) -> str:
+    lines = [title, "", "| task | system | gradient attacked | labels read | direction acc | "
+             "cluster acc | norm AUC | cosine AUC | model acc | chance acc |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    failures = []
+    for row in rows_out:
+        aucs = [f"{row[k]:.3f}" if k in row else "-" for k in ("norm_auc", "cosine_auc")]
+        model = f"{row['model_accuracy']:.3f}"
+        if row["failed"]:
+            failures.append(f"{row['task']}, {row['system']}: {row['failed']}")
+            model = f"failed ({len(failures)})"
+        lines.append(f"| {row['task']} | {row['system']} | {row['gradient']} | "
+                     f"{row['labels_read']:.3f} | {row['direction']:.3f} | "
+                     f"{row['cluster']:.3f} | {aucs[0]} | {aucs[1]} | {model} | "
+                     f"{row['chance']:.3f} |")
+    lines += ["", *(f"({i}) {why}" for i, why in enumerate(failures, 1))] if failures else []
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run every system, attack what its server saw, print (and write) the table."""
+    """Run every system on every task, attack what its server saw, print (and write)
+    the table."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--model", default="vgg5")
     parser.add_argument("--dataset", default="synthetic-cifar10")
     parser.add_argument("--devices", type=int, default=2)
-    parser.add_argument("--samples", type=int, default=320)
+    parser.add_argument("--samples", type=int, default=512)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--noise", default="1,10,100")
+    parser.add_argument("--noise", default="0.3,1,3")
     parser.add_argument("--known", type=int, default=1)
+    parser.add_argument("--tasks", default="classes,binary")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
@@ -188,39 +276,37 @@ def main(argv: Sequence[str] | None = None) -> None:
     base = RunConfig(model=args.model, dataset=args.dataset, devices=args.devices,
                      samples_per_device=args.samples, batch_size=args.batch,
                      epochs=args.epochs, split_point=2, parallel_batches=args.parallel,
-                     test_samples=500, seed=args.seed, network="wifi")
+                     test_samples=TEST, seed=args.seed, network="wifi")
     systems: list[tuple[str, RunConfig]] = [("pipar", base.replace(mode="pipar"))]
     systems.append(("u-shaped", base.replace(mode="ushaped:UShaped")))
     for sigma in [float(s) for s in args.noise.split(",") if s]:
         systems.append((f"u-shaped, noise {sigma:g}", base.replace(
             mode="ushaped:UShaped", options={"gradient_noise": sigma})))
     rows_out = []
-    for name, config in systems:
-        began = time.monotonic()
-        traffic, test_accuracy = asyncio.run(one_run(config, ushaped._ToCoordinator))
-        all_labels = torch.cat(list(traffic.truth.values()))
-        chance = float(torch.bincount(all_labels).max()) / len(all_labels)
-        targets = [("sent", traffic.gradients_sent)]
-        if traffic.gradients_received:
-            targets.insert(0, ("received", traffic.gradients_received))
-        for which, gradients in targets:
-            row = {"system": name, "gradient": which, "labels_read": labels_read(traffic),
-                   **attack(gradients, traffic.truth, args.known, args.seed, binary=False),
-                   "test_accuracy": test_accuracy, "chance": chance,
-                   "samples": len(all_labels), "wall_s": time.monotonic() - began}
-            rows_out.append(row)
-            print(json.dumps(row), flush=True)
+    for task in args.tasks.split(","):
+        binary = task == "binary"
+        for name, config in systems:
+            began = time.monotonic()
+            traffic, model_accuracy, failed = asyncio.run(
+                one_run(config, ushaped._ToCoordinator, binary))
+            all_labels = torch.cat(list(traffic.truth.values()))
+            chance = float(torch.bincount(all_labels).max()) / len(all_labels)
+            targets = [("sent", traffic.gradients_sent)]
+            if traffic.gradients_received:
+                targets.insert(0, ("received", traffic.gradients_received))
+            for which, gradients in targets:
+                row = {"task": task, "system": name, "gradient": which,
+                       "labels_read": labels_read(traffic),
+                       **attack(gradients, traffic.truth, args.known, args.seed, binary),
+                       "model_accuracy": model_accuracy, "failed": failed, "chance": chance,
+                       "samples": len(all_labels), "wall_s": time.monotonic() - began}
+                rows_out.append(row)
+                print(json.dumps(row), flush=True)
     title = (f"{args.model}, {args.dataset}, {args.devices} devices x {args.samples} "
              f"samples, B = {args.batch}, N = {args.parallel}, {args.epochs} epochs, split "
-             f"point 2 (U-shaped: tail = last unit), {args.known} known label(s) per class "
-             f"per epoch, seed {args.seed}")
-    lines = [title, "", "| system | gradient attacked | labels read | direction acc | "
-             "cluster acc | test acc | chance |", "|---|---|---|---|---|---|---|"]
-    for row in rows_out:
-        lines.append(f"| {row['system']} | {row['gradient']} | {row['labels_read']:.3f} | "
-                     f"{row['direction']:.3f} | {row['cluster']:.3f} | "
-                     f"{row['test_accuracy']:.3f} | {row['chance']:.3f} |")
-    text = "\n".join(lines)
+             f"point 2 (U-shaped: the device keeps the last unit), {args.known} known "
+             f"label(s) per class per epoch, seed {args.seed}")
+    text = _table(title, rows_out)
     print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,8 @@ Implemented here, as pure functions of a matrix of per-sample gradients (one row
 a cut's tensor flattened per row):
 
 - `norm_scores` and `auc`: the norm attack, as Li et al. score it;
+- `cosine_scores`: the cosine attack of a binary task as Li et al. score it (by AUC):
+  each sample's cosine with the gradient of a sample known to be positive;
 - `direction_attack`: the cosine attack generalised to C classes: the attacker knows the
   label of a few samples per class (Li et al. give it one positive sample; we give it
   ``known`` samples of every class), and labels every other sample with the class of
@@ -56,6 +58,7 @@ __all__ = [
     "accuracy",
     "auc",
     "cluster_attack",
+    "cosine_scores",
     "direction_attack",
     "known_examples",
     "norm_scores",
@@ -142,6 +145,18 @@ def _check_known(gradients: torch.Tensor, known: Mapping[int, torch.Tensor]) -> 
         if int(indices.min()) < 0 or int(indices.max()) >= gradients.shape[0]:
             raise ValueError(f"a known index is outside the {gradients.shape[0]} rows")
     return sorted(known)
+
+
+def cosine_scores(gradients: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """Li et al.'s cosine attack as a score: each row's mean cosine with the rows at
+    ``indices`` (in a binary task, samples known to be positive; scored by `auc`).
+
+    Raises:
+        ValueError: no indices, or one out of range; ``gradients`` not 2-D.
+    """
+    _check_known(gradients, {1: indices})
+    unit = _directions(gradients)
+    return unit @ unit[indices].mean(dim=0)
 
 
 def direction_attack(gradients: torch.Tensor,

@@ -12,6 +12,7 @@ from aiopipe.attacks import (
     accuracy,
     auc,
     cluster_attack,
+    cosine_scores,
     direction_attack,
     known_examples,
     norm_scores,
@@ -88,6 +89,9 @@ def test_the_norm_attack_ranks_the_rare_positives_first() -> None:
     labels = (torch.rand(500, generator=torch.Generator().manual_seed(8)) < 0.1).long()
     gradients = _cut_gradients(top, features, labels)
     assert auc(norm_scores(gradients), labels == 1) > 0.99
+    # and the cosine attack, given one positive, as Li et al. score it
+    positive = torch.nonzero(labels == 1).flatten()[:1]
+    assert auc(cosine_scores(gradients, positive), labels == 1) > 0.99
 
 
 def test_one_vs_rest_aucs_of_one_score_average_to_a_half() -> None:
