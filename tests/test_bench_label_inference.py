@@ -5,7 +5,6 @@ the server sees it, and the bench's table."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +21,12 @@ BATCH = 16
 
 
 @pytest.fixture
-def ushaped(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def ushaped(monkeypatch: pytest.MonkeyPatch) -> Any:
     """The example's module, importable by its mode name."""
     monkeypatch.syspath_prepend(str(EXAMPLES))
     import ushaped as module
 
-    yield module
+    return module
 
 
 def _config(**changes: object) -> RunConfig:
