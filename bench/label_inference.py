@@ -243,8 +243,10 @@ def _table(title: str, rows_out: Sequence[dict[str, Any]]) -> str:
         aucs = [f"{row[k]:.3f}" if k in row else "-" for k in ("norm_auc", "cosine_auc")]
         model = f"{row['model_accuracy']:.3f}"
         if row["failed"]:
-            failures.append(f"{row['task']}, {row['system']}: {row['failed']}")
-            model = f"failed ({len(failures)})"
+            failure = f"{row['task']}, {row['system']}: {row['failed']}"
+            if failure not in failures:
+                failures.append(failure)
+            model = f"failed ({failures.index(failure) + 1})"
         lines.append(f"| {row['task']} | {row['system']} | {row['gradient']} | "
                      f"{row['labels_read']:.3f} | {row['direction']:.3f} | "
                      f"{row['cluster']:.3f} | {aucs[0]} | {aucs[1]} | {model} | "
