@@ -34,7 +34,7 @@ server sends down to the device's head. Chance: the share of the most common cla
 
     PYTHONPATH=. .venv/bin/python bench/label_inference.py [--epochs 3] [--devices 2]
         [--samples 512] [--noise 0.3,1,3] [--known 1] [--tasks classes,binary]
-        [--seed 1] [--out DIR]
+        [--seeds 1,2,3] [--out DIR]
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import json
 import math
 import sys
@@ -234,24 +235,41 @@ async def one_run(config: RunConfig, route: Any, binary: bool
     return traffic, last.held_out_accuracy if binary else last.accuracy, ""
 
 
+def _cell(values: Sequence[float]) -> str:
+    """A mean, and over several seeds its range."""
+    if not values:
+        return "-"
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return f"{mean:.3f}"
+    return f"{mean:.3f} ({min(values):.2f}-{max(values):.2f})"
+
+
 def _table(title: str, rows_out: Sequence[dict[str, Any]]) -> str:
+    """One line per (task, system, gradient): means over the seeds (and their range);
+    the model's accuracy over the seeds whose run did not fail."""
     lines = [title, "", "| task | system | gradient attacked | labels read | direction acc | "
              "cluster acc | norm AUC | cosine AUC | model acc | chance acc |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    failures = []
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for row in rows_out:
-        aucs = [f"{row[k]:.3f}" if k in row else "-" for k in ("norm_auc", "cosine_auc")]
-        model = f"{row['model_accuracy']:.3f}"
-        if row["failed"]:
-            failure = f"{row['task']}, {row['system']}: {row['failed']}"
-            if failure not in failures:
-                failures.append(failure)
-            model = f"failed ({failures.index(failure) + 1})"
-        lines.append(f"| {row['task']} | {row['system']} | {row['gradient']} | "
-                     f"{row['labels_read']:.3f} | {row['direction']:.3f} | "
-                     f"{row['cluster']:.3f} | {aucs[0]} | {aucs[1]} | {model} | "
-                     f"{row['chance']:.3f} |")
-    lines += ["", *(f"({i}) {why}" for i, why in enumerate(failures, 1))] if failures else []
+        groups.setdefault((row["task"], row["system"], row["gradient"]), []).append(row)
+    failures: list[str] = []
+    for (task, system, gradient), rows_of in groups.items():
+        cells = [_cell([r[k] for r in rows_of if k in r]) for k in (
+            "labels_read", "direction", "cluster", "norm_auc", "cosine_auc")]
+        model = _cell([r["model_accuracy"] for r in rows_of if not r["failed"]])
+        for r in rows_of:
+            if r["failed"]:
+                failure = f"{task}, {system}, seed {r['seed']}: {r['failed']}"
+                if failure not in failures:
+                    failures.append(failure)
+        failed = sum(1 for r in rows_of if r["failed"])
+        if failed:
+            model += f", failed {failed}/{len(rows_of)}"
+        lines.append(f"| {task} | {system} | {gradient} | {' | '.join(cells)} | {model} | "
+                     f"{_cell([r['chance'] for r in rows_of])} |")
+    lines += ["", "Failed runs:", *failures] if failures else []
     return "\n".join(lines)
 
 
@@ -269,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--noise", default="0.3,1,3")
     parser.add_argument("--known", type=int, default=1)
     parser.add_argument("--tasks", default="classes,binary")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seeds", default="1")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO / "examples"))
@@ -278,36 +296,36 @@ def main(argv: Sequence[str] | None = None) -> None:
     base = RunConfig(model=args.model, dataset=args.dataset, devices=args.devices,
                      samples_per_device=args.samples, batch_size=args.batch,
                      epochs=args.epochs, split_point=2, parallel_batches=args.parallel,
-                     test_samples=TEST, seed=args.seed, network="wifi")
+                     test_samples=TEST, network="wifi")
     systems: list[tuple[str, RunConfig]] = [("pipar", base.replace(mode="pipar"))]
     systems.append(("u-shaped", base.replace(mode="ushaped:UShaped")))
     for sigma in [float(s) for s in args.noise.split(",") if s]:
         systems.append((f"u-shaped, noise {sigma:g}", base.replace(
             mode="ushaped:UShaped", options={"gradient_noise": sigma})))
     rows_out = []
-    for task in args.tasks.split(","):
+    for seed, task, (name, config) in itertools.product(
+            [int(s) for s in args.seeds.split(",")], args.tasks.split(","), systems):
         binary = task == "binary"
-        for name, config in systems:
-            began = time.monotonic()
-            traffic, model_accuracy, failed = asyncio.run(
-                one_run(config, ushaped._ToCoordinator, binary))
-            all_labels = torch.cat(list(traffic.truth.values()))
-            chance = float(torch.bincount(all_labels).max()) / len(all_labels)
-            targets = [("sent", traffic.gradients_sent)]
-            if traffic.gradients_received:
-                targets.insert(0, ("received", traffic.gradients_received))
-            for which, gradients in targets:
-                row = {"task": task, "system": name, "gradient": which,
-                       "labels_read": labels_read(traffic),
-                       **attack(gradients, traffic.truth, args.known, args.seed, binary),
-                       "model_accuracy": model_accuracy, "failed": failed, "chance": chance,
-                       "samples": len(all_labels), "wall_s": time.monotonic() - began}
-                rows_out.append(row)
-                print(json.dumps(row), flush=True)
+        began = time.monotonic()
+        traffic, model_accuracy, failed = asyncio.run(
+            one_run(config.replace(seed=seed), ushaped._ToCoordinator, binary))
+        all_labels = torch.cat(list(traffic.truth.values()))
+        chance = float(torch.bincount(all_labels).max()) / len(all_labels)
+        targets = [("sent", traffic.gradients_sent)]
+        if traffic.gradients_received:
+            targets.insert(0, ("received", traffic.gradients_received))
+        for which, gradients in targets:
+            row = {"seed": seed, "task": task, "system": name, "gradient": which,
+                   "labels_read": labels_read(traffic),
+                   **attack(gradients, traffic.truth, args.known, seed, binary),
+                   "model_accuracy": model_accuracy, "failed": failed, "chance": chance,
+                   "samples": len(all_labels), "wall_s": time.monotonic() - began}
+            rows_out.append(row)
+            print(json.dumps(row), flush=True)
     title = (f"{args.model}, {args.dataset}, {args.devices} devices x {args.samples} "
              f"samples, B = {args.batch}, N = {args.parallel}, {args.epochs} epochs, split "
              f"point 2 (U-shaped: the device keeps the last unit), {args.known} known "
-             f"label(s) per class per epoch, seed {args.seed}")
+             f"label(s) per class per epoch, seeds {args.seeds}")
     text = _table(title, rows_out)
     print(text)
     if args.out:

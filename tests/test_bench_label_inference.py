@@ -116,3 +116,18 @@ def test_the_bench_prints_and_writes_its_table(tmp_path: Path,
                                  ("u-shaped, noise 1", "sent")]]
     assert all(r["labels_read"] == 1.0 for r in rows if r["system"] == "pipar")
     assert all("norm_auc" in r for r in rows if r["task"] == "binary")
+
+
+def test_the_table_gives_means_ranges_and_failed_runs() -> None:
+    def row(seed: int, direction: float, accuracy: float, failed: str = "") -> dict[str, Any]:
+        return {"seed": seed, "task": "classes", "system": "u-shaped", "gradient": "received",
+                "labels_read": 0.1, "direction": direction, "cluster": 0.5,
+                "model_accuracy": accuracy, "failed": failed, "chance": 0.1}
+
+    text = bench._table("title", [row(1, 0.5, 0.6), row(2, 0.7, 0.8),
+                                  row(3, 0.9, float("nan"), "every device was lost")])
+    line = next(t for t in text.splitlines() if t.startswith("| classes"))
+    assert line == ("| classes | u-shaped | received | 0.100 (0.10-0.10) | 0.700 (0.50-0.90) | "
+                    "0.500 (0.50-0.50) | - | - | 0.700 (0.60-0.80), failed 1/3 | "
+                    "0.100 (0.10-0.10) |")
+    assert text.endswith("classes, u-shaped, seed 3: every device was lost")
