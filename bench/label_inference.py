@@ -29,11 +29,12 @@ The gradient attacked: in PiPar, the one the server sends each device (with resp
 the device's activation: computed by the server, which has the labels anyway); in
 U-shaped, the one the device's tail sends the server (with respect to the middle's
 output: the server's only window on the labels), and, in a second row, the one the
-server sends down to the device's head. Chance: the share of the most common class
-(accuracy), 0.5 (AUC).
+server sends down to the device's head. ``--tails``: U-shaped runs whose device keeps
+more units after the server's (the tail's gradient then crosses a deeper cut). Chance:
+the share of the most common class (accuracy), 0.5 (AUC).
 
     PYTHONPATH=. .venv/bin/python bench/label_inference.py [--epochs 3] [--devices 2]
-        [--samples 512] [--noise 0.3,1,3] [--known 1] [--tasks classes,binary]
+        [--samples 512] [--noise 0.3,1,3] [--tails 2] [--known 1] [--tasks classes,binary]
         [--seeds 1,2,3] [--out DIR]
 """
 
@@ -285,6 +286,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--noise", default="0.3,1,3")
+    parser.add_argument("--tails", default="2")
     parser.add_argument("--known", type=int, default=1)
     parser.add_argument("--tasks", default="classes,binary")
     parser.add_argument("--seeds", default="1")
@@ -299,6 +301,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                      test_samples=TEST, network="wifi")
     systems: list[tuple[str, RunConfig]] = [("pipar", base.replace(mode="pipar"))]
     systems.append(("u-shaped", base.replace(mode="ushaped:UShaped")))
+    for tail in [int(t) for t in args.tails.split(",") if t]:
+        systems.append((f"u-shaped, tail {tail}", base.replace(
+            mode="ushaped:UShaped", options={"tail_units": tail})))
     for sigma in [float(s) for s in args.noise.split(",") if s]:
         systems.append((f"u-shaped, noise {sigma:g}", base.replace(
             mode="ushaped:UShaped", options={"gradient_noise": sigma})))
@@ -324,7 +329,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(json.dumps(row), flush=True)
     title = (f"{args.model}, {args.dataset}, {args.devices} devices x {args.samples} "
              f"samples, B = {args.batch}, N = {args.parallel}, {args.epochs} epochs, split "
-             f"point 2 (U-shaped: the device keeps the last unit), {args.known} known "
+             f"point 2 (U-shaped: the device keeps the last unit, or the last --tails), "
+             f"{args.known} known "
              f"label(s) per class per epoch, seeds {args.seeds}")
     text = _table(title, rows_out)
     print(text)
