@@ -27,6 +27,17 @@ The two halves:
   the device: stage 0's activations go up with zeros for labels, and the true ones are
   put back on the activations that come down for stage 2.
 
+[Note: parallel schedule] With ``schedule = "parallel"`` the devices do not take
+turns: every device of the round trains at once from the same global model, as in
+pipar (PiPar's concurrency across devices: each device's three-stage pipeline runs
+beside the others', the coordinator's one compute queue serving every middle), each
+against its own replica of the middle (made once per device, loaded with the global
+middle at each round start; its optimizer's state kept, as the device keeps its
+stages'). After the round the global model is the sample-weighted average of each
+device's whole model (its two stages and its middle replica), as pipar's FedAvg; a
+device lost mid-round is left out of it. Within a device the schedule stays GPipe over
+the three stages (not PiPar's two-stage order), and N is the run's, not planned.
+
 [Note: gradient noise] The labels stay on the device, but the gradient the tail sends
 up (of the loss with respect to the middle's output) still leaks them: its direction
 clusters by label (Li et al., ICLR 2022; `aiopipe.attacks.label_inference`, measured by
@@ -304,6 +315,9 @@ def _check(config: Any) -> None:
     tail = options.tail_units
     if isinstance(tail, bool) or not isinstance(tail, int) or tail < 1:
         raise ConfigError(f"config key 'tail_units': got {tail!r}, expected an int >= 1")
+    if options.schedule not in ("turns", "parallel"):
+        raise ConfigError(f"config key 'schedule': got {options.schedule!r}, expected "
+                          "'turns' or 'parallel'")
     noise = options.gradient_noise
     if isinstance(noise, bool) or not isinstance(noise, int | float) or not noise >= 0 or (
             noise == float("inf")):
@@ -319,6 +333,7 @@ class UShapedOptions:
     """U-shaped split learning's own options (a config file's ``[ushaped]`` table)."""
 
     tail_units: int = 1
+    schedule: str = "turns"
     gradient_noise: float = 0.0
     noise_seed: int = 0
 
@@ -332,6 +347,9 @@ class UShaped(SystemDefaults):
         UShapedOptions,
         keys={"tail_units": "units at the model's end that run on the device, after the "
                             "coordinator's (the classifier: 1)",
+              "schedule": "\"turns\" (devices one after another, as sl) or "
+                          "\"parallel\" (every device at once, a middle replica each, "
+                          "FedAvg after the round, as pipar)",
               "gradient_noise": "Gaussian noise on the gradient the device's tail sends "
                                 "the coordinator, per sample, as a multiple of the "
                                 "micro-batch's largest per-sample norm (0: none)",
@@ -362,6 +380,8 @@ class UShaped(SystemDefaults):
         self.optimizer = make_optimizer(self.middle, self.config)
         self.shapes = unit_crossings(self.model, setup.data.inputs)
         self.samples: list[int] = []
+        #: per device, its middle replica and its optimizer (parallel schedule)
+        self.replicas: dict[int, tuple[torch.nn.Module, torch.optim.Optimizer]] = {}
 
     def _n(self, k: int) -> int:
         return int(self.config.device_parallel_batches(k))
@@ -411,7 +431,11 @@ class UShaped(SystemDefaults):
     async def run_round(self, rounds: Rounds, round_no: int, epoch: int, first: int,
                         work: Sequence[int], participants: Sequence[int]
                         ) -> dict[int, RoundResult]:
-        """The devices' turns, in order: each trains from the weights the last one left."""
+        """The devices' turns, in order: each trains from the weights the last one left;
+        or, with ``schedule = "parallel"``, every device at once ([Note: parallel
+        schedule])."""
+        if self.config.options_as(UShapedOptions).schedule == "parallel":
+            return await self._parallel(rounds, round_no, epoch, first, work, participants)
         done: dict[int, RoundResult] = {}
         for k in participants:
             start = await rounds.compute.call(
@@ -442,12 +466,64 @@ class UShaped(SystemDefaults):
                           _text(lower), sync={SECOND_STAGE: {"first_unit": p2,
                                                              "actions": _text(upper)}})
 
-    def _server_stage(self, k: int, start: RoundStart) -> ServerStage:
-        """The coordinator's middle stage for device k's turn."""
+    async def _parallel(self, rounds: Rounds, round_no: int, epoch: int, first: int,
+                        work: Sequence[int], participants: Sequence[int]
+                        ) -> dict[int, RoundResult]:
+        """Every device's round at once, each against its own replica of the middle;
+        then the sample-weighted average of the devices' whole models ([Note: parallel
+        schedule])."""
+        starts = {k: await rounds.compute.call(
+            partial(self._round_start, k, round_no, epoch, first, work[k]))
+            for k in participants}
+        for k in participants:
+            await rounds.compute.call(partial(self._load_replica, k))
+        rounds.copy_checkpoint()
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                played = {k: tasks.create_task(rounds.play(
+                    k, starts[k], self._server_stage(k, starts[k], *self.replicas[k])))
+                    for k in participants}
+        except BaseExceptionGroup as group:
+            raise group.exceptions[0] from None
+        done = {k: result for k, task in played.items() if (result := task.result()) is not None}
+        if done:  # a device lost mid-round is left out of the average
+            await rounds.compute.call(partial(self._average, done))
+        return done
+
+    def _load_replica(self, k: int) -> None:
+        """Device k's middle replica, made once, loaded with the global middle (its
+        optimizer's state kept across rounds, as the device keeps its stages')."""
+        if k not in self.replicas:
+            middle = copy.deepcopy(self.middle)
+            self.replicas[k] = (middle, make_optimizer(middle, self.config))
+        middle, optimizer = self.replicas[k]
+        middle.load_state_dict(self.middle.state_dict())
+        optimizer.zero_grad(set_to_none=True)
+
+    def _average(self, done: Mapping[int, RoundResult]) -> None:
+        """The global model: each entry the sample-weighted mean of the devices' trained
+        stages and their middle replicas (FedAvg over whole models, as pipar's)."""
+        total = sum(result.samples for result in done.values())
+        merged: dict[str, torch.Tensor] = {}
+        for k, result in done.items():
+            state = {**state_from_wire(result.tensors), **self.replicas[k][0].state_dict()}
+            for key, value in state.items():
+                share = value.to(torch.float64) * (result.samples / total)
+                merged[key] = merged[key] + share if key in merged else share
+        current = self.model.state_dict()
+        self.model.load_state_dict({key: merged[key].to(current[key].dtype)
+                                    if current[key].is_floating_point()
+                                    else current[key] for key in merged}, strict=False)
+
+    def _server_stage(self, k: int, start: RoundStart, middle: torch.nn.Module | None = None,
+                      optimizer: torch.optim.Optimizer | None = None) -> ServerStage:
+        """The coordinator's middle stage for device k's turn (or, parallel, round: on
+        its replica)."""
         p1, p2 = self.cuts
         n = start.parallel_batches
-        work = StageWork(self.middle, self.optimizer, first=False, last=False,
-                         parallel_batches=n, num_classes=self.setup.data.classes)
+        work = StageWork(self.middle if middle is None else middle,
+                         self.optimizer if optimizer is None else optimizer, first=False,
+                         last=False, parallel_batches=n, num_classes=self.setup.data.classes)
         assignment = Assignment(
             "server", start.round, start.epoch, start.first_iteration, start.iterations,
             1, 3, p1, p2, n, start.micro_batch_size, start.version, _actions(n)[1], {},
