@@ -29,12 +29,15 @@ The gradient attacked: in PiPar, the one the server sends each device (with resp
 the device's activation: computed by the server, which has the labels anyway); in
 U-shaped, the one the device's tail sends the server (with respect to the middle's
 output: the server's only window on the labels), and, in a second row, the one the
-server sends down to the device's head. ``--tails``: U-shaped runs whose device keeps
+server sends down to the device's head. U-shaped runs use the example's parallel
+schedule (every device at once, a middle replica each, FedAvg: pipar's concurrency);
+``--turns`` adds one in turns (as split learning), ``--tails`` runs whose device keeps
 more units after the server's (the tail's gradient then crosses a deeper cut). Chance:
 the share of the most common class (accuracy), 0.5 (AUC).
 
     PYTHONPATH=. .venv/bin/python bench/label_inference.py [--epochs 3] [--devices 2]
-        [--samples 512] [--noise 0.3,1,3] [--tails 2] [--known 1] [--tasks classes,binary]
+        [--samples 512] [--noise 0.3,1,3] [--tails 2] [--no-turns] [--known 1]
+        [--tasks classes,binary]
         [--seeds 1,2,3] [--out DIR]
 """
 
@@ -287,6 +290,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--noise", default="0.3,1,3")
     parser.add_argument("--tails", default="2")
+    parser.add_argument("--turns", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--known", type=int, default=1)
     parser.add_argument("--tasks", default="classes,binary")
     parser.add_argument("--seeds", default="1")
@@ -299,14 +303,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                      samples_per_device=args.samples, batch_size=args.batch,
                      epochs=args.epochs, split_point=2, parallel_batches=args.parallel,
                      test_samples=TEST, network="wifi")
-    systems: list[tuple[str, RunConfig]] = [("pipar", base.replace(mode="pipar"))]
-    systems.append(("u-shaped", base.replace(mode="ushaped:UShaped")))
+    def ushaped_run(**options: object) -> RunConfig:
+        return base.replace(mode="ushaped:UShaped", options={"schedule": "parallel", **options})
+
+    systems: list[tuple[str, RunConfig]] = [("pipar", base.replace(mode="pipar")),
+                                            ("u-shaped", ushaped_run())]
+    if args.turns:
+        systems.append(("u-shaped, turns", ushaped_run(schedule="turns")))
     for tail in [int(t) for t in args.tails.split(",") if t]:
-        systems.append((f"u-shaped, tail {tail}", base.replace(
-            mode="ushaped:UShaped", options={"tail_units": tail})))
+        systems.append((f"u-shaped, tail {tail}", ushaped_run(tail_units=tail)))
     for sigma in [float(s) for s in args.noise.split(",") if s]:
-        systems.append((f"u-shaped, noise {sigma:g}", base.replace(
-            mode="ushaped:UShaped", options={"gradient_noise": sigma})))
+        systems.append((f"u-shaped, noise {sigma:g}", ushaped_run(gradient_noise=sigma)))
     rows_out = []
     for seed, task, (name, config) in itertools.product(
             [int(s) for s in args.seeds.split(",")], args.tasks.split(","), systems):

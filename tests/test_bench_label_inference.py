@@ -52,9 +52,10 @@ async def test_in_pipar_the_server_receives_the_labels(ushaped: Any) -> None:
     assert set(traffic.gradients_sent) == set(traffic.truth)
 
 
+@pytest.mark.parametrize("schedule", ["turns", "parallel"])
 async def test_in_ushaped_the_server_receives_no_labels_but_the_tails_gradients(
-        ushaped: Any) -> None:
-    traffic = await _traffic(_config(), ushaped._ToCoordinator)
+        ushaped: Any, schedule: str) -> None:
+    traffic = await _traffic(_config(options={"schedule": schedule}), ushaped._ToCoordinator)
     assert len(traffic.truth) == len(traffic.labels_received) == 2 * 2 * 2
     assert any(bool(labels.any()) for labels in traffic.truth.values())
     assert all(not bool(labels.any()) for labels in traffic.labels_received.values())
@@ -104,7 +105,7 @@ def test_the_attack_scores_per_epoch_with_known_labels_left_out() -> None:
 def test_the_bench_prints_and_writes_its_table(tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     bench.main(["--samples", "64", "--batch", "16", "--epochs", "1", "--noise", "1",
-                "--tails", "", "--out", str(tmp_path)])
+                "--tails", "", "--no-turns", "--out", str(tmp_path)])
     table = (tmp_path / "table.md").read_text()
     assert table in capsys.readouterr().out
     rows = json.loads((tmp_path / "results.json").read_text())
