@@ -381,7 +381,7 @@ class UShaped(SystemDefaults):
         self.shapes = unit_crossings(self.model, setup.data.inputs)
         self.samples: list[int] = []
         #: per device, its middle replica and its optimizer (parallel schedule)
-        self.replicas: dict[int, tuple[torch.nn.Module, torch.optim.Optimizer]] = {}
+        self.replicas: dict[int, tuple[torch.nn.Sequential, torch.optim.Optimizer]] = {}
 
     def _n(self, k: int) -> int:
         return int(self.config.device_parallel_batches(k))
@@ -515,7 +515,7 @@ class UShaped(SystemDefaults):
                                     if current[key].is_floating_point()
                                     else current[key] for key in merged}, strict=False)
 
-    def _server_stage(self, k: int, start: RoundStart, middle: torch.nn.Module | None = None,
+    def _server_stage(self, k: int, start: RoundStart, middle: torch.nn.Sequential | None = None,
                       optimizer: torch.optim.Optimizer | None = None) -> ServerStage:
         """The coordinator's middle stage for device k's turn (or, parallel, round: on
         its replica)."""
