@@ -109,6 +109,22 @@ async def test_the_parallel_schedule_overlaps_the_devices_rounds() -> None:
     assert not torch.equal(turns.model.state_dict()[key], parallel.model.state_dict()[key])
 
 
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+async def test_the_parallel_schedule_trains_what_pipar_trains(momentum: float) -> None:
+    """Same cut, same data and order, FedAvg after each round, optimizer states kept on
+    both sides: U-shaped in parallel is pipar with the classifier moved back to the
+    device, and computes the same model."""
+    config = _config(momentum=momentum, parallel_batches=2)
+    ushaped = await simulate(config.replace(options={"schedule": "parallel"}),
+                             clock=VirtualClock())
+    pipar = await simulate(config.replace(mode="pipar"), clock=VirtualClock())
+    want, got = pipar.model.state_dict(), ushaped.model.state_dict()
+    assert list(got) == list(want)
+    for key in want:
+        diff, scale = (got[key] - want[key]).norm(), want[key].norm()
+        assert diff <= 1e-5 * scale, f"{key}: relative difference {diff / scale:.2e}"
+
+
 async def test_an_unknown_schedule_is_refused() -> None:
     with pytest.raises(ConfigError, match="'schedule'"):
         await simulate(_config(options={"schedule": "1f1b"}), clock=VirtualClock())
