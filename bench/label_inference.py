@@ -23,7 +23,8 @@ Tasks (``--tasks``): ``classes``, the dataset's ten classes (model accuracy: the
 test set); ``binary``, the task above (model accuracy: the devices' held-out data,
 where predicting "negative" everywhere scores 0.9). A run whose training fails (noise
 large enough that the device's head diverges and the coordinator's judge refuses its
-activations) is reported as failed, its attacks on what the server saw before.
+activations) is reported as failed, its attacks on what the server saw before; one
+that finishes without some devices says so beside its accuracy.
 
 The gradient attacked: in PiPar, the one the server sends each device (with respect to
 the device's activation: computed by the server, which has the labels anyway); in
@@ -220,8 +221,8 @@ async def one_run(config: RunConfig, route: Any, binary: bool
                   ) -> tuple[Traffic, float, str]:
     """One simulation, recorded; its traffic, final accuracy (on the run's test set, or,
     ``binary``, on the devices' held-out binary data: the coordinator's test set has ten
-    classes) and, for a run that failed, why (its accuracy NaN, its traffic what came
-    before)."""
+    classes) and what went wrong: for a run that failed, why (its accuracy NaN, its
+    traffic what came before); for one that lost devices on the way, which ("": none)."""
     own: dict[str, Any] = {}
     if binary:
         count, devices = int(config.samples_per_device), config.devices  # type: ignore[call-overload]
@@ -236,7 +237,9 @@ async def one_run(config: RunConfig, route: Any, binary: bool
         except TrainingError as error:
             return traffic, math.nan, str(error)
     last = result.epochs[-1]
-    return traffic, last.held_out_accuracy if binary else last.accuracy, ""
+    lost = sorted({k for epoch in result.epochs for k in epoch.devices_lost})
+    return (traffic, last.held_out_accuracy if binary else last.accuracy,
+            f"finished without devices {lost} (lost or excluded)" if lost else "")
 
 
 def _cell(values: Sequence[float]) -> str:
@@ -262,18 +265,21 @@ def _table(title: str, rows_out: Sequence[dict[str, Any]]) -> str:
     for (task, system, gradient), rows_of in groups.items():
         cells = [_cell([r[k] for r in rows_of if k in r]) for k in (
             "labels_read", "direction", "cluster", "norm_auc", "cosine_auc")]
-        model = _cell([r["model_accuracy"] for r in rows_of if not r["failed"]])
+        finished = [r for r in rows_of if not math.isnan(r["model_accuracy"])]
+        model = _cell([r["model_accuracy"] for r in finished])
         for r in rows_of:
             if r["failed"]:
                 failure = f"{task}, {system}, seed {r['seed']}: {r['failed']}"
                 if failure not in failures:
                     failures.append(failure)
-        failed = sum(1 for r in rows_of if r["failed"])
+        failed = len(rows_of) - len(finished)
         if failed:
             model += f", failed {failed}/{len(rows_of)}"
+        if any(r["failed"] for r in finished):
+            model += " (devices lost)"
         lines.append(f"| {task} | {system} | {gradient} | {' | '.join(cells)} | {model} | "
                      f"{_cell([r['chance'] for r in rows_of])} |")
-    lines += ["", "Failed runs:", *failures] if failures else []
+    lines += ["", "Runs that failed or lost devices:", *failures] if failures else []
     return "\n".join(lines)
 
 

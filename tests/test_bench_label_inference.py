@@ -125,10 +125,11 @@ def test_the_table_gives_means_ranges_and_failed_runs() -> None:
                 "labels_read": 0.1, "direction": direction, "cluster": 0.5,
                 "model_accuracy": accuracy, "failed": failed, "chance": 0.1}
 
-    text = bench._table("title", [row(1, 0.5, 0.6), row(2, 0.7, 0.8),
+    text = bench._table("title", [row(1, 0.5, 0.6), row(2, 0.7, 0.8, "without devices [1]"),
                                   row(3, 0.9, float("nan"), "every device was lost")])
     line = next(t for t in text.splitlines() if t.startswith("| classes"))
     assert line == ("| classes | u-shaped | received | 0.100 (0.10-0.10) | 0.700 (0.50-0.90) | "
-                    "0.500 (0.50-0.50) | - | - | 0.700 (0.60-0.80), failed 1/3 | "
-                    "0.100 (0.10-0.10) |")
-    assert text.endswith("classes, u-shaped, seed 3: every device was lost")
+                    "0.500 (0.50-0.50) | - | - | 0.700 (0.60-0.80), failed 1/3 (devices "
+                    "lost) | 0.100 (0.10-0.10) |")
+    assert text.endswith("classes, u-shaped, seed 2: without devices [1]\n"
+                         "classes, u-shaped, seed 3: every device was lost")
