@@ -43,8 +43,9 @@ up (of the loss with respect to the middle's output) still leaks them: its direc
 clusters by label (Li et al., ICLR 2022; `aiopipe.attacks.label_inference`, measured by
 bench/label_inference.py). Option ``gradient_noise`` (sigma) adds isotropic Gaussian
 noise to that gradient before it leaves: each sample's row gets noise of expected norm
-sigma times the micro-batch's largest row norm (a noise scaled to the batch's gradients,
-as Li et al.'s isotropic-noise baseline is). The noise is drawn from a generator seeded
+sigma times the micro-batch's largest row norm (scaled to the batch's gradients, in the
+spirit of Li et al.'s isotropic-noise baseline; its exact scale there is not checked).
+The noise is drawn from a generator seeded
 by (the run's seed, ``noise_seed``, the device id, the epoch, iteration and
 micro-batch): a run is reproducible, and a gradient re-sent after a reconnection carries
 the same noise. The coordinator trains its middle on the noisy gradient; the device's
