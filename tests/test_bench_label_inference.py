@@ -63,6 +63,11 @@ async def test_in_ushaped_the_server_receives_no_labels_but_the_tails_gradients(
     assert set(traffic.gradients_received) == set(traffic.truth)
     assert {g.shape for g in traffic.gradients_received.values()} == {(BATCH // 2, 128)}
     assert set(traffic.gradients_sent) == set(traffic.truth)
+    # ... which give the labels away: the attacks, given one label per class
+    scores = bench.attack(traffic.gradients_received, traffic.truth, known=1, seed=0,
+                          binary=False)
+    assert scores["direction"] > 0.9
+    assert scores["cluster"] > 0.9
 
 
 async def test_gradient_noise_changes_what_the_server_receives_reproducibly(
