@@ -7,7 +7,8 @@ middle, [P1, P2). P1 is the run's ``split_point``; the device keeps the last
 turns, as in split learning ("sl"): each starts from the weights the previous one
 left, and the coordinator keeps one middle model that every turn trains. With plain
 SGD that is plain SGD on the devices' batches in turn order
-(tests/examples/test_examples_ushaped.py checks it).
+(tests/examples/test_examples_ushaped.py checks it). Option ``schedule = "parallel"``
+runs every device at once instead, as pipar does ([Note: parallel schedule]).
 
 One iteration, N micro-batches, GPipe over three stages::
 
