@@ -39,3 +39,13 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         check=True, capture_output=True, timeout=60,
     )
     return cert, key
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests first, the real-process ones (``*_processes.py``) first of them (a
+    stable sort: each group keeps its order): pytest-xdist hands each worker a
+    contiguous share and the idle ones steal from the others' ends, so the long tests
+    start early and the run ends on short ones, not with one worker finishing a
+    minute-long test while the other waits."""
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
+                                 not item.path.stem.endswith("_processes")))
