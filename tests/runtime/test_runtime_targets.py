@@ -5,7 +5,9 @@ MSE, and the accuracy is the run's metric (a classifier's by default, a user's, 
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -72,11 +74,18 @@ async def test_a_regression_trains_with_mse_and_reports_the_users_metric(mode: s
     assert result.final.accuracy > 0.5  # the test set within 0.25, by the user's metric
 
 
-async def test_without_a_metric_only_the_loss_is_reported() -> None:
+async def test_without_a_metric_only_the_loss_is_reported(tmp_path: Path) -> None:
+    """``metric = "none"``: NaN accuracies in the result, null in ``metrics.jsonl``."""
     config = RunConfig(mode="fl", dataset="regression_data:dataset",
                        model="regression_data:model", loss="mse", metric="none", devices=1,
-                       samples_per_device=100, batch_size=20, epochs=1, test_samples=100)
+                       samples_per_device=100, batch_size=20, epochs=1, test_samples=100,
+                       out_dir=str(tmp_path / "run"))
     result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
     assert math.isfinite(result.final.loss)
     assert math.isnan(result.final.train_accuracy)
     assert math.isnan(result.final.accuracy)
+    [written] = [json.loads(line) for line in
+                 (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert math.isfinite(written["loss"])
+    assert written["accuracy"] is None
+    assert written["train_accuracy"] is None
