@@ -49,9 +49,17 @@ class StarOptions:
         privacy: differential privacy on the devices (PiPar §5.6.2): "none", "classic"
             (Gaussian noise on the device's model half before it is uploaded) or
             "pixeldp" (a noise layer before the device's first layer: Gaussian noise on
-            every training input); aiopipe.runtime.privacy.
+            every training input), aiopipe.runtime.privacy; or "dp-sgd" (the device's
+            units trained by DP-SGD through Opacus, with an accountant's epsilon per
+            device: aiopipe.runtime.dp_sgd). Central DP at the server is an
+            aggregation, "dp-fedavg" (aiopipe.strategies.central_dp).
         privacy_noise: the noise's standard deviation (weights' units for classic,
             inputs' for pixeldp: synthetic and normalised data have unit variance).
+        dp_noise_multiplier: DP-SGD's sigma: the noise's standard deviation over the
+            clipping norm.
+        dp_max_grad_norm: DP-SGD's clipping norm C of each sample's gradient.
+        dp_delta: the delta at which the run's epsilon is reported (DP-SGD's and
+            dp-fedavg's).
         replan: with "auto" split points or micro-batch counts, re-estimate at every
             round boundary from live measurements (each device's compute and link
             speeds) and switch plans when the estimate improves enough. Off by default:
@@ -68,6 +76,9 @@ class StarOptions:
     outlier_limit: float = 10.0
     privacy: str = "none"
     privacy_noise: float = 0.01
+    dp_noise_multiplier: float = 1.0
+    dp_max_grad_norm: float = 1.0
+    dp_delta: float = 1e-5
     replan: bool = False
     replan_threshold: float = 0.1
 
@@ -101,8 +112,12 @@ _KEYS = {
                 "drop it",
     "outlier_limit": "how many times the round's median update norm is an outlier",
     "privacy": "differential privacy on the devices: classic (noise on the uploaded model "
-               "half) or pixeldp (noise on every training input)",
-    "privacy_noise": "the privacy noise's standard deviation",
+               "half), pixeldp (noise on every training input) or dp-sgd (per-sample "
+               "clipping and noise through Opacus, with epsilon accounted)",
+    "privacy_noise": "the privacy noise's standard deviation (classic, pixeldp)",
+    "dp_noise_multiplier": "dp-sgd: the noise's standard deviation over the clipping norm",
+    "dp_max_grad_norm": "dp-sgd: the clipping norm of each sample's gradient",
+    "dp_delta": "the delta at which epsilon is reported (dp-sgd, dp-fedavg)",
     "replan": 'with "auto" plans, re-plan between rounds from live measurements '
               "(experimental: off by default)",
     "replan_threshold": "re-plan when the estimated epoch would be this fraction shorter",
@@ -138,6 +153,7 @@ def check(config: Any) -> None:
     if options.privacy not in PRIVACY_METHODS:
         raise fail("privacy", options.privacy, f"one of {', '.join(PRIVACY_METHODS)}")
     set_(options, "privacy_noise", above("privacy_noise", options.privacy_noise, 0))
+    _check_dp(config, options)
     if not isinstance(options.replan, bool):
         raise fail("replan", options.replan, "true or false")
     threshold = options.replan_threshold
@@ -151,6 +167,35 @@ def check(config: Any) -> None:
         if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
             raise fail("server_lanes", lanes, "an int >= 1")
     _check_trim(config, options)
+
+
+def _check_dp(config: Any, options: StarOptions) -> None:
+    """DP-SGD's and central DP's values, and what they cannot be combined with."""
+    set_ = object.__setattr__
+    for key in ("dp_noise_multiplier", "dp_max_grad_norm"):
+        set_(options, key, above(key, getattr(options, key), 0))
+    delta = options.dp_delta
+    if isinstance(delta, bool) or not isinstance(delta, int | float) or not 0 < delta < 1:
+        raise fail("dp_delta", delta, "a number in (0, 1)")
+    set_(options, "dp_delta", float(delta))
+    central = options.aggregation == "dp-fedavg"
+    if options.privacy == "dp-sgd":
+        from aiopipe.runtime.privacy_accounting import require_opacus
+
+        require_opacus('privacy "dp-sgd"')
+        if central:
+            raise fail("privacy", "dp-sgd", 'one of DP-SGD and aggregation "dp-fedavg" '
+                       "(a run reports one guarantee: per sample of a device, or per "
+                       "device)")
+    if not central:
+        return
+    if config.mode == "sl":
+        raise fail("aggregation", "dp-fedavg", "an aggregation of sl's (sl averages "
+                   "nothing: each device starts from the last one's weights)")
+    if options.outliers != "keep":
+        raise fail("outliers", options.outliers, '"keep" with aggregation "dp-fedavg" '
+                   "(it clips every update itself; screening by the round's median norm "
+                   "would make one device's update decide about another's)")
 
 
 def _check_strategy(config: Any, options: StarOptions) -> None:
@@ -227,6 +272,9 @@ def _check_trim(config: Any, options: StarOptions) -> None:
 #: Why the other systems' runs keep them at their defaults.
 _ELSEWHERE = {
     "privacy": "it is for fl, sl, sfl and pipar",
+    "dp_noise_multiplier": "DP-SGD is for fl, sl, sfl and pipar",
+    "dp_max_grad_norm": "DP-SGD is for fl, sl, sfl and pipar",
+    "dp_delta": "DP-SGD and dp-fedavg are for fl, sl, sfl and pipar",
     "server_lanes": "the server runs one replica per device only in sfl and pipar",
 }
 
