@@ -84,8 +84,9 @@ class DpSgdWork(StageWork):
 
         problems = ModuleValidator.validate(module, strict=False)
         if problems:
+            reason = str(problems[0]).split(". ")[0].rstrip(".")
             raise ConfigError(f'privacy "dp-sgd": Opacus cannot train these units '
-                              f"privately: {problems[0]}")
+                              f"privately: {reason}")
         self.noise_multiplier = noise_multiplier
         self.max_grad_norm = max_grad_norm
         self.seed, self.device_id = seed, device_id

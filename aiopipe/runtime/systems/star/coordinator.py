@@ -184,6 +184,7 @@ class Star(SystemDefaults):
             config = with_plans(config, self._first_plans(config))
         self.config = config
         self.plans = device_plans(config, self.units, self.samples)
+        self.privacy.check_units(self.model, self.plans)  # DP-SGD's units: Opacus's
         self.placement = star([p.split_point for p in self.plans], self.units)
         if self.auto_config is not None:
             check_trainable(self.model, self.inputs, self.plans, config)

@@ -5,11 +5,13 @@ steps, at its sampling rate B / n_k, aiopipe.runtime.dp_sgd) or central DP's per
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from aiopipe import models
+from aiopipe.errors import ConfigError
 from aiopipe.runtime.plan import DevicePlan
 from aiopipe.runtime.privacy_accounting import PrivacySpent, StepLedger
 from aiopipe.runtime.systems.star.options import star_options
@@ -30,6 +32,25 @@ class StarPrivacy:
         self.strategy = strategy
         self.ledger = (StepLedger(options.dp_noise_multiplier, options.dp_delta)
                        if options.privacy == "dp-sgd" else None)
+
+    def check_units(self, model: torch.nn.Sequential, plans: Sequence[DevicePlan]) -> None:
+        """With DP-SGD, the devices' units are ones Opacus takes per-sample gradients
+        of (checked here, before any device trains: a device would fail its rounds).
+
+        Raises:
+            ConfigError: a device's units hold a layer Opacus cannot train privately
+                (batch norm mixes a batch's samples: use group or layer norm).
+        """
+        if self.ledger is None:
+            return
+        from opacus.validators import ModuleValidator  # (the options checked it is there)
+
+        for split_point in sorted({plan.split_point for plan in plans}):
+            problems = ModuleValidator.validate(models.split(model, split_point)[0],
+                                                strict=False)
+            if problems:
+                raise ConfigError(f'privacy "dp-sgd": Opacus cannot train the devices\' '
+                                  f"units 1..{split_point} privately: {_first_sentence(problems[0])}")
 
     def started(self, device: int, iterations: int, plan: DevicePlan, samples: int) -> None:
         """Device ``device`` is sent a round of ``iterations`` DP-SGD steps of ``plan``'s
@@ -61,3 +82,8 @@ class StarPrivacy:
         """Go on from a checkpoint's ledger."""
         if self.ledger is not None and LEDGER_KEY in tensors:
             self.ledger.load(tensors[LEDGER_KEY])
+
+
+def _first_sentence(problem: object) -> str:
+    """Opacus's reason, to its first sentence (its messages run to a paragraph)."""
+    return str(problem).split(". ")[0].rstrip(".")
