@@ -205,6 +205,6 @@ async def test_a_model_with_batch_norm_is_refused_before_devices_train() -> None
         return nn.Sequential(nn.Sequential(nn.Flatten(), nn.Linear(math.prod(in_shape), 8),
                                            nn.BatchNorm1d(8)), nn.Linear(8, num_classes))
 
-    with pytest.raises(ConfigError, match="units 1..2 privately: BatchNorm"):
+    with pytest.raises(ConfigError, match=r"units 1\.\.2 privately: BatchNorm"):
         await simulate(CONFIG.replace(model=with_batch_norm), clock=VirtualClock(),
                        cost_table=CostTable.uniform(2, forward=0.001, backward=0.002))

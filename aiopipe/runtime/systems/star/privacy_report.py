@@ -49,8 +49,9 @@ class StarPrivacy:
             problems = ModuleValidator.validate(models.split(model, split_point)[0],
                                                 strict=False)
             if problems:
+                reason = _first_sentence(problems[0])
                 raise ConfigError(f'privacy "dp-sgd": Opacus cannot train the devices\' '
-                                  f"units 1..{split_point} privately: {_first_sentence(problems[0])}")
+                                  f"units 1..{split_point} privately: {reason}")
 
     def started(self, device: int, iterations: int, plan: DevicePlan, samples: int) -> None:
         """Device ``device`` is sent a round of ``iterations`` DP-SGD steps of ``plan``'s
