@@ -137,6 +137,7 @@ def check(config: Any) -> None:
     if options.aggregation not in AGGREGATIONS and not is_entry_point(options.aggregation):
         raise fail("aggregation", options.aggregation,
                    f"one of {', '.join(AGGREGATIONS)} or module:Class")
+    _check_dp(config, options)  # (dp_delta first: the strategy is built with it)
     _check_strategy(config, options)
     trim = options.trim_fraction
     if isinstance(trim, bool) or not isinstance(trim, int | float) or not 0 <= trim < 0.5:
@@ -153,7 +154,6 @@ def check(config: Any) -> None:
     if options.privacy not in PRIVACY_METHODS:
         raise fail("privacy", options.privacy, f"one of {', '.join(PRIVACY_METHODS)}")
     set_(options, "privacy_noise", above("privacy_noise", options.privacy_noise, 0))
-    _check_dp(config, options)
     if not isinstance(options.replan, bool):
         raise fail("replan", options.replan, "true or false")
     threshold = options.replan_threshold
