@@ -31,8 +31,9 @@ class StarOptions:
             ``byzantine_devices`` bad devices; needs devices >= that + 3), "multi-krum"
             (the mean of the m best-scored by Krum), server optimizers on the round's
             pseudo-gradient ("fedavgm", "fedadam", "fedyogi", "fedadagrad"), "fedprox"
-            (FedAvg, with the proximal term on the devices), or ``module:Class``: a
-            strategy of the user's own (aiopipe.strategies).
+            (FedAvg, with the proximal term on the devices), "dp-fedavg" (central
+            differential privacy: aiopipe.strategies.central_dp), or ``module:Class``:
+            a strategy of the user's own (aiopipe.strategies).
         aggregation_options: the strategy's constructor's keyword arguments
             ([Note: strategy options] in aiopipe.strategies.loading).
         trim_fraction: see ``aggregation``. A trimmed mean that would trim nothing from
@@ -103,10 +104,12 @@ _KEYS = {
                    "trimmed-mean, krum, multi-krum (these bound what a few bad devices can "
                    "do), fedavgm, fedadam, fedyogi, fedadagrad (a server optimizer on the "
                    "round's pseudo-gradient), fedprox (FedAvg with a proximal term on the "
-                   "devices) or module:Class, a strategy of your own",
+                   "devices), dp-fedavg (central differential privacy: clipped updates, "
+                   "noised sum, epsilon accounted) or module:Class, a strategy of your own",
     "aggregation_options": "the strategy's keyword arguments, as key=value,key=value "
                            "(fedadam: eta=0.01,beta1=0.9,beta2=0.99,tau=0.001; fedavgm: "
-                           "eta=1,beta=0.9; fedprox: mu=0.01; multi-krum: keep=m)",
+                           "eta=1,beta=0.9; fedprox: mu=0.01; multi-krum: keep=m; dp-fedavg: "
+                           "noise_multiplier=1,clip=1,clipping=fixed|adaptive)",
     "trim_fraction": "trimmed-mean: the fraction of models trimmed at each end",
     "outliers": "a device update far above the round's median: keep (default), clip or "
                 "drop it",
