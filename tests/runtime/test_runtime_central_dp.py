@@ -187,3 +187,18 @@ def test_bad_dp_configurations_are_refused_in_one_line(mode: str, options: dict[
 def test_dp_is_refused_outside_the_star_modes() -> None:
     with pytest.raises(ConfigError, match="dp_noise_multiplier"):
         RunConfig(mode="hadfl", devices=4, options={"dp_noise_multiplier": 2.0})
+
+
+def test_the_clip_and_the_releases_survive_a_checkpoint() -> None:
+    start, states = _states(3)
+    strategy = DpFedAvg(clip=2.0, clipping="adaptive", population=3, per_round=3)
+    for round_no in range(3):
+        strategy.configure_round(round_no)
+        strategy.aggregate(start, states, {k: 1.0 for k in states})
+        strategy.installed()
+    resumed = DpFedAvg(clip=2.0, clipping="adaptive", population=3, per_round=3)
+    resumed.load_state_dict(strategy.state_dict())
+    assert (resumed.clip, resumed.releases) == (strategy.clip, 3)
+    assert resumed.privacy_spent() == strategy.privacy_spent()
+    with pytest.raises(ConfigError, match="keeps no state 'moments'"):
+        resumed.load_state_dict({"moments": torch.zeros(1)})

@@ -7,15 +7,21 @@ device's epsilon as Opacus's accountant gives it for the same noise, rate and st
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
-from aiopipe import CostTable, RunConfig, VirtualClock, simulate
+from aiopipe import CostTable, RunConfig, SystemClock, VirtualClock, simulate
 from aiopipe.errors import ConfigError
+from aiopipe.runtime.checkpoint import save_checkpoint
+from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.factories import cross_entropy
 from aiopipe.runtime.privacy import round_generator
+from aiopipe.runtime.systems.star.coordinator import Star
+from aiopipe.testing import joined
 
 accountants = pytest.importorskip("opacus.accountants")
 from aiopipe.runtime.dp_sgd import DpSgdWork  # noqa: E402 (needs Opacus)
@@ -167,8 +173,11 @@ CONFIG = RunConfig(mode="fl", model=mlp, dataset="synthetic-mnist", devices=2,
 
 
 @pytest.mark.parametrize("changes", [
-    {"mode": "fl"}, {"mode": "sl", "split_point": 1}, {"mode": "sfl", "split_point": 2},
-    {"mode": "pipar", "split_point": 1, "parallel_batches": 2},
+    {"mode": "fl"},
+    pytest.param({"mode": "sl", "split_point": 1}, marks=pytest.mark.slow),  # (about 2 s
+    pytest.param({"mode": "sfl", "split_point": 2}, marks=pytest.mark.slow),  # each on a
+    pytest.param({"mode": "pipar", "split_point": 1, "parallel_batches": 2},  # loaded
+                 marks=pytest.mark.slow),  # machine)
 ], ids=["fl", "sl", "sfl", "pipar"])
 async def test_each_devices_epsilon_is_the_accountants_for_its_noise_rate_and_steps(
         changes: dict[str, object]) -> None:
@@ -185,6 +194,7 @@ async def test_each_devices_epsilon_is_the_accountants_for_its_noise_rate_and_st
     assert math.isfinite(result.final.loss)
 
 
+@pytest.mark.slow  # (three trainings)
 async def test_a_dp_sgd_run_is_reproducible_and_noised() -> None:
     config = CONFIG.replace(mode="sfl", split_point=1, epochs=1)
     first = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
@@ -208,3 +218,39 @@ async def test_a_model_with_batch_norm_is_refused_before_devices_train() -> None
     with pytest.raises(ConfigError, match=r"units 1\.\.2 privately: BatchNorm"):
         await simulate(CONFIG.replace(model=with_batch_norm), clock=VirtualClock(),
                        cost_table=CostTable.uniform(2, forward=0.001, backward=0.002))
+
+
+async def test_the_step_ledger_survives_a_checkpoint(tmp_path: Path) -> None:
+    """A resumed run goes on from the steps its devices were given."""
+    config = RunConfig(mode="sfl", devices=2, samples_per_device=40, batch_size=20,
+                       epochs=1, split_point=2, test_samples=20,
+                       options={"privacy": "dp-sgd", "dp_noise_multiplier": 0.9})
+    node = Coordinator(config, clock=SystemClock(), checkpoint_dir=tmp_path)
+    node.system.prepare([40, 40])
+    star = node.system
+    assert isinstance(star, Star)
+    ledger = star.privacy.ledger
+    assert ledger is not None
+    ledger.add(0, 7, 0.5)
+    ledger.add(1, 3, 0.25)
+    ledger.add(1, 2, 0.5)
+    spent = star.privacy_spent()
+    save_checkpoint(tmp_path, star.checkpoint_tensors(), node._checkpoint_meta(1, 0, 0.0))
+    resumed = await joined(Coordinator(config, clock=SystemClock(), checkpoint_dir=tmp_path,
+                                       resume=True))
+    again = resumed.system
+    assert isinstance(again, Star)
+    assert again.privacy.ledger is not None
+    assert again.privacy.ledger.steps == {0: {0.5: 7}, 1: {0.25: 3, 0.5: 2}}
+    assert again.privacy_spent() == spent
+    assert spent is not None
+    assert math.isclose(spent.device_epsilon["1"], float(
+        _accountant([(0.9, 0.25, 3), (0.9, 0.5, 2)]).get_epsilon(1e-5)), rel_tol=1e-12)
+
+
+def _accountant(history: list[tuple[float, float, int]]) -> Any:
+    accountant = accountants.RDPAccountant()
+    for sigma, rate, steps in history:
+        for _ in range(steps):
+            accountant.step(noise_multiplier=sigma, sample_rate=rate)
+    return accountant
