@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 from torch import nn
 
 from aiopipe import CostTable, RunConfig, VirtualClock, simulate
 from aiopipe.cli import epoch_row
 from aiopipe.errors import ConfigError
 from aiopipe.metrics.results import write_results
+from aiopipe.runtime.prometheus import exposition
 from aiopipe.strategies import make_strategy
 from aiopipe.strategies.central_dp import DpFedAvg, central_generator, clip_noise_multiplier
 from aiopipe.testing import open_fleet
@@ -125,6 +127,7 @@ async def test_a_runs_epsilon_is_the_accountants_for_its_noise_rate_and_rounds(
     async with open_fleet(config, cost_table=COSTS) as fleet:
         result = await fleet.train()
         status = fleet.node.describe()
+        scraped = exposition(fleet.node)[0].decode()
     rounds = 2 * 2  # epochs x (2 iterations an epoch, aggregated every one)
     assert all(not m.updates_refused for m in result.epochs)  # one release a round
     for epoch, m in enumerate(result.epochs, start=1):
@@ -140,6 +143,12 @@ async def test_a_runs_epsilon_is_the_accountants_for_its_noise_rate_and_rounds(
     assert status["privacy"]["unit"] == "device"
     assert f"epsilon {result.final.epsilon:.3g} (delta 0.0001, per device)" in epoch_row(
         result.final)
+    gauges = {(f.name, tuple(s.labels.items())): s.value
+              for f in text_string_to_metric_families(scraped) for s in f.samples}
+    assert gauges[("aiopipe_privacy_epsilon", ())] == result.final.epsilon
+    assert gauges[("aiopipe_privacy_delta", ())] == 1e-4
+    assert gauges[("aiopipe_device_privacy_epsilon", (("device", "3"),))] == (
+        result.final.epsilon)
 
 
 async def test_a_run_without_dp_reports_no_epsilon() -> None:
