@@ -26,18 +26,24 @@ the run's ``noise_multiplier`` z by drawing the updates' noise with z_Delta = (z
 sigma_b is m / 20; for small fleets, where that is below z / 2, aiopipe's default is
 max(m / 20, z) (the updates' noise is then at most 1.155 z).
 
-Noise is drawn in float64 from a generator seeded by (run seed, round, attempt):
-first the clip count's (adaptive), then each floating entry's in ``start``'s order. A
-run is reproducible, and the judge's retries on subsets ([Note: judging updates]) draw
-fresh noise each (every attempt is counted as a release: below).
+Noise is drawn in float64 from a generator seeded by (run seed, round): first the clip
+count's (adaptive), then each floating entry's in ``start``'s order; a run is
+reproducible.
+
+One release a round. The coordinator's judge may ask for the aggregate again on subsets
+of the devices when it refuses one ([Note: judging updates]); each such aggregate would
+be another release, chosen by looking at the last. So `DpFedAvg.aggregate` computes
+the round's aggregate once, from the devices it is first given, and answers every later
+call of the round (until `DpFedAvg.configure_round`) with that same aggregate: the judge
+installs it or, finding it refused on every subset, leaves the round's start as the
+model (the round's update is dropped, its privacy spent).
 
 Accounting (aiopipe.runtime.privacy_accounting): every call of `DpFedAvg.aggregate` is
 one sampled Gaussian mechanism of noise multiplier z and rate q = m / N (1 when every
 device trains every round), N the run's devices; epsilon at the run's ``delta`` is
 Opacus's RDP accountant's for that history ([Note: sampling assumed by the accountant]:
 rounds draw m devices without replacement, the accountant assumes Poisson sampling).
-Counting every attempt, not only the installed aggregate, is conservative: normally a
-round makes one. Integer entries (batch norm's counters) take the devices' plain
+A round whose aggregate the judge refused is still counted. Integer entries (batch norm's counters) take the devices' plain
 average, as FedAvg's, unnoised: they count batches, not what is in them.
 """
 
@@ -64,9 +70,9 @@ CLIPPINGS = ("fixed", "adaptive")
 _SERVER_STREAM = 1 << 24
 
 
-def central_generator(seed: int, round_no: int, attempt: int) -> torch.Generator:
-    """The central noise of attempt ``attempt`` at round ``round_no``'s aggregate."""
-    return round_generator(seed, _SERVER_STREAM + attempt, round_no)
+def central_generator(seed: int, round_no: int) -> torch.Generator:
+    """The central noise of round ``round_no``'s aggregate."""
+    return round_generator(seed, _SERVER_STREAM, round_no)
 
 
 def clip_noise_multiplier(z: float, count_stddev: float) -> float:
@@ -125,7 +131,7 @@ class DpFedAvg(Stateless):
                              if self.adaptive else self.noise_multiplier)
         self.releases = 0  # aggregates computed: Gaussian mechanisms to account
         self._round = 0
-        self._attempt = 0
+        self._released: State | None = None  # the round's aggregate, once computed
         self._staged_clip: float | None = None
         require_opacus('aggregation "dp-fedavg"')  # its accountant: refused now, not later
 
@@ -135,19 +141,24 @@ class DpFedAvg(Stateless):
         return self.per_round / self.population
 
     def configure_round(self, round_no: int) -> Settings:
-        """No settings; notes the round (its noise's seed)."""
-        self._round, self._attempt = round_no, 0
+        """No settings; notes the round (its noise's seed), whose aggregate is yet to
+        be computed."""
+        self._round, self._released = round_no, None
         return {}
 
     def aggregate(self, start: Mapping[str, torch.Tensor],
                   states: Mapping[int, Mapping[str, torch.Tensor]],
                   weights: Mapping[int, float]) -> State:
         """The noised, clipped mean update added to ``start`` (module docstring); with
-        adaptive clipping, the next clip norm staged for `installed`. Counts one release.
+        adaptive clipping, the next clip norm staged for `installed`. Counts one release;
+        a later call in the same round returns the round's aggregate again (one release
+        a round: module docstring).
 
         Raises:
             TrainingError: no states, or states that do not match ``start``.
         """
+        if self._released is not None:
+            return dict(self._released)
         if not states:
             raise TrainingError("dp-fedavg needs at least one device's state")
         ids = sorted(states)
@@ -166,8 +177,7 @@ class DpFedAvg(Stateless):
             factor = min(1.0, self.clip / norm) if norm > 0 else 1.0
             for key, d in delta.items():
                 total[key].add_(d, alpha=factor)
-        generator = central_generator(self.seed, self._round, self._attempt)
-        self._attempt += 1
+        generator = central_generator(self.seed, self._round)
         self.releases += 1
         if self.adaptive:
             count = below + self.clip_count_stddev * float(
@@ -185,7 +195,8 @@ class DpFedAvg(Stateless):
             noise = torch.randn(value.shape, generator=generator, dtype=torch.float64)
             mean = total[key].add_(noise, alpha=sigma).div_(self.per_round)
             out[key] = (value.detach().to(torch.float64) + self.eta * mean).to(value.dtype)
-        return {key: out[key] for key in start}
+        self._released = {key: out[key] for key in start}
+        return dict(self._released)
 
     def installed(self) -> None:
         """Keep the clip norm the installed aggregate computed (adaptive)."""

@@ -19,6 +19,7 @@ from aiopipe import CostTable, RunConfig, VirtualClock, simulate
 from aiopipe.cli import epoch_row
 from aiopipe.errors import ConfigError
 from aiopipe.metrics.results import write_results
+from aiopipe.runtime.plan import build_model, train_dataset
 from aiopipe.runtime.prometheus import exposition
 from aiopipe.strategies import make_strategy
 from aiopipe.strategies.central_dp import DpFedAvg, central_generator, clip_noise_multiplier
@@ -72,17 +73,22 @@ def test_the_aggregate_is_clip_sum_noise_divide_with_the_rounds_generator() -> N
                         per_round=3)
     strategy.configure_round(4)
     got = strategy.aggregate(start, states, {k: 1.0 for k in states})
-    want = _reference(start, states, 1.5, 0.8 * 1.5, 3, central_generator(9, 4, 0), eta=0.5)
+    want = _reference(start, states, 1.5, 0.8 * 1.5, 3, central_generator(9, 4), eta=0.5)
     for key in ("w", "b"):
         torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-6)
     assert int(got["count"]) == 9  # integers: the plain average, unnoised
     # the clipping did something (device 2's update is far above 1.5) ...
-    unclipped = _reference(start, states, 1e9, 0.8 * 1.5, 3, central_generator(9, 4, 0),
+    unclipped = _reference(start, states, 1e9, 0.8 * 1.5, 3, central_generator(9, 4),
                            eta=0.5)
     assert not torch.allclose(got["w"], unclipped["w"])
-    # ... and a retry of the same round draws fresh noise, counted as a release
-    again = strategy.aggregate(start, states, {k: 1.0 for k in states})
-    assert not torch.equal(again["w"], got["w"])
+    # ... a retry in the same round (the judge's, on a subset) gets the same release ...
+    again = strategy.aggregate(start, {0: states[0]}, {0: 1.0})
+    assert torch.equal(again["w"], got["w"])
+    assert strategy.releases == 1
+    # ... and the next round draws fresh noise
+    strategy.configure_round(5)
+    later = strategy.aggregate(start, states, {k: 1.0 for k in states})
+    assert not torch.equal(later["w"], got["w"])
     assert strategy.releases == 2
 
 
@@ -93,7 +99,7 @@ def test_adaptive_clipping_follows_andrew_et_al() -> None:
                         seed=1, population=4, per_round=4)
     strategy.configure_round(0)
     got = strategy.aggregate(start, states, {k: 1.0 for k in states})
-    generator = central_generator(1, 0, 0)
+    generator = central_generator(1, 0)
     norms = [math.sqrt(sum(float(((states[k][key] - start[key]) ** 2).sum())
                            for key in ("w", "b"))) for k in range(4)]
     count = sum(n <= 2.0 for n in norms) + 2.0 * float(
@@ -211,3 +217,23 @@ def test_the_clip_and_the_releases_survive_a_checkpoint() -> None:
     assert resumed.privacy_spent() == strategy.privacy_spent()
     with pytest.raises(ConfigError, match="keeps no state 'moments'"):
         resumed.load_state_dict({"moments": torch.zeros(1)})
+
+
+async def test_a_refused_aggregate_is_one_release_and_leaves_the_model() -> None:
+    """Noise far above the updates: the judge refuses the round's aggregate on every
+    subset it tries, the model stays, and each round is counted once."""
+    config = RunConfig(mode="fl", model=mlp, dataset="synthetic-mnist", devices=3,
+                       samples_per_device=20, batch_size=10, epochs=2, test_samples=40,
+                       learning_rate=0.1, seed=2,
+                       options={"aggregation": "dp-fedavg",
+                                "aggregation_options": {"noise_multiplier": 2.0,
+                                                        "clip": 50.0}})
+    result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
+    dataset = train_dataset(config)
+    initial = build_model(config, num_classes=dataset.num_classes,
+                          in_shape=dataset.in_shape).state_dict()
+    for key, value in result.model.state_dict().items():
+        assert torch.equal(value, initial[key]), key
+    for epoch, m in enumerate(result.epochs, start=1):
+        assert m.updates_refused  # (the judge names those it left out trying)
+        assert math.isclose(m.epsilon, _direct_epsilon(2.0, 1.0, epoch, 1e-5), rel_tol=1e-9)
