@@ -38,13 +38,14 @@ call of the round (until `DpFedAvg.configure_round`) with that same aggregate: t
 installs it or, finding it refused on every subset, leaves the round's start as the
 model (the round's update is dropped, its privacy spent).
 
-Accounting (aiopipe.runtime.privacy_accounting): every call of `DpFedAvg.aggregate` is
-one sampled Gaussian mechanism of noise multiplier z and rate q = m / N (1 when every
-device trains every round), N the run's devices; epsilon at the run's ``delta`` is
-Opacus's RDP accountant's for that history ([Note: sampling assumed by the accountant]:
-rounds draw m devices without replacement, the accountant assumes Poisson sampling).
-A round whose aggregate the judge refused is still counted. Integer entries (batch norm's counters) take the devices' plain
-average, as FedAvg's, unnoised: they count batches, not what is in them.
+Accounting (aiopipe.runtime.privacy_accounting): every round's aggregate is one
+sampled Gaussian mechanism of noise multiplier z and rate q = m / N (1 when every device
+trains every round), N the run's devices; epsilon at the run's ``delta`` is Opacus's RDP
+accountant's for that history ([Note: sampling assumed by the accountant]: rounds draw
+m devices without replacement, the accountant assumes Poisson sampling). A round whose
+aggregate the judge refused is still counted. Integer entries (batch norm's counters)
+take the devices' plain average, as FedAvg's, unnoised: they count batches, not what is
+in them.
 """
 
 from __future__ import annotations
