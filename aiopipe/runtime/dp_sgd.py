@@ -20,6 +20,11 @@ data) and the optimizer's step.
 Scale. The last stage backpropagates a micro-batch's mean loss divided by N
 (aiopipe.runtime.stage), so the hooks, run with ``loss_reduction = "sum"``, give
 grad(l_i) / (B' N); the stage multiplies by B' N, the rows of the micro-batch times N.
+A train hook whose ``loss`` returns something else than the loss it is given would break
+that scale (FedProx's does not: it works on the gradients, after the noise).
+
+Virtual time charges the run's cost table: the per-sample gradients' extra compute
+(Opacus's hooks, the clipping) is not in it.
 
 [Note: micro-batches and Opacus's stack] Opacus keeps each layer's forward inputs on a
 stack and pairs a backward with the latest forward (one batch, forward then backward).
