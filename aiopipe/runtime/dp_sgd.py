@@ -130,8 +130,11 @@ class DpSgdWork(StageWork):
         for module in self.module.modules():
             if hasattr(module, "activations"):
                 setattr(module, "activations", [])  # noqa: B010 (Opacus's attribute)
-        for p in self._params:
+        for p in self._params:  # (a backward stopped midway leaves Opacus's state)
             setattr(p, "grad_sample", None)  # noqa: B010
+            setattr(p, "_forward_counter", 0)  # noqa: B010
+            if hasattr(p, "_current_grad_sample"):
+                delattr(p, "_current_grad_sample")
 
     def _inputs(self, key: tuple[int, int], received: Sent | None
                 ) -> tuple[Value, torch.Tensor, tuple[torch.Tensor, ...] | None]:

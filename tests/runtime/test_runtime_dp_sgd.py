@@ -254,3 +254,29 @@ def _accountant(history: list[tuple[float, float, int]]) -> Any:
         for _ in range(steps):
             accountant.step(noise_multiplier=sigma, sample_rate=rate)
     return accountant
+
+
+def test_a_round_dropped_midway_leaves_nothing_behind() -> None:
+    """`clear` after two forwards and one backward: the next iteration steps as a fresh
+    stage's would (no stacked inputs, counts or per-sample sums left over)."""
+    torch.manual_seed(3)
+    module = nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 3))
+    fresh = nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 3))
+    fresh.load_state_dict(module.state_dict())
+    batches = _batches(2)
+    dropped, clean = _dp_work(module, clip=0.3, sigma=1.0), _dp_work(fresh, clip=0.3,
+                                                                        sigma=1.0)
+    dropped.batch = clean.batch = lambda i, n: batches[N * i + n]
+    dropped.forward(0, 0)
+    dropped.forward(0, 1)
+    dropped.backward(0, 0)
+    dropped.clear()
+    dropped.begin_round(ROUND, B_MICRO * N)
+    for work in (dropped, clean):
+        for n in range(N):
+            work.forward(1, n)
+        for n in range(N):
+            work.backward(1, n)
+        work.step()
+    for mine, theirs in zip(module.parameters(), fresh.parameters(), strict=True):
+        assert torch.equal(mine, theirs)
