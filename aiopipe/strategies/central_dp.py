@@ -18,11 +18,14 @@ round is a Gaussian mechanism of noise multiplier z_Delta (devices weigh the sam
 sample counts are not used, which would raise the sensitivity).
 
 Adaptive clipping (``clipping = "adaptive"``) moves C towards the ``target_quantile``
-gamma of the update norms: each device also contributes b_k = 1[||Delta_k|| <= C]; the
-server takes b~ = (sum_k b_k + N(0, sigma_b^2)) / m and sets C <- C exp(-eta_C (b~ -
-gamma)) (the geometric update). Both releases are accounted as one Gaussian mechanism of
-the run's ``noise_multiplier`` z by drawing the updates' noise with z_Delta = (z^-2 -
-(2 sigma_b)^-2)^(-1/2) (Andrew et al. §3.1), which needs sigma_b > z / 2. The paper's
+gamma of the update norms: each device also contributes b_k = 1[||Delta_k|| <= C],
+centred as b_k - 1/2 (so that one device moves their sum by at most 1/2: a Gaussian
+mechanism of multiplier 2 sigma_b); the server takes b~ = (sum_k (b_k - 1/2) +
+N(0, sigma_b^2)) / m + 1/2 and sets C <- C exp(-eta_C (b~ - gamma)) (the geometric
+update). Both releases are accounted as one Gaussian mechanism of the run's
+``noise_multiplier`` z by drawing the updates' noise with z_Delta = (z^-2 -
+(2 sigma_b)^-2)^(-1/2) (Andrew et al. §3.1; TensorFlow Privacy's quantile estimator
+centres the bits alike), which needs sigma_b > z / 2. The paper's
 sigma_b is m / 20; for small fleets, where that is below z / 2, aiopipe's default is
 max(m / 20, z) (the updates' noise is then at most 1.155 z).
 
@@ -181,9 +184,9 @@ class DpFedAvg(Stateless):
         generator = central_generator(self.seed, self._round)
         self.releases += 1
         if self.adaptive:
-            count = below + self.clip_count_stddev * float(
+            centred = below - len(ids) / 2 + self.clip_count_stddev * float(
                 torch.randn((), generator=generator, dtype=torch.float64))
-            fraction = count / self.per_round
+            fraction = centred / self.per_round + 0.5
             self._staged_clip = self.clip * math.exp(
                 -self.clip_learning_rate * (fraction - self.target_quantile))
         sigma = self.update_noise * self.clip
