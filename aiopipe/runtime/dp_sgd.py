@@ -40,9 +40,10 @@ Gaussian mechanism of multiplier sigma and rate B / n (n the device's samples): 
 coordinator gives each device's steps to the accountant (aiopipe.runtime.
 privacy_accounting; [Note: sampling assumed by the accountant]).
 
-What DP-SGD protects in the split modes: the device's units' updates, which it uploads.
-The activations and labels a device sends each micro-batch (sl, sfl, pipar), and the
-server half trained on them, are outside this guarantee.
+What DP-SGD protects: the device's units' updates, which it uploads. Outside this
+guarantee: the activations and labels a device sends each micro-batch (sl, sfl, pipar)
+and the server half trained on them; the round's loss and correct count the device
+reports, and its held-out accuracy, sent as they are.
 """
 
 from __future__ import annotations
