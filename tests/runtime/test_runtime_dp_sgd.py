@@ -1,7 +1,7 @@
 """DP-SGD on the devices (aiopipe.runtime.dp_sgd, issue 45 item 5): a step is plain
 PyTorch's per-sample gradients, clipped, summed, noised with the round's generator and
 divided by the batch, on a whole model and on a device's half whose gradients come
-from the server, with PiPar's micro-batches; runs in fl, sl, sfl and pipar report each
+from the server, with PiPar's micro-batches, and Opacus's own DPOptimizer's step; runs in fl, sl, sfl and pipar report each
 device's epsilon as Opacus's accountant gives it for the same noise, rate and steps."""
 
 from __future__ import annotations
@@ -280,3 +280,39 @@ def test_a_round_dropped_midway_leaves_nothing_behind() -> None:
         work.step()
     for mine, theirs in zip(module.parameters(), fresh.parameters(), strict=True):
         assert torch.equal(mine, theirs)
+
+
+@pytest.mark.parametrize("sigma", [0.0, 0.7])
+def test_a_step_is_opacus_dp_optimizers(sigma: float) -> None:
+    """Against Opacus's own GradSampleModule and DPOptimizer (one batch of 8 an
+    iteration as one micro-batch; its noise drawn from the round's generator): the same
+    clipped, noised mean gradient, the same step."""
+    from opacus.grad_sample import GradSampleModule
+    from opacus.optimizers import DPOptimizer
+
+    torch.manual_seed(4)
+    module = nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 3))
+    reference = nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 3))
+    reference.load_state_dict(module.state_dict())
+    work = DpSgdWork(module, torch.optim.SGD(module.parameters(), lr=0.3), noise_multiplier=sigma,
+                     max_grad_norm=0.2, seed=SEED, device_id=DEVICE, first=True, last=True,
+                     parallel_batches=1, num_classes=3)
+    work.begin_round(ROUND, 8)
+    wrapped = GradSampleModule(reference)
+    optimizer = DPOptimizer(torch.optim.SGD(wrapped.parameters(), lr=0.3),
+                            noise_multiplier=sigma, max_grad_norm=0.2, expected_batch_size=8,
+                            generator=round_generator(SEED, DEVICE, ROUND))
+    gen = torch.Generator().manual_seed(6)
+    batches = [(torch.randn(8, 5, generator=gen), torch.randint(0, 3, (8,), generator=gen))
+               for _ in range(3)]
+    work.batch = lambda i, n: batches[i]
+    for i, (x, y) in enumerate(batches):
+        work.forward(i, 0)
+        work.backward(i, 0)
+        work.step()
+        optimizer.zero_grad()
+        cross_entropy(wrapped(x.clone().requires_grad_()), y).backward()  # (as ours)
+        optimizer.step()
+    for mine, theirs in zip(module.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+    assert work.clipped > 0
