@@ -148,6 +148,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--buffer-size", type=int)
     run.add_argument("--server-learning-rate", type=float)
     run.add_argument("--staleness", choices=STALENESS)
+    run.add_argument("--concurrency", type=int)
     run.add_argument("--network", help="network preset: 4g, 4g+, wifi or lan")
     run.add_argument("--device-timeout", type=float,
                      help="seconds of silence before a device connection is given up "
@@ -182,6 +183,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--dp-max-grad-norm", type=float)
     run.add_argument("--dp-delta", type=float)
     run.add_argument("--server-lanes", type=int)
+    run.add_argument("--secure-aggregation", dest="secure_aggregation", action="store_true",
+                     default=None)
+    run.add_argument("--secure-aggregation-clip", type=float)
     run.add_argument("--devices-per-round", type=_count_or_fraction,
                      help="devices sampled to train in each round: a count, or a fraction "
                           "in (0, 1) of the devices; 0: every device (fl, sl, sfl, pipar)")
@@ -282,9 +286,10 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "metric", "optimizer", "dataset", "t
                    "chain_replication_every", "first_repartition_after", "warmup_epochs",
                    "warmup_learning_rate", "local_steps", "sync_periods", "ring_size",
                    "version_smoothing", "ring_timeout", "group_size", "inter_group_every",
-                   "buffer_size", "server_learning_rate", "staleness", "privacy",
+                   "buffer_size", "server_learning_rate", "staleness", "concurrency", "privacy",
                    "privacy_noise", "dp_noise_multiplier", "dp_max_grad_norm", "dp_delta",
-                   "server_lanes", "devices_per_round")
+                   "server_lanes", "devices_per_round", "secure_aggregation",
+                   "secure_aggregation_clip")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

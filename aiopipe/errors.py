@@ -17,7 +17,8 @@
     └── TrainingError          the run cannot go on (no device left, a node failed)
         ├── DeviceLostError        one device dropped out (its round is excluded)
         ├── RoundStalledError      a device's round cannot finish (FTPipeHD replays it)
-        └── NeighbourFaultError    a device refused what a neighbour sent (it names it)
+        ├── NeighbourFaultError    a device refused what a neighbour sent (it names it)
+        └── SecureAggregationError fewer devices than the threshold survived a secure round
 
 Foreign exceptions (aiohttp, OSError, msgpack) are translated once, at the transport or
 codec boundary, so callers only ever catch these.
@@ -40,6 +41,7 @@ __all__ = [
     "RefusedError",
     "RemoteProtocolError",
     "RoundStalledError",
+    "SecureAggregationError",
     "TrainingError",
     "TransportError",
 ]
@@ -131,3 +133,9 @@ class NeighbourFaultError(TrainingError):
 
     def __reduce__(self) -> tuple[type[NeighbourFaultError], tuple[str, str]]:
         return type(self), (self.culprit, self.error)
+
+
+class SecureAggregationError(TrainingError):
+    """A secure aggregation round (aiopipe.secagg) cannot give the sum: fewer devices
+    than its threshold took part to the end, or a device's neighbourhood lost too many
+    to unmask. The message says which step and how many were needed."""

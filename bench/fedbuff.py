@@ -12,13 +12,18 @@ data, model, seed and one cost table measured here once (so they are charged ali
   and uploads its delta; the server applies every ``--buffer-size`` arrivals with
   staleness weights 1/sqrt(1+tau) (an epoch: as many samples as the fleet holds).
 
+With ``--concurrency C`` the fleet is a population of which C train at a time: fl draws C
+devices each round (``devices_per_round``), fedbuff keeps C training at once, each next
+one drawn from the idle (its ``concurrency``).
+
 Reported: each run's accuracy after each epoch against virtual time, the time each
 first reaches each of ``--targets`` test accuracies, and fl's time over fedbuff's,
 printed next to the paper's 3.3x (Nguyen et al. 2022: FedBuff vs FedAvg, time to target
 on their benchmarks, thousands of simulated clients); FedBuff's rounds per device and
 the staleness of their deltas.
 
-    .venv/bin/python bench/fedbuff.py [--targets 0.5,0.6,0.7] [--epochs 20] [--out DIR]
+    .venv/bin/python bench/fedbuff.py [--targets 0.5,0.6,0.7] [--epochs 20]
+        [--devices 8] [--concurrency 0] [--out DIR]
 """
 
 from __future__ import annotations
@@ -58,9 +63,10 @@ def fleet(mode: str, args: argparse.Namespace, **changes: Any) -> RunConfig:
     n = args.devices
     slowdowns = tuple(round(1 + (args.slowest - 1) * k / max(1, n - 1), 3) for k in range(n))
     return RunConfig(mode=mode, model="fedbuff:cnn", dataset=args.dataset, devices=n,
-                     samples_per_device=args.samples, batch_size=BATCH, epochs=args.epochs,
+                     samples_per_device=args.samples, batch_size=BATCH,
                      device_slowdown=slowdowns, network=args.network, test_samples=1000,
-                     learning_rate=args.learning_rate, momentum=0.0, seed=1, **changes)
+                     learning_rate=args.learning_rate, momentum=0.0, seed=1,
+                     **{"epochs": args.epochs, **changes})
 
 
 def time_to(epochs: list[dict[str, Any]], target: float) -> float | None:
@@ -79,12 +85,16 @@ def main() -> None:
     parser.add_argument("--slowest", type=float, default=10.0)
     parser.add_argument("--samples", type=int, default=256)
     parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--fl-epochs", type=int, default=0,
+                        help="fl's epochs where they differ (a sampled fl epoch is a round)")
     parser.add_argument("--targets", default="0.5,0.6,0.7")
     parser.add_argument("--dataset", default="synthetic-cifar10")
     parser.add_argument("--learning-rate", type=float, default=0.1)
     parser.add_argument("--network", default="wifi")
     parser.add_argument("--buffer-size", type=int, default=4)
     parser.add_argument("--local-steps", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=0,
+                        help="devices training at once (0: all): fl's devices_per_round")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     targets = [float(t) for t in args.targets.split(",")]
@@ -94,9 +104,11 @@ def main() -> None:
     model = build_model(base, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
     costs = measure_planning_costs(base, model, dataset.in_shape, dataset,
                                    sizes=planning_batch_sizes(base))
-    runs = {"fl": fleet("fl", args),
+    runs = {"fl": fleet("fl", args, devices_per_round=args.concurrency,
+                        epochs=args.fl_epochs or args.epochs),
             "fedbuff": fleet("fedbuff", args, options={
-                "buffer_size": args.buffer_size, "local_steps": args.local_steps})}
+                "buffer_size": args.buffer_size, "local_steps": args.local_steps,
+                "concurrency": args.concurrency})}
     rows: dict[str, dict[str, Any]] = {}
     for name, config in runs.items():
         started = time.perf_counter()
@@ -118,7 +130,8 @@ def main() -> None:
     taus = [[t for c in changes for t in c["staleness"][k]] for k in range(args.devices)]
     mean_tau = [round(sum(t) / len(t), 2) if t else None for t in taus]
     print(f"fedbuff rounds per device (1x .. {args.slowest:g}x): {per_device}; mean "
-          f"staleness {mean_tau}; server updates {changes[-1]['version']}")
+          f"staleness {mean_tau}; server updates {changes[-1]['version']}; at most "
+          f"{max(c['most_at_once'] for c in changes)} training at once")
     ratios: dict[float, float | None] = {}
     print(f"\n{'target':>7} {'fl (s)':>8} {'fedbuff (s)':>12} {'fl/fedbuff':>11}")
     for t in targets:

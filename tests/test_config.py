@@ -231,6 +231,11 @@ BAD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("server_lanes", True, {"mode": "pipar"}),
     ("server_lanes", 2, {"mode": "fl"}),
     ("server_lanes", 2, {"mode": "sl"}),
+    ("secure_aggregation", "yes", {}),
+    ("secure_aggregation", True, {"mode": "sl"}),
+    ("secure_aggregation", True, {"mode": "hadfl"}),
+    ("secure_aggregation_clip", 0, {}),
+    ("secure_aggregation_clip", math.inf, {}),
     ("devices_per_round", 3, {"devices": 2}),
     ("devices_per_round", 1.0, {}),
     ("devices_per_round", "all", {}),
@@ -246,6 +251,10 @@ BAD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("server_learning_rate", 0.5, {}),
     ("staleness", "linear", {"mode": "fedbuff"}),
     ("staleness", "none", {}),
+    ("concurrency", -1, {"mode": "fedbuff"}),
+    ("concurrency", 99, {"mode": "fedbuff"}),
+    ("concurrency", True, {"mode": "fedbuff"}),
+    ("concurrency", 1, {}),  # for mode fedbuff only
     ("local_steps", 0, {"mode": "fedbuff"}),
     ("local_steps", "capacity", {"mode": "fedbuff"}),
     ("aggregation_every", 2, {"mode": "fedbuff"}),  # it updates every K arrivals

@@ -110,6 +110,8 @@ from aiopipe.protocol.messages import (
     RoundResult,
     RoundStalled,
     RoundStart,
+    SecAggReply,
+    SecAggRequest,
     SyncedModel,
 )
 
@@ -228,6 +230,10 @@ _SCHEMAS: Final[dict[type[Any], tuple[str, Schema]]] = {
                                ("step", "int"), ("chunk", "int"), ("values", "tensor"))),
     RingBypass: ("ring_bypass", (("run_id", "int"), ("round", "int"), ("ring", "ints"))),
     RingHandshake: ("ring_handshake", (("run_id", "int"), ("round", "int"), ("reply", "int"))),
+    SecAggRequest: ("secagg_request", (("round", "int"), ("step", "int"), ("clients", "ints"),
+                                       ("dropped", "ints"), ("length", "int"),
+                                       ("tensors", "tensors"))),
+    SecAggReply: ("secagg_reply", (("round", "int"), ("step", "int"), ("tensors", "tensors"))),
     SyncedModel: ("synced_model", (("run_id", "int"), ("round", "int"), ("version", "float"),
                                    ("tensors", "tensors"))),
     Heartbeat: ("heartbeat", (("seq", "int"),)),

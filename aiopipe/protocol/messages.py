@@ -4,8 +4,9 @@ A tensor travels as `TensorData` (dtype name, shape, raw C-contiguous little-end
 bytes); `aiopipe.protocol.tensors` converts to and from torch without copies. These
 modules are pure: no I/O, no torch. The messages live by who sends them:
 `aiopipe.protocol.control` (coordinator ⇄ device), `aiopipe.protocol.stage_data`
-(device ⇄ device within a round) and `aiopipe.protocol.systems` (FTPipeHD's replicas,
-HADFL's ring); this module gathers them into `Message`.
+(device ⇄ device within a round), `aiopipe.protocol.systems` (FTPipeHD's replicas,
+HADFL's ring) and `aiopipe.protocol.secagg` (secure aggregation); this module gathers
+them into `Message`.
 
 Conversation of a device ``k`` with the coordinator ``C`` (the server)::
 
@@ -44,6 +45,10 @@ Conversation of a device ``k`` with the coordinator ``C`` (the server)::
       and when the coordinator recovers a round from them:
         C → k    ReplicaRequest(round, batches, stages)
         k → C    Replica(...) for each stage asked (no tensors: not held)
+      with ``secure_aggregation`` (fl, sfl, pipar), after the round's results, for
+      step in 0..3 (aiopipe.protocol.secagg):
+        C → k    SecAggRequest(round, step, clients, dropped, length, tensors)
+        k → C    SecAggReply(round, step, tensors)
     C → k  Bye(reason)
     either way, any time: Heartbeat(seq); ErrorMessage(code, message) before closing.
 
@@ -80,6 +85,7 @@ from aiopipe.protocol.control import (
     RoundStalled,
     RoundStart,
 )
+from aiopipe.protocol.secagg import SecAggReply, SecAggRequest
 from aiopipe.protocol.stage_data import Activation, FramePart, Gradient, GroupGradient
 from aiopipe.protocol.systems import (
     Replica,
@@ -125,13 +131,15 @@ __all__ = [
     "RoundResult",
     "RoundStalled",
     "RoundStart",
+    "SecAggReply",
+    "SecAggRequest",
     "SyncedModel",
     "TensorData",
     "check_node_name",
 ]
 
 #: Version of the conversation drawn above, which `Hello.version` names.
-PROTOCOL_VERSION: Final = 10
+PROTOCOL_VERSION: Final = 11
 
 
 #: Every message kind that travels (`aiopipe.protocol.codec` frames each).
@@ -159,6 +167,8 @@ Message = (
     | RingBypass
     | RingHandshake
     | SyncedModel
+    | SecAggRequest
+    | SecAggReply
     | Heartbeat
     | Bye
     | ErrorMessage

@@ -78,6 +78,7 @@ from aiopipe.protocol import (
     RoundResult,
     RoundStalled,
     RoundStart,
+    SecAggReply,
     TensorData,
 )
 from aiopipe.runtime.arrivals import ArrivalRules, Verdict
@@ -462,6 +463,8 @@ class DeviceSession:
                 self.questions.take_evaluation(message)
             elif isinstance(message, Replica):
                 self._accept_replica(message)
+            elif isinstance(message, SecAggReply):
+                self.questions.take_secagg(message)
             elif isinstance(message, Heartbeat):
                 continue
             elif isinstance(message, Bye):

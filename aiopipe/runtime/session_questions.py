@@ -1,6 +1,7 @@
 """What the coordinator asks one device outside its rounds, and the answers it waits for:
 its profile (aiopipe.runtime.profiling [Note: device profiles]), a held-out evaluation
-of the global model, chain replicas (aiopipe.runtime.systems.ftpipehd.chain).
+of the global model, chain replicas (aiopipe.runtime.systems.ftpipehd.chain), a step
+of secure aggregation (aiopipe.runtime.systems.star.secure).
 
 `Questions` posts each question on the device's downlink and matches what comes back to
 what was asked; an answer nobody asked for is a `RemoteProtocolError` (a replica is the
@@ -23,6 +24,8 @@ from aiopipe.protocol import (
     ProfileRequest,
     Replica,
     ReplicaRequest,
+    SecAggReply,
+    SecAggRequest,
 )
 from aiopipe.runtime.peer import Peer
 from aiopipe.runtime.profiling import probe
@@ -44,6 +47,8 @@ class Questions:
         self._evaluation: asyncio.Future[EvalResult] | None = None
         #: the replicas asked for: the stages not answered yet, the answers
         self._asked: tuple[set[int], list[Replica], asyncio.Future[list[Replica]]] | None = None
+        #: the secure aggregation step asked for: (round, step), the answer
+        self._secagg: tuple[tuple[int, int], asyncio.Future[SecAggReply]] | None = None
 
     async def profile(self, batch_sizes: tuple[int, ...]) -> tuple[Profile, float]:
         """Ask the device to profile itself at ``batch_sizes`` (a probe follows the
@@ -93,6 +98,33 @@ class Questions:
         finally:
             self._asked = None
 
+    async def secagg(self, request: SecAggRequest) -> SecAggReply:
+        """Ask the device for step ``request.step`` of a secure aggregation round; its
+        answer.
+
+        Raises:
+            DeviceLostError: the device was lost meanwhile (`fail`).
+        """
+        future: asyncio.Future[SecAggReply] = asyncio.get_running_loop().create_future()
+        self._secagg = ((request.round, request.step), future)
+        self.peer.post(request, "m")
+        try:
+            return await future
+        finally:
+            self._secagg = None
+
+    def take_secagg(self, message: SecAggReply) -> None:
+        """The answer to the secure aggregation step asked for.
+
+        Raises:
+            RemoteProtocolError: none was asked for, or another step or round.
+        """
+        asked = self._secagg
+        if asked is None or asked[0] != (message.round, message.step) or asked[1].done():
+            raise RemoteProtocolError(f"a secure aggregation reply (round {message.round}, "
+                                      f"step {message.step}) nobody asked for")
+        asked[1].set_result(message)
+
     def take_replica(self, message: Replica) -> bool:
         """Whether ``message`` answers a `ReplicaRequest` (then it is taken)."""
         if self._asked is None or message.stage not in self._asked[0]:
@@ -139,6 +171,7 @@ class Questions:
     def fail(self, lost: DeviceLostError) -> None:
         """The device is gone: every question still waiting fails with ``lost``."""
         asked = self._asked[2] if self._asked is not None else None
-        for waiting in (self._profile, self._evaluation, asked):
+        secagg = self._secagg[1] if self._secagg is not None else None
+        for waiting in (self._profile, self._evaluation, asked, secagg):
             if waiting is not None and not waiting.done():
                 waiting.set_exception(lost)

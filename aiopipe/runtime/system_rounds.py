@@ -16,7 +16,15 @@ from aiopipe.clock import Clock, wait_for
 from aiopipe.config import RunConfig
 from aiopipe.errors import DeviceLostError
 from aiopipe.metrics.trace import Recorder
-from aiopipe.protocol import Replica, ReplicaRequest, RoundResult, RoundStart, TensorData
+from aiopipe.protocol import (
+    Replica,
+    ReplicaRequest,
+    RoundResult,
+    RoundStart,
+    SecAggReply,
+    SecAggRequest,
+    TensorData,
+)
 from aiopipe.runtime.admission import Admission
 from aiopipe.runtime.checkpoint import Checkpoints
 from aiopipe.runtime.compute import Compute
@@ -68,8 +76,8 @@ class SystemRounds:
         ``returns``: the tensors its result must hold, when not the ones ``start``
         sends."""
         session = self.admission.sessions[device_id]
-        if session.window is None and start.round > 0 and not self.config.devices_per_round:
-            # (sampled per round, a device's first round may be any one)
+        if session.window is None and start.round > 0 and not self.system.devices_sit_out:
+            # (drawn to train, a device's first round may be any one)
             log.warning("device %d takes part again from round %d", device_id,
                         start.round + 1)
         try:
@@ -132,3 +140,15 @@ class SystemRounds:
                                   self.config.device_timeout)
         except (DeviceLostError, TimeoutError):
             return []
+
+    async def secagg(self, device_id: int, request: SecAggRequest) -> SecAggReply | None:
+        """Device ``device_id``'s answer to a secure aggregation step (None when it was
+        lost, or did not answer within ``device_timeout``)."""
+        session = self.admission.sessions.get(device_id)
+        if session is None or session.ended:
+            return None
+        try:
+            return await wait_for(self.clock, session.questions.secagg(request),
+                                  self.config.device_timeout)
+        except (DeviceLostError, TimeoutError):
+            return None

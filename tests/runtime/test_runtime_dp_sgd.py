@@ -1,8 +1,9 @@
 """DP-SGD on the devices (aiopipe.runtime.dp_sgd, issue 45 item 5): a step is plain
 PyTorch's per-sample gradients, clipped, summed, noised with the round's generator and
 divided by the batch, on a whole model and on a device's half whose gradients come
-from the server, with PiPar's micro-batches, and Opacus's own DPOptimizer's step; runs in fl, sl, sfl and pipar report each
-device's epsilon as Opacus's accountant gives it for the same noise, rate and steps."""
+from the server, with PiPar's micro-batches, and Opacus's own DPOptimizer's step;
+runs in fl, sl, sfl and pipar report each device's epsilon as Opacus's accountant gives
+it for the same noise, rate and steps."""
 
 from __future__ import annotations
 

@@ -4,7 +4,9 @@ with a buffer of one as plain SGD, and devices of unequal speed in virtual time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +20,7 @@ from aiopipe.errors import ConfigError
 from aiopipe.runtime.factories import build_model, make_loss, make_optimizer
 from aiopipe.runtime.plan import device_data
 from aiopipe.runtime.systems.fedbuff.buffer import ServerBuffer, delta_of, staleness_weight
+from aiopipe.testing import open_fleet
 
 BATCH = 16
 
@@ -173,3 +176,49 @@ async def test_a_lost_device_s_round_is_dropped_and_the_others_go_on() -> None:
     assert epochs[1]["version"] >= 2 * math.ceil(12 / 4)  # the others made the updates
     assert epochs[-1]["rounds"][2] >= 1  # back
     assert all(math.isfinite(e.loss) for e in result.epochs)
+
+
+async def test_concurrency_trains_a_few_devices_at_a_time_drawn_from_all() -> None:
+    """Six devices, two at a time ([Note: FedBuff concurrency]): never more than two
+    train at once, every device is drawn over the run, and the same config draws the
+    same devices (virtual time)."""
+    config = _config(devices=6, epochs=2, samples_per_device=2 * BATCH,
+                     options={"buffer_size": 2, "local_steps": 1, "concurrency": 2})
+    first = _epochs(await simulate(config, clock=VirtualClock(), cost_table=COSTS))
+    again = _epochs(await simulate(config, clock=VirtualClock(), cost_table=COSTS))
+    assert [e["most_at_once"] for e in first] == [2, 2]
+    rounds = [sum(e["rounds"][k] for e in first) for k in range(6)]
+    assert all(r >= 1 for r in rounds), rounds
+    assert sum(rounds) >= first[-1]["version"] * 2  # K = 2 deltas an update
+    assert [e["rounds"] for e in again] == [e["rounds"] for e in first]
+    every = _epochs(await simulate(
+        _config(devices=6, epochs=2, samples_per_device=2 * BATCH,
+                options={"buffer_size": 2, "local_steps": 1}),
+        clock=VirtualClock(), cost_table=COSTS))
+    assert [e["most_at_once"] for e in every] == [6, 6]
+    with pytest.raises(ConfigError, match="'concurrency'"):
+        _config(options={"concurrency": 4})  # (3 devices)
+
+
+async def test_a_killed_server_resumes_at_its_epoch_and_ends_where_an_undisturbed_run_does(
+        tmp_path: Path) -> None:
+    """The server killed in epoch 2 of 3, restarted from its checkpoint of epoch 1:
+    the model, the version and the deltas left in the buffer come back, and the run
+    ends with the undisturbed run's model (virtual time, same costs)."""
+    config = _config(epochs=3, momentum=0.0, device_slowdown=(1, 2, 3),
+                     options={"buffer_size": 3, "local_steps": 2})
+    async with open_fleet(config, cost_table=COSTS) as fleet:
+        undisturbed = await fleet.train()
+    assert _epochs(undisturbed)[0]["buffered"] == 2  # (two deltas wait in the checkpoint)
+    async with open_fleet(config, cost_table=COSTS, checkpoint_dir=tmp_path) as fleet:
+        training = fleet.train()
+        await fleet.until(lambda: len(fleet.node.epochs) == 1 and fleet.node.rounds > 1)
+        fleet.kill_server(training)
+        with contextlib.suppress(asyncio.CancelledError):
+            await training
+        fleet.restart_server()
+        result = await fleet.train()
+    assert len(result.epochs) == 3
+    assert _epochs(result)[-1]["version"] == _epochs(undisturbed)[-1]["version"]
+    for key, value in undisturbed.model.state_dict().items():
+        assert torch.equal(result.model.state_dict()[key], value), key

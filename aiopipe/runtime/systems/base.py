@@ -14,7 +14,16 @@ from aiopipe.clock import Clock
 from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError, RemoteProtocolError
 from aiopipe.metrics.trace import Recorder, Slice
-from aiopipe.protocol import Hello, Replica, ReplicaRequest, RoundResult, RoundStart, TensorData
+from aiopipe.protocol import (
+    Hello,
+    Replica,
+    ReplicaRequest,
+    RoundResult,
+    RoundStart,
+    SecAggReply,
+    SecAggRequest,
+    TensorData,
+)
 from aiopipe.runtime.compute import Compute
 from aiopipe.runtime.device_half import DeviceHalf
 from aiopipe.runtime.stage import ServerStage
@@ -100,6 +109,11 @@ class Rounds(Protocol):
         """Device ``device_id``'s answer to ``request`` (empty when it was lost)."""
         ...
 
+    async def secagg(self, device_id: int, request: SecAggRequest) -> SecAggReply | None:
+        """Device ``device_id``'s answer to a secure aggregation step (None when it was
+        lost or too slow)."""
+        ...
+
 
 class System(Protocol):
     """One training system's coordinator half (see the package docstring)."""
@@ -127,6 +141,12 @@ class System(Protocol):
 
     #: iterations per round (0: ``aggregation_every``'s, or the epoch's)
     round_iterations: int
+
+    @property
+    def devices_sit_out(self) -> bool:
+        """Whether a device may sit rounds out while it is alive (drawn to train), so
+        that its first round in a session may be any round."""
+        ...
 
     #: whether the system plans from the devices' own profiles (aiopipe.runtime.profiling
     #: [Note: device profiles]): the coordinator asks them before `prepare`
@@ -255,6 +275,11 @@ class SystemDefaults:
     planned_keys: tuple[str, ...] = ()
     wants_profiles: bool = False
     round_iterations: int = 0
+
+    @property
+    def devices_sit_out(self) -> bool:
+        """Where devices are sampled per round (``devices_per_round``)."""
+        return bool(self.config.devices_per_round)
 
     @staticmethod
     def micro_batch_sizes(config: RunConfig) -> list[int]:

@@ -25,12 +25,26 @@ those under way finish, and their deltas wait in the buffer for the next epoch: 
 epoch's end is a barrier of at most one round of the slowest device, the price of
 evaluating a consistent model at the coordinator's epochs.
 
-A device lost mid-round: its round under way is dropped (its delta never arrives), the
-others go on; restarted, it trains again from the next epoch.
+[Note: FedBuff concurrency] The paper trains a large population a few clients at a
+time: ``concurrency`` C of them train at once, and each time one uploads, the next is
+drawn from those not training. Here an epoch runs C slots (every participant's when C
+is 0); a slot draws an idle device uniformly, plays its round, puts it back and draws
+again, so a device may be drawn again at once. The draws come from one generator seeded
+by the run's seed and the epoch, taken in the order rounds end: the same config in
+virtual time draws the same devices in every run, and a run resumed at an epoch draws
+what the undisturbed one would have. ``devices_per_round`` (a fresh draw each
+synchronous round) is fl's way and is refused here.
 
-Left out: sampling devices per round (``devices_per_round`` is refused: every device
-trains all the time; the paper's concurrency limit is not modelled), checkpoints (not
-resumable), the run's aggregation strategies and update judge (the buffer's rule is the
+A device lost mid-round: its round under way is dropped (its delta never arrives), the
+others go on (its slot draws another device); restarted, it trains again from the next
+epoch.
+
+Checkpoints: at an epoch's end no round is under way, so a checkpoint holds all there
+is: the global model, the server's version, the deltas waiting in the buffer (with
+their staleness weights) and each device's count of deltas taken; a resumed run goes on
+from them (`checkpoint_tensors`, `restore`).
+
+Left out: the run's aggregation strategies and update judge (the buffer's rule is the
 aggregation).
 """
 
@@ -39,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -57,7 +72,7 @@ from aiopipe.protocol import (
     state_to_wire,
 )
 from aiopipe.runtime.systems.base import Rounds, Setup, SystemDefaults, mini_batches
-from aiopipe.runtime.systems.fedbuff.buffer import ServerBuffer, delta_of
+from aiopipe.runtime.systems.fedbuff.buffer import ServerBuffer, delta_of, staleness_weight
 from aiopipe.runtime.systems.fedbuff.device import FedBuffDevice
 from aiopipe.runtime.systems.fedbuff.options import FedBuffOptions
 from aiopipe.runtime.tasks import first_error
@@ -94,11 +109,44 @@ class _Tally:
         return RoundResult(self.round, self.samples, self.loss_sum, self.correct, {})
 
 
+class _Pool:
+    """The devices of an epoch that may be drawn to train ([Note: FedBuff concurrency]):
+    the idle ones, where each stands in its data (mini-batches so far), one generator.
+    Undrawn (every device trains all the time), `take` gives the lowest idle device: each
+    slot keeps the device it started with."""
+
+    def __init__(self, devices: Sequence[int], seed: int, epoch: int, drawn: bool) -> None:
+        self.idle = set(devices)
+        self.training: set[int] = set()
+        #: the most devices training at once so far (for the record)
+        self.peak = 0
+        self.cursor = dict.fromkeys(devices, 0)
+        self._draw = random.Random(f"aiopipe fedbuff concurrency {seed} {epoch}") if drawn else None
+
+    def take(self) -> int | None:
+        """An idle device, now training (None: none is idle)."""
+        if not self.idle:
+            return None
+        k = (min(self.idle) if self._draw is None else
+             self._draw.choice(sorted(self.idle)))
+        self.idle.discard(k)
+        self.training.add(k)
+        self.peak = max(self.peak, len(self.training))
+        return k
+
+    def back(self, k: int, lost: bool = False) -> None:
+        """Device k's round is over: idle again, or gone for the epoch (``lost``)."""
+        self.training.discard(k)
+        if not lost:
+            self.idle.add(k)
+
+
 class FedBuff(SystemDefaults):
     """FedBuff's coordinator side (module docstring)."""
 
     device_half = FedBuffDevice
     recovers_lost_devices = True  # a lost device's round under way is dropped; the rest go on
+    resumable = True  # at an epoch's end (module docstring)
     round_iterations = 1  # an epoch is one round of the epoch loop: [Note: FedBuff rounds]
 
     @staticmethod
@@ -136,6 +184,11 @@ class FedBuff(SystemDefaults):
                  plural(self.options.buffer_size, "arrival"),
                  plural(self.updates_per_epoch(), "update"))
 
+    @property
+    def devices_sit_out(self) -> bool:
+        """Where fewer than all train at once ([Note: FedBuff concurrency])."""
+        return 0 < self.options.concurrency < self.config.devices
+
     def updates_per_epoch(self) -> int:
         """Server updates an epoch: enough for the fleet to train about the mini-batches
         it holds ([Note: FedBuff rounds])."""
@@ -168,12 +221,14 @@ class FedBuff(SystemDefaults):
         the epoch's updates; per device, its rounds as one result."""
         target = max((epoch + 1) * self.updates_per_epoch(), self.buffer.version + 1)
         tallies = {k: _Tally(round_no) for k in participants}
+        slots = min(self.options.concurrency or len(participants), len(participants))
+        pool = _Pool(participants, self.config.seed, epoch, slots < len(participants))
         rounds.copy_checkpoint()
         try:
             async with asyncio.TaskGroup() as tasks:
-                for k in participants:
-                    tasks.create_task(self._device_loop(rounds, k, epoch, target, round_no,
-                                                        tallies[k]))
+                for _ in range(slots):
+                    tasks.create_task(self._slot(rounds, pool, epoch, target, round_no,
+                                                 tallies))
         except BaseExceptionGroup as group:
             raise first_error(group) from None
         done = {k: t.result() for k, t in tallies.items() if t.rounds}
@@ -185,32 +240,37 @@ class FedBuff(SystemDefaults):
                        for k in range(self.config.devices)],
             "staleness": [tallies[k].taus if k in tallies else []
                           for k in range(self.config.devices)],
-            "buffered": len(self.buffer.entries)})
+            "buffered": len(self.buffer.entries), "most_at_once": pool.peak})
         return done
 
-    async def _device_loop(self, rounds: Rounds, k: int, epoch: int, target: int,
-                           round_no: int, tally: _Tally) -> None:
-        """Device k's rounds, each from the newest global model, until the server
-        reaches version ``target`` (or the device is lost); the first numbered
-        ``round_no`` (every device's), the others afresh."""
+    async def _slot(self, rounds: Rounds, pool: _Pool, epoch: int, target: int,
+                    round_no: int, tallies: Mapping[int, _Tally]) -> None:
+        """One slot of ``concurrency``: rounds of devices drawn from the idle, each from
+        the newest global model, until the server reaches version ``target`` or no
+        device is idle. A device's first round of the epoch is numbered ``round_no``
+        (every device's), its others afresh."""
         q = self.options.local_steps
-        cursor = 0  # the device's mini-batches so far this epoch (its data, round and round)
         while self.buffer.version < target:
-            if cursor:
-                round_no = rounds.new_round()
-            version, start = await self._start(rounds, k, round_no, epoch, cursor, q)
-            cursor += q
+            k = pool.take()
+            if k is None:
+                return
+            cursor = pool.cursor[k]  # its mini-batches so far this epoch (round and round)
+            number = rounds.new_round() if cursor else round_no
+            version, start = await self._start(rounds, k, number, epoch, cursor, q)
+            pool.cursor[k] = cursor + q
             try:
                 result = await rounds.play(k, start, None)
                 if result is None:  # lost: its round is dropped, the others go on
-                    return
-                tally.add(result)
+                    pool.back(k, lost=True)
+                    continue
+                tallies[k].add(result)
                 delta = await rounds.compute.call(
                     partial(self._delta, result, self._snapshots[version][0]))
             finally:
                 self._release(version)
-            tally.taus.append(self.buffer.version - version)
+            tallies[k].taus.append(self.buffer.version - version)
             self.contributions[k] += 1
+            pool.back(k)
             if self.buffer.add(delta, version):
                 await self._update(rounds, epoch)
 
@@ -265,3 +325,40 @@ class FedBuff(SystemDefaults):
     def _apply(self, taken: list[tuple[float, dict[str, torch.Tensor]]]) -> None:
         """The buffer's update, installed (compute thread)."""
         self.model.load_state_dict(self.buffer.combine(self.model.state_dict(), taken))
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
+        """The global model, the server's version, each device's deltas taken and the
+        buffered deltas with their staleness (module docstring: at an epoch's end)."""
+        tensors = {f"model/{k}": v.detach().clone() for k, v in self.model.state_dict().items()}
+        tensors["fedbuff/version"] = torch.tensor(self.buffer.version)
+        tensors["fedbuff/contributions"] = torch.tensor(self.contributions)
+        for i, ((_, delta), tau) in enumerate(zip(self.buffer.entries, self.buffer.taus,
+                                                  strict=True)):
+            tensors[f"fedbuff/buffered/{i}/tau"] = torch.tensor(tau)
+            tensors.update({f"fedbuff/buffered/{i}/delta/{key}": value.clone()
+                            for key, value in delta.items()})
+        return tensors
+
+    def restore(self, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
+        """Go on from `checkpoint_tensors`'s: the model, the version, the counts and
+        the buffer (each delta's weight recomputed from its staleness)."""
+        self.model.load_state_dict({k[6:]: v for k, v in tensors.items()
+                                    if k.startswith("model/")})
+        self.buffer.version = int(tensors["fedbuff/version"])
+        self.contributions = [int(c) for c in tensors["fedbuff/contributions"]]
+        entries: dict[int, dict[str, torch.Tensor]] = {}
+        taus: dict[int, int] = {}
+        for name, value in tensors.items():
+            if not name.startswith("fedbuff/buffered/"):
+                continue
+            index, kind, *key = name[len("fedbuff/buffered/"):].split("/", 2)
+            if kind == "tau":
+                taus[int(index)] = int(value)
+            else:
+                entries.setdefault(int(index), {})[key[0]] = value.clone()
+        self.buffer.entries = [(staleness_weight(taus[i], self.buffer.staleness), entries[i])
+                               for i in sorted(taus)]
+        self.buffer.taus = [taus[i] for i in sorted(taus)]
+        self._snapshots.clear()

@@ -27,12 +27,17 @@ class FedBuffOptions:
         server_learning_rate: eta_g: the server applies w <- w + eta_g / K * sum of the
             buffered s(tau) * delta.
         staleness: s(tau): "sqrt", 1 / sqrt(1 + tau) (the paper's), or "none" (1).
+        concurrency: the devices that train at once (the paper's concurrency): 0, every
+            device all the time; else that many, and each time one of them uploads,
+            the next is drawn from the devices not training (seeded by the run's seed
+            and the epoch: [Note: FedBuff concurrency]).
     """
 
     buffer_size: int = 4
     local_steps: int = 5
     server_learning_rate: float = 1.0
     staleness: str = "sqrt"
+    concurrency: int = 0
 
 
 _KEYS = {
@@ -40,6 +45,7 @@ _KEYS = {
     "local_steps": "Q, mini-batches a device trains before it uploads its delta",
     "server_learning_rate": "eta_g: w <- w + eta_g/K * sum of s(staleness) * delta",
     "staleness": 'the weight of a stale delta: "sqrt" (1/sqrt(1+tau)) or "none"',
+    "concurrency": "devices training at once, each next one drawn from the idle (0: all)",
 }
 
 
@@ -57,6 +63,11 @@ def check(config: Any) -> None:
             0 < rate < math.inf):
         raise fail("server_learning_rate", rate, "a finite number > 0")
     object.__setattr__(options, "server_learning_rate", float(rate))
+    concurrency = options.concurrency
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not (
+            0 <= concurrency <= config.devices):
+        raise fail("concurrency", concurrency,
+                   f"0 (every device) or an integer 1..{config.devices} (the devices)")
     if options.staleness not in STALENESS:
         raise fail("staleness", options.staleness, " or ".join(f'"{s}"' for s in STALENESS))
     if config.aggregation_every:

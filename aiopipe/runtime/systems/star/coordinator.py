@@ -29,7 +29,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,7 +40,6 @@ from aiopipe.metrics.trace import Slice
 from aiopipe.models.crossing import crossing_bytes
 from aiopipe.protocol import (
     HEADER_SLACK_BYTES,
-    Hello,
     RoundResult,
     RoundStart,
     state_from_wire,
@@ -89,12 +88,15 @@ from aiopipe.scheduler.schedule import check_schedule, pipar, with_transfers
 from aiopipe.strategies import Settings, TrainHook, make_strategy, make_train_hook
 from aiopipe.strategies import uploaded_aggregate as strategy_aggregate
 
+if TYPE_CHECKING:
+    from aiopipe.runtime.systems.star.secure import SecureRound
+
 __all__ = ["Star"]
 
 log = logging.getLogger("aiopipe.server")
 
-#: Samples of the coordinator's test set an aggregate's loss is judged on
-#: ([Note: judging updates]).
+#: Samples of the coordinator's test set an aggregate's loss is judged on ([Note: judging
+#: updates]).
 PROBE_SAMPLES = 32
 
 
@@ -150,12 +152,14 @@ class Star(SystemDefaults):
         self.judge = UpdateJudge(config.scale_limit)
         #: aiopipe.strategies: the run's, its settings for the round; replicas' train hooks
         self.strategy = make_strategy(config)
-        self.privacy = StarPrivacy(config, self.strategy)  # epsilon spent so far:
+        self.privacy = StarPrivacy(config, self.strategy, self.model)  # epsilon spent:
         self.privacy_spent = self.privacy.spent  # DP-SGD's or central DP's
         self.settings: Settings = {}
         self._hooks: defaultdict[int, TrainHook | None] = defaultdict(
             partial(make_train_hook, config))
         self._untrimmed: set[str] = set()  # trimmed means that trimmed nothing, warned of
+        #: [Note: secure FedAvg]: the round's secure aggregation (None: plain uploads)
+        self.secure: SecureRound | None = None
         if self.auto_config is None:  # refuse what cannot train before devices join
             check_trainable(self.model, self.inputs, device_plans(
                 config, self.units, [config.batch_size] * config.devices), config)
@@ -184,7 +188,6 @@ class Star(SystemDefaults):
             config = with_plans(config, self._first_plans(config))
         self.config = config
         self.plans = device_plans(config, self.units, self.samples)
-        self.privacy.check_units(self.model, self.plans)  # DP-SGD's units: Opacus's
         self.placement = star([p.split_point for p in self.plans], self.units)
         if self.auto_config is not None:
             check_trainable(self.model, self.inputs, self.plans, config)
@@ -253,14 +256,6 @@ class Star(SystemDefaults):
         """Iterations per epoch of device ``device_id`` ([Note: iterations per epoch])."""
         return self.plans[device_id].iterations_per_epoch
 
-    def refuse_hello(self, hello: Hello) -> str:
-        """Any device of the fleet may join."""
-        return ""
-
-    def peer_keys(self, device_id: int) -> dict[str, str]:
-        """Devices talk only to the coordinator."""
-        return {}
-
     def frame_limit(self) -> int:
         """The whole model's state, the largest activation at batch size B, a round
         report's slices and a round's action list."""
@@ -301,8 +296,9 @@ class Star(SystemDefaults):
         return RoundStart(round_no, epoch, first, iterations, state, 0, len(stages),
                           stages[0].first_unit, stages[0].stop_unit, plan.parallel_batches,
                           plan.micro_batch_size, self._version(plan, epoch, first),
-                          self._actions(plan)[0],
-                          sync={"strategy": dict(self.settings)} if self.settings else {})
+                          self._actions(plan)[0], sync={
+                              **({"strategy": dict(self.settings)} if self.settings else {}),
+                              **({"secagg": self.secure.settings()} if self.secure else {})})
 
     def server_stage(self, device_id: int, start: RoundStart) -> ServerStage | None:
         """The stage the coordinator runs for ``device_id`` this round (None in fl)."""
@@ -351,6 +347,10 @@ class Star(SystemDefaults):
                     await rounds.compute.call(partial(self.replicas.close, [k]))
             return done
         await self.plan_round(rounds, participants)
+        if star_options(self.config).secure_aggregation:  # [Note: secure FedAvg]
+            from aiopipe.runtime.systems.star.secure import SecureRound
+
+            self.secure = SecureRound.of(self.config, round_no, self.plans, work, participants)
         states = {k: await rounds.compute.call(partial(self._prepare, k)) for k in participants}
         rounds.copy_checkpoint()  # after the RoundStarts: see [Note: background checkpoints]
         try:
@@ -364,10 +364,13 @@ class Star(SystemDefaults):
         dropped = [k for k in participants if k not in done]
         if dropped:
             await rounds.compute.call(partial(self.replicas.roll_back, dropped))
-        if done:
+        if done and self.secure is not None:
+            from aiopipe.runtime.systems.star.secure import aggregate_securely
+
+            done = await aggregate_securely(self, rounds, self.secure, done, epoch)
+        elif done:
             cost = self.cost_table.aggregate_time(len(done)) if self.cost_table else None
-            await rounds.compute.run("agg", partial(self._aggregate, done), cost=cost,
-                                     epoch=epoch)
+            await rounds.compute.run("agg", partial(self._aggregate, done), cost=cost, epoch=epoch)
         await rounds.compute.call(partial(self.replicas.close, list(done)))
         return done
 
@@ -380,8 +383,8 @@ class Star(SystemDefaults):
                     iterations: int, state: Mapping[str, Any]) -> RoundResult | None:
         start = self.round_start(k, round_no, epoch, first, iterations, state)
         self.privacy.started(k, iterations, self.plans[k], self.samples[k])
-        return await rounds.play(k, start, self.server_stage(k, start))
-
+        return await rounds.play(k, start, self.server_stage(k, start),
+                                 returns={} if self.secure else None)
 
     def refused_updates(self) -> list[int]:
         """Devices whose update was refused ([Note: judging updates]), clipped or dropped
@@ -448,7 +451,7 @@ class Star(SystemDefaults):
             self.replicas.roll_back(sorted(kept))
             return
         self.judge.accept(norms[k] for k in kept if k not in left_out)
-        self._load_global(state)
+        self.model.load_state_dict(state)
         self.judge.installed()
         self.strategy.installed()
 
@@ -486,11 +489,8 @@ class Star(SystemDefaults):
             refusals = {k: f"the model it hands on was refused: {problem}"} if problem else {}
         if self._refuse(refusals, {k: state}):
             self.judge.accept(norms.values())
-            self._load_global(state)
+            self.model.load_state_dict(state)
             self.judge.installed()
-
-    def _load_global(self, state: dict[str, torch.Tensor]) -> None:
-        self.model.load_state_dict(state)
 
     # -- re-planning (see aiopipe.runtime.systems.star.replan) ------------------------
 

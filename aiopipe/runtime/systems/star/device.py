@@ -1,26 +1,30 @@
 """The device half of fl, sl, sfl and PiPar: the stage the round assigns (PiPar's
 device, §IV-A: the first P units, N micro-batches pipelined against the server's
 stage; fl's: the whole model), its upload shared with the stage (no copy), and the
-privacy options applied where the data leaves the device, or, with DP-SGD, in its
-training (aiopipe.runtime.dp_sgd)."""
+privacy options applied where the data leaves the device or, with DP-SGD, in its
+training (aiopipe.runtime.dp_sgd), and with ``secure_aggregation`` its upload masked
+(aiopipe.runtime.systems.star.secure_device)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from aiopipe.models import frozen_parameters
-from aiopipe.protocol import RoundStart
+from aiopipe.protocol import Message, RoundStart, SecAggRequest
 from aiopipe.runtime.assignment import Assignment
-from aiopipe.runtime.device_half import DeviceHalf, StageRules
+from aiopipe.runtime.device_half import DeviceContext, DeviceHalf, Handler, StageRules
 from aiopipe.runtime.factories import make_optimizer
 from aiopipe.runtime.holdings import Holdings
 from aiopipe.runtime.privacy import noisy_batch, noisy_state, round_generator
 from aiopipe.runtime.stage import Batch, StageWork
 from aiopipe.runtime.systems.star.options import star_options
+
+if TYPE_CHECKING:
+    from aiopipe.runtime.systems.star.secure_device import SecureUpload
 
 __all__ = ["StarDevice"]
 
@@ -28,6 +32,26 @@ __all__ = ["StarDevice"]
 class StarDevice(DeviceHalf):
     """A star's device: its rounds end where they began if a device is lost (the
     coordinator leaves its update out), so a round's error is the device's."""
+
+    def __init__(self, node: DeviceContext) -> None:
+        super().__init__(node)
+        self.secure: SecureUpload | None = None
+        if star_options(node.config).secure_aggregation:
+            # (the cryptography package is loaded only for runs that use it)
+            from aiopipe.runtime.systems.star.secure_device import SecureUpload
+
+            self.secure = SecureUpload(node)
+
+    def handlers(self) -> Mapping[type[Message], Handler]:
+        """With secure aggregation, the coordinator's `SecAggRequest`."""
+        return {SecAggRequest: self.secure.answer} if self.secure is not None else {}
+
+    async def run_round(self, start: RoundStart) -> int:
+        """The stage's round (with secure aggregation: its upload kept for the
+        protocol that follows)."""
+        if self.secure is not None:
+            self.secure.start(start)
+        return await super().run_round(start)
 
     @property
     def stage_rules(self) -> StageRules:
@@ -51,7 +75,8 @@ class StarDevice(DeviceHalf):
         until the next `RoundStart` (for re-sending), and only that round's weights,
         loaded after it, change the stage again; its frozen parameters left out (they do
         not change); with classic differential privacy, noised
-        (aiopipe.runtime.privacy)."""
+        (aiopipe.runtime.privacy); with secure aggregation, nothing: the state is kept
+        for the masked upload ([Note: secure FedAvg])."""
         frozen = frozen_parameters(work.module)  # [Note: frozen bases]: never sent
         state = {key: v for key, v in work.current_state().items() if key not in frozen}
         config = self.node.config
@@ -59,6 +84,9 @@ class StarDevice(DeviceHalf):
         if options.privacy == "classic":
             state = noisy_state(state, options.privacy_noise, round_generator(
                 config.seed, self.node.device_id, round_no))
+        if self.secure is not None:
+            self.secure.keep(state)
+            return {}
         return state
 
 

@@ -5,6 +5,7 @@ server replica per device). Light: a config's checks load it."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -12,9 +13,11 @@ from typing import Any
 
 from aiopipe.config_values import AGGREGATIONS, OUTLIERS, PRIVACY_METHODS, above, fail
 from aiopipe.entrypoints import is_entry_point
+from aiopipe.errors import ConfigError
 from aiopipe.runtime.systems.registry import SystemOptions
 
-__all__ = ["FL", "PIPAR", "SFL", "SL", "ReplicaOptions", "StarOptions", "devices_to_trim",
+__all__ = ["FL", "PIPAR", "SECURE_AGGREGATIONS", "SFL", "SL", "ReplicaOptions", "StarOptions",
+           "devices_to_trim",
            "server_lanes_of", "star_options", "untrimmed_warning"]
 
 
@@ -68,6 +71,16 @@ class StarOptions:
             switch was estimated to help and made the epochs longer; see the README.
         replan_threshold: the relative improvement of the estimated remaining time a
             new plan needs before the coordinator switches to it (0.1 = 10%).
+        secure_aggregation: fl, sfl and pipar: the devices' uploads are summed by
+            SecAgg+ (aiopipe.secagg; needs the extra ``aiopipe[secagg]``): the server
+            learns only the sum of the devices' weighted halves, devices lost
+            mid-protocol are recovered up to a threshold. Only for rules that need the
+            average alone (`SECURE_AGGREGATIONS`), with ``outliers = "keep"``.
+        secure_aggregation_clip: the bound on a device's weighted value per coordinate
+            (its weight, samples over the round's most, times the parameter; the
+            fixed-point encoding's range): larger values are clipped. The sum's error
+            per coordinate is at most n / (2 scale), with scale = ((2^31 - 1) / n - 1) /
+            clip for n devices (aiopipe.secagg.fixed_point).
     """
 
     aggregation: str = "fedavg"
@@ -82,6 +95,8 @@ class StarOptions:
     dp_delta: float = 1e-5
     replan: bool = False
     replan_threshold: float = 0.1
+    secure_aggregation: bool = False
+    secure_aggregation_clip: float = 100.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +139,11 @@ _KEYS = {
     "replan": 'with "auto" plans, re-plan between rounds from live measurements '
               "(experimental: off by default)",
     "replan_threshold": "re-plan when the estimated epoch would be this fraction shorter",
+    "secure_aggregation": "fl, sfl, pipar: sum the devices' uploads by SecAgg+, so that the "
+                          "server learns only their sum (FedAvg and server optimizers on "
+                          "the average; needs aiopipe[secagg])",
+    "secure_aggregation_clip": "secure aggregation: the bound on a weighted value per "
+                               "coordinate (fixed-point range; larger values are clipped)",
 }
 #: What the modes that hold a server replica per device add.
 _REPLICA_KEYS = {
@@ -170,6 +190,43 @@ def check(config: Any) -> None:
         if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
             raise fail("server_lanes", lanes, "an int >= 1")
     _check_trim(config, options)
+    _check_secure(config, options)
+
+
+#: The aggregations that need only the devices' weighted average (FedAvg, and server
+#: optimizers stepping on the round's mean pseudo-gradient), which secure aggregation
+#: serves; the others need each device's update.
+SECURE_AGGREGATIONS = ("fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
+
+
+def _check_secure(config: Any, options: StarOptions) -> None:
+    """Secure aggregation is a bool, its clip a finite number > 0; refused with the
+    reason where the run cannot use it."""
+    if not isinstance(options.secure_aggregation, bool):
+        raise fail("secure_aggregation", options.secure_aggregation, "true or false")
+    clip = options.secure_aggregation_clip
+    if isinstance(clip, bool) or not isinstance(clip, int | float) or not (
+            math.isfinite(clip) and clip > 0):
+        raise fail("secure_aggregation_clip", clip, "a finite number > 0")
+    object.__setattr__(options, "secure_aggregation_clip", float(clip))
+    if not options.secure_aggregation:
+        return
+    why = ""
+    if config.mode == "sl":
+        why = "sl aggregates nothing: each device starts from the last one's weights"
+    elif options.aggregation not in SECURE_AGGREGATIONS:
+        why = (f'aggregation "{options.aggregation}" needs each device\'s update; secure '
+               f"aggregation gives the server only their sum (it serves "
+               f"{', '.join(SECURE_AGGREGATIONS)})")
+    elif options.outliers != "keep":
+        why = (f'outliers "{options.outliers}" needs each device\'s update norm; secure '
+               "aggregation gives the server only their sum")
+    elif config.round_size(config.devices) < 2:
+        why = "a sum of one device's update is that update: it needs 2 devices a round"
+    elif importlib.util.find_spec("cryptography") is None:
+        why = "it needs the cryptography package: pip install 'aiopipe[secagg]'"
+    if why:
+        raise ConfigError(f"config key 'secure_aggregation': refused: {why}")
 
 
 def _check_dp(config: Any, options: StarOptions) -> None:
@@ -279,6 +336,9 @@ _ELSEWHERE = {
     "dp_max_grad_norm": "DP-SGD is for fl, sl, sfl and pipar",
     "dp_delta": "DP-SGD and dp-fedavg are for fl, sl, sfl and pipar",
     "server_lanes": "the server runs one replica per device only in sfl and pipar",
+    "secure_aggregation": "it sums device uploads for FedAvg in fl, sfl and pipar; this "
+                          "mode has no such sum",
+    "secure_aggregation_clip": "it is for fl, sfl and pipar with secure_aggregation",
 }
 
 FL = SystemOptions(StarOptions, _KEYS, check, elsewhere=_ELSEWHERE, samples_devices=True,

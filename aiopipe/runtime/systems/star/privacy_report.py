@@ -5,7 +5,7 @@ steps, at its sampling rate B / n_k, aiopipe.runtime.dp_sgd) or central DP's per
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -24,34 +24,22 @@ LEDGER_KEY = "privacy/steps"
 
 class StarPrivacy:
     """A star run's privacy accounting (module docstring): ``strategy`` is the run's
-    (its ``privacy_spent`` is central DP's, if it has one)."""
+    (its ``privacy_spent`` is central DP's, if it has one); with DP-SGD, ``model``'s
+    units that devices may train are checked (`check_units`).
 
-    def __init__(self, config: Any, strategy: object) -> None:
+    Raises:
+        ConfigError: see `check_units`.
+    """
+
+    def __init__(self, config: Any, strategy: object, model: torch.nn.Sequential) -> None:
         options = star_options(config)
         self.devices = config.devices
         self.strategy = strategy
         self.ledger = (StepLedger(options.dp_noise_multiplier, options.dp_delta)
                        if options.privacy == "dp-sgd" else None)
+        if self.ledger is not None:
+            check_units(model, device_units(config, models.unit_count(model)))
 
-    def check_units(self, model: torch.nn.Sequential, plans: Sequence[DevicePlan]) -> None:
-        """With DP-SGD, the devices' units are ones Opacus takes per-sample gradients
-        of (checked here, before any device trains: a device would fail its rounds).
-
-        Raises:
-            ConfigError: a device's units hold a layer Opacus cannot train privately
-                (batch norm mixes a batch's samples: use group or layer norm).
-        """
-        if self.ledger is None:
-            return
-        from opacus.validators import ModuleValidator  # (the options checked it is there)
-
-        for split_point in sorted({plan.split_point for plan in plans}):
-            problems = ModuleValidator.validate(models.split(model, split_point)[0],
-                                                strict=False)
-            if problems:
-                reason = _first_sentence(problems[0])
-                raise ConfigError(f'privacy "dp-sgd": Opacus cannot train the devices\' '
-                                  f"units 1..{split_point} privately: {reason}")
 
     def started(self, device: int, iterations: int, plan: DevicePlan, samples: int) -> None:
         """Device ``device`` is sent a round of ``iterations`` DP-SGD steps of ``plan``'s
@@ -83,6 +71,34 @@ class StarPrivacy:
         """Go on from a checkpoint's ledger."""
         if self.ledger is not None and LEDGER_KEY in tensors:
             self.ledger.load(tensors[LEDGER_KEY])
+
+
+def device_units(config: Any, units: int) -> int:
+    """The most units a device of the run may hold: all in fl, else the largest split
+    point given, all but the last with "auto" (the planner may choose any)."""
+    given = config.split_point
+    points = given if isinstance(given, list | tuple) else [given]
+    if config.mode == "fl":
+        return units
+    if any(not isinstance(p, int) for p in points):
+        return units - 1
+    return max(int(p) for p in points)
+
+
+def check_units(model: torch.nn.Sequential, units: int) -> None:
+    """DP-SGD's devices' units (the first ``units``) are ones Opacus takes per-sample
+    gradients of: checked before any device trains (a device would fail its rounds).
+
+    Raises:
+        ConfigError: they hold a layer Opacus cannot train privately (batch norm mixes
+            a batch's samples: use group or layer norm).
+    """
+    from opacus.validators import ModuleValidator  # (the options checked it is there)
+
+    problems = ModuleValidator.validate(models.split(model, units)[0], strict=False)
+    if problems:
+        raise ConfigError(f'privacy "dp-sgd": Opacus cannot train the devices\' units '
+                          f"1..{units} privately: {_first_sentence(problems[0])}")
 
 
 def _first_sentence(problem: object) -> str:
