@@ -7,7 +7,8 @@ middle, [P1, P2). P1 is the run's ``split_point``; the device keeps the last
 turns, as in split learning ("sl"): each starts from the weights the previous one
 left, and the coordinator keeps one middle model that every turn trains. With plain
 SGD that is plain SGD on the devices' batches in turn order
-(tests/examples/test_examples_ushaped.py checks it).
+(tests/examples/test_examples_ushaped.py checks it). Option ``schedule = "parallel"``
+runs every device at once instead, as pipar does ([Note: parallel schedule]).
 
 One iteration, N micro-batches, GPipe over three stages::
 
@@ -26,6 +27,30 @@ The two halves:
   node's one inbox and compute queue, side by side in every iteration. Labels stay on
   the device: stage 0's activations go up with zeros for labels, and the true ones are
   put back on the activations that come down for stage 2.
+
+[Note: parallel schedule] With ``schedule = "parallel"`` the devices do not take
+turns: every device of the round trains at once from the same global model, as in
+pipar (PiPar's concurrency across devices: each device's three-stage pipeline runs
+beside the others', the coordinator's one compute queue serving every middle), each
+against its own replica of the middle (made once per device, loaded with the global
+middle at each round start; its optimizer's state kept, as the device keeps its
+stages'). After the round the global model is the sample-weighted average of each
+device's whole model (its two stages and its middle replica), as pipar's FedAvg; a
+device lost mid-round is left out of it. Within a device the schedule stays GPipe over
+the three stages (not PiPar's two-stage order), and N is the run's, not planned.
+
+[Note: gradient noise] The labels stay on the device, but the gradient the tail sends
+up (of the loss with respect to the middle's output) still leaks them: its direction
+clusters by label (Li et al., ICLR 2022; `aiopipe.attacks.label_inference`, measured by
+bench/label_inference.py). Option ``gradient_noise`` (sigma) adds isotropic Gaussian
+noise to that gradient before it leaves: each sample's row gets noise of expected norm
+sigma times the micro-batch's largest row norm (scaled to the batch's gradients, in the
+spirit of Li et al.'s isotropic-noise baseline; its exact scale there is not checked).
+The noise is drawn from a generator seeded
+by (the run's seed, ``noise_seed``, the device id, the epoch, iteration and
+micro-batch): a run is reproducible, and a gradient re-sent after a reconnection carries
+the same noise. The coordinator trains its middle on the noisy gradient; the device's
+own stages train on the exact one.
 
 Left out: checkpoints (a U-shaped run does not resume), and what a broken connection
 loses mid-iteration (the coordinator re-sends no activation it passed down: such a
@@ -48,6 +73,7 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any, ClassVar
 
+import numpy
 import torch
 
 from aiopipe import ConfigError, RemoteProtocolError, RunConfig, models
@@ -83,6 +109,7 @@ from aiopipe.systems import (
     state_from_wire,
     state_to_wire,
     to_tensor_data,
+    to_torch,
     unit_crossings,
     with_transfers,
 )
@@ -126,8 +153,36 @@ class _ToCoordinator:
             zeros = torch.zeros(message.labels.shape, dtype=torch.int64)
             message = dataclasses.replace(message, labels=to_tensor_data(zeros))
             node.delivery.sent(message)  # re-sent after a reconnection, until its gradient
+        else:
+            options = node.config.options_as(UShapedOptions)
+            if options.gradient_noise > 0:
+                message = with_noise(message, options.gradient_noise, (
+                    node.config.seed, options.noise_seed, node.device_id, *key))
         node.peer.post(message, name, epoch=key[0], iteration=key[1], micro_batch=key[2],
                        ready_at=ready_at)
+
+
+def with_noise(message: Gradient, sigma: float, seed: Sequence[int]) -> Gradient:
+    """``message`` with isotropic Gaussian noise added to its gradient ([Note: gradient
+    noise]): each row (sample) gets noise whose expected norm is ``sigma`` times the
+    largest row norm of the micro-batch, drawn from a generator seeded by ``seed``."""
+    tensors = [to_torch(t) for t in message.tensors]
+    floats = [t for t in tensors if t.is_floating_point()]
+    if not floats:
+        return message
+    rows = floats[0].shape[0]
+    flat = torch.cat([t.reshape(rows, -1).to(torch.float64) for t in floats], dim=1)
+    largest = float(torch.linalg.vector_norm(flat, dim=1).max())
+    std = sigma * largest / flat.shape[1] ** 0.5
+    state = numpy.random.SeedSequence([int(s) for s in seed]).generate_state(1, numpy.uint64)
+    generator = torch.Generator().manual_seed(int(state[0]))
+    noisy = []
+    for t in tensors:
+        if t.is_floating_point():
+            noise = torch.randn(t.shape, generator=generator, dtype=torch.float64) * std
+            t = (t.to(torch.float64) + noise).to(t.dtype)
+        noisy.append(to_tensor_data(t))
+    return dataclasses.replace(message, tensors=tuple(noisy))
 
 
 class UShapedDevice(DeviceHalf):
@@ -258,9 +313,21 @@ def _check(config: Any) -> None:
     for k in range(config.devices):
         if not isinstance(config.device_parallel_batches(k), int):
             raise ConfigError("config key 'parallel_batches': U-shaped runs take ints")
-    tail = config.options_as(UShapedOptions).tail_units
+    options = config.options_as(UShapedOptions)
+    tail = options.tail_units
     if isinstance(tail, bool) or not isinstance(tail, int) or tail < 1:
         raise ConfigError(f"config key 'tail_units': got {tail!r}, expected an int >= 1")
+    if options.schedule not in ("turns", "parallel"):
+        raise ConfigError(f"config key 'schedule': got {options.schedule!r}, expected "
+                          "'turns' or 'parallel'")
+    noise = options.gradient_noise
+    if isinstance(noise, bool) or not isinstance(noise, int | float) or not noise >= 0 or (
+            noise == float("inf")):
+        raise ConfigError(f"config key 'gradient_noise': got {noise!r}, expected a finite "
+                          "number >= 0")
+    seed = options.noise_seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"config key 'noise_seed': got {seed!r}, expected an int >= 0")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -268,6 +335,9 @@ class UShapedOptions:
     """U-shaped split learning's own options (a config file's ``[ushaped]`` table)."""
 
     tail_units: int = 1
+    schedule: str = "turns"
+    gradient_noise: float = 0.0
+    noise_seed: int = 0
 
 
 class UShaped(SystemDefaults):
@@ -278,7 +348,14 @@ class UShaped(SystemDefaults):
     options: ClassVar[SystemOptions] = SystemOptions(
         UShapedOptions,
         keys={"tail_units": "units at the model's end that run on the device, after the "
-                            "coordinator's (the classifier: 1)"},
+                            "coordinator's (the classifier: 1)",
+              "schedule": "\"turns\" (devices one after another, as sl) or "
+                          "\"parallel\" (every device at once, a middle replica each, "
+                          "FedAvg after the round, as pipar)",
+              "gradient_noise": "Gaussian noise on the gradient the device's tail sends "
+                                "the coordinator, per sample, as a multiple of the "
+                                "micro-batch's largest per-sample norm (0: none)",
+              "noise_seed": "seed of that noise, with the run's seed (0)"},
         check=_check)
     serves_stages = True  # the middle (not resumable: `SystemDefaults`)
 
@@ -305,6 +382,8 @@ class UShaped(SystemDefaults):
         self.optimizer = make_optimizer(self.middle, self.config)
         self.shapes = unit_crossings(self.model, setup.data.inputs)
         self.samples: list[int] = []
+        #: per device, its middle replica and its optimizer (parallel schedule)
+        self.replicas: dict[int, tuple[torch.nn.Sequential, torch.optim.Optimizer]] = {}
 
     def _n(self, k: int) -> int:
         return int(self.config.device_parallel_batches(k))
@@ -354,7 +433,11 @@ class UShaped(SystemDefaults):
     async def run_round(self, rounds: Rounds, round_no: int, epoch: int, first: int,
                         work: Sequence[int], participants: Sequence[int]
                         ) -> dict[int, RoundResult]:
-        """The devices' turns, in order: each trains from the weights the last one left."""
+        """The devices' turns, in order: each trains from the weights the last one left;
+        or, with ``schedule = "parallel"``, every device at once ([Note: parallel
+        schedule])."""
+        if self.config.options_as(UShapedOptions).schedule == "parallel":
+            return await self._parallel(rounds, round_no, epoch, first, work, participants)
         done: dict[int, RoundResult] = {}
         for k in participants:
             start = await rounds.compute.call(
@@ -385,12 +468,64 @@ class UShaped(SystemDefaults):
                           _text(lower), sync={SECOND_STAGE: {"first_unit": p2,
                                                              "actions": _text(upper)}})
 
-    def _server_stage(self, k: int, start: RoundStart) -> ServerStage:
-        """The coordinator's middle stage for device k's turn."""
+    async def _parallel(self, rounds: Rounds, round_no: int, epoch: int, first: int,
+                        work: Sequence[int], participants: Sequence[int]
+                        ) -> dict[int, RoundResult]:
+        """Every device's round at once, each against its own replica of the middle;
+        then the sample-weighted average of the devices' whole models ([Note: parallel
+        schedule])."""
+        starts = {k: await rounds.compute.call(
+            partial(self._round_start, k, round_no, epoch, first, work[k]))
+            for k in participants}
+        for k in participants:
+            await rounds.compute.call(partial(self._load_replica, k))
+        rounds.copy_checkpoint()
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                played = {k: tasks.create_task(rounds.play(
+                    k, starts[k], self._server_stage(k, starts[k], *self.replicas[k])))
+                    for k in participants}
+        except BaseExceptionGroup as group:
+            raise group.exceptions[0] from None
+        done = {k: result for k, task in played.items() if (result := task.result()) is not None}
+        if done:  # a device lost mid-round is left out of the average
+            await rounds.compute.call(partial(self._average, done))
+        return done
+
+    def _load_replica(self, k: int) -> None:
+        """Device k's middle replica, made once, loaded with the global middle (its
+        optimizer's state kept across rounds, as the device keeps its stages')."""
+        if k not in self.replicas:
+            middle = copy.deepcopy(self.middle)
+            self.replicas[k] = (middle, make_optimizer(middle, self.config))
+        middle, optimizer = self.replicas[k]
+        middle.load_state_dict(self.middle.state_dict())
+        optimizer.zero_grad(set_to_none=True)
+
+    def _average(self, done: Mapping[int, RoundResult]) -> None:
+        """The global model: each entry the sample-weighted mean of the devices' trained
+        stages and their middle replicas (FedAvg over whole models, as pipar's)."""
+        total = sum(result.samples for result in done.values())
+        merged: dict[str, torch.Tensor] = {}
+        for k, result in done.items():
+            state = {**state_from_wire(result.tensors), **self.replicas[k][0].state_dict()}
+            for key, value in state.items():
+                share = value.to(torch.float64) * (result.samples / total)
+                merged[key] = merged[key] + share if key in merged else share
+        current = self.model.state_dict()
+        self.model.load_state_dict({key: merged[key].to(current[key].dtype)
+                                    if current[key].is_floating_point()
+                                    else current[key] for key in merged}, strict=False)
+
+    def _server_stage(self, k: int, start: RoundStart, middle: torch.nn.Sequential | None = None,
+                      optimizer: torch.optim.Optimizer | None = None) -> ServerStage:
+        """The coordinator's middle stage for device k's turn (or, parallel, round: on
+        its replica)."""
         p1, p2 = self.cuts
         n = start.parallel_batches
-        work = StageWork(self.middle, self.optimizer, first=False, last=False,
-                         parallel_batches=n, num_classes=self.setup.data.classes)
+        work = StageWork(self.middle if middle is None else middle,
+                         self.optimizer if optimizer is None else optimizer, first=False,
+                         last=False, parallel_batches=n, num_classes=self.setup.data.classes)
         assignment = Assignment(
             "server", start.round, start.epoch, start.first_iteration, start.iterations,
             1, 3, p1, p2, n, start.micro_batch_size, start.version, _actions(n)[1], {},

@@ -37,3 +37,17 @@ def train_in_turns(model: nn.Module, optimizer: torch.optim.Optimizer, config: R
                 out = model(*x) if isinstance(x, tuple) else model(x)
                 cross_entropy(out, y).backward()
                 optimizer.step()
+
+
+def train_one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, config: RunConfig,
+                    device: int, epoch: int, batch: int) -> None:
+    """Device ``device``'s batches of epoch ``epoch`` (its shard of the config's dataset,
+    in that epoch's order), one optimizer step each, with cross-entropy."""
+    dataset = train_dataset(config)
+    order = datasets.epoch_order(device_indices(config, dataset, device), epoch=epoch,
+                                 seed=config.seed)
+    for first in range(0, len(order) - batch + 1, batch):
+        x, y = dataset.batch(order[first:first + batch])
+        optimizer.zero_grad()
+        cross_entropy(model(x), y).backward()
+        optimizer.step()

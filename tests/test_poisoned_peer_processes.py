@@ -8,6 +8,7 @@ neighbour's weights went non-finite, the recoveries cascaded until "device 0 is 
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -156,13 +157,23 @@ async def test_a_device_process_that_drops_a_value_crossing_its_cut_is_excluded(
         tmp_path: Path) -> None:
     """gpt-tiny's cuts between blocks carry the mask and the residual stream; a device
     that sends only the stream is refused by its neighbour against the plan (the leaves
-    it must send, named), excluded, and the honest two finish with finite losses."""
+    it must send, named), excluded, and the honest two finish with finite losses,
+    re-partitioned between two of gpt-tiny's units (embed, a block, norm, head: whole
+    blocks move), every epoch with each of device 0's batches."""
     async with ProcessFleet(tmp_path, LM_RUN) as fleet:
         server, _ = await _start(fleet, tmp_path, "leaf_dropping_device",
                                  LEAF_DROPPING_DEVICE, "--listen", "127.0.0.1:0")
     metrics = fleet.metrics()
     assert [m["devices_excluded"] for m in metrics] == [[BAD], []]
     assert all(math.isfinite(m["loss"]) for m in metrics)
+    assert [m["samples"] for m in metrics] == [LM_RUN["samples_per_device"]] * 2
+    assert [p["device"] for p in metrics[-1]["plan"]] == [0, 2]
+    units = 7  # gpt-tiny's: embed, blocks 1-4, norm, head
+    for m in metrics:  # every unit on exactly one stage, in order, cut between units
+        bounds = [tuple(p["units"]) for p in m["plan"]]
+        assert bounds[0][0] == 0, bounds
+        assert bounds[-1][1] == units, bounds
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds)), bounds
     log = server.output.text()
     assert f"device {BAD} is excluded from the run: device 2 refused what it sent" in log
     assert "the plan says [bool (" in log

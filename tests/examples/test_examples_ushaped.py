@@ -16,7 +16,7 @@ from typing import ClassVar
 
 import pytest
 import torch
-from plain_training import train_in_turns
+from plain_training import train_in_turns, train_one_epoch
 from torch import nn
 
 from aiopipe import RunConfig, VirtualClock, simulate
@@ -72,6 +72,62 @@ async def test_ushaped_trains_what_plain_sgd_in_turn_order_trains(n: int) -> Non
         assert not torch.equal(want[key], initial[key])  # every unit trained
     # the loss is the device's (the coordinator's middle stage computes none)
     assert all(e.loss > 0 for e in result.epochs)
+
+
+async def test_the_parallel_schedule_trains_fedavg_of_each_devices_plain_sgd() -> None:
+    """[Note: parallel schedule]: every device at once from the same model, then the
+    average of the devices' whole models (equal samples: the plain mean), epoch by
+    epoch."""
+    config = _config(options={"schedule": "parallel"})
+    result = await simulate(config, clock=VirtualClock())
+    assert [e.samples for e in result.epochs] == [3 * 2 * BATCH] * 2
+    model = build_model(config, num_classes=10, in_shape=(3, 32, 32))
+    for epoch in range(config.epochs):
+        states = []
+        for k in range(config.devices):
+            copy = build_model(config, num_classes=10, in_shape=(3, 32, 32))
+            copy.load_state_dict(model.state_dict())
+            optimizer = torch.optim.SGD(copy.parameters(), lr=config.learning_rate)
+            train_one_epoch(copy, optimizer, config, k, epoch, BATCH)
+            states.append(copy.state_dict())
+        model.load_state_dict({key: sum(s[key] for s in states) / len(states)
+                               for key in states[0]})
+    want, got = model.state_dict(), result.model.state_dict()
+    for key in want:
+        diff, scale = (got[key] - want[key]).norm(), want[key].norm()
+        assert diff <= 1e-5 * scale, f"{key}: relative difference {diff / scale:.2e}"
+
+
+async def test_the_parallel_schedule_overlaps_the_devices_rounds() -> None:
+    """Three devices' rounds at once take well under the time of three turns (virtual
+    time: the same compute and transfers are charged), and train another model."""
+    turns = await simulate(_config(epochs=1), clock=VirtualClock())
+    parallel = await simulate(_config(epochs=1, options={"schedule": "parallel"}),
+                              clock=VirtualClock())
+    assert parallel.epochs[0].time_s < 0.6 * turns.epochs[0].time_s
+    key = next(iter(turns.model.state_dict()))
+    assert not torch.equal(turns.model.state_dict()[key], parallel.model.state_dict()[key])
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+async def test_the_parallel_schedule_trains_what_pipar_trains(momentum: float) -> None:
+    """Same cut, same data and order, FedAvg after each round, optimizer states kept on
+    both sides: U-shaped in parallel is pipar with the classifier moved back to the
+    device, and computes the same model."""
+    config = _config(momentum=momentum, parallel_batches=2)
+    ushaped = await simulate(config.replace(options={"schedule": "parallel"}),
+                             clock=VirtualClock())
+    pipar = await simulate(config.replace(mode="pipar"), clock=VirtualClock())
+    want, got = pipar.model.state_dict(), ushaped.model.state_dict()
+    assert list(got) == list(want)
+    for key in want:
+        diff, scale = (got[key] - want[key]).norm(), want[key].norm()
+        assert diff <= 1e-5 * scale, f"{key}: relative difference {diff / scale:.2e}"
+
+
+async def test_an_unknown_schedule_is_refused() -> None:
+    with pytest.raises(ConfigError, match="'schedule'"):
+        await simulate(_config(options={"schedule": "1f1b"}), clock=VirtualClock())
 
 
 class _Watching(StageWork):
