@@ -179,6 +179,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--outliers", choices=OUTLIERS)
     run.add_argument("--privacy", choices=PRIVACY_METHODS)
     run.add_argument("--privacy-noise", type=float)
+    run.add_argument("--dp-noise-multiplier", type=float)
+    run.add_argument("--dp-max-grad-norm", type=float)
+    run.add_argument("--dp-delta", type=float)
     run.add_argument("--server-lanes", type=int)
     run.add_argument("--secure-aggregation", dest="secure_aggregation", action="store_true",
                      default=None)
@@ -284,7 +287,8 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "metric", "optimizer", "dataset", "t
                    "warmup_learning_rate", "local_steps", "sync_periods", "ring_size",
                    "version_smoothing", "ring_timeout", "group_size", "inter_group_every",
                    "buffer_size", "server_learning_rate", "staleness", "concurrency", "privacy",
-                   "privacy_noise", "server_lanes", "devices_per_round", "secure_aggregation",
+                   "privacy_noise", "dp_noise_multiplier", "dp_max_grad_norm", "dp_delta",
+                   "server_lanes", "devices_per_round", "secure_aggregation",
                    "secure_aggregation_clip")
 
 
@@ -323,6 +327,8 @@ def epoch_row(m: EpochMetrics) -> str:
            f"{m.bytes_up / 1e6:>7.1f} {m.bytes_down / 1e6:>7.1f}")
     if m.device_accuracy:
         row += f"  held-out {m.held_out_accuracy:.3f}"
+    if not math.isnan(m.epsilon):  # differential privacy's, from the accountant
+        row += f"  epsilon {m.epsilon:.3g} (delta {m.delta:g}, per {m.privacy_unit})"
     return row
 
 

@@ -40,13 +40,13 @@ LOSSES = ("cross-entropy", "mse")
 METRICS = ("accuracy", "none")
 #: The built-in strategies (aiopipe.strategies); a run may name its own, module:Class.
 AGGREGATIONS = ("fedavg", "fedmedian", "trimmed-mean", "krum", "multi-krum", "fedavgm",
-                "fedadam", "fedyogi", "fedadagrad", "fedprox")
+                "fedadam", "fedyogi", "fedadagrad", "fedprox", "dp-fedavg")
 OUTLIERS = ("keep", "clip", "drop")
 OPTIMIZERS = ("sgd",)
 DATA_PARTITIONS = ("iid", "dirichlet")
 SCHEDULES = ("1f1b", "gpipe")
 #: Differential privacy on the devices (aiopipe.runtime.privacy).
-PRIVACY_METHODS = ("none", "classic", "pixeldp")
+PRIVACY_METHODS = ("none", "classic", "pixeldp", "dp-sgd")
 #: What a user's own module starts from: re-initialised from ``seed``, or its weights.
 INITIAL_WEIGHTS = ("seed", "given")
 #: How Asteroid re-plans after a device is lost (docs/design.md §Asteroid).

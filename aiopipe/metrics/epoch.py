@@ -54,7 +54,12 @@ class EpochMetrics:
     ``devices_per_round``, the devices drawn for each of the epoch's rounds (empty when
     every device trains). ``devices_excluded``: devices excluded from the run during
     the epoch for what they sent a neighbour (values out of range, the plan broken:
-    aiopipe.runtime.exclusion); they are in ``devices_lost`` too.
+    aiopipe.runtime.exclusion); they are in ``devices_lost`` too. ``epsilon`` and
+    ``delta``: differential privacy's guarantee for the run so far, from an accountant
+    (DP-SGD: the largest device's; dp-fedavg: the run's), NaN (null) without DP-SGD or
+    central DP; ``device_epsilon``: each device's (keys: its id as a string);
+    ``privacy_unit``: what neighbouring datasets differ by, "sample" (DP-SGD: one of a
+    device's samples) or "device" (central DP: one device's data), "" without.
     """
 
     epoch: int
@@ -82,6 +87,10 @@ class EpochMetrics:
     #: ``exp(loss)`` where the loss is the run's cross-entropy (per token, for a language
     #: model: its perplexity); NaN for any other loss
     perplexity: float = math.nan
+    epsilon: float = math.nan
+    delta: float = math.nan
+    device_epsilon: Mapping[str, float] = field(default_factory=dict)
+    privacy_unit: str = ""
 
     def to_mapping(self) -> dict[str, Any]:
         """Plain JSON-able form (one line of ``metrics.jsonl``)."""
@@ -97,4 +106,5 @@ class EpochMetrics:
         out["peer_bytes"] = list(self.peer_bytes)
         out["sampled"] = [list(r) for r in self.sampled]
         out["devices_excluded"] = list(self.devices_excluded)
+        out["device_epsilon"] = dict(self.device_epsilon)
         return out

@@ -577,8 +577,19 @@ class Coordinator:
             "updates_refused": list(self._tally.get("refused", ())),
             # devices excluded from the run, and why ([Note: whose word excludes])
             "excluded": {str(k): why for k, why in self.exclusions.excluded.items()},
+            # differential privacy spent by the last finished epoch's end (null: none)
+            "privacy": _privacy_of(self.epochs[-1] if self.epochs else None),
             "finished_epochs": [e.to_mapping() for e in self.epochs],
         }
+
+
+def _privacy_of(last: EpochMetrics | None) -> dict[str, Any] | None:
+    """``/status``'s ``privacy``: the run's and each device's epsilon, the delta and the
+    unit, as of ``last`` (None without an epoch, or without DP's accounting)."""
+    if last is None or math.isnan(last.epsilon):
+        return None
+    return {"epsilon": last.epsilon, "delta": last.delta, "unit": last.privacy_unit,
+            "device_epsilon": dict(last.device_epsilon)}
 
 
 def _minus(now: Sequence[int], before: Sequence[int]) -> tuple[int, ...]:

@@ -134,6 +134,9 @@ def epoch_metrics(epoch: int, tally: Mapping[str, Any], system: System, *, elaps
     loss = float(tally["loss_sum"]) / samples if samples else math.nan
     busy = busy_by_kind(by_track, devices)
     up, down = traffic
+    # (a system that accounts differential privacy has `privacy_spent`: the star's)
+    spending = getattr(system, "privacy_spent", None)
+    spent = spending() if spending is not None else None
     return EpochMetrics(
         # people count epochs from 1 (`EpochMetrics.epoch`); the loop's index is 0-based
         epoch=epoch + 1, time_s=elapsed, busy_s=busy,
@@ -157,6 +160,9 @@ def epoch_metrics(epoch: int, tally: Mapping[str, Any], system: System, *, elaps
         sampled=tuple(tuple(r) for r in tally.get("sampled", ())),
         devices_excluded=tuple(tally.get("excluded", ())),
         peer_bytes=tuple(peers) if system.links_devices else (),
+        **({} if spent is None else {
+            "epsilon": spent.epsilon, "delta": spent.delta,
+            "device_epsilon": dict(spent.device_epsilon), "privacy_unit": spent.unit}),
     )
 
 

@@ -13,7 +13,10 @@ costs nothing while nobody scrapes. Series (counters get ``_total`` in the text)
   ``aiopipe_train_loss``, ``aiopipe_train_accuracy``, ``aiopipe_held_out_accuracy``,
   ``aiopipe_epoch_samples``, ``aiopipe_epoch_bytes_up``, ``aiopipe_epoch_bytes_down``,
   ``aiopipe_epoch_devices_lost``, ``aiopipe_epoch_updates_refused``,
-  ``aiopipe_busy_seconds{resource}``, ``aiopipe_idle_seconds{resource}``;
+  ``aiopipe_busy_seconds{resource}``, ``aiopipe_idle_seconds{resource}``,
+  ``aiopipe_privacy_epsilon`` and ``aiopipe_privacy_delta`` (differential privacy's, by
+  the end of that epoch, with DP-SGD or dp-fedavg), ``aiopipe_device_privacy_epsilon``
+  (``device="k"``);
 - per device (``device="k"``): ``aiopipe_device_connected``,
   ``aiopipe_device_bytes_up_total``, ``aiopipe_device_bytes_down_total``,
   ``aiopipe_device_samples_total``, ``aiopipe_device_epoch_samples``,
@@ -157,6 +160,15 @@ def _last_epoch(node: Coordinator) -> Iterator[Metric]:
     yield _by(GaugeMetricFamily("aiopipe_idle_seconds", "Idle seconds per resource kind in "
                                 "the last finished epoch (device kinds: means over devices).",
                                 labels=["resource"]), last.idle_s)
+    if not math.isnan(last.epsilon):
+        yield _gauge("aiopipe_privacy_epsilon", "Differential privacy's epsilon for the run "
+                     f"by the last finished epoch's end (per {last.privacy_unit}).",
+                     last.epsilon)
+        yield _gauge("aiopipe_privacy_delta", "The delta of aiopipe_privacy_epsilon.",
+                     last.delta)
+        yield _by(GaugeMetricFamily("aiopipe_device_privacy_epsilon", "Each device's "
+                                    "differential privacy epsilon by the last finished "
+                                    "epoch's end.", labels=["device"]), last.device_epsilon)
 
 
 def _devices(node: Coordinator) -> Iterator[Metric]:

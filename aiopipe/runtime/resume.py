@@ -86,7 +86,9 @@ def epoch_from(values: Mapping[str, Any]) -> EpochMetrics:
     fields["peer_bytes"] = tuple(fields.get("peer_bytes", ()))
     fields["sampled"] = tuple(tuple(r) for r in fields.get("sampled", ()))
     fields["devices_excluded"] = tuple(fields.get("devices_excluded", ()))
-    for name in ("held_out_accuracy", "accuracy", "loss", "train_accuracy", "perplexity"):
+    fields["device_epsilon"] = dict(fields.get("device_epsilon", {}))
+    for name in ("held_out_accuracy", "accuracy", "loss", "train_accuracy", "perplexity",
+                 "epsilon", "delta"):
         if fields.get(name) is None:  # NaN is null in JSON
             fields[name] = math.nan
     return EpochMetrics(**fields)

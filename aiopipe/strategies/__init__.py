@@ -7,7 +7,8 @@ system, ``[fl]``): a built-in name or ``module:Class``, a strategy of the user's
 built with ``aggregation_options`` as keyword arguments ([Note: strategy options] in
 aiopipe.strategies.loading). Built in: FedAvg, FedAvgM, FedAdam, FedYogi, FedAdagrad
 (server optimizers on the pseudo-gradient: aiopipe.strategies.server_optimizers),
-FedMedian, TrimmedMean, Krum, MultiKrum, FedProx (aiopipe.strategies.builtin). A run's
+FedMedian, TrimmedMean, Krum, MultiKrum, FedProx (aiopipe.strategies.builtin), DpFedAvg
+(central differential privacy: aiopipe.strategies.central_dp). A run's
 ``train_hook`` (``module:factory``) adds to the devices' training
 ([Note: train hooks] in aiopipe.runtime.stage); FedProx's `ProximalHook` is one.
 """
@@ -15,6 +16,7 @@ FedMedian, TrimmedMean, Krum, MultiKrum, FedProx (aiopipe.strategies.builtin). A
 from aiopipe.runtime.stage import TrainHook
 from aiopipe.strategies.base import Settings, State, Stateless, Strategy, uploaded_aggregate
 from aiopipe.strategies.builtin import FedAvg, FedMedian, FedProx, Krum, MultiKrum, TrimmedMean
+from aiopipe.strategies.central_dp import DpFedAvg
 from aiopipe.strategies.hooks import ProximalHook
 from aiopipe.strategies.loading import (
     BUILT_IN_STRATEGIES,
@@ -33,6 +35,7 @@ from aiopipe.strategies.server_optimizers import (
 
 __all__ = [
     "BUILT_IN_STRATEGIES",
+    "DpFedAvg",
     "FedAdagrad",
     "FedAdam",
     "FedAvg",

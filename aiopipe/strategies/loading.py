@@ -22,6 +22,7 @@ from aiopipe.errors import AiopipeError, ConfigError
 from aiopipe.runtime.stage import TrainHook
 from aiopipe.strategies.base import Strategy
 from aiopipe.strategies.builtin import FedAvg, FedMedian, FedProx, Krum, MultiKrum, TrimmedMean
+from aiopipe.strategies.central_dp import DpFedAvg
 from aiopipe.strategies.server_optimizers import FedAdagrad, FedAdam, FedAvgM, FedYogi
 
 __all__ = ["BUILT_IN_STRATEGIES", "build_strategy", "make_strategy", "make_train_hook",
@@ -31,7 +32,7 @@ __all__ = ["BUILT_IN_STRATEGIES", "build_strategy", "make_strategy", "make_train
 BUILT_IN_STRATEGIES: dict[str, type[Any]] = {
     "fedavg": FedAvg, "fedmedian": FedMedian, "trimmed-mean": TrimmedMean, "krum": Krum,
     "multi-krum": MultiKrum, "fedavgm": FedAvgM, "fedadam": FedAdam, "fedyogi": FedYogi,
-    "fedadagrad": FedAdagrad, "fedprox": FedProx,
+    "fedadagrad": FedAdagrad, "fedprox": FedProx, "dp-fedavg": DpFedAvg,
 }
 
 
@@ -54,9 +55,11 @@ def strategy_class(aggregation: str) -> Callable[..., Any]:
 
 
 def build_strategy(aggregation: str, options: Mapping[str, Any], *, trim: float = 0.2,
-                   byzantine: int = 1) -> Strategy:
+                   byzantine: int = 1, run: Mapping[str, Any] | None = None) -> Strategy:
     """The strategy ``aggregation`` names, built with ``options`` ([Note: strategy
-    options]).
+    options]); ``run``: more of the run's values, each passed where the constructor
+    declares it and ``options`` does not name it (``seed``, ``population``,
+    ``per_round``, ``delta``: central DP's, aiopipe.strategies.central_dp).
 
     Raises:
         ConfigError: it cannot be loaded or built, or it is not a `Strategy`.
@@ -67,7 +70,7 @@ def build_strategy(aggregation: str, options: Mapping[str, Any], *, trim: float 
         declared = inspect.signature(cls).parameters
     except (TypeError, ValueError):
         declared = {}  # type: ignore[assignment]
-    for name, value in (("trim", trim), ("byzantine", byzantine)):
+    for name, value in (("trim", trim), ("byzantine", byzantine), *(run or {}).items()):
         if name in declared and name not in arguments:
             arguments[name] = value
     try:
@@ -95,10 +98,13 @@ def make_strategy(config: Any) -> Strategy:
         ConfigError: see `build_strategy`.
     """
     options = config.options
+    run = {"seed": config.seed, "population": config.devices,
+           "per_round": config.round_size(config.devices),
+           "delta": getattr(options, "dp_delta", 1e-5)}
     return build_strategy(getattr(options, "aggregation", "fedavg"),
                           getattr(options, "aggregation_options", {}),
                           trim=getattr(options, "trim_fraction", 0.2),
-                          byzantine=config.byzantine_devices)
+                          byzantine=config.byzantine_devices, run=run)
 
 
 def make_train_hook(config: Any) -> TrainHook | None:

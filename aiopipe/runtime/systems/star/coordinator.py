@@ -67,11 +67,7 @@ from aiopipe.runtime.sampling import sampled_devices
 from aiopipe.runtime.stage import ServerStage, StageWork
 from aiopipe.runtime.systems.base import Rounds, Setup, SystemDefaults, planning_batch_sizes
 from aiopipe.runtime.systems.star.device import StarDevice
-from aiopipe.runtime.systems.star.options import (
-    server_lanes_of,
-    star_options,
-    untrimmed_warning,
-)
+from aiopipe.runtime.systems.star.options import server_lanes_of, star_options, untrimmed_warning
 from aiopipe.runtime.systems.star.planning import (
     choose_plans,
     device_plans,
@@ -80,6 +76,7 @@ from aiopipe.runtime.systems.star.planning import (
     profile_key,
     with_plans,
 )
+from aiopipe.runtime.systems.star.privacy_report import StarPrivacy
 from aiopipe.runtime.systems.star.replan import Replan, live_profiles, reselect
 from aiopipe.runtime.systems.star.replicas import ReplicaPool
 from aiopipe.runtime.tasks import first_error
@@ -155,6 +152,8 @@ class Star(SystemDefaults):
         self.judge = UpdateJudge(config.scale_limit)
         #: aiopipe.strategies: the run's, its settings for the round; replicas' train hooks
         self.strategy = make_strategy(config)
+        self.privacy = StarPrivacy(config, self.strategy, self.model)  # epsilon spent:
+        self.privacy_spent = self.privacy.spent  # DP-SGD's or central DP's
         self.settings: Settings = {}
         self._hooks: defaultdict[int, TrainHook | None] = defaultdict(
             partial(make_train_hook, config))
@@ -383,9 +382,9 @@ class Star(SystemDefaults):
     async def _play(self, rounds: Rounds, k: int, round_no: int, epoch: int, first: int,
                     iterations: int, state: Mapping[str, Any]) -> RoundResult | None:
         start = self.round_start(k, round_no, epoch, first, iterations, state)
+        self.privacy.started(k, iterations, self.plans[k], self.samples[k])
         return await rounds.play(k, start, self.server_stage(k, start),
                                  returns={} if self.secure else None)
-
 
     def refused_updates(self) -> list[int]:
         """Devices whose update was refused ([Note: judging updates]), clipped or dropped
@@ -562,7 +561,7 @@ class Star(SystemDefaults):
         tensors.update(self.replicas.checkpoint_tensors(
             [p.split_point for p in self.plans]))
         tensors.update({f"strategy/{k}": v for k, v in self.strategy.state_dict().items()})
-        return tensors
+        return {**tensors, **self.privacy.tensors()}
 
     def restore(self, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
         """Load a checkpoint's model, plans ("auto": the ones the run had re-chosen),
@@ -572,6 +571,7 @@ class Star(SystemDefaults):
         self.judge.forget()
         self.strategy.load_state_dict({k[9:]: v for k, v in tensors.items()
                                        if k.startswith("strategy/")})
+        self.privacy.restore(tensors)
         if self.auto_config is not None:  # go on with the plans the run had (re-)chosen
             resumed = self.config.replace(split_point=config["split_point"],
                                           parallel_batches=config["parallel_batches"])

@@ -1,21 +1,24 @@
 """The device half of fl, sl, sfl and PiPar: the stage the round assigns (PiPar's
 device, §IV-A: the first P units, N micro-batches pipelined against the server's
 stage; fl's: the whole model), its upload shared with the stage (no copy), and the
-privacy options applied where the data leaves the device, and with
-``secure_aggregation`` its upload masked (aiopipe.runtime.systems.star.secure_device)."""
+privacy options applied where the data leaves the device or, with DP-SGD, in its
+training (aiopipe.runtime.dp_sgd), and with ``secure_aggregation`` its upload masked
+(aiopipe.runtime.systems.star.secure_device)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from aiopipe.models import frozen_parameters
 from aiopipe.protocol import Message, RoundStart, SecAggRequest
 from aiopipe.runtime.assignment import Assignment
-from aiopipe.runtime.device_half import DeviceContext, DeviceHalf, Handler
+from aiopipe.runtime.device_half import DeviceContext, DeviceHalf, Handler, StageRules
+from aiopipe.runtime.factories import make_optimizer
+from aiopipe.runtime.holdings import Holdings
 from aiopipe.runtime.privacy import noisy_batch, noisy_state, round_generator
 from aiopipe.runtime.stage import Batch, StageWork
 from aiopipe.runtime.systems.star.options import star_options
@@ -50,6 +53,14 @@ class StarDevice(DeviceHalf):
             self.secure.start(start)
         return await super().run_round(start)
 
+    @property
+    def stage_rules(self) -> StageRules:
+        """With DP-SGD, the device's stage is a `DpSgdWork`, told each round's number
+        and batch; otherwise the default stage."""
+        if star_options(self.node.config).privacy != "dp-sgd":
+            return StageRules()
+        return _DP_SGD_RULES
+
     def batches(self, batch: Batch, start: RoundStart, assignment: Assignment) -> Batch:
         """With PixelDP the first stage reads its inputs noised (aiopipe.runtime.privacy)."""
         config = self.node.config
@@ -77,3 +88,33 @@ class StarDevice(DeviceHalf):
             self.secure.keep(state)
             return {}
         return state
+
+
+def _dp_sgd_work(module: torch.nn.Sequential, assignment: Assignment,
+                 holdings: Holdings) -> StageWork:
+    """The device's stage trained by DP-SGD (aiopipe.runtime.dp_sgd).
+
+    Raises:
+        ConfigError: Opacus is missing, or cannot take the units' per-sample gradients.
+    """
+    from aiopipe.runtime.dp_sgd import DpSgdWork  # Opacus: only for DP-SGD's runs
+
+    config = holdings.config
+    options = star_options(config)
+    return DpSgdWork(
+        module, make_optimizer(module, config), noise_multiplier=options.dp_noise_multiplier,
+        max_grad_norm=options.dp_max_grad_norm, seed=config.seed,
+        device_id=holdings.plan.device_id, first=assignment.stage == 0,
+        last=assignment.last, parallel_batches=assignment.parallel_batches,
+        num_classes=holdings.plan.num_classes, loss=holdings.loss, metric=holdings.metric)
+
+
+def _dp_sgd_round(work: StageWork, assignment: Assignment, momentum: Mapping[str, Any],
+                  kept: bool) -> None:
+    """A round begins: the DP-SGD stage's noise for it and its batch B = N B'."""
+    begin = getattr(work, "begin_round", None)
+    if begin is not None:
+        begin(assignment.round, assignment.micro_batch_size * assignment.parallel_batches)
+
+
+_DP_SGD_RULES = StageRules(new_work=_dp_sgd_work, prepare=_dp_sgd_round)

@@ -34,8 +34,9 @@ class StarOptions:
             ``byzantine_devices`` bad devices; needs devices >= that + 3), "multi-krum"
             (the mean of the m best-scored by Krum), server optimizers on the round's
             pseudo-gradient ("fedavgm", "fedadam", "fedyogi", "fedadagrad"), "fedprox"
-            (FedAvg, with the proximal term on the devices), or ``module:Class``: a
-            strategy of the user's own (aiopipe.strategies).
+            (FedAvg, with the proximal term on the devices), "dp-fedavg" (central
+            differential privacy: aiopipe.strategies.central_dp), or ``module:Class``:
+            a strategy of the user's own (aiopipe.strategies).
         aggregation_options: the strategy's constructor's keyword arguments
             ([Note: strategy options] in aiopipe.strategies.loading).
         trim_fraction: see ``aggregation``. A trimmed mean that would trim nothing from
@@ -52,9 +53,17 @@ class StarOptions:
         privacy: differential privacy on the devices (PiPar §5.6.2): "none", "classic"
             (Gaussian noise on the device's model half before it is uploaded) or
             "pixeldp" (a noise layer before the device's first layer: Gaussian noise on
-            every training input); aiopipe.runtime.privacy.
+            every training input), aiopipe.runtime.privacy; or "dp-sgd" (the device's
+            units trained by DP-SGD through Opacus, with an accountant's epsilon per
+            device: aiopipe.runtime.dp_sgd). Central DP at the server is an
+            aggregation, "dp-fedavg" (aiopipe.strategies.central_dp).
         privacy_noise: the noise's standard deviation (weights' units for classic,
             inputs' for pixeldp: synthetic and normalised data have unit variance).
+        dp_noise_multiplier: DP-SGD's sigma: the noise's standard deviation over the
+            clipping norm.
+        dp_max_grad_norm: DP-SGD's clipping norm C of each sample's gradient.
+        dp_delta: the delta at which the run's epsilon is reported (DP-SGD's and
+            dp-fedavg's).
         replan: with "auto" split points or micro-batch counts, re-estimate at every
             round boundary from live measurements (each device's compute and link
             speeds) and switch plans when the estimate improves enough. Off by default:
@@ -81,6 +90,9 @@ class StarOptions:
     outlier_limit: float = 10.0
     privacy: str = "none"
     privacy_noise: float = 0.01
+    dp_noise_multiplier: float = 1.0
+    dp_max_grad_norm: float = 1.0
+    dp_delta: float = 1e-5
     replan: bool = False
     replan_threshold: float = 0.1
     secure_aggregation: bool = False
@@ -107,17 +119,23 @@ _KEYS = {
                    "trimmed-mean, krum, multi-krum (these bound what a few bad devices can "
                    "do), fedavgm, fedadam, fedyogi, fedadagrad (a server optimizer on the "
                    "round's pseudo-gradient), fedprox (FedAvg with a proximal term on the "
-                   "devices) or module:Class, a strategy of your own",
+                   "devices), dp-fedavg (central differential privacy: clipped updates, "
+                   "noised sum, epsilon accounted) or module:Class, a strategy of your own",
     "aggregation_options": "the strategy's keyword arguments, as key=value,key=value "
                            "(fedadam: eta=0.01,beta1=0.9,beta2=0.99,tau=0.001; fedavgm: "
-                           "eta=1,beta=0.9; fedprox: mu=0.01; multi-krum: keep=m)",
+                           "eta=1,beta=0.9; fedprox: mu=0.01; multi-krum: keep=m; dp-fedavg: "
+                           "noise_multiplier=1,clip=1,clipping=fixed|adaptive)",
     "trim_fraction": "trimmed-mean: the fraction of models trimmed at each end",
     "outliers": "a device update far above the round's median: keep (default), clip or "
                 "drop it",
     "outlier_limit": "how many times the round's median update norm is an outlier",
     "privacy": "differential privacy on the devices: classic (noise on the uploaded model "
-               "half) or pixeldp (noise on every training input)",
-    "privacy_noise": "the privacy noise's standard deviation",
+               "half), pixeldp (noise on every training input) or dp-sgd (per-sample "
+               "clipping and noise through Opacus, with epsilon accounted)",
+    "privacy_noise": "the privacy noise's standard deviation (classic, pixeldp)",
+    "dp_noise_multiplier": "dp-sgd: the noise's standard deviation over the clipping norm",
+    "dp_max_grad_norm": "dp-sgd: the clipping norm of each sample's gradient",
+    "dp_delta": "the delta at which epsilon is reported (dp-sgd, dp-fedavg)",
     "replan": 'with "auto" plans, re-plan between rounds from live measurements '
               "(experimental: off by default)",
     "replan_threshold": "re-plan when the estimated epoch would be this fraction shorter",
@@ -142,6 +160,7 @@ def check(config: Any) -> None:
     if options.aggregation not in AGGREGATIONS and not is_entry_point(options.aggregation):
         raise fail("aggregation", options.aggregation,
                    f"one of {', '.join(AGGREGATIONS)} or module:Class")
+    _check_dp(config, options)  # (dp_delta first: the strategy is built with it)
     _check_strategy(config, options)
     trim = options.trim_fraction
     if isinstance(trim, bool) or not isinstance(trim, int | float) or not 0 <= trim < 0.5:
@@ -208,6 +227,35 @@ def _check_secure(config: Any, options: StarOptions) -> None:
         why = "it needs the cryptography package: pip install 'aiopipe[secagg]'"
     if why:
         raise ConfigError(f"config key 'secure_aggregation': refused: {why}")
+
+
+def _check_dp(config: Any, options: StarOptions) -> None:
+    """DP-SGD's and central DP's values, and what they cannot be combined with."""
+    set_ = object.__setattr__
+    for key in ("dp_noise_multiplier", "dp_max_grad_norm"):
+        set_(options, key, above(key, getattr(options, key), 0))
+    delta = options.dp_delta
+    if isinstance(delta, bool) or not isinstance(delta, int | float) or not 0 < delta < 1:
+        raise fail("dp_delta", delta, "a number in (0, 1)")
+    set_(options, "dp_delta", float(delta))
+    central = options.aggregation == "dp-fedavg"
+    if options.privacy == "dp-sgd":
+        from aiopipe.runtime.privacy_accounting import require_opacus
+
+        require_opacus('privacy "dp-sgd"')
+        if central:
+            raise fail("privacy", "dp-sgd", 'one of DP-SGD and aggregation "dp-fedavg" '
+                       "(a run reports one guarantee: per sample of a device, or per "
+                       "device)")
+    if not central:
+        return
+    if config.mode == "sl":
+        raise fail("aggregation", "dp-fedavg", "an aggregation of sl's (sl averages "
+                   "nothing: each device starts from the last one's weights)")
+    if options.outliers != "keep":
+        raise fail("outliers", options.outliers, '"keep" with aggregation "dp-fedavg" '
+                   "(it clips every update itself; screening by the round's median norm "
+                   "would make one device's update decide about another's)")
 
 
 def _check_strategy(config: Any, options: StarOptions) -> None:
@@ -284,6 +332,9 @@ def _check_trim(config: Any, options: StarOptions) -> None:
 #: Why the other systems' runs keep them at their defaults.
 _ELSEWHERE = {
     "privacy": "it is for fl, sl, sfl and pipar",
+    "dp_noise_multiplier": "DP-SGD is for fl, sl, sfl and pipar",
+    "dp_max_grad_norm": "DP-SGD is for fl, sl, sfl and pipar",
+    "dp_delta": "DP-SGD and dp-fedavg are for fl, sl, sfl and pipar",
     "server_lanes": "the server runs one replica per device only in sfl and pipar",
     "secure_aggregation": "it sums device uploads for FedAvg in fl, sfl and pipar; this "
                           "mode has no such sum",
