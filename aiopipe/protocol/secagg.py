@@ -9,7 +9,9 @@ What a step carries, checked here by name, dtype and shape before anything reads
     step  request (C -> k)                          reply (k -> C)
     0     "clients": int64 (n,) (the round's), length  "cipher", "mask": uint8 (32,)
     1     "cipher:<id>", "mask:<id>": uint8 (32,)   "<id>": uint8 (<= 256,) sealed shares
-    2     "<id>": uint8 (<= 256,) sealed shares     "masked": int32 (length,)
+    2     "<id>": uint8 (<= 256,) sealed shares     "masked": int32 (length,), and
+                                                    "blamed": int64 (m,) (ids whose
+                                                    shares did not open) when any
     3     clients (survivors), dropped              "<id>": uint8 (66,) a share
 """
 
@@ -49,7 +51,8 @@ def _check_tensors(kind: str, step: int, tensors: Mapping[str, TensorData],
             ok = (bool(_ID.fullmatch(name)) and data.dtype == "uint8"
                   and len(data.shape) == 1 and data.shape[0] <= MAX_SEALED_BYTES)
         elif kind == "reply" and step == 2:
-            ok = name == "masked" and data.dtype == "int32" and len(data.shape) == 1
+            ok = ((name == "masked" and data.dtype == "int32")
+                  or (name == "blamed" and data.dtype == "int64")) and len(data.shape) == 1
         elif kind == "reply" and step == 3:
             ok = bool(_ID.fullmatch(name)) and shape == ("uint8", (66,))
         else:
@@ -60,7 +63,7 @@ def _check_tensors(kind: str, step: int, tensors: Mapping[str, TensorData],
                                      "holds")
     if kind == "reply" and step in (0, 2):
         wanted = {"cipher", "mask"} if step == 0 else {"masked"}
-        if set(tensors) != wanted:
+        if set(tensors) - ({"blamed"} if step == 2 else set()) != wanted:
             raise LocalProtocolError(f"secure aggregation reply of step {step} holds "
                                      f"{sorted(tensors)}, not {sorted(wanted)}")
 

@@ -45,6 +45,8 @@ class Client:
         self._keys: dict[int, PublicKeys] = {}  # neighbours that advertised (U1)
         #: shares this client holds, by owner: (of the owner's seed, of its mask key)
         self._held: dict[int, tuple[bytes, bytes]] = {}
+        #: the neighbours whose shares did not open in step 2 ([Note: secagg blame])
+        self.blamed: frozenset[int] = frozenset()
         self._step = 0
 
     def _expect(self, step: int) -> None:
@@ -105,31 +107,42 @@ class Client:
         aiopipe.secagg.protocol), after opening the shares its neighbours sealed for it
         (``sealed``, by sender: the neighbours that shared, U2).
 
+        [Note: secagg blame] Shares that do not open (or open to the wrong length) were
+        sealed wrong by their sender, or changed on their way: this client cannot hold
+        them, so it leaves that sender out, with no pairwise mask with it, and names it
+        in `blamed` for the server, which leaves the sender out of the round. One
+        broken neighbour costs this client nothing but that pair.
+
         Raises:
-            RemoteProtocolError: shares from a client that did not advertise, or that
-                do not open.
-            SecureAggregationError: fewer neighbours shared than the threshold needs.
+            RemoteProtocolError: shares from a client that did not advertise.
+            SecureAggregationError: fewer neighbours' shares opened than the threshold
+                needs.
         """
         self._expect(2)
         if not set(sealed) <= set(self._keys):
             raise RemoteProtocolError(f"shares from {sorted(set(sealed) - set(self._keys))}, "
                                       "who advertised no keys to this client")
-        self._check_holders(len(sealed) + 1, "mask its input")
         vector = np.asarray(encoded, dtype=np.uint32)
         if vector.shape != (self.setup.length,):
             raise ValueError(f"an input of shape {vector.shape}, the round sums "
                              f"{self.setup.length}")
-        for u, box in sealed.items():
+        opened, blamed = [], set()
+        for u, box in sorted(sealed.items()):
             secret = self._cipher.agree(self._keys[u].cipher, self.setup.purpose(b"seal"))
             try:
                 plain = keys.open_sealed(secret, box, (self.setup.round_no, u, self.id))
-            except ValueError as exc:
-                raise RemoteProtocolError(f"client {u}'s shares: {exc}") from None
+            except ValueError:
+                blamed.add(u)
+                continue
             if len(plain) != 2 * _SHARE:
-                raise RemoteProtocolError(f"client {u}'s shares are {len(plain)} bytes")
+                blamed.add(u)
+                continue
             self._held[u] = (plain[:_SHARE], plain[_SHARE:])
+            opened.append(u)
+        self.blamed = frozenset(blamed)
+        self._check_holders(len(opened) + 1, "mask its input")
         masked = vector + keys.mask(self._seed, self.setup.length)
-        for v in sealed:
+        for v in opened:
             pair = self._mask.agree(self._keys[v].mask, self.setup.purpose(b"mask"))
             stream = keys.mask(pair, self.setup.length)
             masked = masked + stream if pair_sign(self.id, v) > 0 else masked - stream

@@ -46,6 +46,9 @@ class Server:
         self._key_shares: dict[int, dict[int, int]] = {}
         self._requests: dict[int, UnmaskRequest] = {}
         self._answered: set[int] = set()
+        #: by client, the neighbours whose shares did not open for it ([Note: secagg
+        #: blame] in aiopipe.secagg.client): it holds no pairwise mask with them
+        self.blamed: dict[int, frozenset[int]] = {}
         self._step = 0
 
     @property
@@ -121,12 +124,16 @@ class Server:
 
     # -- step 2 --------------------------------------------------------------------------
 
-    def take_masked(self, sender: int, masked: Ring) -> None:
-        """Client ``sender``'s masked input.
+    def take_masked(self, sender: int, masked: Ring,
+                    blamed: frozenset[int] = frozenset()) -> None:
+        """Client ``sender``'s masked input, and the neighbours whose shares did not
+        open for it (``blamed``: it masked without them; they are left out of the
+        round at `close_masked`, [Note: secagg blame] in aiopipe.secagg.client).
 
         Raises:
             RemoteProtocolError: out of step, a client that did not share or already
-                sent one, or a vector of another length or type.
+                sent one, a vector of another length or type, or blame of a client
+                that sealed it no shares.
         """
         self._at(2, sender, set(self._sealed) - set(self.masked))
         vector = np.asarray(masked)
@@ -134,7 +141,18 @@ class Server:
             raise RemoteProtocolError(f"client {sender}'s masked input is {vector.dtype} "
                                       f"{vector.shape}, the round sums uint32 "
                                       f"({self.setup.length},)")
+        senders = {u for u, boxes in self._sealed.items() if sender in boxes}
+        if not blamed <= senders:
+            raise RemoteProtocolError(f"client {sender} blames {sorted(blamed - senders)}, "
+                                      "who sealed it no shares")
         self.masked[sender] = vector
+        if blamed:
+            self.blamed[sender] = frozenset(blamed)
+
+    @property
+    def left_out(self) -> list[int]:
+        """The clients some neighbour blamed ([Note: secagg blame]): out of the round."""
+        return sorted(set().union(*self.blamed.values())) if self.blamed else []
 
     def close_masked(self) -> dict[int, UnmaskRequest]:
         """Step 2 is over: what each client that sent a masked input is asked to
@@ -144,10 +162,12 @@ class Server:
             SecureAggregationError: fewer masked inputs than the threshold.
         """
         self._step = 3
+        for u in self.left_out:  # its input, if any, is not summed: it counts as dropped
+            self.masked.pop(u, None)
         self._enough(len(self.masked), "sent a masked input")
         shared = set(self._sealed)
         for u in self.masked:
-            holders = (self.graph[u] & shared) | {u}
+            holders = ((self.graph[u] & shared) - self.blamed.get(u, frozenset())) | {u}
             self._requests[u] = UnmaskRequest(frozenset(holders & set(self.masked)),
                                               frozenset(holders - set(self.masked)))
         return dict(self._requests)
@@ -194,9 +214,13 @@ class Server:
             total -= keys.mask(seed, length)
         dropped = set(self._sealed) - set(self.masked)
         for d in sorted(dropped):
+            masked_with = sorted(u for u in self.graph[d] & set(self.masked)
+                                 if d not in self.blamed.get(u, frozenset()))
+            if not masked_with:  # (everyone it shared with blamed it: no mask to undo)
+                continue
             private = X25519PrivateKey.from_private_bytes(
                 self._rebuild(self._key_shares, d, "mask key"))
-            for u in sorted(self.graph[d] & set(self.masked)):
+            for u in masked_with:
                 pair = keys.agree(private, self.keys[u].mask, self.setup.purpose(b"mask"))
                 stream = keys.mask(pair, length)
                 # u added pair_sign(u, d) x stream: take it away

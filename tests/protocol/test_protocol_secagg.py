@@ -23,6 +23,11 @@ def td(dtype: str, shape: tuple[int, ...]) -> TensorData:
      "tensor 'cipher'"),
     (lambda: SecAggReply(0, 2, {"masked": td("float32", (4,))}), "tensor 'masked'"),
     (lambda: SecAggReply(0, 2, {}), "not \\['masked'\\]"),
+    (lambda: SecAggReply(0, 2, {"blamed": td("int64", (1,))}), "not \\['masked'\\]"),
+    (lambda: SecAggReply(0, 2, {"masked": td("int32", (4,)), "blamed": td("int32", (1,))}),
+     "tensor 'blamed'"),
+    (lambda: SecAggReply(0, 0, {"cipher": td("uint8", (32,)), "mask": td("uint8", (32,)),
+                                "blamed": td("int64", (1,))}), "tensor 'blamed'"),
     (lambda: SecAggReply(0, 3, {"x": td("uint8", (66,))}), "tensor 'x'"),
     (lambda: SecAggReply(0, 3, {"1": td("uint8", (65,))}), "tensor '1'"),
     (lambda: SecAggReply(0, 1, {"01": td("uint8", (100,))}), "tensor '01'"),
@@ -49,3 +54,10 @@ def test_a_round_of_100_devices_travels() -> None:
     survivors = tuple(range(29))
     assert decode(encode(SecAggRequest(7, 3, survivors, (40,), 0, {}))) == SecAggRequest(
         7, 3, survivors, (40,), 0, {})
+
+
+def test_a_masked_input_may_blame_neighbours() -> None:
+    """Step 2's reply may name the neighbours whose shares did not open ([Note: secagg
+    blame] in aiopipe.secagg.client)."""
+    reply = SecAggReply(0, 2, {"masked": td("int32", (4,)), "blamed": td("int64", (2,))})
+    assert decode(encode(reply)) == reply

@@ -97,10 +97,12 @@ Drop = Callable[[int], Iterable[int]]  # step -> clients that drop out after it
 
 
 def run_round(inputs: dict[int, np.ndarray], drop: dict[int, set[int]] | None = None,
-              *, seed: int = 3, round_no: int = 0, setup: RoundSetup | None = None
+              *, seed: int = 3, round_no: int = 0, setup: RoundSetup | None = None,
+              tamper: dict[int, set[int]] | None = None
               ) -> tuple[np.ndarray, Server, dict[int, Client]]:
-    """A round among ``inputs``' clients; ``drop[s]``: who sends nothing at step s."""
-    drop = drop or {}
+    """A round among ``inputs``' clients; ``drop[s]``: who sends nothing at step s;
+    ``tamper[u]``: the clients u's sealed shares reach with a byte flipped."""
+    drop, tamper = drop or {}, tamper or {}
     length = len(next(iter(inputs.values())))
     setup = setup or RoundSetup(round_no, seed, tuple(inputs), length)
     server = Server(setup)
@@ -115,13 +117,18 @@ def run_round(inputs: dict[int, np.ndarray], drop: dict[int, set[int]] | None = 
         server.take_keys(c, clients[c].advertise())
     lists = server.close_keys()
     for c in answering(1):
-        server.take_shares(c, clients[c].share(lists[c]))
+        sealed = clients[c].share(lists[c])
+        for v in tamper.get(c, set()) & set(sealed):
+            sealed[v] = sealed[v][:-1] + bytes([sealed[v][-1] ^ 1])
+        server.take_shares(c, sealed)
     boxes = server.close_shares()
     for c in answering(2):
-        server.take_masked(c, clients[c].masked_input(boxes[c], inputs[c]))
+        masked = clients[c].masked_input(boxes[c], inputs[c])
+        server.take_masked(c, masked, clients[c].blamed)
     requests = server.close_masked()
     for c in answering(3):
-        server.take_unmasking(c, clients[c].unmask(requests[c]))
+        if c in requests:  # (not a client left out at step 2)
+            server.take_unmasking(c, clients[c].unmask(requests[c]))
     return server.result(), server, clients
 
 
@@ -260,20 +267,46 @@ def test_steps_out_of_order_or_from_strangers_are_refused() -> None:
         server.take_shares(0, {})
 
 
-def test_tampered_shares_are_refused() -> None:
-    inputs = _inputs(3)
-    setup = RoundSetup(0, 3, tuple(inputs), 64)
-    server, clients = Server(setup), {c: Client(setup, c) for c in inputs}
-    for c in inputs:
+def test_a_client_whose_shares_do_not_open_is_left_out_and_costs_nobody_else() -> None:
+    """[Note: secagg blame]: client 1's shares for client 0 are changed on their way.
+    Client 0 masks without client 1 and blames it; the server leaves client 1 out; the
+    sum is the other clients' exactly, and client 0 is in it."""
+    inputs = _inputs(5)
+    total, server, clients = run_round(inputs, tamper={1: {0}})
+    assert clients[0].blamed == {1}
+    assert all(not clients[c].blamed for c in (2, 3, 4))
+    assert server.left_out == [1]
+    assert server.survivors == [0, 2, 3, 4]
+    assert np.array_equal(total, _sum(inputs[c] for c in (0, 2, 3, 4)))
+
+
+def test_broken_shares_to_everyone_in_a_sparse_round_with_dropouts() -> None:
+    """Two of 40 clients seal garbage for every neighbour, and two others drop after
+    sharing: the sum is the other 36's."""
+    inputs = _inputs(40, length=16)
+    setup = RoundSetup(0, 3, tuple(inputs), 16)
+    graph = setup.graph()
+    total, server, _ = run_round(inputs, {2: {5, 9}}, setup=setup,
+                                 tamper={7: set(graph[7]), 30: set(graph[30])})
+    assert server.left_out == [7, 30]
+    kept = sorted(set(inputs) - {5, 7, 9, 30})
+    assert server.survivors == kept
+    assert np.array_equal(total, _sum(inputs[c] for c in kept))
+
+
+def test_blame_of_a_client_that_sealed_nothing_is_refused() -> None:
+    setup = RoundSetup(0, 3, (0, 1, 2), 8)
+    server = Server(setup)
+    clients = {c: Client(setup, c) for c in range(3)}
+    for c in range(3):
         server.take_keys(c, clients[c].advertise())
     lists = server.close_keys()
-    for c in inputs:
+    for c in (0, 1):
         server.take_shares(c, clients[c].share(lists[c]))
     boxes = server.close_shares()
-    box = bytearray(boxes[0][1])
-    box[-1] ^= 1
-    with pytest.raises(RemoteProtocolError, match=r"client 1's shares: .*authentication"):
-        clients[0].masked_input({**boxes[0], 1: bytes(box)}, inputs[0])
+    masked = clients[0].masked_input(boxes[0], np.zeros(8, dtype=np.uint32))
+    with pytest.raises(RemoteProtocolError, match="blames"):
+        server.take_masked(0, masked, frozenset({2}))
 
 
 def test_shares_for_the_wrong_clients_are_refused() -> None:

@@ -143,8 +143,12 @@ class SecureRound:
         replies = await _ask(rounds, {k: SecAggRequest(self.round_no, 2, (), (), 0, {
             str(u): blob(box) for u, box in boxes[k].items()}) for k in boxes})
         _take(replies, lambda k, r: server.take_masked(k, np.frombuffer(
-            r.tensors["masked"].data, dtype="<u4").astype(np.uint32)))
+            r.tensors["masked"].data, dtype="<u4").astype(np.uint32), _blamed(r)))
         requests = server.close_masked()
+        for u in server.left_out:
+            log.warning("secure aggregation round %d: device %d is left out, its shares "
+                        "did not open for devices %s", self.round_no, u,
+                        sorted(k for k, b in server.blamed.items() if u in b))
         replies = await _ask(rounds, {k: SecAggRequest(
             self.round_no, 3, tuple(sorted(q.survivors)), tuple(sorted(q.dropped)), 0, {})
             for k, q in requests.items()})
@@ -198,6 +202,14 @@ async def _ask(rounds: Rounds, requests: Mapping[int, SecAggRequest]
         asked = {k: tasks.create_task(rounds.secagg(k, request))
                  for k, request in requests.items()}
     return {k: reply for k, task in asked.items() if (reply := task.result()) is not None}
+
+
+def _blamed(reply: SecAggReply) -> frozenset[int]:
+    """The devices a step-2 reply blames ([Note: secagg blame] in aiopipe.secagg.client)."""
+    found = reply.tensors.get("blamed")
+    if found is None:
+        return frozenset()
+    return frozenset(int(v) for v in np.frombuffer(found.data, dtype="<i8"))
 
 
 def _take(replies: Mapping[int, SecAggReply], take: Callable[[int, SecAggReply], None]

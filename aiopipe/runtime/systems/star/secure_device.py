@@ -138,7 +138,13 @@ class SecureUpload:
                 vector)
             self._vector = np.zeros(0, dtype=np.uint32)  # the input is not kept
             wire = masked.astype("<u4").view(np.int32)
-            return {"masked": TensorData("int32", (wire.size,), wire.tobytes())}
+            reply = {"masked": TensorData("int32", (wire.size,), wire.tobytes())}
+            if client.blamed:  # [Note: secagg blame] in aiopipe.secagg.client
+                log.warning("secure aggregation round %d: the shares of devices %s do not "
+                            "open; masked without them", request.round, sorted(client.blamed))
+                ids = np.array(sorted(client.blamed), dtype="<i8")
+                reply["blamed"] = TensorData("int64", ids.shape, ids.tobytes())
+            return reply
         shares = client.unmask(UnmaskRequest(frozenset(request.clients),
                                              frozenset(request.dropped)))
         return {str(v): blob(share) for v, share in shares.items()}
