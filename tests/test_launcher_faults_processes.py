@@ -3,7 +3,8 @@ device processes SIGKILLed (or SIGSTOPped) mid-run. In a mode that recovers from
 device, the launcher says so in one line and lets the server's liveness give the device
 up; the run ends when training does, with exit status 0, and every epoch trains exactly
 its batches. The synchronous pipeline recovers too: the round is played again from its
-start on the devices left.
+start on the devices left. (Asteroid losing a member of a data-parallel stage group,
+rather than a stage's only device: in one process, tests/runtime/test_runtime_asteroid.py.)
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A pipeline over real websockets (in one event loop; separate processes are in
-tests/test_pipeline_processes.py): the coordinator's links and authenticated
+tests/test_launcher_faults_processes.py): the coordinator's links and authenticated
 device-to-device links on each device's own endpoint. It computes what the memory-link
 simulation computes; a device that does not listen, and a stranger on a device's
 endpoint, are refused without disturbing the run."""

@@ -237,6 +237,26 @@ async def test_the_zoo_transformer_with_its_mask_trains_as_plain_pytorch_trains_
                                                  config))
 
 
+async def test_the_zoo_transformer_averages_over_hadfl_rings_and_learns() -> None:
+    """gpt-tiny trained whole on three devices' windows, averaged over a ring of all
+    three device to device (HADFL): the loss falls and the averages went peer to peer.
+    (Between processes, HADFL's rings: tests/test_hadfl_processes.py.)"""
+    from aiopipe.scheduler.costs import CostTable
+
+    config = _config(mode="hadfl", model="gpt-tiny", dataset="stdlib-text", devices=3,
+                     samples_per_device=4 * BATCH, epochs=3, learning_rate=0.05,
+                     test_samples=0, options={"ring_size": 3})
+    costs = CostTable.uniform(GPT_UNITS, forward=0.001, backward=0.002, step=0.001, batch=10)
+    result = await simulate(config, clock=VirtualClock(), cost_table=costs)
+    losses = [e.loss for e in result.epochs]
+    assert all(math.isfinite(v) for v in losses), losses
+    assert losses[-1] < losses[0], losses
+    rounds = [c for e in result.epochs for c in e.changes if c.get("kind") == "hadfl-round"]
+    assert rounds
+    assert all(sorted(r["rings"][0]) == [0, 1, 2] for r in rounds), rounds
+    assert all(sum(e.peer_bytes) > 0 for e in result.epochs)
+
+
 class SharedMask(nn.Module):
     """A (T, T) mask made in ``forward`` from the input and given to every block: it
     holds no rows, so it cannot cross a cut between the blocks."""
