@@ -93,8 +93,9 @@ async def test_the_coordinator_never_holds_an_unmasked_upload(
         assert self._vector is not None
         encoded[self.node.device_id] = self._vector.copy()
 
-    def take_and_record(self: secagg_server.Server, sender: int, masked: np.ndarray) -> None:
-        take(self, sender, masked)
+    def take_and_record(self: secagg_server.Server, sender: int, masked: np.ndarray,
+                        blamed: frozenset[int] = frozenset()) -> None:
+        take(self, sender, masked, blamed)
         received[sender] = np.array(masked, copy=True)
 
     async def aggregate_and_record(host: Any, rounds: Any, round_: Any, done: Any,
