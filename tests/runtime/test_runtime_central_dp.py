@@ -123,6 +123,7 @@ def _direct_epsilon(sigma: float, rate: float, steps: int, delta: float) -> floa
     return float(accountant.get_epsilon(delta))
 
 
+@pytest.mark.slow
 async def test_a_runs_epsilon_is_the_accountants_for_its_noise_rate_and_rounds(
         tmp_path: Path) -> None:
     config = RunConfig(mode="fl", model=mlp, dataset="synthetic-mnist", devices=4,

@@ -178,6 +178,7 @@ async def test_a_lost_device_s_round_is_dropped_and_the_others_go_on() -> None:
     assert all(math.isfinite(e.loss) for e in result.epochs)
 
 
+@pytest.mark.slow
 async def test_concurrency_trains_a_few_devices_at_a_time_drawn_from_all() -> None:
     """Six devices, two at a time ([Note: FedBuff concurrency]): never more than two
     train at once, every device is drawn over the run, and the same config draws the

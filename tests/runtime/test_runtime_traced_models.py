@@ -237,6 +237,7 @@ async def test_the_zoo_transformer_with_its_mask_trains_as_plain_pytorch_trains_
                                                  config))
 
 
+@pytest.mark.slow
 async def test_the_zoo_transformer_averages_over_hadfl_rings_and_learns() -> None:
     """gpt-tiny trained whole on three devices' windows, averaged over a ring of all
     three device to device (HADFL): the loss falls and the averages went peer to peer.
