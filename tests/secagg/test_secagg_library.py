@@ -4,6 +4,7 @@ whole SecAgg+ rounds driven in memory with clients dropping out at each step."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -294,13 +295,19 @@ def test_broken_shares_to_everyone_in_a_sparse_round_with_dropouts() -> None:
     assert np.array_equal(total, _sum(inputs[c] for c in kept))
 
 
-def test_blame_of_a_client_that_sealed_nothing_is_refused() -> None:
-    setup = RoundSetup(0, 3, (0, 1, 2), 8)
+def _advertised(n: int, length: int) -> tuple[Server, dict[int, Client], dict[int, Any]]:
+    """A round of ``n`` clients past step 0: the server, the clients, each one's
+    neighbours' keys."""
+    setup = RoundSetup(0, 3, tuple(range(n)), length)
     server = Server(setup)
-    clients = {c: Client(setup, c) for c in range(3)}
-    for c in range(3):
+    clients = {c: Client(setup, c) for c in range(n)}
+    for c in range(n):
         server.take_keys(c, clients[c].advertise())
-    lists = server.close_keys()
+    return server, clients, server.close_keys()
+
+
+def test_blame_of_a_client_that_sealed_nothing_is_refused() -> None:
+    server, clients, lists = _advertised(3, 8)
     for c in (0, 1):
         server.take_shares(c, clients[c].share(lists[c]))
     boxes = server.close_shares()
@@ -310,12 +317,7 @@ def test_blame_of_a_client_that_sealed_nothing_is_refused() -> None:
 
 
 def test_shares_for_the_wrong_clients_are_refused() -> None:
-    setup = RoundSetup(0, 3, (0, 1, 2), 8)
-    server = Server(setup)
-    clients = {c: Client(setup, c) for c in range(3)}
-    for c in range(3):
-        server.take_keys(c, clients[c].advertise())
-    lists = server.close_keys()
+    server, clients, lists = _advertised(3, 8)
     sealed = clients[0].share(lists[0])
     with pytest.raises(RemoteProtocolError, match="sealed shares for"):
         server.take_shares(0, {1: sealed[1]})
