@@ -42,6 +42,7 @@ async def _traffic(config: RunConfig, route: Any) -> Any:
     return traffic
 
 
+@pytest.mark.slow
 async def test_in_pipar_the_server_receives_the_labels(ushaped: Any) -> None:
     traffic = await _traffic(_config(mode="pipar"), ushaped._ToCoordinator)
     # devices x iterations x micro-batches

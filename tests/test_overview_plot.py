@@ -94,6 +94,7 @@ def _result(out: Path, accuracy: float) -> RunResult:
                      nn.Sequential(nn.Linear(2, 2)), trace)
 
 
+@pytest.mark.slow
 def test_results_directory_has_timeline_and_overview(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     out = write_results(_result(tmp_path / "run", accuracy=0.5), tmp_path / "run")

@@ -37,6 +37,7 @@ def test_an_empty_or_missing_directory_is_fine(tmp_path: Path) -> None:
         check_fresh_out_dir(tmp_path / "file")
 
 
+@pytest.mark.slow
 async def test_simulate_and_server_refuse_to_overwrite(tmp_path: Path) -> None:
     config = RunConfig(devices=1, samples_per_device=20, batch_size=10, epochs=1,
                        test_samples=10, out_dir=str(tmp_path / "run"))

@@ -109,7 +109,8 @@ async def test_the_parallel_schedule_overlaps_the_devices_rounds() -> None:
     assert not torch.equal(turns.model.state_dict()[key], parallel.model.state_dict()[key])
 
 
-@pytest.mark.parametrize("momentum", [0.0, pytest.param(0.9, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
 async def test_the_parallel_schedule_trains_what_pipar_trains(momentum: float) -> None:
     """Same cut, same data and order, FedAvg after each round, optimizer states kept on
     both sides: U-shaped in parallel is pipar with the classifier moved back to the

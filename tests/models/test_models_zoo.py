@@ -101,6 +101,7 @@ def test_vgg5_has_no_batch_norm_and_vgg16_has() -> None:
     assert sum(isinstance(m, nn.BatchNorm2d) for m in vgg16.modules()) == 13
 
 
+@pytest.mark.slow
 def test_no_dropout_anywhere() -> None:
     for name in MODEL_NAMES:
         model = build(name, num_classes=10, in_shape=(64,) if name == "gpt-tiny" else (3, 32, 32))

@@ -116,6 +116,7 @@ async def test_hybrid_pipeline_training_equals_unsplit_training(
                                    msg=lambda m, name=name: f"{name}: {m}")
 
 
+@pytest.mark.slow
 async def test_a_slower_member_computes_fewer_rows() -> None:
     result = await simulate(_config(device_slowdown=[1.0, 3.0, 1.0], batch_size=32),
                             clock=VirtualClock())
@@ -319,6 +320,7 @@ async def test_a_lost_device_s_stage_is_restored_from_the_latest_backup_point(
     assert [e.loss for e in kept.epochs] == [e.loss for e in sent.epochs]
 
 
+@pytest.mark.slow
 async def test_a_much_worse_adjustment_falls_back_to_the_planner() -> None:
     """Over wifi, losing stage 1's only device leaves the adjustment one choice: stage 0's
     group takes every unit and all-reduces the whole model every batch, far slower than

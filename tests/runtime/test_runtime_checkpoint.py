@@ -137,6 +137,7 @@ async def test_one_write_in_flight_and_a_failed_write_raises(
     assert calls == [1]
 
 
+@pytest.mark.slow
 async def test_training_returns_with_its_last_checkpoint_written(tmp_path: Path) -> None:
     result = await train(tmp_path)
     tensors, meta = load_checkpoint(tmp_path)

@@ -53,6 +53,7 @@ async def test_two_default_simulations_are_alike_in_every_field_timing_included(
         assert torch.equal(a, b), key
 
 
+@pytest.mark.slow
 async def test_off_measures_every_time(monkeypatch: pytest.MonkeyPatch,
                                        measured: list[int]) -> None:
     monkeypatch.setenv("AIOPIPE_COST_CACHE", "off")

@@ -221,6 +221,7 @@ async def test_a_model_with_batch_norm_is_refused_before_devices_train() -> None
                        cost_table=CostTable.uniform(2, forward=0.001, backward=0.002))
 
 
+@pytest.mark.slow
 async def test_the_step_ledger_survives_a_checkpoint(tmp_path: Path) -> None:
     """A resumed run goes on from the steps its devices were given."""
     config = RunConfig(mode="sfl", devices=2, samples_per_device=40, batch_size=20,

@@ -183,6 +183,7 @@ async def test_a_device_back_within_the_grace_keeps_its_round() -> None:
         torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 async def test_a_device_back_after_the_grace_rejoins_at_a_later_round() -> None:
     """Back later than reconnect_grace, with its old session: the server had given up on
     it, so the device starts afresh and contributes again from a later round."""

@@ -201,6 +201,7 @@ async def test_concurrency_trains_a_few_devices_at_a_time_drawn_from_all() -> No
         _config(options={"concurrency": 4})  # (3 devices)
 
 
+@pytest.mark.slow
 async def test_a_killed_server_resumes_at_its_epoch_and_ends_where_an_undisturbed_run_does(
         tmp_path: Path) -> None:
     """The server killed in epoch 2 of 3, restarted from its checkpoint of epoch 1:

@@ -84,6 +84,7 @@ def test_ftpipehd_config_is_checked(changes: dict[str, object], message: str) ->
         CONFIG.replace(**changes)
 
 
+@pytest.mark.slow
 async def test_auto_cuts_give_a_10x_slower_device_less_and_the_epoch_is_shorter() -> None:
     """Four stages of five equal units, device 0 10x slower (declared:
     ``device_slowdown``): FTPipeHD's planner gives it one unit where PipeDream's

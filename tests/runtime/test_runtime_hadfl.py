@@ -94,6 +94,7 @@ def _reference(config: RunConfig, rings: list[list[int]], steps: int) -> torch.n
     return models[rings[-1][0]]
 
 
+@pytest.mark.slow
 async def test_rings_of_every_device_average_what_plain_pytorch_trains_bit_for_bit() -> None:
     """Decentralized FedAvg as HADFL runs it (every device in the ring, 4 steps each a
     round): the model the coordinator backs up after each epoch is, bit for bit, the

@@ -58,6 +58,7 @@ async def test_a_device_that_does_not_listen_is_refused_with_the_reason() -> Non
             await _device(server.url, 0, listen=False)
 
 
+@pytest.mark.slow
 async def test_a_stranger_on_a_device_endpoint_is_refused_and_the_run_goes_on() -> None:
     """Someone who knows device 1's address but not its pair key with device 0 tries to
     pass for device 0: refused at the handshake; the pipeline trains as if nothing

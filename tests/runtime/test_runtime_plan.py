@@ -16,6 +16,7 @@ BASE = RunConfig(mode="pipar", model="mobilenetv3-small", devices=2, samples_per
                  seed=0)
 
 
+@pytest.mark.slow
 async def test_a_run_at_one_sample_per_micro_batch_is_refused_before_it_starts() -> None:
     # before this check, the server's first pass failed and the devices reconnected and
     # resent it, over and over

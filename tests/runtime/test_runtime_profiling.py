@@ -68,6 +68,7 @@ async def test_each_device_measures_its_compute_and_its_links() -> None:
     assert [p["split_point"] for p in node.system.plan_entries()]  # it planned
 
 
+@pytest.mark.slow
 async def test_a_device_that_shares_the_coordinators_table_is_planned_as_declared() -> None:
     clock = VirtualClock()
     node = Coordinator(CONFIG, clock=clock)

@@ -33,6 +33,7 @@ def failing_pass(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
+@pytest.mark.slow
 async def test_in_one_process_the_run_stops_with_a_training_error(failing_pass: list[int]
                                                                   ) -> None:
     with pytest.raises(TrainingError, match=FAILURE):

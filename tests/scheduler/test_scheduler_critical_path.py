@@ -255,6 +255,7 @@ def _fleets(draw: st.DrawFn) -> tuple[list[Stages], int, list[float]]:
 # At 2.75 device 1's replica asks for its STEP as device 0's next activation arrives over
 # a link with no wire time nor latency: both requests compete, and device 0's goes first
 # ([Note: one instant at a time]).
+@pytest.mark.slow
 @example(([Stages(1, 1.0, 0.25, 0.25, 0.0, 0.0, 0.25, 0.25, 0.0, 0.0),
            Stages(1, 1.0, 0.25, 0.25, 0.25, 1.0, 0.25, 0.25, 0.0, 0.0)], 2, [0.0, 0.25]))
 def test_pipar_executors_reproduce_the_pipar_estimator(
@@ -290,6 +291,7 @@ def _runs(draw: st.DrawFn) -> tuple[list[Executor], dict[tuple[int, str], float]
     return executors, compute, wire
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_runs())
 def test_bounds_and_peaks(case: tuple[list[Executor], dict[tuple[int, str], float],

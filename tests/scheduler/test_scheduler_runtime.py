@@ -164,6 +164,7 @@ async def test_steady_iteration_estimate_matches_the_runtimes_iterations_after_t
     assert abs(steady / measured - 1) < abs(synchronized / measured - 1)
 
 
+@pytest.mark.slow
 async def test_aggregating_every_few_iterations_moves_the_halves_each_time() -> None:
     """With aggregation_every = 2 the device halves go down and up once per 2 iterations:
     the estimate counts those transfers (5 rounds here) and stays as close as with one."""

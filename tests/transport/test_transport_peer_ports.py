@@ -122,6 +122,7 @@ async def _honest_peer_is_admitted(listener: Listener, a: WebSocketEndpoint) -> 
         assert await theirs.receive() == big
 
 
+@pytest.mark.slow
 async def test_a_big_frame_before_the_handshake_is_refused_at_its_first_part() -> None:
     """Today's port took the whole frame (up to the link's 1 GiB) before its handshake
     looked at it."""
@@ -182,6 +183,7 @@ async def _silent_upgrade(http: aiohttp.ClientSession, url: str,
             url, timeout=aiohttp.ClientWSTimeout(ws_close=0.5)))
 
 
+@pytest.mark.slow
 async def test_a_flood_of_silent_upgrades_does_not_keep_an_honest_peer_out() -> None:
     """Today: 64 in handshakes and 16 queued, and the honest dial got HTTP 503."""
     async with listening() as listener, dialer() as a, aiohttp.ClientSession() as http:
