@@ -131,13 +131,13 @@ async def test_asteroid_s_hybrid_pipeline_from_the_command_line_goes_on_without_
             "device2->device1", "device0->device1", "device1->device0"} <= set(first["links"])
     assert all(s["busy_s"] > 0 for s in first["stages"])
     iterations = 480 // ((rows[0][1] - rows[0][0]) * 2)
-    assert epochs[0]["samples"] == iterations * 32
-    # after the fault the plan is made anew, and its rows set the epoch's iterations (a
-    # plan from the planner may split them otherwise, as it did once on a loaded
-    # machine): the epoch with the fault counts what the next one, of the same plan,
-    # does (the replayed round once), and the first stage's members' rows add up
-    assert epochs[1]["samples"] == epochs[2]["samples"], [e["samples"] for e in epochs]
-    assert [sum(e["device_samples"][:2]) for e in epochs] == [e["samples"] for e in epochs]
+    assert [e["samples"] for e in epochs] == [iterations * 32] * 3
+    # the first stage's members' rows, each epoch's (after the fault: devices 0 and 1 as
+    # one data-parallel stage when the adjustment kept the groups, or as two stages when
+    # the planner was asked, as on a loaded machine; device 1 then runs the last stage)
+    for e in epochs:
+        members = [p["device"] for p in e["plan"] if p["stage"] == 0]
+        assert sum(e["device_samples"][d] for d in members) == iterations * 32, e["plan"]
     assert epochs[1]["devices_lost"] == [2]
     [recovery] = [c for e in epochs for c in e["changes"] if c.get("kind") == "recovery"]
     assert recovery["lost"] == [2]
