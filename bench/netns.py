@@ -420,6 +420,9 @@ def _probe_flows(flows: list[_Flow], seconds: float) -> list[ProbeResult]:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+            for stream in (p.stdout, p.stderr):
+                if stream is not None:
+                    stream.close()
 
 
 def _ready(p: subprocess.Popen[str], timeout: float) -> bool:

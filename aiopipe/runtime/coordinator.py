@@ -500,7 +500,7 @@ class Coordinator:
         devices = self.config.devices
         served = [self.sessions[k].served if k in self.sessions else 0 for k in range(devices)]
         self._served_before_round += sum(served)
-        paced = [k not in self.sessions or self.sessions[k].peer.link.paces_sends()
+        paced = [k not in self.sessions or self.sessions[k].peer.link.times_the_wire()
                  for k in range(devices)]
         change = await self.system.after_round(self.system_rounds, round_no, epoch,
                                                self.recorder.take(mark), served, paced)

@@ -3,7 +3,9 @@
 Sends that belong to the pipeline (activations, gradients, models) are *posted*: they go
 into a FIFO queue that one send loop drains, so compute never waits for the wire and the
 wire is a serial resource (DESIGN §4). Each transmission is recorded as a slice on the
-link's trace track, e.g. ``u`` for an activation on ``device0/uplink``.
+link's trace track, e.g. ``u`` for an activation on ``device0/uplink``: the time the send
+took, or, where the send returns before the bytes crossed (an unshaped websocket), the
+frame's wire span the link reports once the peer acknowledged it (`Link.send`).
 
 [Note: background sends] What the pipeline does not wait for (Asteroid's stage backups)
 may be posted to the *background*: its frame is cut into `FramePart` messages of at most
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 from dataclasses import dataclass
 
 from aiopipe.clock import Clock, ready_time
@@ -175,10 +178,15 @@ class Peer:
         # a shaped link's wire slot may start when the frame was posted, not after the
         # previous send's late wake-up (memory.py, [Note: wire slots do not drift]); a
         # failed send loses this item: see the class
-        await self.link.send(frame, ready_at=item.posted_at)
-        self._recorder.add(self.track, item.name, start, self._clock.now(),
-                           epoch=item.epoch, iteration=item.iteration,
-                           micro_batch=item.micro_batch)
+        span = await self.link.send(frame, ready_at=item.posted_at)
+        record = functools.partial(self._recorder.add, self.track, item.name,
+                                   epoch=item.epoch, iteration=item.iteration,
+                                   micro_batch=item.micro_batch)  # not the message
+        if span is None:  # the send lasted the frame's wire time
+            record(start, self._clock.now())
+        else:  # its bytes are still crossing: recorded once the peer acknowledged them
+            span.add_done_callback(
+                lambda done: None if done.cancelled() else record(*done.result()))
         if not item.sent.done():
             item.sent.set_result(None)
 

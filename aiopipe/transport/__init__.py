@@ -5,7 +5,7 @@ authenticate each other.
 See `aiopipe.transport.base` for the contract every link keeps.
 """
 
-from aiopipe.transport.base import DirectionStatistics, Link, LinkStatistics
+from aiopipe.transport.base import DirectionStatistics, Link, LinkStatistics, WireSpan
 from aiopipe.transport.fabric import (
     PEER_LIMITS,
     Endpoint,
@@ -46,6 +46,7 @@ __all__ = [
     "NetworkSpec",
     "WebSocketEndpoint",
     "WebSocketLink",
+    "WireSpan",
     "accept_peer",
     "accept_websocket",
     "dial_peer",

@@ -12,10 +12,14 @@ for the peer to read up to the close frame; a link whose peer is receiving close
 Cancellation: cancelling ``receive`` never loses a frame (the next ``receive`` returns
 it). A cancelled ``send`` may or may not have delivered its frame; the link stays usable.
 
-Busy time: ``sent.busy_s`` is the time this side's sending direction spent transmitting
-(for a shaped link, the time the bytes occupy the wire at its rate; for an unshaped one,
-the time spent inside ``send``). ``received.busy_s`` is the wire time of the frames this
-side received, where the implementation knows it (memory links), else 0.0.
+Busy time: ``sent.busy_s`` is the time this side's sending direction spent transmitting:
+for a shaped link, the time the bytes occupy the wire at its rate; for an unshaped
+websocket, from each frame's send to the peer's acknowledgement of its last byte, where
+the platform tells (Linux; `aiopipe.transport.wire_timer`), else the time spent inside
+``send``. ``send`` returns the frame's `WireSpan` where it ends after ``send`` returns,
+None where the time inside ``send`` was the wire time. ``received.busy_s`` is the wire
+time of the frames this side received, where the implementation knows it (memory
+links), else 0.0.
 
 Shaping: ``reshape(spec)`` changes how this end's sends are shaped from now on; every
 link takes it, so a caller paces its sends without asking what kind of link it holds.
@@ -23,12 +27,17 @@ link takes it, so a caller paces its sends without asking what kind of link it h
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 from aiopipe.transport.network import LinkSpec
 
-__all__ = ["DirectionStatistics", "Link", "LinkStatistics"]
+__all__ = ["DirectionStatistics", "Link", "LinkStatistics", "WireSpan"]
+
+#: The clock times (start, end) a frame occupied the wire, once known; cancelled when the
+#: link closed first.
+WireSpan: TypeAlias = asyncio.Future[tuple[float, float]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +60,11 @@ class LinkStatistics:
 class Link(Protocol):
     """A reliable, ordered, frame-oriented connection to one peer."""
 
-    async def send(self, frame: bytes, *, ready_at: float | None = None) -> None:
+    async def send(self, frame: bytes, *, ready_at: float | None = None) -> WireSpan | None:
         """Transmit one frame; returns when it has left this side (after any shaping).
+
+        Returns None when the time inside this call was the frame's wire time (a paced
+        link), else the frame's `WireSpan` (an unshaped websocket: see the module docs).
 
         ``ready_at``: the clock time the frame was ready to go, when that was before this
         call (a queue of frames sent one after another). A link that shapes its sends
@@ -97,11 +109,12 @@ class Link(Protocol):
         arriving."""
         ...
 
-    def paces_sends(self) -> bool:
-        """Whether ``send`` returns only once the frame's wire time has passed, so the
-        time spent in it measures the link (memory links; websockets shaped on this
-        side). An unshaped websocket's ``send`` returns once the OS has buffered the
-        frame, which can hide hundreds of kilobytes of a slow link."""
+    def times_the_wire(self) -> bool:
+        """Whether the time a send takes (inside ``send``, or its `WireSpan`) is the
+        frame's time on the wire: memory links; websockets shaped on this side, or timed
+        by acknowledgements (Linux). Elsewhere an unshaped websocket's ``send`` returns
+        once the OS has buffered the frame, which can hide hundreds of kilobytes of a
+        slow link."""
         ...
 
     def reshape(self, spec: LinkSpec) -> None:

@@ -48,7 +48,7 @@ from aiopipe.errors import (
     LinkClosedError,
     RemoteProtocolError,
 )
-from aiopipe.transport.base import Link, LinkStatistics
+from aiopipe.transport.base import Link, LinkStatistics, WireSpan
 from aiopipe.transport.guard import ConnectionGuard, ConnectionLimits, GuardedSite
 from aiopipe.transport.memory import MemoryLink, open_memory_link_pair
 from aiopipe.transport.network import LinkSpec
@@ -326,9 +326,9 @@ class _IncomingLink:
         """The largest frame this link sends or accepts (None: no limit)."""
         return self._link.max_frame_bytes
 
-    async def send(self, frame: bytes, *, ready_at: float | None = None) -> None:
+    async def send(self, frame: bytes, *, ready_at: float | None = None) -> WireSpan | None:
         """As `WebSocketLink.send`."""
-        await self._link.send(frame, ready_at=ready_at)
+        return await self._link.send(frame, ready_at=ready_at)
 
     async def receive(self) -> bytes:
         """As `WebSocketLink.receive`."""
@@ -360,9 +360,9 @@ class _IncomingLink:
         """As `WebSocketLink.last_received`."""
         return self._link.last_received()
 
-    def paces_sends(self) -> bool:
-        """As `WebSocketLink.paces_sends`."""
-        return self._link.paces_sends()
+    def times_the_wire(self) -> bool:
+        """As `WebSocketLink.times_the_wire`."""
+        return self._link.times_the_wire()
 
     def reshape(self, spec: LinkSpec) -> None:
         """As `WebSocketLink.reshape` (this end's sender-side shaping)."""

@@ -247,7 +247,7 @@ class MemoryLink:
                     incoming.changed.clear()
                     await incoming.changed.wait()
 
-    def paces_sends(self) -> bool:
+    def times_the_wire(self) -> bool:
         """Always: a frame's send ends when its wire slot does (immediately when
         unshaped)."""
         return True

@@ -51,8 +51,9 @@ from aiopipe.errors import (
     RemoteProtocolError,
 )
 from aiopipe.transport._waiting import sleep_unless_set
-from aiopipe.transport.base import DirectionStatistics, LinkStatistics
+from aiopipe.transport.base import DirectionStatistics, LinkStatistics, WireSpan
 from aiopipe.transport.network import LinkSpec
+from aiopipe.transport.wire_timer import WireTimer, acknowledge_at_once, wire_timing_available
 
 __all__ = [
     "CHUNK_BYTES",
@@ -131,6 +132,9 @@ class WebSocketLink:
         self._parts: list[bytes] = []  # a chunked frame being reassembled
         self._parts_size = 0  # its size, from its first part
         self._parts_bytes = 0  # bytes of it received so far
+        self._timer: WireTimer | None = None
+        self._timer_checked = False
+        self._socket: Any = None  # for acknowledging received frames at once
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "broken" if self._failure else "open"
@@ -180,11 +184,14 @@ class WebSocketLink:
             raise ConfigError(f"reshape needs a LinkSpec, got {type(spec).__name__}")
         self._shaping = spec if spec.shaped else None
 
-    async def send(self, frame: bytes, *, ready_at: float | None = None) -> None:
+    async def send(self, frame: bytes, *, ready_at: float | None = None) -> WireSpan | None:
         """Send ``frame`` as one binary message; returns once the socket has taken it.
 
-        With shaping, first waits (on the clock) until the frame's wire slot ends.
-        ``ready_at``: see `Link.send`.
+        With shaping, first waits (on the clock) until the frame's wire slot ends, and
+        returns None (the wait was the wire time). Unshaped, returns the frame's wire
+        span, known once the peer has acknowledged its last byte
+        ([Note: wire time from acknowledgements]), where the platform tells (Linux);
+        elsewhere None. ``ready_at``: see `Link.send`.
 
         Raises:
             LinkClosedError: this side closed the link.
@@ -224,9 +231,48 @@ class WebSocketLink:
                             _NEXT_CHUNK + view[start:start + CHUNK_BYTES])
             except _FOREIGN_ERRORS as exc:
                 raise self._translate(exc, "send failed") from exc
-            if self._shaping is None:
-                wire_s = clock.now() - started
-            self._sent = _count(self._sent, size, wire_s)
+            timer = self._wire_timer() if self._shaping is None else None
+            if timer is None:
+                if self._shaping is None:
+                    wire_s = clock.now() - started
+                self._sent = _count(self._sent, size, wire_s)
+                return None
+            self._sent = _count(self._sent, size, 0.0)  # its wire time: once acknowledged
+            try:
+                acknowledged = timer.track()
+            except OSError as exc:
+                raise self._translate(exc, "send failed") from exc
+            return self._wire_span(acknowledged, started)
+
+    def _wire_timer(self) -> WireTimer | None:
+        """This link's `WireTimer`, made at the first send (None where there is none)."""
+        if self._timer_checked:
+            return self._timer
+        self._timer_checked = True
+        transport = getattr(getattr(self._ws, "_writer", None), "transport", None)
+        if transport is not None:  # aiohttp's writer: the asyncio transport under it
+            self._timer = WireTimer.for_socket(
+                self._ws.get_extra_info("socket"), self._clock, transport.get_write_buffer_size)
+        return self._timer
+
+    def _wire_span(self, acknowledged: asyncio.Future[float], started: float) -> WireSpan:
+        """The span of a frame sent at ``started`` and acknowledged at ``acknowledged``'s
+        time: from the later of its send and the previous frame's end (a serial wire)."""
+        span: WireSpan = asyncio.get_running_loop().create_future()
+
+        def finish(done: asyncio.Future[float]) -> None:
+            if done.cancelled():
+                span.cancel()
+                return
+            start = max(started, self._wire_free_at)
+            end = max(start, done.result())
+            self._wire_free_at = end
+            self._sent = DirectionStatistics(self._sent.frames, self._sent.bytes,
+                                             self._sent.busy_s + end - start)
+            span.set_result((start, end))
+
+        acknowledged.add_done_callback(finish)
+        return span
 
     async def receive(self) -> bytes:
         """Wait for the next binary message from the peer.
@@ -250,6 +296,10 @@ class WebSocketLink:
                 kind = msg.type
                 if kind is WSMsgType.BINARY:
                     self._last_received = self._clock.now()
+                    if self._socket is None:
+                        self._socket = self._ws.get_extra_info("socket")
+                    acknowledge_at_once(self._socket)  # the sender times its frames by
+                    # our acknowledgements ([Note: wire time from acknowledgements])
                     frame = self._reassemble(msg.data)
                     if frame is None:
                         continue
@@ -279,6 +329,8 @@ class WebSocketLink:
             return
         self._closed = True
         self._closing.set()
+        if self._timer is not None:
+            self._timer.close()
         code = self._failure_code
         if self._failure is not None and self._failure_code != WSCloseCode.OK:
             reason = reason or str(self._failure.__cause__ or self._failure)
@@ -300,10 +352,11 @@ class WebSocketLink:
         counts); ``-inf`` before any."""
         return self._last_received
 
-    def paces_sends(self) -> bool:
-        """Only with sender-side shaping (see the module docs): otherwise ``send``
-        returns once the OS has buffered the frame."""
-        return self._shaping is not None
+    def times_the_wire(self) -> bool:
+        """With sender-side shaping (the module docs), or where acknowledgements time
+        the frames (Linux: [Note: wire time from acknowledgements]); elsewhere ``send``
+        returns once the OS has buffered the frame and nothing tells its wire time."""
+        return self._shaping is not None or wire_timing_available()
 
     def _reassemble(self, data: bytes) -> bytes | None:
         """The frame ``data`` completes (None while parts are missing).

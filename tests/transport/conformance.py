@@ -399,7 +399,7 @@ async def test_reshape_is_taken_by_every_link(link_pair: LinkPair) -> None:
         received = tg.create_task(_receive_n(b, len(before) + len(shaped) + len(after)))
         await _send_all(a, before)
         a.reshape(LinkSpec(1e9, 0.001))
-        assert a.paces_sends()
+        assert a.times_the_wire()
         await _send_all(a, shaped)
         a.reshape(LinkSpec(None))
         await _send_all(a, after)

@@ -20,6 +20,7 @@ from aiopipe.transport import (
     WebSocketEndpoint,
     open_websocket_endpoint,
 )
+from aiopipe.transport.wire_timer import wire_timing_available
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -181,8 +182,8 @@ async def test_websocket_endpoints_dial_and_accept_each_other() -> None:
         assert a.address != b.address
         async with a.dial(b.address, shaping=LinkSpec(80e6)) as to_b, b.dial(a.address) as to_a:
             from_a, from_b = await b.accept(), await a.accept()
-            assert to_b.paces_sends()
-            assert not from_a.paces_sends()
+            assert to_b.times_the_wire()
+            assert from_a.times_the_wire() == wire_timing_available()
             await to_b.send(b"a->b")
             await to_a.send(b"b->a")
             assert await from_a.receive() == b"a->b"

@@ -48,8 +48,8 @@ async def test_frame_arrives_after_wire_time_plus_latency(clock: VirtualClock) -
     assert received_at == 1.02
     assert a.statistics().sent.busy_s == 1.0
     assert b.statistics().received.busy_s == 1.0
-    assert a.paces_sends()  # a send lasts the frame's wire time
-    assert b.paces_sends()
+    assert a.times_the_wire()  # a send lasts the frame's wire time
+    assert b.times_the_wire()
 
 
 async def test_concurrent_sends_share_the_wire_in_call_order(clock: VirtualClock) -> None:

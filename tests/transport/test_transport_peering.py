@@ -40,6 +40,7 @@ from aiopipe.transport import (
     LinkSpec,
     LinkStatistics,
     MemoryFabric,
+    WireSpan,
     accept_peer,
     dial_peer,
     open_websocket_endpoint,
@@ -338,9 +339,9 @@ class _Tapped:
     link: Link
     tap: Recording
 
-    async def send(self, frame: bytes, *, ready_at: float | None = None) -> None:
+    async def send(self, frame: bytes, *, ready_at: float | None = None) -> WireSpan | None:
         self.tap.sent.append(frame)
-        await self.link.send(frame, ready_at=ready_at)
+        return await self.link.send(frame, ready_at=ready_at)
 
     async def receive(self) -> bytes:
         frame = await self.link.receive()
@@ -356,8 +357,8 @@ class _Tapped:
     def last_received(self) -> float:
         return self.link.last_received()
 
-    def paces_sends(self) -> bool:
-        return self.link.paces_sends()
+    def times_the_wire(self) -> bool:
+        return self.link.times_the_wire()
 
     def reshape(self, spec: LinkSpec) -> None:
         self.link.reshape(spec)

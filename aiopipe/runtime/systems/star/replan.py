@@ -18,14 +18,15 @@ reports):
 - device k's uplink (downlink) bandwidth = bytes of its activation (gradient) frames
   over the seconds its ``u`` (``d``) slices took. A direction whose frames took no
   measurable time is unshaped. Latency is not observable from one side: the
-  configured one is kept. This holds only where a send lasts the frame's wire time
-  (`Link.paces_sends`: memory links, websockets shaped by aiopipe). On a plain
-  websocket a send returns once the OS has buffered the frame, well before its wire
-  time, so bandwidths read from send times come out far above the link's, most of all
-  for frames small enough to fit the buffers: a re-planner that trusted them moved
-  devices to split points with large activations, and every switch lengthened the
-  epoch (evidence: bench/results/2026-11-21-vgg5). There the bandwidths are kept as
-  before (declared by the ``network`` preset).
+  configured one is kept. This holds only where a send's slice is the frame's wire
+  time (`Link.times_the_wire`: memory links, websockets shaped by aiopipe or timed by
+  acknowledgements on Linux). Elsewhere a plain websocket's send returns once the OS
+  has buffered the frame, well before its wire time, so bandwidths read from send
+  times come out far above the link's, most of all for frames small enough to fit the
+  buffers: a re-planner that trusted them moved devices to split points with large
+  activations, and every switch lengthened the epoch (evidence:
+  bench/results/2026-11-21-vgg5). There the bandwidths are kept as before (declared by
+  the ``network`` preset).
 A device without slices in the round (lost, or fl) keeps its previous profile.
 
 [Note: switching] Only plans that keep every device's samples per iteration (B' x N)
@@ -87,7 +88,7 @@ def live_profiles(slices: Sequence[Slice], plans: Sequence[DevicePlan],
     ``slices``: the round's slices (server and device tracks); ``served[k]``: how many
     of device k's micro-batches the server computed in the round; ``profile``: the
     planning profile (its cost table unscaled); ``previous``: the profiles so far;
-    ``paced[k]``: whether device k's link times its sends by the wire (`Link.paces_sends`;
+    ``paced[k]``: whether device k's link times its sends by the wire (`Link.times_the_wire`;
     default: every link does); when not, its bandwidths stay as in ``previous``.
     """
     costs = profile.costs
