@@ -47,7 +47,7 @@ __all__ = [
 
 #: Training modes a plan can name.
 MODES: Final = ("fl", "sl", "sfl", "pipar", "pipeline", "ftpipehd", "asteroid", "hadfl",
-                 "fedbuff")
+                 "fedbuff", "auto")
 
 #: Longest endpoint address a node may announce.
 MAX_ADDRESS_CHARS: Final = 256

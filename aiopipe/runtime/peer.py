@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 from dataclasses import dataclass
 
 from aiopipe.clock import Clock, ready_time
@@ -130,8 +129,9 @@ class Peer:
         send it only while nothing else is queued, in parts, instead of what is still
         queued of an earlier background ``name`` ([Note: background sends]).
 
-        Returns a future that resolves once the message has been sent (awaiting it is
-        optional; it stays pending if the send failed).
+        Returns a future that resolves once the message has been sent and its slice
+        recorded: for a link that reports wire spans, once the peer acknowledged it
+        (awaiting it is optional; it stays pending if the send failed).
         """
         sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         ready = ready_time(self._clock, ready_at)
@@ -179,16 +179,15 @@ class Peer:
         # previous send's late wake-up (memory.py, [Note: wire slots do not drift]); a
         # failed send loses this item: see the class
         span = await self.link.send(frame, ready_at=item.posted_at)
-        record = functools.partial(self._recorder.add, self.track, item.name,
-                                   epoch=item.epoch, iteration=item.iteration,
-                                   micro_batch=item.micro_batch)  # not the message
         if span is None:  # the send lasted the frame's wire time
-            record(start, self._clock.now())
+            _record(self._recorder, self.track, item.name, item.epoch, item.iteration,
+                    item.micro_batch, item.sent, (start, self._clock.now()))
         else:  # its bytes are still crossing: recorded once the peer acknowledged them
-            span.add_done_callback(
-                lambda done: None if done.cancelled() else record(*done.result()))
-        if not item.sent.done():
-            item.sent.set_result(None)
+            name, epoch, iteration, micro_batch, sent = (  # (not the message)
+                item.name, item.epoch, item.iteration, item.micro_batch, item.sent)
+            span.add_done_callback(lambda done: None if done.cancelled() else _record(
+                self._recorder, self.track, name, epoch, iteration, micro_batch, sent,
+                done.result()))
 
     async def _next(self) -> _Posted | None:
         """The next message to send: the queue's first, else the background's (module
@@ -197,6 +196,15 @@ class Peer:
             self._posted.clear()
             await self._posted.wait()
         return self._queue.popleft() if self._queue else self._background.popleft()
+
+
+def _record(recorder: Recorder, track: str, name: str, epoch: int, iteration: int,
+            micro_batch: int, sent: asyncio.Future[None], span: tuple[float, float]) -> None:
+    """Record a transmission's slice, then say it was sent: who waits for ``sent`` (a
+    device's report of its round) finds the slice recorded."""
+    recorder.add(track, name, *span, epoch=epoch, iteration=iteration, micro_batch=micro_batch)
+    if not sent.done():
+        sent.set_result(None)
 
 
 def _done() -> asyncio.Future[None]:

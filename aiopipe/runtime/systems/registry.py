@@ -32,7 +32,7 @@ __all__ = ["BUILT_IN", "NoOptions", "SystemOptions", "check_system", "find_syste
 #: The built-in systems by mode: where each one's coordinator half is (loaded when a
 #: run names it, so that a device loads only its own system).
 BUILT_IN: dict[str, str] = {
-    **dict.fromkeys(("fl", "sl", "sfl", "pipar"),
+    **dict.fromkeys(("fl", "sl", "sfl", "pipar", "auto"),
                     "aiopipe.runtime.systems.star.coordinator:Star"),
     "pipeline": "aiopipe.runtime.systems.pipeline.coordinator:Pipeline",
     "ftpipehd": "aiopipe.runtime.systems.ftpipehd.coordinator:FTPipeHD",
@@ -45,7 +45,7 @@ BUILT_IN: dict[str, str] = {
 #: Where each built-in mode's options are (light modules: a config's checks load them).
 BUILT_IN_OPTIONS: dict[str, str] = {
     **{mode: f"aiopipe.runtime.systems.star.options:{mode.upper()}"
-       for mode in ("fl", "sl", "sfl", "pipar")},
+       for mode in ("fl", "sl", "sfl", "pipar", "auto")},
     **{mode: f"aiopipe.runtime.systems.{mode}.options:OPTIONS"
        for mode in ("pipeline", "ftpipehd", "asteroid", "hadfl", "fedbuff")},
 }

@@ -19,7 +19,8 @@ Per round (an epoch, or ``aggregation_every`` iterations):
 - sl: devices take turns; each starts from the previous one's weights.
 With "auto" split points or micro-batch counts, the plans are chosen here before
 training ([Note: planning]) and, with ``replan``, reconsidered between rounds
-(`aiopipe.runtime.systems.star.replan`).
+(`aiopipe.runtime.systems.star.replan`); mode auto first chooses fl, sfl or pipar by
+their predicted epochs ([Note: choosing the system] in aiopipe.scheduler.auto).
 """
 
 from __future__ import annotations
@@ -63,17 +64,17 @@ from aiopipe.runtime.plan import (
     unit_crossings,
 )
 from aiopipe.runtime.plan_text import change_lines, log_lines
-from aiopipe.runtime.sampling import sampled_devices
 from aiopipe.runtime.stage import ServerStage, StageWork
 from aiopipe.runtime.systems.base import Rounds, Setup, SystemDefaults, planning_batch_sizes
 from aiopipe.runtime.systems.star.device import StarDevice
 from aiopipe.runtime.systems.star.options import server_lanes_of, star_options, untrimmed_warning
 from aiopipe.runtime.systems.star.planning import (
     choose_plans,
+    choose_system,
     device_plans,
+    first_plans,
     micro_batch_sizes,
     needs_planner,
-    profile_key,
     with_plans,
 )
 from aiopipe.runtime.systems.star.privacy_report import StarPrivacy
@@ -185,29 +186,18 @@ class Star(SystemDefaults):
             self.live = (list(devices) if devices is not None
                          else declared_devices(config, self.samples,
                                                costs=self._device_costs()))
-            config = with_plans(config, self._first_plans(config))
+            if config.mode == "auto":  # [Note: choosing the system]
+                config, line, table = choose_system(config, self.planning, self.live)
+                log.info("%s\n%s", line, table)
+                self.serves_stages = config.mode != "fl"
+                self.auto_config = config if config.mode != "fl" else None
+            if self.auto_config is not None:
+                config = with_plans(config, first_plans(config, self.planning, self.live))
         self.config = config
         self.plans = device_plans(config, self.units, self.samples)
         self.placement = star([p.split_point for p in self.plans], self.units)
         if self.auto_config is not None:
             check_trainable(self.model, self.inputs, self.plans, config)
-
-    def _first_plans(self, config: RunConfig) -> list[tuple[int, int]]:
-        """The plans before the first round: the whole fleet's; sampled per round, those
-        of the first round's likely draw (all alive), each other device taking the plan
-        of a drawn device with its profile, else the first drawn device's ([Note: plans
-        per round])."""
-        assert self.planning is not None
-        if not config.devices_per_round:
-            return choose_plans(config, self.planning, self.live)
-        drawn = sampled_devices(config.seed, 0, 0, range(config.devices),
-                                config.round_size(config.devices))
-        plans = choose_plans(config, self.planning, [self.live[k] for k in drawn],
-                             members=drawn)
-        chosen = dict(zip(drawn, plans, strict=True))
-        by_profile = {profile_key(self.live[k]): plan for k, plan in chosen.items()}
-        return [chosen.get(k) or by_profile.get(profile_key(device), plans[0])
-                for k, device in enumerate(self.live)]
 
     async def plan_round(self, rounds: Rounds, participants: Sequence[int]) -> None:
         """[Note: plans per round] With "auto" plans and devices sampled per round, plan

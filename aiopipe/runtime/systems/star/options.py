@@ -16,9 +16,9 @@ from aiopipe.entrypoints import is_entry_point
 from aiopipe.errors import ConfigError
 from aiopipe.runtime.systems.registry import SystemOptions
 
-__all__ = ["FL", "PIPAR", "SECURE_AGGREGATIONS", "SFL", "SL", "ReplicaOptions", "StarOptions",
-           "devices_to_trim",
-           "server_lanes_of", "star_options", "untrimmed_warning"]
+__all__ = ["AUTO", "AUTO_CANDIDATES", "FL", "PIPAR", "SECURE_AGGREGATIONS", "SFL", "SL",
+           "AutoOptions", "ReplicaOptions", "StarOptions", "devices_to_trim", "server_lanes_of",
+           "star_options", "untrimmed_warning"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,3 +349,37 @@ SFL = SystemOptions(ReplicaOptions, {**_KEYS, **_REPLICA_KEYS}, check, elsewhere
                     samples_devices=True, runs_train_hook=True)
 PIPAR = SystemOptions(ReplicaOptions, {**_KEYS, **_REPLICA_KEYS}, check,
                       elsewhere=_ELSEWHERE, samples_devices=True, runs_train_hook=True)
+
+
+#: The systems ``mode = "auto"`` may choose (aiopipe.scheduler.auto.STAR_MODES).
+AUTO_CANDIDATES = ("fl", "sfl", "pipar")
+
+
+@dataclass(frozen=True, slots=True)
+class AutoOptions(ReplicaOptions):
+    """The options of ``mode = "auto"``: the star's, which the chosen system runs with,
+    and the candidates.
+
+    Attributes:
+        candidates: the systems to choose among ([Note: choosing the system] in
+            aiopipe.scheduler.auto), a non-empty subset of `AUTO_CANDIDATES`.
+    """
+
+    candidates: tuple[str, ...] = AUTO_CANDIDATES
+
+
+def _check_auto(config: Any) -> None:
+    """The star's options, and candidates among `AUTO_CANDIDATES`."""
+    check(config)
+    options = config.options_as(AutoOptions)
+    given = options.candidates
+    if (isinstance(given, str) or not isinstance(given, list | tuple) or not given
+            or any(c not in AUTO_CANDIDATES for c in given)):
+        raise fail("candidates", given, f"a non-empty list of {', '.join(AUTO_CANDIDATES)}")
+    object.__setattr__(options, "candidates", tuple(dict.fromkeys(given)))
+
+
+AUTO = SystemOptions(AutoOptions, {**_KEYS, **_REPLICA_KEYS, "candidates": (
+    'mode auto: the systems it chooses among by their predicted epoch (default: fl, sfl, '
+    'pipar)')}, _check_auto, elsewhere={**_ELSEWHERE, "candidates": "it is mode auto's"},
+    samples_devices=True, runs_train_hook=True)

@@ -5,6 +5,7 @@ per device ([Note: iterations per epoch] in aiopipe.runtime.plan)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from torch import nn
@@ -12,12 +13,14 @@ from torch import nn
 from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
 from aiopipe.runtime.plan import DevicePlan, declared_devices, model_profile
-from aiopipe.runtime.systems.star.options import server_lanes_of
+from aiopipe.runtime.sampling import sampled_devices
+from aiopipe.runtime.systems.star.options import AutoOptions, server_lanes_of
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
 
-__all__ = ["candidate_parallel_batches", "choose_plans", "device_plans", "micro_batch_sizes",
-           "needs_planner", "profile_key", "resolve_auto", "with_plans"]
+__all__ = ["candidate_parallel_batches", "choose_plans", "choose_system", "device_plans",
+           "first_plans", "micro_batch_sizes", "needs_planner", "profile_key", "resolve_auto",
+           "with_plans"]
 
 
 def device_plans(config: RunConfig, units: int, samples: list[int]) -> list[DevicePlan]:
@@ -63,9 +66,10 @@ def device_plans(config: RunConfig, units: int, samples: list[int]) -> list[Devi
 
 
 def needs_planner(config: RunConfig) -> bool:
-    """Whether the config asks for "auto" P or N in a mode that uses them."""
-    if config.mode == "fl":
-        return False
+    """Whether the config asks for "auto" P or N in a mode that uses them, or for the
+    system itself (mode auto)."""
+    if config.mode in ("fl", "auto"):
+        return config.mode == "auto"
     return config.split_point == "auto" or (
         config.mode == "pipar" and config.parallel_batches == "auto")
 
@@ -126,10 +130,10 @@ def resolve_auto(config: RunConfig, model: nn.Sequential, in_shape: tuple[int, .
 def candidate_parallel_batches(config: RunConfig) -> list[int]:
     """The micro-batch counts N the run may use: PiPar's configured ones, or for
     "auto" the divisors of B (every micro-batch has B/N samples and an epoch sees every
-    sample); 1 in fl, sl and sfl."""
-    if config.mode != "pipar":
+    sample; mode auto, for its pipar candidate); 1 in fl, sl and sfl."""
+    if config.mode not in ("pipar", "auto"):
         return [1]
-    if config.parallel_batches == "auto":
+    if config.parallel_batches == "auto" or config.mode == "auto":
         return [n for n in range(1, config.batch_size + 1) if config.batch_size % n == 0]
     value = config.parallel_batches
     return sorted(set(value)) if isinstance(value, tuple) else [int(value)]
@@ -138,6 +142,49 @@ def candidate_parallel_batches(config: RunConfig) -> list[int]:
 def micro_batch_sizes(config: RunConfig) -> list[int]:
     """Batch sizes to measure costs at: B' = B/N for every N the planner may pick."""
     return sorted({config.batch_size // n for n in candidate_parallel_batches(config)})
+
+
+def choose_system(config: RunConfig, profile: ModelProfile, devices: Sequence[DeviceProfile]
+                  ) -> tuple[RunConfig, str, str]:
+    """Mode auto's choice ([Note: choosing the system] in aiopipe.scheduler.auto): the run
+    config of the fastest candidate (its plans left "auto" for the planner, which picks
+    what the estimate did), the one-line reason, and the table of every candidate.
+
+    Raises:
+        ConfigError: no candidate fits the fleet.
+    """
+    from aiopipe.runtime.systems.registry import options_of
+    from aiopipe.scheduler.auto import choose_system as fastest
+    from aiopipe.scheduler.auto import estimate_systems, explain, summary
+
+    options = config.options_as(AutoOptions)
+    estimates = estimate_systems(
+        profile, devices, config.batch_size, modes=options.candidates,
+        memory_budget_bytes=[config.device_memory_bytes_of(k) for k in range(config.devices)],
+        aggregation_every=config.aggregation_every)
+    chosen = fastest(estimates)
+    values = options_of(chosen.mode).values
+    kept = {f.name: getattr(options, f.name) for f in dataclasses.fields(values)}
+    resolved = config.replace(mode=chosen.mode, options=values(**kept), split_point="auto",
+                              parallel_batches="auto" if chosen.mode == "pipar" else 1)
+    return resolved, summary(estimates, chosen), explain(estimates, chosen)
+
+
+def first_plans(config: RunConfig, profile: ModelProfile,
+                live: Sequence[DeviceProfile]) -> list[tuple[int, int]]:
+    """The plans before the first round: the whole fleet's; sampled per round, those
+    of the first round's likely draw (all alive), each other device taking the plan
+    of a drawn device with its profile, else the first drawn device's ([Note: plans
+    per round] in aiopipe.runtime.systems.star.coordinator)."""
+    if not config.devices_per_round:
+        return choose_plans(config, profile, list(live))
+    drawn = sampled_devices(config.seed, 0, 0, range(config.devices),
+                            config.round_size(config.devices))
+    plans = choose_plans(config, profile, [live[k] for k in drawn], members=drawn)
+    chosen = dict(zip(drawn, plans, strict=True))
+    by_profile = {profile_key(live[k]): plan for k, plan in chosen.items()}
+    return [chosen.get(k) or by_profile.get(profile_key(device), plans[0])
+            for k, device in enumerate(live)]
 
 
 def profile_key(device: DeviceProfile) -> tuple[object, ...]:
