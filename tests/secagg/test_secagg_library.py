@@ -14,7 +14,7 @@ pytest.importorskip("cryptography")
 from aiopipe.errors import RemoteProtocolError, SecureAggregationError
 from aiopipe.secagg import Client, FixedPoint, RoundSetup, Server, keys, shamir
 from aiopipe.secagg.graph import degree_for, neighbours, threshold_for
-from aiopipe.secagg.protocol import UnmaskRequest
+from aiopipe.secagg.protocol import PublicKeys, UnmaskRequest
 
 # -- fixed point -------------------------------------------------------------------------
 
@@ -330,6 +330,27 @@ def _advertised(n: int, length: int) -> tuple[Server, dict[int, Client], dict[in
     for c in range(n):
         server.take_keys(c, clients[c].advertise())
     return server, clients, server.close_keys()
+
+
+def test_a_key_no_one_can_agree_with_leaves_out_its_sender_only() -> None:
+    """Client 2 advertises the all-zero point (of small order: every exchange with it
+    fails). Would fail unchecked: the server passed it on and every neighbour's step 1
+    raised a ValueError. The server refuses it; the round goes on without client 2; a
+    client handed it anyway refuses it as a protocol error."""
+    inputs = _inputs(5)
+    setup = RoundSetup(0, 3, tuple(inputs), 64)
+    server = Server(setup)
+    clients = {c: Client(setup, c) for c in inputs}
+    zero = PublicKeys(bytes(32), clients[2].advertise().mask)
+    with pytest.raises(RemoteProtocolError, match="client 2's public keys"):
+        server.take_keys(2, zero)
+    for c in (0, 1, 3, 4):
+        server.take_keys(c, clients[c].advertise())
+    lists = server.close_keys()
+    assert all(2 not in neighbours for neighbours in lists.values())
+    with pytest.raises(RemoteProtocolError, match="client 2's advertised keys are "
+                                                  "malformed"):
+        clients[0].share({**lists[0], 2: zero})
 
 
 def test_blame_of_a_client_that_sealed_nothing_is_refused() -> None:
