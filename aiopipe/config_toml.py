@@ -16,7 +16,7 @@ from typing import Any
 
 from aiopipe.errors import ConfigError
 
-__all__ = ["read_run_keys", "toml_document"]
+__all__ = ["check_toml_value", "read_run_keys", "toml_document"]
 
 
 def read_run_keys(path: str | Path) -> dict[str, Any]:
@@ -54,6 +54,22 @@ def toml_document(values: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check_toml_value(key: str, value: Any) -> None:
+    """Refuse a config value that a TOML file cannot hold (None anywhere in it: TOML has
+    no null), naming ``key``: checked when the config is made, so that writing
+    ``config.toml`` or sending a device its plan cannot fail later.
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    try:
+        _toml_value(value)
+    except ConfigError:
+        raise ConfigError(f"config key {key!r}: got {value!r}, expected a value a config "
+                          f"file can hold (TOML has no null: not None, nor one inside a "
+                          f"list or table)") from None
+
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -61,9 +77,9 @@ def _toml_value(value: Any) -> str:
         return repr(value)
     if isinstance(value, str):
         return _toml_string(value)
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}"
                                 for k, v in value.items()) + " }"
     raise ConfigError(f"cannot write {value!r} to TOML")

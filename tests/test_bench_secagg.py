@@ -13,7 +13,7 @@ def test_one_timed_protocol_round_with_losses() -> None:
     bench = load_bench("secagg")
     found = bench.protocol(6, 50, 2)
     assert found["degree"] == 5
-    assert found["threshold"] == 3
+    assert found["threshold"] == 4  # more than half of 6 holders
     assert found["client_mean_s"] >= 0
     assert found["server_s"] > 0
 

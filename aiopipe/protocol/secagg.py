@@ -36,8 +36,7 @@ _ID = re.compile(r"(0|[1-9][0-9]{0,8})")
 _KEYED = re.compile(r"(cipher|mask):(0|[1-9][0-9]{0,8})")
 
 
-def _check_tensors(kind: str, step: int, tensors: Mapping[str, TensorData],
-                   length: int | None) -> None:
+def _check_tensors(kind: str, step: int, tensors: Mapping[str, TensorData]) -> None:
     """Each tensor's name, dtype and shape as the step allows (module docstring)."""
     for name, data in tensors.items():
         shape = (data.dtype, data.shape)
@@ -100,7 +99,7 @@ class SecAggRequest:
         _check_ids("dropped", self.dropped)
         if set(self.clients) & set(self.dropped):
             raise LocalProtocolError("a device both among the survivors and dropped")
-        _check_tensors("request", self.step, self.tensors, self.length)
+        _check_tensors("request", self.step, self.tensors)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,4 +115,4 @@ class SecAggReply:
         check_index("round", self.round)
         if not isinstance(self.step, int) or not 0 <= self.step < SECAGG_STEPS:
             raise LocalProtocolError(f"step must be 0 to 3, got {self.step!r}")
-        _check_tensors("reply", self.step, self.tensors, None)
+        _check_tensors("reply", self.step, self.tensors)

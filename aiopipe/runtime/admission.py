@@ -93,12 +93,26 @@ class Admission:
             if not resumed:  # nobody will serve it: do not count it among the living
                 session.end("its plan could not be sent")
             raise
+        except Exception as exc:  # the server's own plan failed: not the device's doing
+            await self._plan_failed(peer, session, exc)
+            return
         self.sessions[k] = session
         self.addresses[k] = hello.address
         session.attach(link, resumed=resumed)
         self.connected.add(k)
         self.arrived.set()
         await self._serve(session)
+
+    async def _plan_failed(self, peer: Peer, session: DeviceSession, error: Exception
+                           ) -> None:
+        """[Note: server faults] making or encoding a device's plan failed: every device
+        would fail the same way, so the run stops with the error (not with a join
+        timeout); the device is told why."""
+        self.host.server_failed(session.device_id, error)
+        session.end(f"its plan could not be made: {error}")
+        with contextlib.suppress(TransportError):
+            await peer.send(ErrorMessage("server-error", f"the server failed: {error}"))
+        await peer.link.aclose()
 
     async def _hello(self, peer: Peer, authenticated: int | None) -> Hello:
         """The connection's Hello, once it is acceptable.

@@ -341,7 +341,8 @@ class Coordinator:
         reason = TRAINING_FINISHED
         try:
             try:
-                await wait_for(self.clock, self.joined.wait(), self.join_timeout)
+                await self.faults.unless_failed(  # (a plan that could not be made)
+                    wait_for(self.clock, self.joined.wait(), self.join_timeout))
             except TimeoutError:
                 missing = sorted(set(range(self.config.devices)) - set(self.announced))
                 raise TrainingError(f"devices {missing} did not join within "

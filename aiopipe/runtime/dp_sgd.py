@@ -56,7 +56,7 @@ from torch import nn
 from aiopipe.errors import ConfigError
 from aiopipe.models.crossing import Value, joined, leaves
 from aiopipe.runtime.privacy import round_generator
-from aiopipe.runtime.privacy_accounting import require_opacus
+from aiopipe.runtime.privacy_accounting import private_units_refusal, require_opacus
 from aiopipe.runtime.stage import Sent, StageWork
 
 __all__ = ["DpSgdWork", "clip_factors"]
@@ -86,11 +86,9 @@ class DpSgdWork(StageWork):
         super().__init__(module, optimizer, **kwargs)
         require_opacus('privacy "dp-sgd"')
         from opacus.grad_sample import GradSampleHooks
-        from opacus.validators import ModuleValidator
 
-        problems = ModuleValidator.validate(module, strict=False)
-        if problems:
-            reason = str(problems[0]).split(". ")[0].rstrip(".")
+        reason = private_units_refusal(module)
+        if reason:
             raise ConfigError(f'privacy "dp-sgd": Opacus cannot train these units '
                               f"privately: {reason}")
         self.noise_multiplier = noise_multiplier

@@ -33,7 +33,8 @@ import torch
 
 from aiopipe.errors import ConfigError
 
-__all__ = ["PrivacySpent", "Step", "StepLedger", "epsilon", "require_opacus"]
+__all__ = ["PrivacySpent", "Step", "StepLedger", "epsilon", "private_units_refusal",
+           "require_opacus"]
 
 #: (noise multiplier, sampling rate, steps): ``steps`` sampled Gaussian mechanisms.
 Step = tuple[float, float, int]
@@ -49,6 +50,17 @@ def require_opacus(what: str) -> None:
         import opacus  # noqa: F401
     except ImportError:
         raise ConfigError(f"{what} needs Opacus: pip install 'aiopipe[dp]'") from None
+
+
+def private_units_refusal(module: torch.nn.Module) -> str:
+    """Why Opacus cannot take per-sample gradients of ``module``'s layers ("" when it
+    can), in one sentence (batch norm mixes a batch's samples: group or layer norm
+    do not). Needs Opacus (`require_opacus`)."""
+    from opacus.validators import ModuleValidator
+
+    problems = ModuleValidator.validate(module, strict=False)
+    # (Opacus's messages run to a paragraph: its first sentence)
+    return str(problems[0]).split(". ")[0].rstrip(".") if problems else ""
 
 
 def epsilon(history: Sequence[Step], delta: float) -> float:

@@ -78,10 +78,14 @@ class Client:
                                       f"{sorted(set(advertised) - self.neighbours)}")
         seen = {self._cipher.public, self._mask.public}
         for v, found in advertised.items():
-            if (len(found.cipher) != keys.KEY_BYTES or len(found.mask) != keys.KEY_BYTES
-                    or found.cipher in seen or found.mask in seen):
+            try:  # (a key no one can agree with would fail this client below)
+                keys.check_public(found.cipher)
+                keys.check_public(found.mask)
+                if found.cipher in seen or found.mask in seen:
+                    raise ValueError("repeated")
+            except ValueError:
                 raise RemoteProtocolError(f"client {v}'s advertised keys are malformed or "
-                                          "repeated")
+                                          "repeated") from None
             seen |= {found.cipher, found.mask}
         holders = sorted({*advertised, self.id})
         self._check_holders(len(holders), "share its secrets")

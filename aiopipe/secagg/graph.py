@@ -33,10 +33,12 @@ def threshold_for(degree: int) -> int:
 
     More than half: a client tells the coordinator either the shares of a neighbour's
     mask seed (it survived) or of its key (it dropped out), never both, so a majority
-    rule means no consistent story yields both of one client's secrets. With k + 1 = 4
-    (4 devices) it is 2: two of four may drop out and the rest still unmask."""
+    rule means no consistent story yields both of one client's secrets (with exactly
+    half, a coordinator telling half the holders "survived" and the other half
+    "dropped" would get both, and the client's input). With k + 1 = 4 (4 devices) it
+    is 3: one of four may drop out and the rest still unmask; with 5, 3 (two may)."""
     holders = degree + 1
-    return min(holders, max(2, math.ceil(holders / 2)))
+    return min(holders, max(2, holders // 2 + 1))
 
 
 def neighbours(clients: Sequence[int], degree: int, seed: int) -> dict[int, frozenset[int]]:

@@ -25,7 +25,8 @@ from cryptography.hazmat.primitives.serialization import (
 
 from aiopipe.secagg.fixed_point import Ring
 
-__all__ = ["KEY_BYTES", "KeyPair", "agree", "mask", "open_sealed", "random_seed", "seal"]
+__all__ = ["KEY_BYTES", "KeyPair", "agree", "check_public", "mask", "open_sealed", "random_seed",
+           "seal"]
 
 #: X25519 keys, agreed secrets and mask seeds are 32 bytes.
 KEY_BYTES = 32
@@ -64,6 +65,17 @@ def agree(private: X25519PrivateKey, public: bytes, purpose: bytes) -> bytes:
     shared = private.exchange(X25519PublicKey.from_public_bytes(public))
     return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None,
                 info=b"aiopipe secagg " + purpose).derive(shared)
+
+
+def check_public(public: bytes) -> None:
+    """Refuse what no key can be agreed with: a public key that is not 32 bytes, or a
+    point of small order (every exchange with it gives the all-zero secret, which
+    ``cryptography`` refuses), found by one exchange with a throwaway key.
+
+    Raises:
+        ValueError: it is such a key.
+    """
+    agree(X25519PrivateKey.generate(), public, b"check")
 
 
 def random_seed() -> bytes:

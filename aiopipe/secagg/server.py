@@ -75,11 +75,14 @@ class Server:
 
         Raises:
             RemoteProtocolError: out of step, not a client of the round, a second time
-                or malformed.
+                or malformed (not 32 bytes, or a key no one can agree with).
         """
         self._at(0, sender, set(self.setup.clients) - set(self.keys))
-        if len(advertised.cipher) != keys.KEY_BYTES or len(advertised.mask) != keys.KEY_BYTES:
-            raise RemoteProtocolError(f"client {sender}'s public keys are not 32 bytes")
+        try:  # (a key no one can agree with would fail every neighbour at step 1)
+            keys.check_public(advertised.cipher)
+            keys.check_public(advertised.mask)
+        except ValueError as exc:
+            raise RemoteProtocolError(f"client {sender}'s public keys: {exc}") from None
         self.keys[sender] = advertised
 
     def close_keys(self) -> dict[int, dict[int, PublicKeys]]:

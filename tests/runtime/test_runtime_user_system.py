@@ -12,7 +12,7 @@ import pytest
 from fleet import COSTS, vgg5_shaped
 
 from aiopipe import RunConfig, VirtualClock, simulate
-from aiopipe.errors import ConfigError
+from aiopipe.errors import ConfigError, TrainingError
 from aiopipe.protocol import RoundResult
 from aiopipe.runtime.device_half import DeviceHalf
 from aiopipe.runtime.systems.base import Rounds
@@ -98,3 +98,45 @@ def test_a_users_system_has_options_of_its_own(tmp_path: Path) -> None:
     again = tmp_path / "again.toml"
     again.write_text(config.to_toml())
     assert RunConfig.from_toml(again) == config
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LimitOptions:
+    """`Limited`'s options: one whose default TOML cannot hold."""
+
+    limit: Any = None
+
+
+class Limited(CountingStar):
+    """A system whose option ``limit`` defaults to None."""
+
+    options: ClassVar[SystemOptions] = SystemOptions(LimitOptions, keys={"limit": "a limit"})
+
+
+@pytest.mark.parametrize("given", [{}, {"limit": [1, None]}, {"limit": {"a": None}}])
+def test_an_option_a_config_file_cannot_hold_is_refused_when_the_config_is_made(
+        given: dict[str, Any]) -> None:
+    # (before, the run's config.toml and the devices' plans could not be written, and
+    # a simulation said only that the devices did not join)
+    with pytest.raises(ConfigError, match=r"config key 'limit': got .*None.*TOML has no "
+                                          r"null"):
+        RunConfig(mode=f"{__name__}:Limited", options=given)
+    assert RunConfig(mode=f"{__name__}:Limited", options={"limit": [1, {"a": 2}]}
+                     ).to_toml().endswith("[limited]\nlimit = [1, { a = 2 }]\n")
+
+
+class PlanlessStar(CountingStar):
+    """A system whose coordinator makes plans that cannot be sent (a server-side bug:
+    a key that is not 64 hex digits)."""
+
+    def peer_keys(self, device_id: int) -> dict[str, str]:
+        return {"device9": "no key"}
+
+
+async def test_a_plan_the_server_cannot_make_stops_the_run_with_why() -> None:
+    config = RunConfig(mode=f"{__name__}:PlanlessStar", model=vgg5_shaped, devices=2,
+                       samples_per_device=40, batch_size=10, epochs=1, split_point=2,
+                       test_samples=20)
+    with pytest.raises(TrainingError, match="must be 64 hex digits") as caught:
+        await simulate(config, clock=VirtualClock(), cost_table=COSTS)
+    assert "did not join" not in str(caught.value)

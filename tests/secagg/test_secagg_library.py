@@ -14,6 +14,7 @@ pytest.importorskip("cryptography")
 from aiopipe.errors import RemoteProtocolError, SecureAggregationError
 from aiopipe.secagg import Client, FixedPoint, RoundSetup, Server, keys, shamir
 from aiopipe.secagg.graph import degree_for, neighbours, threshold_for
+from aiopipe.secagg.protocol import PublicKeys, UnmaskRequest
 
 # -- fixed point -------------------------------------------------------------------------
 
@@ -78,7 +79,8 @@ def test_fewer_than_threshold_shares_give_something_else() -> None:
 def test_small_rounds_use_the_complete_graph() -> None:
     graph = neighbours([0, 1, 2, 3], degree_for(4), seed=1)
     assert graph == {c: frozenset({0, 1, 2, 3} - {c}) for c in range(4)}
-    assert threshold_for(degree_for(4)) == 2
+    assert threshold_for(degree_for(4)) == 3  # more than half of 4 holders
+    assert threshold_for(degree_for(5)) == 3
 
 
 def test_large_rounds_use_a_sparse_regular_symmetric_graph() -> None:
@@ -170,12 +172,12 @@ def test_clients_lost_before_masking_are_left_out(step: int) -> None:
 
 
 def test_two_clients_dropped_after_sharing_are_unmasked_from_shares() -> None:
-    """Two of four drop after step 1 (their pairwise masks are in the others' inputs):
-    the round still completes with the two survivors' sum."""
-    inputs = _inputs(4)
+    """Two of five drop after step 1 (their pairwise masks are in the others' inputs):
+    the round still completes with the three survivors' sum."""
+    inputs = _inputs(5)
     total, server, _ = run_round(inputs, {2: {0, 3}})
-    assert server.survivors == [1, 2]
-    assert np.array_equal(total, inputs[1] + inputs[2])
+    assert server.survivors == [1, 2, 4]
+    assert np.array_equal(total, inputs[1] + inputs[2] + inputs[4])
 
 
 def test_dropouts_at_every_step_of_a_sparse_round() -> None:
@@ -190,23 +192,23 @@ def test_dropouts_at_every_step_of_a_sparse_round() -> None:
 
 def test_too_few_survivors_is_a_clear_error() -> None:
     inputs = _inputs(4)
-    with pytest.raises(SecureAggregationError, match="1 client sent a masked input, the "
-                                                     "threshold is 2"):
-        run_round(inputs, {2: {0, 1, 2}})
+    with pytest.raises(SecureAggregationError, match="2 clients sent a masked input, the "
+                                                     "threshold is 3"):
+        run_round(inputs, {2: {0, 1}})
 
 
 def test_too_few_answers_to_unmask_is_a_clear_error() -> None:
     inputs = _inputs(4)
-    with pytest.raises(SecureAggregationError, match=r"has 1 shares .* threshold is 2"):
-        run_round(inputs, {3: {0, 1, 2}})
+    with pytest.raises(SecureAggregationError, match=r"has 2 shares .* threshold is 3"):
+        run_round(inputs, {3: {0, 1}})
 
 
 def test_a_client_refuses_to_unmask_when_its_neighbours_are_gone() -> None:
-    """With 10 clients (complete graph, threshold 5), 6 dropped after sharing: each
-    survivor has 3 surviving neighbours, fewer than threshold - 1 = 4, so its input
-    would be exposed by its seed: step 2's close refuses first (4 < 5 masked inputs)."""
+    """With 10 clients (complete graph, threshold 6), 6 dropped after sharing: each
+    survivor has 3 surviving neighbours, fewer than threshold - 1 = 5, so its input
+    would be exposed by its seed: step 2's close refuses first (4 < 6 masked inputs)."""
     inputs = _inputs(10)
-    with pytest.raises(SecureAggregationError, match="threshold is 5"):
+    with pytest.raises(SecureAggregationError, match="threshold is 6"):
         run_round(inputs, {2: {0, 1, 2, 3, 4, 5}})
     client = Client(RoundSetup(0, 3, tuple(range(10)), 4), 0)
     client._step, client._held = 3, {c: (b"", b"") for c in range(10)}
@@ -214,6 +216,30 @@ def test_a_client_refuses_to_unmask_when_its_neighbours_are_gone() -> None:
 
     with pytest.raises(SecureAggregationError, match="cannot unmask: 4 of its"):
         client.unmask(UnmaskRequest(frozenset({0, 1, 2, 3}), frozenset(range(4, 10))))
+
+
+def test_a_coordinator_telling_two_stories_cannot_get_both_secrets_of_a_client() -> None:
+    """The holders of client 0's shares (all 4 clients) are split: two are told 0
+    dropped (they reveal shares of its mask key), the other two that it survived (shares
+    of its seed). Would fail with a threshold of half the holders (2 of 4): each half
+    then rebuilds one secret, and the two unmask client 0's input."""
+    setup = RoundSetup(0, 3, (0, 1, 2, 3), 8)
+    clients = {c: Client(setup, c) for c in range(4)}
+    server = Server(setup)
+    for c in range(4):
+        server.take_keys(c, clients[c].advertise())
+    lists = server.close_keys()
+    for c in range(4):
+        server.take_shares(c, clients[c].share(lists[c]))
+    boxes = server.close_shares()
+    for c in range(4):
+        clients[c].masked_input(boxes[c], _inputs(4, length=8)[c])
+    everyone = frozenset(range(4))
+    dropped_story = UnmaskRequest(everyone - {0}, frozenset({0}))
+    survived_story = UnmaskRequest(everyone, frozenset())
+    key_shares = {c + 1: clients[c].unmask(dropped_story)[0] for c in (1, 2)}
+    seed_shares = {c + 1: clients[c].unmask(survived_story)[0] for c in (0, 3)}
+    assert min(len(key_shares), len(seed_shares)) < setup.threshold
 
 
 def test_the_server_never_holds_an_unmasked_input() -> None:
@@ -304,6 +330,27 @@ def _advertised(n: int, length: int) -> tuple[Server, dict[int, Client], dict[in
     for c in range(n):
         server.take_keys(c, clients[c].advertise())
     return server, clients, server.close_keys()
+
+
+def test_a_key_no_one_can_agree_with_leaves_out_its_sender_only() -> None:
+    """Client 2 advertises the all-zero point (of small order: every exchange with it
+    fails). Would fail unchecked: the server passed it on and every neighbour's step 1
+    raised a ValueError. The server refuses it; the round goes on without client 2; a
+    client handed it anyway refuses it as a protocol error."""
+    inputs = _inputs(5)
+    setup = RoundSetup(0, 3, tuple(inputs), 64)
+    server = Server(setup)
+    clients = {c: Client(setup, c) for c in inputs}
+    zero = PublicKeys(bytes(32), clients[2].advertise().mask)
+    with pytest.raises(RemoteProtocolError, match="client 2's public keys"):
+        server.take_keys(2, zero)
+    for c in (0, 1, 3, 4):
+        server.take_keys(c, clients[c].advertise())
+    lists = server.close_keys()
+    assert all(2 not in neighbours for neighbours in lists.values())
+    with pytest.raises(RemoteProtocolError, match="client 2's advertised keys are "
+                                                  "malformed"):
+        clients[0].share({**lists[0], 2: zero})
 
 
 def test_blame_of_a_client_that_sealed_nothing_is_refused() -> None:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiopipe.config_toml import check_toml_value
 from aiopipe.config_values import fail
 from aiopipe.entrypoints import is_entry_point
 from aiopipe.errors import ConfigError
@@ -143,7 +144,8 @@ def check_system(config: Any) -> None:
     becomes an instance of the system's options dataclass (from a mapping of the keys
     given, the defaults filling the rest); a key of another system's options keeps its
     default there (the refusal says why: `why_default`); devices sampled per round and
-    a train hook only where the system takes them; then the system checks its own.
+    a train hook only where the system takes them; then the system checks its own; last,
+    every option must be one a config file can hold (`check_toml_value`: no None).
 
     Raises:
         ConfigError: naming the key.
@@ -171,6 +173,8 @@ def check_system(config: Any) -> None:
         raise fail("train_hook", hook, f'"" in mode {config.mode} (its system runs no train '
                    "hook: fl, sl, sfl and pipar do)")
     options.check(config)
+    for key in options.keys:
+        check_toml_value(key, getattr(config.options, key))
 
 
 def _own_keys(given: Mapping[str, Any], options: SystemOptions, mode: str) -> dict[str, Any]:

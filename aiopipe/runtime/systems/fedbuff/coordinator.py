@@ -112,8 +112,9 @@ class _Tally:
 class _Pool:
     """The devices of an epoch that may be drawn to train ([Note: FedBuff concurrency]):
     the idle ones, where each stands in its data (mini-batches so far), one generator.
-    Undrawn (every device trains all the time), `take` gives the lowest idle device: each
-    slot keeps the device it started with."""
+    Undrawn (every device trains all the time), `take` gives the lowest idle device: as
+    many slots as devices, so each device trains again as soon as its round ends (in
+    whichever slot draws next: one waiting on the server's update may be overtaken)."""
 
     def __init__(self, devices: Sequence[int], seed: int, epoch: int, drawn: bool) -> None:
         self.idle = set(devices)

@@ -13,7 +13,7 @@ import torch
 from aiopipe import models
 from aiopipe.errors import ConfigError
 from aiopipe.runtime.plan import DevicePlan
-from aiopipe.runtime.privacy_accounting import PrivacySpent, StepLedger
+from aiopipe.runtime.privacy_accounting import PrivacySpent, StepLedger, private_units_refusal
 from aiopipe.runtime.systems.star.options import star_options
 
 __all__ = ["StarPrivacy"]
@@ -39,7 +39,6 @@ class StarPrivacy:
                        if options.privacy == "dp-sgd" else None)
         if self.ledger is not None:
             check_units(model, device_units(config, models.unit_count(model)))
-
 
     def started(self, device: int, iterations: int, plan: DevicePlan, samples: int) -> None:
         """Device ``device`` is sent a round of ``iterations`` DP-SGD steps of ``plan``'s
@@ -93,14 +92,7 @@ def check_units(model: torch.nn.Sequential, units: int) -> None:
         ConfigError: they hold a layer Opacus cannot train privately (batch norm mixes
             a batch's samples: use group or layer norm).
     """
-    from opacus.validators import ModuleValidator  # (the options checked it is there)
-
-    problems = ModuleValidator.validate(models.split(model, units)[0], strict=False)
-    if problems:
+    reason = private_units_refusal(models.split(model, units)[0])  # (options: Opacus is in)
+    if reason:
         raise ConfigError(f'privacy "dp-sgd": Opacus cannot train the devices\' units '
-                          f"1..{units} privately: {_first_sentence(problems[0])}")
-
-
-def _first_sentence(problem: object) -> str:
-    """Opacus's reason, to its first sentence (its messages run to a paragraph)."""
-    return str(problem).split(". ")[0].rstrip(".")
+                          f"1..{units} privately: {reason}")

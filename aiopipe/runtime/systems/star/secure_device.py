@@ -59,7 +59,7 @@ class SecureUpload:
         except (KeyError, TypeError, ValueError) as exc:
             raise RemoteProtocolError(f"a RoundStart without secure aggregation settings "
                                       f"({exc})") from None
-        if unit <= 0:
+        if not unit > 0:  # (NaN too)
             raise RemoteProtocolError(f"a secure aggregation weight unit of {unit}")
         weight = self._samples / unit
         parts = []
