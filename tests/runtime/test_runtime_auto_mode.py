@@ -60,7 +60,7 @@ async def test_auto_runs_the_fastest_candidate(devices: int, slowdown: float, ne
 async def test_candidates_limit_the_choice() -> None:
     config = RunConfig(mode="auto", devices=2, samples_per_device=48, batch_size=12, epochs=1,
                        device_slowdown=8.0, network="wifi", options={"candidates": ["fl"]})
-    seconds, plan = await _epoch(config)
+    _, plan = await _epoch(config)
     assert {p["split_point"] for p in plan} == {5}  # fl: the whole model on the device
 
 
