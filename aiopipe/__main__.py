@@ -23,6 +23,7 @@ from aiopipe.cli import (
     config_from_args,
     done_line,
     epoch_row,
+    explained,
     run_command,
 )
 from aiopipe.config import RunConfig
@@ -50,6 +51,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     args = parser.parse_args(argv)
 
     async def run() -> int:
+        if explained(args):
+            return 0
         with own_out_dir(config_from_args(args)) as config:
             return await _train(config, args.port, args.device_restarts)
 

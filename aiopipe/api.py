@@ -45,7 +45,9 @@ from aiopipe.runtime.guard import ConnectionGuard, ConnectionLimits, GuardedSite
 from aiopipe.runtime.http import add_routes
 from aiopipe.runtime.plan import (
     build_model,
+    declared_devices,
     measure_planning_costs,
+    model_profile,
     train_dataset,
 )
 from aiopipe.runtime.systems.base import planning_batch_sizes, system_class
@@ -54,7 +56,7 @@ from aiopipe.scheduler.costs import CostTable
 from aiopipe.transport import Link, open_memory_link_pair, open_websocket_link
 from aiopipe.transport.fabric import Endpoint, MemoryFabric, open_websocket_endpoint
 
-__all__ = ["Device", "Server", "simulate"]
+__all__ = ["Device", "Server", "explain_auto", "simulate"]
 
 device_log = logging.getLogger("aiopipe.device")
 server_log = logging.getLogger("aiopipe.server")
@@ -171,6 +173,31 @@ def _measure(config: RunConfig, dataset: Dataset | None) -> CostTable:
                     "momentum": config.momentum})
     return cached_costs(key, partial(measure_planning_costs, config, model,
                                      kind.inputs, dataset, sizes=sizes))
+
+
+def explain_auto(config: RunConfig, *, cost_table: CostTable | None = None) -> str:
+    """What ``mode = "auto"`` would choose for ``config``'s declared fleet (each device's
+    ``device_slowdown``, ``network`` and ``samples_per_device``), as the table of every
+    candidate's predicted epoch ([Note: choosing the system] in aiopipe.scheduler.auto),
+    charged from ``cost_table`` (default: this machine's, measured once per model and
+    kept, [Note: cost cache]). A run on real clocks chooses from what the devices
+    measure of themselves instead, so its choice may differ.
+
+    Raises:
+        ConfigError: ``config`` is not a mode auto config, or no candidate fits.
+    """
+    if config.mode != "auto":
+        raise ConfigError(f"--explain shows mode auto's choice; this run's mode is {config.mode}")
+    from aiopipe.runtime.systems.star.options import server_lanes_of
+    from aiopipe.runtime.systems.star.planning import choose_system
+
+    kind = kind_of(train_dataset(config))
+    model = build_model(config, num_classes=kind.classes, in_shape=kind.in_shape)
+    profile = model_profile(model, kind.inputs, cost_table or _measure(config, None),
+                            server_lanes=server_lanes_of(config))
+    samples = [config.device_samples_of(k) for k in range(config.devices)]
+    _, line, table = choose_system(config, profile, declared_devices(config, samples))
+    return f"{line}\n{table}"
 
 
 async def _serve(node: Coordinator, link: Link) -> None:

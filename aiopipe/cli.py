@@ -127,6 +127,10 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--parallel-batches", type=_int_list,
                      help="micro-batches per iteration N: an integer, a comma list per "
                           "device, or auto (the planner picks; best with N dividing B)")
+    run.add_argument("--explain", action="store_true",
+                     help="with --mode auto: print each candidate system's predicted epoch "
+                          "for the declared fleet (device slowdown, network, samples) and "
+                          "what auto would choose, then exit without training")
     # the systems' own options: each one's help is its system's (`_group_by_system`)
     run.add_argument("--partition", type=_int_list)
     run.add_argument("--stage-groups", type=_groups)
@@ -149,6 +153,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--server-learning-rate", type=float)
     run.add_argument("--staleness", choices=STALENESS)
     run.add_argument("--concurrency", type=int)
+    run.add_argument("--candidates", type=lambda text: text.split(","), metavar="MODE,...")
     run.add_argument("--network", help="network preset: 4g, 4g+, wifi or lan")
     run.add_argument("--device-timeout", type=float,
                      help="seconds of silence before a device connection is given up "
@@ -289,7 +294,7 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "metric", "optimizer", "dataset", "t
                    "buffer_size", "server_learning_rate", "staleness", "concurrency", "privacy",
                    "privacy_noise", "dp_noise_multiplier", "dp_max_grad_norm", "dp_delta",
                    "server_lanes", "devices_per_round", "secure_aggregation",
-                   "secure_aggregation_clip")
+                   "secure_aggregation_clip", "candidates")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -318,6 +323,21 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 TABLE_HEADER = (f"{'epoch':>5} {'time s':>8} {'loss':>7} {'test acc':>8} {'train acc':>9} "
                 f"{'dev busy':>8} {'srv busy':>8} {'up MB':>7} {'down MB':>7}")
+
+
+def explained(args: argparse.Namespace) -> bool:
+    """With ``--explain``: print mode auto's predicted epochs and choice for the config
+    (`aiopipe.api.explain_auto`); whether it did (the command then ends).
+
+    Raises:
+        ConfigError: the config is invalid, or not mode auto's.
+    """
+    if not args.explain:
+        return False
+    from aiopipe.api import explain_auto  # torch: only when asked
+
+    print(explain_auto(config_from_args(args)), flush=True)
+    return True
 
 
 def epoch_row(m: EpochMetrics) -> str:

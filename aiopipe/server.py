@@ -18,6 +18,7 @@ from aiopipe.cli import (
     config_from_args,
     done_line,
     epoch_row,
+    explained,
     run_command,
 )
 from aiopipe.config import RunConfig
@@ -81,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
                      "token from python -m aiopipe.auth mint")
 
     async def run() -> int:
+        if explained(args):
+            return 0
         if not args.token_secret and not args.insecure and not _is_loopback(args.host):
             raise ConfigError(f"binding {args.host} without --token-secret needs --insecure")
         secret = load_secret(args.token_secret) if args.token_secret else None

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +73,21 @@ def test_candidates_are_checked() -> None:
         RunConfig(mode="auto", options={"candidates": ["hadfl"]})
     with pytest.raises(ConfigError, match="candidates"):
         RunConfig(mode="auto", options={"candidates": []})
+
+
+def test_explain_prints_the_table_without_training(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "aiopipe", "--mode", "auto", "--explain", "--devices", "2",
+         "--samples-per-device", "48", "--batch-size", "12", "--candidates", "fl,pipar",
+         "--device-slowdown", "8", "--network", "wifi", "--out-dir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "AIOPIPE_COST_CACHE": str(tmp_path / "costs")})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith("auto chose ")
+    assert [line[2:].split()[0] for line in lines[2:]] == ["fl", "pipar"]
+    assert not (tmp_path / "run").exists()  # nothing trained, nothing written
+    refused = subprocess.run([sys.executable, "-m", "aiopipe", "--explain"],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2
+    assert "mode auto" in refused.stderr
