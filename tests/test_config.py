@@ -255,6 +255,10 @@ BAD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("concurrency", 99, {"mode": "fedbuff"}),
     ("concurrency", True, {"mode": "fedbuff"}),
     ("concurrency", 1, {}),  # for mode fedbuff only
+    ("candidates", ["hadfl"], {"mode": "auto"}),
+    ("candidates", [], {"mode": "auto"}),
+    ("candidates", "fl", {"mode": "auto"}),
+    ("candidates", ["fl"], {}),  # for mode auto only
     ("local_steps", 0, {"mode": "fedbuff"}),
     ("local_steps", "capacity", {"mode": "fedbuff"}),
     ("aggregation_every", 2, {"mode": "fedbuff"}),  # it updates every K arrivals

@@ -187,8 +187,9 @@ def _own_keys(given: Mapping[str, Any], options: SystemOptions, mode: str) -> di
     own: dict[str, Any] = {}
     owners = option_owners()
     for key, value in given.items():
+        value = tuple(value) if isinstance(value, list) else value  # (a file's list)
         if key in options.keys:
-            own[key] = tuple(value) if isinstance(value, list) else value
+            own[key] = value
         elif key in owners:
             if value != options_of(owners[key][0]).defaults()[key]:
                 raise fail(key, value, f"its default in mode {mode} "
