@@ -168,7 +168,8 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                      help='with "auto" (asteroid: any plan), plan from the server\'s own '
                           "table times each device's --device-slowdown instead of the "
                           "devices' own measurements (by default devices profile "
-                          "themselves)")
+                          "themselves, once per machine and model: kept in the cost "
+                          "cache, $AIOPIPE_COST_CACHE, 'off' to measure every run)")
     run.add_argument("--device-memory-mb", type=_float_list,
                      help='memory budget per device for "auto" plans, MB (0 = unlimited)')
     run.add_argument("--heartbeat-interval", type=float, help="seconds between heartbeats")

@@ -60,6 +60,12 @@ class EpochMetrics:
     central DP; ``device_epsilon``: each device's (keys: its id as a string);
     ``privacy_unit``: what neighbouring datasets differ by, "sample" (DP-SGD: one of a
     device's samples) or "device" (central DP: one device's data), "" without.
+    ``startup``: in the first epoch a process trains (else empty), how long the run took
+    to start training, in seconds on the coordinator's clock (`aiopipe.runtime.startup`,
+    [Note: startup figures]): ``startup_s`` from the coordinator's start to the end of
+    the run's first micro-batch computed, ``join_s`` of it waiting for the devices to
+    join, ``profiling_s`` the devices profiling themselves, ``planning_s`` the plan (and
+    the server's own cost table).
     """
 
     epoch: int
@@ -91,6 +97,7 @@ class EpochMetrics:
     delta: float = math.nan
     device_epsilon: Mapping[str, float] = field(default_factory=dict)
     privacy_unit: str = ""
+    startup: Mapping[str, float] = field(default_factory=dict)
 
     def to_mapping(self) -> dict[str, Any]:
         """Plain JSON-able form (one line of ``metrics.jsonl``)."""
@@ -107,4 +114,5 @@ class EpochMetrics:
         out["sampled"] = [list(r) for r in self.sampled]
         out["devices_excluded"] = list(self.devices_excluded)
         out["device_epsilon"] = dict(self.device_epsilon)
+        out["startup"] = dict(self.startup)
         return out

@@ -49,12 +49,7 @@ from aiopipe import models
 from aiopipe.auth import new_run_secret
 from aiopipe.clock import Clock, wait_for
 from aiopipe.config import RunConfig
-from aiopipe.errors import (
-    ConfigError,
-    PoisonedValueError,
-    RefusedError,
-    TrainingError,
-)
+from aiopipe.errors import ConfigError, PoisonedValueError, RefusedError, TrainingError
 from aiopipe.metrics.results import EpochMetrics, RunResult
 from aiopipe.metrics.trace import Recorder
 from aiopipe.protocol import (
@@ -94,6 +89,7 @@ from aiopipe.runtime.resume import epoch_from as _epoch_from  # (tests import it
 from aiopipe.runtime.run_setup import check_tables, cut_priors, evaluation_data, frame_cap
 from aiopipe.runtime.sampling import sampled_devices
 from aiopipe.runtime.server_faults import ServerFaults
+from aiopipe.runtime.startup import Startup
 from aiopipe.runtime.system_rounds import SystemRounds
 from aiopipe.runtime.systems.base import Setup, System, system_for
 from aiopipe.scheduler.costs import CostTable
@@ -143,6 +139,7 @@ class Coordinator:
         warm_up_torch()
         torch.set_num_threads(config.torch_threads)  # as every device does
         self.clock = clock
+        self.startup = Startup(clock)  # [Note: startup figures]
         self.cost_table = cost_table
         self.join_timeout = join_timeout
         self.progress = progress
@@ -347,11 +344,13 @@ class Coordinator:
                 missing = sorted(set(range(self.config.devices)) - set(self.announced))
                 raise TrainingError(f"devices {missing} did not join within "
                                     f"{self.join_timeout:g} s") from None
+            self.startup.joined()
             if not self.prepared:
                 await self._prepare()
             origin = self.system_rounds.origin = self.clock.now()
             for epoch in range(len(self.epochs), self.config.epochs):
-                self.epochs.append(await self.faults.unless_failed(self._epoch(epoch)))
+                done = await self.faults.unless_failed(self._epoch(epoch))
+                self.epochs.append(self.startup.stamp(done, self.recorder.slices))
                 await self._keep_good_model()
                 if self.progress is not None:
                     self.progress(self.epochs[-1])
@@ -396,10 +395,11 @@ class Coordinator:
         self.system_samples = [self.announced[k].samples for k in range(self.config.devices)]
         devices = None
         if self.system.wants_profiles:  # what each device says goes to ``/status``
-            devices, self.profiled = await fleet_profiles(
-                self.system, self.system_samples, self.announced, self.sessions,
-                units=models.unit_count(self.model), clock=self.clock)
-        with self.clock.hold():
+            with self.startup.timed("profiling_s"):
+                devices, self.profiled = await fleet_profiles(
+                    self.system, self.system_samples, self.announced, self.sessions,
+                    units=models.unit_count(self.model), clock=self.clock)
+        with self.clock.hold(), self.startup.timed("planning_s"):
             await asyncio.to_thread(self.system.prepare, self.system_samples, devices)
             if self.system.serves_stages and self.test_set is not None and len(self.test_set):
                 rows = min(self.system.micro_batch_sizes(self.config))

@@ -12,6 +12,13 @@ model's units (their text and parameter shapes), the input shape and what the ba
 are loaded from, the batch sizes, learning rate and momentum. What differs between
 machines is the table, so virtual times do too; the weights do not.
 
+Real runs use the same cache for the tables their "auto" plans are made from
+(`aiopipe.runtime.plan.cached_planning_costs`): the coordinator's own table, and each
+device's profile ([Note: device profiles] in profiling.py), whose key also holds the
+micro-batch sizes asked for. So a second run of a model on the same machines starts
+training without profiling compute again. One log line says whether a table was read
+(which file) or measured (how long it took).
+
 The directory is ``$AIOPIPE_COST_CACHE``, else ``$XDG_CACHE_HOME/aiopipe/costs``, else
 ``~/.cache/aiopipe/costs``; ``AIOPIPE_COST_CACHE=off`` measures every time. Delete a file
 (or the directory) to measure again, e.g. after the machine's load changed for good. A
@@ -25,6 +32,7 @@ import json
 import logging
 import os
 import platform
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,32 +85,46 @@ def cost_key(model: nn.Sequential, inputs: Crossing | Sequence[int], data: str,
 
 
 def cached_costs(key: str, measure: Callable[[], CostTable],
-                 directory: Path | None = None) -> CostTable:
+                 directory: Path | None = None, *, what: str = "cost table") -> CostTable:
     """The table kept under ``key`` in ``directory`` (default `cache_directory`), or
     ``measure()``'s, then kept there. With no directory (caching off), ``measure()``.
     A directory that cannot be written is logged, and the measured table returned.
+
+    One line says which it was: ``what`` (e.g. "device 1's profile") read from which
+    file, or measured in how many seconds (and kept where).
     """
     directory = cache_directory() if directory is None else directory
     if directory is None:
-        return measure()
+        return _measured(measure, what, "the cache is off: AIOPIPE_COST_CACHE=off")
     path = directory / f"{key}.json"
     if path.exists():
         try:
             table = CostTable.from_mapping(json.loads(path.read_text()))
         except (OSError, ValueError, KeyError, TypeError, ConfigError) as exc:
-            log.warning("cost table %s cannot be read (%s): measuring it again", path, exc)
+            log.warning("%s %s cannot be read (%s): measuring it again", what, path, exc)
         else:
-            log.info("cost table read from %s", path)
+            log.info("%s read from %s", what, path)
             return table
+    started = time.perf_counter()  # a profiler's own wall clock, for the log line only
     table = measure()
+    seconds = time.perf_counter() - started
     try:
         directory.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
         partial.write_text(json.dumps(table.to_mapping()))
         partial.replace(path)  # whole or not at all, also with two writers
     except OSError as exc:  # the run goes on; the next one measures again
-        log.warning("cannot keep the measured cost table in %s (%s): set "
-                    "AIOPIPE_COST_CACHE to a writable directory, or to off", directory, exc)
+        log.warning("%s measured in %.1f s; cannot keep it in %s (%s): set "
+                    "AIOPIPE_COST_CACHE to a writable directory, or to off", what, seconds,
+                    directory, exc)
         return table
-    log.info("cost table measured and kept in %s", path)
+    log.info("%s measured in %.1f s and kept in %s", what, seconds, path)
+    return table
+
+
+def _measured(measure: Callable[[], CostTable], what: str, why: str) -> CostTable:
+    """``measure()``'s table, its time logged (``why`` it was not cached)."""
+    started = time.perf_counter()
+    table = measure()
+    log.info("%s measured in %.1f s (%s)", what, time.perf_counter() - started, why)
     return table

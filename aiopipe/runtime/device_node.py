@@ -69,7 +69,7 @@ from aiopipe.runtime.holdings import Holdings
 from aiopipe.runtime.judge import ArrivalJudge
 from aiopipe.runtime.liveness import Liveness
 from aiopipe.runtime.peer_links import PeerLinks, PeerRoute
-from aiopipe.runtime.plan import measure_planning_costs
+from aiopipe.runtime.plan import cached_planning_costs
 from aiopipe.runtime.profiling import ProbeTimer, answer_request
 from aiopipe.runtime.stage import StageWork
 from aiopipe.runtime.stage_round import COORDINATOR
@@ -365,12 +365,13 @@ class DeviceNode:
         assert self.probe.delay is not None
 
         async def measure(sizes: tuple[int, ...]) -> CostTable:
+            # measured once per machine, model and sizes, then read from the cost cache
+            # (its table is unscaled: the coordinator applies device_slowdown)
             held = self.holdings
-            costs = await self.compute.call(partial(
-                measure_planning_costs, self.config, held.model_copy(), self.plan.inputs,
-                held.dataset, sizes=sizes))
-            log.info("device %d: profiled itself", self.device_id)
-            return costs
+            return await self.compute.call(partial(
+                cached_planning_costs, self.config, held.model_copy(), self.plan.inputs,
+                held.dataset, sizes=sizes, role="device",
+                what=f"device {self.device_id}'s profile"))
 
         mine = self.profiles and self.torch_device.type == "cpu"
         for message in await answer_request(request, asyncio.shield(self.probe.delay),

@@ -41,6 +41,7 @@ from aiopipe.models.crossing import (
 )
 from aiopipe.protocol import leaves_to_wire
 from aiopipe.runtime.aggregation import fedavg
+from aiopipe.runtime.cost_cache import cached_costs, cost_key
 from aiopipe.runtime.factories import build_model, unit_crossings
 from aiopipe.runtime.memory import saved_bytes
 from aiopipe.runtime.overheads import measure_runtime_overheads
@@ -51,12 +52,14 @@ from aiopipe.wording import plural
 __all__ = [
     "DevicePlan",
     "build_model",
+    "cached_planning_costs",
     "check_trainable",
     "declared_devices",
     "device_data",
     "device_indices",
     "measure_planning_costs",
     "model_profile",
+    "planning_cost_key",
     "train_dataset",
     "unit_crossings",
 ]
@@ -203,6 +206,34 @@ def measure_planning_costs(config: RunConfig, model: nn.Sequential,
                          load_batch=None if dataset is None else load_batch,
                          aggregate=aggregate, handover=overheads.handover,
                          message=overheads.message)
+
+
+def planning_cost_key(config: RunConfig, model: nn.Sequential,
+                      inputs: Crossing | Sequence[int], dataset: datasets.Dataset | None, *,
+                      sizes: Sequence[int], role: str) -> str:
+    """The [Note: cost cache] key of `measure_planning_costs`'s table for these arguments
+    on this machine; ``role`` ("server", "device") says whose data is loaded (the
+    server's evaluation set, a device's own), so the two never share a file."""
+    data = ("none" if dataset is None else
+            f"{config.dataset}|{role}|{type(dataset).__module__}.{type(dataset).__qualname__}")
+    return cost_key(model, inputs, data, sizes,
+                    {"threads": config.torch_threads, "learning_rate": config.learning_rate,
+                     "momentum": config.momentum})
+
+
+def cached_planning_costs(config: RunConfig, model: nn.Sequential,
+                          inputs: Crossing | Sequence[int],
+                          dataset: datasets.Dataset | None, *, sizes: Sequence[int],
+                          role: str = "server", what: str = "the server's cost table"
+                          ) -> CostTable:
+    """`measure_planning_costs`'s table, read from the cost cache when this machine
+    measured it for the same key (`planning_cost_key`) before, else measured and kept
+    there ([Note: cost cache]; [Note: device profiles] in aiopipe.runtime.profiling):
+    a second run of a model starts training without profiling it again. One log line
+    says which (``what``, the file, or the seconds measuring took)."""
+    key = planning_cost_key(config, model, inputs, dataset, sizes=sizes, role=role)
+    return cached_costs(key, partial(measure_planning_costs, config, model, inputs, dataset,
+                                     sizes=sizes), what=what)
 
 
 #: A run id as large as `Plan.run_id`'s (62 bits, the top one set), for frame sizes.

@@ -67,8 +67,8 @@ from aiopipe.protocol import Replica, RoundResult, RoundStart, state_from_wire
 from aiopipe.runtime.momentum import MOMENTUM, backs_up_momentum, split_momentum
 from aiopipe.runtime.plan import (
     DevicePlan,
+    cached_planning_costs,
     check_trainable,
-    measure_planning_costs,
     model_profile,
     unit_crossings,
 )
@@ -153,7 +153,7 @@ class Asteroid(Pipeline):
         self.micro_batch_size = config.batch_size // n
         self._secret = setup.run_secret
         self.crossings = unit_crossings(self.model, setup.data.inputs)
-        costs = setup.cost_table or measure_planning_costs(
+        costs = setup.cost_table or cached_planning_costs(
             config, self.model, setup.data.inputs, setup.test_set,
             sizes=planning_batch_sizes(config))
         self._hpp = HppModel.of(model_profile(self.model, setup.data.inputs, costs))

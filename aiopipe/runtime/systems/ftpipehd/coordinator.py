@@ -39,7 +39,7 @@ from aiopipe.metrics.trace import Slice
 from aiopipe.models.crossing import Crossing, crossing_bytes
 from aiopipe.protocol import Replica, RoundResult, RoundStart, state_from_wire
 from aiopipe.runtime.momentum import MOMENTUM, trainable_parameters
-from aiopipe.runtime.plan import measure_planning_costs, unit_crossings
+from aiopipe.runtime.plan import cached_planning_costs, unit_crossings
 from aiopipe.runtime.plan_text import change_lines, log_lines
 from aiopipe.runtime.systems.base import Rounds, Setup, planning_batch_sizes
 from aiopipe.runtime.systems.ftpipehd.chain import KEPT, gather, replica_check
@@ -120,7 +120,7 @@ class FTPipeHD(Pipeline):
         when first asked)."""
         if self._planner is None:
             setup = self.setup
-            costs = setup.cost_table or measure_planning_costs(
+            costs = setup.cost_table or cached_planning_costs(
                 self.config, self.model, setup.data.inputs, setup.test_set,
                 sizes=planning_batch_sizes(self.config))
             self._planner = Planner.of(self.config, costs, self.model, setup.data.inputs,

@@ -60,8 +60,8 @@ from aiopipe.runtime.momentum import (
 )
 from aiopipe.runtime.plan import (
     DevicePlan,
+    cached_planning_costs,
     check_trainable,
-    measure_planning_costs,
     unit_crossings,
 )
 from aiopipe.runtime.plan_text import log_plan
@@ -170,7 +170,7 @@ class Pipeline(SystemDefaults):
         """Balanced stages of the cost table, one per slowdown (each device's compute
         times its slowdown)."""
         setup = self.setup
-        costs = setup.cost_table or measure_planning_costs(
+        costs = setup.cost_table or cached_planning_costs(
             self.config, self.model, setup.data.inputs, setup.test_set,
             sizes=planning_batch_sizes(self.config))
         return tuple(balanced_partition(costs, len(slowdowns), self.micro_batch_size,

@@ -57,9 +57,9 @@ from aiopipe.runtime.assignment import Assignment
 from aiopipe.runtime.factories import make_loss, make_metric
 from aiopipe.runtime.plan import (
     DevicePlan,
+    cached_planning_costs,
     check_trainable,
     declared_devices,
-    measure_planning_costs,
     model_profile,
     unit_crossings,
 )
@@ -178,7 +178,7 @@ class Star(SystemDefaults):
         config = self.auto_config or self.config
         self.samples = list(samples)
         if self.auto_config is not None:
-            planning_costs = self.server_costs or measure_planning_costs(
+            planning_costs = self.server_costs or cached_planning_costs(
                 config, self.model, self.inputs, self.setup.test_set,
                 sizes=planning_batch_sizes(config))
             self.planning = model_profile(self.model, self.inputs, planning_costs,
