@@ -34,7 +34,7 @@ import contextlib
 import errno
 import ssl as ssl_module
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -50,10 +50,10 @@ from aiopipe.errors import (
     LocalProtocolError,
     RemoteProtocolError,
 )
+from aiopipe.transport import wire_timer
 from aiopipe.transport._waiting import sleep_unless_set
 from aiopipe.transport.base import DirectionStatistics, LinkStatistics, WireSpan
 from aiopipe.transport.network import LinkSpec
-from aiopipe.transport.wire_timer import WireTimer, acknowledge_at_once, wire_timing_available
 
 __all__ = [
     "CHUNK_BYTES",
@@ -132,8 +132,7 @@ class WebSocketLink:
         self._parts: list[bytes] = []  # a chunked frame being reassembled
         self._parts_size = 0  # its size, from its first part
         self._parts_bytes = 0  # bytes of it received so far
-        self._timer: WireTimer | None = None
-        self._timer_checked = False
+        self._timer: wire_timer.WireTimer | Literal[False] | None = None  # False: none to be had
         self._socket: Any = None  # for acknowledging received frames at once
 
     def __repr__(self) -> str:
@@ -231,48 +230,18 @@ class WebSocketLink:
                             _NEXT_CHUNK + view[start:start + CHUNK_BYTES])
             except _FOREIGN_ERRORS as exc:
                 raise self._translate(exc, "send failed") from exc
-            timer = self._wire_timer() if self._shaping is None else None
-            if timer is None:
+            if self._shaping is None and self._timer is None:
+                self._timer = wire_timer.timer_for_websocket(self._ws, clock)
+            if self._shaping is not None or not self._timer:
                 if self._shaping is None:
                     wire_s = clock.now() - started
                 self._sent = _count(self._sent, size, wire_s)
                 return None
-            self._sent = _count(self._sent, size, 0.0)  # its wire time: once acknowledged
+            self._sent = _count(self._sent, size, 0.0)  # its wire time: `statistics`
             try:
-                acknowledged = timer.track()
+                return self._timer.track(started)
             except OSError as exc:
                 raise self._translate(exc, "send failed") from exc
-            return self._wire_span(acknowledged, started)
-
-    def _wire_timer(self) -> WireTimer | None:
-        """This link's `WireTimer`, made at the first send (None where there is none)."""
-        if self._timer_checked:
-            return self._timer
-        self._timer_checked = True
-        transport = getattr(getattr(self._ws, "_writer", None), "transport", None)
-        if transport is not None:  # aiohttp's writer: the asyncio transport under it
-            self._timer = WireTimer.for_socket(
-                self._ws.get_extra_info("socket"), self._clock, transport.get_write_buffer_size)
-        return self._timer
-
-    def _wire_span(self, acknowledged: asyncio.Future[float], started: float) -> WireSpan:
-        """The span of a frame sent at ``started`` and acknowledged at ``acknowledged``'s
-        time: from the later of its send and the previous frame's end (a serial wire)."""
-        span: WireSpan = asyncio.get_running_loop().create_future()
-
-        def finish(done: asyncio.Future[float]) -> None:
-            if done.cancelled():
-                span.cancel()
-                return
-            start = max(started, self._wire_free_at)
-            end = max(start, done.result())
-            self._wire_free_at = end
-            self._sent = DirectionStatistics(self._sent.frames, self._sent.bytes,
-                                             self._sent.busy_s + end - start)
-            span.set_result((start, end))
-
-        acknowledged.add_done_callback(finish)
-        return span
 
     async def receive(self) -> bytes:
         """Wait for the next binary message from the peer.
@@ -298,7 +267,7 @@ class WebSocketLink:
                     self._last_received = self._clock.now()
                     if self._socket is None:
                         self._socket = self._ws.get_extra_info("socket")
-                    acknowledge_at_once(self._socket)  # the sender times its frames by
+                    wire_timer.acknowledge_at_once(self._socket)  # the sender times its frames by
                     # our acknowledgements ([Note: wire time from acknowledgements])
                     frame = self._reassemble(msg.data)
                     if frame is None:
@@ -329,7 +298,7 @@ class WebSocketLink:
             return
         self._closed = True
         self._closing.set()
-        if self._timer is not None:
+        if self._timer:
             self._timer.close()
         code = self._failure_code
         if self._failure is not None and self._failure_code != WSCloseCode.OK:
@@ -345,7 +314,10 @@ class WebSocketLink:
 
     def statistics(self) -> LinkStatistics:
         """Frames and bytes sent and received; ``sent.busy_s`` per the `Link` docstring."""
-        return LinkStatistics(sent=self._sent, received=self._received)
+        sent = self._sent
+        if self._timer:  # the acknowledged frames' spans
+            sent = DirectionStatistics(sent.frames, sent.bytes, sent.busy_s + self._timer.busy_s)
+        return LinkStatistics(sent=sent, received=self._received)
 
     def last_received(self) -> float:
         """Clock time the last bytes from the peer arrived (a part of a large frame
@@ -356,7 +328,7 @@ class WebSocketLink:
         """With sender-side shaping (the module docs), or where acknowledgements time
         the frames (Linux: [Note: wire time from acknowledgements]); elsewhere ``send``
         returns once the OS has buffered the frame and nothing tells its wire time."""
-        return self._shaping is not None or wire_timing_available()
+        return self._shaping is not None or wire_timer.wire_timing_available()
 
     def _reassemble(self, data: bytes) -> bytes | None:
         """The frame ``data`` completes (None while parts are missing).
@@ -491,14 +463,8 @@ async def accept_websocket(
         raise RemoteProtocolError(f"{peer}: not a websocket upgrade: {exc.reason}") from exc
     except _FOREIGN_ERRORS as exc:
         raise LinkBrokenError(f"{peer}: lost during the websocket handshake: {exc!r}") from exc
-    return WebSocketLink(
-        ws,
-        clock=clock,
-        max_frame_bytes=max_frame_bytes,
-        shaping=shaping,
-        close_timeout=close_timeout,
-        peer=peer,
-    )
+    return WebSocketLink(ws, clock=clock, max_frame_bytes=max_frame_bytes, shaping=shaping,
+                         close_timeout=close_timeout, peer=peer)
 
 
 @contextlib.asynccontextmanager
@@ -568,14 +534,8 @@ async def open_websocket_link(
             ) from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise LinkBrokenError(f"cannot connect to {url}: {exc!r}") from exc
-        link = WebSocketLink(
-            ws,
-            clock=clock,
-            max_frame_bytes=max_frame_bytes,
-            shaping=shaping,
-            close_timeout=close_s,
-            peer=url,
-        )
+        link = WebSocketLink(ws, clock=clock, max_frame_bytes=max_frame_bytes, shaping=shaping,
+                             close_timeout=close_s, peer=url)
         try:
             yield link
         finally:

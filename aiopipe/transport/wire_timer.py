@@ -36,11 +36,13 @@ import struct
 import sys
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from aiopipe.clock import Clock
+from aiopipe.transport.base import WireSpan
 
-__all__ = ["POLL_S", "WireTimer", "acknowledge_at_once", "wire_timing_available"]
+__all__ = ["POLL_S", "WireTimer", "acknowledge_at_once", "timer_for_websocket",
+           "wire_timing_available"]
 
 #: Seconds between two reads of the acknowledged count while a frame is pending.
 POLL_S: Final = 0.001
@@ -65,9 +67,21 @@ def acknowledge_at_once(sock: Any) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, quickack, 1)
 
 
+def timer_for_websocket(ws: Any, clock: Clock) -> WireTimer | Literal[False]:
+    """A timer for an aiohttp websocket's connection (its writer's transport holds the
+    bytes not yet in the kernel), or False where there can be none."""
+    transport = getattr(getattr(ws, "_writer", None), "transport", None)
+    if transport is None:
+        return False
+    timer = WireTimer.for_socket(ws.get_extra_info("socket"), clock,
+                                 transport.get_write_buffer_size)
+    return False if timer is None else timer
+
+
 class WireTimer:
-    """Resolves, for each frame written to one TCP socket, the clock time its last byte
-    was acknowledged ([Note: wire time from acknowledgements]).
+    """The wire span of each frame written to one TCP socket: from its send (or the
+    previous frame's end, if later) to the clock time its last byte was acknowledged
+    ([Note: wire time from acknowledgements]); ``busy_s``, their total so far.
 
     Build it with `for_socket`; `close` cancels what is pending.
     """
@@ -76,9 +90,11 @@ class WireTimer:
         self._sock = sock
         self._clock = clock
         self._buffered = buffered
-        self._pending: deque[tuple[int, asyncio.Future[float]]] = deque()
+        self._pending: deque[tuple[int, float, WireSpan]] = deque()
         self._poller: asyncio.Task[None] | None = None
         self._closed = False
+        self._free_at = float("-inf")  # the last span's end
+        self.busy_s = 0.0
 
     @classmethod
     def for_socket(cls, sock: Any, clock: Clock,
@@ -95,21 +111,22 @@ class WireTimer:
             return None
         return timer
 
-    def track(self) -> asyncio.Future[float]:
-        """A future of the clock time every byte written so far was acknowledged.
+    def track(self, started: float) -> WireSpan:
+        """The span of the frame whose send began at clock time ``started`` and whose
+        bytes are the last written so far: resolved once they are all acknowledged.
 
         Raises:
             OSError: the socket no longer answers (a closed connection).
         """
         target = self._acknowledged() + self._in_kernel() + self._buffered()
-        done: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        span: WireSpan = asyncio.get_running_loop().create_future()
         if self._closed:
-            done.cancel()
-            return done
-        self._pending.append((target, done))
+            span.cancel()
+            return span
+        self._pending.append((target, started, span))
         if self._poller is None or self._poller.done():
             self._poller = asyncio.get_running_loop().create_task(self._poll())
-        return done
+        return span
 
     def close(self) -> None:
         """Stop polling; the futures still pending are cancelled."""
@@ -117,7 +134,7 @@ class WireTimer:
         if self._poller is not None:
             self._poller.cancel()
         while self._pending:
-            self._pending.popleft()[1].cancel()
+            self._pending.popleft()[2].cancel()
 
     async def _poll(self) -> None:
         while self._pending:
@@ -128,9 +145,12 @@ class WireTimer:
                 return
             now = self._clock.now()
             while self._pending and self._pending[0][0] <= acknowledged:
-                done = self._pending.popleft()[1]
-                if not done.done():
-                    done.set_result(now)
+                _, started, span = self._pending.popleft()
+                start = max(started, self._free_at)  # a serial wire
+                self._free_at = end = max(start, now)
+                self.busy_s += end - start
+                if not span.done():
+                    span.set_result((start, end))
             if self._pending:
                 await asyncio.sleep(POLL_S)
 
