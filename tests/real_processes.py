@@ -36,6 +36,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from forked import ForkedProcess, use_zygote
+
 from aiopipe.config import RunConfig
 from aiopipe.runtime.systems.registry import option_owners, options_of
 
@@ -255,7 +257,7 @@ class Process:
     """A child process and its output."""
 
     name: str
-    process: asyncio.subprocess.Process
+    process: asyncio.subprocess.Process | ForkedProcess
     output: Output
     reader: asyncio.Task[None]
 
@@ -321,11 +323,16 @@ class ProcessFleet:
         """Start ``python -m ARGS`` in ``cwd`` (default: the fleet's directory) with the
         repository importable (and ``env`` added to the environment; a PYTHONPATH there
         goes first): `child_env`."""
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", *args, env=child_env(env, pictures=self.pictures),
-            cwd=cwd or self.directory,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT)
+        environment = child_env(env, pictures=self.pictures)
+        where = cwd or self.directory
+        process: asyncio.subprocess.Process | ForkedProcess
+        if use_zygote():  # forked warm (tests/zygote.py): the same process, seconds sooner
+            process = await ForkedProcess.start(args, environment, where)
+        else:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", *args, env=environment, cwd=where,
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT)
         assert process.stdout is not None
         output = Output()
         started = Process(name, process, output,
