@@ -12,7 +12,8 @@ process (a real pid: signals, SIGSTOP and SIGKILL reach it; its exit status come
 as asyncio's ``returncode`` would be, -N for signal N), stdin from /dev/null, stdout and
 stderr on the pipe the test passed, ``os.environ`` = ``env``, ``sys.path[0]`` = ``cwd``
 (as ``-m`` puts it) after the entries of ``env``'s PYTHONPATH, ``sys.argv`` as ``-m``
-makes it, Python's default signal handlers. What differs: modules imported here are not
+makes it, Python's default signal handlers, and a ``sitecustomize`` module on ``env``'s
+PYTHONPATH imported first, as interpreter startup does. What differs: modules imported here are not
 imported again (environment variables read at import time were read here; aiopipe reads
 its own when it runs) and torch runs one thread until the run sets its own count (the
 node does: ``torch_threads``). No OpenMP thread exists here before a fork, so a child's
@@ -32,6 +33,7 @@ from __future__ import annotations
 import array
 import atexit
 import contextlib
+import importlib
 import json
 import os
 import runpy
@@ -95,6 +97,9 @@ def _child(request: dict[str, object], output: int, closing: list[int]) -> None:
         os.chdir(cwd)
         extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         sys.path[:] = [cwd, *extra, *[p for p in sys.path[1:] if p not in extra]]
+        if any(os.path.exists(os.path.join(p, "sitecustomize.py")) for p in extra):
+            sys.modules.pop("sitecustomize", None)  # as interpreter startup imports it
+            importlib.import_module("sitecustomize")
         args = [str(a) for a in request["args"]]  # type: ignore[attr-defined]
         module, sys.argv = args[0], args
         for name in [m for m in sys.modules if m == module]:
