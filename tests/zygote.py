@@ -79,9 +79,10 @@ def _child(request: dict[str, object], output: int, closing: list[int]) -> None:
         signal.set_wakeup_fd(-1)  # the server's; the child's event loop sets its own
         for fd in closing:
             os.close(fd)
-        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGUSR1, signal.SIGPIPE):
+        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGUSR1):
             signal.signal(signum, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as the interpreter starts
         null = os.open(os.devnull, os.O_RDONLY)  # (over the server's stdin: not closed)
         os.dup2(null, 0)
         os.dup2(output, 1)

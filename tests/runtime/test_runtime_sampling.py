@@ -14,6 +14,7 @@ from aiopipe.runtime.coordinator import _epoch_from
 from aiopipe.runtime.holdings import Holdings
 from aiopipe.runtime.sampling import sampled_devices
 from aiopipe.runtime.systems.star import coordinator as star_module
+from aiopipe.runtime.systems.star import planning as star_planning
 from aiopipe.runtime.systems.star.replicas import ReplicaPool
 from aiopipe.scheduler.costs import CostTable
 
@@ -139,7 +140,8 @@ async def test_auto_plans_are_made_for_each_rounds_draw(monkeypatch: pytest.Monk
         return chosen
 
     rounds: list[dict[int, tuple[int, int]]] = []
-    monkeypatch.setattr(star_module, "choose_plans", spying)
+    monkeypatch.setattr(star_module, "choose_plans", spying)  # each round's
+    monkeypatch.setattr(star_planning, "choose_plans", spying)  # the first plans
     config = _config("pipar", devices=8, split_point="auto", parallel_batches="auto",
                      device_slowdown=(1, 1, 4, 4, 1, 1, 4, 4))
     result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
