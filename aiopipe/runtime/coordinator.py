@@ -565,7 +565,8 @@ class Coordinator:
             live = {kind: round(busy / elapsed, 4)
                     for kind, busy in busy_by_kind(by_track, self.config.devices).items()}
         return {
-            "mode": self.config.mode, "devices": self.config.devices,
+            "mode": self.system.config.mode,  # (mode auto's choice, once it is made)
+            "devices": self.config.devices,
             "joined": sorted(self.sessions), "connected": sorted(self.connected),
             "epoch": self.epoch + 1, "round": self.rounds,  # people count from 1; 0: none yet
             "epochs": self.config.epochs,

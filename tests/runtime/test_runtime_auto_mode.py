@@ -18,6 +18,7 @@ import pytest
 from aiopipe import RunConfig, VirtualClock, simulate
 from aiopipe.errors import ConfigError
 from aiopipe.scheduler import CostTable
+from aiopipe.testing import open_fleet
 
 COSTS = dataclasses.replace(
     CostTable.uniform(5, forward=0.002, backward=0.004, step=0.001, batch=1),
@@ -61,11 +62,14 @@ async def test_auto_runs_the_fastest_candidate(devices: int, slowdown: float, ne
         assert predicted[mode] == pytest.approx(seconds, rel=0.02, abs=0.01), mode
 
 
-async def test_candidates_limit_the_choice() -> None:
+async def test_candidates_limit_the_choice_and_status_names_it() -> None:
     config = RunConfig(mode="auto", devices=2, samples_per_device=48, batch_size=12, epochs=1,
                        device_slowdown=8.0, network="wifi", options={"candidates": ["fl"]})
-    _, plan = await _epoch(config)
-    assert {p["split_point"] for p in plan} == {5}  # fl: the whole model on the device
+    async with open_fleet(config, cost_table=COSTS) as fleet:
+        result = await fleet.train()
+        assert fleet.node.describe()["mode"] == "fl"  # what GET /status answers
+    assert result.final.plan is not None
+    assert {p["split_point"] for p in result.final.plan} == {5}  # the whole model
 
 
 def test_candidates_are_checked() -> None:
