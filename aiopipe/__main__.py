@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 from argparse import ArgumentTypeError
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from aiopipe.auth import generate_secret, mint_token
@@ -28,6 +28,8 @@ from aiopipe.cli import (
 )
 from aiopipe.config import RunConfig
 from aiopipe.errors import TrainingError
+from aiopipe.forkserver import ForkedProcess, ForkServer
+from aiopipe.forkserver import available as fork_available
 from aiopipe.metrics.results import own_out_dir
 from aiopipe.progress import RunDisplay
 from aiopipe.wording import plural
@@ -48,20 +50,28 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
                         help="start a device process that dies mid-run again, at most N "
                              "times each; it rejoins the run (default 0: the run goes on "
                              "without it)")
+    parser.add_argument("--no-fork", dest="fork", action="store_false",
+                        help="start each device as a new interpreter, not forked from a "
+                             "process that imported torch once (the default on Linux: "
+                             "devices start in milliseconds, not seconds)")
     args = parser.parse_args(argv)
+    # [Note: fork server]: it imports torch while this process does
+    forks = ForkServer.launch() if args.fork and fork_available() and not args.explain else None
 
     async def run() -> int:
         if explained(args):
             return 0
         with own_out_dir(config_from_args(args)) as config:
-            return await _train(config, args.port, args.device_restarts)
+            return await _train(config, args.port, args.device_restarts, forks)
 
     run_command(parser.prog, run)
 
 
-async def _train(config: RunConfig, port: int, device_restarts: int = 0) -> int:
+async def _train(config: RunConfig, port: int, device_restarts: int = 0,
+                 forks: ForkServer | None = None) -> int:
     """Serve ``config``'s run on ``port`` with its device processes (each started again at
-    most ``device_restarts`` times when it dies mid-run); the exit status."""
+    most ``device_restarts`` times when it dies mid-run; forked from ``forks`` when
+    given, else new interpreters); the exit status."""
     print(_run_line(config), flush=True)
     secret = generate_secret().encode()  # this run's; each device gets its own token
     from aiopipe.api import Server  # torch: after the arguments parsed
@@ -75,11 +85,26 @@ async def _train(config: RunConfig, port: int, device_restarts: int = 0) -> int:
         listen = (["--listen", "127.0.0.1:0"] if system_class(config.mode).links_devices
                   else [])
 
-        def start(k: int) -> Coroutine[Any, Any, asyncio.subprocess.Process]:
-            return asyncio.create_subprocess_exec(
-                sys.executable, "-m", "aiopipe.device", "--server", server.url,
-                "--device-id", str(k), *listen, env=_device_env(mint_token(secret, k)),
-                stdout=asyncio.subprocess.DEVNULL)
+        async def start(k: int) -> asyncio.subprocess.Process | ForkedProcess:
+            nonlocal forks
+            args = ["aiopipe.device", "--server", server.url, "--device-id", str(k), *listen]
+            env = _device_env(mint_token(secret, k))
+            process: asyncio.subprocess.Process | ForkedProcess | None = None
+            if forks is not None:
+                null = os.open(os.devnull, os.O_WRONLY)  # the device's stdout
+                try:
+                    process = await forks.start(args, env=env, cwd=os.getcwd(), stdout=null,
+                                                stderr=2)
+                except OSError as exc:
+                    log.warning("devices start as new interpreters: %s", exc)
+                    forks = None
+                finally:
+                    os.close(null)
+            if process is None:
+                process = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", *args, env=env, stdout=asyncio.subprocess.DEVNULL)
+            log.info("device %d started: pid %d", k, process.pid)
+            return process
 
         devices = [await start(k) for k in range(config.devices)]
         restarts = [device_restarts] * config.devices  # left, per device

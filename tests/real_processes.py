@@ -36,9 +36,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from forked import ForkedProcess, use_zygote
+from forked import forked, use_zygote
 
 from aiopipe.config import RunConfig
+from aiopipe.forkserver import ForkedProcess
 from aiopipe.runtime.systems.registry import option_owners, options_of
 
 __all__ = ["NO_PICTURES", "REPO", "Line", "Output", "Process", "ProcessFleet", "TcpProxy",
@@ -326,17 +327,17 @@ class ProcessFleet:
         environment = child_env(env, pictures=self.pictures)
         where = cwd or self.directory
         process: asyncio.subprocess.Process | ForkedProcess
-        if use_zygote():  # forked warm (tests/zygote.py): the same process, seconds sooner
-            process = await ForkedProcess.start(args, environment, where)
+        if use_zygote():  # forked warm (tests/forked.py): the same process, seconds sooner
+            process, stdout = await forked(args, environment, where)
         else:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", *args, env=environment, cwd=where,
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT)
-        assert process.stdout is not None
+            assert process.stdout is not None
+            stdout = process.stdout
         output = Output()
-        started = Process(name, process, output,
-                          asyncio.create_task(output.read(process.stdout)))
+        started = Process(name, process, output, asyncio.create_task(output.read(stdout)))
         self.processes.append(started)
         return started
 

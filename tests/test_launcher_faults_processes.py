@@ -32,15 +32,11 @@ FTPIPEHD = {"mode": "ftpipehd", "devices": 3, "samples_per_device": 400, "batch_
 
 
 def device_pid(launcher: Process, k: int) -> int:
-    """The pid of the launcher's device process k (from /proc: its child whose command
-    line says ``--device-id k``)."""
-    pid = launcher.process.pid
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    for child in children:
-        argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
-        if b"aiopipe.device" in argv and argv[argv.index(b"--device-id") + 1] == str(k).encode():
-            return int(child)
-    raise AssertionError(f"no device process {k} among {children}")
+    """The pid of the launcher's device process k, as its latest start says (the
+    launcher forks its devices: [Note: fork server])."""
+    started = launcher.output.find(rf"device {k} started: pid \d+")
+    assert started, f"no device process {k} in:\n{launcher.output.text()}"
+    return int(started[-1].text.rsplit(" ", 1)[1])
 
 
 async def start_launcher(fleet: ProcessFleet, *options: str) -> Process:
@@ -88,7 +84,9 @@ async def test_ftpipehd_s_device_process_started_again_rejoins_then_goes_for_goo
     went_on_without(launcher, 2)
     epochs = fleet.metrics()
     assert [e["samples"] for e in epochs] == [400] * FTPIPEHD["epochs"]
-    assert epochs[1]["devices_lost"] == [2]
+    # the new process (forked warm: [Note: fork server]) may be back within
+    # reconnect_grace, before the coordinator gives the old one up
+    assert epochs[1]["devices_lost"] in ([], [2])
     changes = [c for e in epochs for c in e["changes"] if c.get("lost")]
     assert changes[-1]["workers"] == [0, 1], changes  # the second fault: for good
     assert [p["device"] for p in epochs[-1]["plan"]] == [0, 1]  # training went on without it
@@ -138,7 +136,9 @@ async def test_asteroid_s_hybrid_pipeline_from_the_command_line_goes_on_without_
     for e in epochs:
         members = [p["device"] for p in e["plan"] if p["stage"] == 0]
         assert sum(e["device_samples"][d] for d in members) == iterations * 32, e["plan"]
-    assert epochs[1]["devices_lost"] == [2]
+    # the new process (forked warm: [Note: fork server]) may be back within
+    # reconnect_grace, before the coordinator gives the old one up
+    assert epochs[1]["devices_lost"] in ([], [2])
     [recovery] = [c for e in epochs for c in e["changes"] if c.get("kind") == "recovery"]
     assert recovery["lost"] == [2]
     assert sorted(p["device"] for p in epochs[2]["plan"]) == [0, 1]
