@@ -12,7 +12,7 @@ with M = ``auto`` (first: its log's "auto chose ..." line and table give each
 candidate's predicted epoch and plan), ``fl``, ``sfl --split-point auto`` and ``pipar
 --split-point auto --parallel-batches auto``. The measured epoch of a run is the mean of
 its epochs after the first (the first carries the warm-up). Every process of the bench
-shares one cost cache (``AIOPIPE_COST_CACHE``, ``<out>/cost-cache``, removed at the end):
+shares one cost cache (``AIOPIPE_COST_CACHE``, ``<out>/cost-cache-<tag>``, kept):
 the auto run measures the profiles and the forced sfl and pipar runs plan from the same
 tables, so their plans are the ones auto predicted.
 
@@ -33,7 +33,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -185,8 +184,8 @@ def pooled(configs: Sequence[dict[str, Any]]) -> str:
     for c in configs:
         groups.setdefault((c["workload"], c["network"], c["fleet"]), []).append(c)
     lines = ["| workload | network | fleet | rounds | fl s | sfl s | pipar s | auto picked | "
-             "fastest (mean) | auto s | auto / fastest |", "|---|---|---|---|---|---|---|---|"
-             "---|---|---|"]
+             "fastest (mean) | auto s | auto / fastest | pick's runs / fastest |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, group in groups.items():
         if len(group) < 2:
             continue
@@ -201,10 +200,14 @@ def pooled(configs: Sequence[dict[str, Any]]) -> str:
         known = {m: x for m, x in means.items() if x is not None}
         fastest = min(known, key=lambda m: known[m]) if known else None
         ratio = "-" if auto is None or fastest is None else f"{auto / known[fastest]:.3f}"
+        picks = {v["chosen"] for v in verdicts}
+        pick = next(iter(picks)) if len(picks) == 1 else None
+        forced = ("-" if fastest is None or pick not in known
+                  else f"{known[pick] / known[fastest]:.3f}")
         lines.append(f"| {' | '.join(key)} | {len(group)} | "
                      f"{' | '.join(_s(means[m]) for m in CANDIDATES)} | "
                      f"{', '.join(str(v['chosen']) for v in verdicts)} | {fastest} | "
-                     f"{_s(auto)} | {ratio} |")
+                     f"{_s(auto)} | {ratio} | {forced} |")
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 
@@ -237,7 +240,7 @@ def _uptime() -> str:
 def configuration(bench: shaped.Bench, workload: str, network: str, fleet: str,
                   arms: Sequence[str]) -> dict[str, Any]:
     """Every arm of one (workload, network, fleet)."""
-    base = bench.out / "runs" / workload / f"{network}-{fleet}"
+    base = bench.out / "runs" / bench.args.tag / workload / f"{network}-{fleet}"
     runs: dict[str, Any] = {}
     predicted: dict[str, Any] = {}
     for arm in arms:
@@ -304,10 +307,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.report:
         shaped.log(f"report {write_report(out)}")
         return 0
-    cache = out / "cost-cache"
-    os.environ["AIOPIPE_COST_CACHE"] = str(cache)  # every child's (shaped.child_env)
     fleets = list(shaped.FLEETS) if args.fleet == "both" else [args.fleet]
-    tag = args.tag or time.strftime("%H%M%S")
+    tag = args.tag = args.tag or time.strftime("%H%M%S")
+    # every child's (shaped.child_env); kept: the tables the predictions came from
+    os.environ["AIOPIPE_COST_CACHE"] = str(out / f"cost-cache-{tag}")
     raw: dict[str, Any] = {
         "command": shlex.join(["bench/auto.py", *(sys.argv[1:] if argv is None else argv)]),
         "started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "machine": shaped.machine(),
@@ -328,7 +331,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         raw["wall_s"] = time.perf_counter() - started
         raw["uptime_after"] = _uptime()
         (out / f"raw-{tag}.json").write_text(json.dumps(raw, indent=1))
-        shutil.rmtree(cache, ignore_errors=True)
     shaped.log(f"done in {raw['wall_s'] / 60:.1f} min; report {write_report(out)}")
     return 0
 

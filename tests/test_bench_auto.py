@@ -84,5 +84,5 @@ def test_it_pools_a_configuration_run_twice(bench: ModuleType) -> None:
                                                                  (4.0, 5.0, 4.0))]
     lines = bench.pooled(rounds).splitlines()
     assert lines[2] == ("| vgg5 | wifi | homogeneous | 2 | 4.00 | 7.00 | 4.00 | pipar, pipar "
-                        "| fl | 4.00 | 1.000 |")
+                        "| fl | 4.00 | 1.000 | 1.000 |")
     assert bench.pooled(rounds[:1]) == ""
