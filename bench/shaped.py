@@ -694,7 +694,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the bench; write raw.json, report.md and the plots."""
     args = parse(argv)
-    out = args.out or BENCH / "results" / time.strftime("%Y-%m-%d")
+    # absolute: a --baseline checkout's runs start in that checkout
+    out = (args.out or BENCH / "results" / time.strftime("%Y-%m-%d")).resolve()
     if out.exists() and any(out.iterdir()) and args.out is None:
         out = out.with_name(f"{out.name}-{time.strftime('%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
