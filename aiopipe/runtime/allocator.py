@@ -19,12 +19,12 @@ thread (aiopipe.runtime.compute), whose blocks come from an arena of its own: he
 at most 64 MiB mapped one after another, and glibc unmaps a heap as soon as nothing in
 it is in use, whatever the trim threshold, unless its top padding would not fit in the
 heap below. A pass's large activations fill a heap of their own, free it at the
-backward, and map it again at the next forward: vgg5 at B = 100 paid 5,800 page faults
-a pass in the compute thread against 80 in the main thread (`bench/fl_floor.py`; 5 %
-of FL's epoch between processes, issue 46). So `tune_malloc` also sets the top padding
-(M_TOP_PAD) to `TOP_PAD`, a whole heap: no heap is unmapped, and the compute thread
-reuses its memory as the main thread does. The padding is address space, not memory:
-pages are touched only when used.
+backward, and map it again at the next forward: vgg5 at B = 100 paid 7,700 page faults
+a pass in the compute thread against none in the main thread, 109 ms a pass against 96
+(`bench/fl_floor.py`; bench/results/2026-11-29-s29-flower, FL against Flower). So
+`tune_malloc` also sets the top padding (M_TOP_PAD) to `TOP_PAD`, a whole heap: no heap
+is unmapped, and the compute thread reuses its memory as the main thread does. The
+padding is address space, not memory: pages are touched only when used.
 
 Nodes call it before they start (`aiopipe.runtime.compute.warm_up_torch`). It changes
 the whole process, so it leaves the allocator alone where the user chose one: glibc's
