@@ -49,8 +49,12 @@ from aiopipe.runtime.plan import build_model, device_data
 from aiopipe.runtime.stage import StageWork
 
 
-def _plain(model: nn.Module, optimizer: torch.optim.Optimizer,
-           batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]], batches: int) -> None:
+def _plain(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+    batches: int,
+) -> None:
     loss_sum, correct = 0.0, 0
     for i in range(batches):
         x, y = batch(i)
@@ -79,8 +83,7 @@ def _faults() -> int:
     return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
 
 
-async def _compute(compute: Compute, work: StageWork, batches: int,
-                   faults: list[int]) -> None:
+async def _compute(compute: Compute, work: StageWork, batches: int, faults: list[int]) -> None:
     before = await compute.call(_faults)
     for i in range(batches):
         await compute.run("s", partial(_step_after, work, i), iteration=i)
@@ -115,38 +118,56 @@ def main() -> None:
     torch.set_num_threads(1)
     warm_up_torch()
     b = args.batch_size
-    config = RunConfig(mode="fl", model=args.model, devices=1,
-                       samples_per_device=args.batches * b, batch_size=b, epochs=1)
+    config = RunConfig(
+        mode="fl",
+        model=args.model,
+        devices=1,
+        samples_per_device=args.batches * b,
+        batch_size=b,
+        epochs=1,
+    )
     data = device_data(config, 0)
     order = epoch_order(np.arange(len(data)), epoch=0, seed=config.seed)
 
     def batch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = data.batch(order[i * b:(i + 1) * b])
+        x, y = data.batch(order[i * b : (i + 1) * b])
         return x, y  # type: ignore[return-value]
 
     model = build_model(config, num_classes=data.num_classes, in_shape=data.in_shape)
-    print(f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}; torch "
-          f"{torch.__version__}, 1 thread; {args.model}, {args.batches} batches of {b}")
+    print(
+        f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}; torch "
+        f"{torch.__version__}, 1 thread; {args.model}, {args.batches} batches of {b}"
+    )
     figures: dict[str, float] = {}
     faults: dict[str, list[int]] = {"plain": [], "stage": [], "compute": []}
     optimizer = make_optimizer(model, config)
     plain = partial(_plain, model, optimizer, batch, args.batches)
     figures["plain"] = _median(partial(_counted, plain, faults["plain"]), args.repeat)
-    work = StageWork(model, make_optimizer(model, config), first=True, last=True,
-                     parallel_batches=1, num_classes=data.num_classes)
+    work = StageWork(
+        model,
+        make_optimizer(model, config),
+        first=True,
+        last=True,
+        parallel_batches=1,
+        num_classes=data.num_classes,
+    )
     work.batch = lambda iteration, n: batch(iteration)
     stage = partial(_stage, work, args.batches)
     figures["stage"] = _median(partial(_counted, stage, faults["stage"]), args.repeat)
     compute = Compute(SystemClock(), Recorder(), "device0/compute")  # one thread, as a node's
     try:
-        figures["compute"] = _median(lambda: asyncio.run(
-            _compute(compute, work, args.batches, faults["compute"])), args.repeat)
+        figures["compute"] = _median(
+            lambda: asyncio.run(_compute(compute, work, args.batches, faults["compute"])),
+            args.repeat,
+        )
     finally:
         compute.close()
     for name, seconds in figures.items():
-        print(f"{name:<8} {seconds:7.3f} s  {seconds / args.batches * 1e3:6.1f} ms/batch  "
-              f"x{seconds / figures['plain']:.3f} of plain  "
-              f"{statistics.median(faults[name][1:]) / args.batches:7.0f} page faults/batch")
+        print(
+            f"{name:<8} {seconds:7.3f} s  {seconds / args.batches * 1e3:6.1f} ms/batch  "
+            f"x{seconds / figures['plain']:.3f} of plain  "
+            f"{statistics.median(faults[name][1:]) / args.batches:7.0f} page faults/batch"
+        )
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     wire = state_to_wire(state)
     size = sum(memoryview(t.data).nbytes for t in wire.values())
@@ -154,8 +175,7 @@ def main() -> None:
         "state_to_wire": lambda: state_to_wire(state),
         "state_from_wire": lambda: state_from_wire(wire),
         "load_stage_state": lambda: load_stage_state(model, state_from_wire(wire), "state"),
-        f"fedavg x{args.devices}": lambda: fedavg([state] * args.devices,
-                                                  [1.0] * args.devices),
+        f"fedavg x{args.devices}": lambda: fedavg([state] * args.devices, [1.0] * args.devices),
     }
     print(f"state {size / 1e6:.2f} MB in {len(wire)} tensors")
     for name, piece in pieces.items():

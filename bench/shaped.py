@@ -33,6 +33,12 @@ mobilenetv3-small and vgg16 (hours).
 
     sudo .venv/bin/python bench/shaped.py [--networks 4g,wifi] [--fleet both]
         [--workloads vgg5] [--full] [--epochs 3] [--no-flower] [--no-netns] [--out DIR]
+        [--repeat N] [--baseline CHECKOUT]
+
+``--repeat N`` runs every configuration N times, its modes interleaved (fl, Flower, ...,
+fl, Flower, ...), so that both arms see the same drift of a shared machine's load;
+``--baseline`` names another checkout of aiopipe (a git worktree of the commit before a
+change) whose fl runs between this checkout's fl and Flower, as "fl baseline".
 """
 
 from __future__ import annotations
