@@ -98,6 +98,8 @@ def serve(address: str, config: RunConfig, out: Path, round_timeout: float) -> N
             "loss": sum(m["loss_sum"] for _, m in metrics) / max(1, n),
             "train_accuracy": sum(m["correct"] for _, m in metrics) / max(1, n),
             "samples": n,
+            # each client's seconds in its training loop (the round's compute), their mean
+            "train_s": sum(m["train_s"] for _, m in metrics) / max(1, len(metrics)),
         }
 
     class TimedFedAvg(FedAvg):  # type: ignore[misc]
@@ -178,6 +180,7 @@ def client(server: str, config: RunConfig, device_id: int) -> None:
             _load(model, parameters)
             order = epoch_order(indices, epoch=int(cfg["epoch"]), seed=config.seed)
             samples, loss_sum, correct = 0, 0.0, 0
+            began = time.perf_counter()
             for it in range(len(order) // batch):
                 start, start_cpu = time.perf_counter(), time.thread_time()
                 x, y = train.batch(order[it * batch : (it + 1) * batch])
@@ -192,7 +195,8 @@ def client(server: str, config: RunConfig, device_id: int) -> None:
                 if slowdown > 1.0:  # the same emulation as aiopipe's compute resource
                     due = slowdown * (time.thread_time() - start_cpu)
                     time.sleep(max(0.0, due - (time.perf_counter() - start)))
-            return _arrays(model), samples, {"loss_sum": loss_sum, "correct": correct}
+            return _arrays(model), samples, {"loss_sum": loss_sum, "correct": correct,
+                                             "train_s": time.perf_counter() - began}
 
     start_client(
         server_address=server, client=Peer().to_client(), insecure=True, max_wait_time=120.0

@@ -33,6 +33,12 @@ mobilenetv3-small and vgg16 (hours).
 
     sudo .venv/bin/python bench/shaped.py [--networks 4g,wifi] [--fleet both]
         [--workloads vgg5] [--full] [--epochs 3] [--no-flower] [--no-netns] [--out DIR]
+        [--repeat N] [--baseline CHECKOUT]
+
+``--repeat N`` runs every configuration N times, its modes interleaved (fl, Flower, ...,
+fl, Flower, ...), so that both arms see the same drift of a shared machine's load;
+``--baseline`` names another checkout of aiopipe (a git worktree of the commit before a
+change) whose fl runs between this checkout's fl and Flower, as "fl baseline".
 """
 
 from __future__ import annotations
@@ -100,6 +106,12 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def with_code(env: dict[str, str], code: Path) -> dict[str, str]:
+    """``env`` importing aiopipe from the checkout ``code`` (``--baseline``'s, or this one)."""
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO)]
+    return {**env, "PYTHONPATH": os.pathsep.join([str(code), *rest])}
+
+
 class Processes:
     """The child processes of one run; `kill_all` ends the ones still running (by pid)."""
 
@@ -107,16 +119,16 @@ class Processes:
         self.children: list[subprocess.Popen[bytes]] = []
 
     def start(
-        self, argv: Sequence[str], log_path: Path, env: dict[str, str]
+        self, argv: Sequence[str], log_path: Path, env: dict[str, str], cwd: Path = REPO
     ) -> subprocess.Popen[bytes]:
-        """Start ``argv`` with stdout and stderr into ``log_path``."""
+        """Start ``argv`` in ``cwd`` with stdout and stderr into ``log_path``."""
         with open(log_path, "wb") as out:
             child = subprocess.Popen(
                 list(argv),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
-                cwd=REPO,
+                cwd=cwd,
                 stdin=subprocess.DEVNULL,
             )
         self.children.append(child)
@@ -222,10 +234,13 @@ class Bench:
             options.append("--no-shaping")  # tc shapes the links
         return options
 
-    def run_aiopipe(self, run_dir: Path, options: list[str]) -> dict[str, Any]:
-        """One aiopipe run (server + devices); its figures, or an ``error``."""
+    def run_aiopipe(self, run_dir: Path, options: list[str], code: Path = REPO) -> dict[str, Any]:
+        """One aiopipe run (server + devices) of the checkout ``code``; its figures, or an
+        ``error``."""
         run_dir.mkdir(parents=True, exist_ok=True)
         server_env, device_envs = _credentials(self.args.devices)
+        server_env = with_code(server_env, code)
+        device_envs = [with_code(env, code) for env in device_envs]
         self.port += 1
         top = self.topology
         host = top.server_ip if top else "127.0.0.1"
@@ -259,10 +274,10 @@ class Bench:
         procs = Processes()
         started = time.perf_counter()
         try:
-            srv = procs.start(server, run_dir / "server.log", server_env)
+            srv = procs.start(server, run_dir / "server.log", server_env, code)
             _wait_for_text(run_dir / "server.log", "waiting for", srv, 180)
             devs = [
-                procs.start(d, run_dir / f"device{k}.log", device_envs[k])
+                procs.start(d, run_dir / f"device{k}.log", device_envs[k], code)
                 for k, d in enumerate(devices)
             ]
             try:
@@ -422,19 +437,23 @@ class Bench:
 
     # -- one configuration -------------------------------------------------------------
 
-    def configuration(self, workload: str, network: str, fleet: str) -> dict[str, Any]:
-        """Every mode of one (workload, network, fleet)."""
+    def configuration(
+        self, workload: str, network: str, fleet: str, repeat: int = 0
+    ) -> dict[str, Any]:
+        """Every mode of one (workload, network, fleet), its ``repeat``-th time (0: first)."""
         from aiopipe.data import open_dataset
         from aiopipe.models import build, unit_count
 
         data = open_dataset(WORKLOADS[workload], split="test", size=1)
         units = unit_count(build(workload, num_classes=data.num_classes, in_shape=data.in_shape))
         base = self.out / "runs" / workload / f"{network}-{fleet}"
+        if repeat:
+            base = base.with_name(f"{base.name}-r{repeat + 1}")
         runs: dict[str, Any] = {}
 
-        def run(label: str, mode: str, extra: Sequence[str] = ()) -> None:
+        def run(label: str, mode: str, extra: Sequence[str] = (), code: Path = REPO) -> None:
             options = self.options(workload, network, fleet, mode, extra)
-            result = self.run_aiopipe(base / _dirname(label), options)
+            result = self.run_aiopipe(base / _dirname(label), options, code)
             runs[label] = result
             _say(label, result)
 
@@ -445,6 +464,8 @@ class Bench:
         )
         if "fl" in self.args.modes:
             run("fl", "fl")
+            if self.args.baseline is not None:  # the code before a change, between the two
+                run("fl baseline", "fl", code=self.args.baseline)
             if self.flower_python is not None:
                 result = self.run_flower(base / "flower", base / "fl" / "config.toml")
                 runs["flower"] = result
@@ -462,9 +483,9 @@ class Bench:
                         "pipar",
                         ["--split-point", str(p), "--parallel-batches", str(n)],
                     )
-        for label in runs:  # traces are kept for pipar only (size)
+        for label in runs:  # traces are kept for fl and pipar only (size)
             trace = base / _dirname(label) / "trace.json"
-            if label.startswith("pipar") and trace.exists():
+            if label.startswith(("pipar", "fl")) and trace.exists():
                 runs[label]["trace"] = str(trace.relative_to(self.out))
             elif label != "flower":
                 trace.unlink(missing_ok=True)
@@ -474,6 +495,7 @@ class Bench:
             "dataset": WORKLOADS[workload],
             "network": network,
             "fleet": fleet,
+            "repeat": repeat + 1,
             "units": units,
             "runs": runs,
             "options": self.options(workload, network, fleet, "MODE", []),
@@ -496,8 +518,13 @@ def _say(label: str, result: dict[str, Any]) -> None:
         plan = " plan " + ",".join(
             f"P{p['split_point']}N{p['parallel_batches']}" for p in epochs[-1]["plan"]
         )
+    # the devices' training seconds (aiopipe: compute busy; Flower: the fit loop), mean
+    trained = [e.get("busy_s", {}).get("device", e.get("train_s")) for e in measured]
+    train = (
+        f"  train {sum(trained) / len(trained):6.2f} s" if trained and None not in trained else ""
+    )
     log(
-        f"  {label:<10} epoch {mean:7.2f} s  acc {epochs[-1]['accuracy']:.3f}  "
+        f"  {label:<10} epoch {mean:7.2f} s{train}  acc {epochs[-1]['accuracy']:.3f}  "
         f"(wall {result['wall_s']:.0f} s){plan}"
     )
 
@@ -569,9 +596,7 @@ def _pairs(text: str) -> list[tuple[int, int]]:
             for p, n in (pair.split(",") for pair in text.split(";") if pair.strip())
         ]
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f'expected P,N[;P,N...] or "none", got {text!r}'
-        ) from None
+        raise argparse.ArgumentTypeError(f'expected P,N[;P,N...] or "none", got {text!r}') from None
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -615,6 +640,13 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="compute slowdown of every device (half-slow: x2 for half)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every configuration this many times, the modes interleaved "
+        "(fl, flower, ..., fl, flower, ...: both arms see the same drift of the load)",
+    )
     parser.add_argument("--probe-seconds", type=float, default=2.0)
     parser.add_argument(
         "--run-timeout", type=int, default=1200, help="seconds one run may take (default 1200)"
@@ -630,6 +662,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--no-flower", dest="flower", action="store_false", help="skip the Flower peer"
     )
     parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout of aiopipe (e.g. a git worktree of the commit before a "
+        'change): its fl runs too, as "fl baseline", between this checkout\'s fl and Flower',
+    )
+    parser.add_argument(
         "--no-netns",
         action="store_true",
         help="do not use namespaces: sender-side shaping over loopback",
@@ -640,6 +678,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.full:
         args.workloads, args.networks = ",".join(WORKLOADS), "4g,4g+,wifi"
+    if args.baseline is not None:
+        args.baseline = args.baseline.resolve()
+        if not (args.baseline / "aiopipe" / "__init__.py").is_file():
+            parser.error(f"--baseline: no aiopipe checkout at {args.baseline}")
     for name, allowed in (
         ("workloads", WORKLOADS),
         ("networks", netns.NETWORKS),
@@ -650,15 +692,16 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         if bad or not values:
             parser.error(f"--{name}: unknown {bad or 'empty'}; choose from {', '.join(allowed)}")
         setattr(args, name, values)
-    if args.devices < 1 or args.epochs < 1 or args.device_slowdown < 1:
-        parser.error("--devices and --epochs must be >= 1, --device-slowdown >= 1")
+    if args.devices < 1 or args.epochs < 1 or args.device_slowdown < 1 or args.repeat < 1:
+        parser.error("--devices, --epochs and --repeat must be >= 1, --device-slowdown >= 1")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the bench; write raw.json, report.md and the plots."""
     args = parse(argv)
-    out = args.out or BENCH / "results" / time.strftime("%Y-%m-%d")
+    # absolute: a --baseline checkout's runs start in that checkout
+    out = (args.out or BENCH / "results" / time.strftime("%Y-%m-%d")).resolve()
     if out.exists() and any(out.iterdir()) and args.out is None:
         out = out.with_name(f"{out.name}-{time.strftime('%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
@@ -671,7 +714,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "machine": machine(),
         "load_before": os.getloadavg(),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out",)},
+        "settings": {
+            k: str(v) if isinstance(v, Path) else v
+            for k, v in vars(args).items()
+            if k not in ("out",)
+        },
         "fleets": fleets,
         "networks": {},
         "configurations": [],
@@ -758,9 +805,12 @@ def _sweep(
         raw["networks"][network] = prepare(network)
         for workload in args.workloads:
             for fleet in fleets:
-                log(f"{workload} | {network} | {fleet}")
-                raw["configurations"].append(bench.configuration(workload, network, fleet))
-                (bench.out / "raw.json").write_text(json.dumps(raw, indent=1))
+                for repeat in range(args.repeat):
+                    log(f"{workload} | {network} | {fleet} | run {repeat + 1}/{args.repeat}")
+                    raw["configurations"].append(
+                        bench.configuration(workload, network, fleet, repeat)
+                    )
+                    (bench.out / "raw.json").write_text(json.dumps(raw, indent=1))
 
 
 if __name__ == "__main__":

@@ -190,3 +190,36 @@ async def test_an_update_under_the_norm_limit_that_wrecks_the_loss_is_refused(
     assert "its loss on the coordinator's evaluation batch" in caplog.text
     assert abs(attacked.final.accuracy - without_bad.final.accuracy) <= 0.02, (
         attacked.final, without_bad.final)
+
+
+async def test_the_first_rounds_start_is_probed_before_its_round_then_only_aggregates(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """[Note: judging updates]: the run's first starting model is probed on the
+    coordinator's evaluation batch while the fleet is planned, not in round 1's
+    aggregation; each round then probes its aggregate alone (the installed one is the
+    next round's start)."""
+    events: list[str] = []
+    make_probe = star_module.evaluation_probe
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        probe = make_probe(*args, **kwargs)
+
+        def measured(state: Mapping[str, torch.Tensor]) -> tuple[float, float]:
+            events.append("probe")
+            return probe(state)
+
+        return measured
+
+    round_start = star_module.Star.round_start
+
+    def started(self: Any, *args: Any) -> Any:
+        events.append("round start")
+        return round_start(self, *args)
+
+    monkeypatch.setattr(star_module, "evaluation_probe", counted)
+    monkeypatch.setattr(star_module.Star, "round_start", started)
+    config = CONFIG.replace(mode="fl", devices=2, samples_per_device=40, epochs=2,
+                            test_samples=100)
+    async with open_fleet(config) as fleet:
+        await fleet.train()
+    assert events == ["probe", *(["round start"] * 2 + ["probe"]) * 2]

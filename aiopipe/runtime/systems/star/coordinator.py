@@ -198,6 +198,12 @@ class Star(SystemDefaults):
         self.placement = star([p.split_point for p in self.plans], self.units)
         if self.auto_config is not None:
             check_trainable(self.model, self.inputs, self.plans, config)
+        # [Note: judging updates]: the first round's starting model is this one; its
+        # figures on the evaluation batch are measured now, while the fleet waits for
+        # the plan, not in the first round's aggregation (a resumed run's checkpoint
+        # makes the judge measure its model again, `restore`)
+        self._probe_once()
+        self.judge.loss_ceiling(self.model.state_dict())
 
     async def plan_round(self, rounds: Rounds, participants: Sequence[int]) -> None:
         """[Note: plans per round] With "auto" plans and devices sampled per round, plan
@@ -447,7 +453,8 @@ class Star(SystemDefaults):
 
     def _probe_once(self) -> None:
         """Give the judge the coordinator's evaluation batch (the first `PROBE_SAMPLES`
-        of its test set), once, when it has one (compute thread)."""
+        of its test set), once, when it has one (compute thread, or before the run's
+        rounds: `prepare`)."""
         test_set = self.setup.test_set
         if self.judge.probe is not None or test_set is None or not len(test_set):
             return
