@@ -470,6 +470,8 @@ class Bench:
                 result = self.run_flower(base / "flower", base / "fl" / "config.toml")
                 runs["flower"] = result
                 _say("flower", result)
+        if "auto" in self.args.modes:  # mode auto's choice, beside fl and Flower
+            run("auto", "auto")
         if "sfl" in self.args.modes:
             for p in splits:
                 run(f"sfl P={p}", "sfl", ["--split-point", str(p)])
@@ -610,7 +612,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--networks", default="4g,wifi", help="comma list of 4g, 4g+, wifi")
     parser.add_argument("--fleet", choices=[*FLEETS, "both"], default="both")
-    parser.add_argument("--modes", default="fl,sfl,pipar", help="comma list of fl, sfl, pipar")
+    parser.add_argument("--modes", default="fl,sfl,pipar",
+                        help="comma list of fl, sfl, pipar, auto (mode auto's choice)")
     parser.add_argument(
         "--sfl-splits", default="all", help='SFL split points to try: "all" or a comma list'
     )
@@ -685,7 +688,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     for name, allowed in (
         ("workloads", WORKLOADS),
         ("networks", netns.NETWORKS),
-        ("modes", ("fl", "sfl", "pipar")),
+        ("modes", ("fl", "sfl", "pipar", "auto")),
     ):
         values = [v for v in getattr(args, name).split(",") if v]
         bad = [v for v in values if v not in allowed]
