@@ -63,8 +63,8 @@ async def test_a_failed_launcher_run_keeps_its_finished_epochs(tmp_path: Path) -
 
 
 def _device_pids(launcher: Process) -> list[int]:
-    """The launcher's device processes (its children running ``aiopipe.device``)."""
-    pid = launcher.process.pid
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return [int(c) for c in children
-            if b"aiopipe.device" in Path(f"/proc/{c}/cmdline").read_bytes().split(b"\0")]
+    """The launcher's device processes, as it logs them when it starts (it forks them:
+    [Note: fork server])."""
+    started = launcher.output.find(r"device \d+ started: pid \d+")
+    assert started, launcher.output.text()
+    return [int(line.text.rsplit(" ", 1)[1]) for line in started]
