@@ -272,10 +272,15 @@ def open_topology(
             print(f"netns: could not delete {', '.join(failed)}", file=sys.stderr)
 
 
+def tbf_burst_bytes(rate_mbps: float) -> int:
+    """The token bucket's burst at ``rate_mbps``: at least one 1514-byte frame and 2 ms of
+    traffic at the rate (bytes that leave at once after a quiet spell)."""
+    return max(4096, int(rate_mbps * 1e6 / 8 * 0.002))
+
+
 def _tbf(rate_mbps: float) -> list[str]:
-    # burst: >= one 1514-byte frame and >= 2 ms of traffic at the rate
-    burst = max(4096, int(rate_mbps * 1e6 / 8 * 0.002))
-    return ["tbf", "rate", f"{rate_mbps:g}mbit", "burst", str(burst), "latency", "50ms"]
+    return ["tbf", "rate", f"{rate_mbps:g}mbit", "burst", str(tbf_burst_bytes(rate_mbps)),
+            "latency", "50ms"]
 
 
 def _tc(namespace: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
