@@ -196,7 +196,7 @@ def explain_auto(config: RunConfig, *, cost_table: CostTable | None = None) -> s
     profile = model_profile(model, kind.inputs, cost_table or _measure(config, None),
                             server_lanes=server_lanes_of(config))
     samples = [config.device_samples_of(k) for k in range(config.devices)]
-    _, line, table = choose_system(config, profile, declared_devices(config, samples))
+    _, _, line, table = choose_system(config, profile, declared_devices(config, samples))
     return f"{line}\n{table}"
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 from dataclasses import dataclass
 
 from aiopipe.clock import Clock, ready_time
@@ -179,14 +180,12 @@ class Peer:
         # previous send's late wake-up (memory.py, [Note: wire slots do not drift]); a
         # failed send loses this item: see the class
         span = await self.link.send(frame, ready_at=item.posted_at)
+        record = functools.partial(_record, self._recorder, self.track, item.name, item.epoch,
+                                   item.iteration, item.micro_batch, item.sent)  # (no message)
         if span is None:  # the send lasted the frame's wire time
-            _record(self._recorder, self.track, item.name, item.epoch, item.iteration,
-                    item.micro_batch, item.sent, (start, self._clock.now()))
+            record((start, self._clock.now()))
         else:  # its bytes are still crossing: recorded once the peer acknowledged them
-            name, epoch, iteration, micro_batch, sent = (  # (not the message)
-                item.name, item.epoch, item.iteration, item.micro_batch, item.sent)
-            span.add_done_callback(lambda done: None if done.cancelled() else _record(
-                self._recorder, self.track, name, epoch, iteration, micro_batch, sent,
+            span.add_done_callback(lambda done: None if done.cancelled() else record(
                 done.result()))
 
     async def _next(self) -> _Posted | None:

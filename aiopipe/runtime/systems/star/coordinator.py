@@ -186,13 +186,15 @@ class Star(SystemDefaults):
             self.live = (list(devices) if devices is not None
                          else declared_devices(config, self.samples,
                                                costs=self._device_costs()))
-            if config.mode == "auto":  # [Note: choosing the system]
-                config, line, table = choose_system(config, self.planning, self.live)
+            chosen = None  # mode auto's fleet plans, searched once ([Note: choosing the system])
+            if config.mode == "auto":
+                config, chosen, line, table = choose_system(config, self.planning, self.live)
                 log.info("%s\n%s", line, table)
                 self.serves_stages = config.mode != "fl"
                 self.auto_config = config if config.mode != "fl" else None
             if self.auto_config is not None:
-                config = with_plans(config, first_plans(config, self.planning, self.live))
+                config = with_plans(config, chosen if chosen and not config.devices_per_round
+                                    else first_plans(config, self.planning, self.live))
         self.config = config
         self.plans = device_plans(config, self.units, self.samples)
         self.placement = star([p.split_point for p in self.plans], self.units)

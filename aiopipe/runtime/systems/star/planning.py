@@ -68,8 +68,10 @@ def device_plans(config: RunConfig, units: int, samples: list[int]) -> list[Devi
 def needs_planner(config: RunConfig) -> bool:
     """Whether the config asks for "auto" P or N in a mode that uses them, or for the
     system itself (mode auto)."""
-    if config.mode in ("fl", "auto"):
-        return config.mode == "auto"
+    if config.mode == "auto":
+        return True
+    if config.mode == "fl":
+        return False
     return config.split_point == "auto" or (
         config.mode == "pipar" and config.parallel_batches == "auto")
 
@@ -145,10 +147,11 @@ def micro_batch_sizes(config: RunConfig) -> list[int]:
 
 
 def choose_system(config: RunConfig, profile: ModelProfile, devices: Sequence[DeviceProfile]
-                  ) -> tuple[RunConfig, str, str]:
+                  ) -> tuple[RunConfig, list[tuple[int, int]], str, str]:
     """Mode auto's choice ([Note: choosing the system] in aiopipe.scheduler.auto): the run
-    config of the fastest candidate (its plans left "auto" for the planner, which picks
-    what the estimate did), the one-line reason, and the table of every candidate.
+    config of the fastest candidate (its plans left "auto", for the planner between
+    rounds), the plans the estimate chose for the whole fleet (the planner's own), the
+    one-line reason, and the table of every candidate.
 
     Raises:
         ConfigError: no candidate fits the fleet.
@@ -167,7 +170,8 @@ def choose_system(config: RunConfig, profile: ModelProfile, devices: Sequence[De
     kept = {f.name: getattr(options, f.name) for f in dataclasses.fields(values)}
     resolved = config.replace(mode=chosen.mode, options=values(**kept), split_point="auto",
                               parallel_batches="auto" if chosen.mode == "pipar" else 1)
-    return resolved, summary(estimates, chosen), explain(estimates, chosen)
+    return (resolved, list(chosen.plans), summary(estimates, chosen),
+            explain(estimates, chosen))
 
 
 def first_plans(config: RunConfig, profile: ModelProfile,
