@@ -363,9 +363,12 @@ class AutoOptions(ReplicaOptions):
     Attributes:
         candidates: the systems to choose among ([Note: choosing the system] in
             aiopipe.scheduler.auto), a non-empty subset of `AUTO_CANDIDATES`.
+        rechoose: choose again, once, after the first round, from what it measured
+            ([Note: re-choosing the system] in aiopipe.runtime.systems.star.rechoose).
     """
 
     candidates: tuple[str, ...] = AUTO_CANDIDATES
+    rechoose: bool = True
 
 
 def _check_auto(config: Any) -> None:
@@ -377,9 +380,14 @@ def _check_auto(config: Any) -> None:
             or any(c not in AUTO_CANDIDATES for c in given)):
         raise fail("candidates", given, f"a non-empty list of {', '.join(AUTO_CANDIDATES)}")
     object.__setattr__(options, "candidates", tuple(dict.fromkeys(given)))
+    if not isinstance(options.rechoose, bool):
+        raise fail("rechoose", options.rechoose, "true or false")
 
 
 AUTO = SystemOptions(AutoOptions, {**_KEYS, **_REPLICA_KEYS, "candidates": (
     'mode auto: the systems it chooses among by their predicted epoch (default: fl, sfl, '
-    'pipar)')}, _check_auto, elsewhere={**_ELSEWHERE, "candidates": "it is mode auto's"},
+    'pipar)'), "rechoose": (
+    "mode auto: choose again, once, after the first round, from the speeds it measured "
+    "(default: true)")}, _check_auto, elsewhere={
+        **_ELSEWHERE, "candidates": "it is mode auto's", "rechoose": "it is mode auto's"},
     samples_devices=True, runs_train_hook=True)
