@@ -63,7 +63,7 @@ def project_name(directory: Path) -> str:
     """The Python package name of a project in ``directory``: its name, lower case, with
     what is not a letter, digit or underscore as ``_``; ``_project`` added where that is
     no name or would hide a module the project imports (``torch``, ``tests``...)."""
-    name = re.sub(r"\W", "_", directory.resolve().name.lower()).strip("_") or "project"
+    name = re.sub(r"[^a-z0-9_]", "_", directory.resolve().name.lower()).strip("_") or "project"
     if (not name.isidentifier() or keyword.iskeyword(name) or name in _TAKEN
             or name in sys.stdlib_module_names):
         name = f"{name}_project" if name.isidentifier() else f"project_{name}"

@@ -78,7 +78,8 @@ def test_a_directory_that_holds_files_is_refused_unless_forced(tmp_path: Path) -
 
 @pytest.mark.parametrize(("name", "package"), [
     ("demo", "demo"), ("My-Project", "my_project"), ("2024 lab", "project_2024_lab"),
-    ("torch", "torch_project"), ("json", "json_project"), ("class", "class_project")])
+    ("torch", "torch_project"), ("json", "json_project"), ("class", "class_project"),
+    ("café", "caf"), ("-", "project")])
 def test_the_package_is_named_after_the_directory(tmp_path: Path, name: str,
                                                   package: str) -> None:
     assert project_name(tmp_path / name) == package
