@@ -261,6 +261,7 @@ _SYSTEM_FLAGS: dict[str, dict[str, Any]] = {
     "staleness": {"choices": STALENESS},
     "candidates": {"type": lambda text: text.split(","), "metavar": "MODE,..."},
     "replan": {"action": "store_true", "default": None},
+    "rechoose": {"action": argparse.BooleanOptionalAction, "default": None},
     "secure_aggregation": {"action": "store_true", "default": None},
     "aggregation": {"metavar": "STRATEGY"},
     "aggregation_options": {"type": _keyword_arguments, "metavar": "K=V,..."},
@@ -292,7 +293,7 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "metric", "optimizer", "dataset", "t
                    "privacy_noise", "dp_noise_multiplier", "dp_max_grad_norm", "dp_delta",
                    "server_lanes", "devices_per_round", "secure_aggregation",
                    "secure_aggregation_clip", "candidates", "trim_fraction", "outlier_limit",
-                   "replan_threshold")
+                   "replan_threshold", "rechoose")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
