@@ -311,7 +311,8 @@ class Server:
         self.url = ""
 
     def add_routes(self, app: web.Application, *, prefix: str = "") -> None:
-        """Mount ``{prefix}/ws``, ``{prefix}/status`` and ``{prefix}/metrics`` on ``app``."""
+        """Mount ``{prefix}/ws``, ``{prefix}/status``, ``{prefix}/metrics`` and the live
+        dashboard (``{prefix}/``, fed by ``{prefix}/events``) on ``app``."""
         add_routes(app, self.node, token_secret=self._secret, prefix=prefix,
                    shape_downlinks=self.node.config.shape_links, guard=self.guard,
                    revocations=self._revocations)
