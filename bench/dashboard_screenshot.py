@@ -38,7 +38,7 @@ async def screenshot(*, devices: int, epochs: int, after: int,
                        test_samples=200, seed=3)
     async with (Server(config, join_timeout=60, torch_device="cpu") as server,
                 open_chromium() as page):
-        await page.navigate("http" + server.url.removeprefix("ws").removesuffix("ws"))
+        await page.navigate(server.dashboard_url)
         await page.wait_for("document.getElementById('dashboard').dataset.updates > 0")
         async with asyncio.TaskGroup() as tasks:
             for k in range(devices):

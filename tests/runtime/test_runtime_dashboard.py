@@ -28,7 +28,7 @@ CONFIG = RunConfig(mode="pipar", devices=2, samples_per_device=80, batch_size=20
 
 
 def _base(server: Server) -> str:
-    return "http" + server.url.removeprefix("ws").removesuffix("/ws")
+    return server.dashboard_url.removesuffix("/")
 
 
 async def _device(url: str, device_id: int) -> None:
@@ -150,3 +150,10 @@ async def test_a_mounted_dashboard_lives_under_its_prefix() -> None:
         await runner.cleanup()
     assert redirect == (302, "/run/")
     assert page == 200
+
+
+async def test_the_dashboard_s_address_is_the_server_s_over_http() -> None:
+    server = Server(CONFIG, host="127.0.0.1", port=0)
+    assert server.dashboard_url == ""
+    async with server:
+        assert server.dashboard_url == server.url.replace("ws://", "http://").removesuffix("ws")

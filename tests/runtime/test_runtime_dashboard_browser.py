@@ -50,8 +50,7 @@ async def test_the_page_shows_the_run_s_devices_and_each_epoch_as_it_ends() -> N
     limits = ConnectionLimits(handshake_timeout=1.0)  # streams of 0.5 s: reconnections
     async with (Server(CONFIG, token_secret=SECRET, join_timeout=60, limits=limits) as server,
                 chromium.open_chromium() as page):
-        url = "http" + server.url.removeprefix("ws").removesuffix("ws")
-        await page.navigate(url)
+        await page.navigate(server.dashboard_url)
         await page.wait_for(f"{PAGE}.devices === '0:waiting,1:waiting'")
         seen: list[tuple[str, str]] = []
         async with asyncio.TaskGroup() as tasks:
