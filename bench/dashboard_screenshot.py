@@ -24,9 +24,19 @@ from chromium import open_chromium  # noqa: E402
 from aiopipe import Device, RunConfig, Server  # noqa: E402
 
 
-async def _device(url: str, device_id: int) -> None:
-    async with Device(url, device_id) as device:
-        await device.run()
+def _devices(url: str, count: int) -> None:
+    """The devices, in a loop of this thread's own (in one loop with the server they
+    would hold it up as they set up, longer than the page's streams may wait)."""
+    async def device(k: int) -> None:
+        async with Device(url, k) as it:
+            await it.run()
+
+    async def every() -> None:
+        async with asyncio.TaskGroup() as tasks:
+            for k in range(count):
+                tasks.create_task(device(k))
+
+    asyncio.run(every())
 
 
 async def screenshot(*, devices: int, epochs: int, after: int,
@@ -41,8 +51,7 @@ async def screenshot(*, devices: int, epochs: int, after: int,
         await page.navigate(server.dashboard_url)
         await page.wait_for("document.getElementById('dashboard').dataset.updates > 0")
         async with asyncio.TaskGroup() as tasks:
-            for k in range(devices):
-                tasks.create_task(_device(server.url, k))
+            tasks.create_task(asyncio.to_thread(_devices, server.url, devices))
             training = tasks.create_task(server.run())
             await page.wait_for(f"document.getElementById('dashboard').dataset.epochs >= {after}",
                                 seconds=600)

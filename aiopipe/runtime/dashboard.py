@@ -10,7 +10,7 @@ itself).
 Authentication is ``/status``'s: none, and the guard's bounds before authentication
 ([Note: bounded before authentication]). A page viewer is a stranger to the guard, so its
 connection is closed ``handshake_timeout`` after its accept; the event stream therefore
-ends itself cleanly before then (`stream_seconds`) and the browser reconnects within
+ends itself cleanly before then (`stream_end`) and the browser reconnects within
 `RETRY_MS`, getting the whole state again ([Note: streams that end]).
 
 The run's state is polled, at most every `POLL_S` for all viewers together (`Feed`):
@@ -44,7 +44,7 @@ from aiopipe.metrics.trace import Slice
 from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.transport.guard import ConnectionGuard
 
-__all__ = ["POLL_S", "RETRY_MS", "Feed", "add_dashboard", "page", "stream_seconds"]
+__all__ = ["POLL_S", "RETRY_MS", "Feed", "add_dashboard", "page", "stream_end", "stream_margin"]
 
 #: Seconds between looks at the run's state (shared by every viewer).
 POLL_S = 0.5
@@ -139,11 +139,24 @@ class Feed:
         return found[-TIMELINE_SLICES:]
 
 
-def stream_seconds(guard: ConnectionGuard) -> float:
-    """How long one event stream lasts: ended by the server before the guard's
-    ``handshake_timeout`` would cut it ([Note: streams that end])."""
-    timeout = guard.limits.handshake_timeout
-    return max(0.5 * timeout, timeout - 2.0)
+def stream_end(guard: ConnectionGuard, transport: asyncio.Transport | None,
+               now: float) -> float:
+    """When (in the loop's time) an event stream that starts ``now`` on ``transport``
+    ends: `stream_margin` before the guard would close its connection (counted from
+    the connection's accept, which may be well before its request: a browser opens
+    connections ahead), or as long after ``now`` as a connection accepted now may last
+    where the guard does not watch it ([Note: streams that end])."""
+    limits = guard.limits
+    deadline = guard.deadline(transport)
+    if deadline is None:
+        deadline = now + limits.handshake_timeout
+    return deadline - stream_margin(limits.handshake_timeout)
+
+
+def stream_margin(handshake_timeout: float) -> float:
+    """Seconds before the guard's deadline that a stream ends: 2 s, or half the timeout
+    if that is shorter (the loop may be late while training holds the interpreter)."""
+    return min(2.0, 0.5 * handshake_timeout)
 
 
 def add_dashboard(app: web.Application, node: Coordinator, *, prefix: str = "",
@@ -152,7 +165,6 @@ def add_dashboard(app: web.Application, node: Coordinator, *, prefix: str = "",
     ``node`` on ``app``; the `Feed` they share. With a ``prefix``, ``{prefix}`` redirects
     to ``{prefix}/`` (the page asks for ``events`` relative to its own address)."""
     feed = Feed(node)
-    lifetime = stream_seconds(guard)
 
     async def dashboard(request: web.Request) -> web.Response:
         body, script_hash = page()
@@ -171,7 +183,7 @@ def add_dashboard(app: web.Application, node: Coordinator, *, prefix: str = "",
         response.force_close()
         await response.prepare(request)
         loop = asyncio.get_running_loop()
-        end, seen = loop.time() + lifetime, _Seen()
+        end, seen = stream_end(guard, request.transport, loop.time()), _Seen()
         try:
             await response.write(f"retry: {RETRY_MS}\n\n".encode())
             while True:
@@ -220,9 +232,14 @@ def page() -> tuple[str, str]:
 # An event stream is a long request from someone who proved nothing, which is what the
 # guard bounds ([Note: bounded before authentication]): it would cut the connection at
 # `handshake_timeout`, mid-chunk, and the browser would log a network error before
-# reconnecting. So the server ends each stream itself a little earlier, with a proper
-# end of its chunked body, and the browser's EventSource reopens it after `RETRY_MS`;
-# a new stream starts with the whole state, so an epoch that ended in between is not
-# missed. Chosen over admitting viewers past the guard: a stranger could then hold
-# connections for as long as it likes, which the guard exists to prevent; the price is a
-# reconnection every few seconds.
+# reconnecting (net::ERR_INCOMPLETE_CHUNKED_ENCODING, seen in Chromium). So the server
+# ends each stream itself a little earlier, with a proper end of its chunked body, and
+# the browser's EventSource reopens it after `RETRY_MS`; a new stream starts with the
+# whole state, so an epoch that ended in between is not missed. Chosen over admitting
+# viewers past the guard: a stranger could then hold connections for as long as it
+# likes, which the guard exists to prevent; the price is a reconnection every few
+# seconds. The end is counted from the guard's own deadline for the connection
+# (`ConnectionGuard.deadline`), not from the request: a browser may send the request on
+# a connection it opened earlier. What is left: a loop held up for longer than the
+# margin at a stream's end lets the guard's timer (due too, and run in the same turn)
+# cut the stream first; the browser then logs the error and reconnects all the same.

@@ -113,10 +113,29 @@ async def test_a_stream_ends_itself_cleanly_before_the_guard_would_cut_it() -> N
         async with http.get(f"{_base(server)}/events") as response:
             body = await response.read()  # a cut connection would raise here
         took = time.monotonic() - started
-    assert 0.4 < took < 1.0  # `stream_seconds`: half the handshake timeout here
+    assert 0.4 < took < 1.0  # `stream_margin`: half the handshake timeout here
     assert body.startswith(b"retry: ")
     assert body.endswith(b"\n\n")
     assert b"event: state\n" in body
+
+
+async def test_a_stream_ends_by_its_connection_s_deadline_not_its_request_s() -> None:
+    # a browser sends the request on a connection it opened earlier; the guard counts
+    # from the accept
+    limits = ConnectionLimits(handshake_timeout=2.0)  # a stream ends 1 s before
+    async with Server(CONFIG, limits=limits) as server:
+        port = int(server.url.rsplit(":", 1)[1].removesuffix("/ws"))
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        await asyncio.sleep(0.7)
+        asked = time.monotonic()
+        writer.write(b"GET /events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        answer = await reader.read()  # to the end: the server closes
+        took = time.monotonic() - asked
+        writer.close()
+        await writer.wait_closed()
+    assert took < 0.6
+    assert answer.startswith(b"HTTP/1.1 200 OK")
+    assert answer.endswith(b"\r\n0\r\n\r\n")  # the chunked body's proper end
 
 
 async def test_streams_end_when_the_server_closes() -> None:

@@ -1,9 +1,9 @@
 """The dashboard in a real headless Chromium (bench/chromium.py, over the DevTools
 protocol): opened on a running test server before its devices join, it loads without an
 error in the console, shows the server's devices, follows them as they join and leave,
-and draws each epoch as it ends, without a reload. Its streams end every half second
-here (a short handshake timeout), so the browser reconnects several times meanwhile,
-also without an error. Skipped where no Chromium is installed (``.ci/run`` installs the
+and draws each epoch as it ends, without a reload. Its streams end every 1.5 s here (a
+short handshake timeout), so the browser reconnects several times meanwhile, also
+without an error. Skipped where no Chromium is installed (``.ci/run`` installs the
 distribution's package)."""
 
 from __future__ import annotations
@@ -37,6 +37,18 @@ async def _device(url: str, device_id: int) -> None:
         await device.run()
 
 
+def _devices(url: str) -> None:
+    """Every device, in a loop of this thread's own: the devices' setup would hold the
+    server's loop up for longer than the streams' margin ([Note: streams that end]; in
+    a real fleet they are other processes)."""
+    async def every() -> None:
+        async with asyncio.TaskGroup() as tasks:
+            for k in range(CONFIG.devices):
+                tasks.create_task(_device(url, k))
+
+    asyncio.run(every())
+
+
 async def _watch(page: object, seen: list[tuple[str, str]]) -> None:
     """Note what the page shows (its epochs, its devices) whenever it changes."""
     while True:
@@ -47,7 +59,9 @@ async def _watch(page: object, seen: list[tuple[str, str]]) -> None:
 
 
 async def test_the_page_shows_the_run_s_devices_and_each_epoch_as_it_ends() -> None:
-    limits = ConnectionLimits(handshake_timeout=1.0)  # streams of 0.5 s: reconnections
+    # streams of 1.5 s: reconnections, each ended 1.5 s before the guard's deadline (a
+    # loop held up longer would let the guard cut one: [Note: streams that end])
+    limits = ConnectionLimits(handshake_timeout=3.0)
     async with (Server(CONFIG, token_secret=SECRET, join_timeout=60, limits=limits) as server,
                 chromium.open_chromium() as page):
         await page.navigate(server.dashboard_url)
@@ -55,8 +69,7 @@ async def test_the_page_shows_the_run_s_devices_and_each_epoch_as_it_ends() -> N
         seen: list[tuple[str, str]] = []
         async with asyncio.TaskGroup() as tasks:
             watching = tasks.create_task(_watch(page, seen))
-            for k in range(CONFIG.devices):
-                tasks.create_task(_device(server.url, k))
+            tasks.create_task(asyncio.to_thread(_devices, server.url))
             await server.run()
             await page.wait_for(f"{PAGE}.epochs === '3' && {PAGE}.devices === '0:done,1:done'")
             watching.cancel()
@@ -88,4 +101,4 @@ async def test_the_page_shows_the_run_s_devices_and_each_epoch_as_it_ends() -> N
     assert set(fills) <= set(COLORS.values())
     assert {COLORS["f"], COLORS["s"], COLORS["b"]} <= set(fills)
     assert "finished" in header
-    assert opens >= 3  # the stream was reopened, and nothing logged an error
+    assert opens >= 2  # the stream was reopened, and nothing logged an error
