@@ -154,7 +154,7 @@ async def open_chromium(*, executable: str | None = None,
         process = await asyncio.create_subprocess_exec(
             executable, "--headless=new", "--no-sandbox", "--disable-gpu",
             "--disable-dev-shm-usage", "--no-first-run", "--no-default-browser-check",
-            "--disable-extensions", "--disable-background-networking",
+            "--disable-extensions", "--disable-background-networking", "--hide-scrollbars",
             "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1",
             f"--user-data-dir={profile}", "--window-size=1280,1000", "about:blank",
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,

@@ -213,16 +213,22 @@
   const live = document.getElementById("live");
   const source = new EventSource("events");
   let opens = 0;
+  let away = null;  // the timer that says "reconnecting" if a reopening takes long
   source.addEventListener("open", () => {
+    clearTimeout(away);
     live.textContent = "live";
     live.classList.add("on");
     opens += 1;
     root.dataset.opens = String(opens);
   });
   // a stream ends every few seconds (the server's connection rules) and reopens by itself
+  // within a second: only a longer silence is news
   source.addEventListener("error", () => {
-    live.textContent = source.readyState === EventSource.CLOSED ? "disconnected" : "reconnecting";
-    live.classList.remove("on");
+    clearTimeout(away);
+    away = setTimeout(() => {
+      live.textContent = source.readyState === EventSource.CLOSED ? "disconnected" : "reconnecting";
+      live.classList.remove("on");
+    }, 3000);
   });
   source.addEventListener("state", (event) => {
     lastState = JSON.parse(event.data);
