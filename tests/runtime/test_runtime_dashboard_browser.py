@@ -49,12 +49,17 @@ def _devices(url: str) -> None:
     asyncio.run(every())
 
 
+async def _look(page: object, seen: list[tuple[str, str]]) -> None:
+    """Note what the page shows (its epochs, its devices) if it changed."""
+    shown = await page.evaluate(f"[{PAGE}.epochs, {PAGE}.devices]")  # type: ignore[attr-defined]
+    if not seen or seen[-1] != tuple(shown):
+        seen.append(tuple(shown))
+
+
 async def _watch(page: object, seen: list[tuple[str, str]]) -> None:
-    """Note what the page shows (its epochs, its devices) whenever it changes."""
+    """`_look` every 50 ms."""
     while True:
-        shown = await page.evaluate(f"[{PAGE}.epochs, {PAGE}.devices]")  # type: ignore[attr-defined]
-        if not seen or seen[-1] != tuple(shown):
-            seen.append(tuple(shown))
+        await _look(page, seen)
         await asyncio.sleep(0.05)
 
 
@@ -73,6 +78,7 @@ async def test_the_page_shows_the_run_s_devices_and_each_epoch_as_it_ends() -> N
             await server.run()
             await page.wait_for(f"{PAGE}.epochs === '3' && {PAGE}.devices === '0:done,1:done'")
             watching.cancel()
+        await _look(page, seen)
         rows = await page.evaluate(
             "[...document.querySelectorAll('#devices tr')].map(r => r.innerText)")
         fills = await page.evaluate(
