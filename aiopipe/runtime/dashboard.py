@@ -14,8 +14,9 @@ ends itself cleanly before then (`stream_end`) and the browser reconnects within
 `RETRY_MS`, getting the whole state again ([Note: streams that end]).
 
 The run's state is polled, at most every `POLL_S` for all viewers together (`Feed`):
-the coordinator has no listeners to call, and one look costs what a ``/status`` costs.
-An epoch's end is seen within `POLL_S`.
+the coordinator has no listeners to call, and one look costs what a ``/status`` costs
+(which grows with the slices recorded: looks take at most `LOOK_SHARE` of the loop).
+An epoch's end is seen within `POLL_S` while a look takes under 25 ms.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ __all__ = ["POLL_S", "RETRY_MS", "Feed", "add_dashboard", "page", "stream_end", 
 
 #: Seconds between looks at the run's state (shared by every viewer).
 POLL_S = 0.5
+#: Most of the event loop's time the looks at the run take: ``describe`` sums the busy
+#: time of every slice recorded so far, so in a long run looks come less often.
+LOOK_SHARE = 0.05
 #: Milliseconds the browser waits before it reopens an event stream that ended.
 RETRY_MS = 1000
 #: Most slices of the latest epoch that its timeline is chosen from (its last ones).
@@ -76,20 +80,21 @@ class Feed:
         self.timeline_version = 0
         #: set when the application shuts down: every stream ends at once
         self.closed = asyncio.Event()
-        self._polled = -math.inf
+        self._next_look = -math.inf  # (the loop's time)
         self._lock = asyncio.Lock()
         self._drawn = 0  # finished epochs when the timeline was last chosen
         self._starts: dict[int, int] = {}  # epoch -> index of its first slice
         self._scanned = 0
 
     async def refresh(self) -> None:
-        """Look at the run again unless that was done less than `POLL_S` ago; the
-        timeline is chosen again (in a thread) when an epoch has ended."""
+        """Look at the run again unless that was done less than `POLL_S` ago (or longer,
+        `LOOK_SHARE`); the timeline is chosen again (in a thread) when an epoch has
+        ended."""
         loop = asyncio.get_running_loop()
         async with self._lock:
-            if loop.time() - self._polled < POLL_S:
+            started = loop.time()
+            if started < self._next_look:
                 return
-            self._polled = loop.time()
             node = self.node
             status = node.describe()
             finished = status.pop("finished_epochs")
@@ -100,11 +105,13 @@ class Feed:
                 status["busy_fraction"] = {}
             status["device_states"] = device_states(status, finished=node.finished)
             self.state = status
+            took = loop.time() - started
+            self._next_look = started + max(POLL_S, took / LOOK_SHARE)
             if len(finished) != self._drawn:
-                self._drawn = len(finished)
                 slices = self._epoch_slices(len(finished) - 1)
                 with node.clock.hold():  # (a virtual clock must not jump meanwhile)
                     view = await asyncio.to_thread(timeline_view, slices)
+                self._drawn = len(finished)  # (not before: a cancelled look tries again)
                 if view is not None:
                     self.timeline, self.timeline_version = view, self.timeline_version + 1
 
