@@ -52,7 +52,9 @@ def add_routes(app: web.Application, node: Coordinator, *,
                prefix: str = "", shape_downlinks: bool = False,
                guard: ConnectionGuard | None = None,
                revocations: Revocations | None = None) -> None:
-    """Mount the device websocket and the status routes of ``node`` on ``app``.
+    """Mount the device websocket, the status routes and the dashboard of ``node`` on
+    ``app``: ``{prefix}/ws``, ``/status``, ``/metrics``, ``/`` and ``/events`` (and
+    ``{prefix}`` itself, redirected to ``{prefix}/``, with a prefix).
 
     ``token_secret``: devices must present a token minted under it (bytes, or str as
     UTF-8; None: no authentication). ``shape_downlinks``: pace what goes to device k at its
