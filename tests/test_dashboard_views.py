@@ -15,7 +15,7 @@ from aiopipe.metrics.dashboard import (
     server_sent_event,
     timeline_view,
 )
-from aiopipe.metrics.timeline import COLORS
+from aiopipe.metrics.timeline import COLORS, OTHER_COLOR
 from aiopipe.metrics.trace import Slice
 
 STATUS = {"devices": 5, "joined": [0, 1, 2, 3], "connected": [0, 3],
@@ -105,3 +105,4 @@ def test_an_event_is_one_json_line_with_nan_as_null() -> None:
 def test_the_legend_is_the_timeline_picture_s() -> None:
     assert legend()["colors"] == COLORS
     assert set(legend()["names"]) == set(COLORS)
+    assert legend()["other"] == OTHER_COLOR

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from aiopipe.metrics.timeline import COLORS, STAGES, representative_window
+from aiopipe.metrics.timeline import COLORS, OTHER_COLOR, STAGES, representative_window
 from aiopipe.metrics.trace import Slice, chrome_trace
 
 __all__ = ["DEVICE_STATES", "EPOCH_FIELDS", "MAX_TIMELINE_BARS", "device_states",
@@ -104,9 +104,10 @@ def timeline_view(slices: Sequence[Slice]) -> dict[str, Any] | None:
             "span_ms": round(span, 4), "bars": bars}
 
 
-def legend() -> dict[str, dict[str, str]]:
-    """Slice kinds' colours and names, for the page (`COLORS`, `STAGES`)."""
-    return {"colors": dict(COLORS), "names": dict(STAGES)}
+def legend() -> dict[str, Any]:
+    """Slice kinds' colours and names, for the page (`COLORS`, `STAGES`), and the colour
+    of any other kind (`OTHER_COLOR`)."""
+    return {"colors": dict(COLORS), "names": dict(STAGES), "other": OTHER_COLOR}
 
 
 def server_sent_event(name: str, data: Any) -> bytes:

@@ -28,9 +28,17 @@
     return value === null || value === undefined ? "–" : Number(value).toFixed(digits);
   }
 
+  function shown(value) {
+    if (typeof value === "number") return Number.isInteger(value) ? String(value) : value.toPrecision(3);
+    if (typeof value === "string") return value;
+    if (Array.isArray(value) && !value.length) return "[]";
+    if (Array.isArray(value) && value.every((v) => typeof v !== "object")) return value.join(",");
+    const text = JSON.stringify(value);
+    return text.length > 60 ? text.slice(0, 59) + "…" : text;
+  }
+
   function pairs(object) {
-    return Object.entries(object || {}).map(([k, v]) =>
-      k + "=" + (typeof v === "number" && !Number.isInteger(v) ? v.toPrecision(3) : v)).join(" ");
+    return Object.entries(object || {}).map(([k, v]) => k + "=" + shown(v)).join(" ");
   }
 
   function touched() {
@@ -43,8 +51,9 @@
   function drawState(state) {
     const run = document.getElementById("run");
     const phase = state.finished ? "finished" : state.epoch > 0 ? "training" : "waiting for devices";
+    const privacy = state.privacy ? ` · ε ${shown(state.privacy.epsilon)}` : "";
     run.textContent = `mode ${state.mode} · ${state.devices} devices · epoch ${state.epoch} of ` +
-      `${state.epochs} · round ${state.round} · ${phase}`;
+      `${state.epochs} · round ${state.round}${privacy} · ${phase}`;
     const body = document.getElementById("devices");
     body.replaceChildren(...state.device_states.map((d) => {
       const row = el("tr", {"data-device": d.device, "data-state": d.state});
@@ -59,6 +68,10 @@
     const perDevice = state.device_states.some((d) => Object.keys(d.plan).length);
     document.getElementById("plan-note").textContent = !state.plan.length ? "no plan yet" :
       perDevice ? "" : "plan: " + state.plan.map(pairs).join("; ");
+    const changes = (state.replans || []).slice(-5).reverse();
+    document.getElementById("changes").replaceChildren(...changes.map((c) => el("li", {}, pairs(c))));
+    document.getElementById("changes-note").textContent = changes.length ?
+      `the latest ${changes.length} of ${state.replans.length}, newest first` : "none yet";
     drawBusy(state.busy_fraction);
   }
 
@@ -184,7 +197,7 @@
       kinds.add(kind);
       const rect = el("svg:rect", {x: x(start), y: row * rowHeight + 2,
         width: Math.max(0.5, x(start + duration) - x(start)), height: rowHeight - 5,
-        fill: LEGEND.colors[kind] || "#bbbbbb", "data-kind": kind});
+        fill: LEGEND.colors[kind] || LEGEND.other, "data-kind": kind});
       rect.append(el("svg:title", {}, `${name}: ${start.toFixed(2)}–${(start + duration).toFixed(2)} ms`));
       svg.append(rect);
       if (x(start + duration) - x(start) > 8 * name.length) {
@@ -199,10 +212,13 @@
         (span * t / 5).toFixed(1) + (t === 5 ? " ms" : "")));
     }
     const legend = document.getElementById("timeline-legend");
-    legend.replaceChildren(...Object.keys(LEGEND.names).filter((k) => kinds.has(k)).map((k) => {
+    // timeline.png's order: the known kinds, then a system's own
+    const known = Object.keys(LEGEND.names).filter((k) => kinds.has(k));
+    const own = [...kinds].filter((k) => !(k in LEGEND.names)).sort();
+    legend.replaceChildren(...known.concat(own).map((k) => {
       const item = el("span");
-      item.append(el("i", {style: "background:" + LEGEND.colors[k]}),
-        document.createTextNode(LEGEND.names[k]));
+      item.append(el("i", {style: "background:" + (LEGEND.colors[k] || LEGEND.other)}),
+        document.createTextNode(LEGEND.names[k] || k));
       return item;
     }));
   }

@@ -76,7 +76,9 @@ async def test_the_page_shows_the_run_s_devices_and_each_epoch_as_it_ends() -> N
             watching = tasks.create_task(_watch(page, seen))
             tasks.create_task(asyncio.to_thread(_devices, server.url))
             await server.run()
-            await page.wait_for(f"{PAGE}.epochs === '3' && {PAGE}.devices === '0:done,1:done'")
+            await page.wait_for(f"{PAGE}.epochs === '3' && {PAGE}.devices === '0:done,1:done' "
+                                "&& document.getElementById('timeline-caption').innerText"
+                                ".startsWith('(epoch 3,')")
             watching.cancel()
         await _look(page, seen)
         rows = await page.evaluate(
