@@ -134,8 +134,8 @@ class Feed:
     def _epoch_slices(self, epoch: int) -> list[Slice]:
         """The recorded slices of ``epoch`` (counted from 0; its last `TIMELINE_SLICES`):
         a finished epoch's, whose rounds have all been reported (the epoch under way has
-        only the coordinator's own so far). Slices are scanned once for where each
-        epoch's start."""
+        only the coordinator's own so far). Each slice is looked at once to learn where
+        each epoch starts."""
         slices = self.node.recorder.slices
         for i in range(self._scanned, len(slices)):
             self._starts.setdefault(slices[i].epoch, i)
