@@ -310,8 +310,15 @@ class Server:
         self._runner: web.AppRunner | None = None
         self.url = ""
 
+    @property
+    def dashboard_url(self) -> str:
+        """The live dashboard's address (``http://host:port/``, https with TLS) once this
+        server listens; "" before, or where it does not listen itself."""
+        return "http" + self.url.removeprefix("ws").removesuffix("ws") if self.url else ""
+
     def add_routes(self, app: web.Application, *, prefix: str = "") -> None:
-        """Mount ``{prefix}/ws``, ``{prefix}/status`` and ``{prefix}/metrics`` on ``app``."""
+        """Mount ``{prefix}/ws``, ``{prefix}/status``, ``{prefix}/metrics`` and the live
+        dashboard (``{prefix}/``, fed by ``{prefix}/events``) on ``app``."""
         add_routes(app, self.node, token_secret=self._secret, prefix=prefix,
                    shape_downlinks=self.node.config.shape_links, guard=self.guard,
                    revocations=self._revocations)

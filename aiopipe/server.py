@@ -33,9 +33,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Entry point of ``python -m aiopipe.server``."""
     parser = ArgumentParser(
         prog="python -m aiopipe.server",
-        description="Serve devices at ws://HOST:PORT/ws (wss:// with --tls-cert; plus /status "
-                    "and /metrics), train when all have joined, print a per-epoch table, "
-                    "write results.",
+        description="Serve devices at ws://HOST:PORT/ws (wss:// with --tls-cert; plus /status, "
+                    "/metrics and a live dashboard at /), train when all have joined, print "
+                    "a per-epoch table, write results.",
         add_help=False)
     add_run_options(parser)
     listen = parser.add_argument_group("where to listen, what to compute on")
@@ -109,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
                 print(f"aiopipe.server: waiting for {plural(config.devices, 'device')} at "
                       f"{server.url}",
                       flush=True)
+                print(f"aiopipe.server: a live dashboard at {server.dashboard_url}", flush=True)
                 print(TABLE_HEADER, flush=True)
                 async with display.following(server.node):
                     result = await server.run()

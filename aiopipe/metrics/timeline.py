@@ -29,11 +29,13 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["COLORS", "STAGES", "draw_overview", "draw_run_timeline", "draw_timeline",
+__all__ = ["COLORS", "OTHER_COLOR", "STAGES", "draw_overview", "draw_run_timeline", "draw_timeline",
            "overview_figure", "representative_window", "select_window", "server_devices"]
 
 COLORS = {"f": "#4C72B0", "u": "#55A868", "s": "#C44E52", "d": "#8172B2", "b": "#CCB974",
           "step": "#64B5CD", "m": "#999999", "agg": "#333333", "ckpt": "#333333"}
+#: The colour of a slice kind that is not in `COLORS` (a system's own, as HADFL's "FB").
+OTHER_COLOR = "#777777"
 #: Characters of a timeline's title per line (13-inch figure, 10-point type).
 TITLE_CHARS = 150
 
@@ -279,7 +281,7 @@ def draw_timeline(trace: Mapping[str, Any], path: str | Path, *, max_events: int
     for bar in bars:
         row, height = rows[bar.tid], 0.75 * size[bar.tid]
         start, width = bar.start / 1e3, max(bar.dur / 1e3, thinnest)
-        ax.barh(row, width, left=start, height=height, color=COLORS.get(bar.kind, "#777777"),
+        ax.barh(row, width, left=start, height=height, color=COLORS.get(bar.kind, OTHER_COLOR),
                 edgecolor="white", linewidth=0.3)
         device = owners.get(bar.index)
         if device is not None:  # the lower third (the y axis points down)
@@ -304,7 +306,7 @@ def draw_timeline(trace: Mapping[str, Any], path: str | Path, *, max_events: int
     ax.set_title(textwrap.fill(title, TITLE_CHARS), fontsize=10)  # a long caption wraps
     kinds = [k for k in STAGES if any(b.kind == k for b in bars)]
     kinds += sorted({b.kind for b in bars} - set(STAGES))
-    handles = [Patch(facecolor=COLORS.get(k, "#777777"), label=f"{k}: {STAGES.get(k, k)}")
+    handles = [Patch(facecolor=COLORS.get(k, OTHER_COLOR), label=f"{k}: {STAGES.get(k, k)}")
                for k in kinds]
     if any(b.index in owners for b in bars):
         handles.append(Patch(facecolor="white", edgecolor="#555555", hatch="////",

@@ -1,7 +1,9 @@
-"""The server's aiohttp routes: the device websocket, ``/status`` and ``/metrics``.
+"""The server's aiohttp routes: the device websocket, ``/status``, ``/metrics`` and the
+dashboard.
 
 ``GET {prefix}/ws`` admits a device, ``GET {prefix}/status`` answers JSON about the run,
-``GET {prefix}/metrics`` answers Prometheus text. `add_routes` mounts them on any aiohttp
+``GET {prefix}/metrics`` answers Prometheus text, ``GET {prefix}/`` a live page of the run
+fed by ``{prefix}/events`` (`aiopipe.runtime.dashboard`). `add_routes` mounts them on any aiohttp
 application, so an existing service can host an aiopipe server next to its own routes.
 
 With a token secret, ``/ws`` wants ``Authorization: Bearer <token>`` minted for one device
@@ -35,6 +37,7 @@ from aiopipe.auth import (
 )
 from aiopipe.errors import AiopipeError, AuthenticationError, RemoteProtocolError
 from aiopipe.runtime.coordinator import Coordinator
+from aiopipe.runtime.dashboard import add_dashboard
 from aiopipe.transport import WebSocketLink, accept_websocket
 from aiopipe.transport.guard import ConnectionGuard, ConnectionLimits
 from aiopipe.wording import plural
@@ -49,7 +52,9 @@ def add_routes(app: web.Application, node: Coordinator, *,
                prefix: str = "", shape_downlinks: bool = False,
                guard: ConnectionGuard | None = None,
                revocations: Revocations | None = None) -> None:
-    """Mount the device websocket and the status routes of ``node`` on ``app``.
+    """Mount the device websocket, the status routes and the dashboard of ``node`` on
+    ``app``: ``{prefix}/ws``, ``/status``, ``/metrics``, ``/`` and ``/events`` (and
+    ``{prefix}`` itself, redirected to ``{prefix}/``, with a prefix).
 
     ``token_secret``: devices must present a token minted under it (bytes, or str as
     UTF-8; None: no authentication). ``shape_downlinks``: pace what goes to device k at its
@@ -136,6 +141,7 @@ def add_routes(app: web.Application, node: Coordinator, *,
     app.router.add_get(f"{prefix}/ws", websocket)
     app.router.add_get(f"{prefix}/status", status)
     app.router.add_get(f"{prefix}/metrics", metrics)
+    add_dashboard(app, node, prefix=prefix, guard=guard)  # ``/``, ``/events``: as /status
 
 
 #: Seconds between looks at the revocation file while a device is connected.

@@ -113,6 +113,12 @@ class ConnectionGuard:
         if timer is not None:
             timer.cancel()
 
+    def deadline(self, transport: asyncio.Transport | None) -> float | None:
+        """When (in the loop's time) the connection of ``transport`` is closed unless it is
+        admitted first; None once it is admitted, or if it is not this guard's."""
+        timer = self.pending.get(transport) if transport is not None else None
+        return timer.when() if timer is not None else None
+
     def _opened(self, transport: asyncio.Transport) -> None:
         while len(self.pending) >= self.limits.max_pending:
             oldest, timer = self.pending.popitem(last=False)
