@@ -57,6 +57,7 @@ def _modes(result: RunResult) -> list[str]:
             for epoch in result.epochs]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("server_believed_fast")
 async def test_a_misled_first_choice_is_corrected_by_a_trial_round(
         caplog: pytest.LogCaptureFixture) -> None:
@@ -81,6 +82,7 @@ async def test_a_misled_first_choice_is_corrected_by_a_trial_round(
     assert math.isfinite(auto.final.loss)
 
 
+@pytest.mark.slow
 async def test_a_trial_that_runs_slower_goes_back(caplog: pytest.LogCaptureFixture) -> None:
     """Four devices at 2x over wifi: pipar is fastest and sfl is predicted within the
     trial margin of it, so sfl is tried for round 2, measures slower, and pipar runs on
@@ -101,6 +103,7 @@ async def test_a_trial_that_runs_slower_goes_back(caplog: pytest.LogCaptureFixtu
                for r in caplog.records)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("server_believed_fast")
 async def test_rechoose_false_keeps_the_first_choice() -> None:
     kept = await _run(FLEET.replace(mode="auto", options={"rechoose": False}))
@@ -108,6 +111,7 @@ async def test_rechoose_false_keeps_the_first_choice() -> None:
     assert all(not epoch.changes for epoch in kept.epochs)
 
 
+@pytest.mark.slow
 async def test_a_first_choice_far_ahead_is_kept_without_a_trial(
         caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="aiopipe.server"):
