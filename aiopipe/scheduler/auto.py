@@ -24,8 +24,9 @@ wins; one within `TIE_MARGIN` of it that comes earlier in `STAR_MODES` (fl befor
 before pipar: fewer moving parts, nothing of the model crossing links per batch) wins
 instead, since the estimates are not that exact on real clocks ([Note: real clocks] in
 estimate.py); a run checks its choice against a measured round of the runner-up
-([Note: re-choosing the system] in aiopipe/runtime/systems/star/rechoose.py). The bound that decides a candidate's epoch is its busiest resource over
-the epoch: a device's compute, its uplink or downlink, or the server.
+([Note: re-choosing the system] in aiopipe/runtime/systems/star/rechoose.py). The bound
+that decides a candidate's epoch is its busiest resource over the epoch: a device's
+compute, its uplink or downlink, or the server.
 
 The pipeline systems (pipeline, ftpipehd, asteroid) train device 0's data only and
 hadfl and fedbuff have no server on the data path: their epochs are not the same work,

@@ -129,7 +129,8 @@ def _slice(track: str, name: str, start: float, end: float, iteration: int) -> S
 def test_a_rounds_epoch_leaves_out_warm_up_but_keeps_waits() -> None:
     """Device 0: three iterations of f (1 s), a wait, b (1 s), step (0.5 s); its first
     forward took 3 s (warm-up: 2 s beyond the median), and its first iteration waited
-    1 s more for the server (a wait: kept). Three iterations a round, six an epoch."""
+    1 s more for the server (a wait: kept). A round of 14.5 s on the coordinator's
+    clock; three iterations a round, six an epoch."""
     plan = DevicePlan(0, 2, 1, 10, iterations_per_epoch=6)
     track = "device0/compute"
     slices = [_slice("server/compute", "m", 0.0, 0.5, -1),
@@ -139,8 +140,11 @@ def test_a_rounds_epoch_leaves_out_warm_up_but_keeps_waits() -> None:
               _slice(track, "step", 10.0, 10.5, 1),
               _slice(track, "f", 10.5, 11.5, 2), _slice(track, "b", 12.5, 13.5, 2),
               _slice(track, "step", 13.5, 14.0, 2)]
-    assert steady_epoch(slices, [plan]) == pytest.approx((14.0 - 2.0) * 6 / 3)
-    assert steady_epoch([], [plan]) is None
+    assert steady_epoch(14.5, slices, [plan]) == pytest.approx((14.5 - 2.0) * 6 / 3)
+    assert steady_epoch(14.5, [], [plan]) is None
+    # a device that claims a first forward of 100 s moves the figure by half the span
+    claims = [_slice(track, "f", 0.5, 100.5, 0), *slices[2:]]
+    assert steady_epoch(14.5, claims, [plan]) == pytest.approx(14.5 / 2 * 6 / 3)
 
 
 def test_a_trial_is_kept_when_faster_and_a_simpler_one_on_a_near_tie() -> None:

@@ -64,6 +64,8 @@ class BetweenRounds:
     placement: Placement
     serves_stages: bool
     units: int
+    #: when the round under way began (the coordinator's clock)
+    round_began: float = 0.0
 
     def plan_entries(self) -> list[dict[str, Any]]:
         """(P_k, N_k) per device."""
@@ -159,7 +161,7 @@ class BetweenRounds:
                           paced: Sequence[bool]) -> dict[str, Any] | None:
         """[Note: re-choosing the system]: after the first round, try the runner-up for
         a round when it may be faster; after that round, run on with the faster one."""
-        measured = steady_epoch(slices, self.plans)
+        measured = steady_epoch(rounds.clock.now() - self.round_began, slices, self.plans)
         if self.planning is None or measured is None:
             return None
         ran = Measured(self.config.mode, tuple((p.split_point, p.parallel_batches)

@@ -298,6 +298,7 @@ class Star(BetweenRounds, SystemDefaults):
                         ) -> dict[int, RoundResult]:
         """Parallel rounds with FedAvg (fl, sfl, pipar), or turns (sl)."""
         done: dict[int, RoundResult] = {}
+        self.round_began = rounds.clock.now()
         self.settings = self.strategy.configure_round(round_no)
         if self.config.mode == "sl":  # devices take turns on one chain of weights
             for k in participants:

@@ -73,21 +73,21 @@ class Measured:
     epoch_s: float
 
 
-def steady_epoch(slices: Sequence[Slice], plans: Sequence[DevicePlan]) -> float | None:
-    """An epoch's seconds as a round's trace shows them: the round's span (its first
-    slice's start to its last slice's end), less the warm-up of the device that
-    finished last, scaled by that device's iterations per epoch over the round's. None
-    when the round shows no iteration.
+def steady_epoch(span: float, slices: Sequence[Slice], plans: Sequence[DevicePlan]
+                 ) -> float | None:
+    """An epoch's seconds as a round showed them: the round's ``span`` on the
+    coordinator's clock, less the warm-up of the device that finished last (at most half
+    the span), scaled by that device's iterations per epoch over the round's. None when
+    the round's trace (``slices``) shows no iteration.
 
     The warm-up is what the device's compute items of the round's first iteration took
     beyond the same items' median in its later iterations: a process's first passes
     at a size pay for allocations and first calls that later ones do not. Waits
     between items (the first iteration's devices queueing at the server at once) are
-    the schedule's, not warm-up, and stay in.
+    the schedule's, not warm-up, and stay in. The span is the coordinator's own, and a
+    device's report moves the figure by no more than half of it: what a device says of
+    its own slices sways only which of the allowed systems runs on.
     """
-    if not slices:
-        return None
-    span = max(s.end for s in slices) - min(s.start for s in slices)
     last: tuple[float, float, int, int] | None = None  # (end, warm-up, iterations, per epoch)
     for plan in plans:
         track = f"device{plan.device_id}/compute"
@@ -109,7 +109,7 @@ def steady_epoch(slices: Sequence[Slice], plans: Sequence[DevicePlan]) -> float 
     if last is None:
         return None
     _, warm_up, iterations, per_epoch = last
-    return (span - warm_up) * per_epoch / iterations
+    return (span - min(warm_up, span / 2)) * per_epoch / iterations
 
 
 def runner_up(auto: RunConfig, candidates: Sequence[str], running: Measured,
