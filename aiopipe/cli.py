@@ -89,7 +89,8 @@ def _float_list(text: str) -> float | list[float]:
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """Options that override the config file's keys."""
     run = parser.add_argument_group("run options (override the config file)")
-    run.add_argument("--config", type=Path, help="TOML file with run keys (see README)")
+    run.add_argument("--config", type=Path,
+                     help="TOML file with run keys (see docs/systems/index.md)")
     run.add_argument("--mode", help=f"training mode: {', '.join(MODES)} or module:attribute, "
                                     "a system of your own (default pipar)")
     run.add_argument("--model", help="model name (vgg5, resnet18, mobilenetv3-small, vgg16, "

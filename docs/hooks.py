@@ -27,9 +27,10 @@ import re
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mkdocs.structure.files import File, Files
+if TYPE_CHECKING:
+    from mkdocs.structure.files import Files
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # (mkdocs run from a checkout that is not installed)
@@ -42,20 +43,20 @@ SCHEDULE = re.compile(r"<!--\s*schedule:\s*([^>]*?)\s*-->")
 
 
 def on_files(files: Files, config: Any) -> Files:
-    """Add the files of `COPIED` to the site as static files (never rendered as pages)."""
+    """Add the files of `COPIED` to the site as static files (never rendered as pages:
+    a result's ``report.md`` is copied as it is)."""
+    from mkdocs.structure.files import File  # (mkdocs only here: the tests need none)
+
+    class Static(File):
+        def is_documentation_page(self) -> bool:
+            return False
+
     for folder in COPIED:
         for path in sorted((ROOT / folder).rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts:
                 uri = path.relative_to(ROOT).as_posix()
-                files.append(_Static.generated(config, uri, abs_src_path=str(path)))
+                files.append(Static.generated(config, uri, abs_src_path=str(path)))
     return files
-
-
-class _Static(File):
-    """A repository file copied into the site as it is (a result's ``report.md`` too)."""
-
-    def is_documentation_page(self) -> bool:
-        return False
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
