@@ -38,8 +38,9 @@ if str(ROOT) not in sys.path:  # (mkdocs run from a checkout that is not install
 
 #: Repository folders whose files the site carries as they are (module docstring).
 COPIED = ("bench/results", "examples")
-MARKER = re.compile(r"<!--\s*options:\s*([^>]*?)\s*-->")
-SCHEDULE = re.compile(r"<!--\s*schedule:\s*([^>]*?)\s*-->")
+#: A marker is a line of its own (one quoted in a sentence, in backticks, is not).
+MARKER = re.compile(r"^<!--\s*options:\s*([^>]*?)\s*-->[ \t]*$", re.M)
+SCHEDULE = re.compile(r"^<!--\s*schedule:\s*([^>]*?)\s*-->[ \t]*$", re.M)
 
 
 def on_files(files: Files, config: Any) -> Files:
