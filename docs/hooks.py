@@ -10,7 +10,8 @@ is taken from the code when the site is built, not retyped.
   ``Attributes:``. A field the docstring does not describe fails the build.
 - ``<!-- schedule: 1f1b 3 4 -->`` becomes the dry run of that schedule (``pipar N``,
   ``gpipe S N``, ``1f1b S N``) as the grid `aiopipe.scheduler.schedule.format_grid`
-  prints: the schedule the executor runs, drawn by the code that makes it.
+  prints: the schedule the executor runs, drawn by the code that makes it;
+  ``ftpipehd S B``: each stage's asynchronous passes with their weight versions.
 - The committed benchmark results (``bench/results/``) and the examples (``examples/``)
   are copied into the site as they are, so that a page links to a result file or an
   example by its path in the repository (``../bench/results/DIR/report.md`` from a page
@@ -125,11 +126,27 @@ def schedule_grid(words: list[str]) -> str:
     from aiopipe.scheduler import schedule
 
     kind, *numbers = words
+    if kind == "ftpipehd":
+        return "```text\n" + ftpipehd_passes(*(int(n) for n in numbers)) + "```\n"
     makers = {"pipar": schedule.pipar, "gpipe": schedule.gpipe, "1f1b": schedule.one_f_one_b}
     if kind not in makers:
-        raise ValueError(f"no schedule {kind!r} (one of {', '.join(makers)})")
+        raise ValueError(f"no schedule {kind!r} (one of {', '.join(makers)}, ftpipehd)")
     made = makers[kind](*(int(n) for n in numbers))
     return "```text\n" + schedule.format_grid(made) + "```\n"
+
+
+def ftpipehd_passes(stages: int, batches: int) -> str:
+    """FTPipeHD's asynchronous 1F1B as each stage runs it, every pass with the version of
+    the weights it uses under the default ``version_aggregation``
+    (`aiopipe.scheduler.async_pipeline.version_table`: the paper's Fig. 2 for 3 stages),
+    e.g. ``F3·v1``: batch 3's forward on the stage's version 1."""
+    from aiopipe.options import FTPipeHDOptions
+    from aiopipe.scheduler.async_pipeline import version_table
+
+    rows = version_table(stages, batches, FTPipeHDOptions().version_aggregation)
+    return "".join(f"stage {p}:  " + "  ".join(f"{one.kind}{one.batch}·v{one.version}"
+                                                for one in row) + "\n"
+                   for p, row in enumerate(rows))
 
 
 def run_keys_table() -> str:
