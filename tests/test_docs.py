@@ -86,6 +86,9 @@ def test_the_schedule_marker_draws_the_executors_schedule() -> None:
     assert page.startswith("```text\nstep  stage 0  stage 1\n")
     assert "FB0" in page
     assert "STEP" in page
+    passes = HOOKS.on_page_markdown("<!-- schedule: ftpipehd 3 6 -->", page=None,
+                                    config=None, files=None)
+    assert "stage 1:  F0·v0  F1·v0  B0·v0" in passes
 
 
 @pytest.mark.slow
