@@ -11,7 +11,9 @@ is taken from the code when the site is built, not retyped.
 - ``<!-- schedule: 1f1b 3 4 -->`` becomes the dry run of that schedule (``pipar N``,
   ``gpipe S N``, ``1f1b S N``) as the grid `aiopipe.scheduler.schedule.format_grid`
   prints: the schedule the executor runs, drawn by the code that makes it;
-  ``ftpipehd S B``: each stage's asynchronous passes with their weight versions.
+  ``... reduce P ...``: the stages P whose groups all-reduce before they step
+  (`with_reductions`); ``ftpipehd S B``: each stage's asynchronous passes with their
+  weight versions.
 - The committed benchmark results (``bench/results/``) and the examples (``examples/``)
   are copied into the site as they are, so that a page links to a result file or an
   example by its path in the repository (``../bench/results/DIR/report.md`` from a page
@@ -117,8 +119,8 @@ def options_table(modes: list[str]) -> str:
 
 
 def schedule_grid(words: list[str]) -> str:
-    """The grid of the schedule ``words`` name (``pipar N``, ``gpipe S N``, ``1f1b S N``)
-    as a fenced text block.
+    """The grid of the schedule ``words`` name (``pipar N``, ``gpipe S N``, ``1f1b S N``,
+    optionally ``reduce P...``; ``ftpipehd S B``) as a fenced text block.
 
     Raises:
         ValueError: another kind of schedule.
@@ -131,7 +133,13 @@ def schedule_grid(words: list[str]) -> str:
     makers = {"pipar": schedule.pipar, "gpipe": schedule.gpipe, "1f1b": schedule.one_f_one_b}
     if kind not in makers:
         raise ValueError(f"no schedule {kind!r} (one of {', '.join(makers)}, ftpipehd)")
+    grouped: list[int] = []
+    if "reduce" in numbers:  # ("1f1b 2 4 reduce 0": stage 0's group all-reduces)
+        at = numbers.index("reduce")
+        numbers, grouped = numbers[:at], [int(p) for p in numbers[at + 1:]]
     made = makers[kind](*(int(n) for n in numbers))
+    if grouped:
+        made = schedule.with_reductions(made, grouped)
     return "```text\n" + schedule.format_grid(made) + "```\n"
 
 

@@ -89,6 +89,9 @@ def test_the_schedule_marker_draws_the_executors_schedule() -> None:
     passes = HOOKS.on_page_markdown("<!-- schedule: ftpipehd 3 6 -->", page=None,
                                     config=None, files=None)
     assert "stage 1:  F0·v0  F1·v0  B0·v0" in passes
+    grouped = HOOKS.on_page_markdown("<!-- schedule: 1f1b 2 4 reduce 0 -->", page=None,
+                                     config=None, files=None)
+    assert "REDUCE" in grouped
 
 
 @pytest.mark.slow
