@@ -38,22 +38,32 @@ log = logging.getLogger("aiopipe.launcher")
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
-    """Entry point of ``python -m aiopipe`` (and the ``aiopipe`` script)."""
+    """Entry point of ``python -m aiopipe`` (and the ``aiopipe`` script); ``python -m
+    aiopipe new DIR`` writes a project (aiopipe.new)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["new"]:
+        from aiopipe.new import main as new
+
+        new(argv[1:])
     parser = ArgumentParser(
         prog="python -m aiopipe",
         description="Train with a server and K device processes on this machine over "
                     "loopback websockets; print a per-epoch table; write a results "
-                    "directory (config.toml, metrics.jsonl, trace.json, model.safetensors).")
+                    "directory (config.toml, metrics.jsonl, trace.json, model.safetensors). "
+                    "'python -m aiopipe new DIR' writes a project to start from.",
+        add_help=False)
     add_run_options(parser)
-    parser.add_argument("--port", type=int, default=0, help="server port (default: any free)")
-    parser.add_argument("--device-restarts", type=_count, default=0, metavar="N",
-                        help="start a device process that dies mid-run again, at most N "
-                             "times each; it rejoins the run (default 0: the run goes on "
-                             "without it)")
-    parser.add_argument("--no-fork", dest="fork", action="store_false",
-                        help="start each device as a new interpreter, not forked from a "
-                             "process that imported torch once (the default on Linux: "
-                             "devices start in milliseconds, not seconds)")
+    processes = parser.add_argument_group("processes on this machine")
+    processes.add_argument("--port", type=int, default=0,
+                           help="server port (default: any free)")
+    processes.add_argument("--device-restarts", type=_count, default=0, metavar="N",
+                           help="start a device process that dies mid-run again, at most N "
+                                "times each; it rejoins the run (default 0: the run goes on "
+                                "without it)")
+    processes.add_argument("--no-fork", dest="fork", action="store_false",
+                           help="start each device as a new interpreter, not forked from a "
+                                "process that imported torch once (the default on Linux: "
+                                "devices start in milliseconds, not seconds)")
     args = parser.parse_args(argv)
     # [Note: fork server]: it imports torch while this process does
     forks = ForkServer.launch() if args.fork and fork_available() and not args.explain else None

@@ -17,6 +17,15 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from aiopipe.cli_help import (
+    COMMON,
+    OPERATIONS,
+    TopicHelp,
+    group_title,
+    option_help,
+    system_groups,
+    with_default,
+)
 from aiopipe.config import (
     MODES,
     OUTLIERS,
@@ -87,12 +96,30 @@ def _float_list(text: str) -> float | list[float]:
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
-    """Options that override the config file's keys."""
-    run = parser.add_argument_group("run options (override the config file)")
-    run.add_argument("--config", type=Path,
+    """Options that override the config file's keys, in groups (aiopipe.cli_help): the
+    common options, each system's, the network's and operations'. On a parser made
+    with ``add_help=False``, ``-h, --help [MODE]`` too: every option, or the common
+    options and one mode's (`aiopipe.cli_help.TopicHelp`)."""
+    if "--help" not in parser._option_string_actions:
+        parser.add_argument("-h", "--help", action=TopicHelp,
+                            help="show the options and exit; with a MODE (pipar, hadfl...): "
+                                 "the common options and that mode's alone")
+        if parser.usage is None:
+            parser.usage = "%(prog)s [-h [MODE]] [--config FILE] [--mode MODE] [OPTION ...]"
+    run = parser.add_argument_group(COMMON)
+    systems = []
+    for modes, own, elsewhere in system_groups():
+        tables = " or ".join(f"[{options_of(mode).table}]" for mode in modes)
+        also = (f" Also: {', '.join(_flag(key) for key in elsewhere)} (listed above)."
+                if elsewhere else "")
+        systems.append((parser.add_argument_group(
+            group_title(modes), f"In a config file: under {tables}.{also}"), modes, own))
+    operations = parser.add_argument_group(OPERATIONS)
+    run.add_argument("--config", type=Path, metavar="FILE",
                      help="TOML file with run keys (see docs/systems/index.md)")
     run.add_argument("--mode", help=f"training mode: {', '.join(MODES)} or module:attribute, "
-                                    "a system of your own (default pipar)")
+                                    "a system of your own (default pipar); --help MODE: its "
+                                    "options")
     run.add_argument("--model", help="model name (vgg5, resnet18, mobilenetv3-small, vgg16, "
                                      "resnet101, mobilenetv3-large) or module:function, a "
                                      "factory of the nn.Sequential of split units "
@@ -128,71 +155,8 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--parallel-batches", type=_int_list,
                      help="micro-batches per iteration N: an integer, a comma list per "
                           "device, or auto (the planner picks; best with N dividing B)")
-    run.add_argument("--explain", action="store_true",
-                     help="with --mode auto: print each candidate system's predicted epoch "
-                          "for the declared fleet (device slowdown, network, samples) and "
-                          "what auto would choose, then exit without training")
-    # the systems' own options: each one's help is its system's (`_group_by_system`)
-    run.add_argument("--partition", type=_int_list)
-    run.add_argument("--stage-groups", type=_groups)
-    run.add_argument("--rescheduling", choices=RESCHEDULINGS)
-    run.add_argument("--schedule", choices=SCHEDULES)
-    run.add_argument("--version-aggregation", type=int)
-    run.add_argument("--global-replication-every", type=int)
-    run.add_argument("--first-repartition-after", type=int)
-    run.add_argument("--chain-replication-every", type=int)
-    run.add_argument("--warmup-epochs", type=int)
-    run.add_argument("--warmup-learning-rate", type=float)
-    run.add_argument("--local-steps", type=_steps)
-    run.add_argument("--sync-periods", type=int)
-    run.add_argument("--ring-size", type=int)
-    run.add_argument("--version-smoothing", type=float)
-    run.add_argument("--group-size", type=int)
-    run.add_argument("--inter-group-every", type=int)
-    run.add_argument("--ring-timeout", type=float)
-    run.add_argument("--buffer-size", type=int)
-    run.add_argument("--server-learning-rate", type=float)
-    run.add_argument("--staleness", choices=STALENESS)
-    run.add_argument("--concurrency", type=int)
-    run.add_argument("--candidates", type=lambda text: text.split(","), metavar="MODE,...")
-    run.add_argument("--network", help="network preset: 4g, 4g+, wifi or lan")
-    run.add_argument("--device-timeout", type=float,
-                     help="seconds of silence before a device connection is given up "
-                          "(mode ftpipehd: also how long device 0 waits for the same "
-                          "gradients before its round stops and is played again)")
-    run.add_argument("--reconnect-grace", type=float,
-                     help="seconds a disconnected device has to reconnect before its round "
-                          "goes on without it (default 10)")
-    run.add_argument("--replan", dest="replan", action="store_true", default=None)
-    run.add_argument("--no-device-profiles", dest="profile_devices", action="store_false",
-                     default=None,
-                     help='with "auto" (asteroid: any plan), plan from the server\'s own '
-                          "table times each device's --device-slowdown instead of the "
-                          "devices' own measurements (by default devices profile "
-                          "themselves, once per machine and model: kept in the cost "
-                          "cache, $AIOPIPE_COST_CACHE, 'off' to measure every run)")
-    run.add_argument("--device-memory-mb", type=_float_list,
-                     help='memory budget per device for "auto" plans, MB (0 = unlimited)')
-    run.add_argument("--heartbeat-interval", type=float, help="seconds between heartbeats")
-    run.add_argument("--no-shaping", dest="shape_links", action="store_false", default=None,
-                     help="do not pace websocket senders at the network's rates (use when "
-                          "the network is really shaped, e.g. by tc; by default they are)")
-    run.add_argument("--device-slowdown", type=_float_list,
-                     help="compute slowdown factor(s) >= 1 to emulate slow devices")
     run.add_argument("--aggregation-every", type=int,
                      help="FedAvg every this many iterations (0 = every epoch)")
-    run.add_argument("--aggregation", metavar="STRATEGY")
-    run.add_argument("--aggregation-options", type=_keyword_arguments, metavar="K=V,...")
-    run.add_argument("--outliers", choices=OUTLIERS)
-    run.add_argument("--privacy", choices=PRIVACY_METHODS)
-    run.add_argument("--privacy-noise", type=float)
-    run.add_argument("--dp-noise-multiplier", type=float)
-    run.add_argument("--dp-max-grad-norm", type=float)
-    run.add_argument("--dp-delta", type=float)
-    run.add_argument("--server-lanes", type=int)
-    run.add_argument("--secure-aggregation", dest="secure_aggregation", action="store_true",
-                     default=None)
-    run.add_argument("--secure-aggregation-clip", type=float)
     run.add_argument("--devices-per-round", type=_count_or_fraction,
                      help="devices sampled to train in each round: a count, or a fraction "
                           "in (0, 1) of the devices; 0: every device (fl, sl, sfl, pipar)")
@@ -201,38 +165,55 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--seed", type=int, help="random seed")
     run.add_argument("--out-dir", help="results directory (default runs/<date-time>; one "
                                        "that holds results is refused)")
-    groups = _group_by_system(parser, run)
+    run.add_argument("--explain", action="store_true",
+                     help="with --mode auto: print each candidate system's predicted epoch "
+                          "for the declared fleet (device slowdown, network, samples) and "
+                          "what auto would choose, then exit without training")
+    for group, modes, keys in systems:  # each one's help is its system's
+        for key in keys:
+            group.add_argument(_flag(key), help=option_help(key, modes),
+                               **_SYSTEM_FLAGS[key])
+    operations.add_argument("--network", help="network preset: 4g, 4g+, wifi or lan")
+    operations.add_argument("--device-slowdown", type=_float_list,
+                            help="compute slowdown factor(s) >= 1 to emulate slow devices")
+    operations.add_argument("--no-shaping", dest="shape_links", action="store_false",
+                            default=None,
+                            help="do not pace websocket senders at the network's rates (use "
+                                 "when the network is really shaped, e.g. by tc; by default "
+                                 "they are)")
+    operations.add_argument("--device-timeout", type=float,
+                            help="seconds of silence before a device connection is given up "
+                                 "(mode ftpipehd: also how long device 0 waits for the same "
+                                 "gradients before its round stops and is played again)")
+    operations.add_argument("--reconnect-grace", type=float,
+                            help="seconds a disconnected device has to reconnect before its "
+                                 "round goes on without it (default 10)")
+    operations.add_argument("--heartbeat-interval", type=float,
+                            help="seconds between heartbeats")
+    operations.add_argument("--no-device-profiles", dest="profile_devices",
+                            action="store_false", default=None,
+                            help='with "auto" (asteroid: any plan), plan from the server\'s '
+                                 "own table times each device's --device-slowdown instead of "
+                                 "the devices' own measurements (by default devices profile "
+                                 "themselves, once per machine and model: kept in the cost "
+                                 "cache, $AIOPIPE_COST_CACHE, 'off' to measure every run)")
+    operations.add_argument("--device-memory-mb", type=_float_list,
+                            help='memory budget per device for "auto" plans, MB (0 = '
+                                 "unlimited)")
     defaults = RunConfig().to_mapping()
     owners = option_owners()
-    for action in (a for group in (run, *groups) for a in group._group_actions):
-        if (action.dest in RUN_OPTION_KEYS and action.help and "default" not in action.help
-                and not isinstance(action, argparse._StoreFalseAction)):
+    for action in (a for group in (run, *(g for g, _, _ in systems), operations)
+                   for a in group._group_actions):
+        if action.dest in RUN_OPTION_KEYS and action.help:
             key = action.dest
             default = (options_of(owners[key][0]).defaults()[key] if key in owners
                        else defaults[key])
-            action.help += f" (default {_shown(default)})"
+            action.help = with_default(action.help, default, action)
 
 
-def _group_by_system(parser: argparse.ArgumentParser, run: argparse._ArgumentGroup
-                     ) -> list[argparse._ArgumentGroup]:
-    """Move the options that systems declare out of ``run``, into a group per set of
-    modes that take them, with the help each system gives (aiopipe.runtime.systems.
-    registry); the groups made."""
-    owners = option_owners()
-    groups: dict[tuple[str, ...], argparse._ArgumentGroup] = {}
-    for action in list(run._group_actions):
-        modes = owners.get(action.dest)
-        if modes is None:
-            continue
-        if modes not in groups:
-            names = ", ".join(modes[:-1]) + " and " + modes[-1] if len(modes) > 1 else modes[0]
-            groups[modes] = parser.add_argument_group(f"options of mode {names}")
-        run._group_actions.remove(action)
-        groups[modes]._group_actions.append(action)
-        helps = {mode: options_of(mode).keys[action.dest] for mode in modes}
-        action.help = (helps[modes[0]] if len(set(helps.values())) == 1
-                       else "; ".join(f"{mode}: {text}" for mode, text in helps.items()))
-    return list(groups.values())
+def _flag(key: str) -> str:
+    """A config key's command-line flag: ``ring_size``, ``--ring-size``."""
+    return "--" + key.replace("_", "-")
 
 
 def _keyword_arguments(text: str) -> dict[str, Any]:
@@ -270,16 +251,31 @@ def _count_or_fraction(text: str) -> int | float:
                 f"expected a count or a fraction, got {text!r}") from None
 
 
-def _shown(value: object) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, tuple | list):
-        return ",".join(map(str, value))
-    if isinstance(value, dict):
-        return ",".join(f"{k}={v}" for k, v in value.items()) or "none"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
+#: How each system option's flag reads its value (what it means: its system's words).
+_SYSTEM_FLAGS: dict[str, dict[str, Any]] = {
+    "partition": {"type": _int_list},
+    "stage_groups": {"type": _groups},
+    "rescheduling": {"choices": RESCHEDULINGS},
+    "schedule": {"choices": SCHEDULES},
+    "local_steps": {"type": _steps},
+    "staleness": {"choices": STALENESS},
+    "candidates": {"type": lambda text: text.split(","), "metavar": "MODE,..."},
+    "replan": {"action": "store_true", "default": None},
+    "rechoose": {"action": argparse.BooleanOptionalAction, "default": None},
+    "secure_aggregation": {"action": "store_true", "default": None},
+    "aggregation": {"metavar": "STRATEGY"},
+    "aggregation_options": {"type": _keyword_arguments, "metavar": "K=V,..."},
+    "outliers": {"choices": OUTLIERS},
+    "privacy": {"choices": PRIVACY_METHODS},
+    **{key: {"type": int} for key in (
+        "version_aggregation", "global_replication_every", "first_repartition_after",
+        "chain_replication_every", "warmup_epochs", "sync_periods", "ring_size", "group_size",
+        "inter_group_every", "buffer_size", "concurrency", "server_lanes")},
+    **{key: {"type": float} for key in (
+        "warmup_learning_rate", "version_smoothing", "ring_timeout", "server_learning_rate",
+        "privacy_noise", "dp_noise_multiplier", "dp_max_grad_norm", "dp_delta",
+        "secure_aggregation_clip", "trim_fraction", "outlier_limit", "replan_threshold")},
+}
 
 
 RUN_OPTION_KEYS = ("mode", "model", "loss", "metric", "optimizer", "dataset", "test_samples",
@@ -296,7 +292,8 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "metric", "optimizer", "dataset", "t
                    "buffer_size", "server_learning_rate", "staleness", "concurrency", "privacy",
                    "privacy_noise", "dp_noise_multiplier", "dp_max_grad_norm", "dp_delta",
                    "server_lanes", "devices_per_round", "secure_aggregation",
-                   "secure_aggregation_clip", "candidates")
+                   "secure_aggregation_clip", "candidates", "trim_fraction", "outlier_limit",
+                   "replan_threshold", "rechoose")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

@@ -27,41 +27,43 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         prog="python -m aiopipe.device",
         description="Connect to an aiopipe server and train this device's part of the "
                     "model on its local data until the server says goodbye.")
-    parser.add_argument("--server", required=True,
+    device = parser.add_argument_group("this device: its server, id and data")
+    device.add_argument("--server", required=True,
                         help="server websocket URL, ws://HOST:PORT/ws (or wss://)")
-    parser.add_argument("--device-id", type=int, required=True, help="this device's id, 0..K-1")
-    parser.add_argument("--token", default=os.environ.get("AIOPIPE_TOKEN"),
-                        help="this device's token (python -m aiopipe.auth mint; "
-                             "default: $AIOPIPE_TOKEN); a server that refuses it says why, "
-                             "and this device prints it")
-    parser.add_argument("--tls-ca", metavar="FILE",
-                        help="verify a wss:// server against these PEM CA certificates "
-                             "(default for wss://: the system's)")
-    parser.add_argument("--connect-timeout", type=float, default=300.0, metavar="S",
-                        help="wait up to S seconds for a server that is not listening yet, "
-                             "retrying with backoff (default 300: start the fleet in any "
-                             "order)")
-    parser.add_argument("--torch-device", default="auto", metavar="auto|cpu|cuda|cuda:N",
-                        help="where this node's stages compute (default auto: a CUDA GPU "
-                             "when torch sees one, else the CPU); wire tensors stay CPU bytes")
-    parser.add_argument("--data", metavar="SPEC",
+    device.add_argument("--device-id", type=int, required=True, help="this device's id, 0..K-1")
+    device.add_argument("--data", metavar="SPEC",
                         help="this device's training data: mnist:DIR, cifar10:DIR, "
                              "cifar100:DIR (the standard files' training split), "
                              "synthetic-cifar10 and the like (--samples of them, drawn "
                              "with --seed), or module:function (returns a map-style torch "
                              "dataset of (input, label)); default: an emulated fleet's "
                              "shard, this device's share of the run's dataset")
-    parser.add_argument("--held-out", metavar="SPEC",
+    device.add_argument("--held-out", metavar="SPEC",
                         help="this device's held-out data (the forms of --data; files and "
                              "module:function give their test split): every epoch's global "
                              "model is evaluated on it here, and the server reports how it "
                              "did; the device then receives the whole model")
-    parser.add_argument("--samples", type=int, metavar="N",
+    device.add_argument("--samples", type=int, metavar="N",
                         help="with --data: keep the first N samples (synthetic data: "
                              "draw N; default all, or 2000 synthetic)")
-    parser.add_argument("--seed", type=int, default=0,
+    device.add_argument("--seed", type=int, default=0,
                         help="with --data: the seed synthetic data is drawn with "
                              "(default 0)")
+    operations = parser.add_argument_group("security and operations")
+    operations.add_argument("--token", default=os.environ.get("AIOPIPE_TOKEN"),
+                            help="this device's token (python -m aiopipe.auth mint; "
+                                 "default: $AIOPIPE_TOKEN); a server that refuses it says why, "
+                                 "and this device prints it")
+    operations.add_argument("--tls-ca", metavar="FILE",
+                            help="verify a wss:// server against these PEM CA certificates "
+                                 "(default for wss://: the system's)")
+    operations.add_argument("--connect-timeout", type=float, default=300.0, metavar="S",
+                            help="wait up to S seconds for a server that is not listening yet, "
+                                 "retrying with backoff (default 300: start the fleet in any "
+                                 "order)")
+    operations.add_argument("--torch-device", default="auto", metavar="auto|cpu|cuda|cuda:N",
+                            help="where this node's stages compute (default auto: a CUDA GPU "
+                                 "when torch sees one, else the CPU); wire tensors stay CPU bytes")
     peers = parser.add_argument_group("peer links (runs that link devices directly: "
                                       "modes pipeline, ftpipehd, asteroid, hadfl)")
     peers.add_argument("--listen", metavar="HOST:PORT", type=_host_port,

@@ -35,10 +35,12 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         prog="python -m aiopipe.server",
         description="Serve devices at ws://HOST:PORT/ws (wss:// with --tls-cert; plus /status "
                     "and /metrics), train when all have joined, print a per-epoch table, "
-                    "write results.")
+                    "write results.",
+        add_help=False)
     add_run_options(parser)
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8765, help="port (default 8765)")
+    listen = parser.add_argument_group("where to listen, what to compute on")
+    listen.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    listen.add_argument("--port", type=int, default=8765, help="port (default 8765)")
     security = parser.add_argument_group("security (see docs/howto/security.md)")
     security.add_argument("--token-secret", default=os.environ.get("AIOPIPE_TOKEN_SECRET"),
                           metavar="VALUE|file:PATH",
@@ -67,15 +69,16 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     # the shared token this option used to take is gone; say so rather than let argparse
     # read `--token X` as an abbreviation of --token-secret
     parser.add_argument("--token", dest="shared_token", help=argparse.SUPPRESS)
-    parser.add_argument("--torch-device", default="auto", metavar="auto|cpu|cuda|cuda:N",
+    listen.add_argument("--torch-device", default="auto", metavar="auto|cpu|cuda|cuda:N",
                         help="where this node's stages compute (default auto: a CUDA GPU "
                              "when torch sees one, else the CPU); wire tensors stay CPU bytes")
-    parser.add_argument("--join-timeout", type=float, default=300.0,
+    listen.add_argument("--join-timeout", type=float, default=300.0,
                         help="seconds to wait for every device (default 300)")
-    parser.add_argument("--resume", metavar="DIR",
-                        help="continue the run whose results directory is DIR from its last "
-                             "checkpoint (DIR/checkpoint, written after every round); the run's "
-                             "options come from the checkpoint")
+    checkpoints = parser.add_argument_group("checkpoints")
+    checkpoints.add_argument("--resume", metavar="DIR",
+                             help="continue the run whose results directory is DIR from its "
+                                  "last checkpoint (DIR/checkpoint, written after every "
+                                  "round); the run's options come from the checkpoint")
     args = parser.parse_args(argv)
     if args.shared_token is not None:
         parser.error("--token is gone: give the server --token-secret and each device its own "

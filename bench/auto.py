@@ -11,10 +11,12 @@ one network namespace, each device in its own, tc tbf on each direction; the sam
 with M = ``auto`` (first: its log's "auto chose ..." line and table give each
 candidate's predicted epoch and plan), ``fl``, ``sfl --split-point auto`` and ``pipar
 --split-point auto --parallel-batches auto``. The measured epoch of a run is the mean of
-its epochs after the first (the first carries the warm-up). Every process of the bench
-shares one cost cache (``AIOPIPE_COST_CACHE``, ``<out>/cost-cache-<tag>``, kept):
-the auto run measures the profiles and the forced sfl and pipar runs plan from the same
-tables, so their plans are the ones auto predicted.
+its epochs after the first (the first carries the warm-up) and after the last one in
+which auto switched system (its trial round, [Note: re-choosing the system]). Every
+process of the bench shares one cost cache (``AIOPIPE_COST_CACHE``,
+``<out>/cost-cache-<tag>``, kept): the auto run measures the profiles and the forced
+sfl and pipar runs plan from the same tables, so their plans are the ones auto
+predicted.
 
 Each invocation adds ``raw-<tag>.json``; ``--report`` (also done at the end of each run)
 writes ``<out>/tables.md`` from every ``raw-*.json`` in ``<out>``: per configuration each
@@ -22,7 +24,7 @@ candidate's predicted and measured epoch, auto's pick, the fastest measured cand
 auto's measured epoch over the fastest one's.
 
     sudo .venv/bin/python bench/auto.py [--workloads vgg5,mobilenetv3-small]
-        [--networks 4g,wifi] [--fleet both] [--epochs 2] [--tag NAME] [--out DIR]
+        [--networks 4g,wifi] [--fleet both] [--epochs 3] [--tag NAME] [--out DIR]
     .venv/bin/python bench/auto.py --report --out DIR
 """
 
@@ -59,14 +61,20 @@ ARMS = {
 #: The coordinator's one line on its choice (aiopipe.scheduler.auto.summary).
 CHOICE_LINE = re.compile(r"auto chose (\w+) \((.*?)\): predicted ([\d.]+) s per epoch, "
                          r"bound by (.+?); (.*)$", re.MULTILINE)
+#: Its second look ([Note: re-choosing the system]): the system it tries for a round,
+#: and the one it runs on (kept, or gone back to).
+TRIED = re.compile(r"auto tries (\w+)")
+SETTLED = re.compile(r"auto (?:keeps|goes back to) (\w+)")
 #: A row of the table under it (aiopipe.scheduler.auto.explain).
 TABLE_ROW = re.compile(r"^(->|  )(fl|sfl|pipar) +(?:([\d.]+)  (.*?\([\d.]+\)) +(.*?)"
                        r"|- +does not fit: (.*?))\s*$", re.MULTILINE)
 
 
 def predictions(log_text: str) -> dict[str, Any]:
-    """The auto run's choice and each candidate's predicted epoch, bound and plan, read
-    from its server log; ``{}`` when the log has no choice."""
+    """The auto run's choice (the system it ran on after its second look; ``first``:
+    its first choice; ``tried``: the one it tried for a round, or None) and each
+    candidate's predicted epoch, bound and plan (the first choice's table), read from
+    its server log; ``{}`` when the log has no choice."""
     line = CHOICE_LINE.search(log_text)
     if line is None:
         return {}
@@ -78,14 +86,21 @@ def predictions(log_text: str) -> dict[str, Any]:
         rows[mode] = ({"epoch_s": float(epoch), "bound": bound, "plan": plan}
                       if epoch is not None else {"epoch_s": None, "refusal": refusal})
         rows[mode]["chosen"] = mark == "->"
-    return {"chosen": line.group(1), "line": line.group(0).strip(), "candidates": rows}
+    tried = TRIED.search(log_text, line.end())
+    settled = [m.group(1) for m in SETTLED.finditer(log_text, line.end())]
+    return {"chosen": settled[-1] if settled else line.group(1), "first": line.group(1),
+            "tried": tried.group(1) if tried else None, "line": line.group(0).strip(),
+            "candidates": rows}
 
 
 def measured_epoch(run: dict[str, Any]) -> float | None:
-    """The run's mean epoch after the first (the only one if it ran one); None if it failed."""
+    """The run's mean epoch after the first (the only one if it ran one) and after the
+    last epoch in which its system or plans changed (mode auto's trial round, [Note:
+    re-choosing the system]); None if it failed or no such epoch is left."""
     epochs = run.get("epochs") or []
-    later = epochs[1:] or epochs
-    return sum(e["time_s"] for e in later) / len(later) if later else None
+    changed = [i for i, e in enumerate(epochs) if e.get("changes")]
+    settled = epochs[max(1, changed[-1] + 1):] if changed else epochs[1:] or epochs
+    return sum(e["time_s"] for e in settled) / len(settled) if settled else None
 
 
 def plan_of(run: dict[str, Any]) -> str:
@@ -123,7 +138,10 @@ def verdict(config: dict[str, Any]) -> dict[str, Any]:
     # the pick's forced run over the fastest: the choice's cost without the noise between
     # auto's own run and the forced run of the same system
     pick = measured[chosen] / measured[fastest] if fastest and chosen in measured else None
+    tried = predicted.get("tried")
     return {"rows": rows, "chosen": chosen, "fastest": fastest,
+            "picked": (f"{predicted.get('first')}, tried {tried}: {chosen}" if tried
+                       else chosen),
             "auto_s": auto_s, "auto_plan": plan_of(runs.get("auto", {})),
             "auto_error": runs.get("auto", {}).get("error", ""), "ratio": ratio,
             "pick_ratio": pick,
@@ -150,13 +168,13 @@ def table(config: dict[str, Any]) -> str:
         lines.append(f"| {mode}{mark} | {_s(r['predicted_s'])} | {r['predicted_plan']} "
                      f"({r['bound']}) | {measured} | {r['plan']} | {over} |")
     auto = _s(v["auto_s"]) if not v["auto_error"] else f"failed: {v['auto_error'][:80]}"
-    lines.append(f"| auto (ran {v['chosen'] or '?'}) | - | - | {auto} | {v['auto_plan']} | - |")
+    lines.append(f"| auto (ran {v['picked'] or '?'}) | - | - | {auto} | {v['auto_plan']} | - |")
     hit = {True: "yes", False: "**no**", None: "?"}[v["picked_fastest"]]
     ratio = "-" if v["ratio"] is None else f"{v['ratio']:.3f}"
     within = "" if v["ratio"] is None else (" (within 5%)" if v["ratio"] <= 1.05
                                             else " (**over 5%**)")
     pick = "-" if v["pick_ratio"] is None else f"{v['pick_ratio']:.3f}"
-    return (head + "\n".join(lines) + f"\n\nauto picked {v['chosen']}, fastest measured "
+    return (head + "\n".join(lines) + f"\n\nauto picked {v['picked']}, fastest measured "
             f"{v['fastest']}: picked the fastest: {hit}; auto measured / fastest measured "
             f"= {ratio}{within}; the pick's forced run / fastest = {pick}\n")
 
@@ -171,7 +189,7 @@ def summary(configs: Sequence[dict[str, Any]]) -> str:
         cells = [f"{_s(r['predicted_s'])} / {_s(r['measured_s'])}" for r in v["rows"].values()]
         ratio = "-" if v["ratio"] is None else f"{v['ratio']:.3f}"
         lines.append(f"| {c['workload']} | {c['network']} | {c['fleet']} | "
-                     f"{' | '.join(cells)} | {v['chosen']} | {v['fastest']} | "
+                     f"{' | '.join(cells)} | {v['picked']} | {v['fastest']} | "
                      f"{_s(v['auto_s'])} | {ratio} | "
                      f"{'-' if v['pick_ratio'] is None else format(v['pick_ratio'], '.3f')} |")
     return "\n".join(lines) + "\n"
@@ -206,7 +224,7 @@ def pooled(configs: Sequence[dict[str, Any]]) -> str:
                   else f"{known[pick] / known[fastest]:.3f}")
         lines.append(f"| {' | '.join(key)} | {len(group)} | "
                      f"{' | '.join(_s(means[m]) for m in CANDIDATES)} | "
-                     f"{', '.join(str(v['chosen']) for v in verdicts)} | {fastest} | "
+                     f"{', '.join(str(v['picked']) for v in verdicts)} | {fastest} | "
                      f"{_s(auto)} | {ratio} | {forced} |")
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
@@ -274,7 +292,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--devices", type=int, default=4)
     parser.add_argument("--samples-per-device", type=int, default=500)
     parser.add_argument("--batch-size", type=int, default=50)
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=3,
+                        help="epochs per run (auto may try a second system in epoch 2; "
+                             "each run is measured after its last change)")
     parser.add_argument("--device-slowdown", type=float, default=4.0,
                         help="compute slowdown of every device (half-slow: x2 for half)")
     parser.add_argument("--seed", type=int, default=0)

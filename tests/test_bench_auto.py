@@ -41,6 +41,23 @@ def test_it_reads_the_choice_and_every_row_of_the_logged_table(bench: ModuleType
     assert bench.predictions("no choice here") == {}
 
 
+def test_it_reads_the_second_look(bench: ModuleType) -> None:
+    estimates = _estimates()
+    first = f"{summary(estimates, estimates[0])}\n{explain(estimates, estimates[0])}\n"
+    tried = ("auto tries pipar (P2N10 x2, P4N2 x2) for round 2: predicted 4.68 s per epoch "
+             "from the round's speeds, fl measured 5.10 s:\n")
+    for log, expected in [
+            ("auto keeps fl after the first round: it measured 4.70 s per epoch; ...",
+             (None, "fl")),
+            (f"{tried}auto keeps pipar after trying it: it measured 4.50 s per epoch, fl "
+             "5.10 s", ("pipar", "pipar")),
+            (f"{tried}auto goes back to fl after trying pipar: fl measured 5.10 s per "
+             "epoch, pipar 5.60 s:", ("pipar", "fl"))]:
+        found = bench.predictions(first + log)
+        assert (found["first"], found["tried"], found["chosen"]) == ("fl", *expected)
+        assert found["candidates"]["fl"]["epoch_s"] == 4.63  # the first choice's table
+
+
 def _run(*times: float, plan: tuple[tuple[int, int], ...] = ((4, 2),) * 2) -> dict[str, Any]:
     layout = [{"device": k, "split_point": p, "parallel_batches": n}
               for k, (p, n) in enumerate(plan)]
@@ -59,6 +76,11 @@ def test_its_verdict_measures_after_the_first_epoch_and_compares_auto_with_the_f
     }
     v = bench.verdict(config)
     assert v["rows"]["pipar"]["measured_s"] == 5.0  # epochs 2 and 3
+    tried = {"epochs": [{"time_s": 9.0}, {"time_s": 7.0, "changes": [{"mode": "sfl"}]},
+                        {"time_s": 5.0, "changes": [{"mode": "fl"}]}, {"time_s": 4.0},
+                        {"time_s": 4.5}]}
+    assert bench.measured_epoch(tried) == 4.25  # after auto's last switch
+    assert bench.measured_epoch({"epochs": tried["epochs"][:3]}) is None
     assert v["rows"]["pipar"]["plan"] == "P4N2 x2"
     assert v["rows"]["sfl"]["measured_s"] is None
     assert (v["chosen"], v["fastest"], v["picked_fastest"]) == ("fl", "fl", True)

@@ -388,6 +388,7 @@ print("torch imported" if "torch" in sys.modules else "no torch", file=sys.stder
 
 
 @pytest.mark.parametrize("command", [(MAIN, "--help"), (SERVER, "--help"), (DEVICE, "--help"),
+                                     (MAIN, "--help", "hadfl"), (MAIN, "new", "--help"),
                                      ("aiopipe.auth", "secret"), ("aiopipe.timeline", "--help")])
 def test_help_and_auth_start_without_importing_torch(command: tuple[str, ...]) -> None:
     """Torch takes seconds to import on a loaded machine; these answer at once."""

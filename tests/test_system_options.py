@@ -1,7 +1,8 @@
 """Each system declares and checks its own options (aiopipe.runtime.systems.registry
-`SystemOptions`): a config file holds them in the mode's table, ``--help`` groups them by
-system, a run of another system keeps them at their defaults, and neither the runtime
-(outside the systems' own packages) nor config.py compares modes."""
+`SystemOptions`): a config file holds them in the mode's table (``--help`` groups them
+by system: tests/test_cli_help.py), a run of another system keeps them at their
+defaults, and neither the runtime (outside the systems' own packages) nor config.py
+compares modes."""
 
 from __future__ import annotations
 
@@ -77,25 +78,6 @@ def test_the_command_line_takes_the_table_of_the_mode_it_names(tmp_path: Path) -
     args = parser.parse_args(["--config", str(path), "--mode", "asteroid", "--devices", "3"])
     config = config_from_args(args)
     assert (config.mode, config.options.rescheduling) == ("asteroid", "heavy")
-
-
-def test_help_groups_each_systems_options() -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    add_run_options(parser)
-    text = parser.format_help()
-    text = text[text.index("run options"):]  # (after the usage line)
-    shared = text[text.index("options of mode hadfl and fedbuff:"):]  # (Q in both)
-    assert "--local-steps" in shared.split("\n\n")[0]
-    assert "hadfl: capacity" in shared.split("\n\n")[0]
-    general = text[:text.index("options of mode")]
-    assert "--local-steps" not in general
-    assert "--devices" in general
-    for key in option_owners():
-        flag = "--" + key.replace("_", "-") + " "
-        if flag in text:
-            assert text.index(flag) > text.index("options of mode"), flag
 
 
 def _mode_comparisons(path: Path) -> list[str]:

@@ -25,7 +25,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
                     "spread over a Ray cluster (pip install 'aiopipe[ray]'; start one with "
                     "ray start --head); the devices dial the server over authenticated "
                     "websockets. Prints a per-epoch table, writes results. Wall-clock time; "
-                    "for virtual time use aiopipe.simulate.")
+                    "for virtual time use aiopipe.simulate.",
+        add_help=False)
     add_run_options(parser)
     ray = parser.add_argument_group("Ray (see docs/howto/ray.md)")
     ray.add_argument("--address", default="auto",

@@ -16,7 +16,7 @@ from aiopipe import CostTable, RunConfig, VirtualClock, simulate
 from aiopipe.protocol import Profile
 from aiopipe.runtime.plan_text import MAX_LINES, change_lines, log_plan, plan_lines, profile_text
 from aiopipe.runtime.profiling import profile_fleet
-from aiopipe.runtime.systems.star import coordinator as star_module
+from aiopipe.runtime.systems.star import between_rounds as star_module
 from aiopipe.scheduler.estimate import DeviceProfile
 from aiopipe.transport import LinkSpec
 

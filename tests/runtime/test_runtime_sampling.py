@@ -13,7 +13,7 @@ from aiopipe.errors import ConfigError
 from aiopipe.runtime.coordinator import _epoch_from
 from aiopipe.runtime.holdings import Holdings
 from aiopipe.runtime.sampling import sampled_devices
-from aiopipe.runtime.systems.star import coordinator as star_module
+from aiopipe.runtime.systems.star import between_rounds as star_module
 from aiopipe.runtime.systems.star import planning as star_planning
 from aiopipe.runtime.systems.star.replicas import ReplicaPool
 from aiopipe.scheduler.costs import CostTable

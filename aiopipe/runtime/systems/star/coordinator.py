@@ -36,8 +36,6 @@ import torch
 
 from aiopipe import models
 from aiopipe.config import RunConfig
-from aiopipe.errors import ConfigError
-from aiopipe.metrics.trace import Slice
 from aiopipe.models.crossing import crossing_bytes
 from aiopipe.protocol import (
     HEADER_SLACK_BYTES,
@@ -63,13 +61,17 @@ from aiopipe.runtime.plan import (
     model_profile,
     unit_crossings,
 )
-from aiopipe.runtime.plan_text import change_lines, log_lines
 from aiopipe.runtime.stage import ServerStage, StageWork
 from aiopipe.runtime.systems.base import Rounds, Setup, SystemDefaults, planning_batch_sizes
+from aiopipe.runtime.systems.star.between_rounds import BetweenRounds, SecondLook
 from aiopipe.runtime.systems.star.device import StarDevice
-from aiopipe.runtime.systems.star.options import server_lanes_of, star_options, untrimmed_warning
+from aiopipe.runtime.systems.star.options import (
+    AutoOptions,
+    server_lanes_of,
+    star_options,
+    untrimmed_warning,
+)
 from aiopipe.runtime.systems.star.planning import (
-    choose_plans,
     choose_system,
     device_plans,
     first_plans,
@@ -78,7 +80,7 @@ from aiopipe.runtime.systems.star.planning import (
     with_plans,
 )
 from aiopipe.runtime.systems.star.privacy_report import StarPrivacy
-from aiopipe.runtime.systems.star.replan import Replan, live_profiles, reselect
+from aiopipe.runtime.systems.star.replan import Replan
 from aiopipe.runtime.systems.star.replicas import ReplicaPool
 from aiopipe.runtime.tasks import first_error
 from aiopipe.scheduler.actions import Action
@@ -101,7 +103,7 @@ log = logging.getLogger("aiopipe.server")
 PROBE_SAMPLES = 32
 
 
-class Star(SystemDefaults):
+class Star(BetweenRounds, SystemDefaults):
     """The star systems (module docstring); ``setup.config.mode`` says which."""
 
     resumable = True
@@ -134,6 +136,7 @@ class Star(SystemDefaults):
         self.metric = make_metric(config)
         self.samples: list[int] = []
         self.auto_config: RunConfig | None = config if needs_planner(config) else None
+        self.second_look: SecondLook | None = None
         self.planned_keys: tuple[str, ...] = (
             ("split_point", "parallel_batches") if self.auto_config else ())
         # real clocks plan from the devices' own measurements; virtual time charges
@@ -188,9 +191,13 @@ class Star(SystemDefaults):
                                                costs=self._device_costs()))
             chosen = None  # mode auto's fleet plans, searched once ([Note: choosing the system])
             if config.mode == "auto":
+                options = config.options_as(AutoOptions)
+                if options.rechoose and not config.devices_per_round:
+                    self.second_look = SecondLook(config, options.candidates)
                 config, chosen, line, table = choose_system(config, self.planning, self.live)
                 log.info("%s\n%s", line, table)
-                self.serves_stages = config.mode != "fl"
+                # a second look may move fl to a split system: its cuts are judged
+                self.serves_stages = config.mode != "fl" or self.second_look is not None
                 self.auto_config = config if config.mode != "fl" else None
             if self.auto_config is not None:
                 config = with_plans(config, chosen if chosen and not config.devices_per_round
@@ -207,48 +214,7 @@ class Star(SystemDefaults):
         self._probe_once()
         self.judge.loss_ceiling(self.model.state_dict())
 
-    async def plan_round(self, rounds: Rounds, participants: Sequence[int]) -> None:
-        """[Note: plans per round] With "auto" plans and devices sampled per round, plan
-        the round's devices as the fleet that shares the server in it.
-
-        [Note: plans per round] The planner's estimate of an epoch weighs the devices
-        that share the server at once. Sampled per round, those are the round's draw,
-        not the fleet: planning the fleet would plan for a server K / n times busier
-        than it is. So before each round the round's devices are planned alone (from the
-        same profiles), and take their plans with their `RoundStart`; a device's
-        iterations per epoch stay as they were ([Note: switching]). The plan that each
-        epoch reports is the plans as that epoch's last round left them. The trace-based
-        re-planning (`replan`) is not used with sampling: each round is planned anew.
-        """
-        if (self.auto_config is None or self.planning is None
-                or not self.config.devices_per_round):
-            return
-        auto, planning, live = self.auto_config, self.planning, self.live
-        members = sorted(participants)
-
-        def decide() -> list[tuple[int, int]]:
-            return choose_plans(auto, planning, [live[k] for k in members], members=members)
-
-        try:
-            with rounds.clock.hold():  # selection runs off the loop; time stands still
-                chosen = await asyncio.to_thread(decide)
-        except ConfigError as exc:
-            log.warning("planning round %s failed, keeping the plans: %s", members, exc)
-            return
-        plans = [(p.split_point, p.parallel_batches) for p in self.plans]
-        batch = self.config.batch_size
-        for k, (p, n) in zip(members, chosen, strict=True):
-            if (batch // n) * n == self.plans[k].samples_per_iteration:
-                plans[k] = (p, n)
-        if plans != [(p.split_point, p.parallel_batches) for p in self.plans]:
-            await rounds.compute.call(partial(self._switch_plans, plans))
-
     # -- what devices are told -----------------------------------------------------------
-
-    def plan_entries(self) -> list[dict[str, Any]]:
-        """(P_k, N_k) per device."""
-        return [{"device": p.device_id, "split_point": p.split_point,
-                 "parallel_batches": p.parallel_batches} for p in self.plans]
 
     def iterations(self, device_id: int) -> int:
         """Iterations per epoch of device ``device_id`` ([Note: iterations per epoch])."""
@@ -264,7 +230,7 @@ class Star(SystemDefaults):
                        + crossing_bytes((self.setup.data.target,)))
         # a RoundReport carries the device's trace of the round: a few slices per
         # micro-batch, each well under 128 bytes as msgpack
-        most = batch if self.auto_config else 0  # N after re-planning
+        most = batch if self.auto_config or self.second_look else 0  # N after re-planning
         widest = max(max(p.parallel_batches, most) for p in self.plans)
         slices = max(p.iterations_per_epoch * (3 * widest + 2) + 16 for p in self.plans)
         actions = 16 * (4 * widest + 2)  # a RoundStart's action list
@@ -490,64 +456,6 @@ class Star(SystemDefaults):
             self.judge.accept(norms.values())
             self.model.load_state_dict(state)
             self.judge.installed()
-
-    # -- re-planning (see aiopipe.runtime.systems.star.replan) ------------------------
-
-    async def after_round(self, rounds: Rounds, round_no: int, epoch: int,
-                          slices: Sequence[Slice], served: Sequence[int],
-                          paced: Sequence[bool]) -> dict[str, Any] | None:
-        """Re-estimate from the round's trace and switch plans when a fresh selection is
-        estimated to be better by more than ``replan_threshold``."""
-        config = self.config
-        if (self.auto_config is None or self.planning is None or not star_options(config).replan
-                or config.mode not in ("sfl", "pipar") or config.devices_per_round):
-            return None  # (sampled: each round is planned anew, `plan_round`)
-        planning, auto = self.planning, self.auto_config
-        plans, current = list(self.plans), [(p.split_point, p.parallel_batches)
-                                            for p in self.plans]
-        batch = config.batch_size
-
-        def decide() -> tuple[list[DeviceProfile], list[tuple[int, int]], float, float]:
-            profile, live = live_profiles(list(slices), plans, list(served), planning,
-                                          self.live, paced=list(paced))
-            return live, *reselect(auto, profile, live, current)
-
-        try:
-            # off the event loop (selection over many devices takes a while), time held
-            # still meanwhile in virtual time
-            with rounds.clock.hold():
-                self.live, chosen, before, after = await asyncio.to_thread(decide)
-        except ConfigError as exc:
-            log.warning("re-planning after round %d failed, keeping the plans: %s",
-                        round_no + 1, exc)
-            return None
-        if chosen == current:
-            return None
-        if any((batch // n) * n != plan.samples_per_iteration
-               for (_, n), plan in zip(chosen, self.plans, strict=True)):
-            return None  # see [Note: switching]: iterations per epoch must stay the same
-        was = self.plan_entries()
-        await rounds.compute.call(partial(self._switch_plans, chosen))
-        event = Replan(round_no, epoch, before, after, tuple(chosen))
-        self.replans.append(event)
-        log_lines(log, logging.WARNING, f"re-planned after round {round_no + 1}: estimated "
-                  f"epoch {before:.3g} s -> {after:.3g} s:",
-                  change_lines(was, self.plan_entries()))
-        return event.to_mapping()
-
-    def _switch_plans(self, chosen: list[tuple[int, int]]) -> None:
-        """Adopt new (P_k, N_k) (between rounds; in the compute thread, which owns the
-        replicas: each is made at its device's new split point when its next round
-        starts, with the momentum of the parameters it kept). Devices get theirs with the
-        next RoundStart."""
-        batch = self.config.batch_size
-        for k, (p, n) in enumerate(chosen):
-            old = self.plans[k]
-            if (p, n) == (old.split_point, old.parallel_batches):
-                continue
-            self.plans[k] = DevicePlan(k, p, n, batch // n, old.iterations_per_epoch)
-        self.config = with_plans(self.config, chosen)
-        self.placement = star([p.split_point for p in self.plans], self.units)
 
     # -- checkpoints ---------------------------------------------------------------------
 

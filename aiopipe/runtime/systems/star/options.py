@@ -363,9 +363,13 @@ class AutoOptions(ReplicaOptions):
     Attributes:
         candidates: the systems to choose among ([Note: choosing the system] in
             aiopipe.scheduler.auto), a non-empty subset of `AUTO_CANDIDATES`.
+        rechoose: after the first round, try the runner-up for a round when it may be
+            faster, and run on with the faster of the two as measured ([Note:
+            re-choosing the system] in aiopipe.runtime.systems.star.rechoose).
     """
 
     candidates: tuple[str, ...] = AUTO_CANDIDATES
+    rechoose: bool = True
 
 
 def _check_auto(config: Any) -> None:
@@ -377,9 +381,15 @@ def _check_auto(config: Any) -> None:
             or any(c not in AUTO_CANDIDATES for c in given)):
         raise fail("candidates", given, f"a non-empty list of {', '.join(AUTO_CANDIDATES)}")
     object.__setattr__(options, "candidates", tuple(dict.fromkeys(given)))
+    if not isinstance(options.rechoose, bool):
+        raise fail("rechoose", options.rechoose, "true or false")
 
 
 AUTO = SystemOptions(AutoOptions, {**_KEYS, **_REPLICA_KEYS, "candidates": (
     'mode auto: the systems it chooses among by their predicted epoch (default: fl, sfl, '
-    'pipar)')}, _check_auto, elsewhere={**_ELSEWHERE, "candidates": "it is mode auto's"},
+    'pipar)'), "rechoose": (
+    "mode auto: after the first round, try the runner-up system for a round when the "
+    "round's speeds predict it may be faster, and run on with the faster of the two as "
+    "measured (default: true)")}, _check_auto, elsewhere={
+        **_ELSEWHERE, "candidates": "it is mode auto's", "rechoose": "it is mode auto's"},
     samples_devices=True, runs_train_hook=True)

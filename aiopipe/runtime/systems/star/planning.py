@@ -20,7 +20,7 @@ from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
 
 __all__ = ["candidate_parallel_batches", "choose_plans", "choose_system", "device_plans",
            "first_plans", "micro_batch_sizes", "needs_planner", "profile_key", "resolve_auto",
-           "with_plans"]
+           "system_config", "with_plans"]
 
 
 def device_plans(config: RunConfig, units: int, samples: list[int]) -> list[DevicePlan]:
@@ -156,7 +156,6 @@ def choose_system(config: RunConfig, profile: ModelProfile, devices: Sequence[De
     Raises:
         ConfigError: no candidate fits the fleet.
     """
-    from aiopipe.runtime.systems.registry import options_of
     from aiopipe.scheduler.auto import choose_system as fastest
     from aiopipe.scheduler.auto import estimate_systems, explain, summary
 
@@ -166,12 +165,20 @@ def choose_system(config: RunConfig, profile: ModelProfile, devices: Sequence[De
         memory_budget_bytes=[config.device_memory_bytes_of(k) for k in range(config.devices)],
         aggregation_every=config.aggregation_every)
     chosen = fastest(estimates)
-    values = options_of(chosen.mode).values
+    return (system_config(config, chosen.mode), list(chosen.plans),
+            summary(estimates, chosen), explain(estimates, chosen))
+
+
+def system_config(auto: RunConfig, mode: str) -> RunConfig:
+    """Mode auto's ``auto`` config as the run config of candidate ``mode``: the star's
+    options kept, the plans left "auto" (for the planner between rounds)."""
+    from aiopipe.runtime.systems.registry import options_of
+
+    values = options_of(mode).values
+    options = auto.options_as(AutoOptions)
     kept = {f.name: getattr(options, f.name) for f in dataclasses.fields(values)}
-    resolved = config.replace(mode=chosen.mode, options=values(**kept), split_point="auto",
-                              parallel_batches="auto" if chosen.mode == "pipar" else 1)
-    return (resolved, list(chosen.plans), summary(estimates, chosen),
-            explain(estimates, chosen))
+    return auto.replace(mode=mode, options=values(**kept), split_point="auto",
+                        parallel_batches="auto" if mode == "pipar" else 1)
 
 
 def first_plans(config: RunConfig, profile: ModelProfile,

@@ -15,6 +15,9 @@ reports):
   says they take; the planning table is scaled by ``c`` (contention, a busy machine);
 - device k's slowdown = seconds of its ``f`` and ``b`` slices over ``c`` x the table's
   time for the same work (over its own table's, when it was profiled where it runs);
+  a device that trains the whole model (fl, P = Q) has one ``s`` slice per batch, its
+  forward, backward and step; a round of fl leaves the server's ``c`` at 1 (it
+  computed nothing) and the device's links as they were (no activation crossed them);
 - device k's uplink (downlink) bandwidth = bytes of its activation (gradient) frames
   over the seconds its ``u`` (``d``) slices took. A direction whose frames took no
   measurable time is unshaped. Latency is not observable from one side: the
@@ -27,7 +30,7 @@ reports):
   activations, and every switch lengthened the epoch (evidence:
   bench/results/2026-11-21-vgg5). There the bandwidths are kept as before (declared by
   the ``network`` preset).
-A device without slices in the round (lost, or fl) keeps its previous profile.
+A device without slices in the round (lost) keeps its previous profile.
 
 [Note: switching] Only plans that keep every device's samples per iteration (B' x N)
 are taken, so iterations per epoch, rounds and the data order are unchanged: with
@@ -62,20 +65,24 @@ _UNSHAPED_S = 1e-6
 @dataclass(frozen=True, slots=True)
 class Replan:
     """One switch of plans: after ``round`` (of ``epoch``), from the estimated epoch
-    ``before_s`` under the old plans to ``after_s`` under ``plans`` ((P_k, N_k))."""
+    ``before_s`` under the old plans to ``after_s`` under ``plans`` ((P_k, N_k)), and
+    of the system when ``mode`` names one."""
 
     round: int
     epoch: int
     before_s: float
     after_s: float
     plans: tuple[tuple[int, int], ...]
+    #: the system switched to (mode auto's second look), "" when the system stays
+    mode: str = ""
 
     def to_mapping(self) -> dict[str, Any]:
         """Plain values (for ``/status`` and the results)."""
         return {"round": self.round, "epoch": self.epoch,
                 "estimated_epoch_before_s": round(self.before_s, 6),
                 "estimated_epoch_after_s": round(self.after_s, 6),
-                "plans": [list(p) for p in self.plans]}
+                "plans": [list(p) for p in self.plans],
+                **({"mode": self.mode} if self.mode else {})}
 
 
 def live_profiles(slices: Sequence[Slice], plans: Sequence[DevicePlan],
@@ -106,13 +113,20 @@ def live_profiles(slices: Sequence[Slice], plans: Sequence[DevicePlan],
     devices = []
     for plan, before in zip(plans, previous, strict=True):
         k, p, micro = plan.device_id, plan.split_point, plan.micro_batch_size
-        forwards = busy.get((f"device{k}/compute", "f"), [])
-        backwards = busy.get((f"device{k}/compute", "b"), [])
         # against the device's own table when it has one, else the server's as it ran
         base, factor = (before.costs, 1.0) if before.costs is not None else (costs, scale)
-        table = factor * (len(forwards) * base.forward_time(0, p, micro)
-                          + len(backwards) * base.backward_time(0, p, micro)
-                          + _accumulations(len(backwards), plan) * base.accumulate_time(0, p))
+        if p == q:  # fl: one item per batch, the whole model's forward, backward and step
+            forwards, backwards = busy.get((f"device{k}/compute", "s"), []), []
+            table = factor * len(forwards) * (base.forward_time(0, q, micro)
+                                              + base.backward_time(0, q, micro)
+                                              + base.step_time(0, q))
+        else:
+            forwards = busy.get((f"device{k}/compute", "f"), [])
+            backwards = busy.get((f"device{k}/compute", "b"), [])
+            table = factor * (len(forwards) * base.forward_time(0, p, micro)
+                              + len(backwards) * base.backward_time(0, p, micro)
+                              + _accumulations(len(backwards), plan)
+                              * base.accumulate_time(0, p))
         slowdown = (sum(forwards) + sum(backwards)) / table if table > 0 and (
             forwards or backwards) else before.slowdown
         uplink, downlink = before.uplink, before.downlink

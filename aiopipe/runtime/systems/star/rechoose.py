@@ -1,0 +1,143 @@
+"""Mode auto's second look: after the first round, the runner-up system is tried for a
+round when the first round's speeds say it may be faster, and the faster of the two as
+measured runs on.
+
+[Note: re-choosing the system] Mode auto's first choice ([Note: choosing the system] in
+aiopipe.scheduler.auto) predicts each candidate's epoch from profiles taken before
+training, each node timed alone. A run on a real clock also pays what such profiles
+cannot see: nodes that share a host's cores, the server's passes slowed by its
+devices' compute and by other work on the machine, per-micro-batch hand-overs that
+wait for a core. Plans of many small micro-batches pay most, since each one is a server
+pass and two messages (bench/results/2026-11-29-s29-auto: vgg5 over wifi with five
+emulated nodes on two cores, pipar at N = 5 was predicted 21-30% ahead of fl and sfl
+and ran behind them, its server passes three to four times their profiled time).
+
+Nor does predicting again from the first round's speeds settle it. Read from the round's
+trace ([Note: live profile] in replan.py), the server's speed and each device's
+slowdown are the running system's conditions, and on a shared host they do not carry
+over to another system: a device's compute beside a busy server is slower than beside
+an idle one (fl's). On that vgg5 fleet the round's speeds predicted pipar within 10% of
+its measured epoch and fl 12% above its own, so a prediction still preferred pipar.
+
+So auto measures instead of trusting a second prediction:
+
+1. After round 1 it takes the running system's measured epoch (`steady_epoch`: the
+   round's span, less the warm-up of its first iteration's compute, scaled from the
+   round's iterations to an epoch's) and predicts every candidate from the
+   round's speeds (`estimate_systems` on the live profiles: each with its best plan).
+2. The best other candidate is tried for the next round if its prediction is within
+   `TRIAL_MARGIN` of the measured epoch, which covers the spread of the predictions'
+   error between systems seen on this machine. Otherwise the first choice stays.
+3. After the trial round, whichever of the two measured the shorter epoch runs on; a
+   simpler system (earlier in `STAR_MODES`) within the tie margin is kept, as at the
+   first choice.
+
+- Once per run, at most one trial round: a run that kept trying would chase noise, and
+  every switch restarts the momentum of the layers that change side.
+- The switches are the re-planner's ([Note: switching] in replan.py): every candidate's
+  plans keep B samples per iteration, so iterations per epoch, rounds and the order of
+  the data stay as they were; weights move with the layers between rounds.
+- Not with devices sampled per round (each round is planned anew then, [Note: plans per
+  round]), and not with ``rechoose = false``: the first choice stays.
+- A round's measured epoch is the wall time of that round; a trial round that is its
+  epoch's only round is that epoch in `metrics.jsonl`, and the epoch reports the plans
+  it ended with.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from aiopipe.config import RunConfig
+from aiopipe.metrics.trace import Slice
+from aiopipe.runtime.plan import DevicePlan
+from aiopipe.scheduler.auto import STAR_MODES, TIE_MARGIN, SystemEstimate, estimate_systems
+from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
+
+__all__ = ["TRIAL_MARGIN", "Measured", "keep_trial", "runner_up", "steady_epoch"]
+
+#: The runner-up is tried when predicted within this fraction above the running
+#: system's measured epoch (measured / predicted ran from 0.9 to 1.8 across systems in
+#: bench/results/2026-11-29-s29-auto, the pipeline plans highest).
+TRIAL_MARGIN = 0.3
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """A system as one round ran it: its plans ((P_k, N_k)) and measured epoch."""
+
+    mode: str
+    plans: tuple[tuple[int, int], ...]
+    epoch_s: float
+
+
+def steady_epoch(slices: Sequence[Slice], plans: Sequence[DevicePlan]) -> float | None:
+    """An epoch's seconds as a round's trace shows them: the round's span (its first
+    slice's start to its last slice's end), less the warm-up of the device that
+    finished last, scaled by that device's iterations per epoch over the round's. None
+    when the round shows no iteration.
+
+    The warm-up is what the device's compute items of the round's first iteration took
+    beyond the same items' median in its later iterations: a process's first passes
+    at a size pay for allocations and first calls that later ones do not. Waits
+    between items (the first iteration's devices queueing at the server at once) are
+    the schedule's, not warm-up, and stay in.
+    """
+    if not slices:
+        return None
+    span = max(s.end for s in slices) - min(s.start for s in slices)
+    last: tuple[float, float, int, int] | None = None  # (end, warm-up, iterations, per epoch)
+    for plan in plans:
+        track = f"device{plan.device_id}/compute"
+        mine = [s for s in slices if s.track == track]
+        # a device's iteration ends with its step; fl's "s" item holds its step
+        marker = "step" if any(s.name == "step" for s in mine) else "s"
+        ends = sorted(s.end for s in mine if s.name == marker)
+        if not ends:
+            continue
+        first = min(s.iteration for s in mine)
+        later: dict[str, list[float]] = {}
+        for s in mine:
+            if s.iteration != first:
+                later.setdefault(s.name, []).append(s.duration)
+        warm_up = sum(max(0.0, s.duration - statistics.median(later[s.name]))
+                      for s in mine if s.iteration == first and s.name in later)
+        if last is None or ends[-1] > last[0]:
+            last = (ends[-1], warm_up, len(ends), plan.iterations_per_epoch)
+    if last is None:
+        return None
+    _, warm_up, iterations, per_epoch = last
+    return (span - warm_up) * per_epoch / iterations
+
+
+def runner_up(auto: RunConfig, candidates: Sequence[str], running: Measured,
+              profile: ModelProfile, devices: Sequence[DeviceProfile]
+              ) -> tuple[SystemEstimate | None, list[SystemEstimate]]:
+    """The candidate to try next ([Note: re-choosing the system], step 2), or None,
+    and every candidate's prediction from the round's speeds (``profile``, ``devices``:
+    `live_profiles`).
+
+    Raises:
+        ConfigError: a device holds fewer samples than one batch.
+    """
+    estimates = estimate_systems(
+        profile, devices, auto.batch_size, modes=candidates,
+        memory_budget_bytes=[auto.device_memory_bytes_of(k) for k in range(len(devices))],
+        aggregation_every=auto.aggregation_every)
+    others = [e for e in estimates if e.epoch_s is not None and e.mode != running.mode]
+    if not others:
+        return None, estimates
+    best = min(others, key=lambda e: (e.epoch_s or 0.0, STAR_MODES.index(e.mode)))
+    assert best.epoch_s is not None
+    return (best if best.epoch_s < running.epoch_s * (1 + TRIAL_MARGIN) else None), estimates
+
+
+def keep_trial(first: Measured, trial: Measured) -> bool:
+    """Whether the tried system runs on ([Note: re-choosing the system], step 3): it
+    measured the shorter epoch, a simpler system within `TIE_MARGIN` winning a near tie."""
+    simpler = STAR_MODES.index(trial.mode) < STAR_MODES.index(first.mode)
+    if simpler:
+        return trial.epoch_s <= first.epoch_s * (1 + TIE_MARGIN)
+    return trial.epoch_s < first.epoch_s * (1 - TIE_MARGIN)

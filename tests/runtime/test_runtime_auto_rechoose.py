@@ -1,0 +1,151 @@
+"""Mode auto's second look ([Note: re-choosing the system] in
+aiopipe.runtime.systems.star.rechoose), in virtual time: with a planning profile that
+believes the server ten times faster than it runs, auto first picks a split system, tries
+fl for round 2 and keeps it; a trial that measures slower goes back to the first choice
+and its plans; ``rechoose = false`` keeps the first choice; a first choice far ahead of
+every other candidate is kept without a trial. And the measured epoch of a round leaves
+out warm-up but not the schedule's waits."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Any
+
+import pytest
+
+import aiopipe.runtime.systems.star.coordinator as star_coordinator
+from aiopipe import RunConfig, VirtualClock, simulate
+from aiopipe.errors import ConfigError
+from aiopipe.metrics.results import RunResult
+from aiopipe.metrics.trace import Slice
+from aiopipe.runtime.plan import DevicePlan
+from aiopipe.runtime.systems.star.rechoose import Measured, keep_trial, steady_epoch
+from aiopipe.scheduler import CostTable
+
+COSTS = dataclasses.replace(
+    CostTable.uniform(5, forward=0.002, backward=0.004, step=0.001, batch=1),
+    aggregate=(0.003, 0.002),
+)
+#: eight server halves on one server: fl trains in parallel and is fastest
+FLEET = RunConfig(devices=8, samples_per_device=48, batch_size=12, epochs=3,
+                  device_slowdown=1.0, network="wifi", seed=1)
+
+
+@pytest.fixture
+def server_believed_fast(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planning profile's server table at a tenth of what the server is charged
+    (the devices keep their own, true, table: ``server_cost_table``)."""
+    real = star_coordinator.model_profile
+
+    def fast(*args: Any, **kwargs: Any) -> Any:
+        profile = real(*args, **kwargs)
+        return dataclasses.replace(profile, costs=profile.costs.scaled(0.1))
+
+    monkeypatch.setattr(star_coordinator, "model_profile", fast)
+
+
+async def _run(config: RunConfig) -> RunResult:
+    return await simulate(config, clock=VirtualClock(), cost_table=COSTS,
+                          server_cost_table=COSTS)
+
+
+def _modes(result: RunResult) -> list[str]:
+    """Each epoch's system, from its plans (fl: the whole model on every device)."""
+    return ["fl" if {p["split_point"] for p in epoch.plan or ()} == {5} else "split"
+            for epoch in result.epochs]
+
+
+@pytest.mark.usefixtures("server_believed_fast")
+async def test_a_misled_first_choice_is_corrected_by_a_trial_round(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="aiopipe.server"):
+        auto = await _run(FLEET.replace(mode="auto"))
+    fl = await _run(FLEET.replace(mode="fl"))
+    first = next(r.getMessage() for r in caplog.records if "auto chose " in r.getMessage())
+    assert not first.startswith("auto chose fl")  # misled: a split system
+    assert _modes(auto) == ["fl"] * 3  # (an epoch reports the plans it ended with)
+    (change,) = auto.epochs[0].changes
+    assert (change["mode"], change["round"]) == ("fl", 1)
+    # before: the split system's epoch as round 1 measured it; after: fl's prediction
+    # from the round's speeds; both are the runs' own (virtual time)
+    assert change["estimated_epoch_before_s"] == pytest.approx(auto.epochs[0].time_s,
+                                                               rel=1e-3)
+    assert change["estimated_epoch_after_s"] == pytest.approx(fl.epochs[1].time_s, rel=0.02)
+    assert [e.time_s for e in auto.epochs[1:]] == pytest.approx(
+        [e.time_s for e in fl.epochs[1:]], rel=1e-3)
+    assert [e.changes for e in auto.epochs[1:]] == [(), ()]  # kept after the trial
+    assert any(r.getMessage().startswith("auto keeps fl after trying it")
+               for r in caplog.records)
+    assert math.isfinite(auto.final.loss)
+
+
+async def test_a_trial_that_runs_slower_goes_back(caplog: pytest.LogCaptureFixture) -> None:
+    """Four devices at 2x over wifi: pipar is fastest and sfl is predicted within the
+    trial margin of it, so sfl is tried for round 2, measures slower, and pipar runs on
+    with its plans."""
+    fleet = FLEET.replace(devices=4, device_slowdown=2.0, epochs=3)
+    with caplog.at_level(logging.INFO, logger="aiopipe.server"):
+        auto = await _run(fleet.replace(mode="auto"))
+    pipar = await _run(fleet.replace(mode="pipar", split_point="auto", parallel_batches="auto"))
+    tried, back = auto.epochs[0].changes[0], auto.epochs[1].changes[0]
+    assert (tried["mode"], back["mode"]) == ("sfl", "pipar")
+    assert back["plans"] == [[p["split_point"], p["parallel_batches"]]
+                             for p in pipar.epochs[0].plan or ()]
+    assert auto.epochs[1].time_s > auto.epochs[0].time_s  # the trial round was slower
+    assert back["estimated_epoch_before_s"] == pytest.approx(auto.epochs[1].time_s, rel=1e-3)
+    assert auto.epochs[2].time_s == pytest.approx(pipar.epochs[2].time_s, rel=1e-3)
+    assert not auto.epochs[2].changes
+    assert any(r.getMessage().startswith("auto goes back to pipar after trying sfl")
+               for r in caplog.records)
+
+
+@pytest.mark.usefixtures("server_believed_fast")
+async def test_rechoose_false_keeps_the_first_choice() -> None:
+    kept = await _run(FLEET.replace(mode="auto", options={"rechoose": False}))
+    assert _modes(kept) == ["split"] * 3
+    assert all(not epoch.changes for epoch in kept.epochs)
+
+
+async def test_a_first_choice_far_ahead_is_kept_without_a_trial(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="aiopipe.server"):
+        result = await _run(FLEET.replace(mode="auto"))
+    assert _modes(result) == ["fl"] * 3
+    assert all(not epoch.changes for epoch in result.epochs)
+    assert any(r.getMessage().startswith("auto keeps fl after the first round")
+               for r in caplog.records)
+
+
+def _slice(track: str, name: str, start: float, end: float, iteration: int) -> Slice:
+    return Slice(track, name, start, end, 0, iteration)
+
+
+def test_a_rounds_epoch_leaves_out_warm_up_but_keeps_waits() -> None:
+    """Device 0: three iterations of f (1 s), a wait, b (1 s), step (0.5 s); its first
+    forward took 3 s (warm-up: 2 s beyond the median), and its first iteration waited
+    1 s more for the server (a wait: kept). Three iterations a round, six an epoch."""
+    plan = DevicePlan(0, 2, 1, 10, iterations_per_epoch=6)
+    track = "device0/compute"
+    slices = [_slice("server/compute", "m", 0.0, 0.5, -1),
+              _slice(track, "f", 0.5, 3.5, 0), _slice(track, "b", 5.5, 6.5, 0),
+              _slice(track, "step", 6.5, 7.0, 0),
+              _slice(track, "f", 7.0, 8.0, 1), _slice(track, "b", 9.0, 10.0, 1),
+              _slice(track, "step", 10.0, 10.5, 1),
+              _slice(track, "f", 10.5, 11.5, 2), _slice(track, "b", 12.5, 13.5, 2),
+              _slice(track, "step", 13.5, 14.0, 2)]
+    assert steady_epoch(slices, [plan]) == pytest.approx((14.0 - 2.0) * 6 / 3)
+    assert steady_epoch([], [plan]) is None
+
+
+def test_a_trial_is_kept_when_faster_and_a_simpler_one_on_a_near_tie() -> None:
+    pipar, sfl = Measured("pipar", ((2, 5),), 3.0), Measured("sfl", ((2, 1),), 3.05)
+    assert keep_trial(pipar, sfl)  # simpler, within the tie margin
+    assert not keep_trial(sfl, dataclasses.replace(pipar, epoch_s=3.0))  # not 2% faster
+    assert keep_trial(sfl, dataclasses.replace(pipar, epoch_s=2.9))
+
+
+def test_rechoose_is_checked() -> None:
+    with pytest.raises(ConfigError, match="rechoose"):
+        RunConfig(mode="auto", options={"rechoose": "yes"})
