@@ -247,8 +247,9 @@ class Server:
 
     Args:
         config: the run to coordinate.
-        host, port: where to listen; ``host=None`` listens nowhere (mount the routes on
-            your own app with `add_routes`). Port 0 picks a free port (see `url`).
+        host: where to listen; ``host=None`` listens nowhere (mount the routes on your
+            own app with `add_routes`).
+        port: the port to listen on; 0 picks a free port (see `url`).
         token_secret: device k must send ``Authorization: Bearer <token>`` with
             ``aiopipe.auth.mint_token(token_secret, k)`` and may then speak only as device
             k; bytes, or a str taken as UTF-8 (``aiopipe.auth.generate_secret()`` as is);

@@ -116,7 +116,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
             group_title(modes), f"In a config file: under {tables}.{also}"), modes, own))
     operations = parser.add_argument_group(OPERATIONS)
     run.add_argument("--config", type=Path, metavar="FILE",
-                     help="TOML file with run keys (see README)")
+                     help="TOML file with run keys (see docs/systems/index.md)")
     run.add_argument("--mode", help=f"training mode: {', '.join(MODES)} or module:attribute, "
                                     "a system of your own (default pipar); --help MODE: its "
                                     "options")

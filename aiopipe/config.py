@@ -104,7 +104,11 @@ class RunConfig:
             steps as its speed allows in a period; then a few devices, chosen by their
             predicted versions, average their models over a ring of device-to-device
             links and one of them sends the average to the others; the coordinator
-            plans and keeps a backup, off the data path).
+            plans and keeps a backup, off the data path) or "fedbuff" (FedBuff: every
+            device trains at its own pace and uploads its delta; the coordinator
+            applies the buffered deltas, weighted by staleness, every few arrivals) or
+            "auto" (the fastest of fl, sfl and pipar for the fleet, predicted when the
+            devices have joined), or "module:attribute", a system of one's own.
         model: a model name of `aiopipe.models.MODEL_NAMES`, ``module:function`` (a
             factory, called with ``num_classes`` and ``in_shape`` if it takes them, that
             returns the model; every node imports it), or, in-process only (it cannot

@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     listen = parser.add_argument_group("where to listen, what to compute on")
     listen.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     listen.add_argument("--port", type=int, default=8765, help="port (default 8765)")
-    security = parser.add_argument_group("security (see README: Security)")
+    security = parser.add_argument_group("security (see docs/howto/security.md)")
     security.add_argument("--token-secret", default=os.environ.get("AIOPIPE_TOKEN_SECRET"),
                           metavar="VALUE|file:PATH",
                           help="device k must present the token minted for k under this secret "

@@ -68,7 +68,7 @@ async def test_no_token_says_the_server_requires_one_and_how_to_pass_it() -> Non
                               "none was sent")
     assert "pass --token or set AIOPIPE_TOKEN" in message
     assert f"`{MINT} ID`" in message
-    assert "README: Security" in message
+    assert "docs/howto/security.md" in message
 
 
 async def test_an_expired_token_says_when_and_to_mint_a_new_one() -> None:

@@ -111,8 +111,8 @@ def test_help_takes_a_mode_and_refuses_what_is_not_one() -> None:
 
 @pytest.mark.parametrize(("module", "own"), [
     ("aiopipe", ["processes on this machine"]),
-    ("aiopipe.server", ["where to listen, what to compute on", "security (see README: "
-                        "Security)", "checkpoints"])])
+    ("aiopipe.server", ["where to listen, what to compute on", "security (see "
+                        "docs/howto/security.md)", "checkpoints"])])
 def test_the_command_s_own_options_come_last(module: str, own: list[str]) -> None:
     text = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True,
                           text=True, timeout=60, cwd=REPO, check=True).stdout

@@ -1,5 +1,5 @@
 """The Ray backend (aiopipe.ray_fleet): devices as Ray actors on a two-node Ray cluster
-started on this machine the way the README says, against the in-process simulation of
+started on this machine the way docs/howto/ray.md says, against the in-process simulation of
 the same seed. Skipped where Ray is not installed (``pip install -e ".[ray]"``).
 
 Each node is started with ``ray start ... --block`` as a child process in a session of
@@ -79,7 +79,7 @@ def _alive_nodes(address: str) -> int:
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[str]:
-    """A head node and a second node on this machine (README: Beyond one machine: Ray);
+    """A head node and a second node on this machine (docs/howto/ray.md);
     its address."""
     pytest.importorskip("ray")
     temp = Path(tempfile.mkdtemp(prefix="aiopipe-ray-"))  # short: Ray's socket paths

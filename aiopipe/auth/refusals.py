@@ -113,10 +113,11 @@ def explain_refusal(url: str, status: int, challenges: Iterable[str],
         if status == 401 and error is None:
             return (f"the server at {url} requires a device token and none was sent "
                     f"(HTTP 401): pass --token or set AIOPIPE_TOKEN to this device's token, "
-                    f"minted with `{mint}` where the server's secret is (see README: Security)")
+                    f"minted with `{mint}` where the server's secret is "
+                    "(see docs/howto/security.md)")
         return (f"{url} refused the handshake with HTTP {status} (no token was sent"
                 f"{': ' + reason if reason else ''}); pass --token or set AIOPIPE_TOKEN "
-                "(see README: Security)")
+                "(see docs/howto/security.md)")
     head = f"the server at {url} refused {whose} (HTTP {status}): {reason}"
     if reason == EXPIRED:
         when = (time.strftime(" at %Y-%m-%d %H:%M:%S UTC", time.gmtime(claims.expires_at))

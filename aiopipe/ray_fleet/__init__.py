@@ -228,8 +228,7 @@ async def _connect(ray: Any, address: str) -> None:
                                 log_to_driver=True)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ConfigError(f"cannot reach the Ray cluster at {address}: {_first_line(exc)} "
-                          "(start one with ray start --head; see README: Beyond one "
-                          "machine)") from None
+                          "(start one with ray start --head; see docs/howto/ray.md)") from None
     finally:
         worker_log.removeFilter(quiet)
 
@@ -251,7 +250,7 @@ async def _probe(address: str, within_s: float = 5.0) -> None:
     except (OSError, TimeoutError) as exc:
         why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
         raise ConfigError(f"cannot reach the Ray cluster at {address}: {why} (start one "
-                          "with ray start --head; see README: Beyond one machine)") from None
+                          "with ray start --head; see docs/howto/ray.md)") from None
     writer.close()
     with contextlib.suppress(OSError):
         await writer.wait_closed()

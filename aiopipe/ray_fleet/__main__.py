@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
                     "for virtual time use aiopipe.simulate.",
         add_help=False)
     add_run_options(parser)
-    ray = parser.add_argument_group("Ray (see README: Beyond one machine: Ray)")
+    ray = parser.add_argument_group("Ray (see docs/howto/ray.md)")
     ray.add_argument("--address", default="auto",
                      help="the Ray cluster: HOST:PORT of its head, or auto ($RAY_ADDRESS, or "
                           "the cluster ray start began on this machine; default auto)")

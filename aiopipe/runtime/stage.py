@@ -143,7 +143,8 @@ class StageWork:
         num_classes: integer labels must lie in 0..num_classes-1 (0: no classes).
         loss: the run's loss (the last stage's), the mean over a micro-batch.
         metric: the run's metric (the last stage's accuracy; None: the loss alone).
-        batch: the first stage's data; set per round with `use_data`.
+
+    Its ``batch`` is the first stage's data, set per round with `use_data`.
     """
 
     def __init__(self, module: nn.Sequential, optimizer: torch.optim.Optimizer, *,

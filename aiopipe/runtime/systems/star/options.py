@@ -68,7 +68,7 @@ class StarOptions:
             round boundary from live measurements (each device's compute and link
             speeds) and switch plans when the estimate improves enough. Off by default:
             on really shaped links between processes (bench/shaped.py, vgg5) every
-            switch was estimated to help and made the epochs longer; see the README.
+            switch was estimated to help and made the epochs longer (docs/systems/pipar.md).
         replan_threshold: the relative improvement of the estimated remaining time a
             new plan needs before the coordinator switches to it (0.1 = 10%).
         secure_aggregation: fl, sfl and pipar: the devices' uploads are summed by
