@@ -12,7 +12,8 @@ with M = ``auto`` (first: its log's "auto chose ..." line and table give each
 candidate's predicted epoch and plan), ``fl``, ``sfl --split-point auto`` and ``pipar
 --split-point auto --parallel-batches auto``. The measured epoch of a run is the mean of
 its epochs after the first (the first carries the warm-up) and after the last one in
-which auto switched system (its trial round, [Note: re-choosing the system]). Every
+which auto switched system (its trial rounds, [Note: re-choosing the system]: the auto
+run has ``--auto-epochs``, 4 by default). Every
 process of the bench shares one cost cache (``AIOPIPE_COST_CACHE``,
 ``<out>/cost-cache-<tag>``, kept): the auto run measures the profiles and the forced
 sfl and pipar runs plan from the same tables, so their plans are the ones auto
@@ -24,7 +25,7 @@ candidate's predicted and measured epoch, auto's pick, the fastest measured cand
 auto's measured epoch over the fastest one's.
 
     sudo .venv/bin/python bench/auto.py [--workloads vgg5,mobilenetv3-small]
-        [--networks 4g,wifi] [--fleet both] [--epochs 3] [--tag NAME] [--out DIR]
+        [--networks 4g,wifi] [--fleet both] [--epochs 3] [--auto-epochs 4] [--tag NAME] [--out DIR]
     .venv/bin/python bench/auto.py --report --out DIR
 """
 
@@ -63,7 +64,7 @@ CHOICE_LINE = re.compile(r"auto chose (\w+) \((.*?)\): predicted ([\d.]+) s per 
                          r"bound by (.+?); (.*)$", re.MULTILINE)
 #: Its second look ([Note: re-choosing the system]): the system it tries for a round,
 #: and the one it runs on (kept, or gone back to).
-TRIED = re.compile(r"auto tries (\w+)")
+TRIED = re.compile(r"auto tries (\w+)")  # (each trial)
 SETTLED = re.compile(r"auto (?:keeps|goes back to) (\w+)")
 #: A row of the table under it (aiopipe.scheduler.auto.explain).
 TABLE_ROW = re.compile(r"^(->|  )(fl|sfl|pipar) +(?:([\d.]+)  (.*?\([\d.]+\)) +(.*?)"
@@ -72,7 +73,7 @@ TABLE_ROW = re.compile(r"^(->|  )(fl|sfl|pipar) +(?:([\d.]+)  (.*?\([\d.]+\)) +(
 
 def predictions(log_text: str) -> dict[str, Any]:
     """The auto run's choice (the system it ran on after its second look; ``first``:
-    its first choice; ``tried``: the one it tried for a round, or None) and each
+    its first choice; ``tried``: those it tried for a round each, or None) and each
     candidate's predicted epoch, bound and plan (the first choice's table), read from
     its server log; ``{}`` when the log has no choice."""
     line = CHOICE_LINE.search(log_text)
@@ -86,10 +87,10 @@ def predictions(log_text: str) -> dict[str, Any]:
         rows[mode] = ({"epoch_s": float(epoch), "bound": bound, "plan": plan}
                       if epoch is not None else {"epoch_s": None, "refusal": refusal})
         rows[mode]["chosen"] = mark == "->"
-    tried = TRIED.search(log_text, line.end())
+    tried = [m.group(1) for m in TRIED.finditer(log_text, line.end())]
     settled = [m.group(1) for m in SETTLED.finditer(log_text, line.end())]
     return {"chosen": settled[-1] if settled else line.group(1), "first": line.group(1),
-            "tried": tried.group(1) if tried else None, "line": line.group(0).strip(),
+            "tried": ", ".join(tried) or None, "line": line.group(0).strip(),
             "candidates": rows}
 
 
@@ -265,6 +266,8 @@ def configuration(bench: shaped.Bench, workload: str, network: str, fleet: str,
         options = bench.options(workload, network, fleet, "MODE", [])
         at = options.index("MODE")
         options[at - 1:at + 1] = ARMS[arm]
+        if arm == "auto":  # its trials take a round each before it settles
+            options[options.index("--epochs") + 1] = str(bench.args.auto_epochs)
         load = _uptime()
         result = {**bench.run_aiopipe(base / arm, options), "load_before": load,
                   "load_after": _uptime()}
@@ -293,8 +296,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--samples-per-device", type=int, default=500)
     parser.add_argument("--batch-size", type=int, default=50)
     parser.add_argument("--epochs", type=int, default=3,
-                        help="epochs per run (auto may try a second system in epoch 2; "
-                             "each run is measured after its last change)")
+                        help="epochs per forced run (measured after the first)")
+    parser.add_argument("--auto-epochs", type=int, default=4,
+                        help="epochs of the auto run: it may try each other candidate for "
+                             "a round (epochs 2 and 3) and is measured after its last "
+                             "switch")
     parser.add_argument("--device-slowdown", type=float, default=4.0,
                         help="compute slowdown of every device (half-slow: x2 for half)")
     parser.add_argument("--seed", type=int, default=0)

@@ -52,7 +52,9 @@ def test_it_reads_the_second_look(bench: ModuleType) -> None:
             (f"{tried}auto keeps pipar after trying it: it measured 4.50 s per epoch, fl "
              "5.10 s", ("pipar", "pipar")),
             (f"{tried}auto goes back to fl after trying pipar: fl measured 5.10 s per "
-             "epoch, pipar 5.60 s:", ("pipar", "fl"))]:
+             "epoch, pipar 5.60 s:", ("pipar", "fl")),
+            (f"{tried}auto tries sfl (P4N1, P4N1) for round 3: ...\nauto goes back to "
+             "pipar after trying fl, sfl: measured per epoch ...", ("pipar, sfl", "pipar"))]:
         found = bench.predictions(first + log)
         assert (found["first"], found["tried"], found["chosen"]) == ("fl", *expected)
         assert found["candidates"]["fl"]["epoch_s"] == 4.63  # the first choice's table

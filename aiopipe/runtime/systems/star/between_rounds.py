@@ -25,9 +25,9 @@ from aiopipe.runtime.systems.star.planning import choose_plans, system_config, w
 from aiopipe.runtime.systems.star.rechoose import (
     TRIAL_MARGIN,
     Measured,
-    keep_trial,
-    runner_up,
+    fastest_measured,
     steady_epoch,
+    to_try,
 )
 from aiopipe.runtime.systems.star.replan import Replan, live_profiles, reselect
 from aiopipe.scheduler.auto import SystemEstimate, explain
@@ -41,12 +41,14 @@ log = logging.getLogger("aiopipe.server")
 
 @dataclass(frozen=True, slots=True)
 class SecondLook:
-    """Mode auto's pending second look: its config (mode "auto") and candidates, and
-    once the runner-up is being tried, the first choice as round 1 measured it."""
+    """Mode auto's pending second look: its config (mode "auto") and candidates; once
+    trials have begun, the systems measured so far and the ones still to try (each with
+    its plans and predicted epoch)."""
 
     auto: RunConfig
     candidates: tuple[str, ...]
-    first: Measured | None = None
+    measured: tuple[Measured, ...] = ()
+    queue: tuple[Measured, ...] = ()
 
 
 class BetweenRounds:
@@ -159,29 +161,37 @@ class BetweenRounds:
     async def _look_again(self, rounds: Rounds, look: SecondLook, round_no: int, epoch: int,
                           slices: Sequence[Slice], served: Sequence[int],
                           paced: Sequence[bool]) -> dict[str, Any] | None:
-        """[Note: re-choosing the system]: after the first round, try the runner-up for
-        a round when it may be faster; after that round, run on with the faster one."""
+        """[Note: re-choosing the system]: after the first round, try each candidate
+        that may be faster for a round; after the last trial, run on with the fastest."""
         measured = steady_epoch(rounds.clock.now() - self.round_began, slices, self.plans)
         if self.planning is None or measured is None:
             return None
         ran = Measured(self.config.mode, tuple((p.split_point, p.parallel_batches)
                                                for p in self.plans), measured)
-        if look.first is not None:  # the trial round has ended
-            first, trial = look.first, ran
-            if keep_trial(first, trial):
-                log.info("auto keeps %s after trying it: it measured %.2f s per epoch, %s "
-                         "%.2f s", trial.mode, trial.epoch_s, first.mode, first.epoch_s)
+        if look.measured:  # a trial round has ended
+            tried = (*look.measured, ran)
+            if look.queue:
+                self.second_look = dataclasses.replace(look, measured=tried,
+                                                       queue=look.queue[1:])
+                return await self._try(rounds, look, round_no, epoch, look.queue[0], ran)
+            best = fastest_measured(tried)
+            figures = ", ".join(f"{m.mode} {m.epoch_s:.2f} s" for m in tried)
+            if best.mode == ran.mode:
+                log.info("auto keeps %s after trying it: measured per epoch %s", ran.mode,
+                         figures)
                 return None
             return await self._switch_to(
-                rounds, look, round_no, epoch, first, trial.epoch_s,
-                f"auto goes back to {first.mode} after trying {trial.mode}: {first.mode} "
-                f"measured {first.epoch_s:.2f} s per epoch, {trial.mode} {trial.epoch_s:.2f} s")
+                rounds, look, round_no, epoch, best, ran.epoch_s,
+                f"auto goes back to {best.mode} after trying "
+                f"{', '.join(m.mode for m in tried if m.mode != best.mode)}: measured per "
+                f"epoch {figures}")
         planning, plans = self.planning, list(self.plans)
 
-        def decide() -> tuple[list[DeviceProfile], SystemEstimate | None, list[SystemEstimate]]:
+        def decide() -> tuple[list[DeviceProfile], list[SystemEstimate],
+                              list[SystemEstimate]]:
             profile, live = live_profiles(list(slices), plans, list(served), planning,
                                           self.live, paced=list(paced))
-            return live, *runner_up(look.auto, look.candidates, ran, profile, live)
+            return live, *to_try(look.auto, look.candidates, ran, profile, live)
 
         try:
             with rounds.clock.hold():
@@ -190,19 +200,26 @@ class BetweenRounds:
             log.warning("auto's second look after round %d failed, keeping %s: %s",
                         round_no + 1, ran.mode, exc)
             return None
-        table = explain(estimates, trying)
-        if trying is None or trying.epoch_s is None:
+        table = explain(estimates, trying[0] if trying else None)
+        if not trying:
             self.serves_stages = ran.mode != "fl"  # (True for the look until now)
             log.info("auto keeps %s after the first round: it measured %.2f s per epoch; "
                      "no other candidate is predicted within %d%% of that from the round's "
                      "speeds\n%s", ran.mode, ran.epoch_s, round(100 * TRIAL_MARGIN), table)
             return None
-        self.second_look = dataclasses.replace(look, first=ran)
+        queue = tuple(Measured(t.mode, t.plans, t.epoch_s or 0.0) for t in trying)
+        self.second_look = dataclasses.replace(look, measured=(ran,), queue=queue[1:])
+        return await self._try(rounds, look, round_no, epoch, queue[0], ran, table)
+
+    async def _try(self, rounds: Rounds, look: SecondLook, round_no: int, epoch: int,
+                   trial: Measured, ran: Measured, table: str = "") -> dict[str, Any]:
+        """Run candidate ``trial`` (its predicted epoch) for the next round."""
+        plans = ", ".join(f"P{p}N{n}" for p, n in trial.plans)
         return await self._switch_to(
-            rounds, look, round_no, epoch, Measured(trying.mode, trying.plans, trying.epoch_s),
-            ran.epoch_s, f"auto tries {trying.mode} ({trying.plan_text()}) for round "
-            f"{round_no + 2}: predicted {trying.epoch_s:.2f} s per epoch from the round's "
-            f"speeds, {ran.mode} measured {ran.epoch_s:.2f} s", table)
+            rounds, look, round_no, epoch, trial, ran.epoch_s,
+            f"auto tries {trial.mode} ({plans}) for round {round_no + 2}: predicted "
+            f"{trial.epoch_s:.2f} s per epoch from round 1's speeds, {ran.mode} measured "
+            f"{ran.epoch_s:.2f} s", table)
 
     async def _switch_to(self, rounds: Rounds, look: SecondLook, round_no: int, epoch: int,
                          to: Measured, before_s: float, line: str, table: str = ""

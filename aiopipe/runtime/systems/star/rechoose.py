@@ -1,6 +1,5 @@
-"""Mode auto's second look: after the first round, the runner-up system is tried for a
-round when the first round's speeds say it may be faster, and the faster of the two as
-measured runs on.
+"""Mode auto's second look: after the first round, each other system that the round's
+speeds say may be faster is tried for a round, and the fastest as measured runs on.
 
 [Note: re-choosing the system] Mode auto's first choice ([Note: choosing the system] in
 aiopipe.scheduler.auto) predicts each candidate's epoch from profiles taken before
@@ -25,15 +24,20 @@ So auto measures instead of trusting a second prediction:
    round's span, less the warm-up of its first iteration's compute, scaled from the
    round's iterations to an epoch's) and predicts every candidate from the
    round's speeds (`estimate_systems` on the live profiles: each with its best plan).
-2. The best other candidate is tried for the next round if its prediction is within
-   `TRIAL_MARGIN` of the measured epoch, which covers the spread of the predictions'
-   error between systems seen on this machine. Otherwise the first choice stays.
-3. After the trial round, whichever of the two measured the shorter epoch runs on; a
-   simpler system (earlier in `STAR_MODES`) within the tie margin is kept, as at the
-   first choice.
+2. Each other candidate is tried for a round, fastest predicted first, if its
+   prediction is within `TRIAL_MARGIN` of the measured epoch, which covers the spread
+   of the predictions' error between systems seen on this machine. If none is, the
+   first choice stays.
+3. After the trial rounds, the system that measured the shortest epoch runs on; a
+   simpler system (earlier in `STAR_MODES`) within the tie margin of it wins instead,
+   as at the first choice. (Trying only the runner-up was not enough: on vgg5 over an
+   unshaped link the round's speeds predicted sfl and pipar 17-25% below their
+   measured epochs and fl 10% above its own, so pipar was tried, and fl, the fastest,
+   was not.)
 
-- Once per run, at most one trial round: a run that kept trying would chase noise, and
-  every switch restarts the momentum of the layers that change side.
+- Once per run, at most one trial round per other candidate (two with three
+  candidates): a run that kept trying would chase noise, and every switch restarts
+  the momentum of the layers that change side.
 - The switches are the re-planner's ([Note: switching] in replan.py): every candidate's
   plans keep B samples per iteration, so iterations per epoch, rounds and the order of
   the data stay as they were; weights move with the layers between rounds.
@@ -56,9 +60,9 @@ from aiopipe.runtime.plan import DevicePlan
 from aiopipe.scheduler.auto import STAR_MODES, TIE_MARGIN, SystemEstimate, estimate_systems
 from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
 
-__all__ = ["TRIAL_MARGIN", "Measured", "keep_trial", "runner_up", "steady_epoch"]
+__all__ = ["TRIAL_MARGIN", "Measured", "fastest_measured", "steady_epoch", "to_try"]
 
-#: The runner-up is tried when predicted within this fraction above the running
+#: Another candidate is tried when predicted within this fraction above the running
 #: system's measured epoch (measured / predicted ran from 0.9 to 1.8 across systems in
 #: bench/results/2026-11-29-s29-auto, the pipeline plans highest).
 TRIAL_MARGIN = 0.3
@@ -112,12 +116,12 @@ def steady_epoch(span: float, slices: Sequence[Slice], plans: Sequence[DevicePla
     return (span - min(warm_up, span / 2)) * per_epoch / iterations
 
 
-def runner_up(auto: RunConfig, candidates: Sequence[str], running: Measured,
-              profile: ModelProfile, devices: Sequence[DeviceProfile]
-              ) -> tuple[SystemEstimate | None, list[SystemEstimate]]:
-    """The candidate to try next ([Note: re-choosing the system], step 2), or None,
-    and every candidate's prediction from the round's speeds (``profile``, ``devices``:
-    `live_profiles`).
+def to_try(auto: RunConfig, candidates: Sequence[str], running: Measured,
+           profile: ModelProfile, devices: Sequence[DeviceProfile]
+           ) -> tuple[list[SystemEstimate], list[SystemEstimate]]:
+    """The candidates to try next, fastest predicted first ([Note: re-choosing the
+    system], step 2), and every candidate's prediction from the round's speeds
+    (``profile``, ``devices``: `live_profiles`).
 
     Raises:
         ConfigError: a device holds fewer samples than one batch.
@@ -126,18 +130,15 @@ def runner_up(auto: RunConfig, candidates: Sequence[str], running: Measured,
         profile, devices, auto.batch_size, modes=candidates,
         memory_budget_bytes=[auto.device_memory_bytes_of(k) for k in range(len(devices))],
         aggregation_every=auto.aggregation_every)
-    others = [e for e in estimates if e.epoch_s is not None and e.mode != running.mode]
-    if not others:
-        return None, estimates
-    best = min(others, key=lambda e: (e.epoch_s or 0.0, STAR_MODES.index(e.mode)))
-    assert best.epoch_s is not None
-    return (best if best.epoch_s < running.epoch_s * (1 + TRIAL_MARGIN) else None), estimates
+    close = [e for e in estimates if e.mode != running.mode and e.epoch_s is not None
+             and e.epoch_s < running.epoch_s * (1 + TRIAL_MARGIN)]
+    return sorted(close, key=lambda e: (e.epoch_s or 0.0, STAR_MODES.index(e.mode))), estimates
 
 
-def keep_trial(first: Measured, trial: Measured) -> bool:
-    """Whether the tried system runs on ([Note: re-choosing the system], step 3): it
-    measured the shorter epoch, a simpler system within `TIE_MARGIN` winning a near tie."""
-    simpler = STAR_MODES.index(trial.mode) < STAR_MODES.index(first.mode)
-    if simpler:
-        return trial.epoch_s <= first.epoch_s * (1 + TIE_MARGIN)
-    return trial.epoch_s < first.epoch_s * (1 - TIE_MARGIN)
+def fastest_measured(measured: Sequence[Measured]) -> Measured:
+    """The system that runs on after the trials ([Note: re-choosing the system], step
+    3): the shortest measured epoch; a simpler system (earlier in `STAR_MODES`) within
+    `TIE_MARGIN` of it instead."""
+    best = min(m.epoch_s for m in measured)
+    return min((m for m in measured if m.epoch_s <= best * (1 + TIE_MARGIN)),
+               key=lambda m: STAR_MODES.index(m.mode))
