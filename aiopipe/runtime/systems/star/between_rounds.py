@@ -204,8 +204,8 @@ class BetweenRounds:
         if not trying:
             self.serves_stages = ran.mode != "fl"  # (True for the look until now)
             log.info("auto keeps %s after the first round: it measured %.2f s per epoch; "
-                     "no other candidate is predicted within %d%% of that from the round's "
-                     "speeds\n%s", ran.mode, ran.epoch_s, round(100 * TRIAL_MARGIN), table)
+                     "no other candidate is predicted at most %g times that from the round's "
+                     "speeds\n%s", ran.mode, ran.epoch_s, 1 + TRIAL_MARGIN, table)
             return None
         queue = tuple(Measured(t.mode, t.plans, t.epoch_s or 0.0) for t in trying)
         self.second_look = dataclasses.replace(look, measured=(ran,), queue=queue[1:])
