@@ -11,9 +11,9 @@ one network namespace, each device in its own, tc tbf on each direction; the sam
 with M = ``auto`` (first: its log's "auto chose ..." line and table give each
 candidate's predicted epoch and plan), ``fl``, ``sfl --split-point auto`` and ``pipar
 --split-point auto --parallel-batches auto``. The measured epoch of a run is the mean of
-its epochs after the first (the first carries the warm-up) and after the last one in
-which auto switched system (its trial rounds, [Note: re-choosing the system]: the auto
-run has ``--auto-epochs``, 4 by default). Every
+its epochs after the first (the first carries the warm-up); for auto, whose trial
+rounds ([Note: re-choosing the system]) switch systems, the epochs after the first one
+of the system it settled on (its run has ``--auto-epochs``, 4 by default). Every
 process of the bench shares one cost cache (``AIOPIPE_COST_CACHE``,
 ``<out>/cost-cache-<tag>``, kept): the auto run measures the profiles and the forced
 sfl and pipar runs plan from the same tables, so their plans are the ones auto
@@ -95,12 +95,17 @@ def predictions(log_text: str) -> dict[str, Any]:
 
 
 def measured_epoch(run: dict[str, Any]) -> float | None:
-    """The run's mean epoch after the first (the only one if it ran one) and after the
-    last epoch in which its system or plans changed (mode auto's trial round, [Note:
-    re-choosing the system]); None if it failed or no such epoch is left."""
+    """The run's mean epoch after its system's first (the only one if it ran one): for
+    mode auto, whose system may change between rounds ([Note: re-choosing the system]),
+    the epochs after the first one of the system it settled on, as a forced run's are
+    after its first, else (no epoch left) the epochs after its last switch; None if it
+    failed or no epoch is left."""
     epochs = run.get("epochs") or []
     changed = [i for i, e in enumerate(epochs) if e.get("changes")]
-    settled = epochs[max(1, changed[-1] + 1):] if changed else epochs[1:] or epochs
+    if not changed:
+        settled = epochs[1:] or epochs
+    else:
+        settled = epochs[changed[-1] + 2:] or epochs[changed[-1] + 1:]
     return sum(e["time_s"] for e in settled) / len(settled) if settled else None
 
 
