@@ -37,6 +37,21 @@ def _free_port() -> int:
         return port
 
 
+def test_the_install_step_brings_what_the_steps_import() -> None:
+    """The steps run in the suite's environment, which has every extra: the tutorial's
+    own install must bring what they use beyond the library (matplotlib for the
+    pictures; pytest for the new project's test), as a new user's venv has nothing else
+    (a fresh clone's step 5 once failed: "No module named pytest")."""
+    text = TUTORIAL.read_text(encoding="utf-8")
+    install = re.search(r"<!-- install -->\n```bash\n(.*?)```", text, re.S)
+    assert install is not None
+    extras = set(re.search(r'-e "\.\[([\w,]+)\]"', install.group(1)).group(1).split(","))
+    steps = " ".join(body for _, body in tutorial_steps(text))
+    assert "plot" in extras  # timeline.png and overview.png
+    if "pytest" in steps:
+        assert "testing" in extras, extras
+
+
 @pytest.mark.slow
 def test_the_tutorials_commands_run(tmp_path: Path) -> None:
     """Every block of docs/tutorial.md marked for testing, in order, in an empty folder,
