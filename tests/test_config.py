@@ -259,6 +259,8 @@ BAD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("candidates", [], {"mode": "auto"}),
     ("candidates", "fl", {"mode": "auto"}),
     ("candidates", ["fl"], {}),  # for mode auto only
+    ("rechoose", "yes", {"mode": "auto"}),
+    ("rechoose", False, {}),  # for mode auto only
     ("local_steps", 0, {"mode": "fedbuff"}),
     ("local_steps", "capacity", {"mode": "fedbuff"}),
     ("aggregation_every", 2, {"mode": "fedbuff"}),  # it updates every K arrivals
