@@ -23,7 +23,7 @@ no plan of which fits is shown with the reason and not chosen. The fastest candi
 wins; one within `TIE_MARGIN` of it that comes earlier in `STAR_MODES` (fl before sfl
 before pipar: fewer moving parts, nothing of the model crossing links per batch) wins
 instead, since the estimates are not that exact on real clocks ([Note: real clocks] in
-estimate.py); a run checks its choice against a measured round of the runner-up
+estimate.py); a run checks its choice against measured rounds of the others
 ([Note: re-choosing the system] in aiopipe/runtime/systems/star/rechoose.py). The bound
 that decides a candidate's epoch is its busiest resource over the epoch: a device's
 compute, its uplink or downlink, or the server.

@@ -21,7 +21,7 @@ With "auto" split points or micro-batch counts, the plans are chosen here before
 training ([Note: planning]) and, with ``replan``, reconsidered between rounds
 (`aiopipe.runtime.systems.star.replan`); mode auto first chooses fl, sfl or pipar by
 their predicted epochs ([Note: choosing the system] in aiopipe.scheduler.auto), then
-tries the runner-up for a round when the first round's speeds say it may be faster
+tries each other system the first round's speeds say may be faster, a round each
 ([Note: re-choosing the system] in aiopipe.runtime.systems.star.rechoose). What is
 decided between rounds is in aiopipe.runtime.systems.star.between_rounds.
 """

@@ -363,8 +363,8 @@ class AutoOptions(ReplicaOptions):
     Attributes:
         candidates: the systems to choose among ([Note: choosing the system] in
             aiopipe.scheduler.auto), a non-empty subset of `AUTO_CANDIDATES`.
-        rechoose: after the first round, try the runner-up for a round when it may be
-            faster, and run on with the faster of the two as measured ([Note:
+        rechoose: after the first round, try each other system that may be faster for
+            a round, and run on with the fastest as measured ([Note:
             re-choosing the system] in aiopipe.runtime.systems.star.rechoose).
     """
 
@@ -388,8 +388,8 @@ def _check_auto(config: Any) -> None:
 AUTO = SystemOptions(AutoOptions, {**_KEYS, **_REPLICA_KEYS, "candidates": (
     'mode auto: the systems it chooses among by their predicted epoch (default: fl, sfl, '
     'pipar)'), "rechoose": (
-    "mode auto: after the first round, try the runner-up system for a round when the "
-    "round's speeds predict it may be faster, and run on with the faster of the two as "
-    "measured (default: true)")}, _check_auto, elsewhere={
+    "mode auto: after the first round, try each other system the round's speeds predict "
+    "may be faster for a round, and run on with the fastest as measured (default: "
+    "true)")}, _check_auto, elsewhere={
         **_ELSEWHERE, "candidates": "it is mode auto's", "rechoose": "it is mode auto's"},
     samples_devices=True, runs_train_hook=True)
