@@ -13,7 +13,8 @@ candidate's predicted epoch and plan), ``fl``, ``sfl --split-point auto`` and ``
 --split-point auto --parallel-batches auto``. The measured epoch of a run is the mean of
 its epochs after the first (the first carries the warm-up); for auto, whose trial
 rounds ([Note: re-choosing the system]) switch systems, the epochs after the first one
-of the system it settled on (its run has ``--auto-epochs``, 4 by default). Every
+of the system it settled on (its run has ``--auto-epochs``, 9 by default: a first round,
+up to two trials, up to three close-call rounds, the switch back, and two measured). Every
 process of the bench shares one cost cache (``AIOPIPE_COST_CACHE``,
 ``<out>/cost-cache-<tag>``, kept): the auto run measures the profiles and the forced
 sfl and pipar runs plan from the same tables, so their plans are the ones auto
@@ -25,7 +26,8 @@ candidate's predicted and measured epoch, auto's pick, the fastest measured cand
 auto's measured epoch over the fastest one's.
 
     sudo .venv/bin/python bench/auto.py [--workloads vgg5,mobilenetv3-small]
-        [--networks 4g,wifi] [--fleet both] [--epochs 3] [--auto-epochs 4] [--tag NAME] [--out DIR]
+        [--networks 4g,wifi] [--fleet both] [--epochs 4] [--auto-epochs 9] [--tag NAME]
+        [--out DIR]
     .venv/bin/python bench/auto.py --report --out DIR
 """
 
@@ -65,6 +67,7 @@ CHOICE_LINE = re.compile(r"auto chose (\w+) \((.*?)\): predicted ([\d.]+) s per 
 #: Its second look ([Note: re-choosing the system]): the system it tries for a round,
 #: and the one it runs on (kept, or gone back to).
 TRIED = re.compile(r"auto tries (\w+)")  # (each trial)
+AGAIN = re.compile(r"auto runs (\w+) one more round")  # (a close call's rounds)
 SETTLED = re.compile(r"auto (?:keeps|goes back to) (\w+)")
 #: A row of the table under it (aiopipe.scheduler.auto.explain).
 TABLE_ROW = re.compile(r"^(->|  )(fl|sfl|pipar) +(?:([\d.]+)  (.*?\([\d.]+\)) +(.*?)"
@@ -73,7 +76,8 @@ TABLE_ROW = re.compile(r"^(->|  )(fl|sfl|pipar) +(?:([\d.]+)  (.*?\([\d.]+\)) +(
 
 def predictions(log_text: str) -> dict[str, Any]:
     """The auto run's choice (the system it ran on after its second look; ``first``:
-    its first choice; ``tried``: those it tried for a round each, or None) and each
+    its first choice; ``tried``: those it tried for a round each, or None; ``again``:
+    those a close call ran one more round, or None) and each
     candidate's predicted epoch, bound and plan (the first choice's table), read from
     its server log; ``{}`` when the log has no choice."""
     line = CHOICE_LINE.search(log_text)
@@ -88,9 +92,11 @@ def predictions(log_text: str) -> dict[str, Any]:
                       if epoch is not None else {"epoch_s": None, "refusal": refusal})
         rows[mode]["chosen"] = mark == "->"
     tried = [m.group(1) for m in TRIED.finditer(log_text, line.end())]
+    again = [m.group(1) for m in AGAIN.finditer(log_text, line.end())]
     settled = [m.group(1) for m in SETTLED.finditer(log_text, line.end())]
     return {"chosen": settled[-1] if settled else line.group(1), "first": line.group(1),
-            "tried": ", ".join(tried) or None, "line": line.group(0).strip(),
+            "tried": ", ".join(tried) or None, "again": ", ".join(again) or None,
+            "line": line.group(0).strip(),
             "candidates": rows}
 
 
@@ -144,10 +150,12 @@ def verdict(config: dict[str, Any]) -> dict[str, Any]:
     # the pick's forced run over the fastest: the choice's cost without the noise between
     # auto's own run and the forced run of the same system
     pick = measured[chosen] / measured[fastest] if fastest and chosen in measured else None
-    tried = predicted.get("tried")
+    tried, again = predicted.get("tried"), predicted.get("again")
+    picked = f"{predicted.get('first')}, tried {tried}" if tried else None
+    if picked and again:
+        picked += f", again {again}"
     return {"rows": rows, "chosen": chosen, "fastest": fastest,
-            "picked": (f"{predicted.get('first')}, tried {tried}: {chosen}" if tried
-                       else chosen),
+            "picked": f"{picked}: {chosen}" if picked else chosen,
             "auto_s": auto_s, "auto_plan": plan_of(runs.get("auto", {})),
             "auto_error": runs.get("auto", {}).get("error", ""), "ratio": ratio,
             "pick_ratio": pick,
@@ -300,12 +308,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--devices", type=int, default=4)
     parser.add_argument("--samples-per-device", type=int, default=500)
     parser.add_argument("--batch-size", type=int, default=50)
-    parser.add_argument("--epochs", type=int, default=3,
+    parser.add_argument("--epochs", type=int, default=4,
                         help="epochs per forced run (measured after the first)")
-    parser.add_argument("--auto-epochs", type=int, default=4,
+    parser.add_argument("--auto-epochs", type=int, default=9,
                         help="epochs of the auto run: it may try each other candidate for "
-                             "a round (epochs 2 and 3) and is measured after its last "
-                             "switch")
+                             "a round (epochs 2 and 3), run close ones one more round "
+                             "each (up to 3 more) and is measured after its last switch")
     parser.add_argument("--device-slowdown", type=float, default=4.0,
                         help="compute slowdown of every device (half-slow: x2 for half)")
     parser.add_argument("--seed", type=int, default=0)

@@ -58,6 +58,12 @@ def test_it_reads_the_second_look(bench: ModuleType) -> None:
         found = bench.predictions(first + log)
         assert (found["first"], found["tried"], found["chosen"]) == ("fl", *expected)
         assert found["candidates"]["fl"]["epoch_s"] == 4.63  # the first choice's table
+    close = (f"{tried}auto runs pipar one more round (round 3): measured per epoch fl "
+             "5.10 s, pipar 5.00 s, within 10% of the fastest: closer than one round each "
+             "tells apart\nauto runs fl one more round (round 4): ...\nauto goes back to "
+             "pipar after trying pipar: measured per epoch fl 5.20 s, pipar 4.90 s:")
+    found = bench.predictions(first + close)
+    assert (found["tried"], found["again"], found["chosen"]) == ("pipar", "pipar, fl", "pipar")
 
 
 def _run(*times: float, plan: tuple[tuple[int, int], ...] = ((4, 2),) * 2) -> dict[str, Any]:

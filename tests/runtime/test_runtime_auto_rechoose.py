@@ -3,8 +3,9 @@ aiopipe.runtime.systems.star.rechoose), in virtual time: with a planning profile
 believes the server ten times faster than it runs, auto first picks pipar, tries fl and
 sfl for a round each and runs on with fl; a trial that measures slower goes back to the
 first choice and its plans; ``rechoose = false`` keeps the first choice; a first choice
-far ahead of every other candidate is kept without a trial. And the measured epoch of a
-round leaves out warm-up but not the schedule's waits."""
+far ahead of every other candidate is kept without a trial; systems measured within
+the close margin of each other run one more round each before the choice. And the
+measured epoch of a round leaves out warm-up but not the schedule's waits."""
 
 from __future__ import annotations
 
@@ -21,7 +22,13 @@ from aiopipe.errors import ConfigError
 from aiopipe.metrics.results import RunResult
 from aiopipe.metrics.trace import Slice
 from aiopipe.runtime.plan import DevicePlan
-from aiopipe.runtime.systems.star.rechoose import Measured, fastest_measured, steady_epoch
+from aiopipe.runtime.systems.star.rechoose import (
+    Measured,
+    close_calls,
+    fastest_measured,
+    pooled,
+    steady_epoch,
+)
 from aiopipe.scheduler import CostTable
 
 COSTS = dataclasses.replace(
@@ -131,6 +138,47 @@ async def test_a_first_choice_far_ahead_is_kept_without_a_trial(
     assert all(not epoch.changes for epoch in result.epochs)
     assert any(r.getMessage().startswith("auto keeps pipar after the first round")
                for r in caplog.records)
+
+
+@pytest.mark.slow
+async def test_a_close_call_runs_each_close_system_once_more(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Four devices over wifi: pipar measures 2.04 s, fl 2.22 s (within 10%) and sfl
+    2.48 s. pipar and fl run one more round each (pipar first: the faster, since sfl,
+    which ran last, is not close), sfl does not, and pipar runs on with its plans."""
+    fleet = FLEET.replace(devices=4, epochs=7)
+    with caplog.at_level(logging.INFO, logger="aiopipe.server"):
+        auto = await _run(fleet.replace(mode="auto"))
+    pipar = await _run(fleet.replace(mode="pipar", split_point="auto", parallel_batches="auto"))
+    changes = [change for epoch in auto.epochs for change in epoch.changes]
+    assert [(c["mode"], c["round"]) for c in changes] == [
+        ("fl", 1), ("sfl", 2), ("pipar", 3), ("fl", 4), ("pipar", 5)]
+    again = [r.getMessage() for r in caplog.records
+             if "one more round" in r.getMessage()]
+    assert [m.split(" one more")[0] for m in again] == ["auto runs pipar", "auto runs fl"]
+    # the repeated rounds measure what the trials did (virtual time is exact)
+    assert auto.epochs[3].time_s == pytest.approx(auto.epochs[0].time_s, rel=1e-3)
+    assert auto.epochs[4].time_s == pytest.approx(auto.epochs[1].time_s, rel=1e-3)
+    assert changes[-1]["plans"] == [[p["split_point"], p["parallel_batches"]]
+                                    for p in pipar.epochs[0].plan or ()]
+    assert [e.time_s for e in auto.epochs[5:]] == pytest.approx(
+        [e.time_s for e in pipar.epochs[5:]], rel=1e-3)
+    assert any(r.getMessage().startswith("auto goes back to pipar after trying fl, sfl")
+               for r in caplog.records)
+
+
+def test_close_calls_pool_each_systems_rounds() -> None:
+    pipar, fl = Measured("pipar", ((4, 4),), 2.0), Measured("fl", ((5, 1),), 2.15)
+    sfl = Measured("sfl", ((3, 1),), 2.5)
+    # pipar and fl within 10%: both again, the one that ran last (fl) first
+    assert close_calls([pipar, fl], running="fl") == (fl, pipar)
+    assert close_calls([pipar, fl, sfl], running="sfl") == (pipar, fl)
+    assert close_calls([pipar, sfl], running="sfl") == ()  # 25% apart: no doubt
+    # pooled: the mean of a system's rounds, its first plans
+    second = dataclasses.replace(pipar, plans=((3, 4),), epoch_s=2.4)
+    assert pooled([pipar, fl, second]) == [Measured("pipar", ((4, 4),), 2.2), fl]
+    assert fastest_measured([pipar, fl, second, fl]) == fl
+    assert fastest_measured([pipar, fl, pipar, fl]) == pipar
 
 
 def _slice(track: str, name: str, start: float, end: float, iteration: int) -> Slice:

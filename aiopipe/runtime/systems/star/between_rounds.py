@@ -23,9 +23,12 @@ from aiopipe.runtime.systems.base import Rounds
 from aiopipe.runtime.systems.star.options import star_options
 from aiopipe.runtime.systems.star.planning import choose_plans, system_config, with_plans
 from aiopipe.runtime.systems.star.rechoose import (
+    CLOSE_MARGIN,
     TRIAL_MARGIN,
     Measured,
+    close_calls,
     fastest_measured,
+    pooled,
     steady_epoch,
     to_try,
 )
@@ -42,13 +45,15 @@ log = logging.getLogger("aiopipe.server")
 @dataclass(frozen=True, slots=True)
 class SecondLook:
     """Mode auto's pending second look: its config (mode "auto") and candidates; once
-    trials have begun, the systems measured so far and the ones still to try (each with
-    its plans and predicted epoch)."""
+    trials have begun, the rounds measured so far and the systems still to try (each with
+    its plans and predicted epoch, or measured epoch in a close call's second round);
+    whether the close call's rounds have been queued."""
 
     auto: RunConfig
     candidates: tuple[str, ...]
     measured: tuple[Measured, ...] = ()
     queue: tuple[Measured, ...] = ()
+    rematched: bool = False
 
 
 class BetweenRounds:
@@ -173,9 +178,17 @@ class BetweenRounds:
             if look.queue:
                 self.second_look = dataclasses.replace(look, measured=tried,
                                                        queue=look.queue[1:])
+                if look.rematched:
+                    return await self._again(rounds, look, round_no, epoch, look.queue[0],
+                                             ran, tried)
                 return await self._try(rounds, look, round_no, epoch, look.queue[0], ran)
+            close = () if look.rematched else close_calls(tried, ran.mode)
+            if close:
+                self.second_look = dataclasses.replace(look, measured=tried, queue=close[1:],
+                                                       rematched=True)
+                return await self._again(rounds, look, round_no, epoch, close[0], ran, tried)
             best = fastest_measured(tried)
-            figures = ", ".join(f"{m.mode} {m.epoch_s:.2f} s" for m in tried)
+            figures = ", ".join(f"{m.mode} {m.epoch_s:.2f} s" for m in pooled(tried))
             if best.mode == ran.mode:
                 log.info("auto keeps %s after trying it: measured per epoch %s", ran.mode,
                          figures)
@@ -183,7 +196,8 @@ class BetweenRounds:
             return await self._switch_to(
                 rounds, look, round_no, epoch, best, ran.epoch_s,
                 f"auto goes back to {best.mode} after trying "
-                f"{', '.join(m.mode for m in tried if m.mode != best.mode)}: measured per "
+                f"{', '.join(dict.fromkeys(m.mode for m in tried if m.mode != best.mode))}: "
+                f"measured per "
                 f"epoch {figures}")
         planning, plans = self.planning, list(self.plans)
 
@@ -220,6 +234,22 @@ class BetweenRounds:
             f"auto tries {trial.mode} ({plans}) for round {round_no + 2}: predicted "
             f"{trial.epoch_s:.2f} s per epoch from round 1's speeds, {ran.mode} measured "
             f"{ran.epoch_s:.2f} s", table)
+
+    async def _again(self, rounds: Rounds, look: SecondLook, round_no: int, epoch: int,
+                     close: Measured, ran: Measured, tried: Sequence[Measured]
+                     ) -> dict[str, Any] | None:
+        """Run ``close`` (a close call's system, its pooled measured epoch) one more
+        round; ``ran``: the round that just ended, ``tried``: every measured round."""
+        figures = ", ".join(f"{m.mode} {m.epoch_s:.2f} s" for m in pooled(tried))
+        line = (f"auto runs {close.mode} one more round (round {round_no + 2}): measured "
+                f"per epoch {figures}, within {CLOSE_MARGIN:.0%} of the fastest: closer "
+                "than one round each tells apart")
+        if (close.mode == self.config.mode
+                and close.plans == tuple((p.split_point, p.parallel_batches)
+                                         for p in self.plans)):
+            log.info("%s", line)
+            return None
+        return await self._switch_to(rounds, look, round_no, epoch, close, ran.epoch_s, line)
 
     async def _switch_to(self, rounds: Rounds, look: SecondLook, round_no: int, epoch: int,
                          to: Measured, before_s: float, line: str, table: str = ""

@@ -28,17 +28,21 @@ So auto measures instead of trusting a second prediction:
    prediction is within `TRIAL_MARGIN` of the measured epoch (at most twice it), which
    covers the spread of the predictions' error between systems seen on this machine.
    If none is, the first choice stays.
-3. After the trial rounds, the system that measured the shortest epoch runs on; a
-   simpler system (earlier in `STAR_MODES`) within the tie margin of it wins instead,
-   as at the first choice. (Trying only the runner-up was not enough: on vgg5 over an
-   unshaped link the round's speeds predicted sfl and pipar 17-25% below their
-   measured epochs and fl 10% above its own, so pipar was tried, and fl, the fastest,
-   was not.)
+3. After the trial rounds, when two or more systems measured within `CLOSE_MARGIN` of
+   the fastest, one round each cannot tell them apart: each of them runs one more round
+   (the running one first, so no switch is spent on it), once, and each system's
+   rounds are pooled (`close_calls`).
+4. Then the system with the shortest (pooled) epoch runs on; a simpler system (earlier
+   in `STAR_MODES`) within the tie margin of it wins instead, as at the first choice.
+   (Trying only the runner-up was not enough: on vgg5 over an unshaped link the
+   round's speeds predicted sfl and pipar 17-25% below their measured epochs and fl
+   10% above its own, so pipar was tried, and fl, the fastest, was not.)
 
 - Once per run, at most one trial round per other candidate (two with three
-  candidates), each predicted at most twice the first round's epoch: a run that kept
-  trying would chase noise, and every switch restarts the momentum of the layers that
-  change side.
+  candidates), each predicted at most twice the first round's epoch, and at most one
+  more round per close candidate: a run that kept trying would chase noise, and every
+  switch restarts the momentum of the layers that change side. A close call's extra
+  rounds cost at most `CLOSE_MARGIN` of an epoch each.
 - The switches are the re-planner's ([Note: switching] in replan.py): every candidate's
   plans keep B samples per iteration, so iterations per epoch, rounds and the order of
   the data stay as they were; weights move with the layers between rounds.
@@ -61,7 +65,8 @@ from aiopipe.runtime.plan import DevicePlan
 from aiopipe.scheduler.auto import STAR_MODES, TIE_MARGIN, SystemEstimate, estimate_systems
 from aiopipe.scheduler.estimate import DeviceProfile, ModelProfile
 
-__all__ = ["TRIAL_MARGIN", "Measured", "fastest_measured", "steady_epoch", "to_try"]
+__all__ = ["CLOSE_MARGIN", "TRIAL_MARGIN", "Measured", "close_calls", "fastest_measured",
+           "pooled", "steady_epoch", "to_try"]
 
 #: Another candidate is tried when predicted within this fraction above the running
 #: system's measured epoch: twice it. Measured / predicted ran from 0.9 to 1.8 across
@@ -72,6 +77,12 @@ __all__ = ["TRIAL_MARGIN", "Measured", "fastest_measured", "steady_epoch", "to_t
 #: one unit, where a pass's fixed costs weigh most, does not carry to the whole model
 #: at 50). A margin of 0.3 left fl untried there.
 TRIAL_MARGIN = 1.0
+
+#: Systems whose single trial rounds measured within this fraction of the fastest run one
+#: more round each before the choice: one round's epoch spread up to +-8% about a run's
+#: mean on a quiet 2-core host (bench/results/2026-11-29-s31-auto, the forced runs'
+#: epochs), so a smaller difference in one round each is as likely chance as speed.
+CLOSE_MARGIN = 0.10
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,10 +152,33 @@ def to_try(auto: RunConfig, candidates: Sequence[str], running: Measured,
     return sorted(close, key=lambda e: (e.epoch_s or 0.0, STAR_MODES.index(e.mode))), estimates
 
 
+def pooled(measured: Sequence[Measured]) -> list[Measured]:
+    """One entry per system, in order of first appearance: its plans as first measured
+    and the mean of its rounds' measured epochs."""
+    rounds: dict[str, list[Measured]] = {}
+    for m in measured:
+        rounds.setdefault(m.mode, []).append(m)
+    return [Measured(mode, ms[0].plans, statistics.fmean(m.epoch_s for m in ms))
+            for mode, ms in rounds.items()]
+
+
+def close_calls(measured: Sequence[Measured], running: str) -> tuple[Measured, ...]:
+    """The systems to run one more round each before choosing ([Note: re-choosing the
+    system], step 3): those whose pooled epoch is within `CLOSE_MARGIN` of the fastest,
+    when there are two or more; ``running`` (the system that ran last) first, the others
+    fastest first. Empty when one system is clearly fastest."""
+    systems = pooled(measured)
+    best = min(m.epoch_s for m in systems)
+    close = sorted((m for m in systems if m.epoch_s <= best * (1 + CLOSE_MARGIN)),
+                   key=lambda m: (m.mode != running, m.epoch_s))
+    return tuple(close) if len(close) > 1 else ()
+
+
 def fastest_measured(measured: Sequence[Measured]) -> Measured:
     """The system that runs on after the trials ([Note: re-choosing the system], step
-    3): the shortest measured epoch; a simpler system (earlier in `STAR_MODES`) within
-    `TIE_MARGIN` of it instead."""
-    best = min(m.epoch_s for m in measured)
-    return min((m for m in measured if m.epoch_s <= best * (1 + TIE_MARGIN)),
+    4): the shortest measured epoch, pooled over each system's rounds; a simpler system
+    (earlier in `STAR_MODES`) within `TIE_MARGIN` of it instead."""
+    systems = pooled(measured)
+    best = min(m.epoch_s for m in systems)
+    return min((m for m in systems if m.epoch_s <= best * (1 + TIE_MARGIN)),
                key=lambda m: STAR_MODES.index(m.mode))
