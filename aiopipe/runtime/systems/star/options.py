@@ -364,7 +364,8 @@ class AutoOptions(ReplicaOptions):
         candidates: the systems to choose among ([Note: choosing the system] in
             aiopipe.scheduler.auto), a non-empty subset of `AUTO_CANDIDATES`.
         rechoose: after the first round, try each other system that may be faster for
-            a round, and run on with the fastest as measured ([Note:
+            a round (close ones one more round each), and run on with the fastest as
+            measured ([Note:
             re-choosing the system] in aiopipe.runtime.systems.star.rechoose).
     """
 
@@ -389,7 +390,8 @@ AUTO = SystemOptions(AutoOptions, {**_KEYS, **_REPLICA_KEYS, "candidates": (
     'mode auto: the systems it chooses among by their predicted epoch (default: fl, sfl, '
     'pipar)'), "rechoose": (
     "mode auto: after the first round, try each other system the round's speeds predict "
-    "may be faster for a round, and run on with the fastest as measured (default: "
-    "true)")}, _check_auto, elsewhere={
+    "may be faster for a round (systems measured within 10% of the fastest: one more "
+    "round each), and run on with the fastest as measured (default: true)")},
+    _check_auto, elsewhere={
         **_ELSEWHERE, "candidates": "it is mode auto's", "rechoose": "it is mode auto's"},
     samples_devices=True, runs_train_hook=True)
