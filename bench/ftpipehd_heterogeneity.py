@@ -205,14 +205,14 @@ async def compare(model: str, samples: int, batch: int, slowdowns: tuple[float, 
     started = time.monotonic()
     costs, planner = fresh_table(config)
     a = analyse(planner, slowdowns)
-    slow, capacity = f"{slowdowns[-1]:g}x", f"{a.capacity:g}"
+    slow, capacity = f"{slowdowns[-1]:g}", f"{a.capacity:g}"
     print(f"devices {', '.join(f'{s:g}' for s in slowdowns)}: ideal ratio "
           f"{ideal_bound(slowdowns):.2f}x")
     print(f"{model}: {len(a.shares)} units, {samples // batch} batches of {batch} an epoch; "
           f"table measured in {time.monotonic() - started:.0f} s; each unit's part of T "
           f"(forward, backward, step): {' '.join(f'{s * 100:.1f}' for s in a.shares)} %")
     print(f"  homogeneous (PipeDream) cuts {a.homogeneous}: {parts(a.shares, a.homogeneous)}"
-          f"\n    the {slow} device holds s = {a.slow_share * 100:.1f}% of T: bound for "
+          f"\n    the {slow}x device holds s = {a.slow_share * 100:.1f}% of T: bound for "
           f"these cuts {slow} x s x {capacity} = {a.cuts_bound:.2f}x")
     print(f"  FTPipeHD cuts {a.ftpipehd}: {parts(a.shares, a.ftpipehd)}\n    slowest part "
           f"(x its slowdown) {a.slowest_share * 100:.1f}% of T against T / {capacity} = "
