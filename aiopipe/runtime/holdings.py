@@ -79,7 +79,8 @@ class StageRules:
     """What a system's stage keeps between rounds (`Holdings.assign`).
 
     ``whole_batches``: a round's iteration is one whole batch, the stage's weights
-    versioned per batch (FTPipeHD); ``keeps_weights``: a device sent no tensors keeps
+    versioned per batch (FTPipeHD: every backward applies its update, and virtual time
+    charges it so: `Assignment.charges`); ``keeps_weights``: a device sent no tensors keeps
     the stage's weights from the last round; ``replays``: a round played again starts
     from the weights and optimizer state its first attempt started from (Asteroid);
     ``measures_memory``: the stage measures the bytes it holds (budgets are checked);

@@ -206,3 +206,35 @@ def test_a_device_told_to_keep_weights_it_does_not_hold_refuses_the_round() -> N
                         "device2": {"stage": 2, "address": "b"}})
     with pytest.raises(RemoteProtocolError, match="keep weights it does not hold"):
         holdings.assign(start, None, None, rules=STAGE_RULES)
+
+
+async def test_every_batch_s_update_is_charged_and_planned(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """FTPipeHD updates a stage's weights after every batch: virtual time charges each
+    backward its step (a round's closing STEP only installs the latest weights: nothing),
+    and the planner counts the step in a unit's time, so a device declared alike but
+    really 10x slower measures a capacity of 10, even where the update costs more than
+    the compute (here twice forward and backward together)."""
+    from aiopipe.runtime import device_node as device_module
+
+    honest = device_module.DeviceNode._run_config
+
+    def slow_device_3(self: Any, plan: Any) -> RunConfig:
+        config = honest(self, plan)
+        if self.device_id == 3:
+            return config.replace(device_slowdown=(1.0, 1.0, 1.0, 10.0))
+        return config
+
+    monkeypatch.setattr(device_module.DeviceNode, "_run_config", slow_device_3)
+    costs = CostTable.uniform(5, forward=0.001, backward=0.002, step=0.048)
+    config = CONFIG.replace(devices=4, samples_per_device=160, epochs=1, momentum=0.0,
+                            options={"partition": (1, 2, 3)})
+    result = await simulate(config, clock=VirtualClock(), cost_table=costs)
+    backward = [s.duration for s in result.trace if s.track == "device0/compute"
+                and s.name == "b"]
+    assert backward == [pytest.approx(0.002 * 8 + 0.048)] * 20  # 20 batches of 8, one unit
+    assert not any(s.duration for s in result.trace if s.name == "step")
+    replanned = await simulate(config.replace(options={"partition": "auto"}),
+                               clock=VirtualClock(), cost_table=costs)
+    (change,) = replanned.epochs[0].changes
+    assert change["capacities"] == pytest.approx([1.0, 1.0, 1.0, 10.0])
