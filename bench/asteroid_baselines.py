@@ -95,7 +95,7 @@ def run_config(base: RunConfig, name: str) -> RunConfig:
     return base.replace(**changes)
 
 
-def memory_rows(hpp: HppModel, config: RunConfig, stages: list[dict[str, Any]],
+def memory_rows(hpp: HppModel, stages: list[dict[str, Any]],
                 budgets: tuple[float, ...] | None) -> dict[int, tuple[float, float]]:
     """Per device of a run: Eq. 3 for its units and rows with 1F1B's micro-batches in
     flight, and its budget (MiB; 0: none)."""
@@ -158,7 +158,7 @@ def bench_fleet(fleet: str, model_name: str, scale: float, mbps: float, samples:
         rows[name] = asyncio.run(one_run(run_config(config, name), costs))
         rows[name]["wall_s"] = time.perf_counter() - started
         if "stages" in rows[name]:
-            rows[name]["memory"] = memory_rows(hpp, config, rows[name]["stages"], budgets)
+            rows[name]["memory"] = memory_rows(hpp, rows[name]["stages"], budgets)
     devices = [declared_device(config, k) for k in range(config.devices)]
     first = equal_groups_plans(hpp, devices, MICRO_BATCHES, BATCH // MICRO_BATCHES)[0]
     over = over_budget(hpp, devices, first.stages, MICRO_BATCHES)
@@ -186,8 +186,7 @@ def report(result: dict[str, Any]) -> list[str]:
         if "refused" in row:
             lines.append(f"| {name} | refused: {row['refused'][:90]} | | | | | |")
             continue
-        worst = max((need / budget for need, budget in row["memory"].values() if budget),
-                    default=0.0)
+        worst = _worst(row)
         flag = " (over: OOM)" if worst > 1 else ""
         lines.append(f"| {name} | {plan_text(row)} | {row['samples']} | {row['time_s']:.2f} "
                      f"| {row['samples_per_s']:.1f} | {ours / row['samples_per_s']:.2f} | "
@@ -203,16 +202,23 @@ def report(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _worst(row: dict[str, Any]) -> float:
+    """A run's largest Eq. 3 ÷ budget over its members (0: no budgets)."""
+    return max((need / budget for need, budget in row["memory"].values() if budget),
+               default=0.0)
+
+
 def summary(results: list[dict[str, Any]]) -> list[str]:
-    """Asteroid's samples/s over every other run's, one line per fleet."""
+    """Asteroid's samples/s over every other run's, one line per fleet (†: the run's plan
+    overflows a member's budget by Eq. 3: on a real device, out of memory)."""
     names = [n for n in RUNS if n != "asteroid"]
     lines = ["| fleet | Mbit/s | Asteroid samples/s | " + " | ".join(f"÷ {n}" for n in names)
              + " |", "|---|---|---|" + "---|" * len(names)]
     for result in results:
         runs = result["runs"]
         ours = runs["asteroid"]["samples_per_s"]
-        cells = [f"{ours / runs[n]['samples_per_s']:.2f}" if "samples_per_s" in runs[n]
-                 else "refused" for n in names]
+        cells = [f"{ours / runs[n]['samples_per_s']:.2f}" + ("†" if _worst(runs[n]) > 1 else "")
+                 if "samples_per_s" in runs[n] else "refused" for n in names]
         lines.append(f"| {result['fleet']} | {result['mbps']:g} | {ours:.1f} | "
                      + " | ".join(cells) + " |")
     return lines
