@@ -24,9 +24,11 @@ The runs, all on the same runtime but pure pipeline parallelism (each its own pl
 - **pipeline parallel**: ``mode = "pipeline"``, one device a stage, cut by compute and
   slowdowns, 1F1B (the paper's PP); its memory is not planned (Eq. 3 is reported).
 
-Samples per second of virtual time over the epoch (the round's weight transfers
-included), each device's memory by Eq. 3 against its budget. One cost table is measured
-at the start and charged to every run.
+Throughput: samples per second of virtual time in steady training, a batch over the
+time one more batch adds (an epoch of all and one of half the samples: what a round
+costs once, its weights sent down and its stages up, left out; epochs differ in
+batches, as the first stage's members hold the data). Each device's memory by Eq. 3
+against its budget. One cost table is measured at the start and charged to every run.
 
     .venv/bin/python bench/asteroid_baselines.py [--fleet B --fleet C] [--mbps 100]
         [--model mobilenetv3-small] [--scale 10] [--samples 640] [--unlimited] [--out DIR]
@@ -110,16 +112,21 @@ def memory_rows(hpp: HppModel, stages: list[dict[str, Any]],
 
 
 async def one_run(config: RunConfig, costs: CostTable) -> dict[str, Any]:
-    """One epoch in virtual time: samples, seconds, samples/s, the plan, the stages; or
-    why the runtime refused the plan."""
+    """One epoch in virtual time, and one of half the samples: samples, seconds, the
+    seconds one more batch adds (the difference: what a round costs once, the weights
+    sent down and the stages up, left out) and the samples/s that gives, the plan, the
+    stages; or why the runtime refused the plan."""
     try:
         result = await simulate(config, clock=VirtualClock(), cost_table=costs)
+        half = await simulate(config.replace(samples_per_device=config.device_samples_of(0)
+                                             // 2), clock=VirtualClock(), cost_table=costs)
     except ConfigError as exc:
         return {"refused": str(exc)}
     epoch = result.final
-    return {"samples": epoch.samples, "time_s": epoch.time_s,
-            "samples_per_s": epoch.samples / epoch.time_s, "plan": epoch.plan,
-            "stages": epoch.stages}
+    iteration_s = ((epoch.time_s - half.final.time_s)
+                   / ((epoch.samples - half.final.samples) / BATCH))
+    return {"samples": epoch.samples, "time_s": epoch.time_s, "iteration_s": iteration_s,
+            "samples_per_s": BATCH / iteration_s, "plan": epoch.plan, "stages": epoch.stages}
 
 
 def plan_text(row: dict[str, Any]) -> str:
@@ -133,7 +140,7 @@ def plan_text(row: dict[str, Any]) -> str:
         who = ",".join(f"{s['device']}" + (f"({s['rows'][1] - s['rows'][0]})"
                                           if len(members) > 1 else "") for s in members)
         parts.append(f"{first}-{stop - 1}@{who}")
-    return " | ".join(parts)
+    return "; ".join(parts)
 
 
 def measured(model_name: str) -> tuple[CostTable, HppModel]:
@@ -180,19 +187,20 @@ def report(result: dict[str, Any]) -> list[str]:
     lines = [f"### Fleet {result['fleet']} ({', '.join(result['kinds'])}), "
              f"{result['mbps']:g} Mbit/s, {result['model']}, slowdowns x{result['scale']:g}",
              "", f"Budgets (MiB): {list(budgets) if budgets else 'none'}", "",
-             "| run | plan (units@devices(rows)) | samples | epoch s | samples/s | "
-             "Asteroid ÷ it | Eq. 3 ÷ budget, worst member |", "|---|---|---|---|---|---|---|"]
+             "| run | plan (units@devices(rows)) | epoch samples | epoch s | s per batch | "
+             "samples/s | Asteroid ÷ it | Eq. 3 ÷ budget, worst member |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, row in runs.items():
         if "refused" in row:
-            lines.append(f"| {name} | refused: {row['refused'][:90]} | | | | | |")
+            lines.append(f"| {name} | refused: {row['refused'][:90]} | | | | | | |")
             continue
         worst = _worst(row)
         flag = " (over: OOM)" if worst > 1 else ""
         lines.append(f"| {name} | {plan_text(row)} | {row['samples']} | {row['time_s']:.2f} "
-                     f"| {row['samples_per_s']:.1f} | {ours / row['samples_per_s']:.2f} | "
-                     f"{worst:.2f}{flag} |")
+                     f"| {row['iteration_s']:.3f} | {row['samples_per_s']:.1f} | "
+                     f"{ours / row['samples_per_s']:.2f} | {worst:.2f}{flag} |")
     first = result["equal_groups_first_choice"]
-    shape = " | ".join(f"{a}-{b - 1}@{','.join(map(str, d))}" for a, b, d, _ in first["stages"])
+    shape = "; ".join(f"{a}-{b - 1}@{','.join(map(str, d))}" for a, b, d, _ in first["stages"])
     over = "; ".join(f"device {d}: {need:.1f} MiB > {budget:.1f}"
                      for d, (need, budget) in first["over_budget"].items())
     lines += ["", f"equal-groups' first choice: {shape} (estimated round "
@@ -253,7 +261,9 @@ def main() -> None:
     print(f"load average {os.getloadavg()[0]:.2f}")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        stem = f"{args.model}-x{args.scale:g}" + ("-unlimited" if args.unlimited else "")
+        stem = (f"{args.model}-x{args.scale:g}-{''.join(args.fleet or 'BCD')}-"
+                f"{'-'.join(f'{m:g}' for m in args.mbps or [100, 1000])}mbps"
+                + ("-unlimited" if args.unlimited else ""))
         text = [line for result in results for line in report(result)] + lines
         (args.out / f"{stem}.md").write_text("\n".join(text) + "\n")
         (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str))

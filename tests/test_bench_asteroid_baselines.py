@@ -45,3 +45,24 @@ def test_eq3_per_member_against_its_budget() -> None:
     rows = baselines.memory_rows(hpp, stages, (1.0, 2.0, 0.0, 0.0))
     assert rows[0] == (pytest.approx(hpp.memory(0, 2, 16, 3) / MIB), 1.0)
     assert rows[1] == (pytest.approx(hpp.memory(2, 3, 16, 1) / MIB), 2.0)
+
+
+@pytest.mark.slow
+def test_a_fleet_s_runs_side_by_side() -> None:
+    """Every run on fleet D (vgg5, a uniform table, two batches a device): each has a
+    throughput or says why it was refused, and the report has a line for each."""
+    from aiopipe import models
+    from aiopipe.runtime.plan import model_profile
+
+    model = models.build("vgg5", num_classes=10, in_shape=(3, 32, 32))
+    costs = CostTable.uniform(5, forward=1e-3, backward=2e-3, batch=16)
+    hpp = HppModel.of(model_profile(model, (3, 32, 32), costs))
+    result = baselines.bench_fleet("D", "vgg5", 10.0, 100.0, 128, False, costs, hpp)
+    assert set(result["runs"]) == set(baselines.RUNS)
+    for row in result["runs"].values():
+        assert "refused" in row or row["samples_per_s"] > 0
+    assert result["runs"]["asteroid"]["samples_per_s"] > 0
+    assert baselines._worst(result["runs"]["asteroid"]) <= 1
+    lines = baselines.report(result)
+    assert sum(line.startswith("| ") for line in lines) == 1 + len(baselines.RUNS)
+    assert len(baselines.summary([result])) == 3
