@@ -36,6 +36,7 @@ from aiopipe.config import (
 )
 from aiopipe.config_options import fold_system_tables, system_keys, warn_flat_keys
 from aiopipe.config_toml import read_run_keys
+from aiopipe.config_values import HPP_PLANNERS
 from aiopipe.errors import AiopipeError, ConfigError
 from aiopipe.metrics.results import EpochMetrics, RunResult
 from aiopipe.runtime.systems.fedbuff.options import STALENESS
@@ -256,6 +257,7 @@ _SYSTEM_FLAGS: dict[str, dict[str, Any]] = {
     "partition": {"type": _int_list},
     "stage_groups": {"type": _groups},
     "rescheduling": {"choices": RESCHEDULINGS},
+    "planner": {"choices": HPP_PLANNERS},
     "schedule": {"choices": SCHEDULES},
     "local_steps": {"type": _steps},
     "staleness": {"choices": STALENESS},
@@ -283,8 +285,9 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "metric", "optimizer", "dataset", "t
                    "parallel_batches", "network", "device_slowdown", "aggregation_every",
                    "learning_rate", "seed", "out_dir", "shape_links", "device_timeout",
                    "heartbeat_interval", "reconnect_grace", "replan", "device_memory_mb",
-                   "partition", "stage_groups", "rescheduling", "schedule", "profile_devices",
-                   "aggregation", "aggregation_options", "train_hook", "outliers",
+                   "partition", "stage_groups", "planner", "rescheduling", "schedule",
+                   "profile_devices", "aggregation", "aggregation_options", "train_hook",
+                   "outliers",
                    "version_aggregation", "momentum", "global_replication_every",
                    "chain_replication_every", "first_repartition_after", "warmup_epochs",
                    "warmup_learning_rate", "local_steps", "sync_periods", "ring_size",

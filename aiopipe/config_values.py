@@ -17,6 +17,7 @@ from aiopipe.errors import ConfigError
 __all__ = [
     "AGGREGATIONS",
     "DATA_PARTITIONS",
+    "HPP_PLANNERS",
     "INITIAL_WEIGHTS",
     "LOSSES",
     "METRICS",
@@ -51,6 +52,9 @@ PRIVACY_METHODS = ("none", "classic", "pixeldp", "dp-sgd")
 INITIAL_WEIGHTS = ("seed", "given")
 #: How Asteroid re-plans after a device is lost (docs/design.md §Asteroid).
 RESCHEDULINGS = ("lightweight", "heavy")
+#: Who plans Asteroid's stages and groups: its own planner or a baseline's rules
+#: (`aiopipe.scheduler.hpp_baseline`).
+HPP_PLANNERS = ("asteroid", "equal-groups", "equal-groups-by-speed")
 
 #: A per-device key's value: one for every device, "auto" (where a planner may choose)
 #: or one per device.
