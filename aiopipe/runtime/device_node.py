@@ -54,6 +54,7 @@ from aiopipe.protocol import (
     Profile,
     ProfileRequest,
     Ready,
+    RoundAccepted,
     RoundResult,
     RoundStalled,
     RoundStart,
@@ -230,6 +231,8 @@ class DeviceNode:
             self.last_round_received = message.round
             self._drop_round()  # if still on an older one, the server gave up on it
             self.control.put_nowait(message)
+        elif isinstance(message, RoundAccepted):
+            self.reports.accepted(message.round)
         elif isinstance(message, EvalRequest):
             self.control.put_nowait(message)
         elif isinstance(message, ProfileRequest):
