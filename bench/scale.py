@@ -95,6 +95,7 @@ from aiopipe.scheduler.costs import CostTable, measure_costs
 
 MIB = 1 << 20
 MARK = "SCALE-RESULT "
+ROUND_MARK = "SCALE-ROUND "  # a mark's figures, printed as it passes (kept if killed later)
 
 
 # -- the child: one simulation ---------------------------------------------------------
@@ -177,6 +178,7 @@ def run_child(args: argparse.Namespace) -> None:
                           "hwm_mib": proc_status_mib(os.getpid(), "VmHWM"),
                           "rss_mib": proc_status_mib(os.getpid(), "VmRSS"),
                           "pss_mib": pss_mib()})
+            print(ROUND_MARK + json.dumps(noted[-1]), flush=True)
 
     started = time.perf_counter()
     if profiler is not None:
@@ -410,7 +412,9 @@ def run_one(args: argparse.Namespace, devices: int, costs_file: Path,
         output.seek(0)
         text = output.read()
     if stopped:
-        return {"devices": devices, "error": stopped}
+        passed = [json.loads(line[len(ROUND_MARK):]) for line in text.splitlines()
+                  if line.startswith(ROUND_MARK)]
+        return {"devices": devices, "error": stopped, "marks": passed}
     for line in text.splitlines():
         if line.startswith(MARK):
             return {**json.loads(line[len(MARK) :]), "proc_s": proc}
