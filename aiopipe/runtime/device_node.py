@@ -358,8 +358,8 @@ class DeviceNode:
                 self.peer.post(RoundStalled(message.round, str(exc)[:MAX_REASON_CHARS]),
                                "stalled", epoch=message.epoch)
                 continue
-            rounds += 1
-            samples += done
+            rounds, samples = rounds + 1, samples + done
+            del message  # (a round's weights: not kept while the device waits for the next)
 
     async def _answer_profile(self, request: ProfileRequest) -> None:
         """Answer the coordinator's profile request (aiopipe.runtime.profiling [Note:

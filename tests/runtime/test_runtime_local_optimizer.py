@@ -14,6 +14,7 @@ from torch import nn
 from aiopipe import RunConfig, VirtualClock, simulate
 from aiopipe.errors import ConfigError
 from aiopipe.metrics.results import EpochMetrics
+from aiopipe.protocol import RoundStart
 from aiopipe.runtime.aggregation import fedavg
 from aiopipe.runtime.device_node import DeviceNode
 from aiopipe.runtime.plan import build_model, train_dataset
@@ -112,10 +113,13 @@ async def test_between_rounds_a_device_holds_no_stage(mode: str, local_optimizer
     config = _config(local_optimizer, mode=mode, devices=6, epochs=4,
                      **({"split_point": 2, "parallel_batches": 2} if mode == "pipar" else {}))
     seen: list[tuple[int, list[tuple[bool, bool, int]]]] = []
+    weights: list[int] = []  # round starts with weights alive after each round
 
     def look(metrics: EpochMetrics) -> None:
         seen.append((metrics.epoch, [(node.work is None, node.holdings.aside is not None,
                                       len(node.reports.unacked)) for node in _devices()]))
+        weights.append(sum(1 for o in gc.get_objects()
+                           if type(o) is RoundStart and o.tensors))
 
     result = await simulate(config, clock=VirtualClock(), cost_table=COSTS, progress=look)
     trained: set[int] = set()
@@ -128,6 +132,7 @@ async def test_between_rounds_a_device_holds_no_stage(mode: str, local_optimizer
         # the round's own devices keep their result until the next round's draw
         assert [n for _, _, n in nodes] == [2 if k in drawn else 0 for k in range(6)]
     assert [len(e.sampled[0]) for e in result.epochs] == [2] * 4
+    assert weights == [0] * 4  # (a device's control loop let its round's go)
 
 
 def test_a_fresh_replica_pool_keeps_no_momentum() -> None:

@@ -25,7 +25,8 @@ device that had ever trained (vgg5's fl: 15-20 MiB each, 10.7 GiB after 10 round
 A device sampled again gets the weights in its `RoundStart` either way, so dropping the
 stage loses nothing. Its round result, which shares the trained stage's memory, stays
 until the coordinator acknowledges it (the next `RoundStart`, or a `RoundAccepted` when
-the device is not drawn for the next round: aiopipe.runtime.acknowledgements). So what a
+the device is not drawn for the next round: aiopipe.runtime.acknowledgements), and its
+control loop lets the `RoundStart` go once the round is over. So what a
 device holds between rounds is nothing (fresh) or its momentum (kept), and a
 simulation's memory follows the devices sampled in a round, not those that have ever
 trained. DP-SGD's stage (an Opacus wrapper, costly to build) stays whole between rounds.
