@@ -36,7 +36,7 @@ from aiopipe.config import (
 )
 from aiopipe.config_options import fold_system_tables, system_keys, warn_flat_keys
 from aiopipe.config_toml import read_run_keys
-from aiopipe.config_values import HPP_PLANNERS
+from aiopipe.config_values import HPP_PLANNERS, LOCAL_OPTIMIZERS
 from aiopipe.errors import AiopipeError, ConfigError
 from aiopipe.metrics.results import EpochMetrics, RunResult
 from aiopipe.runtime.systems.fedbuff.options import STALENESS
@@ -269,6 +269,7 @@ _SYSTEM_FLAGS: dict[str, dict[str, Any]] = {
     "aggregation_options": {"type": _keyword_arguments, "metavar": "K=V,..."},
     "outliers": {"choices": OUTLIERS},
     "privacy": {"choices": PRIVACY_METHODS},
+    "local_optimizer": {"choices": LOCAL_OPTIMIZERS},
     **{key: {"type": int} for key in (
         "version_aggregation", "global_replication_every", "first_repartition_after",
         "chain_replication_every", "warmup_epochs", "sync_periods", "ring_size", "group_size",
@@ -296,7 +297,7 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "metric", "optimizer", "dataset", "t
                    "privacy_noise", "dp_noise_multiplier", "dp_max_grad_norm", "dp_delta",
                    "server_lanes", "devices_per_round", "secure_aggregation",
                    "secure_aggregation_clip", "candidates", "trim_fraction", "outlier_limit",
-                   "replan_threshold", "rechoose")
+                   "replan_threshold", "rechoose", "local_optimizer")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

@@ -19,6 +19,7 @@ __all__ = [
     "DATA_PARTITIONS",
     "HPP_PLANNERS",
     "INITIAL_WEIGHTS",
+    "LOCAL_OPTIMIZERS",
     "LOSSES",
     "METRICS",
     "OPTIMIZERS",
@@ -43,6 +44,10 @@ METRICS = ("accuracy", "none")
 AGGREGATIONS = ("fedavg", "fedmedian", "trimmed-mean", "krum", "multi-krum", "fedavgm",
                 "fedadam", "fedyogi", "fedadagrad", "fedprox", "dp-fedavg")
 OUTLIERS = ("keep", "clip", "drop")
+#: What a device's optimizer starts each round from ([Note: a round's local optimizer]
+#: in aiopipe.runtime.systems.star.keeping): nothing (textbook FedAvg), or the state its
+#: last round left.
+LOCAL_OPTIMIZERS = ("fresh", "kept")
 OPTIMIZERS = ("sgd",)
 DATA_PARTITIONS = ("iid", "dirichlet")
 SCHEDULES = ("1f1b", "gpipe")
