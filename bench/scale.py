@@ -283,15 +283,21 @@ def estimate_mib(base_mib: float, devices: int, terms: dict[str, int]) -> float:
     return base_mib + devices * sum(terms.values()) / MIB
 
 
-def mem_available_mib() -> float:
-    """MemAvailable of /proc/meminfo (inf where there is none)."""
+def _proc_mib(path: str, key: str, missing: float) -> float:
+    """The ``key:`` line of a /proc file that counts in kB, in MiB (``missing`` where the
+    file or the line is not there)."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
-    return math.inf
+    return missing
+
+
+def mem_available_mib() -> float:
+    """MemAvailable of /proc/meminfo (inf where there is none)."""
+    return _proc_mib("/proc/meminfo", "MemAvailable", math.inf)
 
 
 def child_command(args: argparse.Namespace, devices: int, costs_file: Path) -> list[str]:
@@ -351,24 +357,12 @@ def export_commit(rev: str, into: Path) -> Path:
 
 def pss_mib() -> float:
     """This process's proportional set size in MiB (0 where smaps_rollup is missing)."""
-    try:
-        for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+    return _proc_mib("/proc/self/smaps_rollup", "Pss", 0.0)
 
 
 def proc_status_mib(pid: int, key: str) -> float:
     """A ``VmHWM``/``VmRSS``-style figure of process ``pid`` in MiB (0 when unreadable)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+    return _proc_mib(f"/proc/{pid}/status", key, 0.0)
 
 
 def run_one(args: argparse.Namespace, devices: int, costs_file: Path,

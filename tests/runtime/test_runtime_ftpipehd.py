@@ -121,13 +121,8 @@ async def test_the_trace_shows_each_stage_running_the_papers_1f1b_order() -> Non
         assert seen == want, (p, seen)
 
 
-@pytest.mark.slow
-async def test_a_device_slower_than_declared_gets_less_from_the_next_epoch(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """Every device declared alike, but device 3 really 10x slower: the first epoch runs
-    the homogeneous cuts, the coordinator measures the capacities from the epoch's trace
-    and re-partitions (§III-D), and the next epoch takes about half as long. The
-    re-partition is recorded (``/status``'s replans)."""
+def _device_3_really_10x_slower(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Device 3 runs 10x slower than its config declares (the others as declared)."""
     from aiopipe.runtime import device_node as device_module
 
     honest = device_module.DeviceNode._run_config
@@ -139,6 +134,16 @@ async def test_a_device_slower_than_declared_gets_less_from_the_next_epoch(
         return config
 
     monkeypatch.setattr(device_module.DeviceNode, "_run_config", slow_device_3)
+
+
+@pytest.mark.slow
+async def test_a_device_slower_than_declared_gets_less_from_the_next_epoch(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Every device declared alike, but device 3 really 10x slower: the first epoch runs
+    the homogeneous cuts, the coordinator measures the capacities from the epoch's trace
+    and re-partitions (§III-D), and the next epoch takes about half as long. The
+    re-partition is recorded (``/status``'s replans)."""
+    _device_3_really_10x_slower(monkeypatch)
     config = CONFIG.replace(devices=4, samples_per_device=160, epochs=3,
                             momentum=0.0,
                             options={"partition": "auto", "first_repartition_after": 0})
@@ -215,17 +220,7 @@ async def test_every_batch_s_update_is_charged_and_planned(
     and the planner counts the step in a unit's time, so a device declared alike but
     really 10x slower measures a capacity of 10, even where the update costs more than
     the compute (here twice forward and backward together)."""
-    from aiopipe.runtime import device_node as device_module
-
-    honest = device_module.DeviceNode._run_config
-
-    def slow_device_3(self: Any, plan: Any) -> RunConfig:
-        config = honest(self, plan)
-        if self.device_id == 3:
-            return config.replace(device_slowdown=(1.0, 1.0, 1.0, 10.0))
-        return config
-
-    monkeypatch.setattr(device_module.DeviceNode, "_run_config", slow_device_3)
+    _device_3_really_10x_slower(monkeypatch)
     costs = CostTable.uniform(5, forward=0.001, backward=0.002, step=0.048)
     config = CONFIG.replace(devices=4, samples_per_device=160, epochs=1, momentum=0.0,
                             options={"partition": (1, 2, 3)})
