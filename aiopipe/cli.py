@@ -36,6 +36,7 @@ from aiopipe.config import (
 )
 from aiopipe.config_options import fold_system_tables, system_keys, warn_flat_keys
 from aiopipe.config_toml import read_run_keys
+from aiopipe.config_values import HPP_PLANNERS, LOCAL_OPTIMIZERS
 from aiopipe.errors import AiopipeError, ConfigError
 from aiopipe.metrics.results import EpochMetrics, RunResult
 from aiopipe.runtime.systems.fedbuff.options import STALENESS
@@ -256,6 +257,7 @@ _SYSTEM_FLAGS: dict[str, dict[str, Any]] = {
     "partition": {"type": _int_list},
     "stage_groups": {"type": _groups},
     "rescheduling": {"choices": RESCHEDULINGS},
+    "planner": {"choices": HPP_PLANNERS},
     "schedule": {"choices": SCHEDULES},
     "local_steps": {"type": _steps},
     "staleness": {"choices": STALENESS},
@@ -267,6 +269,7 @@ _SYSTEM_FLAGS: dict[str, dict[str, Any]] = {
     "aggregation_options": {"type": _keyword_arguments, "metavar": "K=V,..."},
     "outliers": {"choices": OUTLIERS},
     "privacy": {"choices": PRIVACY_METHODS},
+    "local_optimizer": {"choices": LOCAL_OPTIMIZERS},
     **{key: {"type": int} for key in (
         "version_aggregation", "global_replication_every", "first_repartition_after",
         "chain_replication_every", "warmup_epochs", "sync_periods", "ring_size", "group_size",
@@ -283,8 +286,9 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "metric", "optimizer", "dataset", "t
                    "parallel_batches", "network", "device_slowdown", "aggregation_every",
                    "learning_rate", "seed", "out_dir", "shape_links", "device_timeout",
                    "heartbeat_interval", "reconnect_grace", "replan", "device_memory_mb",
-                   "partition", "stage_groups", "rescheduling", "schedule", "profile_devices",
-                   "aggregation", "aggregation_options", "train_hook", "outliers",
+                   "partition", "stage_groups", "planner", "rescheduling", "schedule",
+                   "profile_devices", "aggregation", "aggregation_options", "train_hook",
+                   "outliers",
                    "version_aggregation", "momentum", "global_replication_every",
                    "chain_replication_every", "first_repartition_after", "warmup_epochs",
                    "warmup_learning_rate", "local_steps", "sync_periods", "ring_size",
@@ -293,7 +297,7 @@ RUN_OPTION_KEYS = ("mode", "model", "loss", "metric", "optimizer", "dataset", "t
                    "privacy_noise", "dp_noise_multiplier", "dp_max_grad_norm", "dp_delta",
                    "server_lanes", "devices_per_round", "secure_aggregation",
                    "secure_aggregation_clip", "candidates", "trim_fraction", "outlier_limit",
-                   "replan_threshold", "rechoose")
+                   "replan_threshold", "rechoose", "local_optimizer")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

@@ -17,7 +17,9 @@ from aiopipe.errors import ConfigError
 __all__ = [
     "AGGREGATIONS",
     "DATA_PARTITIONS",
+    "HPP_PLANNERS",
     "INITIAL_WEIGHTS",
+    "LOCAL_OPTIMIZERS",
     "LOSSES",
     "METRICS",
     "OPTIMIZERS",
@@ -42,6 +44,10 @@ METRICS = ("accuracy", "none")
 AGGREGATIONS = ("fedavg", "fedmedian", "trimmed-mean", "krum", "multi-krum", "fedavgm",
                 "fedadam", "fedyogi", "fedadagrad", "fedprox", "dp-fedavg")
 OUTLIERS = ("keep", "clip", "drop")
+#: What a device's optimizer starts each round from ([Note: a round's local optimizer]
+#: in aiopipe.runtime.systems.star.keeping): nothing (textbook FedAvg), or the state its
+#: last round left.
+LOCAL_OPTIMIZERS = ("fresh", "kept")
 OPTIMIZERS = ("sgd",)
 DATA_PARTITIONS = ("iid", "dirichlet")
 SCHEDULES = ("1f1b", "gpipe")
@@ -51,6 +57,9 @@ PRIVACY_METHODS = ("none", "classic", "pixeldp", "dp-sgd")
 INITIAL_WEIGHTS = ("seed", "given")
 #: How Asteroid re-plans after a device is lost (docs/design.md §Asteroid).
 RESCHEDULINGS = ("lightweight", "heavy")
+#: Who plans Asteroid's stages and groups: its own planner or a baseline's rules
+#: (`aiopipe.scheduler.hpp_baseline`).
+HPP_PLANNERS = ("asteroid", "equal-groups", "equal-groups-by-speed")
 
 #: A per-device key's value: one for every device, "auto" (where a planner may choose)
 #: or one per device.

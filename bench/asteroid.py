@@ -19,7 +19,9 @@ The estimates are the planner's model (Eqs. 3–11 of the paper), not measured r
 (by default 5 devices with slowdowns 1, 2, 4, 4, 8, times ``--scale``, memory budgets
 of 64, 32, 16, 12 and 8 MiB, wifi-like links of ``--mbps`` 50 Mbit/s and 2 ms; vgg5,
 batches of 64 in 4 micro-batches), in virtual time with one cost table measured here
-for every run: Asteroid's plan ("auto"), pure data parallelism (one stage, every device
+for every run: Asteroid's plan ("auto"), the hybrid baselines' plans (``planner``
+"equal-groups" and "equal-groups-by-speed", `aiopipe.scheduler.hpp_baseline`; more
+fleets in bench/asteroid_baselines.py), pure data parallelism (one stage, every device
 the whole model on its rows of every micro-batch, all-reduce), pure pipeline
 parallelism (``mode = "pipeline"``: one device per stage, balanced by the slowdowns) and
 FL (FedAvg, each device its own data), side by side; and Asteroid's measured time per
@@ -170,6 +172,8 @@ def _fleet_config(scale: float, mbps: float, **changes: object) -> RunConfig:
 
 THROUGHPUT_RUNS: dict[str, dict[str, object]] = {
     "asteroid (auto)": {},
+    "equal-groups (HPP baseline)": {"options": {"planner": "equal-groups"}},
+    "equal-groups-by-speed": {"options": {"planner": "equal-groups-by-speed"}},
     "data parallel": {"options": {"stage_groups": [list(range(len(SLOWDOWNS)))],
                                   "partition": []}},
     "pipeline parallel": {"mode": "pipeline", "device_memory_mb": 0.0},
@@ -428,7 +432,8 @@ def _plot(rows: dict[str, dict[str, Any]], path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(8, 3.5))
     names = list(rows)
     ax.bar(names, [rows[n]["samples_per_s"] for n in names],
-           color=["tab:green", "tab:blue", "tab:orange", "tab:grey"])
+           color=["tab:green", "tab:purple", "tab:pink", "tab:blue", "tab:orange",
+                  "tab:grey"])
     ax.set_ylabel("samples / s (virtual time)")
     ax.set_title(title.split(", vgg5")[0], fontsize=8)
     fig.tight_layout()

@@ -19,6 +19,9 @@ the epoch time of FTPipeHD's cuts for those capacities against the homogeneous c
 declares every device alike and re-partitions from what its first epoch measured.
 Virtual time: the figures are the cost model's (each stage's compute, the links'
 shaping), not a measurement of real devices; a slowdown factor is not a slow device.
+The same comparison on models cut finely enough to reach the ideal ratio, with the
+factors that keep a model below it and the spread of vgg5's figure over several
+measured tables: bench/ftpipehd_heterogeneity.py.
 
     .venv/bin/python bench/ftpipehd.py [--model vgg5] [--samples 1000] [--epochs 4]
         [--momentum 0.9 0.5 0.0] [--aggregation 1 0]

@@ -45,6 +45,16 @@ and the figures are extrapolated from the largest K that ran.
 imported), then with this tree's: old and new side by side in one run, on one machine
 state. The costs, config and child script are this tree's for both.
 
+``--mode fl`` simulates FedAvg instead of PiPar (the same model and data; B, N as given:
+``--parallel-batches 1`` for textbook FL). The population mode, for sampled fleets
+(issue 48 part 4: memory must follow the devices in a round, not those that have ever
+trained): ``--marks 10,100`` has each child note, after each of those rounds (an epoch
+is one round here), the process's peak RSS so far (``VmHWM``), its RSS and PSS now
+(``/proc/self/smaps_rollup``: one process, so PSS is RSS less what it shares with other
+processes) and the wall time so far, printed as one line per K and mark; ``--epochs``
+defaults to the largest mark. ``--local-optimizer fresh|kept`` sets the star option in
+this tree's children (an ``--against`` commit's children run as that commit does).
+
 ``--profile K`` runs one more child with cProfile around its ``simulate`` call and
 prints the top functions by cumulative time (all, then aiopipe's) and by own time.
 ``--malloc-mmap-threshold BYTES`` sets glibc's ``MALLOC_MMAP_THRESHOLD_`` in the
@@ -56,7 +66,7 @@ heap, where they stay resident).
         [--split-point 2] [--epochs 1] [--test-samples 100] [--network 4g]
         [--timeout 900] [--keep-free-gib 2] [--force] [--profile K] [--top 15]
         [--profile-out FILE] [--malloc-mmap-threshold BYTES] [--save-costs FILE]
-        [--against REV]
+        [--against REV] [--mode pipar|fl] [--marks 10,100] [--local-optimizer fresh|kept]
 """
 
 from __future__ import annotations
@@ -85,6 +95,7 @@ from aiopipe.scheduler.costs import CostTable, measure_costs
 
 MIB = 1 << 20
 MARK = "SCALE-RESULT "
+ROUND_MARK = "SCALE-ROUND "  # a mark's figures, printed as it passes (kept if killed later)
 
 
 # -- the child: one simulation ---------------------------------------------------------
@@ -106,8 +117,10 @@ class CountingClock(VirtualClock):
 
 def config_of(args: argparse.Namespace, devices: int) -> aiopipe.RunConfig:
     """The run for ``devices`` devices."""
+    local = getattr(args, "local_optimizer", "")
     return aiopipe.RunConfig(
-        mode="pipar",
+        mode=getattr(args, "mode", "pipar"),
+        **({"options": {"local_optimizer": local}} if local else {}),
         model="vgg5",
         dataset="synthetic-cifar10",
         devices=devices,
@@ -156,10 +169,22 @@ def run_child(args: argparse.Namespace) -> None:
     before = resource.getrusage(resource.RUSAGE_SELF)
     base_kib = before.ru_maxrss
     profiler = cProfile.Profile() if args.child_profile else None
+    marks = {int(m) for m in args.marks.split(",") if m.strip()}
+    noted: list[dict[str, float]] = []
+
+    def note(epoch: Any) -> None:  # the population mode's figures after a round
+        if epoch.epoch in marks:  # (numbered from 1)
+            noted.append({"round": epoch.epoch, "wall_s": time.perf_counter() - started,
+                          "hwm_mib": proc_status_mib(os.getpid(), "VmHWM"),
+                          "rss_mib": proc_status_mib(os.getpid(), "VmRSS"),
+                          "pss_mib": pss_mib()})
+            print(ROUND_MARK + json.dumps(noted[-1]), flush=True)
+
     started = time.perf_counter()
     if profiler is not None:
         profiler.enable()
-    result = asyncio.run(aiopipe.simulate(config, clock=clock, cost_table=costs))
+    result = asyncio.run(aiopipe.simulate(config, clock=clock, cost_table=costs,
+                                          progress=note if marks else None))
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(args.child_profile)
@@ -184,6 +209,7 @@ def run_child(args: argparse.Namespace) -> None:
                 "sys_s": after.ru_stime - before.ru_stime,
                 "minor_faults": after.ru_minflt - before.ru_minflt,
                 "package": str(Path(aiopipe.__file__).parent),
+                "marks": noted,
             }
         ),
         flush=True,
@@ -257,15 +283,21 @@ def estimate_mib(base_mib: float, devices: int, terms: dict[str, int]) -> float:
     return base_mib + devices * sum(terms.values()) / MIB
 
 
-def mem_available_mib() -> float:
-    """MemAvailable of /proc/meminfo (inf where there is none)."""
+def _proc_mib(path: str, key: str, missing: float) -> float:
+    """The ``key:`` line of a /proc file that counts in kB, in MiB (``missing`` where the
+    file or the line is not there)."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
-    return math.inf
+    return missing
+
+
+def mem_available_mib() -> float:
+    """MemAvailable of /proc/meminfo (inf where there is none)."""
+    return _proc_mib("/proc/meminfo", "MemAvailable", math.inf)
 
 
 def child_command(args: argparse.Namespace, devices: int, costs_file: Path) -> list[str]:
@@ -293,6 +325,10 @@ def child_command(args: argparse.Namespace, devices: int, costs_file: Path) -> l
         args.network,
         "--devices-per-round",
         str(args.devices_per_round),
+        "--mode",
+        args.mode,
+        "--marks",
+        args.marks,
     ]
 
 
@@ -319,15 +355,14 @@ def export_commit(rev: str, into: Path) -> Path:
     return into
 
 
+def pss_mib() -> float:
+    """This process's proportional set size in MiB (0 where smaps_rollup is missing)."""
+    return _proc_mib("/proc/self/smaps_rollup", "Pss", 0.0)
+
+
 def proc_status_mib(pid: int, key: str) -> float:
     """A ``VmHWM``/``VmRSS``-style figure of process ``pid`` in MiB (0 when unreadable)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+    return _proc_mib(f"/proc/{pid}/status", key, 0.0)
 
 
 def run_one(args: argparse.Namespace, devices: int, costs_file: Path,
@@ -339,8 +374,11 @@ def run_one(args: argparse.Namespace, devices: int, costs_file: Path,
     """
     started = time.perf_counter()
     with tempfile.TemporaryFile("w+") as output:
+        command = child_command(args, devices, costs_file)
+        if package_root is None and args.local_optimizer:  # (an older commit has none)
+            command += ["--local-optimizer", args.local_optimizer]
         process = subprocess.Popen(
-            child_command(args, devices, costs_file),
+            command,
             env=child_env(args, package_root),
             stdout=output,
             stderr=subprocess.STDOUT,
@@ -368,7 +406,9 @@ def run_one(args: argparse.Namespace, devices: int, costs_file: Path,
         output.seek(0)
         text = output.read()
     if stopped:
-        return {"devices": devices, "error": stopped}
+        passed = [json.loads(line[len(ROUND_MARK):]) for line in text.splitlines()
+                  if line.startswith(ROUND_MARK)]
+        return {"devices": devices, "error": stopped, "marks": passed}
     for line in text.splitlines():
         if line.startswith(MARK):
             return {**json.loads(line[len(MARK) :]), "proc_s": proc}
@@ -410,6 +450,19 @@ def table(rows: list[dict[str, Any]], terms: dict[str, int], base_mib: float) ->
             f"{row['samples']:>7} {row['slices']:>7} {row['slices'] / wall:>8.0f} "
             f"{row['wakeups'] / wall:>9.0f}{version}"
         )
+    return out
+
+
+def marks(rows: list[dict[str, Any]]) -> list[str]:
+    """The population mode's lines: per K (and version) and mark, memory after that
+    round and the wall time so far."""
+    out = []
+    for row in rows:
+        version = f" ({row['version']})" if "version" in row else ""
+        for mark in row.get("marks", ()):
+            out.append(f"K = {row['devices']}{version}, after round {mark['round']}: peak RSS "
+                       f"{mark['hwm_mib']:.0f} MiB, RSS {mark['rss_mib']:.0f} MiB, PSS "
+                       f"{mark['pss_mib']:.0f} MiB, wall {mark['wall_s']:.1f} s")
     return out
 
 
@@ -490,7 +543,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=20)
     parser.add_argument("--parallel-batches", type=int, default=2)
     parser.add_argument("--split-point", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--epochs", type=int, default=0,
+                        help="epochs (rounds, when sampled): 1, or the largest of --marks")
     parser.add_argument("--test-samples", type=int, default=100)
     parser.add_argument("--network", default="4g")
     parser.add_argument("--floor-samples", type=int, default=2000,
@@ -519,6 +573,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--against", default="", metavar="REV",
         help="also run each K with commit REV's aiopipe (git archive), side by side")
+    parser.add_argument("--mode", choices=("pipar", "fl"), default="pipar")
+    parser.add_argument("--marks", default="", metavar="R,...",
+                        help="population mode: memory after each of these rounds")
+    parser.add_argument("--local-optimizer", default="", choices=("", "fresh", "kept"),
+                        help="the star option, in this tree's children (default: its default)")
     parser.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--costs-file", default="", help=argparse.SUPPRESS)
     parser.add_argument("--child-profile", default="", help=argparse.SUPPRESS)
@@ -527,6 +586,8 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    args.epochs = args.epochs or max((int(m) for m in args.marks.split(",") if m.strip()),
+                                     default=1)
     if args.child:
         run_child(args)
         return
@@ -541,7 +602,7 @@ def main() -> None:
         costs.forward_time(p, costs.units, micro) + costs.backward_time(p, costs.units, micro)
     )
     print(
-        f"pipar vgg5 synthetic-cifar10, {args.samples_per_device} samples/device, "
+        f"{args.mode} vgg5 synthetic-cifar10, {args.samples_per_device} samples/device, "
         f"B={args.batch_size} N={args.parallel_batches} P={p}, {args.epochs} epoch(s), "
         f"network {args.network}, {args.costs} costs (at B'={micro}: device f+b "
         f"{device_ms:.2f} ms, server f+b {server_ms:.2f} ms)"
@@ -555,6 +616,7 @@ def main() -> None:
             if args.devices_per_round
             else ""
         )
+        + (f", local_optimizer {args.local_optimizer}" if args.local_optimizer else "")
     )
     print(
         "per-device memory estimate: "
@@ -603,7 +665,7 @@ def main() -> None:
                     rows[-1]["version"] = version
                 print("    " + json.dumps(rows[-1]), flush=True)
         print()
-        for line in table(rows, terms, base_mib) + extrapolate(rows, terms):
+        for line in table(rows, terms, base_mib) + extrapolate(rows, terms) + marks(rows):
             print(line)
         # after the children: a child's ru_maxrss starts from its parent's RSS at the fork
         floor = plain_loop_ms(args, args.floor_samples)

@@ -103,3 +103,33 @@ def test_rows_that_did_not_run_are_extrapolated_from_the_largest_that_did() -> N
     one_run = scale.extrapolate([rows[1], rows[2]], {"a": 10 << 20})
     assert one_run[1] == "  K = 1000: wall ~40 s, peak RSS ~10.0 GiB (estimate 10.0 GiB)"
     assert scale.extrapolate(rows[:2], {"a": 1}) == []
+
+
+@pytest.mark.slow
+def test_the_population_mode_notes_memory_after_each_mark() -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    process = subprocess.run(
+        [sys.executable, str(SCRIPT), "--mode", "fl", "--devices", "6",
+         "--devices-per-round", "2", "--marks", "1,3", "--parallel-batches", "1",
+         "--local-optimizer", "kept", "--test-samples", "10", "--keep-free-gib", "0",
+         "--floor-samples", "100"],
+        capture_output=True, text=True, timeout=240, check=False, env=env)
+    assert process.returncode == 0, process.stdout + process.stderr
+    (row,) = [json.loads(line) for line in process.stdout.splitlines()
+              if line.startswith("    {")]
+    assert row["samples"] == 3 * 2 * 40  # three rounds (the largest mark) of two devices
+    assert [mark["round"] for mark in row["marks"]] == [1, 3]
+    assert all(m["hwm_mib"] >= m["rss_mib"] > 0 for m in row["marks"])
+    assert "local_optimizer kept" in process.stdout
+    lines = [line for line in process.stdout.splitlines() if line.startswith("K = 6, after")]
+    assert [line.split(":")[0] for line in lines] == ["K = 6, after round 1",
+                                                     "K = 6, after round 3"]
+
+
+def test_marks_are_one_line_per_run_and_round() -> None:
+    rows = [{"devices": 10, "version": "abc", "marks": [
+        {"round": 10, "hwm_mib": 2048.4, "rss_mib": 1900.0, "pss_mib": 1800.2, "wall_s": 12.34}]},
+        {"devices": 20, "error": "skipped"}]
+    assert _load().marks(rows) == ["K = 10 (abc), after round 10: peak RSS 2048 MiB, RSS 1900 "
+                                   "MiB, PSS 1800 MiB, wall 12.3 s"]

@@ -194,6 +194,8 @@ BAD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("stage_groups", "0,1/2", {"mode": "asteroid", "devices": 3}),
     ("rescheduling", "quick", {"mode": "asteroid", "devices": 2}),
     ("rescheduling", "heavy", {}),  # for mode asteroid only
+    ("planner", "dapple", {"mode": "asteroid", "devices": 2}),
+    ("planner", "equal-groups", {}),  # for mode asteroid only
     ("schedule", "2f2b", {"mode": "pipeline", "devices": 2}),
     ("aggregation_every", 2, {"mode": "pipeline", "devices": 2}),  # it aggregates nothing
     ("schedule", "gpipe", {}),
@@ -236,6 +238,8 @@ BAD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("secure_aggregation", True, {"mode": "hadfl"}),
     ("secure_aggregation_clip", 0, {}),
     ("secure_aggregation_clip", math.inf, {}),
+    ("local_optimizer", "momentum", {}),
+    ("local_optimizer", True, {"mode": "pipar"}),
     ("devices_per_round", 3, {"devices": 2}),
     ("devices_per_round", 1.0, {}),
     ("devices_per_round", "all", {}),
@@ -318,6 +322,7 @@ GOOD_VALUES: list[tuple[str, Any, dict[str, Any]]] = [
     ("stage_groups", ((0, 1), (2,)), {"mode": "asteroid", "devices": 3, "partition": [2]}),
     ("stage_groups", ((2, 0, 1),), {"mode": "asteroid", "devices": 3, "partition": []}),
     ("rescheduling", "heavy", {"mode": "asteroid", "devices": 2}),
+    ("planner", "equal-groups", {"mode": "asteroid", "devices": 2}),
     ("version_aggregation", 0, {"mode": "ftpipehd", "devices": 2}),
     ("version_aggregation", 4, {"mode": "ftpipehd", "devices": 2}),
     ("global_replication_every", 0, {"mode": "ftpipehd", "devices": 2}),

@@ -39,6 +39,7 @@ __all__ = [
     "Profile",
     "ProfileRequest",
     "Ready",
+    "RoundAccepted",
     "RoundReport",
     "RoundResult",
     "RoundStalled",
@@ -390,6 +391,20 @@ class RoundReport:
 
     round: int
     report: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        check_index("round", self.round)
+
+
+@dataclass(frozen=True, slots=True)
+class RoundAccepted:
+    """The coordinator holds the device's result and report of ``round``: the device may
+    forget them. A device keeps them for re-sending until acknowledged; the next
+    `RoundStart` acknowledges them, and a device that is not drawn for the next round
+    ([Note: sampling per round]) is told by this instead, so that it holds nothing of
+    its rounds while it waits ([Note: a round's local optimizer])."""
+
+    round: int
 
     def __post_init__(self) -> None:
         check_index("round", self.round)

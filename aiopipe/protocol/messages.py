@@ -39,6 +39,8 @@ Conversation of a device ``k`` with the coordinator ``C`` (the server)::
       k → C  RoundReport(round, report)
       k → C  RoundStalled(round, reason)   (the round cannot finish here)
       k → C  Accusation(round, culprit, reason)   (a neighbour's values were refused)
+      C → k  RoundAccepted(round)   (result and report held, to a device not drawn for
+                                     the next round; the next RoundStart says as much)
       ftpipehd's chain replication, every ``chain_replication_every`` batches:
         p → p+1  Replica(round, stage, batches, loss_sum, correct, tensors)
         S-1 → C  Replica(...)                  (the last stage's, to the coordinator)
@@ -80,6 +82,7 @@ from aiopipe.protocol.control import (
     Profile,
     ProfileRequest,
     Ready,
+    RoundAccepted,
     RoundReport,
     RoundResult,
     RoundStalled,
@@ -127,6 +130,7 @@ __all__ = [
     "RingBypass",
     "RingChunk",
     "RingHandshake",
+    "RoundAccepted",
     "RoundReport",
     "RoundResult",
     "RoundStalled",
@@ -139,7 +143,7 @@ __all__ = [
 ]
 
 #: Version of the conversation drawn above, which `Hello.version` names.
-PROTOCOL_VERSION: Final = 11
+PROTOCOL_VERSION: Final = 12
 
 
 #: Every message kind that travels (`aiopipe.protocol.codec` frames each).
@@ -160,6 +164,7 @@ Message = (
     | RoundResult
     | RoundReport
     | RoundStalled
+    | RoundAccepted
     | Accusation
     | Replica
     | ReplicaRequest

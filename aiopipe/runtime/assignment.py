@@ -153,26 +153,34 @@ class Assignment:
         """The version of the weights in ``iteration`` (optimizer steps taken in the run)."""
         return self.version + iteration - self.first_iteration
 
-    def charges(self, costs: CostTable | None) -> Callable[[Action], float] | None:
-        """Seconds each compute action of this stage costs by ``costs`` (None: none)."""
+    def charges(self, costs: CostTable | None, *, update_each_batch: bool = False
+                ) -> Callable[[Action], float] | None:
+        """Seconds each compute action of this stage costs by ``costs`` (None: none).
+
+        ``update_each_batch``: every backward also applies its batch's update (FTPipeHD's
+        weights versioned per batch), so each is charged the step as well, and the
+        iteration's closing STEP, which only installs the latest weights, nothing. Without
+        it a 10-batch round of FTPipeHD was charged one step where it takes ten.
+        """
         if costs is None:
             return None
         first, stop, micro = self.first_unit, self.stop_unit, self.share
         accumulate = costs.accumulate_time(first, stop)
+        update = costs.step_time(first, stop) if update_each_batch else 0.0
 
         def charge(action: Action) -> float:
             kind = action.kind
             if kind == "F":
                 return costs.forward_time(first, stop, micro)
             # [Note: accumulated gradients] every backward but an iteration's first
-            added = accumulate if action.micro_batch > 0 else 0.0
+            added = (accumulate if action.micro_batch > 0 else 0.0) + update
             if kind == "B":
                 return costs.backward_time(first, stop, micro) + added
             if kind == "FB":
                 return costs.forward_time(first, stop, micro) + costs.backward_time(
                     first, stop, micro) + added
             if kind == "STEP":
-                return costs.step_time(first, stop)
+                return 0.0 if update_each_batch else costs.step_time(first, stop)
             return 0.0
 
         return charge

@@ -65,6 +65,7 @@ from aiopipe.protocol import (
     RoundStart,
     state_to_wire,
 )
+from aiopipe.runtime.acknowledgements import Draws
 from aiopipe.runtime.admission import Admission
 from aiopipe.runtime.assignment import Assignment
 from aiopipe.runtime.checkpoint import Checkpoints
@@ -87,7 +88,6 @@ from aiopipe.runtime.judge import ArrivalJudge
 from aiopipe.runtime.resume import checkpoint_meta, read_resumable
 from aiopipe.runtime.resume import epoch_from as _epoch_from  # (tests import it here)
 from aiopipe.runtime.run_setup import check_tables, cut_priors, evaluation_data, frame_cap
-from aiopipe.runtime.sampling import sampled_devices
 from aiopipe.runtime.server_faults import ServerFaults
 from aiopipe.runtime.startup import Startup
 from aiopipe.runtime.system_rounds import SystemRounds
@@ -173,6 +173,7 @@ class Coordinator:
         #: arrivals]); its priors come from the initial model on the evaluation set
         self.arrival_judge = ArrivalJudge(limit=config.scale_limit, others_as_prior=True)
         self.sessions = self.admission.sessions
+        self.draws = Draws(config, self.sessions)  # [Note: sampling per round]
         self.connected = self.admission.connected
         self.joined = self.admission.joined
         #: the coordinator's own work failing ([Note: server faults]); train() raises it
@@ -440,9 +441,7 @@ class Coordinator:
             participants = await self._participants()
             tally["present"] = sorted({*tally.get("present", ()), *participants})
             if self.config.devices_per_round:  # [Note: sampling per round]
-                participants = sampled_devices(self.config.seed, epoch, r, participants,
-                                               self.config.round_size(len(participants)))
-                tally.setdefault("sampled", []).append(participants)
+                participants = self.draws.draw(epoch, r, participants, tally)
             mark = len(self.recorder.slices)
             done = await system.run_round(self.system_rounds, round_no, epoch, first, work,
                                           participants)

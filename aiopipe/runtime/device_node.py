@@ -54,6 +54,7 @@ from aiopipe.protocol import (
     Profile,
     ProfileRequest,
     Ready,
+    RoundAccepted,
     RoundResult,
     RoundStalled,
     RoundStart,
@@ -230,6 +231,8 @@ class DeviceNode:
             self.last_round_received = message.round
             self._drop_round()  # if still on an older one, the server gave up on it
             self.control.put_nowait(message)
+        elif isinstance(message, RoundAccepted):
+            self.reports.accepted(message.round)
         elif isinstance(message, EvalRequest):
             self.control.put_nowait(message)
         elif isinstance(message, ProfileRequest):
@@ -355,8 +358,8 @@ class DeviceNode:
                 self.peer.post(RoundStalled(message.round, str(exc)[:MAX_REASON_CHARS]),
                                "stalled", epoch=message.epoch)
                 continue
-            rounds += 1
-            samples += done
+            rounds, samples = rounds + 1, samples + done
+            del message  # (a round's weights: not kept while the device waits for the next)
 
     async def _answer_profile(self, request: ProfileRequest) -> None:
         """Answer the coordinator's profile request (aiopipe.runtime.profiling [Note:

@@ -65,6 +65,12 @@ class RoundReports:
         else:
             self.peer.post(message, "report", epoch=self.epoch)
 
+    def accepted(self, round_no: int) -> None:
+        """The coordinator holds round ``round_no``'s result and report (`RoundAccepted`):
+        they need not be kept for re-sending."""
+        if self.unacked and self.unacked[0].round == round_no:
+            self.unacked = []
+
     def resend(self) -> None:
         """Post again, in order, what the coordinator has not acknowledged."""
         for message in self.unacked:

@@ -15,9 +15,13 @@ from the round after the checkpoint, with that round's number and the weights of
 start. That may be the round it was in, or the one before: checkpoints are written
 while the next round runs ([Note: background checkpoints]). The weights come in the
 `RoundStart`; the device's optimizer state (SGD's momentum) does not, so the device
-keeps a copy of it from the start of each of its last `KEPT_ROUNDS` rounds and, given a
-round it has started before, starts it from that copy: the redone rounds then compute
-what the undisturbed ones did (DESIGN §7: recovery is exact).
+keeps a copy of it from the start of each of its rounds among the last `KEPT_ROUNDS`
+(by the round's number: an older one can no longer be redone) and, given a round it
+has started before, starts it from that copy: the redone rounds then compute what the
+undisturbed ones did (DESIGN §7: recovery is exact). A stage whose optimizer starts
+each round fresh (``StageRules.fresh_optimizer``) keeps none: its rounds start from
+nothing either way. Between its rounds a star's device holds no stage at all ([Note: a
+round's local optimizer] in aiopipe.runtime.systems.star.keeping): `put_aside`.
 """
 
 from __future__ import annotations
@@ -79,14 +83,18 @@ class StageRules:
     """What a system's stage keeps between rounds (`Holdings.assign`).
 
     ``whole_batches``: a round's iteration is one whole batch, the stage's weights
-    versioned per batch (FTPipeHD); ``keeps_weights``: a device sent no tensors keeps
+    versioned per batch (FTPipeHD: every backward applies its update, and virtual time
+    charges it so: `Assignment.charges`); ``keeps_weights``: a device sent no tensors keeps
     the stage's weights from the last round; ``replays``: a round played again starts
     from the weights and optimizer state its first attempt started from (Asteroid);
     ``measures_memory``: the stage measures the bytes it holds (budgets are checked);
     ``wraps_epoch``: a micro-batch past the epoch's end goes round it again (an epoch
     that keeps its batches after a re-plan); ``new_work``: builds the stage's work
     (None: a `StageWork` with the run's optimizer); ``prepare``: readies the work for a
-    round after its weights are loaded (the momentum sent, whether it kept its weights).
+    round after its weights are loaded (the momentum sent, whether it kept its weights);
+    ``fresh_optimizer``: each round's optimizer starts with no state; ``sets_aside``: the
+    stage is dropped after each round, its optimizer's state kept alone unless fresh
+    ([Note: a round's local optimizer] in aiopipe.runtime.systems.star.keeping).
     """
 
     whole_batches: bool = False
@@ -97,6 +105,8 @@ class StageRules:
     new_work: Callable[[torch.nn.Sequential, Assignment, Holdings], StageWork] | None = None
     prepare: Callable[[StageWork, Assignment, Mapping[str, torch.Tensor], bool],
                       None] | None = None
+    fresh_optimizer: bool = False
+    sets_aside: bool = False
 
 
 @dataclass(slots=True)
@@ -117,9 +127,12 @@ class Holdings:
     #: the device's own held-out data, on which it evaluates the global model
     held_out: datasets.Dataset | None = None
     #: [Note: a redone round] the rounds last started (at most `KEPT_ROUNDS`): their
-    #: optimizer, and its state when each started
-    round_starts: dict[int, tuple[torch.optim.Optimizer, dict[str, Any]]] = field(
+    #: stage's units, and its optimizer's state when each started
+    round_starts: dict[int, tuple[tuple[int, int], dict[str, Any]]] = field(
         default_factory=dict)
+    #: [Note: a round's local optimizer] the optimizer's state the last round left, by
+    #: parameter name, while the stage is set aside between rounds (None: none kept)
+    aside: dict[str, dict[str, Any]] | None = None
     #: asteroid: the stage's state as the last round with weights began (a replay of it
     #: that keeps the stage starts from there: [Note: kept weights])
     start_state: dict[str, torch.Tensor] | None = None
@@ -222,8 +235,10 @@ class Holdings:
                       and assignment.same_stage(previous, whole_batches=asynchronous))
         if not kept_stage:
             module = self.model_copy(assignment.first_unit, assignment.stop_unit)
-            kept = optimizer_states(work.module, work.optimizer) if work is not None else None
-            if previous is not None:
+            kept = (optimizer_states(work.module, work.optimizer) if work is not None
+                    else self.aside)  # (the stage set aside: its optimizer's state)
+            self.aside = None
+            if previous is not None and work is not None:
                 log.info("%s: round %d switches to units %d..%d of stage %d, %s", name,
                          message.round + 1, assignment.first_unit, assignment.stop_unit - 1,
                          assignment.stage, plural(assignment.parallel_batches, "micro-batch"))
@@ -264,7 +279,7 @@ class Holdings:
         elif replayed and kept_stage and previous is not None and (
                 previous.epoch, previous.first_iteration) == (message.epoch,
                                                              message.first_iteration):
-            self._restart_optimizer(work)  # the round again: its momentum as it began
+            self._restart_optimizer(work, assignment)  # the round again, as it began
         if replayed:  # where this attempt starts: a replay from here restarts from it
             self.start_state = copy.deepcopy(work.module.state_dict())
         work.clear()
@@ -274,17 +289,33 @@ class Holdings:
             rules.prepare(work, assignment, momentum, keep)
         work.reset_totals()
         work.start_round(self.train_hook, message.sync.get("strategy", {}))
-        # [Note: a redone round] a round started again begins where it began before
-        start = self.round_starts.get(message.round)
-        if start is not None and start[0] is work.optimizer:
+        if rules.fresh_optimizer:  # [Note: a round's local optimizer]
+            work.optimizer.state.clear()
+            self.round_starts.clear()  # a round starts from nothing, again or not
+        else:
+            self._note_start(work, assignment, message.round)
+        return assignment, work
+
+    def _note_start(self, work: StageWork, assignment: Assignment, round_no: int) -> None:
+        """[Note: a redone round] A round started again begins where it began before;
+        note where this one begins."""
+        units = (assignment.first_unit, assignment.stop_unit)
+        start = self.round_starts.get(round_no)
+        if start is not None and start[0] == units:
             work.optimizer.load_state_dict(copy.deepcopy(start[1]))
-        for later in [r for r in self.round_starts if r >= message.round]:
-            del self.round_starts[later]  # what came after is undone
-        self.round_starts[message.round] = (work.optimizer,
-                                            copy.deepcopy(work.optimizer.state_dict()))
+        for gone in [r for r in self.round_starts
+                     if r >= round_no or r <= round_no - KEPT_ROUNDS]:
+            del self.round_starts[gone]  # what came after is undone; too old to redo
+        self.round_starts[round_no] = (units, copy.deepcopy(work.optimizer.state_dict()))
         while len(self.round_starts) > KEPT_ROUNDS:
             del self.round_starts[min(self.round_starts)]
-        return assignment, work
+
+    def put_aside(self, work: StageWork, *, keep_optimizer: bool) -> None:
+        """[Note: a round's local optimizer] The device's round is over and ``work``, its
+        stage, is dropped: keep its optimizer's state alone (by parameter name, the
+        optimizer's own tensors: not copied) when ``keep_optimizer``, else nothing. The
+        next round builds its stage again from it."""
+        self.aside = optimizer_states(work.module, work.optimizer) if keep_optimizer else None
 
     def _restart(self, work: StageWork, name: str, round_no: int) -> None:
         """Asteroid's replay of a round on a kept stage: its weights and buffers as the
@@ -298,11 +329,12 @@ class Holdings:
                                       "does not hold")
         work.module.load_state_dict(self.start_state)
 
-    def _restart_optimizer(self, work: StageWork) -> None:
+    def _restart_optimizer(self, work: StageWork, assignment: Assignment) -> None:
         """The optimizer's state as the round this device started last began (Asteroid
         plays a round again from its start)."""
         latest = max(self.round_starts, default=None)
-        if latest is not None and self.round_starts[latest][0] is work.optimizer:
+        if latest is not None and self.round_starts[latest][0] == (assignment.first_unit,
+                                                                    assignment.stop_unit):
             work.optimizer.load_state_dict(copy.deepcopy(self.round_starts[latest][1]))
 
     def batches(self, assignment: Assignment, rules: StageRules = StageRules()) -> Batch:

@@ -258,6 +258,7 @@ class DeviceSession:
         finally:
             window.end()
             self.gradients.clear()  # the device has them all, or the round is given up
+            self.result = None  # (its weights are the caller's now)
 
     async def profile(self, batch_sizes: tuple[int, ...]) -> tuple[Profile, float]:
         """Ask the device to profile itself at ``batch_sizes`` (a probe follows the

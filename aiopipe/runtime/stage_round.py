@@ -124,7 +124,7 @@ class StageRound:
             work, node.compute, stage=assignment.stage, actions=assignment.actions,
             identity=Identity(node.run_id, node.name), inbox=node.inbox,
             previous=routes.get(assignment.stage - 1), next=routes.get(assignment.stage + 1),
-            costs=assignment.charges(node.costs),
+            costs=assignment.charges(node.costs, update_each_batch=rules.whole_batches),
             after_backward=hooks.after_backward(work, assignment, routes),
             reduce=hooks.reducer(work, assignment, group) if group else None)
         watcher = hooks.watch(assignment)

@@ -56,8 +56,8 @@ class Partition:
 def capacities(unit_times: Sequence[float], bounds: Sequence[tuple[int, int]],
                measured: Sequence[float]) -> list[float]:
     """Each device's computing capacity (Eqs. 1–2): the time it reported for its units
-    (``measured[i]``, forward + backward per batch) over the central node's profile of
-    the same units; the central node (device 0) is 1.0 by definition.
+    (``measured[i]``, per batch, counted as ``unit_times`` is) over the central node's
+    profile of the same units; the central node (device 0) is 1.0 by definition.
 
     Raises:
         ConfigError: lengths differ, a stage is empty, or a time is not positive.
@@ -79,7 +79,8 @@ def ftpipehd_partition(unit_times: Sequence[float], output_bytes: Sequence[float
                        bandwidths: Sequence[float] | None = None) -> Partition:
     """The partition of Eqs. 5–7 (module docstring).
 
-    ``unit_times[j]``: the central node's forward + backward time of unit j per batch;
+    ``unit_times[j]``: the central node's time of unit j per batch (forward, backward
+    and the update that follows every batch);
     ``output_bytes[j]``: unit j's output per batch; ``capacities[i]``: device i's (default
     all 1: PipeDream's homogeneous partition); ``bandwidths[k]``: bytes per second from
     device k to device k + 1 (default: transfers are free).

@@ -140,6 +140,33 @@ async def test_auto_takes_the_planners_stages_groups_and_rows() -> None:
     assert result.final.samples > 0
 
 
+@pytest.mark.parametrize("planner", ["equal-groups", "equal-groups-by-speed"])
+async def test_a_baseline_planner_plans_auto_stages_by_its_own_rules(planner: str) -> None:
+    """``planner``: a hybrid baseline's plan (`aiopipe.scheduler.hpp_baseline`), not
+    Asteroid's: groups of equal size in the declared order; "equal-groups" splits a
+    micro-batch equally even with a member 4x slower, "-by-speed" gives it fewer rows.
+    The run trains on that plan."""
+    options = {"partition": "auto", "stage_groups": "auto", "planner": planner}
+    config = _config(devices=4, device_slowdown=[1.0, 4.0, 1.0, 4.0], options=options)
+    system = Coordinator(config, clock=VirtualClock(), cost_table=COSTS).system
+    assert isinstance(system, Asteroid)
+    sizes = [len(group) for group in system.groups]
+    assert max(sizes) - min(sizes) <= 1
+    assert [d for group in system.groups for d in group] == [0, 1, 2, 3]
+    shares = {d: stop - start for d, (start, stop) in system.rows.items()}
+    grouped = [group for group in system.groups if {0, 1} <= set(group)]
+    if planner == "equal-groups":
+        assert all(max(shares[d] for d in g) - min(shares[d] for d in g) <= 1
+                   for g in system.groups)
+    elif grouped:
+        assert shares[1] < shares[0]
+    result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
+    assert _rows(result.final.plan) == system.rows
+    assert result.final.samples > 0
+    with pytest.raises(ConfigError, match="planner"):
+        _config(options={**options, "planner": "dapple"})
+
+
 def test_the_plan_follows_what_the_devices_measured_of_themselves() -> None:
     """On real clocks the coordinator plans again from the devices' own profiles
     ([Note: device profiles]): devices declared equal, of which device 1 measured

@@ -25,9 +25,12 @@ from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.systems.star.coordinator import Star
 from aiopipe.testing import joined
 
+# (replicas keep their momentum between rounds: what checkpoints must hold; with the
+# default, "fresh", they keep nothing: [Note: a round's local optimizer])
 CONFIG = RunConfig(mode="pipar", devices=2, samples_per_device=40, batch_size=20, epochs=2,
                    split_point=2, parallel_batches=2, aggregation_every=1, test_samples=20,
-                   network={"up_mbps": 1000, "down_mbps": 1000, "latency_ms": 0})
+                   network={"up_mbps": 1000, "down_mbps": 1000, "latency_ms": 0},
+                   options={"local_optimizer": "kept"})
 
 
 def real_node(tmp_path: Path, config: RunConfig = CONFIG) -> Coordinator:
@@ -274,3 +277,18 @@ async def test_a_dropped_rounds_replica_optimizer_goes_back_to_the_rounds_start(
     for was, now in zip(before, after, strict=True):
         assert now is not None
         assert torch.equal(now, was)
+
+
+def test_with_fresh_optimizers_no_replica_keeps_momentum(tmp_path: Path) -> None:
+    node = real_node(tmp_path, CONFIG.replace(options={"local_optimizer": "fresh"}))
+    system = node.system
+    system._prepare(0)
+    half, optimizer = system.replicas[0]
+    for p in half.parameters():
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    system.replicas.close([0])
+    assert set(system.replicas.momentum(0, system.plans[0].split_point)) == {None}
+    write_now(node, tmp_path)
+    tensors, _ = load_checkpoint(tmp_path)
+    assert not [name for name in tensors if name.startswith("momentum/")]

@@ -37,7 +37,7 @@ def _initial(config: RunConfig) -> dict[str, torch.Tensor]:
 
 
 async def test_a_frozen_base_trains_as_plain_pytorch_and_stays_bit_for_bit() -> None:
-    config = _config()
+    config = _config(options={"local_optimizer": "kept"})  # one SGD over both epochs
     result = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
     dataset = train_dataset(config)
     torch.manual_seed(config.seed)

@@ -121,13 +121,8 @@ async def test_the_trace_shows_each_stage_running_the_papers_1f1b_order() -> Non
         assert seen == want, (p, seen)
 
 
-@pytest.mark.slow
-async def test_a_device_slower_than_declared_gets_less_from_the_next_epoch(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """Every device declared alike, but device 3 really 10x slower: the first epoch runs
-    the homogeneous cuts, the coordinator measures the capacities from the epoch's trace
-    and re-partitions (§III-D), and the next epoch takes about half as long. The
-    re-partition is recorded (``/status``'s replans)."""
+def _device_3_really_10x_slower(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Device 3 runs 10x slower than its config declares (the others as declared)."""
     from aiopipe.runtime import device_node as device_module
 
     honest = device_module.DeviceNode._run_config
@@ -139,6 +134,16 @@ async def test_a_device_slower_than_declared_gets_less_from_the_next_epoch(
         return config
 
     monkeypatch.setattr(device_module.DeviceNode, "_run_config", slow_device_3)
+
+
+@pytest.mark.slow
+async def test_a_device_slower_than_declared_gets_less_from_the_next_epoch(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Every device declared alike, but device 3 really 10x slower: the first epoch runs
+    the homogeneous cuts, the coordinator measures the capacities from the epoch's trace
+    and re-partitions (§III-D), and the next epoch takes about half as long. The
+    re-partition is recorded (``/status``'s replans)."""
+    _device_3_really_10x_slower(monkeypatch)
     config = CONFIG.replace(devices=4, samples_per_device=160, epochs=3,
                             momentum=0.0,
                             options={"partition": "auto", "first_repartition_after": 0})
@@ -206,3 +211,25 @@ def test_a_device_told_to_keep_weights_it_does_not_hold_refuses_the_round() -> N
                         "device2": {"stage": 2, "address": "b"}})
     with pytest.raises(RemoteProtocolError, match="keep weights it does not hold"):
         holdings.assign(start, None, None, rules=STAGE_RULES)
+
+
+async def test_every_batch_s_update_is_charged_and_planned(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """FTPipeHD updates a stage's weights after every batch: virtual time charges each
+    backward its step (a round's closing STEP only installs the latest weights: nothing),
+    and the planner counts the step in a unit's time, so a device declared alike but
+    really 10x slower measures a capacity of 10, even where the update costs more than
+    the compute (here twice forward and backward together)."""
+    _device_3_really_10x_slower(monkeypatch)
+    costs = CostTable.uniform(5, forward=0.001, backward=0.002, step=0.048)
+    config = CONFIG.replace(devices=4, samples_per_device=160, epochs=1, momentum=0.0,
+                            options={"partition": (1, 2, 3)})
+    result = await simulate(config, clock=VirtualClock(), cost_table=costs)
+    backward = [s.duration for s in result.trace if s.track == "device0/compute"
+                and s.name == "b"]
+    assert backward == [pytest.approx(0.002 * 8 + 0.048)] * 20  # 20 batches of 8, one unit
+    assert not any(s.duration for s in result.trace if s.name == "step")
+    replanned = await simulate(config.replace(options={"partition": "auto"}),
+                               clock=VirtualClock(), cost_table=costs)
+    (change,) = replanned.epochs[0].changes
+    assert change["capacities"] == pytest.approx([1.0, 1.0, 1.0, 10.0])

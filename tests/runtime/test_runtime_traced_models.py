@@ -76,7 +76,8 @@ class TwoTowers(nn.Module):
 def _config(**changes: object) -> RunConfig:
     base = RunConfig(mode="pipar", model=SkipNet, devices=1, samples_per_device=4 * BATCH,
                      batch_size=BATCH, epochs=2, split_point=1, parallel_batches=1,
-                     learning_rate=LR, momentum=0.9, test_samples=20, seed=11)
+                     learning_rate=LR, momentum=0.9, test_samples=20, seed=11,
+                     options={"local_optimizer": "kept"})  # one SGD over the epochs
     return base.replace(**changes)
 
 

@@ -65,13 +65,14 @@ def test_a_proximal_step_is_sgd_on_the_loss_plus_the_proximal_term() -> None:
 
 def _proximal_reference(config: RunConfig, mu: float) -> nn.Module:
     """One device in fl: per epoch (a round), SGD on its batches with the term pulling
-    to the epoch's starting weights."""
+    to the epoch's starting weights (a fresh SGD each round: the default
+    ``local_optimizer``)."""
     dataset = train_dataset(config)
     torch.manual_seed(config.seed)
     model = MODEL(dataset.num_classes, dataset.in_shape)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate,
-                                momentum=config.momentum)
     for epoch in range(config.epochs):
+        optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate,
+                                    momentum=config.momentum)
         start = [p.detach().clone() for p in model.parameters()]
         order = datasets.epoch_order(device_indices(config, dataset, 0), epoch=epoch,
                                      seed=config.seed)

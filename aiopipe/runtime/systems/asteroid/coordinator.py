@@ -12,7 +12,8 @@ The plan: ``partition`` (S - 1 cut points) and ``stage_groups`` (each stage's de
 ids), with each group's rows allocated by Asteroid's Algorithm 1 (memory-aware
 balancing, then straggler offloading) within each device's ``device_memory_mb``; or
 both "auto": Asteroid's planner (`aiopipe.scheduler.asteroid.plan`, Algorithm 2) chooses
-stages, groups and rows for the fleet's compute, memory budgets and uplinks. A device's
+stages, groups and rows for the fleet's compute, memory budgets and uplinks (``planner``:
+or a hybrid baseline's rules, `aiopipe.scheduler.hpp_baseline`). A device's
 compute is its own cost table, measured where it runs, and its uplink the rate it was
 measured at, on real clocks (``profile_devices``, [Note: device profiles] in
 aiopipe.runtime.profiling: the coordinator plans once before devices join, from the
@@ -96,10 +97,10 @@ from aiopipe.scheduler.asteroid import (
     HppStage,
     adjusted_plan,
     allocate,
-    plan,
     round_time,
 )
 from aiopipe.scheduler.estimate import DeviceProfile
+from aiopipe.scheduler.hpp_baseline import PLANNERS
 from aiopipe.scheduler.placement import Pipeline as StagePipeline
 from aiopipe.scheduler.placement import Placement, Stage
 from aiopipe.scheduler.schedule import Schedule, check_schedule, with_reductions
@@ -188,12 +189,13 @@ class Asteroid(Pipeline):
         return self.config.options_as(AsteroidOptions)
 
     def _planned(self) -> list[HppStage]:
-        """Asteroid's planner on the cost table and the fleet.
+        """The planner (``planner``: Asteroid's or a baseline's) on the table and fleet.
 
         Raises:
             ConfigError: no plan fits the devices' memory.
         """
-        found = plan(self._hpp, self._fleet, self.parallel_batches, self.micro_batch_size)
+        found = PLANNERS[self._options.planner](self._hpp, self._fleet,
+                                                self.parallel_batches, self.micro_batch_size)
         return list(found.stages)
 
     def _given(self) -> list[HppStage]:
@@ -516,8 +518,8 @@ class Asteroid(Pipeline):
             TrainingError: they cannot hold the model.
         """
         try:
-            found = plan(self._hpp, [self._fleet[d] for d in workers], self.parallel_batches,
-                         self.micro_batch_size)
+            found = PLANNERS[self._options.planner](self._hpp, [self._fleet[d] for d in workers],
+                                                    self.parallel_batches, self.micro_batch_size)
         except ConfigError as exc:
             raise TrainingError(f"devices {list(workers)} cannot go on: {exc}") from None
         return HppPlan(tuple(HppStage(s.first, s.stop, tuple(workers[i] for i in s.devices),

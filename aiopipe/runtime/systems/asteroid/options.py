@@ -1,5 +1,6 @@
-"""Asteroid's options: its stages' groups (§3.2), how it re-plans after a fault (§3.4),
-its backups (chain replication). Light: a config's checks load it."""
+"""Asteroid's options: its stages' groups (§3.2) and who plans them (Asteroid's planner
+or a baseline's rules), how it re-plans after a fault (§3.4), its backups (chain
+replication). Light: a config's checks load it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aiopipe.config_values import RESCHEDULINGS, device_id, fail
+from aiopipe.config_values import HPP_PLANNERS, RESCHEDULINGS, device_id, fail
 from aiopipe.runtime.systems.ftpipehd.options import CHAIN, check_counts
 from aiopipe.runtime.systems.pipeline.options import (
     PARTITION,
@@ -31,6 +32,12 @@ class AsteroidOptions:
         stage_groups: the devices of each stage, a list of S lists of device ids (every
             device in one; each micro-batch is split between a stage's devices by
             Asteroid's Algorithm 1), or "auto" (the planner, with ``partition`` "auto").
+        planner: who plans "auto" stages and groups, and a "heavy" re-plan: "asteroid"
+            (its Algorithm 2) or a hybrid baseline of the paper's comparison
+            (`aiopipe.scheduler.hpp_baseline`): "equal-groups" (equal groups in the
+            declared order, equal rows, cuts by compute, memory not planned for: the
+            best of its plans that fits the budgets runs) or
+            "equal-groups-by-speed" (the same with rows and cuts by each device's speed).
         rescheduling: how the plan changes when a device is lost mid-round (the round
             is then played again from its start): "lightweight" (§3.4: a group keeps its
             units on the members left; a stage left without a device gives its units to
@@ -46,6 +53,7 @@ class AsteroidOptions:
 
     partition: str | tuple[int, ...] = "auto"
     stage_groups: str | tuple[tuple[int, ...], ...] = "auto"
+    planner: str = "asteroid"
     rescheduling: str = "lightweight"
     schedule: str = "1f1b"
     chain_replication_every: int = 50
@@ -55,6 +63,11 @@ _KEYS = {
     "stage_groups": "the devices of each stage, e.g. 0,1/2 (stage 0 on devices 0 and 1, "
                     "which split every micro-batch, stage 1 on device 2), or auto (the "
                     "planner's, with partition auto)",
+    "planner": "who plans auto stages and groups: asteroid (default: Asteroid's planner) "
+               "or a hybrid baseline of the paper's comparison: equal-groups (equal "
+               "groups, equal rows, cuts by compute, memory budgets not planned for: its "
+               "best plan that fits them runs) or equal-groups-by-speed (rows and cuts "
+               "by each device's speed)",
     "rescheduling": "how to re-plan when a device is lost: lightweight (default: adjust "
                     "the plan) or heavy (plan again from scratch)",
     **SCHEDULE,
@@ -70,6 +83,8 @@ def check(config: Any) -> None:
     check_schedule(options.schedule)
     check_counts(config, CHAIN)
     _check_stage_groups(config)
+    if options.planner not in HPP_PLANNERS:
+        raise fail("planner", options.planner, f"one of {', '.join(HPP_PLANNERS)}")
     if options.rescheduling not in RESCHEDULINGS:
         raise fail("rescheduling", options.rescheduling, f"one of {', '.join(RESCHEDULINGS)}")
     check_pipeline(config)

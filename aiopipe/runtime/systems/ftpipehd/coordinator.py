@@ -453,9 +453,16 @@ class _Attempt:
 
 @dataclass(frozen=True, slots=True)
 class Planner:
-    """FTPipeHD's planner for one run: each unit's time per batch (the cost table's),
-    its output per batch, and each device's uplink (bytes/s): a stage's link to the
-    next is its device's uplink."""
+    """FTPipeHD's planner for one run: each unit's time per batch (the cost table's
+    forward, backward and optimizer step: every batch ends in its own update), its
+    output per batch, and each device's uplink (bytes/s): a stage's link to the next is
+    its device's uplink.
+
+    The step is in a unit's time because it is in what a stage takes per batch, and in
+    what a device measures of itself (its backward slices hold the update): without it
+    the planner misjudged units of many parameters and little compute (fully connected
+    layers, ResNet's last blocks on small images) and read a stage holding them as a
+    slower device than it was."""
 
     times: tuple[float, ...]
     sizes: tuple[float, ...]
@@ -467,7 +474,7 @@ class Planner:
         """The planner of ``config``'s run."""
         units = models.unit_count(model)
         times = tuple(costs.forward_time(u, u + 1, batch) + costs.backward_time(u, u + 1, batch)
-                      for u in range(units))
+                      + costs.step_time(u, u + 1) for u in range(units))
         crossings = unit_crossings(model, inputs)
         sizes = tuple(float(crossing_bytes(crossings[u]) * batch) for u in range(units))
         rates = [config.device_network(k).up.bandwidth_bps for k in range(config.devices)]

@@ -150,7 +150,8 @@ class Star(BetweenRounds, SystemDefaults):
         self.live: list[DeviceProfile] = []
         self.replans: list[Replan] = []
         self.plans: list[DevicePlan] = []
-        self.replicas = ReplicaPool(self.model, setup.torch_device)
+        self.replicas = ReplicaPool(self.model, setup.torch_device, keeps=star_options(
+            config).local_optimizer == "kept")  # [Note: a round's local optimizer]
         self.crossings = unit_crossings(self.model, self.inputs)
         self._schedules: dict[tuple[int, int], tuple[str, tuple[Action, ...]]] = {}
         #: devices whose update was refused, clipped or dropped since `refused_updates`

@@ -3,7 +3,8 @@ device, §IV-A: the first P units, N micro-batches pipelined against the server'
 stage; fl's: the whole model), its upload shared with the stage (no copy), and the
 privacy options applied where the data leaves the device or, with DP-SGD, in its
 training (aiopipe.runtime.dp_sgd), and with ``secure_aggregation`` its upload masked
-(aiopipe.runtime.systems.star.secure_device)."""
+(aiopipe.runtime.systems.star.secure_device). Between its rounds the device holds
+no stage ([Note: a round's local optimizer] in aiopipe.runtime.systems.star.keeping)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from aiopipe.runtime.factories import make_optimizer
 from aiopipe.runtime.holdings import Holdings
 from aiopipe.runtime.privacy import noisy_batch, noisy_state, round_generator
 from aiopipe.runtime.stage import Batch, StageWork
+from aiopipe.runtime.systems.star.keeping import keeping_rules, set_aside
 from aiopipe.runtime.systems.star.options import star_options
 
 if TYPE_CHECKING:
@@ -51,15 +53,18 @@ class StarDevice(DeviceHalf):
         protocol that follows)."""
         if self.secure is not None:
             self.secure.start(start)
-        return await super().run_round(start)
+        samples = await super().run_round(start)
+        set_aside(self.node, self.stage_rules)  # [Note: a round's local optimizer]
+        return samples
 
     @property
     def stage_rules(self) -> StageRules:
         """With DP-SGD, the device's stage is a `DpSgdWork`, told each round's number
-        and batch; otherwise the default stage."""
-        if star_options(self.node.config).privacy != "dp-sgd":
-            return StageRules()
-        return _DP_SGD_RULES
+        and batch; otherwise the default stage; either way, what the stage keeps between
+        rounds ([Note: a round's local optimizer])."""
+        options = star_options(self.node.config)
+        return keeping_rules(_DP_SGD_RULES if options.privacy == "dp-sgd" else StageRules(),
+                             options)
 
     def batches(self, batch: Batch, start: RoundStart, assignment: Assignment) -> Batch:
         """With PixelDP the first stage reads its inputs noised (aiopipe.runtime.privacy)."""

@@ -11,7 +11,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiopipe.config_values import AGGREGATIONS, OUTLIERS, PRIVACY_METHODS, above, fail
+from aiopipe.config_values import (
+    AGGREGATIONS,
+    LOCAL_OPTIMIZERS,
+    OUTLIERS,
+    PRIVACY_METHODS,
+    above,
+    fail,
+)
 from aiopipe.entrypoints import is_entry_point
 from aiopipe.errors import ConfigError
 from aiopipe.runtime.systems.registry import SystemOptions
@@ -81,6 +88,13 @@ class StarOptions:
             fixed-point encoding's range): larger values are clipped. The sum's error
             per coordinate is at most n / (2 scale), with scale = ((2^31 - 1) / n - 1) /
             clip for n devices (aiopipe.secagg.fixed_point).
+        local_optimizer: what a device's optimizer (and, in sfl and pipar, its server
+            replica's) starts each round from: "fresh", nothing (textbook FedAvg, as
+            Flower's and the papers': SGD's momentum starts at zero every round), or
+            "kept", the state the device's last round left, held between its rounds as
+            the optimizer's state alone ([Note: a round's local optimizer] in
+            aiopipe.runtime.systems.star.keeping). Between its rounds a device holds no
+            model; with "kept", its momentum.
     """
 
     aggregation: str = "fedavg"
@@ -97,6 +111,7 @@ class StarOptions:
     replan_threshold: float = 0.1
     secure_aggregation: bool = False
     secure_aggregation_clip: float = 100.0
+    local_optimizer: str = "fresh"
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +159,9 @@ _KEYS = {
                           "the average; needs aiopipe[secagg])",
     "secure_aggregation_clip": "secure aggregation: the bound on a weighted value per "
                                "coordinate (fixed-point range; larger values are clipped)",
+    "local_optimizer": "what a device's optimizer starts each round from: fresh (default: "
+                       "textbook FedAvg, momentum from zero) or kept (the state its last "
+                       "round left, held between its rounds)",
 }
 #: What the modes that hold a server replica per device add.
 _REPLICA_KEYS = {
@@ -176,6 +194,9 @@ def check(config: Any) -> None:
     set_(options, "outlier_limit", above("outlier_limit", options.outlier_limit, 1))
     if options.privacy not in PRIVACY_METHODS:
         raise fail("privacy", options.privacy, f"one of {', '.join(PRIVACY_METHODS)}")
+    if options.local_optimizer not in LOCAL_OPTIMIZERS:
+        raise fail("local_optimizer", options.local_optimizer,
+                   f"one of {', '.join(LOCAL_OPTIMIZERS)}")
     set_(options, "privacy_noise", above("privacy_noise", options.privacy_noise, 0))
     if not isinstance(options.replan, bool):
         raise fail("replan", options.replan, "true or false")

@@ -8,9 +8,12 @@ of its own between rounds is only its optimizer's state (SGD's momentum). A repl
 therefore built when k's round starts, from the global model and the state k's last
 round left (`ReplicaPool.open`), and dropped when the round ends, keeping that state
 by parameter name (`close`); a round that is dropped or refused keeps the state its
-round began with (`roll_back`), so it leaves no trace. Devices that are not in a round
-(not sampled, or waiting for their turn in SL) hold no weights here: memory grows with
-the devices in a round, plus the optimizer state of those that have trained. Checkpoints
+round began with (`roll_back`), so it leaves no trace. With ``local_optimizer = "fresh"``
+(the default: [Note: a round's local optimizer] in aiopipe.runtime.systems.star.keeping)
+nothing is kept: each round's replica starts its optimizer from nothing. Devices that
+are not in a round (not sampled, or waiting for their turn in SL) hold no weights here:
+memory grows with the devices in a round, plus, with "kept", the optimizer state of
+those that have trained. Checkpoints
 store each device's state at its current split point, as `momentum/<k>/<i>` for the
 i-th parameter of its server half; replicas need no weights of their own, since each
 round starts from the global model (a checkpoint's ``replica/`` weights, written by
@@ -42,11 +45,15 @@ class ReplicaPool:
     Args:
         model: the global model (read when a replica is made).
         torch_device: where replicas compute.
+        keeps: keep each device's optimizer state between its rounds (else each round's
+            replica starts its optimizer afresh).
     """
 
-    def __init__(self, model: nn.Sequential, torch_device: torch.device | str) -> None:
+    def __init__(self, model: nn.Sequential, torch_device: torch.device | str, *,
+                 keeps: bool = True) -> None:
         self.model = model
         self.torch_device = torch_device
+        self.keeps = keeps
         self._active: dict[int, Replica] = {}
         #: per device that has trained: its optimizer's state by parameter name
         self._kept: dict[int, dict[str, dict[str, Any]]] = {}
@@ -80,7 +87,7 @@ class ReplicaPool:
         weights (the aggregation made them the global model's)."""
         for k in device_ids:
             found = self._active.pop(k, None)
-            if found is not None:
+            if found is not None and self.keeps:
                 self._kept[k] = optimizer_states(*found)
 
     def roll_back(self, device_ids: Sequence[int]) -> None:
