@@ -411,7 +411,7 @@ AUTO = SystemOptions(AutoOptions, {**_KEYS, **_REPLICA_KEYS, "candidates": (
     'mode auto: the systems it chooses among by their predicted epoch (default: fl, sfl, '
     'pipar)'), "rechoose": (
     "mode auto: after the first round, try each other system the round's speeds predict "
-    "may be faster for a round (systems measured within 10% of the fastest: one more "
+    "may be faster for a round (systems measured within a fifth of the fastest: one more "
     "round each), and run on with the fastest as measured (default: true)")},
     _check_auto, elsewhere={
         **_ELSEWHERE, "candidates": "it is mode auto's", "rechoose": "it is mode auto's"},
