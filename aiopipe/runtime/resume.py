@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +42,11 @@ def checkpoint_meta(config: RunConfig, *, epoch: int, next_round: int, elapsed: 
             "epochs": [e.to_mapping() for e in epochs]}
 
 
-def read_resumable(directory: Path, config: RunConfig, planned_keys: Sequence[str]
+def read_resumable(directory: Path, config: Callable[[str], RunConfig],
+                   planned_keys: Sequence[str]
                    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The checkpoint in ``directory``, once it is for the run ``config`` describes (the
+    """The checkpoint in ``directory``, once it is for the run that ``config`` describes
+    (given the mode the checkpoint was written in: `System.resumed_config`; the
     ``planned_keys``, what "auto" chose, are the checkpoint's). Its meta's config
     becomes one level of keys (`flat_config`), as `System.restore` reads it.
 
@@ -55,10 +57,11 @@ def read_resumable(directory: Path, config: RunConfig, planned_keys: Sequence[st
     saved_config = dict(meta.get("config", {}))
     # a key the checkpoint's version did not have ran as its default does; one level of
     # keys, the system's options among them (an older checkpoint's are already so)
-    defaults = RunConfig(mode=str(saved_config.get("mode", config.mode))).to_mapping()
+    run = config(str(saved_config.get("mode", "")))
+    defaults = RunConfig(mode=str(saved_config.get("mode", run.mode))).to_mapping()
     meta["config"] = {**flat_config(defaults), **flat_config(saved_config)}
     saved = dict(meta["config"])
-    current = flat_config(config.to_mapping())
+    current = flat_config(run.to_mapping())
     for key in ("out_dir", *planned_keys):  # "auto" plans: the checkpoint's
         saved.pop(key, None)
         current.pop(key, None)

@@ -12,12 +12,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import aiopipe.runtime.systems.star.coordinator as star_coordinator
 from aiopipe import RunConfig, VirtualClock, simulate
+from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.errors import ConfigError
 from aiopipe.metrics.results import RunResult
 from aiopipe.metrics.trace import Slice
@@ -30,6 +32,7 @@ from aiopipe.runtime.systems.star.rechoose import (
     steady_epoch,
 )
 from aiopipe.scheduler import CostTable
+from aiopipe.testing import joined, open_fleet
 
 COSTS = dataclasses.replace(
     CostTable.uniform(5, forward=0.002, backward=0.004, step=0.001, batch=1),
@@ -97,6 +100,23 @@ async def test_a_misled_first_choice_is_corrected_by_trial_rounds(
     assert any(r.getMessage().startswith("auto goes back to fl after trying pipar, sfl")
                for r in caplog.records)
     assert math.isfinite(auto.final.loss)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("server_believed_fast")
+async def test_a_resumed_run_goes_on_with_the_system_it_settled_on(tmp_path: Path) -> None:
+    """Misled into pipar, auto settles on fl after its trials; a run resumed from the
+    last checkpoint trains fl with the same plans, and looks no second time."""
+    config = FLEET.replace(mode="auto", epochs=4)
+    async with open_fleet(config, cost_table=COSTS, checkpoint_dir=tmp_path) as fleet:
+        settled = await fleet.train()
+    assert _modes(settled)[-1] == "fl"
+    resumed = await joined(Coordinator(config, clock=VirtualClock(), cost_table=COSTS,
+                                       checkpoint_dir=tmp_path, resume=True))
+    star = resumed.system
+    assert isinstance(star, star_coordinator.Star)
+    assert star.config.mode == "fl" and star.second_look is None
+    assert star.plan_entries() == list(settled.epochs[-1].plan or ())
 
 
 @pytest.mark.slow

@@ -250,6 +250,12 @@ class System(Protocol):
         """A copy of the tensors a checkpoint holds (compute thread)."""
         ...
 
+    def resumed_config(self, mode: str) -> RunConfig:
+        """The config a checkpoint of this run must hold, when it was written in
+        ``mode``: the run's own, or, for a system that chooses the mode itself (mode
+        auto), the run's config as it runs ``mode``."""
+        ...
+
     def restore(self, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
         """Continue from a checkpoint's tensors and saved config (compute thread).
 
@@ -318,6 +324,10 @@ class SystemDefaults:
                           paced: Sequence[bool]) -> dict[str, Any] | None:
         """No re-plan between rounds: nothing changed."""
         return None
+
+    def resumed_config(self, mode: str) -> RunConfig:
+        """The run's own config, whatever ``mode`` the checkpoint was written in."""
+        return self.config
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
         """Not resumable: nothing."""

@@ -80,6 +80,7 @@ from aiopipe.runtime.systems.star.planning import (
     first_plans,
     micro_batch_sizes,
     needs_planner,
+    system_config,
     with_plans,
 )
 from aiopipe.runtime.systems.star.privacy_report import StarPrivacy
@@ -138,6 +139,8 @@ class Star(BetweenRounds, SystemDefaults):
         self.loss = make_loss(config)
         self.metric = make_metric(config)
         self.samples: list[int] = []
+        #: the config as given (mode "auto" stays so): what a resumed run is checked against
+        self.given = config
         self.auto_config: RunConfig | None = config if needs_planner(config) else None
         self.second_look: SecondLook | None = None
         self.planned_keys: tuple[str, ...] = (
@@ -484,12 +487,28 @@ class Star(BetweenRounds, SystemDefaults):
         self.strategy.load_state_dict({k[9:]: v for k, v in tensors.items()
                                        if k.startswith("strategy/")})
         self.privacy.restore(tensors)
-        if self.auto_config is not None:  # go on with the plans the run had (re-)chosen
-            resumed = self.config.replace(split_point=config["split_point"],
-                                          parallel_batches=config["parallel_batches"])
+        planned = {"split_point": config["split_point"],
+                   "parallel_batches": config["parallel_batches"]}
+        if self.given.mode == "auto":  # the system and plans the checkpoint ran, no look
+            mode = str(config["mode"])
+            resumed = system_config(self.given, mode).replace(**planned)
+            self.second_look = None
+            self._switch_system(self.given, mode, [
+                (p.split_point, p.parallel_batches)
+                for p in device_plans(resumed, self.units, self.samples)])
+        elif self.auto_config is not None:  # go on with the plans the run had (re-)chosen
+            resumed = self.config.replace(**planned)
             self._switch_plans([(p.split_point, p.parallel_batches)
                                 for p in device_plans(resumed, self.units, self.samples)])
         self.replicas.restore(tensors, [p.split_point for p in self.plans])
+
+    def resumed_config(self, mode: str) -> RunConfig:
+        """Mode auto: the run's config as it runs ``mode`` (one of its candidates), what
+        its checkpoints hold ([Note: re-choosing the system]); else the run's own."""
+        if (self.given.mode == "auto"
+                and mode in self.given.options_as(AutoOptions).candidates):
+            return system_config(self.given, mode)
+        return self.config
 
 
 # Note [frozen bases]

@@ -48,6 +48,9 @@ So auto measures instead of trusting a second prediction:
   the data stay as they were; weights move with the layers between rounds.
 - Not with devices sampled per round (each round is planned anew then, [Note: plans per
   round]), and not with ``rechoose = false``: the first choice stays.
+- A resumed run goes on with the system and plans its checkpoint ran, and looks no
+  second time (`Star.restore`; its checkpoint holds the chosen system's config, which
+  `Star.resumed_config` checks against the run's mode auto config).
 - A round's measured epoch is the wall time of that round; a trial round that is its
   epoch's only round is that epoch in `metrics.jsonl`, and the epoch reports the plans
   it ended with.
