@@ -265,7 +265,9 @@ def model_profile(model: nn.Sequential, inputs: Crossing | Sequence[int],
                         frame_overhead=grad_overhead, activation_frame_overhead=act_overhead,
                         saved_bytes=saved_bytes_per_sample(model, crossing),
                         server_lanes=server_lanes,
-                        frozen_bytes=frozen_bytes if any(frozen_bytes) else None)
+                        frozen_bytes=frozen_bytes if any(frozen_bytes) else None,
+                        min_rows=2 if any(isinstance(m, nn.modules.batchnorm._BatchNorm)
+                                          for m in model.modules()) else 1)
 
 
 def saved_bytes_per_sample(model: nn.Sequential, inputs: Crossing | Sequence[int], *,

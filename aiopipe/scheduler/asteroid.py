@@ -98,17 +98,21 @@ class HppModel:
     optimizer: float = 1.0
     saved: tuple[float, ...] | None = None
     frozen: tuple[float, ...] | None = None
+    #: the fewest rows a group member may compute (`ModelProfile.min_rows`)
+    min_rows: int = 1
 
     @classmethod
     def of(cls, profile: ModelProfile, *, optimizer: float = 1.0) -> HppModel:
         """The planners' shared profile of a model (`aiopipe.runtime.plan.model_profile`)
         as this planner's: its units' outputs, their state as the weights, and what
-        their forwards keep, when measured, and their frozen parameters."""
+        their forwards keep, when measured, their frozen parameters, and the fewest rows
+        a pass may train on."""
         saved, frozen = profile.saved_bytes, profile.frozen_bytes
         return cls(profile.costs, tuple(map(float, profile.activation_bytes)),
                    tuple(map(float, profile.state_bytes)), optimizer,
                    tuple(map(float, saved)) if saved is not None else None,
-                   tuple(map(float, frozen)) if frozen is not None else None)
+                   tuple(map(float, frozen)) if frozen is not None else None,
+                   profile.min_rows)
 
     @property
     def units(self) -> int:
@@ -200,9 +204,10 @@ def allocate(model: HppModel, fleet: Sequence[Device], group: Sequence[int], fir
              stop: int, batch: int, in_flight: int) -> tuple[int, ...] | None:
     """Algorithm 1: the samples of a ``batch``-sample micro-batch each member of ``group``
     computes for units ``first..stop-1`` (None: the group cannot hold them, or has more
-    members than samples). Every member computes at least one sample: a plan uses
-    every device, and a member that computes nothing would only add to the all-reduce;
-    the rest are balanced by capacity, then offloaded from the straggler."""
+    members than samples). Every member computes at least one sample (``model.min_rows``:
+    two where the model normalises over the batch): a plan uses every device, and a
+    member that computes nothing would only add to the all-reduce; the rest are balanced
+    by capacity, then offloaded from the straggler."""
     room = [_room(model, fleet[d], first, stop, in_flight) for d in group]
     if min(room) < 0:
         return None  # a member cannot even hold the stage's weights
@@ -210,10 +215,11 @@ def allocate(model: HppModel, fleet: Sequence[Device], group: Sequence[int], fir
         return (batch,) if room[0] >= batch else None
     capacity = [1.0 / max(sum(model.times(first, stop, batch, fleet[d])), 1e-12)
                 for d in group]
-    if len(group) > batch or min(room) < 1:
-        return None  # a member would compute nothing
-    samples = [1] * len(group)  # every member computes (docstring), the rest by capacity
-    left = batch - len(group)
+    least = model.min_rows
+    if len(group) * least > batch or min(room) < least:
+        return None  # a member would compute too few rows
+    samples = [least] * len(group)  # every member computes (docstring), the rest by capacity
+    left = batch - len(group) * least
     while left > 0:  # memory-aware balancing
         open_ = [i for i in range(len(group)) if samples[i] < room[i]]
         if not open_:
@@ -238,7 +244,7 @@ def allocate(model: HppModel, fleet: Sequence[Device], group: Sequence[int], fir
     for _ in range(batch * len(group)):  # straggler offloading: a sample at a time
         slowest = max(members, key=times.__getitem__)
         others = [i for i in members if i != slowest and samples[i] < room[i]]
-        if not others or samples[slowest] <= 1:  # every member keeps a sample
+        if not others or samples[slowest] <= least:  # every member keeps its least
             break
         fastest = min(others, key=times.__getitem__)
         before = times[slowest], times[fastest]

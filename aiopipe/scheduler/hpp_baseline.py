@@ -80,8 +80,8 @@ def equal_groups_plans(model: HppModel, fleet: Sequence[Device], micro_batches: 
     ranked: list[tuple[float, HppPlan]] = []
     for stages in range(1, min(units, n) + 1):
         groups = _equal_groups(n, stages)
-        if max(map(len, groups)) > batch:
-            continue  # a member would compute nothing
+        if max(map(len, groups)) * model.min_rows > batch:
+            continue  # a member would compute too few rows (`HppModel.min_rows`)
         rows_of = (partial(_speed_rows, model, unlimited, batch) if by_speed
                    else partial(_rows_alike, batch))
         compute = partial(_slowest, model, fleet, groups, rows_of) if by_speed else partial(
@@ -109,7 +109,8 @@ def equal_groups_plan(model: HppModel, fleet: Sequence[Device], micro_batches: i
             return found
     if not plans:
         raise ConfigError(f"no equal-groups plan: every group would have more devices "
-                          f"than the {batch} samples of a micro-batch")
+                          f"than the {batch} samples of a micro-batch allow "
+                          f"({model.min_rows} each at least)")
     device, needed = max(over_budget(model, fleet, plans[0].stages, micro_batches).items(),
                          key=lambda item: item[1] - fleet[item[0]].memory)
     raise ConfigError(f"no equal-groups plan fits the devices' memory budgets: the "

@@ -101,6 +101,9 @@ class ModelProfile:
     saved_bytes: tuple[int, ...] | None = None
     server_lanes: int = 1
     frozen_bytes: tuple[int, ...] | None = None
+    #: the fewest samples a pass of the model may train on: 2 where it normalises over
+    #: the batch (a BatchNorm in training needs more than one value per channel)
+    min_rows: int = 1
 
     def __post_init__(self) -> None:
         q = self.costs.units

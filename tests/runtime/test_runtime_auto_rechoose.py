@@ -19,10 +19,10 @@ import pytest
 
 import aiopipe.runtime.systems.star.coordinator as star_coordinator
 from aiopipe import RunConfig, VirtualClock, simulate
-from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.errors import ConfigError
 from aiopipe.metrics.results import RunResult
 from aiopipe.metrics.trace import Slice
+from aiopipe.runtime.coordinator import Coordinator
 from aiopipe.runtime.plan import DevicePlan
 from aiopipe.runtime.systems.star.rechoose import (
     Measured,
@@ -115,7 +115,8 @@ async def test_a_resumed_run_goes_on_with_the_system_it_settled_on(tmp_path: Pat
                                        checkpoint_dir=tmp_path, resume=True))
     star = resumed.system
     assert isinstance(star, star_coordinator.Star)
-    assert star.config.mode == "fl" and star.second_look is None
+    assert star.config.mode == "fl"
+    assert star.second_look is None
     assert star.plan_entries() == list(settled.epochs[-1].plan or ())
 
 

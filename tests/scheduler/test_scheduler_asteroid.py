@@ -3,11 +3,14 @@ round-time estimate, and the dynamic program against every plan of the same shap
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 
+from aiopipe.config import RunConfig
 from aiopipe.errors import ConfigError
+from aiopipe.runtime.plan import build_model, model_profile
 from aiopipe.scheduler.asteroid import (
     Device,
     HppModel,
@@ -48,6 +51,26 @@ def test_a_slower_device_computes_fewer_samples() -> None:
     fleet = [Device(1.0, 100 * MB, FAST), Device(3.0, 100 * MB, FAST)]
     fast, slow = allocate(model, fleet, (0, 1), 0, 2, 16, 1)  # type: ignore[misc]
     assert (fast, slow) == (12, 4)
+
+
+def test_a_model_that_normalises_over_the_batch_gets_two_rows_per_member() -> None:
+    """A 10x slower member would get one row of 8, too few for a BatchNorm in training
+    (mobilenetv3-small's 1x1 features): with ``min_rows`` 2 it gets two; a group of
+    five cannot split 8 rows two each."""
+    model = _model([0.01, 0.01])
+    fleet = [Device(1.0, 100 * MB, FAST), Device(10.0, 100 * MB, FAST)]
+    assert allocate(model, fleet, (0, 1), 0, 2, 8, 1) == (7, 1)
+    normalising = dataclasses.replace(model, min_rows=2)
+    assert allocate(normalising, fleet, (0, 1), 0, 2, 8, 1) == (6, 2)
+    assert allocate(normalising, [fleet[0]] * 5, tuple(range(5)), 0, 2, 8, 1) is None
+
+
+def test_the_model_profile_knows_a_batch_norm() -> None:
+    for name, least in [("vgg5", 1), ("mobilenetv3-small", 2)]:
+        config = RunConfig(model=name)
+        model = build_model(config, num_classes=10, in_shape=(3, 32, 32))
+        costs = CostTable.uniform(len(model), forward=0.001, backward=0.002, step=0.0)
+        assert HppModel.of(model_profile(model, (3, 32, 32), costs)).min_rows == least
 
 
 def test_a_device_s_own_table_is_its_compute() -> None:
