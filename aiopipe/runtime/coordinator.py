@@ -78,6 +78,7 @@ from aiopipe.runtime.epoch_figures import (
     link_bytes,
     new_tally,
     peer_bytes,
+    privacy_status,
     served_in_epoch,
 )
 from aiopipe.runtime.evaluation import held_out_accuracy, test_accuracy
@@ -126,6 +127,8 @@ class Coordinator:
         server_cost_table: with ``cost_table``, charge the coordinator's own stages
             from this table instead (the server's hardware measured apart, e.g. a GPU's:
             `bench/gpu_costs.py`); the devices keep ``cost_table``.
+        rest_idle_links: rest the link of each device in no round of a run that samples
+            devices ([Note: idle links rest]): `aiopipe.simulate` does, a `Server` not.
 
     Raises:
         ConfigError: the config cannot run, or there is no checkpoint to resume from.
@@ -135,7 +138,8 @@ class Coordinator:
                  join_timeout: float = 300.0,
                  progress: Any = None, checkpoint_dir: Path | None = None,
                  resume: bool = False, torch_device: str = "cpu",
-                 server_cost_table: CostTable | None = None) -> None:
+                 server_cost_table: CostTable | None = None,
+                 rest_idle_links: bool = False) -> None:
         warm_up_torch()
         torch.set_num_threads(config.torch_threads)  # as every device does
         self.clock = clock
@@ -167,6 +171,8 @@ class Coordinator:
         self.compute = Compute(clock, self.recorder, "server/compute",
                                charge_costs=cost_table is not None,
                                lanes=self.system.server_lanes)
+        self.rests_idle_links = rest_idle_links and config.round_size(  # (sampled runs)
+            config.devices) < config.devices
         self.admission = Admission(self)
         self.exclusions = Exclusions(config.byzantine_devices)
         #: judges the values devices send the coordinator's stages ([Note: judging
@@ -579,18 +585,9 @@ class Coordinator:
             # devices excluded from the run, and why ([Note: whose word excludes])
             "excluded": {str(k): why for k, why in self.exclusions.excluded.items()},
             # differential privacy spent by the last finished epoch's end (null: none)
-            "privacy": _privacy_of(self.epochs[-1] if self.epochs else None),
+            "privacy": privacy_status(self.epochs[-1] if self.epochs else None),
             "finished_epochs": [e.to_mapping() for e in self.epochs],
         }
-
-
-def _privacy_of(last: EpochMetrics | None) -> dict[str, Any] | None:
-    """``/status``'s ``privacy``: the run's and each device's epsilon, the delta and the
-    unit, as of ``last`` (None without an epoch, or without DP's accounting)."""
-    if last is None or math.isnan(last.epsilon):
-        return None
-    return {"epsilon": last.epsilon, "delta": last.delta, "unit": last.privacy_unit,
-            "device_epsilon": dict(last.device_epsilon)}
 
 
 def _minus(now: Sequence[int], before: Sequence[int]) -> tuple[int, ...]:

@@ -30,6 +30,7 @@ __all__ = [
     "numbered_for_people",
     "peer_bytes",
     "perplexity",
+    "privacy_status",
     "served_in_epoch",
 ]
 
@@ -164,6 +165,15 @@ def epoch_metrics(epoch: int, tally: Mapping[str, Any], system: System, *, elaps
             "epsilon": spent.epsilon, "delta": spent.delta,
             "device_epsilon": dict(spent.device_epsilon), "privacy_unit": spent.unit}),
     )
+
+
+def privacy_status(last: EpochMetrics | None) -> dict[str, Any] | None:
+    """``/status``'s ``privacy``: the run's and each device's epsilon, the delta and the
+    unit, as of ``last`` (None without an epoch, or without DP's accounting)."""
+    if last is None or math.isnan(last.epsilon):
+        return None
+    return {"epsilon": last.epsilon, "delta": last.delta, "unit": last.privacy_unit,
+            "device_epsilon": dict(last.device_epsilon)}
 
 
 def perplexity(loss: float) -> float:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiopipe.clock import Clock, ready_time
@@ -70,6 +71,9 @@ class Peer:
         self._posted = asyncio.Event()  # something was queued since the loop last looked
         self._joining: list[bytes] = []  # the parts of a background frame received so far
         self._joined = 0  # their bytes
+        #: called with each message posted and its `post` future (a session wakes its
+        #: resting link: aiopipe.runtime.liveness, [Note: idle links rest])
+        self.on_post: Callable[[Message, asyncio.Future[None]], None] | None = None
 
     async def receive(self) -> Message:
         """Next message from the peer.
@@ -136,6 +140,8 @@ class Peer:
         """
         sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         ready = ready_time(self._clock, ready_at)
+        if self.on_post is not None:
+            self.on_post(message, sent)
         if not background:
             self._queue.append(_Posted(message, name, epoch, iteration, micro_batch, sent,
                                        ready))
