@@ -106,6 +106,7 @@ class Admission:
         session.attach(link, resumed=resumed)
         self.connected.add(k)
         self.arrived.set()
+        del peer, hello  # the session's serves the link: not held while it does
         await self._serve(session)
 
     async def _plan_failed(self, peer: Peer, session: DeviceSession, error: Exception

@@ -81,7 +81,15 @@ class CoordinatorConnection:
         self.liveness: Liveness | None = None  # once the run's config is known
         #: the rate to pace a websocket uplink at (sender-side shaping), if any
         self.pace: LinkSpec | None = None
-        self.random = random.Random(device_id)
+        self._random: random.Random | None = None
+
+    @property
+    def random(self) -> random.Random:
+        """Backoff jitter, seeded with the device's id: made when first needed (its
+        state is 2.5 KB, and a simulated device that never reconnects needs none)."""
+        if self._random is None:
+            self._random = random.Random(self.device_id)
+        return self._random
 
     async def connect(self, links: contextlib.AsyncExitStack, *, patience: float = 60.0,
                       first_delay: float = 0.0) -> Plan:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from aiopipe.clock import Clock, ready_time
 from aiopipe.errors import RemoteProtocolError
+from aiopipe.light_event import LightEvent
 from aiopipe.metrics.trace import Recorder
 from aiopipe.protocol import FramePart, Message, TensorData, decode, encode
 from aiopipe.transport import Link
@@ -67,8 +68,9 @@ class Peer:
         self._clock = clock
         self._recorder = recorder
         self._queue: collections.deque[_Posted | None] = collections.deque()
-        self._background: collections.deque[_Posted] = collections.deque()
-        self._posted = asyncio.Event()  # something was queued since the loop last looked
+        #: (made at the first background post: an empty deque is 760 bytes)
+        self._background: collections.deque[_Posted] | None = None
+        self._posted = LightEvent()  # something was queued since the loop last looked
         self._joining: list[bytes] = []  # the parts of a background frame received so far
         self._joined = 0  # their bytes
         #: called with each message posted and its `post` future (a session wakes its
@@ -147,22 +149,22 @@ class Peer:
                                        ready))
             self._posted.set()
             return sent
-        self._background = collections.deque(
-            item for item in self._background if item.name != name)
+        parts = self._background = collections.deque(
+            item for item in self._background or () if item.name != name)
         frame = memoryview(encode(message))
         count = max(1, -(-len(frame) // PART_BYTES))
         for k in range(count):
             piece = frame[k * PART_BYTES:(k + 1) * PART_BYTES]
             part = FramePart(k, count, TensorData("uint8", (len(piece),), piece))
-            self._background.append(_Posted(part, name, epoch, iteration, micro_batch,
-                                            sent if k == count - 1 else _done(), ready))
+            parts.append(_Posted(part, name, epoch, iteration, micro_batch,
+                                 sent if k == count - 1 else _done(), ready))
         self._posted.set()
         return sent
 
     def clear(self) -> None:
         """Drop everything still queued (before re-posting it after a reconnection)."""
         self._queue.clear()
-        self._background.clear()
+        self._background = None
 
     def finish(self) -> None:
         """Let the send loop end after what is already queued."""
@@ -200,7 +202,10 @@ class Peer:
         while not self._queue and not self._background:
             self._posted.clear()
             await self._posted.wait()
-        return self._queue.popleft() if self._queue else self._background.popleft()
+        if self._queue:
+            return self._queue.popleft()
+        assert self._background is not None
+        return self._background.popleft()
 
 
 def _record(recorder: Recorder, track: str, name: str, epoch: int, iteration: int,

@@ -49,6 +49,7 @@ from aiopipe.errors import (
     RoundStalledError,
     TransportError,
 )
+from aiopipe.light_event import LightEvent
 from aiopipe.metrics.trace import Recorder, device_of
 from aiopipe.protocol import (
     Accusation,
@@ -176,8 +177,8 @@ class DeviceSession:
         self.closing = False  # we said goodbye: the connection may end
         self.bye: Bye | None = None  # what we said
         self.ended = False  # the session is over (goodbye, or the device was lost)
-        self.attached = asyncio.Event()  # set when a connection is attached
-        self.idle = asyncio.Event()  # set while no connection is attached
+        self.attached = LightEvent()  # set when a connection is attached
+        self.idle = LightEvent()  # set while no connection is attached
         self.idle.set()
         self.liveness = Liveness(host.clock, interval=host.config.heartbeat_interval,
                                  timeout=host.config.device_timeout)

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 from aiopipe.clock import Clock, ready_time
 from aiopipe.errors import ConfigError, LinkBrokenError, LinkClosedError, LocalProtocolError
+from aiopipe.light_event import LightEvent
 from aiopipe.transport._waiting import sleep_unless_set
 from aiopipe.transport.base import DirectionStatistics, LinkStatistics
 from aiopipe.transport.network import LinkSpec
@@ -81,10 +82,10 @@ class _Direction:
         self.close_reason = ""
         self.receiver_closed = False
         self.broken: str | None = None
-        self.stop_sending = asyncio.Event()  # any closure or break
-        self.stop_receiving = asyncio.Event()  # receiver closed or broken
-        self.changed = asyncio.Event()  # a frame was queued, or any closure or break
-        self.timing = asyncio.Event()  # a hold changed, or the receiver closed or broke
+        self.stop_sending = LightEvent()  # any closure or break
+        self.stop_receiving = LightEvent()  # receiver closed or broken
+        self.changed = LightEvent()  # a frame was queued, or any closure or break
+        self.timing = LightEvent()  # a hold changed, or the receiver closed or broke
 
     def spec_at(self, now: float) -> LinkSpec:
         """The shape a frame whose wire slot starts at ``now`` gets."""
