@@ -84,7 +84,12 @@ from aiopipe.runtime.epoch_figures import (
 from aiopipe.runtime.evaluation import held_out_accuracy, test_accuracy
 from aiopipe.runtime.exclusion import Exclusions
 from aiopipe.runtime.factories import build_model, make_loss, make_metric
-from aiopipe.runtime.fleet_plan import announcement_refusal, fleet_profiles, log_fleet_plan
+from aiopipe.runtime.fleet_plan import (
+    announcement_refusal,
+    fleet_profiles,
+    log_fleet_plan,
+    shared_announcement,
+)
 from aiopipe.runtime.judge import ArrivalJudge
 from aiopipe.runtime.resume import checkpoint_meta, read_resumable
 from aiopipe.runtime.resume import epoch_from as _epoch_from  # (tests import it here)
@@ -275,7 +280,7 @@ class Coordinator:
             raise RefusedError(problem)
         if device_id not in self.announced:
             log.info("device %d joined: %s", device_id, plural(ready.samples, "sample"))
-        self.announced[device_id] = ready
+        self.announced[device_id] = shared_announcement(ready, self.data, self.model_digest)
         if len(self.announced) == self.config.devices:
             self.joined.set()
 

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections import deque
 from dataclasses import dataclass
 
 from aiopipe.clock import Clock, ready_time
@@ -73,7 +72,8 @@ class _Direction:
         self.temporary: tuple[LinkSpec, float] | None = None  # (spec, until) from reshape
         self.held_since = math.inf  # frames arriving from then on wait ...
         self.held_until = -math.inf  # ... until then (inf: until released)
-        self.frames: deque[_InFlight] = deque()
+        #: (a list: short, and an empty deque is 760 bytes, an empty list 56)
+        self.frames: list[_InFlight] = []
         self.wire_free_at = float("-inf")
         self.on_wire_since: float | None = None  # wire slot start of the frame on it
         self.send_lock = asyncio.Lock()
@@ -233,7 +233,7 @@ class MemoryLink:
                     head = incoming.frames[0]
                     now, due = clock.now(), incoming.due(head)
                     if due <= now:
-                        incoming.frames.popleft()
+                        incoming.frames.pop(0)
                         self._last_received = due
                         self._received = _count(self._received, len(head.data), head.wire_s)
                         return head.data
