@@ -178,7 +178,7 @@ class CoordinatorConnection:
         self.liveness.restart(resting=self.rests)
         try:
             async with asyncio.TaskGroup() as tasks:
-                sender = tasks.create_task(self.peer.send_loop())
+                self.peer.send_in(tasks)  # (a task only while something is queued)
                 receiver = tasks.create_task(self._receive_loop())
                 # heartbeats and the watchdog, unless the link rests ([Note: idle links
                 # rest]); a watchdog that gives up fails the group, and so this wait
@@ -191,10 +191,11 @@ class CoordinatorConnection:
                     receiver.cancel()
                     self.liveness.detach()
                 else:
-                    sender.cancel()
+                    self.peer.stop_sending()
         except BaseExceptionGroup as group:
             raise self.liveness.gave_up or first_error(group) from None
         finally:
+            self.peer.stop_sending()
             self.liveness.detach()
 
     async def _receive_loop(self) -> None:

@@ -52,7 +52,9 @@ class _Posted:
 
 
 class Peer:
-    """Messages over a link; a send queue drained by `send_loop`.
+    """Messages over a link; a send queue drained by `send_loop`, or by tasks that run
+    only while something is queued (`send_in`: a device that waits for its next round
+    holds no sending task, [Note: idle links rest] in aiopipe.runtime.liveness).
 
     The queue outlives a link: after a reconnection, set `link` to the new one and start
     a new send loop; what was still queued goes out on it. The message being sent when a
@@ -71,6 +73,8 @@ class Peer:
         self._queue: list[_Posted | None] = []
         self._background: collections.deque[_Posted] | None = None
         self._posted = LightEvent()  # something was queued since the loop last looked
+        self._tasks: asyncio.TaskGroup | None = None  # where `send_in` sends from
+        self._sender: asyncio.Task[None] | None = None  # its task, while one runs
         self._joining: list[bytes] = []  # the parts of a background frame received so far
         self._joined = 0  # their bytes
         #: called with each message posted and its `post` future (a session wakes its
@@ -148,6 +152,7 @@ class Peer:
             self._queue.append(_Posted(message, name, epoch, iteration, micro_batch, sent,
                                        ready))
             self._posted.set()
+            self._send_queued()
             return sent
         parts = self._background = collections.deque(
             item for item in self._background or () if item.name != name)
@@ -159,6 +164,7 @@ class Peer:
             parts.append(_Posted(part, name, epoch, iteration, micro_batch,
                                  sent if k == count - 1 else _done(), ready))
         self._posted.set()
+        self._send_queued()
         return sent
 
     def clear(self) -> None:
@@ -170,6 +176,46 @@ class Peer:
         """Let the send loop end after what is already queued."""
         self._queue.append(None)
         self._posted.set()
+        self._send_queued()
+
+    def send_in(self, tasks: asyncio.TaskGroup) -> None:
+        """Send what is posted, in order, as `send_loop` does, from tasks of ``tasks``
+        (a connection's task group), each running only while something is queued, until
+        `finish`'s mark or `stop_sending`. A send's failure fails ``tasks``.
+
+        The same scheduling as `send_loop`'s: a post makes the task that sends it where
+        it would have woken the loop."""
+        self._tasks = tasks
+        self._send_queued()
+
+    def stop_sending(self) -> None:
+        """`send_in` no more: the send under way is cancelled (its message lost)."""
+        self._tasks = None
+        if self._sender is not None:
+            self._sender.cancel()
+            self._sender = None
+
+    def _send_queued(self) -> None:
+        """`send_in`'s: a task to send what is queued, unless one runs."""
+        if self._tasks is None or (self._sender is not None and not self._sender.done()) or (
+                not self._queue and not self._background):
+            return
+        sending = self._drain()
+        try:
+            self._sender = self._tasks.create_task(sending)
+        except RuntimeError:  # the group is ending (its connection failed)
+            sending.close()
+            self._tasks = self._sender = None
+
+    async def _drain(self) -> None:
+        """Send what is queued, then end (`send_in`)."""
+        while self._queue or self._background:
+            item = self._pop()
+            if item is None:  # `finish`: nothing more goes out over this connection
+                self._tasks = None
+                return
+            await self._send(item)
+            del item  # the message (a round's weights) is not kept
 
     async def send_loop(self) -> None:
         """Send posted messages in order until `finish` is called.
@@ -202,6 +248,9 @@ class Peer:
         while not self._queue and not self._background:
             self._posted.clear()
             await self._posted.wait()
+        return self._pop()
+
+    def _pop(self) -> _Posted | None:
         if self._queue:
             return self._queue.pop(0)
         assert self._background is not None

@@ -6,7 +6,7 @@ under it. While a connection is attached, `DeviceSession.serve` runs:
 - the receive loop, which checks every message against the device's round and routes
   it: activations to the stage the coordinator runs for this device (the split modes'
   server half), round results and reports to the round;
-- the send loop (`Peer.send_loop`), which moves gradients and models over the downlink;
+- the sending (`Peer.send_in`), which moves gradients and models over the downlink;
 - heartbeats to the device, and a watchdog that gives up on a connection that has been
   silent for ``device_timeout`` (`Liveness`).
 The coordinator's stage for the device (when the system has one) runs for the whole
@@ -401,7 +401,7 @@ class DeviceSession:
         """
         try:
             async with asyncio.TaskGroup() as tasks:
-                sender = tasks.create_task(self.peer.send_loop())
+                self.peer.send_in(tasks)  # (a task only while something is queued)
                 # the watchdog, then heartbeats, unless the link rests
                 self.liveness.attach(tasks, self.peer, f"device {self.device_id}",
                                      watch_first=True)
@@ -413,7 +413,7 @@ class DeviceSession:
                     self._tasks = None
                     self.liveness.detach()
                     if not self.closing:
-                        sender.cancel()
+                        self.peer.stop_sending()
         except* ProtocolError as group:
             problem = group.exceptions[0]
             code = "refused" if isinstance(problem, RefusedError) else "protocol"

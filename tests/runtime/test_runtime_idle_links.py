@@ -41,9 +41,8 @@ def _loops() -> Counter[str]:
 async def test_an_idle_device_holds_no_liveness_task_timer_or_wake_up() -> None:
     """After each round only the devices of the round just played (awake until the next
     draw rests them) have heartbeats and watchdogs, two of each per device; the clock
-    holds no other sleeper; tasks per device are the link's send and receive loops and
-    the device's own, not the 11 a device had; and the clock sleeps of a round do not
-    grow with the idle devices."""
+    holds no other sleeper; an idle device has four tasks (its run, its control loop, the
+    receive loops at both ends), not the 11 it had, and no send loop."""
     config = _config(devices=30, epochs=4)
     clock = VirtualClock()
     seen: list[tuple[Counter[str], int]] = []
@@ -59,7 +58,10 @@ async def test_an_idle_device_holds_no_liveness_task_timer_or_wake_up() -> None:
         assert loops["Liveness.beat"] == awake
         assert loops["Liveness.watch"] == awake
         assert sleepers <= 2 * awake
-        assert sum(loops.values()) <= 7 * config.devices + 2 * awake + 4
+        # the device's own (its run, its control loop, its receive loop) and the server's
+        # (its receive loop); no send loop while nothing is queued
+        assert loops["Peer.send_loop"] + loops["Peer._drain"] <= awake
+        assert sum(loops.values()) <= 4 * config.devices + 3 * awake + 4
 
 
 async def _sleeps_per_round(devices: int) -> list[int]:
