@@ -473,7 +473,7 @@ class Coordinator:
             epoch, tally, system, elapsed=end - start + float(tally["elapsed_before"]),
             by_track=self.recorder.busy_by_track(start, end), traffic=traffic,
             accuracy=accuracy, held_out=held_out, sessions=self.sessions,
-            changes=self.replans[changes_before:],
+            changes=self.replans[changes_before:], last=self.epochs[-1] if self.epochs else None,
             peers=_minus(peer_bytes(self.sessions, devices), peers_before))
 
     def epoch_progress(self) -> tuple[int, int]:

@@ -22,7 +22,7 @@ from typing import Protocol, TypeAlias, cast
 from aiopipe.clock import Clock
 from aiopipe.errors import LinkBrokenError, RemoteProtocolError, TrainingError, TransportError
 from aiopipe.metrics.trace import Recorder
-from aiopipe.protocol import PROTOCOL_VERSION, ErrorMessage, Hello, Message, Plan, Rest
+from aiopipe.protocol import PROTOCOL_VERSION, Bye, ErrorMessage, Hello, Message, Plan, Rest
 from aiopipe.runtime.liveness import Liveness
 from aiopipe.runtime.peer import Peer
 from aiopipe.runtime.tasks import first_error
@@ -208,7 +208,8 @@ class CoordinatorConnection:
             if isinstance(message, Rest):  # [Note: idle links rest]
                 self.liveness.rest()
                 continue
-            self.liveness.wake()  # (a no-op unless resting)
+            if not isinstance(message, Bye):  # (the conversation ends: nothing to watch)
+                self.liveness.wake()  # (a no-op unless resting)
             if self.side.receive(message):
                 return
 

@@ -14,10 +14,11 @@ rests (`rest`, `wake`: [Note: idle links rest]).
 population (``devices_per_round``), a device that is in no round waits, and its link
 carries nothing but heartbeats: two loops and two timers at each end, and a wake-up of
 both ends every ``heartbeat_interval``, for each of the population's devices. So the
-coordinator tells such a device `Rest` (after its `Ready`, and with `RoundAccepted`
-after its round, [Note: sampling per round]) and stops its own end's loops; the device
-stops its own on receiving it. Neither end then beats or watches: a resting device
-costs no timer and no wake-up. The coordinator's next message wakes both ends: its own
+coordinator tells such a device `Rest` (before its `Plan`, so that a link starts at
+rest, and with `RoundAccepted` after its round, [Note: sampling per round]) and stops
+its own end's loops; the device stops its own on receiving it. Neither end then beats
+or watches: a resting device costs no timer and no wake-up. The coordinator's next
+message but a `Bye` (the conversation's end) wakes both ends: its own
 when it posts the message (the watchdog counts silence from when that message has left,
 so that a large `RoundStart` still crossing a slow link is not the device's silence),
 the device's when it receives it. Choice: the coordinator decides, since it alone knows

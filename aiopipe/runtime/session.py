@@ -202,9 +202,9 @@ class DeviceSession:
         self.liveness.rest()
 
     def _posted(self, message: Message, sent: asyncio.Future[None]) -> None:
-        """Any message but `Rest` wakes a resting link; silence counts from when it has
-        left."""
-        if not isinstance(message, Rest):
+        """Any message but `Rest` and `Bye` (the end) wakes a resting link; silence counts
+        from when it has left."""
+        if not isinstance(message, Rest | Bye):
             self.liveness.wake(sent)
 
     # -- driven by the coordinator -----------------------------------------------------
