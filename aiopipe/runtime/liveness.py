@@ -73,6 +73,7 @@ class Liveness:
         self._watch_first = False
         self._beat: asyncio.Task[NoReturn] | None = None
         self._watch: asyncio.Task[NoReturn] | None = None
+        self._waking: asyncio.Future[None] | None = None  # the message `wake` waits for
 
     def heard(self) -> None:
         """A message arrived."""
@@ -117,11 +118,14 @@ class Liveness:
             self._start(watch=True)
             return
         self._start(watch=False)
+        self._waking = sent
         sent.add_done_callback(self._watch_from_now)
 
     def _watch_from_now(self, sent: asyncio.Future[None]) -> None:
-        if self.resting or self._tasks is None or self._watch is not None:
-            return
+        if sent is not self._waking or self.resting or self._tasks is None or (
+                self._watch is not None):
+            return  # (rested again, or woken since by a later message)
+        self._waking = None
         self.heard()
         self._start(watch=True)
 
