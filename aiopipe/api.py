@@ -113,9 +113,12 @@ async def simulate(config: RunConfig, *, clock: Clock | None = None,
     evaluate = _per_device(config, "held_out", held_out)
     if isinstance(clock, VirtualClock) and cost_table is None:
         cost_table = await asyncio.to_thread(_measure, config, own[0])
+    # a device in no round of a sampled run rests: no heartbeats, no timers ([Note: idle
+    # links rest] in aiopipe.runtime.liveness)
     node = Coordinator(config, clock=clock, cost_table=cost_table,
                        progress=progress or partial(_log_epoch, config.epochs),
-                       server_cost_table=server_cost_table, torch_device=torch_device)
+                       server_cost_table=server_cost_table, torch_device=torch_device,
+                       rest_idle_links=True)
     custom = None if isinstance(config.model, str) else config.model
     networks = [config.device_network(k) for k in range(config.devices)]
     fabric = None

@@ -39,6 +39,7 @@ __all__ = [
     "Profile",
     "ProfileRequest",
     "Ready",
+    "Rest",
     "RoundAccepted",
     "RoundReport",
     "RoundResult",
@@ -408,6 +409,17 @@ class RoundAccepted:
 
     def __post_init__(self) -> None:
         check_index("round", self.round)
+
+
+@dataclass(frozen=True, slots=True)
+class Rest:
+    """The coordinator expects nothing of the device until its next message: both ends
+    of the link stop their heartbeats and silence watchdogs until then ([Note: idle
+    links rest] in aiopipe.runtime.liveness). Any other message from the coordinator
+    wakes the device's end. Only in a run whose links rest (a simulation that samples
+    devices per round): just before the `Plan` (the link starts at rest), and to a
+    device that the coordinator's last message woke and that is in no round now; a
+    server over websockets sends none."""
 
 
 @dataclass(frozen=True, slots=True)

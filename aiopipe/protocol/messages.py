@@ -11,6 +11,7 @@ them into `Message`.
 Conversation of a device ``k`` with the coordinator ``C`` (the server)::
 
     k → C  Hello(version, device_id, session, address)
+    C → k  Rest()   (in a run whose links rest: the link starts at rest, below)
     C → k  Plan(device_id, mode, run, run_id, server_time, session, peer_keys,
                 inputs, target, num_classes)
     k → C  Ready(samples, inputs, target, num_classes, model_digest, host)   (a new session
@@ -41,6 +42,8 @@ Conversation of a device ``k`` with the coordinator ``C`` (the server)::
       k → C  Accusation(round, culprit, reason)   (a neighbour's values were refused)
       C → k  RoundAccepted(round)   (result and report held, to a device not drawn for
                                      the next round; the next RoundStart says as much)
+      C → k  Rest()   (in a run whose links rest: nothing is expected of k until C's
+                       next message; neither end beats or watches till then)
       ftpipehd's chain replication, every ``chain_replication_every`` batches:
         p → p+1  Replica(round, stage, batches, loss_sum, correct, tensors)
         S-1 → C  Replica(...)                  (the last stage's, to the coordinator)
@@ -52,7 +55,9 @@ Conversation of a device ``k`` with the coordinator ``C`` (the server)::
         C → k    SecAggRequest(round, step, clients, dropped, length, tensors)
         k → C    SecAggReply(round, step, tensors)
     C → k  Bye(reason)
-    either way, any time: Heartbeat(seq); ErrorMessage(code, message) before closing.
+    either way, any time: Heartbeat(seq) (in a run whose links rest, only while the
+    link is awake: from C's first message after a Rest); ErrorMessage(code, message)
+    before closing.
 
 Links between devices are authenticated by the fabric (`aiopipe.transport.fabric`)
 before any of these messages travel on them.
@@ -82,6 +87,7 @@ from aiopipe.protocol.control import (
     Profile,
     ProfileRequest,
     Ready,
+    Rest,
     RoundAccepted,
     RoundReport,
     RoundResult,
@@ -127,6 +133,7 @@ __all__ = [
     "Ready",
     "Replica",
     "ReplicaRequest",
+    "Rest",
     "RingBypass",
     "RingChunk",
     "RingHandshake",
@@ -143,7 +150,7 @@ __all__ = [
 ]
 
 #: Version of the conversation drawn above, which `Hello.version` names.
-PROTOCOL_VERSION: Final = 12
+PROTOCOL_VERSION: Final = 13
 
 
 #: Every message kind that travels (`aiopipe.protocol.codec` frames each).
@@ -165,6 +172,7 @@ Message = (
     | RoundReport
     | RoundStalled
     | RoundAccepted
+    | Rest
     | Accusation
     | Replica
     | ReplicaRequest

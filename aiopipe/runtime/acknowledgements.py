@@ -9,7 +9,8 @@ drawn for a round and not for the next that its round is held (`RoundAccepted`),
 what a waiting device holds does not grow with the devices that have ever trained
 ([Note: a round's local optimizer] in aiopipe.runtime.systems.star.keeping). It goes on
 that device's own link, which no one else's round uses: the drawn devices' rounds take
-the time they did.
+the time they did. In a simulation the link then rests until the device is drawn again
+([Note: idle links rest] in aiopipe.runtime.liveness).
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ class _Session(Protocol):
     ended: bool
     peer: Peer
 
+    def rest(self) -> None:
+        """Rest the link while nothing is expected of the device ([Note: idle links
+        rest] in aiopipe.runtime.liveness)."""
+        ...
+
 
 class Draws:
     """The draws of a run that samples devices per round, over ``sessions`` (the
@@ -53,5 +59,6 @@ class Draws:
             session: _Session | None = self.sessions.get(k)
             if session is not None and not session.ended and session.last_round_done >= 0:
                 session.peer.post(RoundAccepted(session.last_round_done), "accepted")
+                session.rest()  # (a simulation's: until it is drawn again)
         self.waiting = set(drawn)
         return drawn

@@ -24,7 +24,7 @@ from aiopipe.errors import (
     RemoteProtocolError,
     TransportError,
 )
-from aiopipe.protocol import PROTOCOL_VERSION, ErrorMessage, Hello, Plan
+from aiopipe.protocol import PROTOCOL_VERSION, ErrorMessage, Hello, Plan, Rest
 from aiopipe.runtime.peer import Peer
 from aiopipe.runtime.session import DeviceSession, SessionHost
 from aiopipe.transport import Link
@@ -42,6 +42,9 @@ class AdmissionHost(SessionHost, Protocol):
 
     max_frame_bytes: int
     finished: bool
+    #: rest the links of devices in no round ([Note: idle links rest] in
+    #: aiopipe.runtime.liveness): a simulation that samples devices per round
+    rests_idle_links: bool
 
     def plan_for(self, device_id: int, session: int) -> Plan:
         """The `Plan` answering device ``device_id``'s hello."""
@@ -88,6 +91,8 @@ class Admission:
             admitted(k)
         session, resumed = await self._session_for(hello, link)
         try:
+            if session.rests:  # the link starts at rest ([Note: idle links rest])
+                await peer.send(Rest())
             await peer.send(host.plan_for(k, session.nonce))
         except TransportError:
             if not resumed:  # nobody will serve it: do not count it among the living
@@ -101,6 +106,7 @@ class Admission:
         session.attach(link, resumed=resumed)
         self.connected.add(k)
         self.arrived.set()
+        del peer, hello  # the session's serves the link: not held while it does
         await self._serve(session)
 
     async def _plan_failed(self, peer: Peer, session: DeviceSession, error: Exception
@@ -161,7 +167,8 @@ class Admission:
         return DeviceSession(
             host, Peer(link, host.clock, host.recorder, f"device{k}/downlink",
                        max_frame_bytes=host.max_frame_bytes), k,
-            earlier_bytes=earlier), False  # the epoch's byte counts span sessions
+            earlier_bytes=earlier,  # the epoch's byte counts span sessions
+            rests=host.rests_idle_links), False
 
     async def _serve(self, session: DeviceSession) -> None:
         """Serve the attached session until its connection ends; when it broke, wait

@@ -78,12 +78,18 @@ from aiopipe.runtime.epoch_figures import (
     link_bytes,
     new_tally,
     peer_bytes,
+    privacy_status,
     served_in_epoch,
 )
 from aiopipe.runtime.evaluation import held_out_accuracy, test_accuracy
 from aiopipe.runtime.exclusion import Exclusions
 from aiopipe.runtime.factories import build_model, make_loss, make_metric
-from aiopipe.runtime.fleet_plan import announcement_refusal, fleet_profiles, log_fleet_plan
+from aiopipe.runtime.fleet_plan import (
+    announcement_refusal,
+    fleet_profiles,
+    log_fleet_plan,
+    shared_announcement,
+)
 from aiopipe.runtime.judge import ArrivalJudge
 from aiopipe.runtime.resume import checkpoint_meta, read_resumable
 from aiopipe.runtime.resume import epoch_from as _epoch_from  # (tests import it here)
@@ -126,6 +132,8 @@ class Coordinator:
         server_cost_table: with ``cost_table``, charge the coordinator's own stages
             from this table instead (the server's hardware measured apart, e.g. a GPU's:
             `bench/gpu_costs.py`); the devices keep ``cost_table``.
+        rest_idle_links: rest the link of each device in no round of a run that samples
+            devices ([Note: idle links rest]): `aiopipe.simulate` does, a `Server` not.
 
     Raises:
         ConfigError: the config cannot run, or there is no checkpoint to resume from.
@@ -135,7 +143,8 @@ class Coordinator:
                  join_timeout: float = 300.0,
                  progress: Any = None, checkpoint_dir: Path | None = None,
                  resume: bool = False, torch_device: str = "cpu",
-                 server_cost_table: CostTable | None = None) -> None:
+                 server_cost_table: CostTable | None = None,
+                 rest_idle_links: bool = False) -> None:
         warm_up_torch()
         torch.set_num_threads(config.torch_threads)  # as every device does
         self.clock = clock
@@ -167,6 +176,8 @@ class Coordinator:
         self.compute = Compute(clock, self.recorder, "server/compute",
                                charge_costs=cost_table is not None,
                                lanes=self.system.server_lanes)
+        self.rests_idle_links = rest_idle_links and config.round_size(  # (sampled runs)
+            config.devices) < config.devices
         self.admission = Admission(self)
         self.exclusions = Exclusions(config.byzantine_devices)
         #: judges the values devices send the coordinator's stages ([Note: judging
@@ -270,7 +281,7 @@ class Coordinator:
             raise RefusedError(problem)
         if device_id not in self.announced:
             log.info("device %d joined: %s", device_id, plural(ready.samples, "sample"))
-        self.announced[device_id] = ready
+        self.announced[device_id] = shared_announcement(ready, self.data, self.model_digest)
         if len(self.announced) == self.config.devices:
             self.joined.set()
 
@@ -463,7 +474,7 @@ class Coordinator:
             epoch, tally, system, elapsed=end - start + float(tally["elapsed_before"]),
             by_track=self.recorder.busy_by_track(start, end), traffic=traffic,
             accuracy=accuracy, held_out=held_out, sessions=self.sessions,
-            changes=self.replans[changes_before:],
+            changes=self.replans[changes_before:], last=self.epochs[-1] if self.epochs else None,
             peers=_minus(peer_bytes(self.sessions, devices), peers_before))
 
     def epoch_progress(self) -> tuple[int, int]:
@@ -580,18 +591,9 @@ class Coordinator:
             # devices excluded from the run, and why ([Note: whose word excludes])
             "excluded": {str(k): why for k, why in self.exclusions.excluded.items()},
             # differential privacy spent by the last finished epoch's end (null: none)
-            "privacy": _privacy_of(self.epochs[-1] if self.epochs else None),
+            "privacy": privacy_status(self.epochs[-1] if self.epochs else None),
             "finished_epochs": [e.to_mapping() for e in self.epochs],
         }
-
-
-def _privacy_of(last: EpochMetrics | None) -> dict[str, Any] | None:
-    """``/status``'s ``privacy``: the run's and each device's epsilon, the delta and the
-    unit, as of ``last`` (None without an epoch, or without DP's accounting)."""
-    if last is None or math.isnan(last.epsilon):
-        return None
-    return {"epsilon": last.epsilon, "delta": last.delta, "unit": last.privacy_unit,
-            "device_epsilon": dict(last.device_epsilon)}
 
 
 def _minus(now: Sequence[int], before: Sequence[int]) -> tuple[int, ...]:

@@ -22,7 +22,7 @@ from typing import Protocol, TypeAlias, cast
 from aiopipe.clock import Clock
 from aiopipe.errors import LinkBrokenError, RemoteProtocolError, TrainingError, TransportError
 from aiopipe.metrics.trace import Recorder
-from aiopipe.protocol import PROTOCOL_VERSION, ErrorMessage, Hello, Message, Plan
+from aiopipe.protocol import PROTOCOL_VERSION, Bye, ErrorMessage, Hello, Message, Plan, Rest
 from aiopipe.runtime.liveness import Liveness
 from aiopipe.runtime.peer import Peer
 from aiopipe.runtime.tasks import first_error
@@ -75,10 +75,21 @@ class CoordinatorConnection:
         #: server clock minus this clock (estimated from the first handshake when None)
         self.clock_offset = clock_offset
         self.session: int | None = None  # the server's session for us, once joined
+        #: the link starts at rest: a `Rest` came before the `Plan` ([Note: idle links
+        #: rest] in aiopipe.runtime.liveness)
+        self.rests = False
         self.liveness: Liveness | None = None  # once the run's config is known
         #: the rate to pace a websocket uplink at (sender-side shaping), if any
         self.pace: LinkSpec | None = None
-        self.random = random.Random(device_id)
+        self._random: random.Random | None = None
+
+    @property
+    def random(self) -> random.Random:
+        """Backoff jitter, seeded with the device's id: made when first needed (its
+        state is 2.5 KB, and a simulated device that never reconnects needs none)."""
+        if self._random is None:
+            self._random = random.Random(self.device_id)
+        return self._random
 
     async def connect(self, links: contextlib.AsyncExitStack, *, patience: float = 60.0,
                       first_delay: float = 0.0) -> Plan:
@@ -112,6 +123,9 @@ class CoordinatorConnection:
         await self.peer.send(Hello(PROTOCOL_VERSION, self.device_id, self.session or 0,
                                    self.address))
         plan = await self.peer.receive()
+        rests = isinstance(plan, Rest)
+        if rests:  # a run whose links rest: this one starts at rest
+            plan = await self.peer.receive()
         if isinstance(plan, ErrorMessage) and plan.code == "busy" and self.connector:
             # our old connection is still open on the server side: try again shortly
             raise LinkBrokenError(f"server busy: {plan.message}")
@@ -130,6 +144,7 @@ class CoordinatorConnection:
                         self.device_id)
             self.peer.clear()
         self.session = plan.session
+        self.rests = rests
         self.side.joined(plan, new_session=new_session)
         return plan
 
@@ -160,25 +175,28 @@ class CoordinatorConnection:
     async def _serve_link(self, training: asyncio.Task[object]) -> None:
         """Move messages over the current link until training ends or the link fails."""
         assert self.liveness is not None
-        self.liveness.restart()
+        self.liveness.restart(resting=self.rests)
         try:
             async with asyncio.TaskGroup() as tasks:
-                sender = tasks.create_task(self.peer.send_loop())
+                self.peer.send_in(tasks)  # (a task only while something is queued)
                 receiver = tasks.create_task(self._receive_loop())
-                link_tasks = [receiver, tasks.create_task(self.liveness.beat(self.peer)),
-                              tasks.create_task(self.liveness.watch(self.peer, "the server"))]
-                await asyncio.wait([training, *link_tasks],
-                                   return_when=asyncio.FIRST_COMPLETED)
+                # heartbeats and the watchdog, unless the link rests ([Note: idle links
+                # rest]); a watchdog that gives up fails the group, and so this wait
+                self.liveness.attach(tasks, self.peer, "the server")
+                await asyncio.wait([training, receiver], return_when=asyncio.FIRST_COMPLETED)
                 if receiver.done() and not receiver.cancelled() and not receiver.exception():
                     await asyncio.wait([training])  # Bye arrived: training ends now
                 if training.done():
                     self.peer.finish()  # the send loop ends after the last queued message
-                    for task in link_tasks:
-                        task.cancel()
+                    receiver.cancel()
+                    self.liveness.detach()
                 else:
-                    sender.cancel()
+                    self.peer.stop_sending()
         except BaseExceptionGroup as group:
             raise self.liveness.gave_up or first_error(group) from None
+        finally:
+            self.peer.stop_sending()
+            self.liveness.detach()
 
     async def _receive_loop(self) -> None:
         assert self.liveness is not None
@@ -187,6 +205,11 @@ class CoordinatorConnection:
             message = None  # the last one (a round's weights) is not kept while we wait
             message = await self.peer.receive()
             self.liveness.heard()
+            if isinstance(message, Rest):  # [Note: idle links rest]
+                self.liveness.rest()
+                continue
+            if not isinstance(message, Bye):  # (the conversation ends: nothing to watch)
+                self.liveness.wake()  # (a no-op unless resting)
             if self.side.receive(message):
                 return
 

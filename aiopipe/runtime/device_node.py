@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -37,6 +37,7 @@ from aiopipe.errors import (
     RemoteProtocolError,
     TrainingError,
 )
+from aiopipe.light_event import LightQueue
 from aiopipe.metrics.trace import Recorder
 from aiopipe.protocol import (
     MAX_REASON_CHARS,
@@ -103,8 +104,7 @@ class DeviceNode:
                  cost_table: CostTable | None,
                  clock_offset: float | None, model: torch.nn.Sequential | None,
                  max_frame_bytes: int | None, endpoint: Endpoint | None) -> None:
-        self.device_id = device_id
-        self.name = f"device{device_id}"
+        self.device_id, self.name = device_id, f"device{device_id}"
         self.clock = clock
         self.costs = cost_table
         self.custom_model = model
@@ -124,8 +124,7 @@ class DeviceNode:
             address=endpoint.address if endpoint is not None else "",
             max_frame_bytes=max_frame_bytes, clock_offset=clock_offset)
         self.peer = self.connection.peer
-        self.control: asyncio.Queue[RoundStart | ProfileRequest | EvalRequest | Bye] = (
-            asyncio.Queue())
+        self.control: LightQueue[RoundStart | ProfileRequest | EvalRequest | Bye] = LightQueue()
         self.inbox = Inbox()
         #: judges the values peers send ([Note: judging arrivals])
         self.judge = ArrivalJudge()
@@ -153,7 +152,8 @@ class DeviceNode:
         connection = self.connection
         async with contextlib.AsyncExitStack() as links:
             self.plan = await connection.connect(links)
-            self.config = self._run_config(self.plan)  # cheap: heartbeats need it
+            # cheap: heartbeats need it; the plan's tree of it is not kept
+            self.config, self.plan = self._run_config(self.plan), replace(self.plan, run={})
             self._join_system()
             log.info("device %d: joined a %s run of %s, %s", self.device_id,
                      self.config.mode, plural(self.config.devices, "device"),

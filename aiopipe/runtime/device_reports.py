@@ -5,10 +5,10 @@ be re-sent after a reconnection."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
+from aiopipe.light_event import LightEvent
 from aiopipe.metrics.trace import MAX_REPORT_SLICES, Recorder
 from aiopipe.protocol import RoundReport, RoundResult
 from aiopipe.runtime.compute import Compute
@@ -32,7 +32,7 @@ class RoundReports:
         self.clock_offset, self.peer_bytes = clock_offset, peer_bytes
         self.unacked: list[RoundResult | RoundReport] = []  # until the next RoundStart
         self.epoch = 0  # of the round being reported
-        self._sent = asyncio.Event()
+        self._sent = LightEvent()
         self._peer_bytes_reported = 0  # bytes sent to peers, as the last report said
 
     async def report(self, result: RoundResult, mark: int, work: StageWork) -> None:

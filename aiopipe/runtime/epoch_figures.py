@@ -30,6 +30,7 @@ __all__ = [
     "numbered_for_people",
     "peer_bytes",
     "perplexity",
+    "privacy_status",
     "served_in_epoch",
 ]
 
@@ -119,12 +120,14 @@ def epoch_metrics(epoch: int, tally: Mapping[str, Any], system: System, *, elaps
                   by_track: Mapping[str, float], traffic: Sequence[int], accuracy: float,
                   held_out: tuple[float, dict[str, float]],
                   sessions: Mapping[int, DeviceSession], changes: Sequence[dict[str, Any]],
-                  peers: Sequence[int]) -> EpochMetrics:
+                  peers: Sequence[int], last: EpochMetrics | None = None) -> EpochMetrics:
     """Epoch ``epoch``'s figures (0-based) from its ``tally`` and what was measured of it:
     its length (with the time before a restart), the trace's busy seconds per track,
     the (up, down) bytes of the devices' connections, the test-set accuracy, the
     held-out accuracy (overall, per device), the changes the system made and the bytes
-    each device sent its peers."""
+    each device sent its peers. ``last``: the epoch before, whose plan this one shares
+    when it is the same (a plan is an entry per device: 25 MB an epoch for a
+    population of 100,000, which the run's epochs would otherwise each keep)."""
     devices = system.config.devices
     if system.config.metric == "none":  # the loss alone is reported
         held_out = (math.nan, {})
@@ -137,6 +140,9 @@ def epoch_metrics(epoch: int, tally: Mapping[str, Any], system: System, *, elaps
     # (a system that accounts differential privacy has `privacy_spent`: the star's)
     spending = getattr(system, "privacy_spent", None)
     spent = spending() if spending is not None else None
+    plan = system.plan_entries()
+    if last is not None and last.plan == plan:
+        plan = last.plan
     return EpochMetrics(
         # people count epochs from 1 (`EpochMetrics.epoch`); the loop's index is 0-based
         epoch=epoch + 1, time_s=elapsed, busy_s=busy,
@@ -146,7 +152,7 @@ def epoch_metrics(epoch: int, tally: Mapping[str, Any], system: System, *, elaps
         train_accuracy=(float(tally["correct"]) / samples
                         if samples and system.config.metric != "none" else math.nan),
         samples=samples,
-        bytes_up=int(up), bytes_down=int(down), plan=system.plan_entries(),
+        bytes_up=int(up), bytes_down=int(down), plan=plan,
         device_samples=device_samples, devices_lost=lost_in(tally, devices),
         updates_refused=tuple(tally.get("refused", [])),
         stages=system.stage_figures(
@@ -164,6 +170,15 @@ def epoch_metrics(epoch: int, tally: Mapping[str, Any], system: System, *, elaps
             "epsilon": spent.epsilon, "delta": spent.delta,
             "device_epsilon": dict(spent.device_epsilon), "privacy_unit": spent.unit}),
     )
+
+
+def privacy_status(last: EpochMetrics | None) -> dict[str, Any] | None:
+    """``/status``'s ``privacy``: the run's and each device's epsilon, the delta and the
+    unit, as of ``last`` (None without an epoch, or without DP's accounting)."""
+    if last is None or math.isnan(last.epsilon):
+        return None
+    return {"epsilon": last.epsilon, "delta": last.delta, "unit": last.privacy_unit,
+            "device_epsilon": dict(last.device_epsilon)}
 
 
 def perplexity(loss: float) -> float:

@@ -10,6 +10,7 @@ device, with a warning for each device whose micro-batches do not divide its bat
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 
 from aiopipe.clock import Clock
@@ -22,7 +23,7 @@ from aiopipe.runtime.session import DeviceSession
 from aiopipe.runtime.systems.base import System, planning_batch_sizes
 from aiopipe.scheduler.estimate import DeviceProfile
 
-__all__ = ["announcement_refusal", "fleet_profiles", "log_fleet_plan"]
+__all__ = ["announcement_refusal", "fleet_profiles", "log_fleet_plan", "shared_announcement"]
 
 
 def announcement_refusal(k: int, ready: Ready, *, data: DataKind, model_digest: str,
@@ -46,6 +47,15 @@ def announcement_refusal(k: int, ready: Ready, *, data: DataKind, model_digest: 
         return (f"device {k} now holds {ready.samples} samples; the run was planned "
                 f"for its {planned[k]}")
     return ""
+
+
+def shared_announcement(ready: Ready, data: DataKind, model_digest: str) -> Ready:
+    """What the coordinator keeps of an announcement that fits the run (no
+    `announcement_refusal`): the run's own input, target and digest objects in place of
+    the device's equal copies, its host's name interned (the decoded copies are 1.5 KB a
+    device: 150 MB for a simulated population of 100,000)."""
+    return Ready(ready.samples, data.inputs, (data.target,), ready.num_classes, model_digest,
+                 sys.intern(ready.host), ready.held_out)
 
 
 async def fleet_profiles(system: System, samples: list[int],

@@ -24,10 +24,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiopipe.clock import Clock, ready_time
 from aiopipe.errors import RemoteProtocolError
+from aiopipe.light_event import LightEvent
 from aiopipe.metrics.trace import Recorder
 from aiopipe.protocol import FramePart, Message, TensorData, decode, encode
 from aiopipe.transport import Link
@@ -50,7 +52,9 @@ class _Posted:
 
 
 class Peer:
-    """Messages over a link; a send queue drained by `send_loop`.
+    """Messages over a link; a send queue drained by `send_loop`, or by tasks that run
+    only while something is queued (`send_in`: a device that waits for its next round
+    holds no sending task, [Note: idle links rest] in aiopipe.runtime.liveness).
 
     The queue outlives a link: after a reconnection, set `link` to the new one and start
     a new send loop; what was still queued goes out on it. The message being sent when a
@@ -65,11 +69,17 @@ class Peer:
         self.max_frame_bytes = max_frame_bytes
         self._clock = clock
         self._recorder = recorder
-        self._queue: collections.deque[_Posted | None] = collections.deque()
-        self._background: collections.deque[_Posted] = collections.deque()
-        self._posted = asyncio.Event()  # something was queued since the loop last looked
+        #: (lists: short, and an empty deque is 760 bytes; the background made when used)
+        self._queue: list[_Posted | None] = []
+        self._background: collections.deque[_Posted] | None = None
+        self._posted = LightEvent()  # something was queued since the loop last looked
+        self._tasks: asyncio.TaskGroup | None = None  # where `send_in` sends from
+        self._sender: asyncio.Task[None] | None = None  # its task, while one runs
         self._joining: list[bytes] = []  # the parts of a background frame received so far
         self._joined = 0  # their bytes
+        #: called with each message posted and its `post` future (a session wakes its
+        #: resting link: aiopipe.runtime.liveness, [Note: idle links rest])
+        self.on_post: Callable[[Message, asyncio.Future[None]], None] | None = None
 
     async def receive(self) -> Message:
         """Next message from the peer.
@@ -136,32 +146,76 @@ class Peer:
         """
         sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         ready = ready_time(self._clock, ready_at)
+        if self.on_post is not None:
+            self.on_post(message, sent)
         if not background:
             self._queue.append(_Posted(message, name, epoch, iteration, micro_batch, sent,
                                        ready))
             self._posted.set()
+            self._send_queued()
             return sent
-        self._background = collections.deque(
-            item for item in self._background if item.name != name)
+        parts = self._background = collections.deque(
+            item for item in self._background or () if item.name != name)
         frame = memoryview(encode(message))
         count = max(1, -(-len(frame) // PART_BYTES))
         for k in range(count):
             piece = frame[k * PART_BYTES:(k + 1) * PART_BYTES]
             part = FramePart(k, count, TensorData("uint8", (len(piece),), piece))
-            self._background.append(_Posted(part, name, epoch, iteration, micro_batch,
-                                            sent if k == count - 1 else _done(), ready))
+            parts.append(_Posted(part, name, epoch, iteration, micro_batch,
+                                 sent if k == count - 1 else _done(), ready))
         self._posted.set()
+        self._send_queued()
         return sent
 
     def clear(self) -> None:
         """Drop everything still queued (before re-posting it after a reconnection)."""
         self._queue.clear()
-        self._background.clear()
+        self._background = None
 
     def finish(self) -> None:
         """Let the send loop end after what is already queued."""
         self._queue.append(None)
         self._posted.set()
+        self._send_queued()
+
+    def send_in(self, tasks: asyncio.TaskGroup) -> None:
+        """Send what is posted, in order, as `send_loop` does, from tasks of ``tasks``
+        (a connection's task group), each running only while something is queued, until
+        `finish`'s mark or `stop_sending`. A send's failure fails ``tasks``.
+
+        The same scheduling as `send_loop`'s: a post makes the task that sends it where
+        it would have woken the loop."""
+        self._tasks = tasks
+        self._send_queued()
+
+    def stop_sending(self) -> None:
+        """`send_in` no more: the send under way is cancelled (its message lost)."""
+        self._tasks = None
+        if self._sender is not None:
+            self._sender.cancel()
+            self._sender = None
+
+    def _send_queued(self) -> None:
+        """`send_in`'s: a task to send what is queued, unless one runs."""
+        if self._tasks is None or (self._sender is not None and not self._sender.done()) or (
+                not self._queue and not self._background):
+            return
+        sending = self._drain()
+        try:
+            self._sender = self._tasks.create_task(sending)
+        except RuntimeError:  # the group is ending (its connection failed)
+            sending.close()
+            self._tasks = self._sender = None
+
+    async def _drain(self) -> None:
+        """Send what is queued, then end (`send_in`)."""
+        while self._queue or self._background:
+            item = self._pop()
+            if item is None:  # `finish`: nothing more goes out over this connection
+                self._tasks = None
+                return
+            await self._send(item)
+            del item  # the message (a round's weights) is not kept
 
     async def send_loop(self) -> None:
         """Send posted messages in order until `finish` is called.
@@ -194,7 +248,13 @@ class Peer:
         while not self._queue and not self._background:
             self._posted.clear()
             await self._posted.wait()
-        return self._queue.popleft() if self._queue else self._background.popleft()
+        return self._pop()
+
+    def _pop(self) -> _Posted | None:
+        if self._queue:
+            return self._queue.pop(0)
+        assert self._background is not None
+        return self._background.popleft()
 
 
 def _record(recorder: Recorder, track: str, name: str, epoch: int, iteration: int,

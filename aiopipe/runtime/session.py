@@ -6,7 +6,7 @@ under it. While a connection is attached, `DeviceSession.serve` runs:
 - the receive loop, which checks every message against the device's round and routes
   it: activations to the stage the coordinator runs for this device (the split modes'
   server half), round results and reports to the round;
-- the send loop (`Peer.send_loop`), which moves gradients and models over the downlink;
+- the sending (`Peer.send_in`), which moves gradients and models over the downlink;
 - heartbeats to the device, and a watchdog that gives up on a connection that has been
   silent for ``device_timeout`` (`Liveness`).
 The coordinator's stage for the device (when the system has one) runs for the whole
@@ -27,15 +27,6 @@ already computed gets its cached gradient again, one still waiting is ignored; a
 round result is ignored. On one connection, by contrast, a repeated activation is a
 protocol error (a replay). A message that breaks the contract ends the session at once,
 with an `ErrorMessage` naming the problem; other devices are unaffected.
-
-[Note: middle stages] The coordinator's stage is usually a device's last (the star's
-server half: it computes the loss). A system may give it a middle stage instead, the
-device running the stages on both sides of it (U-shaped split learning,
-examples/ushaped.py): its activations then go back down to the device, whose
-gradients for them come up, checked like activations (once each, against the round's
-plan). A middle stage computes no loss: the round's loss is the device's. What was in
-flight across a reconnection is not re-sent for a middle stage (the device re-sends its
-activations, and gets the gradients already computed, as for a last stage).
 """
 
 from __future__ import annotations
@@ -58,6 +49,7 @@ from aiopipe.errors import (
     RoundStalledError,
     TransportError,
 )
+from aiopipe.light_event import LightEvent
 from aiopipe.metrics.trace import Recorder, device_of
 from aiopipe.protocol import (
     Accusation,
@@ -74,6 +66,7 @@ from aiopipe.protocol import (
     Ready,
     Replica,
     ReplicaRequest,
+    Rest,
     RoundReport,
     RoundResult,
     RoundStalled,
@@ -84,6 +77,7 @@ from aiopipe.protocol import (
 from aiopipe.runtime.arrivals import ArrivalRules, Verdict
 from aiopipe.runtime.assignment import Assignment, check_data_message
 from aiopipe.runtime.compute import Compute
+from aiopipe.runtime.device_route import DeviceRoute
 from aiopipe.runtime.executor import Identity, Inbox, StageExecutor
 from aiopipe.runtime.liveness import Liveness
 from aiopipe.runtime.peer import Peer
@@ -150,30 +144,6 @@ class SessionHost(Protocol):
         ...
 
 
-class _DeviceRoute:
-    """The device as the previous stage of the coordinator's (and, for a middle stage,
-    the next): gradients go out on the downlink and are kept for re-sending until the
-    device moves to the next iteration; activations go out on the downlink."""
-
-    def __init__(self, session: DeviceSession) -> None:
-        self.session = session
-        self.node = session.name
-
-    def send(self, message: Activation | Gradient, name: str, *,
-             ready_at: float | None) -> None:
-        session = self.session
-        key = (message.epoch, message.iteration, message.micro_batch)
-        if isinstance(message, Gradient):
-            # the device moves to iteration i+1 only with every gradient of i: older ones
-            # will never be asked for again
-            for old in [k for k in session.gradients if k[:2] != key[:2]]:
-                del session.gradients[old]
-            session.gradients[key] = message
-            session.served += 1
-        session.peer.post(message, name, epoch=key[0], iteration=key[1], micro_batch=key[2],
-                          ready_at=ready_at)
-
-
 #: The coordinator's stage's arrival rules (a star's rounds are never played again).
 _RULES = ArrivalRules()
 
@@ -182,9 +152,10 @@ class DeviceSession:
     """The coordinator's side of device ``device_id``, across its connections."""
 
     def __init__(self, host: SessionHost, peer: Peer, device_id: int, *,
-                 earlier_bytes: tuple[int, int] = (0, 0)) -> None:
+                 earlier_bytes: tuple[int, int] = (0, 0), rests: bool = False) -> None:
         self.host = host
         self.peer = peer
+        self.rests = rests  # [Note: idle links rest] in aiopipe.runtime.liveness
         self.device_id = device_id
         self.name = f"device{device_id}"
         self.window: RoundWindow | None = None
@@ -206,17 +177,35 @@ class DeviceSession:
         self.closing = False  # we said goodbye: the connection may end
         self.bye: Bye | None = None  # what we said
         self.ended = False  # the session is over (goodbye, or the device was lost)
-        self.attached = asyncio.Event()  # set when a connection is attached
-        self.idle = asyncio.Event()  # set while no connection is attached
+        self.attached = LightEvent()  # set when a connection is attached
+        self.idle = LightEvent()  # set while no connection is attached
         self.idle.set()
         self.liveness = Liveness(host.clock, interval=host.config.heartbeat_interval,
                                  timeout=host.config.device_timeout)
         self.earlier_bytes = earlier_bytes  # (up, down) over connections that have ended
         self.nonce = secrets.randbits(62)  # `Plan.session`: who the device is talking to
         self._stage_failure: ProtocolError | None = None
-        self._stage_failed = asyncio.Event()
+        self._tasks: asyncio.TaskGroup | None = None  # the connection's, while served
         #: what the coordinator asked the device outside its rounds, waiting for answers
         self.questions = Questions(peer, host.clock)
+        if rests:
+            peer.on_post = self._posted
+
+    def rest(self) -> None:
+        """Unless the coordinator expects something of the device (a round, an answer) or
+        the link does not rest: tell it `Rest`, and stop this end's heartbeats and
+        watchdog until the next message to it."""
+        if not self.rests or self.liveness.resting or self.ended or self.closing or (
+                self.result is not None or self.questions.pending()):
+            return
+        self.peer.post(Rest(), "rest")
+        self.liveness.rest()
+
+    def _posted(self, message: Message, sent: asyncio.Future[None]) -> None:
+        """Any message but `Rest` and `Bye` (the end) wakes a resting link; silence counts
+        from when it has left."""
+        if not isinstance(message, Rest | Bye):
+            self.liveness.wake(sent)
 
     # -- driven by the coordinator -----------------------------------------------------
 
@@ -348,7 +337,7 @@ class DeviceSession:
         executor = StageExecutor(
             stage.work, host.compute, stage=assignment.stage, actions=assignment.actions,
             identity=Identity(host.run_id, "server"), inbox=self.inbox,
-            previous=_DeviceRoute(self), next=None if assignment.last else _DeviceRoute(self),
+            previous=DeviceRoute(self), next=None if assignment.last else DeviceRoute(self),
             costs=stage.costs)
         try:
             for iteration in range(window.first_iteration,
@@ -356,18 +345,20 @@ class DeviceSession:
                 await executor.run(window.epoch, iteration, assignment.version_of(iteration))
         except ProtocolError as exc:
             # the device's data broke the stage's checks: end its session as any other
-            # protocol error does, through the connection that carried it
+            # protocol error does, through the connection that carried it (or the next)
             self._stage_failure = exc
-            self._stage_failed.set()
+            self._raise_stage_failure()
         except (DeviceLostError, asyncio.CancelledError):
             raise
         except Exception as exc:
             host.server_failed(self.device_id, exc)
 
-    async def _raise_stage_failure(self) -> None:
-        await self._stage_failed.wait()
-        assert self._stage_failure is not None
-        raise self._stage_failure
+    def _raise_stage_failure(self) -> None:
+        """Fail the connection being served with the stage's failure (no task waits for
+        one: an idle device's session holds none)."""
+        if self._tasks is not None and self._stage_failure is not None:
+            with contextlib.suppress(RuntimeError):  # (the group is ending already)
+                self._tasks.create_task(_raise(self._stage_failure))
 
     # -- connections ---------------------------------------------------------------------
 
@@ -377,7 +368,11 @@ class DeviceSession:
             self.earlier_bytes = self.link_bytes()
         self.peer.link = link
         self.seen_on_link.clear()
-        self.liveness.restart()
+        # a resting run's link starts at rest (a `Rest` went before the `Plan`), unless
+        # something is expected of the device
+        self.liveness.restart(resting=self.rests)
+        if self.result is not None or self.questions.pending():
+            self.liveness.wake()
         self.idle.clear()  # until `serve` of this connection returns
         self.attached.set()
         if not resumed:
@@ -406,18 +401,19 @@ class DeviceSession:
         """
         try:
             async with asyncio.TaskGroup() as tasks:
-                sender = tasks.create_task(self.peer.send_loop())
-                others = [tasks.create_task(self.liveness.watch(self.peer,
-                                                                f"device {self.device_id}")),
-                          tasks.create_task(self.liveness.beat(self.peer)),
-                          tasks.create_task(self._raise_stage_failure())]
+                self.peer.send_in(tasks)  # (a task only while something is queued)
+                # the watchdog, then heartbeats, unless the link rests
+                self.liveness.attach(tasks, self.peer, f"device {self.device_id}",
+                                     watch_first=True)
+                self._tasks = tasks
+                self._raise_stage_failure()  # (one while no connection was served)
                 try:
                     await self._receive_loop()
                 finally:
-                    for task in others:
-                        task.cancel()
+                    self._tasks = None
+                    self.liveness.detach()
                     if not self.closing:
-                        sender.cancel()
+                        self.peer.stop_sending()
         except* ProtocolError as group:
             problem = group.exceptions[0]
             code = "refused" if isinstance(problem, RefusedError) else "protocol"
@@ -460,8 +456,10 @@ class DeviceSession:
                 self.host.announce(self.device_id, message)
             elif isinstance(message, Profile | Probe):
                 self.questions.take_profile(message)
+                self.rest()  # (once the profile and its probe are in)
             elif isinstance(message, EvalResult):
                 self.questions.take_evaluation(message)
+                self.rest()
             elif isinstance(message, Replica):
                 self._accept_replica(message)
             elif isinstance(message, SecAggReply):
@@ -511,7 +509,8 @@ class DeviceSession:
 
     def _accept_gradient(self, message: Gradient) -> None:
         """Check a gradient for the coordinator's stage against the round and hand it to
-        the stage: only a stage before the last takes them ([Note: middle stages]).
+        the stage: only a stage before the last takes them ([Note: middle stages] in
+        device_route.py).
 
         Raises:
             RemoteProtocolError: the coordinator's stage is the last, or the gradient is
@@ -596,3 +595,6 @@ class DeviceSession:
         self.last_round_done = result.round
         self.result.set_result(result)
 
+
+async def _raise(error: ProtocolError) -> None:
+    raise error

@@ -113,6 +113,13 @@ class Questions:
         finally:
             self._secagg = None
 
+    def pending(self) -> bool:
+        """Whether a question waits for its answer."""
+        asked = self._asked[2] if self._asked is not None else None
+        secagg = self._secagg[1] if self._secagg is not None else None
+        return any(waiting is not None and not waiting.done()
+                   for waiting in (self._profile, self._evaluation, asked, secagg))
+
     def take_secagg(self, message: SecAggReply) -> None:
         """The answer to the secure aggregation step asked for.
 

@@ -95,6 +95,9 @@ class Fleet:
         fabric: where devices listen for each other (runs that link devices: a pipeline);
             None: a `MemoryFabric` on ``clock`` when the mode links devices.
         checkpoint_dir: where the server writes its checkpoints (none by default).
+        rest_idle_links: rest the links of devices in no round when the run samples
+            devices per round, as `aiopipe.simulate` does ([Note: idle links rest] in
+            aiopipe.runtime.liveness); off by default, as a `Server`.
 
     Attributes:
         node: the server; a test may replace it (a restarted server).
@@ -113,13 +116,14 @@ class Fleet:
     def __init__(self, config: RunConfig, clock: Clock, tasks: asyncio.TaskGroup, *,
                  cost_table: CostTable | None = None, wire: LinkSpec | None = None,
                  fabric: MemoryFabric | None = None,
-                 checkpoint_dir: Path | None = None) -> None:
+                 checkpoint_dir: Path | None = None, rest_idle_links: bool = False) -> None:
         if isinstance(clock, VirtualClock):
             clock.check_loop()  # before any task starts (uvloop's loop: a ConfigError)
             if cost_table is None:
                 cost_table = uniform_costs(config)
         self.node = Coordinator(config, clock=clock, cost_table=cost_table,
-                                checkpoint_dir=checkpoint_dir)
+                                checkpoint_dir=checkpoint_dir,
+                                rest_idle_links=rest_idle_links)
         self.checkpoint_dir = checkpoint_dir
         if fabric is None and system_class(config.mode).links_devices:
             fabric = MemoryFabric(clock)
@@ -244,7 +248,8 @@ class Fleet:
             raise ConfigError("restart_server needs the fleet's checkpoint_dir")
         self.node = Coordinator(self.node.config, clock=self.clock,
                                 cost_table=self.cost_table,
-                                checkpoint_dir=self.checkpoint_dir, resume=True)
+                                checkpoint_dir=self.checkpoint_dir, resume=True,
+                                rest_idle_links=self.node.rests_idle_links)
 
     def train(self) -> asyncio.Task[RunResult]:
         """Start the server's training in the fleet's task group."""

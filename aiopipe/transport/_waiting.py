@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from aiopipe.clock import Clock
+from aiopipe.light_event import LightEvent
 
 __all__ = ["SHORT_SLEEP_S", "sleep_unless_set"]
 
@@ -14,7 +15,8 @@ __all__ = ["SHORT_SLEEP_S", "sleep_unless_set"]
 SHORT_SLEEP_S = 1e-3
 
 
-async def sleep_unless_set(clock: Clock, seconds: float, event: asyncio.Event) -> bool:
+async def sleep_unless_set(clock: Clock, seconds: float,
+                           event: asyncio.Event | LightEvent) -> bool:
     """Sleep ``seconds`` on ``clock`` unless ``event`` is (or gets) set first; a sleep of
     at most `SHORT_SLEEP_S` runs to its end either way.
 

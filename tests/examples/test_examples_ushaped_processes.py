@@ -1,6 +1,6 @@
 """A hostile device process in a U-shaped run between real processes (the coordinator's
 middle stage takes gradients from devices: [Note: middle stages] in
-aiopipe/runtime/session.py): a device that sends each gradient twice is refused, named
+aiopipe/runtime/device_route.py): a device that sends each gradient twice is refused, named
 and left out, and the honest devices' turns go on to the end."""
 
 from __future__ import annotations

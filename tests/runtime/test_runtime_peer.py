@@ -122,3 +122,34 @@ async def test_frame_parts_out_of_order_or_too_large_are_refused(
 async def _receive_all(peer: Peer) -> None:
     while True:
         await peer.receive()
+
+
+async def test_send_in_runs_a_task_only_while_something_is_queued() -> None:
+    """`Peer.send_in`: no task while the queue is empty; a post makes one that sends,
+    in order, what is queued and ends; `finish` ends the sending, later posts wait."""
+    clock = VirtualClock()
+    a, b = open_memory_link_pair(clock, a_to_b=LinkSpec(1e6), b_to_a=LinkSpec(1e6))
+    peer = Peer(a, clock, Recorder(), "device0/uplink", max_frame_bytes=None)
+
+    def senders() -> int:
+        return sum(1 for task in asyncio.all_tasks()
+                   if task.get_coro().__qualname__ == "Peer._drain")  # type: ignore[union-attr]
+
+    async with asyncio.TaskGroup() as tasks:
+        peer.send_in(tasks)
+        await asyncio.sleep(0)
+        assert senders() == 0
+        sent = [peer.post(Heartbeat(n), "u") for n in range(3)]
+        assert senders() == 1
+        await asyncio.gather(*sent)
+        await asyncio.sleep(0)
+        assert senders() == 0
+        got = [await b.receive() for _ in range(3)]
+        assert got == [encode(Heartbeat(n)) for n in range(3)]
+        peer.finish()
+        await asyncio.sleep(0)
+        late = peer.post(Heartbeat(9), "u")  # after finish: not sent over this link
+        await clock.sleep(1.0)
+        assert not late.done()
+        assert senders() == 0
+    await clock.aclose()
