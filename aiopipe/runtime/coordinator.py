@@ -217,8 +217,7 @@ class Coordinator:
         if resume:
             if checkpoint_dir is None:
                 raise ConfigError("resuming needs the checkpoint directory")
-            self._resume = read_resumable(checkpoint_dir, self.system.resumed_config,
-                                          self.system.planned_keys)
+            self._resume = read_resumable(checkpoint_dir, self.system)
 
     @property
     def config(self) -> RunConfig:

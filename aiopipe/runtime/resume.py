@@ -11,9 +11,9 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -42,12 +42,22 @@ def checkpoint_meta(config: RunConfig, *, epoch: int, next_round: int, elapsed: 
             "epochs": [e.to_mapping() for e in epochs]}
 
 
-def read_resumable(directory: Path, config: Callable[[str], RunConfig],
-                   planned_keys: Sequence[str]
+class Resumable(Protocol):
+    """What `read_resumable` asks of a system (aiopipe.runtime.systems.base.System)."""
+
+    #: config keys a resumed run takes from its checkpoint (the plans "auto" chose)
+    planned_keys: tuple[str, ...]
+
+    def resumed_config(self, mode: str) -> RunConfig:
+        """The config a checkpoint written in ``mode`` must hold."""
+        ...
+
+
+def read_resumable(directory: Path, system: Resumable
                    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The checkpoint in ``directory``, once it is for the run that ``config`` describes
-    (given the mode the checkpoint was written in: `System.resumed_config`; the
-    ``planned_keys``, what "auto" chose, are the checkpoint's). Its meta's config
+    """The checkpoint in ``directory``, once it is for the run ``system`` trains (its
+    config as it runs the mode the checkpoint was written in: `System.resumed_config`;
+    the ``planned_keys``, what "auto" chose, are the checkpoint's). Its meta's config
     becomes one level of keys (`flat_config`), as `System.restore` reads it.
 
     Raises:
@@ -57,12 +67,12 @@ def read_resumable(directory: Path, config: Callable[[str], RunConfig],
     saved_config = dict(meta.get("config", {}))
     # a key the checkpoint's version did not have ran as its default does; one level of
     # keys, the system's options among them (an older checkpoint's are already so)
-    run = config(str(saved_config.get("mode", "")))
+    run = system.resumed_config(str(saved_config.get("mode", "")))
     defaults = RunConfig(mode=str(saved_config.get("mode", run.mode))).to_mapping()
     meta["config"] = {**flat_config(defaults), **flat_config(saved_config)}
     saved = dict(meta["config"])
     current = flat_config(run.to_mapping())
-    for key in ("out_dir", *planned_keys):  # "auto" plans: the checkpoint's
+    for key in ("out_dir", *system.planned_keys):  # "auto" plans: the checkpoint's
         saved.pop(key, None)
         current.pop(key, None)
     if saved != current:

@@ -1,6 +1,6 @@
 """What an idle device of a sampled fl simulation holds, and what wakes it.
 
-    python bench/results/2026-11-29-s31-scale/idle_breakdown.py K [ROUNDS]
+    PYTHONPATH=.:bench python bench/results/2026-11-29-s31-scale/idle_breakdown.py K [ROUNDS]
 
 Runs fl, vgg5 on synthetic-cifar10, K devices, 2 a round (uniform costs, as
 bench/scale.py), and after round 1 and the last round prints: objects alive by type
@@ -20,21 +20,10 @@ import tracemalloc
 from typing import Any
 
 import torch
+from scale import CountingClock  # bench/scale.py (bench on the path)
 
 import aiopipe
-from aiopipe.clock import VirtualClock
 from aiopipe.scheduler.costs import CostTable
-
-
-class CountingClock(VirtualClock):
-    def __init__(self) -> None:
-        super().__init__()
-        self.wakeups = 0
-
-    async def sleep(self, seconds: float) -> None:
-        if seconds > 0:
-            self.wakeups += 1
-        await super().sleep(seconds)
 
 
 def counts() -> collections.Counter[str]:
