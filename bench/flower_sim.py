@@ -509,7 +509,7 @@ def run_arm(ns: argparse.Namespace, arm: str, devices: int, repeat: int,
     for pid in sampler.leftovers():  # only processes this arm started
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-    if stderr is not subprocess.DEVNULL:
+    if not isinstance(stderr, int):
         stderr.close()
     row.update(peak_pss_kib=sampler.peak_kib, peak_procs=sampler.peak_procs,
                pss_samples=sampler.samples, returncode=proc.returncode)
