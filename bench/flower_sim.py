@@ -102,6 +102,12 @@ def parse_stat(text: str) -> tuple[int, int, int, int]:
     return int(head.split("(", 1)[0]), int(fields[1]), int(fields[3]), int(fields[19])
 
 
+def cpu_ticks(stat: str) -> int:
+    """User + system CPU time of a ``/proc/PID/stat`` line, in clock ticks."""
+    fields = stat.rpartition(")")[2].split()
+    return int(fields[11]) + int(fields[12])
+
+
 def pss_kib(smaps_rollup: str) -> int:
     """The ``Pss:`` line of a ``/proc/PID/smaps_rollup``, in KiB (0 without one)."""
     for line in smaps_rollup.splitlines():
@@ -145,8 +151,8 @@ def round_seconds(ends: Sequence[float]) -> tuple[float, float]:
 def table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The rows (one per arm run) as a text table."""
     head = (f"{'K':>5} {'arm':<8} {'rep':>3} {'s/round':>8} {'round1 s':>8} {'run s':>7} "
-            f"{'total s':>8} {'peak PSS MiB':>12} {'procs':>5} {'samples/rnd':>11} "
-            f"{'acc':>6}  note")
+            f"{'total s':>8} {'cpu s':>6} {'peak PSS MiB':>12} {'procs':>5} "
+            f"{'samples/rnd':>11} {'acc':>6} {'load1':>5}  note")
     lines = [head, "-" * len(head)]
     for r in rows:
         samples = r.get("samples") or [0]
@@ -154,9 +160,10 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
             f"{r['devices']:>5} {r['arm']:<8} {r.get('repeat', 0):>3} "
             f"{r.get('round_s', float('nan')):>8.2f} {r.get('round1_s', float('nan')):>8.2f} "
             f"{r.get('run_s', float('nan')):>7.1f} {r.get('total_s', float('nan')):>8.1f} "
+            f"{r.get('cpu_s', float('nan')):>6.1f} "
             f"{r.get('peak_pss_kib', 0) / 1024:>12.0f} {r.get('peak_procs', 0):>5} "
-            f"{max(samples):>11} {r.get('accuracy', float('nan')):>6.3f}  "
-            f"{r.get('error', '')}"
+            f"{max(samples):>11} {r.get('accuracy', float('nan')):>6.3f} "
+            f"{r.get('load1', float('nan')):>5.2f}  {r.get('error', '')}"
         )
     return "\n".join(lines)
 
@@ -451,6 +458,7 @@ class Sampler(threading.Thread):
         self.root, self.interval = root, interval
         self.known: set[tuple[int, int]] = set()
         self.peak_kib, self.peak_procs, self.samples = 0, 0, 0
+        self.ticks: dict[tuple[int, int], int] = {}  # the last CPU ticks seen per process
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -458,6 +466,9 @@ class Sampler(threading.Thread):
             stats = _proc_stats()
             pids = tree(stats, self.root, self.known)
             self.known |= {(p, stats[p][2]) for p in pids}
+            for p in pids:
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    self.ticks[(p, stats[p][2])] = cpu_ticks(Path(f"/proc/{p}/stat").read_text())
             total = sum(_pss(p) for p in pids)
             self.samples += 1
             if total > self.peak_kib:
@@ -489,7 +500,8 @@ def run_arm(ns: argparse.Namespace, arm: str, devices: int, repeat: int,
            str(devices), "--rounds", str(ns.rounds), "--fraction", str(ns.fraction),
            "--samples-per-device", str(ns.samples_per_device), "--batch-size",
            str(ns.batch_size), "--flower-actors", str(ns.flower_actors)]
-    row: dict[str, Any] = {"devices": devices, "arm": arm, "repeat": repeat}
+    row: dict[str, Any] = {"devices": devices, "arm": arm, "repeat": repeat,
+                           "load1": os.getloadavg()[0]}
     started = time.perf_counter()
     stderr = (open(log_dir / f"{arm}-k{devices}-r{repeat}.log", "w")  # noqa: SIM115
               if log_dir else subprocess.DEVNULL)
@@ -512,7 +524,9 @@ def run_arm(ns: argparse.Namespace, arm: str, devices: int, repeat: int,
     if not isinstance(stderr, int):
         stderr.close()
     row.update(peak_pss_kib=sampler.peak_kib, peak_procs=sampler.peak_procs,
-               pss_samples=sampler.samples, returncode=proc.returncode)
+               pss_samples=sampler.samples, returncode=proc.returncode,
+               # CPU of the arm's processes as last sampled (up to --interval s short)
+               cpu_s=sum(sampler.ticks.values()) / os.sysconf("SC_CLK_TCK"))
     lines = [x for x in out.splitlines() if x.startswith(MARK)]
     if not lines:
         row.setdefault("error", f"no result (exit {proc.returncode})")

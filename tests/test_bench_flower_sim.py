@@ -26,6 +26,11 @@ def test_parse_stat_reads_past_a_command_with_spaces_and_parentheses() -> None:
     assert fs.parse_stat(_stat(42, "ray::Client (x) y", 7, 40, 12345)) == (42, 7, 40, 12345)
 
 
+def test_cpu_ticks_is_user_plus_system() -> None:
+    fs = _load()
+    assert fs.cpu_ticks(_stat(42, "a) b", 7, 40, 12345)) == 3
+
+
 def test_pss_kib_reads_the_pss_line() -> None:
     fs = _load()
     rollup = ("00400000-7fff0000 ---p 00000000 00:00 0 [rollup]\nRss:  2048 kB\n"
@@ -82,8 +87,8 @@ def test_table_has_a_row_per_run_with_its_figures() -> None:
     lines = text.splitlines()
     assert len(lines) == 2 + 4
     assert "peak PSS MiB" in lines[0]
-    assert lines[3].split()[:8] == ["100", "flower", "0", "1.00", "1.00", "9.0", "30.0",
-                                    "1200"]
+    assert lines[3].split()[:9] == ["100", "flower", "0", "1.00", "1.00", "9.0", "30.0",
+                                    "nan", "1200"]
     assert lines[5].rstrip().endswith("no result (exit 1)")
 
 
