@@ -47,8 +47,12 @@ Figures, one row per arm run:
   pages among the processes that map them, so the sum counts a page once however many
   of the arm's processes map it; Ray's object store in /dev/shm counts only where
   mapped;
-- ``acc``: the final test accuracy, a check that both sides trained alike (not equal to
-  the bit: float sums differ in order).
+- ``cpu s``: user + system CPU seconds of the arm's processes, each as last sampled
+  (so up to ``--interval`` s short per process); ``load1``: the 1-minute load average
+  as the arm started;
+- ``acc``: the final test accuracy, and after the table the largest gaps between the
+  arms' per-round training loss and test accuracy, a check that both sides trained
+  alike (not equal to the bit: float sums differ in order).
 
 Not measured: accuracy over time, network emulation (aiopipe charges the network in
 virtual time; Flower's simulation has none), anything of a real deployment. The load
