@@ -74,7 +74,7 @@ from aiopipe.attacks import (
 )
 from aiopipe.data import open_dataset
 from aiopipe.protocol import Activation, Gradient, to_torch
-from aiopipe.runtime import session, stage_round
+from aiopipe.runtime import device_route, session, stage_round
 
 REPO = Path(__file__).resolve().parents[1]
 #: test samples per device (binary task: held out per device) or of the run
@@ -140,7 +140,7 @@ def capture_traffic(ushaped_route: Any = None) -> Iterator[Traffic]:
 
     wrap(session.DeviceSession, "_accept_activation", activation_in)
     wrap(session.DeviceSession, "_accept_gradient", gradient_in)
-    wrap(session._DeviceRoute, "send", sent)
+    wrap(device_route.DeviceRoute, "send", sent)
     wrap(stage_round._ServerRoute, "send", truth)
     if ushaped_route is not None:
         wrap(ushaped_route, "send", truth)

@@ -29,9 +29,13 @@ from aiopipe.runtime.judge import ArrivalJudge
 
 COSTS = CostTable.uniform(5, forward=0.001, backward=0.002)
 BAD = 3
+# (momentum kept across rounds, as these bounds were set with: with "fresh", the attacked
+# runs, three devices once the fourth is excluded, ended 2.4 points below the clean run's
+# 0.393 after three epochs)
 CONFIG = RunConfig(devices=4, samples_per_device=200, batch_size=20, epochs=3, split_point=2,
-                   parallel_batches=1, test_samples=1000, learning_rate=0.05)
-ROBUST = CONFIG.replace(options={"outliers": "drop"})
+                   parallel_batches=1, test_samples=1000, learning_rate=0.05,
+                   options={"local_optimizer": "kept"})
+ROBUST = CONFIG.replace(options={"outliers": "drop", "local_optimizer": "kept"})
 
 
 @pytest.fixture
