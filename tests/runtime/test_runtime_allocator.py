@@ -68,6 +68,7 @@ thread.join()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc" or sys.platform != "linux",
                     reason="glibc's arenas; per-thread fault counts")
 def test_a_compute_threads_freed_memory_is_reused_not_mapped_again() -> None:

@@ -140,6 +140,7 @@ async def test_auto_takes_the_planners_stages_groups_and_rows() -> None:
     assert result.final.samples > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("planner", ["equal-groups", "equal-groups-by-speed"])
 async def test_a_baseline_planner_plans_auto_stages_by_its_own_rules(planner: str) -> None:
     """``planner``: a hybrid baseline's plan (`aiopipe.scheduler.hpp_baseline`), not

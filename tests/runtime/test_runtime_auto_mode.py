@@ -83,6 +83,7 @@ def test_candidates_are_checked() -> None:
         RunConfig(mode="auto", options={"candidates": []})
 
 
+@pytest.mark.slow
 def test_explain_prints_the_table_without_training(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "aiopipe", "--mode", "auto", "--explain", "--devices", "2",

@@ -102,6 +102,7 @@ def _devices() -> list[DeviceNode]:
                   key=lambda node: node.device_id)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("mode", "local_optimizer"),
                          [("fl", "fresh"), ("fl", "kept"), ("pipar", "fresh"),
                           ("pipar", "kept")])
