@@ -197,8 +197,7 @@ class BetweenRounds:
                 rounds, look, round_no, epoch, best, ran.epoch_s,
                 f"auto goes back to {best.mode} after trying "
                 f"{', '.join(dict.fromkeys(m.mode for m in tried if m.mode != best.mode))}: "
-                f"measured per "
-                f"epoch {figures}")
+                f"measured per epoch {figures}")
         planning, plans = self.planning, list(self.plans)
 
         def decide() -> tuple[list[DeviceProfile], list[SystemEstimate],
