@@ -26,8 +26,8 @@ candidate's predicted and measured epoch, auto's pick, the fastest measured cand
 auto's measured epoch over the fastest one's.
 
     sudo .venv/bin/python bench/auto.py [--workloads vgg5,mobilenetv3-small]
-        [--networks 4g,wifi] [--fleet both] [--epochs 4] [--auto-epochs 9] [--tag NAME]
-        [--out DIR]
+        [--networks 4g,wifi] [--fleet both] [--epochs 4] [--auto-epochs 9] [--repeats 1]
+        [--tag NAME] [--out DIR]
     .venv/bin/python bench/auto.py --report --out DIR
 """
 
@@ -211,7 +211,8 @@ def summary(configs: Sequence[dict[str, Any]]) -> str:
 
 def pooled(configs: Sequence[dict[str, Any]]) -> str:
     """Configurations run more than once, pooled: each candidate's mean measured epoch over
-    the rounds, auto's picks, and auto's mean over the fastest mean; "" if none repeats."""
+    the rounds, auto's picks, auto's mean over the fastest mean, and each round's pick's
+    mean forced epoch over the fastest mean; "" if none repeats."""
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for c in configs:
         groups.setdefault((c["workload"], c["network"], c["fleet"]), []).append(c)
@@ -232,10 +233,10 @@ def pooled(configs: Sequence[dict[str, Any]]) -> str:
         known = {m: x for m, x in means.items() if x is not None}
         fastest = min(known, key=lambda m: known[m]) if known else None
         ratio = "-" if auto is None or fastest is None else f"{auto / known[fastest]:.3f}"
-        picks = {v["chosen"] for v in verdicts}
-        pick = next(iter(picks)) if len(picks) == 1 else None
-        forced = ("-" if fastest is None or pick not in known
-                  else f"{known[pick] / known[fastest]:.3f}")
+        # each turn's pick, judged by the pooled forced runs of the system it picked
+        forced = ", ".join("-" if fastest is None or v["chosen"] not in known
+                           else f"{known[v['chosen']] / known[fastest]:.3f}"
+                           for v in verdicts)
         lines.append(f"| {' | '.join(key)} | {len(group)} | "
                      f"{' | '.join(_s(means[m]) for m in CANDIDATES)} | "
                      f"{', '.join(str(v['picked']) for v in verdicts)} | {fastest} | "
@@ -270,9 +271,11 @@ def _uptime() -> str:
 
 
 def configuration(bench: shaped.Bench, workload: str, network: str, fleet: str,
-                  arms: Sequence[str]) -> dict[str, Any]:
-    """Every arm of one (workload, network, fleet)."""
+                  arms: Sequence[str], turn: int = 0) -> dict[str, Any]:
+    """Every arm of one (workload, network, fleet), once (``turn``: which time)."""
     base = bench.out / "runs" / bench.args.tag / workload / f"{network}-{fleet}"
+    if turn:
+        base = base.with_name(f"{base.name}-{turn + 1}")
     runs: dict[str, Any] = {}
     predicted: dict[str, Any] = {}
     for arm in arms:
@@ -316,6 +319,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
                              "each (up to 3 more) and is measured after its last switch")
     parser.add_argument("--device-slowdown", type=float, default=4.0,
                         help="compute slowdown of every device (half-slow: x2 for half)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run each configuration's arms this many times in turn "
+                             "(auto, fl, sfl, pipar, auto, ...); the report pools them")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--probe-seconds", type=float, default=2.0)
     parser.add_argument("--run-timeout", type=int, default=600)
@@ -390,9 +396,11 @@ def _sweep(bench: shaped.Bench, raw: dict[str, Any], fleets: list[str],
         raw["networks"][network] = prepare(network)
         for workload in args.workloads:
             for fleet in fleets:
-                shaped.log(f"{workload} | {network} | {fleet}  (load {_uptime()})")
-                raw["configurations"].append(
-                    configuration(bench, workload, network, fleet, args.arms))
+                for turn in range(args.repeats):
+                    shaped.log(f"{workload} | {network} | {fleet}  (turn {turn + 1} of "
+                               f"{args.repeats}; load {_uptime()})")
+                    raw["configurations"].append(
+                        configuration(bench, workload, network, fleet, args.arms, turn))
 
 
 if __name__ == "__main__":

@@ -115,5 +115,8 @@ def test_it_pools_a_configuration_run_twice(bench: ModuleType) -> None:
                                                                  (4.0, 5.0, 4.0))]
     lines = bench.pooled(rounds).splitlines()
     assert lines[2] == ("| vgg5 | wifi | homogeneous | 2 | 4.00 | 7.00 | 4.00 | pipar, pipar "
-                        "| fl | 4.00 | 1.000 | 1.000 |")
+                        "| fl | 4.00 | 1.000 | 1.000, 1.000 |")
+    # each round's pick is judged by the pooled forced runs: a round that picked sfl
+    rounds[1]["predicted"] = {**predicted, "chosen": "sfl"}
+    assert bench.pooled(rounds).splitlines()[2].endswith("| 4.00 | 1.000 | 1.000, 1.750 |")
     assert bench.pooled(rounds[:1]) == ""
