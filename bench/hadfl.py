@@ -2,9 +2,10 @@
 time to accuracy, traffic, and the strategy's version prediction.
 
 The fleet: 4 devices of computing power 4 : 2 : 2 : 1 (the paper's [4, 2, 2, 1]: device
-slowdowns 1, 2, 2, 4, times ``--scale``), each with ``--samples`` samples of
-synthetic-cifar10 (iid), vgg5, batches of 48, wifi-like links (``--network``). Four runs
-on the same runtime, side by side:
+slowdowns 1, 2, 2, 4, times ``--scale``), each with ``--samples`` samples of ``--dataset``
+(synthetic-cifar10 by default; iid, or with ``--dirichlet ALPHA`` non-IID shards, as the
+paper's harder regime), ``--model`` (vgg5), batches of 48, wifi-like links
+(``--network``). Four runs on the same runtime, side by side:
 
 - **hadfl**: one negotiation epoch, then local steps by capacity, rings of 2 chosen by
   predicted version, the average sent on to the other two;
@@ -17,8 +18,10 @@ on the same runtime, side by side:
 Every run evaluates its model on the same 1000 test samples after each epoch (HADFL and
 the baselines on the ring's average, which the coordinator backs up then). Reported:
 accuracy over time (a plot), the time each first reaches each of ``--targets`` test
-accuracies, and HADFL's speedups; bytes device to device per round against the paper's 2·K·M; bytes
-through the coordinator; Holt's predicted versions against those that happened.
+accuracies (with ``--relative``: fractions of the best accuracy any run reached, the
+paper's "0.7 / 0.8 of the final accuracy"), and HADFL's speedups; bytes device to
+device per round against the paper's 2·K·M; bytes through the coordinator; Holt's
+predicted versions against those that happened.
 
 ``--virtual`` (the default): in virtual time, compute charged from one cost table
 measured here for every run (deterministic). ``--processes``: the same runs between
@@ -28,7 +31,9 @@ by its slowdown: 4 devices emulated on this machine's cores, so the figures show
 schedule, not a Raspberry Pi).
 
     .venv/bin/python bench/hadfl.py [--virtual] [--processes] [--epochs 10]
-        [--targets 0.6,0.7,0.8,0.85] [--samples 960] [--scale 1] [--network wifi] [--out DIR]
+        [--targets 0.6,0.7,0.8,0.85] [--relative] [--samples 960] [--scale 1]
+        [--network wifi] [--model vgg5] [--dataset synthetic-cifar10] [--dirichlet ALPHA]
+        [--out DIR]
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,14 +72,53 @@ def runs(samples: int) -> dict[str, dict[str, Any]]:
     }
 
 
-def fleet_config(name: str, changes: dict[str, Any], *, epochs: int, samples: int,
-                 scale: float, network: str) -> RunConfig:
-    """The fleet's config for run ``name``; DDP-like's epoch is ``batches`` rounds, so
-    it gets as many epochs as the others."""
-    return RunConfig(model="vgg5", devices=4, samples_per_device=samples, batch_size=BATCH,
-                     epochs=epochs, device_slowdown=tuple(scale * s for s in SLOWDOWNS),
-                     network=network, test_samples=1000, learning_rate=0.02,
-                     heartbeat_interval=5.0, device_timeout=120.0, **changes)
+@dataclass(frozen=True)
+class Fleet:
+    """What every run of the comparison shares."""
+
+    epochs: int
+    samples: int
+    scale: float = 1.0
+    network: str = "wifi"
+    model: str = "vgg5"
+    dataset: str = "synthetic-cifar10"
+    #: None: iid shards; else each device's labels drawn from Dirichlet(alpha)
+    dirichlet: float | None = None
+
+    def config(self, changes: dict[str, Any]) -> RunConfig:
+        """The fleet's config with one run's ``changes`` (DDP-like's epoch is
+        ``batches`` rounds, so it gets as many epochs as the others)."""
+        partition: dict[str, Any] = ({} if self.dirichlet is None else {
+            "data_partition": "dirichlet", "dirichlet_alpha": self.dirichlet})
+        return RunConfig(model=self.model, dataset=self.dataset, devices=4,
+                         samples_per_device=self.samples, batch_size=BATCH,
+                         epochs=self.epochs,
+                         device_slowdown=tuple(self.scale * s for s in SLOWDOWNS),
+                         network=self.network, test_samples=1000, learning_rate=0.02,
+                         heartbeat_interval=5.0, device_timeout=120.0, **partition,
+                         **changes)
+
+    def title(self, kind: str) -> str:
+        """One line naming the fleet."""
+        shards = "iid" if self.dirichlet is None else f"Dirichlet({self.dirichlet:g})"
+        return (f"{kind}: 4 devices, slowdowns {[self.scale * s for s in SLOWDOWNS]}, "
+                f"{self.samples} samples each ({shards}) of {self.dataset}, {self.model}, "
+                f"{self.network}, {self.epochs} epochs")
+
+
+def absolute_targets(rows: list[dict[str, Any]], fractions: list[float]
+                     ) -> list[float]:
+    """``fractions`` of the best test accuracy any run reached, rounded to 3 places (the
+    paper's time to 0.7 / 0.8 of the final accuracy)."""
+    best = max(row["best_accuracy"] for row in rows)
+    return [round(f * best, 3) for f in fractions]
+
+
+def retimed(rows: list[dict[str, Any]], targets: list[float]) -> None:
+    """Set each row's ``time_to_s`` to the first epoch end at or above each target."""
+    for row in rows:
+        row["time_to_s"] = {str(t): next((s for s, a in row["curve"] if a >= t), None)
+                            for t in targets}
 
 
 def summary(name: str, epochs: list[dict[str, Any]], targets: list[float]
@@ -111,19 +156,16 @@ def prediction_errors(rounds: list[dict[str, Any]]) -> dict[str, float]:
             "max_abs_epochs": max(errors), "mean_relative": statistics.fmean(relative)}
 
 
-def virtual(epochs: int, samples: int, scale: float, network: str, targets: list[float]
-            ) -> list[dict[str, Any]]:
+def virtual(fleet: Fleet, targets: list[float]) -> list[dict[str, Any]]:
     """Every run in virtual time, charged from one cost table measured here."""
-    base = fleet_config("hadfl", {"mode": "hadfl"}, epochs=epochs, samples=samples,
-                        scale=scale, network=network)
+    base = fleet.config({"mode": "hadfl"})
     dataset = train_dataset(base)
     model = build_model(base, num_classes=dataset.num_classes, in_shape=dataset.in_shape)
     costs = measure_planning_costs(base, model, dataset.in_shape, dataset,
                                    sizes=planning_batch_sizes(base))
     rows = []
-    for name, changes in runs(samples).items():
-        config = fleet_config(name, changes, epochs=epochs, samples=samples, scale=scale,
-                              network=network)
+    for name, changes in runs(fleet.samples).items():
+        config = fleet.config(changes)
         started = time.perf_counter()
         result = asyncio.run(simulate(config, clock=VirtualClock(), cost_table=costs))
         row = summary(name, [e.to_mapping() for e in result.epochs], targets)
@@ -134,14 +176,12 @@ def virtual(epochs: int, samples: int, scale: float, network: str, targets: list
     return rows
 
 
-def processes(epochs: int, samples: int, scale: float, network: str, targets: list[float]
-              ) -> list[dict[str, Any]]:
+def processes(fleet: Fleet, targets: list[float]) -> list[dict[str, Any]]:
     """Every run between real processes (``python -m aiopipe``)."""
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
-        for name, changes in runs(samples).items():
-            config = fleet_config(name, changes, epochs=epochs, samples=samples, scale=scale,
-                                  network=network)
+        for name, changes in runs(fleet.samples).items():
+            config = fleet.config(changes)
             path = Path(scratch) / f"{len(rows)}.toml"
             path.write_text(config.to_toml())
             run_dir = Path(scratch) / f"run{len(rows)}"
@@ -231,28 +271,42 @@ def main() -> None:
     parser.add_argument("--network", default="wifi")
     parser.add_argument("--targets", default="0.6,0.7,0.8,0.85",
                         help="test accuracies to time (comma list)")
+    parser.add_argument("--relative", action="store_true",
+                        help="--targets are fractions of the best accuracy any run reached")
+    parser.add_argument("--model", default="vgg5")
+    parser.add_argument("--dataset", default="synthetic-cifar10")
+    parser.add_argument("--dirichlet", type=float, metavar="ALPHA",
+                        help="non-IID shards: each device's labels from Dirichlet(ALPHA)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    config = fleet_config("hadfl", {"mode": "hadfl"}, epochs=args.epochs,
-                          samples=args.samples, scale=args.scale, network=args.network)
-    model = build_model(config, num_classes=10, in_shape=(3, 32, 32))
+    fleet = Fleet(epochs=args.epochs, samples=args.samples, scale=args.scale,
+                  network=args.network, model=args.model, dataset=args.dataset,
+                  dirichlet=args.dirichlet)
+    config = fleet.config({"mode": "hadfl"})
+    data = train_dataset(config)
+    model = build_model(config, num_classes=data.num_classes, in_shape=data.in_shape)
     model_bytes = sum(v.numel() * v.element_size() for v in model.state_dict().values()
                       if v.is_floating_point())
     targets = [float(t) for t in args.targets.split(",")]
     kinds = [k for k in ("virtual", "processes") if getattr(args, k)] or ["virtual"]
     for kind in kinds:
-        title = (f"{kind}: 4 devices, slowdowns {[args.scale * s for s in SLOWDOWNS]}, "
-                 f"{args.samples} samples each, vgg5, {args.network}, {args.epochs} epochs")
+        title = fleet.title(kind)
         print(title, flush=True)
-        rows = (virtual if kind == "virtual" else processes)(
-            args.epochs, args.samples, args.scale, args.network, targets)
-        lines = [title, "", *table(rows, targets, model_bytes)]
+        rows = (virtual if kind == "virtual" else processes)(fleet, targets)
+        timed = targets
+        if args.relative:
+            timed = absolute_targets(rows, targets)
+            retimed(rows, timed)
+            title += (f"; targets {', '.join(f'{f:g}' for f in targets)} of the best "
+                      f"accuracy reached ({max(r['best_accuracy'] for r in rows):.3f}): "
+                      f"{', '.join(f'{t:.3f}' for t in timed)}")
+        lines = [title, "", *table(rows, timed, model_bytes)]
         print("\n".join(lines), flush=True)
         if args.out is not None:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / f"{kind}.md").write_text("\n".join(lines) + "\n")
             (args.out / f"{kind}.json").write_text(json.dumps(rows, indent=1))
-            plot(rows, args.out / f"{kind}.png", title, targets)
+            plot(rows, args.out / f"{kind}.png", title, timed)
 
 
 if __name__ == "__main__":

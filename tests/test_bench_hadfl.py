@@ -30,3 +30,24 @@ def test_holt_s_error_compares_each_prediction_with_the_versions_reached() -> No
     assert errors["rounds"] == 1
     assert errors["mean_abs_epochs"] == 0.5
     assert math.isclose(errors["mean_relative"], 0.05)
+
+
+def test_relative_targets_are_fractions_of_the_best_run_and_retime_every_run() -> None:
+    rows = [hadfl.summary("a", [_epoch(2.0, 0.3, []), _epoch(2.0, 0.5, [])], []),
+            hadfl.summary("b", [_epoch(1.0, 0.4, []), _epoch(5.0, 0.6, [])], [])]
+    targets = hadfl.absolute_targets(rows, [0.7, 0.8])
+    assert targets == [0.42, 0.48]  # of b's 0.6
+    hadfl.retimed(rows, targets)
+    assert rows[0]["time_to_s"] == {"0.42": 4.0, "0.48": 4.0}
+    assert rows[1]["time_to_s"] == {"0.42": 6.0, "0.48": 6.0}
+
+
+def test_a_non_iid_fleet_of_another_dataset_and_model_is_configured_as_asked() -> None:
+    fleet = hadfl.Fleet(epochs=3, samples=96, model="resnet18", dataset="synthetic-cifar100",
+                        dirichlet=0.3)
+    config = fleet.config({"mode": "fl"})
+    assert (config.model, config.dataset, config.data_partition, config.dirichlet_alpha,
+            config.mode) == ("resnet18", "synthetic-cifar100", "dirichlet", 0.3, "fl")
+    assert config.device_slowdown == (1.0, 2.0, 2.0, 4.0)
+    assert hadfl.Fleet(epochs=3, samples=96).config({}).data_partition == "iid"
+    assert "(Dirichlet(0.3)) of synthetic-cifar100, resnet18" in fleet.title("virtual")

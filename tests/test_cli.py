@@ -63,31 +63,16 @@ HELP_CASES: Mapping[str, tuple[str, tuple[str, ...]]] = {
 }
 
 # case id -> (module, arguments, text the one error line must hold). Each runs as a real
-# ``python -m`` subprocess.
+# ``python -m`` subprocess: one per command, so that each entry point's exit status and
+# one-line error are seen from outside; the other cases run in this process below.
 ERROR_CASES: Mapping[str, tuple[str, tuple[str, ...], str]] = {
-    **{
-        f"{name}-{case}": (module, args, expected)
-        for name, module in (("main", MAIN), ("server", SERVER))
-        for case, args, expected in (
-            ("unknown-option", ("--bogus",), "--bogus"),
-            ("devices-0", ("--devices", "0"), "'devices'"),
-            ("mode-nope", ("--mode", "nope"), "nope"),
-            ("missing-config", ("--config", "missing.toml"), "missing.toml"),
-            ("unknown-key", ("--config", "unknown_key.toml"), "'bogus_key'"),
-            ("invalid-toml", ("--config", "invalid.toml"), "invalid.toml"),
-        )
-    },
+    "main-unknown-option": (MAIN, ("--bogus",), "--bogus"),
     # Binding beyond loopback needs a token secret or --insecure. The run config is bad as well,
     # so a broken check could not start listening: it would fail on the config instead.
     "server-public-host-without-token": (
         SERVER,
         ("--host", "0.0.0.0", "--devices", "0"),
         "--insecure",
-    ),
-    "device-unknown-option": (
-        DEVICE,
-        ("--server", "ws://x/ws", "--device-id", "0", "--bogus"),
-        "--bogus",
     ),
     "device-http-url": (DEVICE, ("--server", "http://x", "--device-id", "0"), "ws://"),
 }
@@ -99,6 +84,12 @@ IN_PROCESS_CASES: Mapping[str, tuple[str, tuple[str, ...], str]] = {
         f"{name}-{case}": (module, args, expected)
         for name, module in (("main", MAIN), ("server", SERVER))
         for case, args, expected in (
+            ("unknown-option", ("--bogus",), "--bogus"),
+            ("devices-0", ("--devices", "0"), "'devices'"),
+            ("mode-nope", ("--mode", "nope"), "nope"),
+            ("missing-config", ("--config", "missing.toml"), "missing.toml"),
+            ("unknown-key", ("--config", "unknown_key.toml"), "'bogus_key'"),
+            ("invalid-toml", ("--config", "invalid.toml"), "invalid.toml"),
             ("devices-not-int", ("--devices", "two"), "--devices"),
             ("devices-negative", ("--devices", "-3"), "'devices'"),
             ("bad-value-in-file", ("--config", "bad_value.toml"), "'epochs'"),
@@ -116,6 +107,11 @@ IN_PROCESS_CASES: Mapping[str, tuple[str, tuple[str, ...], str]] = {
              "cannot train on 1 sample per micro-batch"),
         )
     },
+    "device-unknown-option": (
+        DEVICE,
+        ("--server", "ws://x/ws", "--device-id", "0", "--bogus"),
+        "--bogus",
+    ),
     "server-public-host-insecure": (
         SERVER,
         ("--host", "0.0.0.0", "--insecure", "--devices", "0"),
@@ -387,6 +383,7 @@ print("torch imported" if "torch" in sys.modules else "no torch", file=sys.stder
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [(MAIN, "--help"), (SERVER, "--help"), (DEVICE, "--help"),
                                      (MAIN, "--help", "hadfl"), (MAIN, "new", "--help"),
                                      ("aiopipe.auth", "secret"), ("aiopipe.timeline", "--help")])

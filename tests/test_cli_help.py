@@ -93,6 +93,7 @@ def test_help_mode_lists_the_common_options_and_the_mode_s(mode: str) -> None:
         assert " ".join(meaning.split())[:40] in " ".join(own.split()), key
 
 
+@pytest.mark.slow
 def test_help_takes_a_mode_and_refuses_what_is_not_one() -> None:
     run = [sys.executable, "-m", "aiopipe"]
     hadfl = subprocess.run([*run, "--help", "hadfl"], capture_output=True, text=True,

@@ -34,6 +34,7 @@ async def _lines(stream: asyncio.StreamReader) -> list[bytes]:
     return out
 
 
+@pytest.mark.slow
 async def test_a_forked_node_is_set_up_as_python_m_would_set_it_up(tmp_path: Path) -> None:
     env = {**os.environ, "PROBE": "seen", "PROBE_EXIT": "3", "PYTHONPATH": str(TESTS)}
     code, lines = await _run(env, tmp_path)
@@ -48,6 +49,7 @@ async def test_a_forked_node_is_set_up_as_python_m_would_set_it_up(tmp_path: Pat
     assert lines[1] == "to stderr"
 
 
+@pytest.mark.slow
 async def test_a_signal_ends_it_as_a_process_and_closing_the_server_kills_the_rest(
         tmp_path: Path) -> None:
     env = {**os.environ, "PROBE_SLEEP": "60", "PYTHONPATH": str(TESTS)}

@@ -43,7 +43,7 @@ async def test_auto_runs_the_fastest_candidate(devices: int, slowdown: float, ne
                                                expected: str,
                                                caplog: pytest.LogCaptureFixture) -> None:
     base = RunConfig(devices=devices, samples_per_device=48, batch_size=12, epochs=1,
-                     device_slowdown=slowdown, network=network, seed=1)
+                     test_samples=100, device_slowdown=slowdown, network=network, seed=1)
     measured = {mode: await _epoch(base.replace(mode=mode, **extra))
                 for mode, extra in FORCED.items()}
     with caplog.at_level(logging.INFO, logger="aiopipe.server"):
@@ -68,7 +68,8 @@ async def test_auto_runs_the_fastest_candidate(devices: int, slowdown: float, ne
 
 async def test_candidates_limit_the_choice_and_status_names_it() -> None:
     config = RunConfig(mode="auto", devices=2, samples_per_device=48, batch_size=12, epochs=1,
-                       device_slowdown=8.0, network="wifi", options={"candidates": ["fl"]})
+                       test_samples=100, device_slowdown=8.0, network="wifi",
+                       options={"candidates": ["fl"]})
     async with open_fleet(config, cost_table=COSTS) as fleet:
         result = await fleet.train()
         assert fleet.node.describe()["mode"] == "fl"  # what GET /status answers

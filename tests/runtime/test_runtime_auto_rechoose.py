@@ -40,7 +40,7 @@ COSTS = dataclasses.replace(
 )
 #: eight server halves on one server: fl trains in parallel and is fastest
 FLEET = RunConfig(devices=8, samples_per_device=48, batch_size=12, epochs=3,
-                  device_slowdown=1.0, network="wifi", seed=1)
+                  test_samples=100, device_slowdown=1.0, network="wifi", seed=1)
 
 
 @pytest.fixture
