@@ -171,11 +171,14 @@ def _measure(config: RunConfig, dataset: Dataset | None) -> CostTable:
     kind = kind_of(dataset)
     model = build_model(config, num_classes=kind.classes, in_shape=kind.in_shape)
     sizes = planning_batch_sizes(config)
-    key = cost_key(model, kind.inputs, data, sizes,
+    key = cost_key(model, kind.inputs, data,
                    {"threads": config.torch_threads, "learning_rate": config.learning_rate,
                     "momentum": config.momentum})
-    return cached_costs(key, partial(measure_planning_costs, config, model,
-                                     kind.inputs, dataset, sizes=sizes))
+
+    def measure(wanted: Sequence[int]) -> CostTable:
+        return measure_planning_costs(config, model, kind.inputs, dataset, sizes=wanted)
+
+    return cached_costs(key, measure, sizes)
 
 
 def explain_auto(config: RunConfig, *, cost_table: CostTable | None = None) -> str:

@@ -23,8 +23,8 @@ def test_it_finds_where_each_table_came_from_in_the_log(
         bench: ModuleType, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     table = CostTable.uniform(2, forward=0.001, backward=0.001, batch=1)
     with caplog.at_level(logging.INFO, logger="aiopipe.runtime"):
-        cached_costs("k", lambda: table, tmp_path, what="device 3's profile")
-        cached_costs("k", lambda: table, tmp_path, what="the server's cost table")
+        cached_costs("k", lambda _: table, [1], tmp_path, what="device 3's profile")
+        cached_costs("k", lambda _: table, [1], tmp_path, what="the server's cost table")
     found = bench.TABLE_LINE.findall(caplog.text)
     assert [what for what, _ in found] == ["device 3's profile", "the server's cost table"]
     assert found[0][1].startswith("measured in ")

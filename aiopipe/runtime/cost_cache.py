@@ -9,15 +9,24 @@ on, and the next call on this machine reads it: the same config gives the same r
 in every field, timing included, from the first call on. The key holds the machine
 (host name, processor, CPU count), torch's and aiopipe's versions, torch threads, the
 model's units (their text and parameter shapes), the input shape and what the batches
-are loaded from, the batch sizes, learning rate and momentum. What differs between
-machines is the table, so virtual times do too; the weights do not.
+are loaded from, learning rate and momentum. What differs between machines is the
+table, so virtual times do too; the weights do not.
+
+The batch sizes are not in the key: a kept table serves every request whose sizes it
+holds, and a request for a size it lacks measures the union of both (so the file only
+grows) and replaces it. Runs of one model in different modes ask for different sizes
+(mode auto for every candidate's, a forced sfl run for the batch alone); with the
+sizes in the key each measured a table of its own, minutes apart on a loaded host, and
+planned other cuts from it than the run it was compared with
+(bench/results/2026-11-29-s32-auto). Chosen over merging the new sizes into the kept
+table: one table is one measurement, taken under one load.
 
 Real runs use the same cache for the tables their "auto" plans are made from
 (`aiopipe.runtime.plan.cached_planning_costs`): the coordinator's own table, and each
-device's profile ([Note: device profiles] in profiling.py), whose key also holds the
-micro-batch sizes asked for. So a second run of a model on the same machines starts
-training without profiling compute again. One log line says whether a table was read
-(which file) or measured (how long it took).
+device's profile ([Note: device profiles] in profiling.py). So a second run of a model
+on the same machines starts training without profiling compute again, whichever
+system it runs. One log line says whether a table was read (which file) or measured
+(how long it took).
 
 The directory is ``$AIOPIPE_COST_CACHE``, else ``$XDG_CACHE_HOME/aiopipe/costs``, else
 ``~/.cache/aiopipe/costs``; ``AIOPIPE_COST_CACHE=off`` measures every time. Delete a file
@@ -34,6 +43,7 @@ import os
 import platform
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +73,9 @@ def cache_directory(environ: Mapping[str, str] | None = None) -> Path | None:
 
 
 def cost_key(model: nn.Sequential, inputs: Crossing | Sequence[int], data: str,
-             sizes: Sequence[int], settings: Mapping[str, Any]) -> str:
-    """A name for the table of ``model`` on this machine: a hash of what it depends on.
+             settings: Mapping[str, Any]) -> str:
+    """A name for the tables of ``model`` on this machine: a hash of what they depend on
+    but the batch sizes (`cached_costs` checks those).
 
     ``inputs``: the model's (`aiopipe.models.crossing.as_crossing`); ``data``: what the
     micro-batches are loaded from (its loading is charged);
@@ -77,42 +88,51 @@ def cost_key(model: nn.Sequential, inputs: Crossing | Sequence[int], data: str,
         "units": [[repr(unit), [list(p.shape) for p in unit.parameters()]]
                   for unit in model.children()],
         "inputs": [[dtype, list(shape)] for dtype, shape in as_crossing(inputs)],
-        "data": data, "sizes": sorted(set(sizes)),
-        "settings": dict(sorted(settings.items())),
+        "data": data, "settings": dict(sorted(settings.items())),
     }
     text = json.dumps(described, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def cached_costs(key: str, measure: Callable[[], CostTable],
-                 directory: Path | None = None, *, what: str = "cost table") -> CostTable:
-    """The table kept under ``key`` in ``directory`` (default `cache_directory`), or
-    ``measure()``'s, then kept there. With no directory (caching off), ``measure()``.
-    A directory that cannot be written is logged, and the measured table returned.
+def cached_costs(key: str, measure: Callable[[Sequence[int]], CostTable],
+                 sizes: Sequence[int], directory: Path | None = None, *,
+                 what: str = "cost table") -> CostTable:
+    """A table at (at least) batch sizes ``sizes``: the one kept under ``key`` in
+    ``directory`` (default `cache_directory`) when it holds them all, else
+    ``measure(sizes)``'s (with the kept table's sizes too, when there is one), then kept
+    there. With no directory (caching off), ``measure(sizes)``. A directory that cannot
+    be written is logged, and the measured table returned.
 
     One line says which it was: ``what`` (e.g. "device 1's profile") read from which
     file, or measured in how many seconds (and kept where).
     """
+    wanted = sorted(set(sizes))
     directory = cache_directory() if directory is None else directory
     if directory is None:
-        return _measured(measure, what, "the cache is off: AIOPIPE_COST_CACHE=off")
+        return _measured(partial(measure, wanted), what,
+                         "the cache is off: AIOPIPE_COST_CACHE=off")
     path = directory / f"{key}.json"
     if path.exists():
         try:
-            table = CostTable.from_mapping(json.loads(path.read_text()))
+            kept = CostTable.from_mapping(json.loads(path.read_text()))
         except (OSError, ValueError, KeyError, TypeError, ConfigError) as exc:
             log.warning("%s %s cannot be read (%s): measuring it again", what, path, exc)
         else:
-            log.info("%s read from %s", what, path)
-            return table
+            held = set(kept.batch_sizes)
+            if held.issuperset(wanted):
+                log.info("%s read from %s", what, path)
+                return kept
+            log.info("%s %s lacks batch sizes %s: measuring them with its own", what, path,
+                     ", ".join(map(str, sorted(set(wanted) - held))))
+            wanted = sorted(held.union(wanted))
     started = time.perf_counter()  # a profiler's own wall clock, for the log line only
-    table = measure()
+    table = measure(wanted)
     seconds = time.perf_counter() - started
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps(table.to_mapping()))
-        partial.replace(path)  # whole or not at all, also with two writers
+        partial_file = path.with_suffix(f".{os.getpid()}.tmp")
+        partial_file.write_text(json.dumps(table.to_mapping()))
+        partial_file.replace(path)  # whole or not at all, also with two writers
     except OSError as exc:  # the run goes on; the next one measures again
         log.warning("%s measured in %.1f s; cannot keep it in %s (%s): set "
                     "AIOPIPE_COST_CACHE to a writable directory, or to off", what, seconds,

@@ -210,13 +210,13 @@ def measure_planning_costs(config: RunConfig, model: nn.Sequential,
 
 def planning_cost_key(config: RunConfig, model: nn.Sequential,
                       inputs: Crossing | Sequence[int], dataset: datasets.Dataset | None, *,
-                      sizes: Sequence[int], role: str) -> str:
-    """The [Note: cost cache] key of `measure_planning_costs`'s table for these arguments
-    on this machine; ``role`` ("server", "device") says whose data is loaded (the
-    server's evaluation set, a device's own), so the two never share a file."""
+                      role: str) -> str:
+    """The [Note: cost cache] key of `measure_planning_costs`'s tables for these arguments
+    on this machine (any batch sizes); ``role`` ("server", "device") says whose data is
+    loaded (the server's evaluation set, a device's own), so the two never share a file."""
     data = ("none" if dataset is None else
             f"{config.dataset}|{role}|{type(dataset).__module__}.{type(dataset).__qualname__}")
-    return cost_key(model, inputs, data, sizes,
+    return cost_key(model, inputs, data,
                     {"threads": config.torch_threads, "learning_rate": config.learning_rate,
                      "momentum": config.momentum})
 
@@ -226,14 +226,18 @@ def cached_planning_costs(config: RunConfig, model: nn.Sequential,
                           dataset: datasets.Dataset | None, *, sizes: Sequence[int],
                           role: str = "server", what: str = "the server's cost table"
                           ) -> CostTable:
-    """`measure_planning_costs`'s table, read from the cost cache when this machine
-    measured it for the same key (`planning_cost_key`) before, else measured and kept
+    """`measure_planning_costs`'s table at (at least) ``sizes``, read from the cost
+    cache when this machine measured one for the same key (`planning_cost_key`) at those
+    sizes before, else measured and kept
     there ([Note: cost cache]; [Note: device profiles] in aiopipe.runtime.profiling):
     a second run of a model starts training without profiling it again. One log line
     says which (``what``, the file, or the seconds measuring took)."""
-    key = planning_cost_key(config, model, inputs, dataset, sizes=sizes, role=role)
-    return cached_costs(key, partial(measure_planning_costs, config, model, inputs, dataset,
-                                     sizes=sizes), what=what)
+    key = planning_cost_key(config, model, inputs, dataset, role=role)
+
+    def measure(wanted: Sequence[int]) -> CostTable:
+        return measure_planning_costs(config, model, inputs, dataset, sizes=wanted)
+
+    return cached_costs(key, measure, sizes, what=what)
 
 
 #: A run id as large as `Plan.run_id`'s (62 bits, the top one set), for frame sizes.

@@ -24,11 +24,12 @@ emulates a slower device: it multiplies the device's own table.
 A device keeps its measured table in the cost cache ([Note: cost cache] in
 cost_cache.py; `aiopipe.runtime.plan.cached_planning_costs`), under a key of its machine,
 torch's and aiopipe's versions, torch threads, the model's units, the input shape, its
-data's kind, the micro-batch sizes asked for, learning rate and momentum: the next
-request of the same run on the same machine (the next run, or the next device of this
-host) is answered from the file at once, and the log says which file, or how long
-measuring took. The table is the device's own, before ``device_slowdown`` (which the
-coordinator applies), so the slowdown is not in the key. The coordinator keeps its own
+data's kind, learning rate and momentum: the next request on the same machine whose
+micro-batch sizes the kept table holds (the next run, of whichever system, or the next
+device of this host) is answered from the file at once, and the log says which file, or
+how long measuring took; a request for other sizes measures them with the kept ones.
+The table is the device's own, before ``device_slowdown`` (which the coordinator
+applies), so the slowdown is not in the key. The coordinator keeps its own
 table the same way. The probes run every time: link rates change between runs, and a
 probe costs its wire time each way (`PROBE_BYTES`: about 0.84 s up at 10 Mbit/s and
 0.34 s down at 25, nothing to speak of unshaped).

@@ -52,6 +52,12 @@ class CostTable:
         """Number of units the table covers."""
         return len(self.forward)
 
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        """The batch sizes measured (every unit's), ascending; other sizes are
+        interpolated."""
+        return tuple(sorted({b for row in self.forward.values() for b in row}))
+
     def forward_time(self, first: int, stop: int, batch: int) -> float:
         """Forward seconds of units ``first..stop-1`` at ``batch`` samples."""
         return sum(_at(self.forward[u], batch) for u in range(first, stop))

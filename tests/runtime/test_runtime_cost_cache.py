@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -67,14 +68,26 @@ def _table(seconds: float) -> CostTable:
     return CostTable.uniform(3, forward=seconds, backward=seconds, step=seconds, batch=1)
 
 
+def _at(seconds: float) -> Callable[[Sequence[int]], CostTable]:
+    """A measurement: a table at the sizes asked for, ``seconds`` a sample."""
+    def measure(sizes: Sequence[int]) -> CostTable:
+        asked.append(list(sizes))
+        rows = {u: {b: seconds * b for b in sizes} for u in range(3)}
+        return CostTable(forward=rows, backward=rows, step=dict.fromkeys(range(3), seconds))
+
+    asked: list[list[int]] = []
+    measure.asked = asked  # type: ignore[attr-defined]
+    return measure
+
+
 def test_a_kept_table_is_read_and_a_broken_one_replaced(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    assert cached_costs("k", lambda: _table(0.001), tmp_path) == _table(0.001)
+    assert cached_costs("k", lambda _: _table(0.001), [1], tmp_path) == _table(0.001)
     # read, not measured again
-    assert cached_costs("k", lambda: _table(0.5), tmp_path) == _table(0.001)
+    assert cached_costs("k", lambda _: _table(0.5), [1], tmp_path) == _table(0.001)
     (tmp_path / "k.json").write_text("{not json")
     with caplog.at_level(logging.WARNING, logger="aiopipe.runtime"):
-        assert cached_costs("k", lambda: _table(0.002), tmp_path) == _table(0.002)
+        assert cached_costs("k", lambda _: _table(0.002), [1], tmp_path) == _table(0.002)
     assert "cannot be read" in caplog.text
     assert CostTable.from_mapping(json.loads((tmp_path / "k.json").read_text())) == _table(0.002)
     assert not list(tmp_path.glob("*.tmp"))
@@ -85,7 +98,7 @@ def test_a_directory_that_cannot_be_written_loses_nothing_but_the_cache(
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     with caplog.at_level(logging.WARNING, logger="aiopipe.runtime"):
-        assert cached_costs("k", lambda: _table(0.001), blocker / "costs") == _table(0.001)
+        assert cached_costs("k", lambda _: _table(0.001), [1], blocker / "costs") == _table(0.001)
     assert "AIOPIPE_COST_CACHE" in caplog.text
 
 
@@ -96,15 +109,36 @@ def test_the_directory_follows_the_environment(tmp_path: Path) -> None:
     assert cache_directory({}) == Path("~/.cache/aiopipe/costs").expanduser()
 
 
-def test_the_key_changes_with_what_the_table_depends_on() -> None:
+def test_a_kept_table_serves_the_sizes_it_holds_and_grows_for_others(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Mode auto asks for every candidate's sizes, a forced sfl run for the batch alone:
+    the forced run reads auto's table; a run asking for a size the table lacks measures
+    the union, so the file serves both afterwards."""
+    measure = _at(0.001)
+    auto = cached_costs("k", measure, [50, 10, 5, 10], tmp_path)
+    assert auto.batch_sizes == (5, 10, 50)
+    with caplog.at_level(logging.INFO, logger="aiopipe.runtime"):
+        assert cached_costs("k", measure, [50], tmp_path) == auto  # read
+        assert "read from" in caplog.text
+        grown = cached_costs("k", measure, [25, 50], tmp_path)
+    assert measure.asked == [[5, 10, 50], [5, 10, 25, 50]]  # type: ignore[attr-defined]
+    assert "lacks batch sizes 25" in caplog.text
+    assert grown.batch_sizes == (5, 10, 25, 50)
+    assert cached_costs("k", measure, [5, 25], tmp_path) == grown
+    assert len(measure.asked) == 2  # type: ignore[attr-defined]
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AIOPIPE_COST_CACHE", "off")
+        cached_costs("k", measure, [7, 7], None)
+    assert measure.asked[-1] == [7]  # type: ignore[attr-defined]
+
+
+def test_the_key_changes_with_what_the_table_depends_on_but_the_sizes() -> None:
     vgg5 = build_model(RunConfig(model="vgg5"), num_classes=10, in_shape=(3, 32, 32))
     resnet = build_model(RunConfig(model="resnet18"), num_classes=10, in_shape=(3, 32, 32))
     settings = {"threads": 1, "learning_rate": 0.02, "momentum": 0.9}
-    key = cost_key(vgg5, (3, 32, 32), "synthetic-cifar10", [1, 2, 4], settings)
-    assert key == cost_key(vgg5, (3, 32, 32), "synthetic-cifar10", [4, 2, 1, 2], settings)
-    others = [cost_key(resnet, (3, 32, 32), "synthetic-cifar10", [1, 2, 4], settings),
-              cost_key(vgg5, (3, 32, 32), "synthetic-mnist", [1, 2, 4], settings),
-              cost_key(vgg5, (3, 32, 32), "synthetic-cifar10", [1, 2], settings),
-              cost_key(vgg5, (3, 32, 32), "synthetic-cifar10", [1, 2, 4],
-                       {**settings, "threads": 2})]
-    assert len({key, *others}) == 5
+    key = cost_key(vgg5, (3, 32, 32), "synthetic-cifar10", settings)
+    assert key == cost_key(vgg5, (3, 32, 32), "synthetic-cifar10", dict(settings))
+    others = [cost_key(resnet, (3, 32, 32), "synthetic-cifar10", settings),
+              cost_key(vgg5, (3, 32, 32), "synthetic-mnist", settings),
+              cost_key(vgg5, (3, 32, 32), "synthetic-cifar10", {**settings, "threads": 2})]
+    assert len({key, *others}) == 4
