@@ -110,6 +110,7 @@ def test_help_takes_a_mode_and_refuses_what_is_not_one() -> None:
     assert "a help topic is a mode, one of fl, sl" in bogus.stderr
 
 
+@pytest.mark.slow  # (a python -m subprocess each)
 @pytest.mark.parametrize(("module", "own"), [
     ("aiopipe", ["processes on this machine"]),
     ("aiopipe.server", ["where to listen, what to compute on", "security (see "

@@ -508,6 +508,7 @@ def configs(draw: st.DrawFn) -> RunConfig:
     )
 
 
+@pytest.mark.slow  # (hypothesis: 150 configs, ~5 s)
 @settings(max_examples=150, deadline=None)
 @given(configs())
 def test_any_valid_config_round_trips_through_toml(config: RunConfig) -> None:

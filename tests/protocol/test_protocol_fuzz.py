@@ -141,6 +141,7 @@ def same_frame(message: Message) -> bytes:
     return frame
 
 
+@pytest.mark.slow  # (hypothesis: 3-6 s on 2 cores)
 @FAST
 @given(messages)
 def test_generated_messages_round_trip(message: Message) -> None:
@@ -149,6 +150,7 @@ def test_generated_messages_round_trip(message: Message) -> None:
         assert decode(encode(message)) == message
 
 
+@pytest.mark.slow  # (hypothesis: 3-6 s on 2 cores)
 @FAST
 @given(indices.flatmap(lambda samples: st.builds(
     RoundResult, indices, st.just(samples), st.just(1.0),
@@ -161,6 +163,7 @@ def test_frame_overhead_stays_within_the_documented_bound(message: RoundResult) 
     assert len(encode(message)) - tensor_bytes <= bound
 
 
+@pytest.mark.slow  # (hypothesis: 3-6 s on 2 cores)
 @FAST
 @given(st.builds(RoundReport, indices, trees))
 def test_report_overhead_stays_within_the_documented_bound(message: RoundReport) -> None:
@@ -216,6 +219,7 @@ msgpack_values = st.recursive(
 )
 
 
+@pytest.mark.slow  # (hypothesis: 3-6 s on 2 cores)
 @FAST
 @given(
     st.sampled_from(
