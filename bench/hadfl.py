@@ -215,7 +215,7 @@ def table(rows: list[dict[str, Any]], targets: list[float], model_bytes: int) ->
                      f"{row['best_accuracy']:.3f} | {peer:.2f} | {up:.2f}, {down:.3f} |")
     lines += ["", "Seconds to each test accuracy (HADFL's speedup: the run's time ÷ "
               "HADFL's):", "",
-              "| run | " + " | ".join(f"to {t:.2f}" for t in targets) + " |",
+              "| run | " + " | ".join(f"to {t:g}" for t in targets) + " |",
               "|---|" + "---|" * len(targets)]
     for row in rows:
         cells = []
