@@ -371,8 +371,8 @@ class Star(BetweenRounds, SystemDefaults):
         """Device k's half of the global model, for its `RoundStart`; its replica of the
         other half, outside fl (compute thread). ``halves``: the round's halves by split
         point, shared by the devices of one split point (the global model does not
-        change until the round is over, and a RoundStart's tensors are only read: at
-        1,000 devices, 100 a round, a copy per device was 220 MB of vgg5)."""
+        change until the round is over, and a RoundStart's tensors are only read; a copy
+        per device held a model's worth per drawn device through the round)."""
         split_point = self.plans[k].split_point
         if split_point < self.units:
             self.replicas.open(k, split_point, self.config)
