@@ -71,9 +71,13 @@ async def test_the_page_is_open_as_status_is_and_loads_nothing_else() -> None:
     assert '"colors":{"f":"#4C72B0"' in script  # the timeline's legend, inlined
 
 
-@pytest.mark.slow  # (a training of about 2 s)
+@pytest.mark.slow  # (a training of about 3 s)
 async def test_the_event_stream_pushes_each_epoch_when_it_ends() -> None:
-    async with (Server(CONFIG, token_secret=SECRET, join_timeout=60) as server,
+    # devices at 10x: the run spans several of the feed's looks (POLL_S apart, longer
+    # under load), so one of them sees it under way; at 1x a loaded host once ran both
+    # epochs between two looks
+    config = CONFIG.replace(device_slowdown=10.0)
+    async with (Server(config, token_secret=SECRET, join_timeout=60) as server,
                 aiohttp.ClientSession() as http,
                 http.get(f"{_base(server)}/events") as response):  # no token, as /status
         assert response.status == 200
@@ -85,7 +89,7 @@ async def test_the_event_stream_pushes_each_epoch_when_it_ends() -> None:
         assert [d["state"] for d in state["device_states"]] == ["waiting", "waiting"]
         seen: list[tuple[str, Any]] = []
         async with asyncio.TaskGroup() as tasks:
-            for k in range(CONFIG.devices):
+            for k in range(config.devices):
                 tasks.create_task(_device(server.url, k))
             training = tasks.create_task(server.run())
             async with asyncio.timeout(60):  # to the second epoch's timeline
