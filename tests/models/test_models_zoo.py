@@ -42,7 +42,9 @@ def test_unit_count_matches_the_paper(name: str) -> None:
     assert unit_count(model) == len(model) == UNITS[name]
 
 
-@pytest.mark.parametrize("in_shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("in_shape", [  # (64x64: the fast subset leaves those out)
+    *SHAPES[:-1], pytest.param(SHAPES[-1], marks=pytest.mark.slow)],
+    ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("name", sorted(UNITS))
 def test_forward_and_backward_on_every_input_shape(
     name: str, in_shape: tuple[int, int, int]

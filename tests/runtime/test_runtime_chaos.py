@@ -32,8 +32,8 @@ TIMEOUT = 5.0  # device_timeout
 GRACE = 3.0  # reconnect_grace
 REAL_SECONDS_PER_RUN = 30.0
 VIRTUAL_SECONDS_PER_RUN = 600.0
-#: (the fast subset runs the first ten; the others are marked slow)
-SEEDS = [seed if seed < 10 else pytest.param(seed, marks=pytest.mark.slow)
+#: (the fast subset runs the first five; the others are marked slow)
+SEEDS = [seed if seed < 5 else pytest.param(seed, marks=pytest.mark.slow)
          for seed in range(50)]
 #: seeds whose runs have only cuts and slowdowns, compared with an undisturbed run
 GENTLE_SEEDS = (3, 7, 20)
