@@ -9,11 +9,83 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+import operator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, SupportsIndex, overload
 
-__all__ = ["EpochMetrics"]
+__all__ = ["EpochMetrics", "SparseCounts", "counts_by_device"]
+
+#: a count per device is kept sparse from this many devices on, when at most one in
+#: eight of them is nonzero (a sampled population's epoch)
+SPARSE_FROM = 1024
+
+
+class SparseCounts(Sequence[int]):
+    """A count per device, mostly 0, held as its nonzero entries.
+
+    A sampled population's epoch trains a few of its devices: 100 of 100,000 a round.
+    A tuple of its counts is 8 bytes a device, 0.8 MB an epoch that the run's result
+    keeps for every epoch, so that a 100-round run would grow by 80 MB; this keeps the
+    ones that trained. It reads as the tuple would (index, slice, iterate, ``len``,
+    ``sum``) and equals any sequence of the same counts.
+    """
+
+    __slots__ = ("_length", "_nonzero")
+
+    def __init__(self, counts: Sequence[int]) -> None:
+        self._length = len(counts)
+        self._nonzero = {k: int(n) for k, n in enumerate(counts) if n}
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: SupportsIndex) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[int, ...]: ...
+
+    def __getitem__(self, index: SupportsIndex | slice) -> int | tuple[int, ...]:
+        if isinstance(index, slice):
+            return tuple(self._nonzero.get(k, 0) for k in range(*index.indices(self._length)))
+        k = operator.index(index)
+        if k < 0:
+            k += self._length
+        if not 0 <= k < self._length:
+            raise IndexError(f"device {index} of {self._length}")
+        return self._nonzero.get(k, 0)
+
+    def __iter__(self) -> Iterator[int]:
+        get = self._nonzero.get
+        return (get(k, 0) for k in range(self._length))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, SparseCounts):
+            return self._length == other._length and self._nonzero == other._nonzero
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return len(other) == self._length and all(
+                a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"SparseCounts({self._length} devices, nonzero {self._nonzero!r})"
+
+    def nonzero(self) -> dict[int, int]:
+        """The devices whose count is not 0, with their counts."""
+        return dict(self._nonzero)
+
+
+def counts_by_device(counts: Sequence[int]) -> Sequence[int]:
+    """``counts`` (one per device) as a tuple, or as `SparseCounts` when there are at
+    least `SPARSE_FROM` of them and at most one in eight is nonzero."""
+    values = tuple(int(n) for n in counts)
+    if len(values) >= SPARSE_FROM and 8 * sum(1 for n in values if n) <= len(values):
+        return SparseCounts(values)
+    return values
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,13 +98,14 @@ class EpochMetrics:
     0; the coordinator converts once, where it makes an `EpochMetrics`.
 
     ``samples`` counts only rounds that completed: ``device_samples[k]`` is what device k
-    contributed; ``devices_lost`` lists devices that dropped out during the epoch (their
-    unfinished rounds were excluded from aggregation) and those away at the start of
-    every round of it (0 samples); ``updates_refused`` lists devices
-    whose update was refused (not finite, or far beyond the run's scale: [Note: judging
-    updates], whatever the options), or clipped or dropped as an outlier
-    (``RunConfig.outliers``); their samples still count, their update does not. In a
-    multi-device pipeline,
+    contributed (a tuple, or for a large population of which few trained a
+    `SparseCounts`, which reads and compares as the tuple); ``devices_lost`` lists
+    devices that dropped out during the epoch (their unfinished rounds were excluded
+    from aggregation) and those away at the start of every round of it (0 samples);
+    ``updates_refused`` lists devices whose update was refused (not finite, or far
+    beyond the run's scale: [Note: judging updates], whatever the options), or clipped
+    or dropped as an outlier (``RunConfig.outliers``); their samples still count, their
+    update does not. In a multi-device pipeline,
     ``stages`` has one entry per stage (its device, units, compute busy and idle seconds,
     and ``peak_live``: the most micro-batches whose activations it held at once; in
     asteroid one per device, with its ``rows`` and, in MiB, ``peak_memory_mb``: the most

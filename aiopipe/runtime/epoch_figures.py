@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from aiopipe.metrics.epoch import counts_by_device
 from aiopipe.metrics.results import EpochMetrics
 from aiopipe.metrics.trace import RESOURCE_KINDS, resource_kind
 from aiopipe.protocol import RoundResult
@@ -131,7 +132,7 @@ def epoch_metrics(epoch: int, tally: Mapping[str, Any], system: System, *, elaps
     devices = system.config.devices
     if system.config.metric == "none":  # the loss alone is reported
         held_out = (math.nan, {})
-    device_samples = tuple(int(n) for n in tally["device_samples"])
+    device_samples = counts_by_device(tally["device_samples"])
     samples = system.epoch_samples(device_samples)
     # an epoch in which nobody trained has no loss (NaN, null in metrics.jsonl)
     loss = float(tally["loss_sum"]) / samples if samples else math.nan

@@ -20,6 +20,7 @@ import torch
 from aiopipe.config import RunConfig
 from aiopipe.config_options import flat_config
 from aiopipe.errors import ConfigError
+from aiopipe.metrics.epoch import counts_by_device
 from aiopipe.metrics.results import EpochMetrics
 from aiopipe.runtime.checkpoint import load_checkpoint
 from aiopipe.runtime.epoch_figures import new_tally
@@ -89,7 +90,7 @@ def epoch_from(values: Mapping[str, Any]) -> EpochMetrics:
     """A finished epoch's metrics as a checkpoint keeps them (`EpochMetrics.to_mapping`)."""
     fields = dict(values)
     fields["epoch"] = int(fields["epoch"])  # from 1, as in metrics.jsonl and EpochMetrics
-    fields["device_samples"] = tuple(fields.get("device_samples", ()))
+    fields["device_samples"] = counts_by_device(fields.get("device_samples", ()))
     fields["devices_lost"] = tuple(fields.get("devices_lost", ()))
     fields["updates_refused"] = tuple(fields.get("updates_refused", ()))
     fields["stages"] = tuple(fields.get("stages", ()))
