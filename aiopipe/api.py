@@ -39,14 +39,13 @@ from aiopipe.metrics.results import (
 )
 from aiopipe.runtime.compute import resolve_torch_device
 from aiopipe.runtime.coordinator import Coordinator
-from aiopipe.runtime.cost_cache import cached_costs, cost_key
 from aiopipe.runtime.device import Connector, DeviceSummary, run_device
 from aiopipe.runtime.guard import ConnectionGuard, ConnectionLimits, GuardedSite
 from aiopipe.runtime.http import add_routes
 from aiopipe.runtime.plan import (
     build_model,
+    cached_planning_costs,
     declared_devices,
-    measure_planning_costs,
     model_profile,
     train_dataset,
 )
@@ -164,21 +163,13 @@ def _measure(config: RunConfig, dataset: Dataset | None) -> CostTable:
     """A cost table for every batch size the run (or its planner) may use, loading
     micro-batches of ``dataset`` (default: the emulated fleet's training set): measured
     once per machine and model, then read from the cache ([Note: cost cache])."""
-    data = (str(config.dataset) if dataset is None else  # the loading is charged
-            f"{type(dataset).__module__}.{type(dataset).__qualname__}")
     if dataset is None:
         dataset = train_dataset(config)
     kind = kind_of(dataset)
     model = build_model(config, num_classes=kind.classes, in_shape=kind.in_shape)
-    sizes = planning_batch_sizes(config)
-    key = cost_key(model, kind.inputs, data,
-                   {"threads": config.torch_threads, "learning_rate": config.learning_rate,
-                    "momentum": config.momentum})
-
-    def measure(wanted: Sequence[int]) -> CostTable:
-        return measure_planning_costs(config, model, kind.inputs, dataset, sizes=wanted)
-
-    return cached_costs(key, measure, sizes)
+    return cached_planning_costs(config, model, kind.inputs, dataset,
+                                 sizes=planning_batch_sizes(config), role="simulation",
+                                 what="the simulated devices' cost table")
 
 
 def explain_auto(config: RunConfig, *, cost_table: CostTable | None = None) -> str:

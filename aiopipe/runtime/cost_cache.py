@@ -31,18 +31,22 @@ system it runs. One log line says whether a table was read (which file) or measu
 The directory is ``$AIOPIPE_COST_CACHE``, else ``$XDG_CACHE_HOME/aiopipe/costs``, else
 ``~/.cache/aiopipe/costs``; ``AIOPIPE_COST_CACHE=off`` measures every time. Delete a file
 (or the directory) to measure again, e.g. after the machine's load changed for good. A
-file that cannot be read is measured again and replaced (logged).
+file that cannot be read is measured again and replaced (logged). Two processes that
+miss the same key at once (two simulations started together, a test suite's workers)
+measure it once: the second waits on the first's lock file (``<key>.lock``) and reads
+what it kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import platform
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -101,7 +105,9 @@ def cached_costs(key: str, measure: Callable[[Sequence[int]], CostTable],
     ``directory`` (default `cache_directory`) when it holds them all, else
     ``measure(sizes)``'s (with the kept table's sizes too, when there is one), then kept
     there. With no directory (caching off), ``measure(sizes)``. A directory that cannot
-    be written is logged, and the measured table returned.
+    be written is logged, and the measured table returned. Processes that miss the same
+    key at once measure one after the other, each reading first what the one before
+    kept (a lock file beside the table), so the table is measured once.
 
     One line says which it was: ``what`` (e.g. "device 1's profile") read from which
     file, or measured in how many seconds (and kept where).
@@ -112,34 +118,70 @@ def cached_costs(key: str, measure: Callable[[Sequence[int]], CostTable],
         return _measured(partial(measure, wanted), what,
                          "the cache is off: AIOPIPE_COST_CACHE=off")
     path = directory / f"{key}.json"
-    if path.exists():
+    kept = _kept(path, wanted, what)
+    if isinstance(kept, CostTable):
+        return kept
+    with _measuring(directory, key):
+        kept = _kept(path, wanted, what)  # another process may have kept it meanwhile
+        if isinstance(kept, CostTable):
+            return kept
+        wanted = sorted(set(kept).union(wanted))
+        started = time.perf_counter()  # a profiler's own wall clock, for the log line only
+        table = measure(wanted)
+        seconds = time.perf_counter() - started
         try:
-            kept = CostTable.from_mapping(json.loads(path.read_text()))
-        except (OSError, ValueError, KeyError, TypeError, ConfigError) as exc:
-            log.warning("%s %s cannot be read (%s): measuring it again", what, path, exc)
-        else:
-            held = set(kept.batch_sizes)
-            if held.issuperset(wanted):
-                log.info("%s read from %s", what, path)
-                return kept
-            log.info("%s %s lacks batch sizes %s: measuring them with its own", what, path,
-                     ", ".join(map(str, sorted(set(wanted) - held))))
-            wanted = sorted(held.union(wanted))
-    started = time.perf_counter()  # a profiler's own wall clock, for the log line only
-    table = measure(wanted)
-    seconds = time.perf_counter() - started
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        partial_file = path.with_suffix(f".{os.getpid()}.tmp")
-        partial_file.write_text(json.dumps(table.to_mapping()))
-        partial_file.replace(path)  # whole or not at all, also with two writers
-    except OSError as exc:  # the run goes on; the next one measures again
-        log.warning("%s measured in %.1f s; cannot keep it in %s (%s): set "
-                    "AIOPIPE_COST_CACHE to a writable directory, or to off", what, seconds,
-                    directory, exc)
-        return table
+            directory.mkdir(parents=True, exist_ok=True)
+            partial_file = path.with_suffix(f".{os.getpid()}.tmp")
+            partial_file.write_text(json.dumps(table.to_mapping()))
+            partial_file.replace(path)  # whole or not at all, also with two writers
+        except OSError as exc:  # the run goes on; the next one measures again
+            log.warning("%s measured in %.1f s; cannot keep it in %s (%s): set "
+                        "AIOPIPE_COST_CACHE to a writable directory, or to off", what,
+                        seconds, directory, exc)
+            return table
     log.info("%s measured in %.1f s and kept in %s", what, seconds, path)
     return table
+
+
+def _kept(path: Path, wanted: Sequence[int], what: str) -> CostTable | tuple[int, ...]:
+    """The table kept at ``path`` when it holds every size ``wanted``, else the sizes it
+    holds (none when there is no readable file: logged when unreadable)."""
+    if not path.exists():
+        return ()
+    try:
+        kept = CostTable.from_mapping(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError, ConfigError) as exc:
+        log.warning("%s %s cannot be read (%s): measuring it again", what, path, exc)
+        return ()
+    held = set(kept.batch_sizes)
+    if held.issuperset(wanted):
+        log.info("%s read from %s", what, path)
+        return kept
+    log.info("%s %s lacks batch sizes %s: measuring them with its own", what, path,
+             ", ".join(map(str, sorted(set(wanted) - held))))
+    return tuple(sorted(held))
+
+
+@contextlib.contextmanager
+def _measuring(directory: Path, key: str) -> Iterator[None]:
+    """Hold ``key``'s lock file while measuring: another process that misses the same
+    key waits, then reads the table this one kept. Without locks (no ``fcntl``, or a
+    directory that cannot be written) it goes on unlocked: at worst both measure, and
+    the last to finish is kept, whole."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        handle = (directory / f"{key}.lock").open("a")
+    except OSError:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def _measured(measure: Callable[[], CostTable], what: str, why: str) -> CostTable:

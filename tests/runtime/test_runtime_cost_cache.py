@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,7 @@ import torch
 from fleet import vgg5_shaped
 
 from aiopipe import RunConfig, VirtualClock, simulate
-from aiopipe import api as api_module
+from aiopipe.runtime import plan as plan_module
 from aiopipe.runtime.cost_cache import cache_directory, cached_costs, cost_key
 from aiopipe.runtime.plan import build_model
 from aiopipe.scheduler.costs import CostTable
@@ -28,13 +31,13 @@ CONFIG = RunConfig(mode="pipar", model=vgg5_shaped, devices=2, samples_per_devic
 def measured(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many tables `simulate` measured."""
     calls: list[int] = []
-    real = api_module.measure_planning_costs
+    real = plan_module.measure_planning_costs
 
     def counting(*args: object, **kwargs: object) -> CostTable:
         calls.append(1)
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(api_module, "measure_planning_costs", counting)
+    monkeypatch.setattr(plan_module, "measure_planning_costs", counting)
     return calls
 
 
@@ -130,6 +133,29 @@ def test_a_kept_table_serves_the_sizes_it_holds_and_grows_for_others(
         env.setenv("AIOPIPE_COST_CACHE", "off")
         cached_costs("k", measure, [7, 7], None)
     assert measure.asked[-1] == [7]  # type: ignore[attr-defined]
+
+
+def test_two_processes_that_miss_one_key_at_once_measure_it_once(tmp_path: Path) -> None:
+    """The second waits on the first's lock file and reads its table (two threads here:
+    each opens the lock file itself, so their locks exclude each other as two processes'
+    do)."""
+    started = threading.Barrier(2)
+    measured: list[Sequence[int]] = []
+
+    def slow(sizes: Sequence[int]) -> CostTable:
+        measured.append(list(sizes))
+        time.sleep(0.5)  # the other thread has asked by now
+        return _at(0.001)(sizes)
+
+    def ask() -> CostTable:
+        started.wait()
+        return cached_costs("k", slow, [10, 20], tmp_path)
+
+    with ThreadPoolExecutor(2) as pool:
+        first, second = pool.map(lambda _: ask(), range(2))
+    assert measured == [[10, 20]]
+    assert first == second
+    assert (tmp_path / "k.lock").exists() and not list(tmp_path.glob("*.tmp"))
 
 
 def test_the_key_changes_with_what_the_table_depends_on_but_the_sizes() -> None:
