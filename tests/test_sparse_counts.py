@@ -22,15 +22,23 @@ def test_a_large_population_of_which_few_trained_is_kept_sparse() -> None:
     counts = counts_by_device(dense)
     assert isinstance(counts, SparseCounts)
     assert counts.nonzero() == {7: 20, 99_999: 40}
-    assert counts == dense and dense == counts and list(counts) == list(dense)
-    assert len(counts) == 100_000 and sum(counts) == 60
-    assert counts[7] == 20 and counts[-1] == 40 and counts[8] == 0
-    assert counts[5:9] == (0, 0, 20, 0) and counts[::50_000] == (0, 0)
+    assert counts == dense
+    assert dense == counts
+    assert list(counts) == list(dense)
+    assert len(counts) == 100_000
+    assert sum(counts) == 60
+    assert counts[7] == 20
+    assert counts[-1] == 40
+    assert counts[8] == 0
+    assert counts[5:9] == (0, 0, 20, 0)
+    assert counts[::50_000] == (0, 0)
     assert hash(counts) == hash(dense)
-    assert counts != _drawn(100_000, {7: 20}) and counts != dense[:-1]
+    assert counts != _drawn(100_000, {7: 20})
+    assert counts != dense[:-1]
     with pytest.raises(IndexError):
         counts[100_000]
-    assert copy.deepcopy(counts) == counts and pickle.loads(pickle.dumps(counts)) == counts
+    assert copy.deepcopy(counts) == counts
+    assert pickle.loads(pickle.dumps(counts)) == counts
 
 
 @pytest.mark.parametrize("length", [4, SPARSE_FROM - 1])

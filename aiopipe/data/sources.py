@@ -191,6 +191,11 @@ class Shard:
         self._indices = check_indices(indices, len(dataset))
 
     @property
+    def whole(self) -> Dataset:
+        """The dataset the shard is cut from."""
+        return self._dataset
+
+    @property
     def name(self) -> str:
         """The whole dataset's name."""
         return self._dataset.name

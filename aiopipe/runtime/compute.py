@@ -238,12 +238,19 @@ def warm_up_torch() -> None:
     this mid-run, even in the compute thread, would freeze the event loop long enough to
     miss heartbeats. Nodes call this before they connect or serve.
     """
+    global _warmed_up
+    if _warmed_up:  # once a process: a simulation's 100,000 devices each call it
+        return
     import torch
 
     tune_malloc()
 
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     optimizer.zero_grad()
+    _warmed_up = True
+
+
+_warmed_up = False
 
 
 #: What ``--torch-device`` accepts besides an explicit torch device string.

@@ -155,7 +155,8 @@ def test_two_processes_that_miss_one_key_at_once_measure_it_once(tmp_path: Path)
         first, second = pool.map(lambda _: ask(), range(2))
     assert measured == [[10, 20]]
     assert first == second
-    assert (tmp_path / "k.lock").exists() and not list(tmp_path.glob("*.tmp"))
+    assert (tmp_path / "k.lock").exists()
+    assert not list(tmp_path.glob("*.tmp"))
 
 
 def test_the_key_changes_with_what_the_table_depends_on_but_the_sizes() -> None:
