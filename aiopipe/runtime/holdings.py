@@ -267,6 +267,8 @@ class Holdings:
         if not keep:
             state, momentum = split_momentum(state_from_wire(message.tensors))
             load_stage_state(work.module, state, f"round {message.round + 1}")
+            del state
+            _let_go_of_weights(message)
         elif replayed and backup is not None and kept_stage:
             state, momentum = split_momentum(state_from_wire(backup.tensors))
             load_stage_state(work.module, state, "the stage's backup")
@@ -379,3 +381,13 @@ def load_stage_state(module: torch.nn.Module, state: Mapping[str, torch.Tensor],
                                   f"{'lacks ' + ', '.join(lacking) if lacking else ''}"
                                   f"{'; ' if lacking and unexpected else ''}"
                                   f"{'holds ' + ', '.join(unexpected) if unexpected else ''}")
+
+
+def _let_go_of_weights(message: RoundStart) -> None:
+    """The round's weights are in the stage now: let ``message``'s frame go, which its
+    tensors (views into it) would keep through the round (the weights' size again, for
+    every device in a round: 2.2 MiB each for vgg5, 220 MiB for a round of 100 devices
+    of a simulated population). ``message`` is this device's own, decoded from its
+    frame; nothing reads its tensors after they are loaded."""
+    if isinstance(message.tensors, dict):
+        message.tensors.clear()
