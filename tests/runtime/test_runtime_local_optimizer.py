@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import gc
+from typing import Any
 
 import pytest
 import torch
@@ -173,6 +174,37 @@ async def test_the_devices_of_one_split_point_share_one_copy_of_the_round_s_weig
     monkeypatch.setattr(star, "state_to_wire", counting)
     after = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
     assert len(copies) == config.epochs  # one a round: every device has the same split
+    for (key, a), (_, b) in zip(before.model.state_dict().items(),
+                                after.model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), key
+
+
+@pytest.mark.parametrize("mode", ["fl", "sfl"])
+async def test_a_device_lets_go_of_the_round_s_weights_once_they_are_loaded(
+        mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device's RoundStart's tensors are views into its frame: held through the round
+    they kept a second copy of the weights per device in a round (220 MiB for a round of
+    100 vgg5 devices); once loaded into the stage they are let go, and the run is the
+    same."""
+    from aiopipe.runtime.holdings import Holdings
+
+    config = _config(mode=mode, devices=4, devices_per_round=2, epochs=2,
+                     **({} if mode == "fl" else {"split_point": 2}))
+    before = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
+    starts: list[Any] = []
+    real = Holdings.assign
+
+    def recording(self: Holdings, message: Any, *args: Any, **kwargs: Any) -> Any:
+        sent = len(message.tensors)
+        out = real(self, message, *args, **kwargs)
+        starts.append((sent, dict(message.tensors)))
+        return out
+
+    monkeypatch.setattr(Holdings, "assign", recording)
+    after = await simulate(config, clock=VirtualClock(), cost_table=COSTS)
+    assert len(starts) == 2 * config.epochs  # two devices a round
+    assert all(sent > 0 and kept == {} for sent, kept in starts)
+    assert before.epochs == after.epochs
     for (key, a), (_, b) in zip(before.model.state_dict().items(),
                                 after.model.state_dict().items(), strict=True):
         assert torch.equal(a, b), key
