@@ -100,6 +100,16 @@ class DeviceSummary:
 class DeviceNode:
     """The device shell (module docstring); `aiopipe.runtime.device.run_device` runs one."""
 
+    # slots: a simulated population holds 100,000 of these, and the instance dict of
+    # ~40 attributes was 1.6 KB of each idle device's ~33 KB
+    __slots__ = ("_handlers", "assignment", "clock", "compute", "config", "connection",
+                 "control", "costs", "custom_model", "delivery", "device_id", "ended",
+                 "endpoint", "epoch", "half", "held_out", "holdings", "inbox", "judge",
+                 "last_round_received", "name", "own_data", "peer", "peers", "plan",
+                 "probe", "profiles", "ready", "recorder", "reports", "round",
+                 "round_dropped", "round_task", "run_id", "shape_uplink", "torch_device",
+                 "work")
+
     def __init__(self, server: Link | Connector, device_id: int, clock: Clock,
                  cost_table: CostTable | None,
                  clock_offset: float | None, model: torch.nn.Sequential | None,
@@ -163,14 +173,17 @@ class DeviceNode:
             if self.shape_uplink and self.config.shape_links:  # sender-side shaping
                 connection.pace = self.config.device_network(self.device_id).up
             connection.shape()
+            # (no exit stack of its own when the run links no peers: an idle device of a
+            # simulated population would hold one, 1 KB, for the whole run)
+            endpoint = self.endpoint if self.plan.peer_keys else None  # the run links us
             try:
-                async with contextlib.AsyncExitStack() as stack:
-                    if self.endpoint is not None and self.plan.peer_keys:  # the run links us
-                        self.peers = await stack.enter_async_context(PeerLinks.open(
-                            self.endpoint, me=self.name, keys=self.plan.peer_keys,
-                            clock=self.clock, recorder=self.recorder, config=self.config,
-                            deliver=self._dispatch, failed=self._peer_failed,
-                            pace=connection.pace))
+                async with (PeerLinks.open(
+                        endpoint, me=self.name, keys=self.plan.peer_keys,
+                        clock=self.clock, recorder=self.recorder, config=self.config,
+                        deliver=self._dispatch, failed=self._peer_failed,
+                        pace=connection.pace) if endpoint is not None
+                            else contextlib.nullcontext()) as peers:
+                    self.peers = peers
                     try:
                         async with asyncio.TaskGroup() as tasks:
                             training = tasks.create_task(self._train_loop())
