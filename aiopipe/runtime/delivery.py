@@ -74,6 +74,14 @@ class Delivery:
         self.pieces = pieces if pieces is not None else Pieces(assignment)
         self.parameters = parameters if parameters is not None else {}
 
+    def end_round(self) -> None:
+        """Between rounds, hold nothing of the last (a device that has trained holds
+        its round's pieces and parameter shapes otherwise, ~2 KB, for as long as it
+        waits: a population of 100,000 devices gains that with every device that has
+        trained). A late gradient is dropped, and anything else refused, as in a round
+        that is over."""
+        self.assignment, self.pieces, self.parameters = None, None, {}
+
     def sent(self, activation: Activation) -> None:
         """``activation`` went to the coordinator's stage (re-sent after a reconnection
         until its gradient comes)."""

@@ -374,6 +374,9 @@ class DeviceNode:
                 self.peer.post(RoundStalled(message.round, str(exc)[:MAX_REASON_CHARS]),
                                "stalled", epoch=message.epoch)
                 continue
+            finally:
+                if self.round_task.done():  # (its coroutine's frames: not kept while waiting)
+                    self.round_task = None
             rounds, samples = rounds + 1, samples + done
             del message  # (a round's weights: not kept while the device waits for the next)
 

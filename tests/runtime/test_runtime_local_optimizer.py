@@ -108,10 +108,12 @@ def _devices() -> list[DeviceNode]:
                          [("fl", "fresh"), ("fl", "kept"), ("pipar", "fresh"),
                           ("pipar", "kept")])
 async def test_between_rounds_a_device_holds_no_stage(mode: str, local_optimizer: str) -> None:
-    """After each round: no device holds a stage or an optimizer; one not drawn again
-    holds no round result (it was told it is held); with ``kept``, each device that
-    trained holds its optimizer's state alone; the coordinator's replicas keep
-    momentum only with ``kept``."""
+    """After each round: no device holds a stage or an optimizer, nor the round's
+    bookkeeping (its assignment, the delivery's pieces and shapes, the round's task:
+    ~4 KB a device that has trained, which a population gained with every device that
+    trained); one not drawn again holds no round result (it was told it is held); with
+    ``kept``, each device that trained holds its optimizer's state alone; the
+    coordinator's replicas keep momentum only with ``kept``."""
     config = _config(local_optimizer, mode=mode, devices=6, epochs=4,
                      **({"split_point": 2, "parallel_batches": 2} if mode == "pipar" else {}))
     seen: list[tuple[int, list[tuple[bool, bool, int]]]] = []
@@ -124,6 +126,9 @@ async def test_between_rounds_a_device_holds_no_stage(mode: str, local_optimizer
     def look(metrics: EpochMetrics) -> None:
         seen.append((metrics.epoch, [(node.work is None, node.holdings.aside is not None,
                                       len(node.reports.unacked)) for node in _devices()]))
+        assert all(node.assignment is None and node.round_task is None
+                   and node.delivery.assignment is None and not node.delivery.parameters
+                   for node in _devices())
         weights.append(sum(1 for o in gc.get_objects()
                            if type(o) is RoundStart and o.tensors and id(o) not in earlier_ids))
 

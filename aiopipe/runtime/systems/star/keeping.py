@@ -50,11 +50,13 @@ def keeping_rules(rules: StageRules, options: StarOptions) -> StageRules:
 
 
 def set_aside(node: DeviceContext, rules: StageRules) -> None:
-    """After a round: drop the node's stage, keeping its optimizer's state alone unless
-    the rules start each round's optimizer fresh (no-op unless ``rules.sets_aside``)."""
+    """After a round: drop the node's stage and the round's bookkeeping, keeping its
+    optimizer's state alone unless the rules start each round's optimizer fresh (no-op
+    unless ``rules.sets_aside``)."""
     work = node.work
     if work is None or not rules.sets_aside:
         return
-    node.work = None
+    node.work, node.assignment = None, None  # (the next round's stage is built anew)
+    node.delivery.end_round()
     work.clear()  # (nothing is in flight after a round: its gradients, if any)
     node.holdings.put_aside(work, keep_optimizer=not rules.fresh_optimizer)
