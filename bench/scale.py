@@ -29,10 +29,16 @@ Per K, side by side in one table:
   second (each is a future the clock's driver resolves).
 
 The estimate: base + K x (server replica: parameters + momentum + gradients of the
-server half; device half: the same three; the autograd tensors a device keeps for its N
-forward passes until their gradients return, measured with ``saved_tensors_hooks``;
-frames: N activations and N gradients). Every term is measured from vgg5 here, not
-guessed. It leaves out malloc fragmentation and Python objects.
+server half; device half: the same three; device inputs: the N micro-batch inputs a
+device's stage keeps until their gradients return, since in virtual time it forwards
+them again at the backward instead of keeping their graphs, [Note: recomputed
+activations]; frames: N activations and N gradients). Every term is measured from vgg5
+here, not guessed. It leaves out malloc fragmentation and Python objects. With every
+device mid-round at once (all active), it is also the floor of what PiPar's definition
+holds a device: each device's server half is trained on a replica of its own, with its
+own gradients and momentum, until the round's aggregation. The header line also gives
+what the N graphs would take without recomputing (measured with
+``saved_tensors_hooks``).
 
 The machine is shared, so memory is guarded: a K whose estimate (or the last run's
 MiB/dev, when larger) would leave less than ``--keep-free-gib`` of MemAvailable is
@@ -253,6 +259,31 @@ def per_device_bytes(args: argparse.Namespace) -> dict[str, int]:
     def state_bytes(module: torch.nn.Module) -> int:
         return sum(t.numel() * t.element_size() for t in module.state_dict().values())
 
+    inputs = torch.randn(micro, 3, 32, 32)
+    out = device_half(inputs)
+    activation = out.numel() * out.element_size()
+    n = args.parallel_batches
+    return {
+        # parameters + momentum + gradients (gradients live from the first micro-batch's
+        # backward to the step; with K devices queued, most replicas hold them at once)
+        "server replica": 3 * state_bytes(server_half),
+        "device half": 3 * state_bytes(device_half),
+        # PiPar runs N forwards before the first backward; in virtual time on the CPU a
+        # device's stage keeps each micro-batch's input, not its graph, and forwards it
+        # again at the backward ([Note: recomputed activations] in aiopipe.runtime.stage)
+        "device inputs": n * inputs.numel() * inputs.element_size(),
+        # N activation frames up, N gradients cached + N gradient frames down
+        "frames": 3 * n * activation,
+    }
+
+
+def saved_graph_bytes(args: argparse.Namespace) -> int:
+    """What a device's stage would keep for its N forwards without recomputing them:
+    the N graphs' saved tensors (measured with ``saved_tensors_hooks``), for the note
+    of what recomputing saves."""
+    torch.manual_seed(0)
+    model = models.build("vgg5", num_classes=10, in_shape=(3, 32, 32))
+    device_half = models.split(model, args.split_point)[0]
     storages: dict[int, int] = {}
     weights = {p.untyped_storage().data_ptr() for p in device_half.parameters()}
 
@@ -263,19 +294,8 @@ def per_device_bytes(args: argparse.Namespace) -> dict[str, int]:
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = device_half(torch.randn(micro, 3, 32, 32))
-    activation = out.numel() * out.element_size()
-    n = args.parallel_batches
-    return {
-        # parameters + momentum + gradients (gradients live from the first micro-batch's
-        # backward to the step; with K devices queued, most replicas hold them at once)
-        "server replica": 3 * state_bytes(server_half),
-        "device half": 3 * state_bytes(device_half),
-        # PiPar runs N forwards before the first backward: N graphs' saved tensors
-        "device autograd": n * sum(storages.values()),
-        # N activation frames up, N gradients cached + N gradient frames down
-        "frames": 3 * n * activation,
-    }
+        device_half(torch.randn(args.batch_size // args.parallel_batches, 3, 32, 32))
+    return args.parallel_batches * sum(storages.values())
 
 
 def estimate_mib(base_mib: float, devices: int, terms: dict[str, int]) -> float:
@@ -621,7 +641,8 @@ def main() -> None:
     print(
         "per-device memory estimate: "
         + ", ".join(f"{name} {b / MIB:.2f} MiB" for name, b in terms.items())
-        + f"; total {sum(terms.values()) / MIB:.2f} MiB/device"
+        + f"; total {sum(terms.values()) / MIB:.2f} MiB/device (the N graphs, were they "
+        f"kept instead of the inputs: {saved_graph_bytes(args) / MIB:.2f} MiB)"
     )
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -73,17 +73,20 @@ def test_two_devices_run_in_a_child_and_report_what_they_trained() -> None:
     assert len(table) == 1, process.stdout
 
 
-def test_memory_estimate_counts_replica_optimizer_and_n_autograd_graphs() -> None:
+def test_memory_estimate_counts_replica_optimizer_and_the_kept_inputs() -> None:
     scale = _load()
     one = scale.per_device_bytes(_args(parallel_batches=1))
     two = scale.per_device_bytes(_args(parallel_batches=2))
     # vgg5 split at 2: the server half holds units 3-5 (conv 64-64, FC 4096-128, FC 128-10)
     server_params = 4 * (64 * 64 * 9 + 64 + 4096 * 128 + 128 + 128 * 10 + 10)
     assert two["server replica"] == 3 * server_params
-    # N = 1 keeps one graph of B' = 20 samples, N = 2 two graphs of 10: the same bytes
-    assert two["device autograd"] == one["device autograd"]
+    # a recomputing stage keeps the inputs: N = 2 micro-batches of 10 images of 3x32x32
+    assert two["device inputs"] == one["device inputs"] == 2 * 10 * 3 * 32 * 32 * 4
+    # the graphs it would keep otherwise: one of B' = 20, or two of 10, the same bytes
+    assert scale.saved_graph_bytes(_args(parallel_batches=1)) == scale.saved_graph_bytes(
+        _args(parallel_batches=2)) > 10 * two["device inputs"]
     four = scale.per_device_bytes(_args(batch_size=40, parallel_batches=4))
-    assert four["device autograd"] == 2 * two["device autograd"]
+    assert four["device inputs"] == 2 * two["device inputs"]
     assert scale.estimate_mib(100.0, 10, {"a": 1 << 20}) == 110.0
 
 
