@@ -9,7 +9,7 @@ for rev in e6f3370 9b3e6d1 b3acc38 3f33cce 646bda1 dadbb29; do
     git -C "$repo" worktree add -q --detach "$tree" "$rev"
     for d in 2 100; do
         echo "== $rev, 10300 devices, $d a round; $(cat /proc/loadavg)"
-        (cd /tmp && PYTHONPATH="$tree" "$repo/.venv/bin/python" "$here/rss_round.py" 10300 "$d" 2>&1 | grep "^K=")
+        (cd /tmp && PYTHONPATH="$tree" "$repo/.venv/bin/python" "$here/probes.py" rounds 10300 "$d" 2>&1 | grep "^K=")
     done
     git -C "$repo" worktree remove --force "$tree"
 done
