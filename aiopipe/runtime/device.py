@@ -10,7 +10,8 @@ from aiopipe import data as datasets
 from aiopipe.clock import Clock, SystemClock
 from aiopipe.runtime.compute import resolve_torch_device, warm_up_torch
 from aiopipe.runtime.device_connection import Connector
-from aiopipe.runtime.device_node import COORDINATOR, DeviceNode, DeviceSummary
+from aiopipe.runtime.device_node import COORDINATOR, DeviceNode
+from aiopipe.runtime.device_reports import DeviceSummary
 from aiopipe.scheduler.costs import CostTable
 from aiopipe.transport import Link
 from aiopipe.transport.fabric import Endpoint

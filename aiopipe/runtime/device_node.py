@@ -22,12 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
-from typing import Any
 
 import torch
 
@@ -68,13 +65,13 @@ from aiopipe.runtime.compute import Compute
 from aiopipe.runtime.delivery import Delivery
 from aiopipe.runtime.device_connection import Connector, CoordinatorConnection
 from aiopipe.runtime.device_half import DeviceHalf, Handler
-from aiopipe.runtime.device_reports import RoundReports
+from aiopipe.runtime.device_reports import DeviceSummary, RoundReports
 from aiopipe.runtime.executor import Inbox
 from aiopipe.runtime.holdings import Holdings
 from aiopipe.runtime.judge import ArrivalJudge
 from aiopipe.runtime.liveness import Liveness
 from aiopipe.runtime.peer_links import PeerLinks, PeerRoute
-from aiopipe.runtime.plan import cached_planning_costs
+from aiopipe.runtime.plan import cached_planning_costs, device_run_config
 from aiopipe.runtime.profiling import ProbeTimer, answer_request
 from aiopipe.runtime.stage import StageWork
 from aiopipe.runtime.stage_round import COORDINATOR
@@ -90,28 +87,16 @@ __all__ = ["COORDINATOR", "DeviceNode", "DeviceSummary"]
 log = logging.getLogger("aiopipe.device")
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceSummary:
-    """What a device did in a run."""
-
-    device_id: int
-    rounds: int
-    samples: int
-    reason: str
-
-
 class DeviceNode:
     """The device shell (module docstring); `aiopipe.runtime.device.run_device` runs one."""
 
-    # slots: a simulated population holds 100,000 of these, and the instance dict of
-    # ~40 attributes was 1.6 KB of each idle device's ~33 KB
+    # (slots: a population holds 100,000 of these; the instance dict was 1.6 KB of ~33)
     __slots__ = ("_handlers", "assignment", "clock", "compute", "config", "connection",
                  "control", "costs", "custom_model", "delivery", "device_id", "ended",
                  "endpoint", "epoch", "half", "held_out", "holdings", "inbox", "judge",
-                 "last_round_received", "name", "own_data", "peer", "peers", "plan",
-                 "probe", "profiles", "ready", "recorder", "reports", "round",
-                 "round_dropped", "round_task", "run_id", "shape_uplink", "torch_device",
-                 "work")
+                 "last_round_received", "name", "own_data", "peer", "peers", "plan", "probe",
+                 "profiles", "ready", "recorder", "reports", "round", "round_dropped",
+                 "round_task", "run_id", "shape_uplink", "torch_device", "work")
 
     def __init__(self, server: Link | Connector, device_id: int, clock: Clock,
                  cost_table: CostTable | None,
@@ -221,15 +206,7 @@ class DeviceNode:
         self.reports.resend()
 
     def _run_config(self, plan: Plan) -> RunConfig:
-        run = dict(plan.run)
-        if run.get("model") != "custom":
-            return shared_run_config(run)
-        if self.custom_model is None:
-            raise TrainingError("the server runs a custom model; pass model= to the device")
-        return RunConfig.from_mapping({**run, "model": "vgg5", "initial_weights": "seed"}
-                                      ).replace(model=self.custom_model,
-                                                initial_weights=run.get("initial_weights",
-                                                                        "seed"))
+        return device_run_config(plan.run, self.custom_model)
 
     def receive(self, message: Message) -> bool:
         """A message from the coordinator; True when it ends the conversation (Bye).
@@ -417,25 +394,3 @@ class DeviceNode:
                                 "with an endpoint: python -m aiopipe.device --listen)")
         return await self.peers.route(name, assignment.peers[name]["address"], dial=dial)
 
-
-#: the runs parsed in this process, by their tree's text (`shared_run_config`)
-_RUN_CONFIGS: dict[str, RunConfig] = {}
-
-
-def shared_run_config(run: Mapping[str, Any]) -> RunConfig:
-    """``RunConfig.from_mapping(run)``, one object for every equal tree in this process:
-    the devices of an in-process simulation each parse the same run from their plans,
-    1.7 KB each (170 MB for a population of 100,000). A `RunConfig` is frozen, so
-    sharing it changes nothing a device sees.
-
-    Raises:
-        ConfigError: ``run`` is not a valid run (as `RunConfig.from_mapping`).
-    """
-    key = json.dumps(run, sort_keys=True, default=repr)
-    config = _RUN_CONFIGS.get(key)
-    if config is None:
-        config = RunConfig.from_mapping(run)
-        if len(_RUN_CONFIGS) >= 8:  # a process that runs many runs keeps the last few
-            _RUN_CONFIGS.clear()
-        _RUN_CONFIGS[key] = config
-    return config

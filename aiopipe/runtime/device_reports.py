@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from aiopipe.light_event import LightEvent
 from aiopipe.metrics.trace import MAX_REPORT_SLICES, Recorder
@@ -15,9 +16,19 @@ from aiopipe.runtime.compute import Compute
 from aiopipe.runtime.peer import Peer
 from aiopipe.runtime.stage import StageWork
 
-__all__ = ["RoundReports"]
+__all__ = ["DeviceSummary", "RoundReports"]
 
 log = logging.getLogger("aiopipe.device")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSummary:
+    """What a device did in a run."""
+
+    device_id: int
+    rounds: int
+    samples: int
+    reason: str
 
 
 class RoundReports:

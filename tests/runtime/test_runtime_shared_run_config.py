@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from aiopipe import RunConfig, VirtualClock, simulate
-from aiopipe.runtime import device_node
-from aiopipe.runtime.device_node import shared_run_config
+from aiopipe.runtime import plan as plan_module
+from aiopipe.runtime.plan import shared_run_config
 from aiopipe.scheduler.costs import CostTable
 
 
@@ -30,8 +30,8 @@ async def test_a_simulation_s_devices_hold_one_run_config(
         parsed.append(1)
         return real(values)  # type: ignore[arg-type]
 
-    device_node._RUN_CONFIGS.clear()
-    monkeypatch.setattr(device_node.RunConfig, "from_mapping", counting)
+    plan_module._RUN_CONFIGS.clear()
+    monkeypatch.setattr(plan_module.RunConfig, "from_mapping", counting)
     config = RunConfig(mode="fl", devices=6, samples_per_device=10, batch_size=10, epochs=1,
                        test_samples=10, devices_per_round=2)
     costs = CostTable.uniform(5, forward=0.001, backward=0.002, step=0.0005, batch=1)
