@@ -393,4 +393,3 @@ class DeviceNode:
                                 f"next to {name} but listens for no peers (start it "
                                 "with an endpoint: python -m aiopipe.device --listen)")
         return await self.peers.route(name, assignment.peers[name]["address"], dial=dial)
-
