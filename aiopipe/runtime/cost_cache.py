@@ -118,7 +118,7 @@ def cached_costs(key: str, measure: Callable[[Sequence[int]], CostTable],
         return _measured(partial(measure, wanted), what,
                          "the cache is off: AIOPIPE_COST_CACHE=off")
     path = directory / f"{key}.json"
-    kept = _kept(path, wanted, what)
+    kept = _kept(path, wanted, what, say_why=False)  # (said once, under the lock)
     if isinstance(kept, CostTable):
         return kept
     with _measuring(directory, key):
@@ -143,22 +143,26 @@ def cached_costs(key: str, measure: Callable[[Sequence[int]], CostTable],
     return table
 
 
-def _kept(path: Path, wanted: Sequence[int], what: str) -> CostTable | tuple[int, ...]:
-    """The table kept at ``path`` when it holds every size ``wanted``, else the sizes it
-    holds (none when there is no readable file: logged when unreadable)."""
+def _kept(path: Path, wanted: Sequence[int], what: str, *, say_why: bool = True
+          ) -> CostTable | tuple[int, ...]:
+    """The table kept at ``path`` when it holds every size ``wanted`` (logged), else the
+    sizes it holds (none when there is no readable file); ``say_why``: log why it does
+    not serve."""
     if not path.exists():
         return ()
     try:
         kept = CostTable.from_mapping(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError, ConfigError) as exc:
-        log.warning("%s %s cannot be read (%s): measuring it again", what, path, exc)
+        if say_why:
+            log.warning("%s %s cannot be read (%s): measuring it again", what, path, exc)
         return ()
     held = set(kept.batch_sizes)
     if held.issuperset(wanted):
         log.info("%s read from %s", what, path)
         return kept
-    log.info("%s %s lacks batch sizes %s: measuring them with its own", what, path,
-             ", ".join(map(str, sorted(set(wanted) - held))))
+    if say_why:
+        log.info("%s %s lacks batch sizes %s: measuring them with its own", what, path,
+                 ", ".join(map(str, sorted(set(wanted) - held))))
     return tuple(sorted(held))
 
 
