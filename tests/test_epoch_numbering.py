@@ -51,6 +51,7 @@ async def test_a_simulation_numbers_its_epochs_from_1_everywhere(
     assert set(named) == {1, 2}, named
 
 
+@pytest.mark.slow  # (the fast subset's slowest: the full suite runs it)
 async def test_the_kit_and_the_log_number_a_lost_round_alike(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="aiopipe")

@@ -71,6 +71,7 @@ async def test_a_signal_ends_it_as_a_process_and_closing_the_server_kills_the_re
         os.close(read_end)
 
 
+@pytest.mark.slow  # (the fast subset's slowest: the full suite runs it)
 async def test_without_its_module_it_fails_as_python_m_does(tmp_path: Path) -> None:
     code, lines = await _run({**os.environ, "PYTHONPATH": str(tmp_path)}, tmp_path)
     assert code == 1

@@ -369,6 +369,7 @@ async def test_a_much_worse_adjustment_falls_back_to_the_planner() -> None:
     assert len({e.samples for e in result.epochs}) == 1
 
 
+@pytest.mark.slow  # (the fast subset's slowest: the full suite runs it)
 async def test_the_last_stage_is_backed_up_to_the_first() -> None:
     """Three one-device stages: the last stage's only device (2) backs its stage up to
     the first stage's (0), over a link of their own; lost, its stage is restored from
